@@ -1,0 +1,4 @@
+"""`python -m agent` runs the CLI."""
+from agent.cli import main
+
+main()

@@ -1,0 +1,41 @@
+"""Project-wide exception types. Everything below the CLI raises these; only the CLI prints or exits."""
+
+
+class EdgeAgentError(Exception):
+    """Base class: an expected failure with a one-line, user-facing message."""
+
+    exit_code = 1
+
+
+class ConfigError(EdgeAgentError):
+    """Invalid configuration; the message names the key path."""
+
+    exit_code = 2
+
+
+class ModelError(EdgeAgentError):
+    """A model or model package is missing, corrupt, or fails the ONNX checker."""
+
+
+class ManifestError(EdgeAgentError):
+    """A manifest is malformed, unsigned, wrongly signed, expired or a downgrade."""
+
+
+class ArtifactError(EdgeAgentError):
+    """An artifact could not be fetched or verified (hash mismatch, stall, no space)."""
+
+
+class ProviderError(EdgeAgentError):
+    """An execution provider cannot create a session or run."""
+
+
+class TransportError(EdgeAgentError):
+    """Broker unreachable, refused, or a protocol violation."""
+
+
+class LifecycleError(EdgeAgentError):
+    """An illegal transition or a failed lifecycle action."""
+
+
+class ServingError(EdgeAgentError):
+    """A serving-side failure (model not loaded, bad request)."""

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The project's test command: installs what the tests need on a fresh Debian/Ubuntu machine, then runs pytest.
+#   bash scripts/test.sh [pytest args...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+VENV="${EDGE_AGENT_VENV:-$ROOT/.venv}"
+
+need_apt=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[test.sh] installing system packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[test.sh] creating venv $VENV"
+  python3 -m venv "$VENV"
+fi
+echo "[test.sh] installing python packages"
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q -e ".[test]"
+
+export PATH="$VENV/bin:/usr/sbin:/usr/local/sbin:$PATH"
+echo "[test.sh] running pytest"
+set +e
+"$VENV/bin/python" -m pytest "$@"
+rc=$?
+set -e
+if [ $rc -eq 5 ]; then echo "[test.sh] pytest collected no tests"; fi
+exit $rc

@@ -1,0 +1,47 @@
+"""Shared fixtures: real brokers on free ports, generated model packages."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from brokers import Mosquitto, NatsMqtt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        yield broker
+
+
+@pytest.fixture
+def nats_mqtt(tmp_path):
+    with NatsMqtt(tmp_path / "nats") as broker:
+        yield broker
+
+
+@pytest.fixture(params=["mosquitto", "nats"])
+def any_broker(request, tmp_path):
+    cls = Mosquitto if request.param == "mosquitto" else NatsMqtt
+    with cls(tmp_path / request.param) as broker:
+        yield broker
+
+
+@pytest.fixture
+def cnn_package(tmp_path):
+    from agent.samples import sample_cnn_package
+
+    return sample_cnn_package(tmp_path / "cnn")
+
+
+@pytest.fixture
+def ml_package(tmp_path):
+    from agent.samples import sample_ml_package
+
+    return sample_ml_package(tmp_path / "ml")
