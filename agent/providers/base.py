@@ -27,6 +27,7 @@ class ProbeResult:
     devices: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    preferred: bool = True  # False: listed after the target's own preference order (ranking.rank)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

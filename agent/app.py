@@ -1,0 +1,278 @@
+"""DeviceAgent: the daemon's composition root (config + hardware + target -> store, lifecycle, serving, links).
+
+No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
+state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
+belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.errors import EdgeAgentError
+from agent.lifecycle import control
+from agent.lifecycle.journal import NAME_RE
+from agent.lifecycle.orchestrator import Orchestrator
+from agent.lifecycle.states import State
+from agent.lifecycle.status import build_status, hardware_summary, status_path
+from agent.lifecycle.steps import StepConfig, Steps
+from agent.util.atomic import atomic_write_json
+
+LOOP_S = 0.5
+EventSink = Callable[[dict[str, Any]], None]
+
+
+class DeviceAgent:
+    """Owns one device's daemon parts. start() returns once committed models serve; stop() drains and exits."""
+
+    def __init__(self, config, *, profile=None, sysroot: str | Path | None = None, serve_http: bool = True,
+                 step_config: StepConfig | None = None, on_event: EventSink | None = None, notifier=None,
+                 use_lock: bool = True):
+        self.config = config
+        self.state_dir = Path(config.state_dir)
+        self.profile, self.sysroot = profile, sysroot
+        self.serve_http = serve_http
+        self.step_config = step_config or StepConfig()
+        self.on_event = on_event
+        self.notifier = notifier
+        self.use_lock = use_lock
+        self.target = None
+        self.store = self.registry = self.steps = self.orchestrator = self.server = self.link = None
+        self._lock: control.StateLock | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._status_lock = threading.Lock()
+        self._control_busy: set[str] = set()
+        self._inbox_warned: set[str] = set()
+        self._last_health = 0.0
+        self.health_source: Callable[[], dict[str, Any]] | None = None
+        self._available: list[str] = []
+
+    # ---- life ----------------------------------------------------------------------------------
+    def start(self) -> "DeviceAgent":
+        from agent.artifacts.store import ContentStore
+        from agent.serving.registry import ModelRegistry
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.use_lock:
+            self._lock = control.StateLock(self.state_dir).acquire()
+        try:
+            self.profile = self.profile or _detect(self.sysroot)
+            self.target = _target(self.config.target, self.profile)
+            if self.step_config.swap is None:
+                self.step_config.swap = (self.target.serving or {}).get("swap") if self.target else None
+            self.store = ContentStore(self.state_dir)
+            self.registry = ModelRegistry()
+            self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
+                               target_name=self.target.name if self.target else None, config=self.step_config)
+            self.orchestrator = Orchestrator(self.state_dir, self.steps, listeners=[self._on_transition])
+            self._emit({"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode,
+                        "target": self.target.name if self.target else None})
+            self.orchestrator.start()
+            if self.serve_http:
+                self._start_http()
+            if self.config.mqtt is not None:
+                self._start_mqtt()
+            self.write_status()
+            self._thread = threading.Thread(target=self._loop, name=f"agent-{self.config.device_id}", daemon=True)
+            self._thread.start()
+            threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
+        except BaseException:
+            self.stop()
+            raise
+        if self.notifier is not None:
+            self.notifier.ready(self._one_line())
+        self._emit({"event": "ready", "url": self.url, "models": self.registry.models()})
+        return self
+
+    def stop(self, drain_timeout: float = 10.0) -> None:
+        """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock."""
+        self._stop.set()
+        if self.notifier is not None:
+            self.notifier.stopping("draining")
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        if self.orchestrator is not None:
+            self.orchestrator.stop(timeout=drain_timeout)
+        if self.server is not None:
+            self.server.shutdown(drain_timeout)
+        if self.link is not None:
+            self.link.stop(graceful=True)
+        if self.registry is not None:
+            self.registry.close(drain_timeout)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stop() (True) or timeout (False)."""
+        return self._stop.wait(timeout)
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url if self.server is not None else None
+
+    # ---- parts ---------------------------------------------------------------------------------
+    def _start_http(self) -> None:
+        from agent.serving.server import OIPServer
+
+        s = self.config.serving
+        self.server = OIPServer(self.registry, s.host, s.port, s.token()).start()
+
+    def _start_mqtt(self) -> None:
+        from agent.lifecycle.mqttmode import MqttMode
+
+        self.link = MqttMode(self).start()
+
+    # ---- the loop: inbox, control requests, MQTT desired state, watchdog, health -----------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for job in (self._scan_inbox, self._scan_control, self._poll_link, self._health):
+                try:
+                    job()
+                except EdgeAgentError as exc:
+                    self._emit({"event": "error", "reason": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - the loop must survive any one bad input
+                    self._emit({"event": "error", "reason": f"{type(exc).__name__}: {exc}"})
+            wait = self.notifier.tick(LOOP_S) if self.notifier is not None else LOOP_S
+            self._stop.wait(wait)
+
+    def _scan_inbox(self) -> None:
+        inbox = self.config.inbox
+        if inbox is None or self.config.mqtt is not None or not Path(inbox).is_dir():
+            return
+        claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
+        for model_dir in sorted(Path(inbox).iterdir()):
+            if model_dir.name.startswith(".") or not model_dir.is_dir():
+                continue
+            for version_dir in sorted(model_dir.iterdir()):
+                if version_dir.name.startswith(".") or not version_dir.is_dir() or str(version_dir) in claimed:
+                    continue
+                if not (NAME_RE.match(model_dir.name) and NAME_RE.match(version_dir.name)):
+                    self._warn_once(str(version_dir), "inbox entry ignored: model and version directory names "
+                                    "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+                    continue
+                self.orchestrator.submit(model_dir.name, version_dir.name,
+                                         {"kind": "inbox", "path": str(version_dir)})
+
+    def _warn_once(self, key: str, reason: str) -> None:
+        if key not in self._inbox_warned:
+            self._inbox_warned.add(key)
+            self._emit({"event": "warning", "path": key, "reason": reason})
+
+    def _scan_control(self) -> None:
+        for req_id, req in control.pending(self.state_dir):
+            if req_id in self._control_busy:
+                continue
+            self._control_busy.add(req_id)
+            threading.Thread(target=self._serve_control, args=(req_id, req), daemon=True,
+                             name=f"control-{req_id}").start()
+
+    def _serve_control(self, req_id: str, req: dict[str, Any] | None) -> None:
+        try:
+            if not isinstance(req, dict) or req.get("op") not in control.OPS or not isinstance(req.get("model"), str):
+                result = {"ok": False, "error": "malformed control request"}
+            elif req["op"] == "rollback":
+                dep = self.orchestrator.rollback(req["model"], wait=120)
+                ok = dep.state is State.COMMITTED or (dep.source.get("kind") != "rollback"
+                                                       and dep.state is State.ROLLED_BACK)
+                result = {"ok": ok, "deployment": dep.summary(), "model": dep.model,
+                          "serving": self.registry.models().get(dep.model), **({} if ok else {"error": dep.reason})}
+            else:
+                dep = self.orchestrator.cancel(req["model"])
+                result = {"ok": dep is not None, **({"deployment": dep.summary()} if dep else
+                                                     {"error": f"nothing in flight for {req['model']!r}"})}
+        except EdgeAgentError as exc:
+            result = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - answered, never raised into a thread
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        control.answer(self.state_dir, req_id, result)
+        self._control_busy.discard(req_id)
+
+    def _poll_link(self) -> None:
+        if self.link is not None:
+            self.link.poll()
+
+    def _health(self) -> None:
+        interval = self.config.telemetry.interval_s
+        if not interval or self.link is None or time.monotonic() - self._last_health < interval:
+            return
+        self._last_health = time.monotonic()
+        self.link.publish_health(self._health_doc())
+
+    def _health_doc(self) -> dict[str, Any]:
+        if self.health_source is not None:
+            return self.health_source()
+        return {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
+
+    # ---- reporting -----------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        extra = {"mode": self.config.mode, "serving": {"url": self.url}, "pid": _pid(),
+                 "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()}}
+        return build_status(
+            self.state_dir, device_id=self.config.device_id, groups=self.config.groups,
+            target=self.target.name if self.target else None, hardware=hardware_summary(self.profile),
+            providers=self._providers(), registry=self.registry, unavailable=self.steps.unavailable, extra=extra)
+
+    def _providers(self) -> list[str]:
+        return list(self._available)
+
+    def _probe_providers(self) -> None:
+        """Background: which providers are usable here (for the status document), then republish status."""
+        try:
+            from agent.providers.ranking import rank
+
+            self._available = [r.name for r in rank(self.profile, self.target) if r.available]
+        except Exception as exc:  # noqa: BLE001 - status shows what is known
+            self._emit({"event": "warning", "reason": f"provider probe failed: {exc}"})
+            return
+        if not self._stop.is_set():
+            self.write_status()
+
+    def write_status(self) -> dict[str, Any]:
+        with self._status_lock:
+            doc = self.status()
+            atomic_write_json(status_path(self.state_dir), doc)
+            if self.link is not None:
+                self.link.publish_status(doc)
+            if self.notifier is not None:
+                self.notifier.status(self._one_line())
+            return doc
+
+    def _one_line(self) -> str:
+        models = self.registry.models() if self.registry is not None else {}
+        return "serving " + (", ".join(f"{n} v{v}" for n, v in sorted(models.items())) or "no models")
+
+    def _on_transition(self, record: dict[str, Any]) -> None:
+        self._emit({"event": "progress" if "progress" in record else "transition", **record})
+        if "progress" in record:
+            return
+        if self.link is not None:
+            self.link.publish_event(record)
+        self.write_status()
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event({"device_id": self.config.device_id, **record})
+            except Exception:  # noqa: BLE001 - a broken log sink must not stop the daemon
+                pass
+
+
+def _detect(sysroot):
+    from agent.hardware import detect
+
+    return detect(root=str(sysroot) if sysroot else "/")
+
+
+def _target(name: str, profile):
+    from agent import targets
+
+    return targets.match(profile) if name in (None, "auto") else targets.get_target(name)
+
+
+def _pid() -> int:
+    return os.getpid()

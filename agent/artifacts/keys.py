@@ -1,0 +1,108 @@
+"""Ed25519 fleet keys: generate, load (PEM or raw base64), key ids, trusted-key sets."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+from agent.errors import ConfigError
+
+PRIVATE_NAME = "fleet.key"
+PUBLIC_NAME = "fleet.pub"
+
+
+def _ed():
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    return ed25519
+
+
+def _ser():
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization
+
+
+def raw_public_bytes(public_key) -> bytes:
+    s = _ser()
+    return public_key.public_bytes(s.Encoding.Raw, s.PublicFormat.Raw)
+
+
+def key_id(public_key) -> str:
+    """The first 16 hex digits of sha256 over the raw 32-byte public key."""
+    return hashlib.sha256(raw_public_bytes(public_key)).hexdigest()[:16]
+
+
+def generate(out_dir: str | os.PathLike, overwrite: bool = False) -> tuple[Path, Path, str]:
+    """Write DIR/fleet.key (PKCS8 PEM, mode 0600) and DIR/fleet.pub (PEM); return (key, pub, key_id)."""
+    s = _ser()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key_path, pub_path = out / PRIVATE_NAME, out / PUBLIC_NAME
+    if not overwrite and (key_path.exists() or pub_path.exists()):
+        raise ConfigError(f"{key_path} or {pub_path} already exists; refusing to overwrite a fleet key")
+    priv = _ed().Ed25519PrivateKey.generate()
+    pem = priv.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
+    pub_pem = priv.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(key_path, 0o600)
+    pub_path.write_bytes(pub_pem)
+    return key_path, pub_path, key_id(priv.public_key())
+
+
+def load_private_key(path: str | os.PathLike):
+    """Load an Ed25519 private key (PKCS8 PEM); ConfigError with the path on any problem."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read signing key {path}: {exc.strerror or exc}") from None
+    try:
+        key = _ser().load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{path} is not an unencrypted PEM private key: {exc}") from None
+    if not isinstance(key, _ed().Ed25519PrivateKey):
+        raise ConfigError(f"{path} is not an Ed25519 key")
+    return key
+
+
+def parse_public_key(text: str | bytes, where: str = "public key"):
+    """Accept a PEM SubjectPublicKeyInfo or the base64 of the raw 32 bytes."""
+    data = text.encode() if isinstance(text, str) else bytes(text)
+    try:
+        if b"-----BEGIN" in data:
+            key = _ser().load_pem_public_key(data)
+        else:
+            raw = base64.b64decode(data.strip(), validate=True)
+            key = _ed().Ed25519PublicKey.from_public_bytes(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where} is not an Ed25519 public key (PEM or base64 of 32 bytes): {exc}") from None
+    if not isinstance(key, _ed().Ed25519PublicKey):
+        raise ConfigError(f"{where} is not an Ed25519 public key")
+    return key
+
+
+def load_public_key(path: str | os.PathLike):
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read public key {path}: {exc.strerror or exc}") from None
+    return parse_public_key(data, where=str(path))
+
+
+def trusted_keys(keys) -> dict[str, object]:
+    """Build {key_id: public key} from paths, PEM/base64 strings or key objects."""
+    out: dict[str, object] = {}
+    for k in keys or ():
+        if isinstance(k, (str, os.PathLike)) and not str(k).lstrip().startswith("-----") and Path(k).exists():
+            pub = load_public_key(k)
+        elif isinstance(k, (str, bytes)):
+            pub = parse_public_key(k)
+        else:
+            pub = k
+        out[key_id(pub)] = pub
+    return out

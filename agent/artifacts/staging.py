@@ -1,0 +1,127 @@
+"""A resumable download in progress: staging/<sha>.part written with pwrite, plus a persisted bitmap.
+
+The bitmap is a durable record of verified chunks (written atomically after an fdatasync of the .part).
+Chunks written after the last persist are not lost either: on resume, unmarked chunks below the highest
+requested index are re-hashed from the .part and kept when they match the manifest.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import time
+
+from agent.artifacts.manifest import Artifact
+from agent.artifacts.store import ContentStore
+from agent.errors import ArtifactError
+from agent.util.atomic import atomic_write_json, read_json
+
+
+class Staging:
+    """Owns <sha>.part and <sha>.bitmap for one artifact while it downloads."""
+
+    def __init__(self, store: ContentStore, artifact: Artifact, persist_interval_s: float = 0.5,
+                 persist_bytes: int = 8 * 1024 * 1024):
+        self.store, self.artifact = store, artifact
+        self.part = store.part_path(artifact.sha256)
+        self.bitmap_file = store.bitmap_path(artifact.sha256)
+        self.have = bytearray(artifact.count)  # one byte per chunk in memory; bits on disk
+        self.requested_upto = 0
+        self.lookahead = 0  # the puller's window: chunks that may be on disk beyond requested_upto
+        self.recovered = 0  # chunks found intact in the .part beyond the persisted bitmap
+        self._interval, self._persist_bytes = persist_interval_s, persist_bytes
+        self._dirty_bytes, self._last_persist = 0, time.monotonic()
+        self._fd: int | None = None
+
+    # --- open / close ---------------------------------------------------------------------------
+    def open(self) -> "Staging":
+        a = self.artifact
+        try:
+            self._fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o600)
+            if os.fstat(self._fd).st_size != a.size:
+                os.ftruncate(self._fd, a.size)
+        except OSError as exc:
+            raise ArtifactError(f"cannot open staging file {self.part}: {exc.strerror or exc}") from None
+        saved = read_json(self.bitmap_file) if self.bitmap_file.exists() else None
+        if isinstance(saved, dict) and saved.get("sha256") == a.sha256 and saved.get("chunk_size") == a.chunk_size \
+                and saved.get("count") == a.count:
+            try:
+                bits = base64.b64decode(saved.get("have", ""))
+                self.have = bytearray((bits[i >> 3] >> (i & 7)) & 1 for i in range(a.count))
+                self.requested_upto = min(int(saved.get("requested_upto", 0)), a.count)
+            except (ValueError, IndexError, TypeError):
+                self.have = bytearray(a.count)
+        self._recover()
+        return self
+
+    def _recover(self) -> None:
+        """Keep chunks written after the last bitmap persist (checked against their manifest hashes)."""
+        for i in range(self.requested_upto):
+            if not self.have[i] and self._chunk_ok(i):
+                self.have[i] = 1
+                self.recovered += 1
+        if self.recovered:
+            self.persist()
+
+    def _chunk_ok(self, i: int) -> bool:
+        n = self.artifact.chunk_len(i)
+        data = os.pread(self._fd, n, i * self.artifact.chunk_size)
+        return len(data) == n and hashlib.sha256(data).hexdigest() == self.artifact.chunks[i]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                self.persist()
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    # --- state ----------------------------------------------------------------------------------
+    def missing(self) -> list[int]:
+        return [i for i, h in enumerate(self.have) if not h]
+
+    @property
+    def done(self) -> bool:
+        return all(self.have)
+
+    def bytes_have(self) -> int:
+        return sum(self.artifact.chunk_len(i) for i, h in enumerate(self.have) if h)
+
+    def note_requested(self, index: int) -> None:
+        if index + 1 > self.requested_upto:
+            self.requested_upto = index + 1
+
+    # --- writing --------------------------------------------------------------------------------
+    def write(self, index: int, data) -> bool:
+        """Verify one chunk against the manifest and pwrite it; False (nothing written) on a hash mismatch."""
+        a = self.artifact
+        if len(data) != a.chunk_len(index) or hashlib.sha256(data).hexdigest() != a.chunks[index]:
+            return False
+        try:
+            os.pwrite(self._fd, data, index * a.chunk_size)
+        except OSError as exc:
+            raise ArtifactError(f"cannot write {self.part}: {exc.strerror or exc}") from None
+        self.have[index] = 1
+        self._dirty_bytes += len(data)
+        if self._dirty_bytes >= self._persist_bytes or time.monotonic() - self._last_persist >= self._interval:
+            self.persist()
+        return True
+
+    def persist(self) -> None:
+        """fdatasync the .part, then atomically replace the bitmap."""
+        if self._fd is None:
+            return
+        os.fdatasync(self._fd)
+        bits = bytearray((self.artifact.count + 7) // 8)
+        for i, h in enumerate(self.have):
+            if h:
+                bits[i >> 3] |= 1 << (i & 7)
+        atomic_write_json(self.bitmap_file, {
+            "sha256": self.artifact.sha256, "chunk_size": self.artifact.chunk_size, "count": self.artifact.count,
+            "have": base64.b64encode(bytes(bits)).decode(), "requested_upto": min(self.artifact.count, self.requested_upto + self.lookahead)}, mode=0o600)
+        self._dirty_bytes, self._last_persist = 0, time.monotonic()
+
+    def finish(self):
+        """Close and move the verified file into the store; returns the blob path."""
+        self.close()
+        return self.store.commit_part(self.artifact.sha256, self.artifact.size)

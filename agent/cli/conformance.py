@@ -1,0 +1,91 @@
+"""`edge-agent conformance`: run the hardware conformance suites and write report.json, junit.xml, report.html."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+
+class _Progress:
+    """Progress on stderr: a live counter on a terminal, a line every 10% otherwise."""
+
+    def __init__(self):
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def __call__(self, event: str, **f) -> None:
+        if event == "suite":
+            click.echo(f"conformance: {f['suite']}: {f.get('stage', '')}", err=True)
+        elif event == "variant":
+            click.echo(f"conformance: {f['suite']} on {f['provider']} ({f['total']} cases)", err=True)
+        elif event == "case":
+            self._case(f)
+        elif event == "model":
+            click.echo(f"conformance: models [{f['index']}/{f['total']}] {f['model']}", err=True)
+
+    def _case(self, f) -> None:
+        i, n = f["index"], f["total"]
+        line = f"  {f['provider']}: {i}/{n} {f['case']} {f['status']}"
+        if self.tty:
+            click.echo("\r" + line[:110].ljust(110), err=True, nl=(i == n))
+        elif i == n or i % max(n // 10, 1) == 0:
+            click.echo(line, err=True)
+
+
+@click.command("conformance")
+@click.option("--suite", type=click.Choice(["onnx-node", "models", "all"]), default="all", show_default=True)
+@click.option("--provider", "providers", multiple=True, metavar="NAME",
+              help="Providers to test (repeatable). Default: every available provider, every precision variant.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="conformance-report", show_default=True,
+              help="Directory for report.json, junit.xml and report.html.")
+@click.option("-k", "--case", "patterns", multiple=True, metavar="GLOB",
+              help="Only node cases whose name matches (shell glob, repeatable), e.g. 'test_conv*'.")
+@click.option("--models-dir", type=click.Path(exists=True, file_okay=False),
+              help="Also qualify every package in DIR (models suite).")
+@click.option("--budget", type=click.FloatRange(0.1, 600), default=2.0, show_default=True,
+              help="Seconds of timed runs per model and provider (models suite).")
+@click.option("--case-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="Deadline per node case; a hang errors the case and the run continues.")
+@click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the provider counts as JSON.")
+def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_timeout, target_name, as_json):
+    """Run the ONNX node suite (onnx's own test cases and tolerances) and/or the models suite (onnx's
+    light_* models, generated samples, your packages) on every provider, each case isolated in a child
+    process. Writes OUT/report.json, OUT/junit.xml and OUT/report.html."""
+    from pathlib import Path
+
+    from agent.conformance.report import write_all
+    from agent.conformance.runner import run_conformance
+    from agent.hardware import detect
+    from agent.targets import get_target, match
+
+    profile = detect("/")
+    target = get_target(target_name) if target_name else match(profile)
+    report = run_conformance(suite, list(providers) or None, profile=profile, target=target,
+                             models_dir=Path(models_dir) if models_dir else None, patterns=list(patterns) or None,
+                             budget_s=budget, case_timeout=case_timeout, progress=_Progress())
+    paths = write_all(report, Path(out_dir))
+    counts = report.counts()
+    if as_json:
+        click.echo(json.dumps({"providers": counts, "suites": {s: report.counts(s) for s in ("onnx-node", "models")},
+                               "precision_differences": report.precision_differences(),
+                               "files": {k: str(v) for k, v in paths.items()}}, indent=2))
+        return
+    click.echo(_table(counts, report.variants))
+    for base, d in report.precision_differences().items():
+        click.echo(f"{base}: {d['default_precision']} passes {d['passed_default']}/{d['cases']} node cases, "
+                   f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "
+                   f"({d['fail_only_at_default']} fail only at {d['default_precision']})")
+    for name, why in report.meta.get("unavailable_providers", {}).items():
+        click.echo(f"not run: {name}: {why}")
+    click.echo(f"wrote {paths['json']}, {paths['junit']}, {paths['html']}")
+
+
+def _table(counts: dict, variants: dict) -> str:
+    head = ("PROVIDER", "PRECISION", "PASSED", "FAILED", "ERRORED", "SKIPPED", "TOTAL")
+    rows = [head] + [(k, str((variants.get(k) or {}).get("precision") or "-"), *(str(c[s]) for s in
+                     ("passed", "failed", "errored", "skipped", "total"))) for k, c in counts.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

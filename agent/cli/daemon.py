@@ -1,0 +1,203 @@
+"""`edge-agent run | status | rollback`: the device daemon and its local control.
+
+Test/tuning knobs read by `run` (environment):
+  EDGE_AGENT_PROBATION_S        probation window after a swap (default 60)
+  EDGE_AGENT_QUALIFY_PROVIDERS  comma list of providers to qualify (default: the target's order)
+  EDGE_AGENT_QUALIFY_BUDGET_S   latency budget per qualification row (default 5)
+  EDGE_AGENT_QUALIFY_ISOLATE    0: rows run inside the (already separate) qualification process
+  EDGE_AGENT_TEST_CRASH_AT      test only: SIGKILL the daemon right after journaling this state
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import click
+
+from agent.config import DEFAULT_PATH, load_config
+from agent.errors import ConfigError
+
+CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=str(DEFAULT_PATH),
+                             show_default=True, help="Agent configuration file.")
+
+
+def step_config_from_env(env=os.environ):
+    from agent.lifecycle.steps import StepConfig
+
+    cfg = StepConfig()
+    try:
+        if env.get("EDGE_AGENT_PROBATION_S"):
+            cfg.probation_s = float(env["EDGE_AGENT_PROBATION_S"])
+        if env.get("EDGE_AGENT_QUALIFY_PROVIDERS"):
+            cfg.providers = [p.strip() for p in env["EDGE_AGENT_QUALIFY_PROVIDERS"].split(",") if p.strip()]
+        if env.get("EDGE_AGENT_QUALIFY_BUDGET_S"):
+            cfg.qualify_options["latency_budget_s"] = float(env["EDGE_AGENT_QUALIFY_BUDGET_S"])
+        if env.get("EDGE_AGENT_QUALIFY_ISOLATE") == "0":
+            cfg.qualify_options["isolate"] = False
+    except ValueError as exc:
+        raise ConfigError(f"EDGE_AGENT_* environment: {exc}") from None
+    return cfg
+
+
+def render_event(record: dict) -> str:
+    """One journald-friendly line per event: `event key=value ...`."""
+    rec = dict(record)
+    head = rec.pop("event", "event")
+    rec.pop("device_id", None)
+    parts = [head]
+    for k, v in rec.items():
+        if v is None or k == "ts":
+            continue
+        v = json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
+        parts.append(f"{k}={json.dumps(v) if (' ' in v or not v) else v}")
+    return " ".join(parts)
+
+
+@click.command("run")
+@CONFIG_OPTION
+def run(config_path):
+    """Run the device daemon: serve committed models, take new ones from MQTT or the local inbox.
+
+    In local mode (no mqtt section) move a package directory atomically (rename) into
+    INBOX/<name>/<version>/ and it goes through the lifecycle: downloading (into the store), verifying,
+    qualifying, activating, probation, committed. SIGTERM/SIGINT drain and stop; SIGHUP reloads the
+    serving token.
+    """
+    from agent.app import DeviceAgent
+    from agent.sdnotify import SdNotifier
+
+    cfg = load_config(config_path)
+    for warning in cfg.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def log(record: dict) -> None:
+        with lock:
+            click.echo(render_event(record), err=True)
+
+    agent = DeviceAgent(cfg, step_config=step_config_from_env(), on_event=log, notifier=SdNotifier.from_env())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: _reload(agent, config_path, log))
+    agent.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        log({"event": "stopping"})
+        agent.stop()
+        log({"event": "stopped"})
+
+
+def _reload(agent, config_path, log) -> None:
+    try:
+        new = load_config(config_path)
+        if agent.server is not None:
+            agent.server.set_token(new.serving.token())
+        log({"event": "reloaded", "applied": "serving.token_file"})
+    except ConfigError as exc:
+        log({"event": "error", "reason": f"reload failed, keeping the running config: {exc}"})
+
+
+@click.command("status")
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def status(config_path, as_json):
+    """Show models (version, sha256, provider, state) and recent deployments of this device."""
+    from agent.lifecycle.control import daemon_running, holder_pid
+    from agent.lifecycle.status import build_status, status_path
+    from agent.util.atomic import read_json
+
+    cfg = load_config(config_path, check_files=False)
+    running = daemon_running(cfg.state_dir)
+    saved = read_json(status_path(cfg.state_dir), default=None) if cfg.state_dir.is_dir() else None
+    if running and saved:
+        doc = saved
+    else:
+        known = saved or {}
+        doc = build_status(cfg.state_dir, device_id=cfg.device_id, groups=cfg.groups,
+                           target=known.get("target"), hardware=known.get("hardware"),
+                           providers=known.get("providers")) if cfg.state_dir.is_dir() else {
+            "device_id": cfg.device_id, "models": {}, "deployments": {}, "recent_deployments": []}
+        doc["online"] = False
+    doc["daemon"] = {"running": running, "pid": holder_pid(cfg.state_dir) if running else None}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        return
+    _print_status(doc)
+
+
+def _print_status(doc: dict) -> None:
+    d = doc["daemon"]
+    url = (doc.get("serving") or {}).get("url")
+    click.echo(f"device {doc.get('device_id')}  target {doc.get('target') or '?'}  daemon "
+               + (f"running (pid {d['pid']})" + (f", serving {url}" if url else "") if d["running"] else "stopped"))
+    models = doc.get("models") or {}
+    if not models:
+        click.echo("no models committed")
+    else:
+        rows = [("MODEL", "VERSION", "STATE", "PROVIDER", "PRECISION", "SHA256")]
+        rows += [(n, m.get("version"), m.get("state"), m.get("provider"), m.get("precision"),
+                  (m.get("sha256") or "")[:12]) for n, m in sorted(models.items())]
+        _table(rows)
+        for n, m in sorted(models.items()):
+            if m.get("reason"):
+                click.echo(f"  {n}: {m['reason']}")
+    recent = doc.get("recent_deployments") or []
+    if recent:
+        click.echo("recent deployments:")
+        for r in recent:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("ts") or 0))
+            reason = f"  {r['reason']}" if r.get("reason") else ""
+            click.echo(f"  {when}  {r.get('model')} {r.get('version')}  {r.get('state')}{reason}")
+
+
+def _table(rows) -> None:
+    widths = [max(len(str(r[i] if r[i] is not None else "-")) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(str(v if v is not None else "-").ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+@click.command("rollback")
+@click.argument("name")
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the running daemon.")
+def rollback(name, config_path, as_json, timeout):
+    """Swap NAME back to its previous committed version (no download).
+
+    With the daemon running, the request goes through STATE_DIR/control/ and takes effect in the running
+    daemon (new session built and warmed, then swapped in); otherwise the slots are swapped on disk and the
+    next start serves the previous version.
+    """
+    from agent.errors import LifecycleError
+    from agent.lifecycle import control
+    from agent.lifecycle.journal import check_name
+
+    cfg = load_config(config_path, check_files=False)
+    check_name("model name", name)
+    if control.daemon_running(cfg.state_dir):
+        result = control.request(cfg.state_dir, "rollback", timeout=timeout, model=name)
+    else:
+        result = control.offline_rollback(cfg.state_dir, name)
+        result["applied"] = "on disk; the daemon serves it when it starts"
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        if not result.get("ok"):
+            sys.exit(1)
+        return
+    if not result.get("ok"):
+        raise LifecycleError(f"rollback of {name} failed: {result.get('error')}")
+    dep = result.get("deployment") or {}
+    if result.get("applied"):
+        click.echo(f"{name}: rolled back to version {dep.get('version')}; {result['applied']}")
+    elif dep.get("state") == "rolled_back":
+        click.echo(f"{name}: version {dep.get('version')} was in {dep.get('reason') or 'probation'}; aborted, "
+                   f"serving version {result.get('serving')}")
+    else:
+        click.echo(f"{name}: rolled back; serving version {result.get('serving')}")

@@ -1,0 +1,178 @@
+"""`edge-agent fleet`: control plane (push, serve, status here; rollout/rollback/simulate in fleet_rollout)."""
+from __future__ import annotations
+
+import json
+import threading
+
+import click
+
+from agent.cli import LazyGroup
+from agent.errors import ConfigError
+
+FLEET_COMMANDS = {
+    "push": ("agent.cli.fleet:push", "Store a package and publish its signed desired state."),
+    "serve": ("agent.cli.fleet:serve", "Answer artifact chunk requests (safe to run several)."),
+    "status": ("agent.cli.fleet:status", "One row per device from retained status topics."),
+    "rollout": ("agent.cli.fleet_rollout:rollout", "Cohort-aware canary rollout with automatic halt."),
+    "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
+    "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=FLEET_COMMANDS)
+def fleet():
+    """Control plane: push models, serve artifacts, watch the fleet, roll out."""
+
+
+def broker_options(f):
+    """--broker and the authentication/TLS options every fleet command takes."""
+    opts = [
+        click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
+        click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
+        click.option("--username", help="Broker user name."),
+        click.option("--password-file", type=click.Path(dir_okay=False), help="File holding the broker password."),
+        click.option("--ca", "ca_file", type=click.Path(dir_okay=False), help="CA bundle for mqtts://."),
+        click.option("--cert", "cert_file", type=click.Path(dir_okay=False), help="Client certificate for mqtts://."),
+        click.option("--cert-key", "cert_key_file", type=click.Path(dir_okay=False), help="Client certificate's key."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def broker_config(kw: dict):
+    from agent.transport.mqtt import BrokerConfig
+
+    password = None
+    if kw.get("password_file"):
+        try:
+            with open(kw["password_file"]) as fh:
+                password = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"--password-file: cannot read {kw['password_file']}: {exc.strerror}") from None
+    return BrokerConfig(kw["broker"], username=kw.get("username"), password=password, ca=kw.get("ca_file"),
+                        cert=kw.get("cert_file"), key=kw.get("cert_key_file"))
+
+
+def _progress(event: str, **f) -> None:
+    if event == "store":
+        click.echo(f"push: storing {f['package']}", err=True)
+    elif event == "published":
+        click.echo(f"push: published version {f['version']} to {', '.join(f['topics'])}", err=True)
+    elif event == "device":
+        reason = f" ({f['reason']})" if f.get("reason") else ""
+        click.echo(f"push: {f['device_id']}: {f['result']}{reason}", err=True)
+
+
+def _load_overrides(path):
+    if not path:
+        return None
+    import yaml
+
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--qualification: cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--qualification: {path} must hold a mapping")
+    return doc
+
+
+@click.command()
+@click.argument("package", type=click.Path(exists=True))
+@click.option("--name", required=True, help="Model name (A-Z a-z 0-9 . _ -).")
+@click.option("--version", "version", required=True, help="Dotted integers, newer than what devices run.")
+@click.option("--device", "devices", multiple=True, metavar="ID", help="Target device (repeatable).")
+@click.option("--group", "groups", multiple=True, metavar="G", help="Target group (repeatable).")
+@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key).")
+@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
+@broker_options
+@click.option("--wait", type=float, metavar="SECONDS", help="Wait until every targeted device runs this version.")
+@click.option("--http-url", metavar="URL", help="Also offer an http(s) source; '{sha256}' is replaced.")
+@click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
+@click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
+@click.option("--rollback", is_flag=True, help="Sign as a rollback (allows an older version).")
+@click.option("--qualification", "qualification_file", type=click.Path(dir_okay=False, exists=True),
+              help="YAML/JSON file of qualification overrides carried in the manifest.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def push(package, name, version, devices, groups, key_file, store, wait, http_url, chunk_size, ttl_s, rollback,
+         qualification_file, as_json, **kw):
+    """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
+    from agent.fleet.push import push as do_push
+
+    doc = do_push(package, name=name, version=version, key_file=key_file, store=store, broker=broker_config(kw),
+                  prefix=kw["prefix"], devices=devices, groups=groups, http_url=http_url, chunk_size=chunk_size,
+                  ttl_s=ttl_s, rollback=rollback, qualification=_load_overrides(qualification_file), wait=wait,
+                  progress=_progress)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        click.echo(f"pushed {name} {version} ({doc['sha256'][:16]}, {doc['size']} bytes, key {doc['key_id']})")
+        for dev, r in sorted((doc.get("devices") or {}).items()):
+            click.echo(f"  {dev}: {r['result']}" + (f" - {r['reason']}" if r.get("reason") else ""))
+    if not doc["ok"]:
+        bad = [f"{d}: {r['result']} ({r['reason']})" for d, r in sorted(doc["devices"].items()) if r["result"] != "committed"]
+        raise click.exceptions.Exit(1) if as_json else _fail("; ".join(bad))
+
+
+def _fail(message: str):
+    from agent.errors import EdgeAgentError
+
+    return EdgeAgentError(f"not every device runs the new version: {message}")
+
+
+@click.command()
+@click.option("--store", required=True, type=click.Path(file_okay=False), help="Content store to serve from.")
+@broker_options
+@click.option("--workers", type=int, default=2, show_default=True, help="Threads answering requests.")
+@click.option("--http", "http_bind", metavar="HOST:PORT", help="Also serve blobs over HTTP with Range support.")
+def serve(store, workers, http_bind, **kw):
+    """Answer chunk requests from devices until interrupted (safe to run several)."""
+    from agent.artifacts.store import ContentStore
+    from agent.fleet.artifact_server import ArtifactServer, serve_http
+
+    server = ArtifactServer(ContentStore(store), broker_config(kw), kw["prefix"], workers=workers).start()
+    httpd = serve_http(ContentStore(store), http_bind) if http_bind else None
+    mode = "shared subscription (MQTT 5)" if server.shared else "every server answers (MQTT 3.1.1)"
+    click.echo(f"serving {store} on {server.link.broker.redacted()}: {mode}", err=True)
+    if httpd:
+        click.echo(f"serving blobs on http://{httpd.server_address[0]}:{httpd.server_address[1]}/blobs/sha256/<sha256>", err=True)
+    stop = threading.Event()
+    try:
+        server.serve_forever(stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+        if httpd:
+            httpd.shutdown()
+    click.echo(f"served {server.stats['chunks']} chunks ({server.stats['bytes']} bytes)", err=True)
+
+
+@click.command()
+@broker_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def status(as_json, **kw):
+    """One row per device: online, models (version, provider, state), last deployment result and reason."""
+    from agent.fleet.status import fleet_status
+
+    doc = fleet_status(broker_config(kw), kw["prefix"])
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    if not doc["devices"]:
+        click.echo("no device has published a status under this prefix")
+        return
+    click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'MODELS':<40} LAST DEPLOYMENT")
+    for r in doc["devices"]:
+        models = ", ".join(f"{m} {v.get('version')} {v.get('provider') or '-'} {v.get('state') or ''}".strip()
+                           for m, v in sorted(r["models"].items())) or "-"
+        last = r["last_deployment"]
+        dep = "-"
+        if last:
+            dep = f"{last.get('model')} {last.get('version')}: {last.get('result') or last.get('state')}"
+            if last.get("reason"):
+                dep += f" ({last['reason']})"
+        click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {models:<40} {dep}")
+    click.echo(f"{doc['online']}/{doc['count']} online")

@@ -1,0 +1,189 @@
+"""`edge-agent fleet rollout | rollback | simulate`: cohort-aware canary rollouts, signed rollbacks, the simulator."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+
+import click
+
+from agent.errors import ConfigError
+
+
+def broker_options(f):
+    """--broker plus the authentication/TLS options every fleet command takes."""
+    opts = [
+        click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
+        click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
+        click.option("--username", help="Broker user name."),
+        click.option("--password-file", type=click.Path(dir_okay=False), help="File holding the broker password."),
+        click.option("--ca", "ca_file", type=click.Path(dir_okay=False), help="CA bundle for mqtts://."),
+        click.option("--cert", "cert_file", type=click.Path(dir_okay=False), help="Client certificate for mqtts://."),
+        click.option("--cert-key", "cert_key_file", type=click.Path(dir_okay=False), help="Client certificate key."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _broker(kw: dict):
+    from agent.transport.mqtt import BrokerConfig
+
+    password = None
+    if kw.get("password_file"):
+        try:
+            with open(kw["password_file"]) as fh:
+                password = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"--password-file: cannot read {kw['password_file']}: {exc.strerror}") from None
+    return BrokerConfig(kw["broker"], username=kw.get("username"), password=password, ca=kw.get("ca_file"),
+                        cert=kw.get("cert_file"), key=kw.get("cert_key_file"))
+
+
+def _render_progress(event: str, **f) -> None:
+    if event == "wave_started":
+        click.echo(f"rollout: cohort {f['cohort']}: {f['kind']} {f['wave']} started on {f['devices']} device(s)", err=True)
+    elif event == "device":
+        reason = f" ({f['reason']})" if f.get("reason") else ""
+        click.echo(f"rollout: {f['device_id']}: {f['result']}{reason}", err=True)
+    elif event == "cohort_halted":
+        click.echo(f"rollout: cohort {f['cohort']} HALTED: {f['reason']}; rolling back what it touched", err=True)
+    elif event == "cohort_completed":
+        click.echo(f"rollout: cohort {f['cohort']} completed", err=True)
+    elif event == "rollout_finished":
+        click.echo(f"rollout: {f['rollout_id']} {f['state']}: {f['counts']}", err=True)
+    elif event == "resumed":
+        click.echo(f"rollout: resuming {f['rollout_id']} from {f['path']}", err=True)
+    elif event == "warning":
+        click.echo(f"rollout: warning: {f['message']}", err=True)
+
+
+def render_summary(doc: dict) -> str:
+    lines = [f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
+             f"counts: {json.dumps(doc['counts'], sort_keys=True)}"]
+    for key, c in doc["cohorts"].items():
+        waves = " ".join(f"{w['kind'][0]}{w['index']}:{sum(v for k, v in w['counts'].items() if k == 'succeeded')}"
+                         f"/{w['size']}" for w in c["waves"])
+        reason = f"  ({c['reason']})" if c.get("reason") else ""
+        lines.append(f"  cohort {key:<24} {c['state']:<12} waves {waves}{reason}")
+    lines.append(f"  {'DEVICE':<24} {'COHORT':<22} {'WAVE':>4}  {'RESULT':<16} REASON")
+    for d in doc["devices"]:
+        lines.append(f"  {d['device_id']:<24} {d['cohort']:<22} {d['wave']:>4}  {d['result']:<16} {d['reason'] or ''}")
+    return "\n".join(lines)
+
+
+@click.command("rollout")
+@click.argument("package", type=click.Path(exists=True))
+@click.option("--name", required=True, help="Model name.")
+@click.option("--version", "version", required=True, help="New version (dotted integers, higher than installed).")
+@click.option("--group", help="Roll out to the devices of this group (from their retained status).")
+@click.option("--all", "all_devices", is_flag=True, help="Roll out to every device that has a retained status.")
+@click.option("--cohort-by", type=click.Choice(["target", "provider"]),
+              help="Split devices into cohorts by hardware target or primary provider; each has its own canary.")
+@click.option("--canary", default="1", show_default=True, metavar="N|P%", help="Canary size per cohort (0: none).")
+@click.option("--wave-size", default="25%", show_default=True, metavar="N|P%", help="Devices per wave after the canary.")
+@click.option("--max-failures", default="0%", show_default=True, metavar="P%",
+              help="Halt (the cohort) and roll back once failures pass this share of the devices attempted.")
+@click.option("--deadline", type=click.FloatRange(1, 7 * 86400), default=600.0, show_default=True,
+              help="Seconds a wave may take; devices silent past it count as failed.")
+@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key).")
+@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state.")
+@click.option("--http-url", metavar="URL", help="Also offer the artifact over HTTP(S) at URL (e.g. a CDN); {sha256} is substituted.")
+@click.option("--wait", is_flag=True, help="Drive the rollout to its end; without it, advance it once and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
+@broker_options
+def rollout(package, name, version, group, all_devices, cohort_by, canary, wave_size, max_failures, deadline,
+            key_file, store, http_url, wait, as_json, **broker_kw):
+    """Roll PACKAGE out as NAME VERSION: canary first (per cohort), then waves that must each pass before the
+    next; a cohort whose failures pass --max-failures halts and every device that took the version is rolled
+    back with signed rollback manifests. State lives in STORE/rollouts/: run the same command again to
+    resume. Exits 0 when completed (or still running without --wait), 1 when halted or partial."""
+    from agent.fleet.rollout_run import run_rollout
+    from agent.fleet.rollout_plan import RolloutSpec
+
+    if bool(group) == bool(all_devices):
+        raise click.UsageError("give exactly one of --group G or --all")
+    spec = RolloutSpec(name, version, group=group, cohort_by=cohort_by, canary=canary, wave_size=wave_size,
+                       max_failures=max_failures, deadline_s=deadline).validate()
+    summary = run_rollout(package, spec, key_file=key_file, store=store, broker=_broker(broker_kw),
+                          prefix=broker_kw["prefix"], http_url=http_url, wait=wait, progress=_render_progress)
+    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else render_summary(summary))
+    if summary["state"] in ("halted", "partial"):
+        sys.exit(1)
+
+
+@click.command("rollback")
+@click.argument("name")
+@click.option("--device", "device_id", help="Roll back this device.")
+@click.option("--group", help="Roll back every device of this group.")
+@click.option("--version", "version", help="Version to return to (default: each device's version before the last rollout).")
+@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key.")
+@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts).")
+@click.option("--wait", type=click.FloatRange(0, 86400), default=0, help="Seconds to wait for devices to confirm.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result JSON.")
+@broker_options
+def rollback(name, device_id, group, version, key_file, store, wait, as_json, **broker_kw):
+    """Publish signed rollback manifests (rollback: true) returning NAME to its previous version on one
+    device or a group. Exits 1 if any device could not be rolled back."""
+    from agent.fleet.rollout_run import run_rollback
+
+    if bool(device_id) == bool(group):
+        raise click.UsageError("give exactly one of --device ID or --group G")
+    result = run_rollback(name, device=device_id, group=group, version=version, key_file=key_file, store=store,
+                          broker=_broker(broker_kw), prefix=broker_kw["prefix"], wait_s=wait)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for d in result["devices"]:
+            click.echo(f"{d['device_id']:<24} {d['result']:<14} {d.get('version') or '-':<8} {d['reason']}")
+    if any(d["result"] in ("failed", "skipped") for d in result["devices"]):
+        sys.exit(1)
+
+
+@click.command("simulate")
+@click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
+@click.option("--trust", "trust_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Fleet public key the devices trust (fleet.pub).")
+@click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
+@click.option("--sysroots", help="Comma-separated captured sysroots (default: all in tests/fixtures/sysroots).")
+@click.option("--state-dir", type=click.Path(file_okay=False), help="Where device state lives (default: a temp dir).")
+@click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet layout as JSON lines on start and stop.")
+@broker_options
+def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, as_json, **broker_kw):
+    """Run N real device agents in this process (each its own MQTT client, state directory and hardware
+    profile from a captured sysroot) until interrupted. Qualification is real; identical devices share one
+    measurement per (model sha256, target, provider set), and the output says so."""
+    from agent.fleet.simulator import Simulator, discover_sysroots
+
+    roots = [s for s in (sysroots or "").split(",") if s] or discover_sysroots()
+    sim = Simulator(count, broker=_broker(broker_kw), prefix=broker_kw["prefix"], trust=[trust_file],
+                    groups=list(groups) or ["sim"], sysroots=roots, state_dir=state_dir, id_prefix=id_prefix)
+    stop = threading.Event()
+    sim.start(progress=_sim_progress)
+    layout = sim.layout()
+    click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
+    try:
+        while not stop.wait(5.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sim.stop()
+        stats = sim.stats()
+        click.echo(json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {stats}")
+
+
+def _sim_progress(event: str, **f) -> None:
+    if event == "qualify_cache":
+        click.echo(f"simulate: {f['device_id']}: reused qualification of {f['key']} measured on {f['first']}", err=True)
+    elif event == "device_started":
+        click.echo(f"simulate: {f['device_id']} up ({f['target']}; providers {', '.join(f['providers'])})", err=True)
+
+
+def _render_layout(layout: dict) -> str:
+    lines = [f"simulate: {layout['devices']} devices on {layout['broker']} (state {layout['state_dir']}); Ctrl-C stops"]
+    for cls, n in sorted(layout["classes"].items()):
+        lines.append(f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
+                     f"{', '.join(layout['providers'][cls])}")
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""`edge-agent profile`: show what this device is (or a captured sysroot) and which target it matches."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from agent.errors import ConfigError
+
+GIB = 1 << 30
+
+
+@click.command("profile")
+@click.option("--sysroot", metavar="DIR", default=None,
+              help="Profile a captured device tree (see scripts/capture-sysroot.sh) instead of this machine.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (the pinned keys).")
+def profile(sysroot: str | None, as_json: bool) -> None:
+    """Show this device's hardware profile and matching target.
+
+    Reads /proc, /sys, /etc and /dev only (sysctl on macOS); with --sysroot, nothing about
+    the hardware is read from this machine. Fields that cannot be read are null and a note says why.
+    """
+    from agent.hardware import detect
+
+    if sysroot is not None and not os.path.isdir(sysroot):
+        raise ConfigError(f"--sysroot {sysroot}: no such directory")
+    prof = detect(sysroot or "/")
+    if as_json:
+        click.echo(json.dumps(prof.to_dict(), indent=2))
+        return
+    for label, value in summary_rows(prof):
+        click.echo(f"{label:<13} {value}")
+
+
+def summary_rows(prof) -> list[tuple[str, str]]:
+    """(label, text) rows of the human summary; one value per row, notes last."""
+    cpu = prof.cpu
+    cpu_text = cpu.model or cpu.vendor or "unknown"
+    if cpu.vendor and cpu.model and cpu.vendor.lower() not in cpu.model.lower():
+        cpu_text = f"{cpu.vendor} {cpu.model}"
+    if cpu.cores:
+        cpu_text += f", {cpu.cores} logical CPUs"
+    board = prof.board
+    board_text = "unknown"
+    if board and (board.model or board.vendor):
+        board_text = board.model or board.vendor
+        if board.vendor and board.model and board.vendor.lower() not in board.model.lower():
+            board_text += f" ({board.vendor})"
+    rows = [
+        ("arch", prof.arch or "unknown"),
+        ("os", prof.os or "unknown"),
+        ("board", board_text),
+        ("soc", prof.soc or "-"),
+        ("cpu", cpu_text),
+        ("memory", f"{prof.memory_bytes / GIB:.1f} GiB" if prof.memory_bytes else "unknown"),
+    ]
+    accels = [f"{a.kind} {a.vendor}: {a.name}" + (f" [{a.device}]" if a.device else "") for a in prof.accelerators]
+    rows += [("accelerators" if i == 0 else "", text) for i, text in enumerate(accels or ["none found"])]
+    software = {k: v for k, v in prof.software.items() if k != "dt_compatible"}
+    rows.append(("software", ", ".join(f"{k} {_fmt(v)}" for k, v in software.items()) or "-"))
+    rows.append(("throttling", _throttling_text(prof.throttling)))
+    rows.append(("target", prof.target or "none"))
+    rows += [("notes" if i == 0 else "", f"- {n}") for i, n in enumerate(prof.notes)]
+    return rows
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _throttling_text(throttling) -> str:
+    if not throttling:
+        return "unknown"
+    parts = []
+    if "raw" in throttling:
+        active = [k for k, v in throttling.items() if v is True]
+        parts.append(f"{', '.join(active) if active else 'ok'} ({throttling['raw']})")
+    temps = throttling.get("temperatures_c") or {}
+    if temps:
+        hottest = sorted(temps.items(), key=lambda kv: -kv[1])[:3]
+        parts.append("hottest " + ", ".join(f"{name} {deg:.1f} °C" for name, deg in hottest))
+    return "; ".join(parts) or "unknown"

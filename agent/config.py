@@ -1,0 +1,432 @@
+"""The agent configuration (agent.yaml): frozen dataclasses, validated once, errors naming the key path."""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import stat
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from agent.errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
+DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+# Keys whose change SIGHUP can apply without a restart; everything else needs one.
+RELOADABLE = frozenset({"groups", "trust.public_keys", "serving.token_file", "telemetry.interval_s"})
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    url: str
+    host: str
+    port: int
+    tls: TlsConfig | None  # set (possibly all-None = system CAs) for mqtts://, None for mqtt://
+    username: str | None = None
+    password_file: Path | None = None
+    topic_prefix: str = "edge"
+
+    def password(self) -> str | None:
+        """Read the password file (first line, stripped); None when no file is configured."""
+        if self.password_file is None:
+            return None
+        try:
+            lines = self.password_file.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"mqtt.password_file: cannot read {self.password_file}: {exc.strerror}") from exc
+        return lines[0].strip() if lines else ""
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    public_keys: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token_file: Path | None = None
+
+    def token(self) -> str | None:
+        """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
+        if self.token_file is None:
+            return None
+        try:
+            lines = self.token_file.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"serving.token_file: cannot read {self.token_file}: {exc.strerror}") from exc
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise ConfigError(f"serving.token_file: {self.token_file} is empty")
+        return token
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    interval_s: float = 60.0  # 0 disables the periodic health message
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_id: str
+    device_id_source: str  # "config", "/etc/machine-id", "/proc/device-tree/serial-number", ...
+    groups: tuple[str, ...]
+    state_dir: Path
+    target: str  # "auto" or a target name
+    mqtt: MqttConfig | None  # None: local mode (packages arrive in `inbox`)
+    trust: TrustConfig
+    serving: ServingConfig
+    inbox: Path | None
+    telemetry: TelemetryConfig
+    source: Path | None = None  # the file this came from
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        return "local" if self.mqtt is None else "mqtt"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "cache"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly resolved view (paths as strings; secrets are never read here)."""
+        return _jsonable(asdict(self)) | {"mode": self.mode}
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return str(obj) if isinstance(obj, Path) else obj
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check_files: bool = True) -> AgentConfig:
+    """Read and validate `path`. `root` is where the default device id is looked up (tests use sysroots)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    cfg = parse_config({} if data is None else data, base_dir=path.resolve().parent, root=root, source=path)
+    return check_config_files(cfg) if check_files else cfg
+
+
+def parse_config(data: Any, *, base_dir: str | os.PathLike = ".", root: str | os.PathLike = "/",
+                 source: Path | None = None) -> AgentConfig:
+    """Validate an already-parsed mapping. Relative paths resolve against `base_dir`. No file I/O except the
+    default device id (read under `root` only when device_id is not set)."""
+    v = _Validator(Path(base_dir))
+    top = v.mapping(data, "", _TOP_KEYS)
+    device_id, id_source = _device_id(v, top, root)
+    state_dir = v.path(top.get("state_dir", str(DEFAULT_STATE_DIR)), "state_dir")
+    mqtt = _mqtt(v, top["mqtt"]) if top.get("mqtt") is not None else None
+    inbox = v.path(top["inbox"], "inbox") if top.get("inbox") is not None else None
+    if mqtt is None and inbox is None:
+        inbox = state_dir / "inbox"
+    trust = _trust(v, top.get("trust"))
+    serving = _serving(v, top.get("serving"))
+    warnings = []
+    if serving.token_file is None and serving.host not in ("127.0.0.1", "::1", "localhost"):
+        warnings.append(f"serving.host: {serving.host} is not loopback and no serving.token_file is set: "
+                        "anyone on the network can run inference")
+    if mqtt is not None and not trust.public_keys:
+        warnings.append("trust.public_keys: empty: every manifest from the broker will be rejected")
+    return AgentConfig(
+        device_id=device_id, device_id_source=id_source,
+        groups=_groups(v, top.get("groups")), state_dir=state_dir,
+        target=_target(v, top.get("target", "auto")), mqtt=mqtt, trust=trust, serving=serving,
+        inbox=inbox, telemetry=_telemetry(v, top.get("telemetry")), source=source, warnings=tuple(warnings))
+
+
+def check_config_files(cfg: AgentConfig) -> AgentConfig:
+    """The I/O half of validation: every referenced credential file exists; warn on loose permissions."""
+    files: list[tuple[str, Path | None]] = [("serving.token_file", cfg.serving.token_file)]
+    files += [(f"trust.public_keys[{i}]", p) for i, p in enumerate(cfg.trust.public_keys)]
+    if cfg.mqtt is not None:
+        files.append(("mqtt.password_file", cfg.mqtt.password_file))
+        tls = cfg.mqtt.tls or TlsConfig()
+        files += [("mqtt.tls.ca", tls.ca), ("mqtt.tls.cert", tls.cert), ("mqtt.tls.key", tls.key)]
+    warnings = list(cfg.warnings)
+    for key, p in files:
+        if p is None:
+            continue
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            raise ConfigError(f"{key}: file not found: {p}") from None
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot access {p}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{key}: expected a regular file, got {p}")
+        if not os.access(p, os.R_OK):
+            raise ConfigError(f"{key}: {p} is not readable by this user (uid {os.getuid()})")
+        secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file")
+        if secret and st.st_mode & stat.S_IROTH:
+            warnings.append(f"{key}: {p} is world-readable; chmod 600 (or 640 with group edge-agent)")
+    return _replace(cfg, warnings=tuple(warnings))
+
+
+def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:
+    """Key paths that differ, split into (reloadable on SIGHUP, needing a restart)."""
+    a, b = _flatten(old.to_dict()), _flatten(new.to_dict())
+    diff = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} - {"source", "warnings"}
+    return {k for k in diff if k in RELOADABLE}, {k for k in diff if k not in RELOADABLE}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, val in d.items():
+        if isinstance(val, dict):
+            out |= _flatten(val, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = val
+    return out
+
+
+def _replace(cfg: AgentConfig, **changes) -> AgentConfig:
+    return AgentConfig(**({f.name: getattr(cfg, f.name) for f in fields(cfg)} | changes))
+
+
+# ---------------------------------------------------------------- sections
+
+_TOP_KEYS = ("device_id", "groups", "state_dir", "target", "mqtt", "trust", "serving", "inbox", "telemetry")
+
+
+def _device_id(v: "_Validator", top: dict, root) -> tuple[str, str]:
+    if top.get("device_id") is not None:
+        return v.name(top["device_id"], "device_id"), "config"
+    found = default_device_id(root)
+    if found is None:
+        raise ConfigError("device_id: not set and no stable id found (/proc/device-tree/serial-number, "
+                          "/proc/cpuinfo Serial, /etc/machine-id); set device_id in the config")
+    return found
+
+
+def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
+    m = v.mapping(raw, "mqtt", ("url", "username", "password_file", "tls", "topic_prefix"))
+    if m.get("url") is None:
+        raise ConfigError("mqtt.url: required when an mqtt section is present (e.g. mqtt://broker:1883); "
+                          "remove the mqtt section for local inbox mode")
+    url = v.string(m["url"], "mqtt.url")
+    parts = urlsplit(url)
+    if parts.scheme not in MQTT_PORTS or not parts.netloc:
+        raise ConfigError(f"mqtt.url: expected mqtt:// or mqtts://, got {url!r}")
+    if parts.username or parts.password:
+        raise ConfigError("mqtt.url: credentials in the URL are not allowed; use mqtt.username and mqtt.password_file")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"mqtt.url: expected mqtt[s]://host[:port] with nothing after the port, got {url!r}")
+    try:
+        port = parts.port or MQTT_PORTS[parts.scheme]
+    except ValueError:
+        raise ConfigError(f"mqtt.url: port must be 1-65535, got {url!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"mqtt.url: missing host in {url!r}")
+    tls = _tls(v, m.get("tls"), parts.scheme)
+    user = v.string(m["username"], "mqtt.username") if m.get("username") is not None else None
+    pw = v.path(m["password_file"], "mqtt.password_file") if m.get("password_file") is not None else None
+    if pw is not None and user is None:
+        raise ConfigError("mqtt.password_file: set without mqtt.username")
+    prefix = v.string(m.get("topic_prefix", "edge"), "mqtt.topic_prefix")
+    if not all(NAME_RE.match(seg) for seg in prefix.split("/")):
+        raise ConfigError(f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
+                          f"no empty levels), got {prefix!r}")
+    return MqttConfig(url=url, host=parts.hostname, port=port, tls=tls, username=user, password_file=pw,
+                      topic_prefix=prefix)
+
+
+def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
+    if raw is not None and scheme != "mqtts":
+        raise ConfigError("mqtt.tls: set, but mqtt.url is plain mqtt://; use mqtts:// for TLS")
+    if scheme != "mqtts":
+        return None
+    t = v.mapping(raw if raw is not None else {}, "mqtt.tls", ("ca", "cert", "key"))
+    tls = TlsConfig(**{k: v.path(t[k], f"mqtt.tls.{k}") if t.get(k) is not None else None for k in ("ca", "cert", "key")})
+    if (tls.cert is None) != (tls.key is None):
+        missing = "key" if tls.key is None else "cert"
+        raise ConfigError(f"mqtt.tls.{missing}: a client certificate needs both mqtt.tls.cert and mqtt.tls.key")
+    return tls
+
+
+def _trust(v: "_Validator", raw: Any) -> TrustConfig:
+    t = v.mapping(raw if raw is not None else {}, "trust", ("public_keys",))
+    keys = t.get("public_keys") or []
+    if isinstance(keys, str):
+        keys = [keys]
+    if not isinstance(keys, list):
+        raise ConfigError(f"trust.public_keys: expected a list of file paths, got {_show(keys)}")
+    return TrustConfig(tuple(v.path(k, f"trust.public_keys[{i}]") for i, k in enumerate(keys)))
+
+
+def _serving(v: "_Validator", raw: Any) -> ServingConfig:
+    s = v.mapping(raw if raw is not None else {}, "serving", ("host", "port", "token_file"))
+    host = v.string(s.get("host", "127.0.0.1"), "serving.host")
+    if any(c.isspace() for c in host) or "/" in host:
+        raise ConfigError(f"serving.host: expected a host name or IP address, got {host!r}")
+    port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
+    token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
+    return ServingConfig(host=host, port=port, token_file=token)
+
+
+def _telemetry(v: "_Validator", raw: Any) -> TelemetryConfig:
+    t = v.mapping(raw if raw is not None else {}, "telemetry", ("interval_s",))
+    return TelemetryConfig(interval_s=v.number(t.get("interval_s", 60.0), "telemetry.interval_s", 0, 86400))
+
+
+def _groups(v: "_Validator", raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"groups: expected a list of group names, got {_show(raw)}")
+    return tuple(dict.fromkeys(v.name(g, f"groups[{i}]") for i, g in enumerate(raw)))
+
+
+def _target(v: "_Validator", raw: Any) -> str:
+    name = v.string(raw, "target")
+    if name == "auto":
+        return name
+    known = known_targets()
+    if known and name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"target: unknown target {name!r}{hint}; expected 'auto' or one of: {', '.join(sorted(known))}")
+    return name
+
+
+def known_targets() -> list[str]:
+    """Target names from agent.targets (or the targets/*.yaml files when that module is not importable)."""
+    try:
+        from agent.targets import load_targets
+    except ImportError:
+        here = Path(__file__).resolve().parent
+        for d in (here / "targets", here.parent / "targets"):
+            if d.is_dir():
+                return sorted(p.stem for p in d.glob("*.yaml"))
+        return []
+    return sorted(load_targets())
+
+
+# ---------------------------------------------------------------- device id
+
+
+def default_device_id(root: str | os.PathLike = "/") -> tuple[str, str] | None:
+    """A stable id for this device and where it came from: the board serial (survives re-flashing, unlike a
+    cloned image's machine-id), else /etc/machine-id. Never random. None when nothing stable is found."""
+    root = Path(root)
+    serial = _read(root / "proc/device-tree/serial-number")
+    if serial:
+        return _format_id(serial), "/proc/device-tree/serial-number"
+    for line in (_read(root / "proc/cpuinfo") or "").splitlines():
+        key, _, val = line.partition(":")
+        if key.strip() == "Serial" and val.strip().strip("0"):
+            return _format_id(val.strip()), "/proc/cpuinfo Serial"
+    mid = _read(root / "etc/machine-id")
+    if mid and re.fullmatch(r"[0-9a-fA-F]{32}", mid) and mid.strip("0"):
+        return f"edge-{mid[:12].lower()}", "/etc/machine-id"
+    return None
+
+
+def _format_id(serial: str) -> str:
+    clean = re.sub(r"[^A-Za-z0-9]", "", serial).lower()
+    return f"edge-{clean[-16:]}"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_bytes().replace(b"\0", b"").decode("ascii", "replace").strip() or None
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------- validator
+
+
+def _show(value: Any) -> str:
+    """How a wrong value is shown in an error: its kind for containers, else its repr."""
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return "nothing (null)" if value is None else repr(value)
+
+
+class _Validator:
+    """Typed getters that raise ConfigError naming the key path; relative paths resolve against base_dir."""
+
+    def __init__(self, base_dir: Path):
+        self.base_dir = base_dir
+
+    def mapping(self, raw: Any, where: str, allowed: tuple[str, ...]) -> dict:
+        if not isinstance(raw, dict):
+            label = where or "config"
+            raise ConfigError(f"{label}: expected a mapping, got {_show(raw)}")
+        for key in raw:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                full = f"{where}.{key}" if where else str(key)
+                raise ConfigError(f"{full}: unknown key{hint}; allowed here: {', '.join(allowed)}")
+        return raw
+
+    def string(self, raw: Any, key: str) -> str:
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError(f"{key}: expected a non-empty string, got {_show(raw)}")
+        return raw.strip()
+
+    def name(self, raw: Any, key: str) -> str:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = str(raw)
+        s = self.string(raw, key)
+        if not NAME_RE.match(s):
+            raise ConfigError(f"{key}: expected 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit, "
+                              f"got {s!r}")
+        return s
+
+    def integer(self, raw: Any, key: str, lo: int, hi: int) -> int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ConfigError(f"{key}: expected an integer {lo}-{hi}, got {_show(raw)}")
+        if not lo <= raw <= hi:
+            raise ConfigError(f"{key}: expected an integer {lo}-{hi}, got {raw}")
+        return raw
+
+    def number(self, raw: Any, key: str, lo: float, hi: float) -> float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise ConfigError(f"{key}: expected a number of seconds {lo:g}-{hi:g}, got {_show(raw)}")
+        if not lo <= raw <= hi or raw != raw:
+            raise ConfigError(f"{key}: expected a number of seconds {lo:g}-{hi:g}, got {raw}")
+        return float(raw)
+
+    def path(self, raw: Any, key: str) -> Path:
+        s = self.string(raw, key)
+        if "\0" in s:
+            raise ConfigError(f"{key}: path contains a NUL byte")
+        p = Path(os.path.expanduser(s)) if s.startswith("~") else Path(s)
+        return p if p.is_absolute() else (self.base_dir / p)

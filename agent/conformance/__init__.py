@@ -1,0 +1,1 @@
+"""Hardware conformance: the ONNX node suite and the models suite on every provider, with reports."""

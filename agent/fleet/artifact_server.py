@@ -1,0 +1,128 @@
+"""ArtifactServer: answers chunk requests from the store (`edge-agent fleet serve`); safe to run several.
+
+On MQTT 5 servers share `$share/edge-artifacts/{p}/artifacts/req/+`, so each request reaches one of them;
+on MQTT 3.1.1 brokers (NATS) every server answers and the device drops duplicates by chunk index.
+The reply topic comes from the request topic (never from the payload), so the ACL pins who can ask for what.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+from typing import Callable
+
+from agent.artifacts import chunks
+from agent.artifacts.store import ContentStore
+from agent.errors import ArtifactError
+from agent.transport.mqtt import BrokerConfig, MqttLink
+from agent.transport.topics import DEFAULT_PREFIX, Topics
+
+
+class ArtifactServer:
+    def __init__(self, store: ContentStore, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, *, workers: int = 2,
+                 max_outstanding: int = 32, progress: Callable[..., None] | None = None, client_id: str | None = None):
+        self.store, self.topics = store, Topics(prefix)
+        self.link = MqttLink(broker, client_id=client_id, max_inflight=max_outstanding, max_queued=100000)
+        self.workers, self.max_outstanding, self.progress = workers, max_outstanding, progress
+        self.requests: "queue.Queue[tuple[str, bytes]]" = queue.Queue(maxsize=4096)
+        self.stats = collections.Counter()
+        self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        self._fd_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def shared(self) -> bool:
+        return self.link.protocol == 5
+
+    def start(self, wait: float = 15.0) -> "ArtifactServer":
+        self.link.start(wait=wait)
+        self.link.subscribe(self.topics.artifact_req_filter(shared=self.shared), self._on_request, qos=1)
+        for n in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"artifact-server-{n}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        self.link.stop()
+        with self._fd_lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+    def serve_forever(self, stop: threading.Event) -> None:
+        while not stop.wait(1.0):
+            if self.progress:
+                self.progress("serve", connected=self.link.connected.is_set(), **dict(self.stats))
+
+    # --- network thread: only enqueue -----------------------------------------------------------
+    def _on_request(self, topic: str, payload: bytes, retained: bool) -> None:
+        try:
+            self.requests.put_nowait((topic, payload))
+        except queue.Full:
+            self.stats["dropped"] += 1  # the device re-requests after its timeout
+
+    # --- workers --------------------------------------------------------------------------------
+    def _work(self) -> None:
+        infos: collections.deque = collections.deque()
+        while not self._stop.is_set():
+            try:
+                topic, payload = self.requests.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            parsed = self.topics.parse(topic)
+            if parsed is None or parsed.kind != "artifact_req":
+                self.stats["bad_topic"] += 1
+                continue
+            reply = self.topics.artifacts(parsed.device)
+            try:
+                req = chunks.decode_request(payload)
+            except ArtifactError:
+                self.stats["bad_request"] += 1
+                continue
+            self.stats["requests"] += 1
+            for index in req.indices:
+                body = self._answer(req, index)
+                while len(infos) >= self.max_outstanding:
+                    infos.popleft().wait_for_publish(10)
+                try:
+                    infos.append(self.link.publish(reply, body, qos=1))
+                except (ArtifactError, Exception) as exc:  # noqa: BLE001 - queue full or link down: device retries
+                    self.stats["publish_errors"] += 1
+                    del exc
+                    break
+
+    def _answer(self, req: chunks.ChunkRequest, index: int) -> bytes:
+        fd = self._fd(req.sha256)
+        if fd is None:
+            self.stats["not_found"] += 1
+            return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.NOT_FOUND,
+                                          f"artifact {req.sha256[:16]} is not in this server's store".encode())
+        if req.chunk_size > 64 * 1024 * 1024:
+            return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"chunk_size too large")
+        data = os.pread(fd, req.chunk_size, index * req.chunk_size)
+        if not data:
+            return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")
+        self.stats["chunks"] += 1
+        self.stats["bytes"] += len(data)
+        return chunks.response_header(req.sha256, req.chunk_size, index) + data
+
+    def _fd(self, sha256: str) -> int | None:
+        with self._fd_lock:
+            fd = self._fds.get(sha256)
+            if fd is not None:
+                self._fds.move_to_end(sha256)
+                return fd
+            try:
+                fd = os.open(self.store.path(sha256), os.O_RDONLY)
+            except (OSError, ArtifactError):
+                return None
+            self._fds[sha256] = fd
+            while len(self._fds) > 32:
+                os.close(self._fds.popitem(last=False)[1])
+            return fd

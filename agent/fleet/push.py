@@ -1,0 +1,198 @@
+"""fleet push: store a package as a content-addressed artifact, publish its signed retained desired state,
+and optionally wait until every targeted device reports that version committed (or says why not)."""
+from __future__ import annotations
+
+import gzip
+import os
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
+from agent.artifacts.store import ContentStore, hash_file
+from agent.errors import ConfigError, ManifestError, ModelError
+from agent.fleet.status import TERMINAL_BAD, FleetWatch
+from agent.transport.mqtt import BrokerConfig
+from agent.transport.topics import DEFAULT_PREFIX, check_name
+
+DEFAULT_CHUNK = 256 * 1024
+DEFAULT_TTL_S = 30 * 86400
+
+
+def _tar_dir(directory: Path, out: Path) -> None:
+    """A reproducible tar.gz of a package directory (sorted, mtime 0, no owners, regular files and dirs only)."""
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(directory.rglob("*")):
+            rel = path.relative_to(directory).as_posix()
+            if path.is_symlink():
+                raise ModelError(f"package {directory} contains a symlink ({rel}); copy the file instead")
+            info = tar.gettarinfo(str(path), arcname=rel)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            info.mode = 0o755 if path.is_dir() else 0o644
+            if path.is_file():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+
+def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True) -> dict:
+    """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields."""
+    package = Path(package)
+    if not package.exists():
+        raise ModelError(f"package {package} does not exist")
+    if validate:
+        from agent.qualify.package import load_package
+
+        load_package(package)  # checker + shape inference: refuse to ship a broken model
+    cs = ContentStore(store)
+    with tempfile.TemporaryDirectory(dir=cs.staging) as tmp:
+        if package.is_dir():
+            src, fmt = Path(tmp) / "package.tar.gz", "tar.gz"
+            _tar_dir(package, src)
+        elif package.name.endswith((".tar.gz", ".tgz")):
+            src, fmt = package, "tar.gz"
+        elif package.suffix == ".onnx":
+            src, fmt = package, "onnx"
+        else:
+            raise ModelError(f"{package}: a package is a directory, a .tar.gz or a bare .onnx file")
+        sha = cs.put_file(src)
+    sha2, size, chunks = hash_file(cs.path(sha), chunk_size)
+    return {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+
+
+def _targets(prefix: str, name: str, devices, groups) -> list[str]:
+    from agent.transport.topics import Topics
+
+    t = Topics(prefix)
+    return [t.device_desired(d, name) for d in devices] + [t.group_desired(g, name) for g in groups]
+
+
+def _check_monotonic(watch: FleetWatch, topics: list[str], manifest: Manifest, timeout: float) -> None:
+    """Refuse to publish a version that is not newer than what a target topic already holds (unless rollback)."""
+    seen: dict[str, bytes] = {}
+    for topic in topics:
+        watch.link.subscribe(topic, lambda t, p, r: seen.__setitem__(t, p), qos=1)
+    watch.sync(timeout)
+    for topic, payload in seen.items():
+        if not payload:
+            continue
+        try:
+            old, _, _ = parse_envelope(payload)
+            old_version = old["version"]
+            cmp = compare_versions(manifest.version, old_version)
+        except (ManifestError, KeyError, TypeError):
+            continue  # an unreadable old desired state is simply replaced
+        if cmp < 0 and not manifest.rollback:
+            raise ManifestError(f"{topic} already holds version {old_version}; {manifest.version} is older "
+                                "(use --rollback to publish a signed rollback)")
+        if cmp == 0 and old.get("artifact", {}).get("sha256") != manifest.artifact.sha256:
+            raise ManifestError(f"{topic} already holds version {old_version} with a different artifact; "
+                                "versions are immutable: bump --version")
+
+
+def push(package, *, name: str, version: str, key_file, store, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX,
+         devices=(), groups=(), http_url: str | None = None, chunk_size: int = DEFAULT_CHUNK,
+         ttl_s: int = DEFAULT_TTL_S, rollback: bool = False, qualification: dict | None = None,
+         wait: float | None = None, validate: bool = True, progress: Callable[..., None] | None = None) -> dict:
+    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed."""
+    from agent.artifacts.keys import key_id, load_private_key
+
+    progress = progress or (lambda event, **f: None)
+    check_name(name, "model name", ConfigError)
+    parse_version(version)
+    devices, groups = list(devices), list(groups)
+    if bool(devices) == bool(groups):
+        raise ConfigError("give the targets with --device ID or with --group G (one of the two)")
+    for d in devices:
+        check_name(d, "device id", ConfigError)
+    for g in groups:
+        check_name(g, "group", ConfigError)
+    key = load_private_key(key_file)
+    progress("store", package=str(package))
+    art = store_package(package, store, chunk_size, validate=validate)
+    sources = [{"type": "mqtt"}] + ([{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else [])
+    manifest = Manifest.create(name=name, version=version, sha256=art["sha256"], size=art["size"],
+                               chunk_size=chunk_size, chunks=art["chunks"], fmt=art["format"], sources=sources,
+                               devices=devices, groups=groups, qualification=qualification, ttl_s=ttl_s,
+                               rollback=rollback)
+    envelope = manifest.sign(key)
+    topics = _targets(prefix, name, devices, groups)
+    doc = {"name": name, "version": version, "sha256": art["sha256"], "size": art["size"], "format": art["format"],
+           "key_id": key_id(key.public_key()), "targets": {"devices": devices, "groups": groups}, "topics": topics,
+           "expires_at": manifest.expires_at, "rollback": rollback, "waited": wait is not None}
+    with FleetWatch(broker, prefix, events=wait is not None) as watch:
+        _check_monotonic(watch, topics, manifest, 15.0)
+        baseline = {dev: _dep_key(d, name) for dev, d in watch.status.items()}
+        infos = [watch.link.publish(t, envelope, qos=1, retain=True) for t in topics]
+        for info in infos:
+            info.wait_for_publish(15)
+        progress("published", topics=topics, version=version)
+        if wait is not None:
+            doc["devices"] = wait_for_devices(watch, name, version, devices, groups, wait, baseline, progress)
+            doc["ok"] = bool(doc["devices"]) and all(r["result"] == "committed" for r in doc["devices"].values())
+        else:
+            doc["ok"] = True
+    return doc
+
+
+def _dep_key(status: dict, name: str):
+    dep = (status.get("deployments") or {}).get(name)
+    return (dep.get("id"), dep.get("version"), dep.get("state"), dep.get("ts")) if isinstance(dep, dict) else None
+
+
+def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[str, str]:
+    """(result, reason) of one device for one pushed version: committed, failed/rejected/rolled_back, pending."""
+    model = (status.get("models") or {}).get(name)
+    if isinstance(model, dict) and _same(model.get("version"), version) and model.get("state") == "committed":
+        return "committed", ""
+    dep = (status.get("deployments") or {}).get(name)
+    if fresh and isinstance(dep, dict) and _same(dep.get("version"), version):
+        result = dep.get("result") or dep.get("state")
+        if result in TERMINAL_BAD:
+            return result, str(dep.get("reason") or result)
+        return "pending", f"state {dep.get('state')}"
+    return "pending", "online, not started" if status.get("online") else "offline"
+
+
+def _same(a, b) -> bool:
+    try:
+        return compare_versions(str(a), str(b)) == 0
+    except ManifestError:
+        return False
+
+
+def wait_for_devices(watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict,
+                     progress) -> dict[str, dict]:
+    """Wait until each targeted device is committed or has failed; pending devices time out with their state."""
+    results: dict[str, dict] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
+    deadline = time.monotonic() + timeout
+    while True:
+        for kind, dev, doc in watch.drain(timeout=0.5):
+            member = dev in results or set(groups) & set((watch.status.get(dev) or {}).get("groups") or [])
+            if kind == "events" and member and doc.get("model") == name and _same(doc.get("version"), version) \
+                    and doc.get("state") in TERMINAL_BAD:
+                results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
+                progress("device", device_id=dev, **results[dev])
+        for dev, status in watch.status.items():
+            if dev not in results and not set(groups) & set(status.get("groups") or []):
+                continue
+            if results.get(dev, {}).get("result") not in (None, "pending"):
+                continue
+            result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
+            if results.get(dev, {}).get("result") != result and result != "pending":
+                progress("device", device_id=dev, result=result, reason=reason)
+            results[dev] = {"result": result, "reason": reason}
+        pending = [d for d, r in results.items() if r["result"] == "pending"]
+        if results and not pending:
+            return results
+        if time.monotonic() >= deadline:
+            for d in pending:
+                results[d] = {"result": "timeout", "reason": f"timed out after {timeout:g} s ({results[d]['reason']})"}
+            if not results:
+                results = {f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}
+                           for g in groups}
+            return results

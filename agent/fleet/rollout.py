@@ -1,0 +1,237 @@
+"""The rollout engine: canary and waves per cohort, success thresholds, halt, signed rollback, resumable state.
+
+The engine talks to the fleet through two small interfaces so it stays testable and transport-agnostic:
+  link:   statuses() -> {device_id: retained status doc}, wait_change(timeout) -> bool,
+          publish_desired(device_id, model, envelope | None), publish_progress(rollout_id, doc)
+  issuer: envelope(device_id, version, rollback) -> signed envelope dict (deterministic: same bytes every time)
+agent.fleet.rollout_mqtt provides both on top of the MQTT transport and the signed-manifest code.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from agent.errors import ConfigError
+from agent.fleet import rollout_state as rs
+from agent.fleet.rollout_plan import RolloutSpec, over_budget, plan, rollout_id
+
+Progress = Callable[..., None]
+
+
+def _noop(event: str, **fields: Any) -> None:
+    return None
+
+
+def open_rollout(store, spec: RolloutSpec, statuses: dict[str, dict], manifest_info: dict, now: float | None = None,
+                 extras: Callable[[dict], dict] | None = None):
+    """Load the persisted rollout for (name, version), or plan and persist a new one. Returns (state, resumed).
+
+    `extras(planned)` may add persisted fields to a new rollout (the signed-manifest bases, warnings)."""
+    spec.validate()
+    rid = rollout_id(spec.name, spec.version)
+    state = rs.load_state(store, rid)
+    if state is not None:
+        if state["spec"] != spec.to_dict():
+            diff = {k: (state["spec"].get(k), v) for k, v in spec.to_dict().items() if state["spec"].get(k) != v}
+            raise ConfigError(
+                f"rollout {rid} already exists in {rs.state_path(store, rid)} with other settings "
+                f"(saved vs asked: {diff}); publish a new --version instead"
+            )
+        if state["artifact"].get("sha256") != manifest_info.get("sha256"):
+            raise ConfigError(f"rollout {rid} was started with artifact {state['artifact'].get('sha256')}, "
+                              f"this package is {manifest_info.get('sha256')}; publish a new --version instead")
+        return state, True
+    planned = plan(spec, statuses)
+    state = rs.new_state(rid, spec, planned, manifest_info, time.time() if now is None else now)
+    state.update(extras(planned) if extras else {})
+    rs.save_state(store, state)
+    return state, False
+
+
+class RolloutEngine:
+    """Drives one persisted rollout forward from the devices' retained status."""
+
+    def __init__(self, store, state: dict, link, issuer, progress: Progress | None = None, clock=time.time):
+        self.store, self.state, self.link, self.issuer = store, state, link, issuer
+        self.spec = RolloutSpec.from_dict(state["spec"])
+        self.progress = progress or _noop
+        self.clock = clock
+
+    # -- driving ---------------------------------------------------------------------------------------------
+    def run(self, wait: bool = True, stop=None, tick_s: float = 1.0) -> dict[str, Any]:
+        """Republish what is in flight (idempotent), then step until finished (or once, without wait)."""
+        self.republish()
+        while True:
+            finished = self.step()
+            if finished or not wait or (stop is not None and stop.is_set()):
+                return rs.summary(self.state)
+            self.link.wait_change(tick_s)
+
+    def republish(self) -> None:
+        """After a restart: publish again every envelope that may not have reached the broker."""
+        for dev, d in self.state["devices"].items():
+            if d["result"] == rs.IN_PROGRESS:
+                self._publish_forward(dev)
+            elif d["result"] == rs.ROLLBACK_PENDING or d.get("desired_restored") is False:
+                self._publish_rollback(dev)
+        self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))
+
+    def step(self) -> bool:
+        """Advance every cohort once from the current statuses; persist and publish progress on change."""
+        if self.state["state"] in rs.ROLLOUT_FINAL:
+            return True
+        statuses = self.link.statuses()
+        changed = False
+        for key, cohort in self.state["cohorts"].items():
+            if cohort["state"] == rs.RUNNING:
+                changed |= self._advance(key, statuses)
+            if cohort["state"] == rs.ROLLING_BACK:
+                changed |= self._advance_rollback(key, statuses)
+        changed |= self._settle()
+        if changed:
+            self._save()
+        return self.state["state"] in rs.ROLLOUT_FINAL
+
+    # -- forward path ----------------------------------------------------------------------------------------
+    def _advance(self, key: str, statuses: dict) -> bool:
+        cohort, changed = self.state["cohorts"][key], False
+        while cohort["state"] == rs.RUNNING:
+            wave = cohort["wave"]
+            if str(wave) not in cohort["wave_started"]:
+                self._start_wave(key, wave)
+                changed = True
+            changed |= self._observe(key, statuses)
+            failed, attempted, first = self._failures(key)
+            if over_budget(failed, attempted, self.spec.failure_budget):
+                self._halt(key, f"{failed} of {attempted} devices failed (max {self.spec.max_failures}); first: {first}")
+                return True
+            if any(self.state["devices"][d]["result"] == rs.IN_PROGRESS for d in cohort["waves"][wave]):
+                return changed
+            if wave + 1 < len(cohort["waves"]):
+                cohort["wave"] = wave + 1
+            else:
+                cohort["state"] = rs.COMPLETED
+                self.progress("cohort_completed", cohort=key, devices=attempted, failed=failed)
+            changed = True
+        return changed
+
+    def _start_wave(self, key: str, wave: int) -> None:
+        cohort, now = self.state["cohorts"][key], self.clock()
+        ids = cohort["waves"][wave]
+        cohort["wave_started"][str(wave)] = now
+        for dev in ids:
+            self.state["devices"][dev].update(result=rs.IN_PROGRESS, published=now, reason=None)
+        self._save()  # persist before acting: a restart republishes this wave
+        for dev in ids:
+            self._publish_forward(dev)
+        kind = "canary" if wave == 0 and cohort["canary"] else "wave"
+        self.progress("wave_started", cohort=key, wave=wave, kind=kind, devices=len(ids))
+
+    def _observe(self, key: str, statuses: dict) -> bool:
+        changed, now = False, self.clock()
+        started = self.state["cohorts"][key]["wave_started"]
+        for dev, d in self.state["devices"].items():
+            if d["cohort"] != key or d["result"] != rs.IN_PROGRESS:
+                continue
+            result, reason = rs.observe(statuses.get(dev), self.spec.name, self.spec.version)
+            if result is None and now - started[str(d["wave"])] > self.spec.deadline_s:
+                online = (statuses.get(dev) or {}).get("online")
+                result = rs.FAILED
+                reason = f"silent: no result within {self.spec.deadline_s:g} s ({'online' if online else 'offline'})"
+            if result is not None:
+                d.update(result=result, reason=reason, finished=now)
+                self.progress("device", device_id=dev, cohort=key, result=result, reason=reason)
+                changed = True
+        return changed
+
+    def _failures(self, key: str) -> tuple[int, int, str | None]:
+        failed = attempted = 0
+        first = None
+        for dev, d in sorted(self.state["devices"].items(), key=lambda kv: kv[1].get("finished") or 0):
+            if d["cohort"] != key or d["result"] == rs.PENDING:
+                continue
+            attempted += 1
+            if d["result"] == rs.FAILED:
+                failed += 1
+                first = first or f"{dev}: {d['reason']}"
+        return failed, attempted, first
+
+    # -- halt and roll back ----------------------------------------------------------------------------------
+    def _halt(self, key: str, reason: str) -> None:
+        cohort, now = self.state["cohorts"][key], self.clock()
+        cohort.update(state=rs.ROLLING_BACK, reason=reason, rollback_started=now)
+        for dev, d in self.state["devices"].items():
+            if d["cohort"] != key:
+                continue
+            if d["result"] == rs.PENDING:
+                d.update(result=rs.NOT_REACHED, reason=f"cohort halted: {reason}")
+            elif d["result"] in (rs.IN_PROGRESS, rs.SUCCEEDED):
+                d.update(took=d["result"] == rs.SUCCEEDED, result=rs.ROLLBACK_PENDING)
+            elif d["result"] == rs.FAILED:
+                d["desired_restored"] = False
+        self._save()
+        self.progress("cohort_halted", cohort=key, reason=reason)
+        for dev, d in self.state["devices"].items():
+            if d["cohort"] == key and (d["result"] == rs.ROLLBACK_PENDING or d.get("desired_restored") is False):
+                self._publish_rollback(dev)
+                if d.get("desired_restored") is False:
+                    d["desired_restored"] = True
+
+    def _advance_rollback(self, key: str, statuses: dict) -> bool:
+        cohort, now, changed = self.state["cohorts"][key], self.clock(), False
+        for dev, d in self.state["devices"].items():
+            if d["cohort"] != key or d["result"] != rs.ROLLBACK_PENDING:
+                continue
+            result, reason = self._rollback_outcome(d, statuses.get(dev))
+            if result is None and now - cohort["rollback_started"] > self.spec.deadline_s:
+                result, reason = rs.ROLLBACK_FAILED, f"no rollback confirmation within {self.spec.deadline_s:g} s"
+            if result is not None:
+                d.update(result=result, reason=reason, finished=now)
+                self.progress("device", device_id=dev, cohort=key, result=result, reason=reason)
+                changed = True
+        if not any(d["cohort"] == key and d["result"] == rs.ROLLBACK_PENDING for d in self.state["devices"].values()):
+            cohort["state"] = rs.HALTED
+            changed = True
+        return changed
+
+    def _rollback_outcome(self, d: dict, doc: dict | None) -> tuple[str | None, str | None]:
+        prev, new, name = d["previous_version"], self.spec.version, self.spec.name
+        if d.get("rollback_unavailable"):
+            return rs.ROLLBACK_FAILED, d["rollback_unavailable"]
+        if prev is None:
+            if rs.holds(doc, name, new) or d.get("took"):
+                return rs.ROLLBACK_FAILED, f"no previous version to return to: {new} stays installed; desired state cleared"
+            return rs.CANCELLED, "cohort halted before it installed; desired state cleared"
+        result, reason = rs.observe(doc, name, prev)
+        if result == rs.FAILED:
+            return rs.ROLLBACK_FAILED, f"rollback to {prev} failed: {reason}"
+        if result == rs.SUCCEEDED and not rs.holds(doc, name, new):
+            if d.get("took"):
+                return rs.ROLLED_BACK, f"rolled back to {prev} (cohort halted)"
+            return rs.CANCELLED, f"cohort halted before it installed; stays on {prev}"
+        return None, None
+
+    # -- bookkeeping -----------------------------------------------------------------------------------------
+    def _settle(self) -> bool:
+        states = {c["state"] for c in self.state["cohorts"].values()}
+        if not states <= {rs.COMPLETED, rs.HALTED}:
+            return False
+        final = rs.COMPLETED if states == {rs.COMPLETED} else rs.HALTED if states == {rs.HALTED} else rs.PARTIAL
+        self.state["state"] = final
+        self.progress("rollout_finished", rollout_id=self.state["rollout_id"], state=final, counts=rs.totals(self.state))
+        return True
+
+    def _publish_forward(self, dev: str) -> None:
+        self.link.publish_desired(dev, self.spec.name, self.issuer.envelope(dev, self.spec.version, rollback=False))
+
+    def _publish_rollback(self, dev: str) -> None:
+        d = self.state["devices"][dev]
+        env = None if d["previous_version"] is None else self.issuer.envelope(dev, d["previous_version"], rollback=True)
+        if env is None and d["previous_version"] is not None:
+            d["rollback_unavailable"] = (f"cannot sign a rollback to {d['previous_version']}: its artifact is not in "
+                                         "the control plane's store; desired state cleared")
+        self.link.publish_desired(dev, self.spec.name, env)
+
+    def _save(self) -> None:
+        rs.save_state(self.store, self.state)
+        self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))

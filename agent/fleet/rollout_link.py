@@ -1,0 +1,91 @@
+"""The rollout engine's view of the fleet over MQTT (retained status in, retained desired state out) and its
+manifest issuer (per-device signed envelopes, byte-identical on every republish)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from agent.artifacts.manifest import Manifest
+from agent.transport.mqtt import BrokerConfig
+from agent.transport.topics import Topics
+
+
+class FleetLink:
+    """The engine's link: agent.fleet.status.FleetWatch (live retained status) plus retained QoS 1 publishes."""
+
+    def __init__(self, broker: BrokerConfig | str, prefix: str = "edge"):
+        from agent.fleet.status import FleetWatch
+
+        broker = BrokerConfig(broker) if isinstance(broker, str) else broker
+        self.topics = Topics(prefix)
+        self.watch = FleetWatch(broker, prefix)
+        self._infos: list[Any] = []
+
+    def __enter__(self) -> "FleetLink":
+        self.watch.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.flush()
+        finally:
+            self.watch.stop()
+
+    def statuses(self) -> dict[str, dict]:
+        self.watch.drain()
+        return {dev: doc for dev, doc in self.watch.status.items() if isinstance(doc, dict)}
+
+    def wait_change(self, timeout: float) -> bool:
+        return bool(self.watch.drain(timeout=timeout))
+
+    def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> None:
+        """Retained desired state for one device; None clears it (group desired state applies again)."""
+        topic = self.topics.device_desired(device_id, model)
+        self._track(self.watch.link.publish(topic, envelope or b"", qos=1, retain=True))
+
+    def publish_progress(self, rollout_id: str, doc: dict) -> None:
+        payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        self._track(self.watch.link.publish(self.topics.rollout(rollout_id), payload, qos=1, retain=True))
+
+    def _track(self, info) -> None:
+        self._infos = [i for i in self._infos if not i.is_published()] + [info]
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every QoS 1 publish was acknowledged by the broker (so a restart loses nothing sent)."""
+        deadline = time.monotonic() + timeout
+        while any(not i.is_published() for i in self._infos):
+            if time.monotonic() > deadline or not self.watch.link.connected.is_set():
+                return False
+            time.sleep(0.02)
+        self._infos = []
+        return True
+
+
+class ManifestIssuer:
+    """Signs per-device envelopes from the manifests persisted with the rollout (so republishes are identical:
+    Ed25519 is deterministic and issued_at/expires_at are fixed at rollout creation)."""
+
+    def __init__(self, key, manifests: dict[str, dict]):
+        self.key, self.manifests = key, manifests
+        self._cache: dict[tuple[str, str, bool], bytes] = {}
+
+    def envelope(self, device_id: str, version: str, rollback: bool) -> bytes | None:
+        """None when no manifest is known for that version (its artifact was never in this store)."""
+        k = (device_id, version, rollback)
+        if version not in self.manifests:
+            return None
+        if k not in self._cache:
+            base = dict(self.manifests[version])
+            base.update(targeting={"devices": [device_id], "groups": []}, rollback=bool(rollback))
+            self._cache[k] = Manifest.from_dict(base).sign(self.key)
+        return self._cache[k]
+
+
+def base_manifest(name: str, version: str, artifact: dict, sources: list[dict], ttl_s: int, now: float,
+                  qualification: dict | None = None) -> dict:
+    """The manifest dict a rollout persists (targeting is filled per device when signing)."""
+    m = Manifest.create(name=name, version=version, sha256=artifact["sha256"], size=artifact["size"],
+                        chunk_size=artifact["chunk_size"], chunks=artifact["chunks"], fmt=artifact.get("format", "onnx"),
+                        sources=sources, devices=["placeholder"], qualification=qualification, ttl_s=ttl_s, now=now)
+    return m.to_dict()

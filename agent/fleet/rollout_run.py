@@ -1,0 +1,154 @@
+"""Composition of a rollout or a manual rollback: key, artifact in the store, fleet link, engine, summary."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.errors import ConfigError
+from agent.fleet import rollout_state as rs
+from agent.fleet.rollout import RolloutEngine, open_rollout
+from agent.fleet.rollout_link import FleetLink, ManifestIssuer, base_manifest
+from agent.fleet.rollout_plan import RolloutSpec, check_name, check_version, select_devices
+
+MANIFEST_TTL_S = 30 * 86400
+DEFAULT_CHUNK = 256 * 1024
+
+
+def _push():
+    from agent.fleet import push
+
+    return push
+
+
+def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int = DEFAULT_CHUNK) -> dict | None:
+    """Manifest artifact fields for a blob already in the control plane's store (None if it is not there)."""
+    from agent.artifacts.store import ContentStore, hash_file
+
+    cs = ContentStore(store)
+    if not cs.has(sha256):
+        return None
+    sha, size, chunks = hash_file(cs.path(sha256), chunk_size)
+    if fmt is None:
+        with open(cs.path(sha256), "rb") as f:
+            fmt = "tar.gz" if f.read(2) == b"\x1f\x8b" else "onnx"
+    return {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+
+
+def _sources(artifact: dict, http_url: str | None) -> list[dict]:
+    src = [{"type": "mqtt"}]
+    if http_url:
+        src.append({"type": "http", "url": http_url.replace("{sha256}", artifact["sha256"])})
+    return src
+
+
+def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress):
+    """Persist every manifest the rollout may sign: the new version, and each previous version to roll back to."""
+
+    def extras(planned: dict) -> dict:
+        manifests = {spec.version: base_manifest(spec.name, spec.version, artifact, sources, MANIFEST_TTL_S, now)}
+        warnings = []
+        for dev, d in sorted(planned["devices"].items()):
+            prev, sha = d["previous_version"], d.get("previous_sha256")
+            if prev is None or prev in manifests:
+                continue
+            found = stored_artifact(store, sha) if sha else None
+            if found is None:
+                warnings.append(f"{dev}: version {prev} ({(sha or 'sha256 unknown')[:16]}) is not in {store}; "
+                                "that device cannot be rolled back automatically")
+                continue
+            manifests[prev] = base_manifest(spec.name, prev, found, [{"type": "mqtt"}], MANIFEST_TTL_S, now)
+        for w in warnings:
+            progress("warning", message=w)
+        return {"manifests": manifests, "warnings": warnings}
+
+    return extras
+
+
+def run_rollout(package, spec: RolloutSpec, *, key_file, store, broker, prefix: str = "edge",
+                http_url: str | None = None, wait: bool = True, progress: Callable[..., None] | None = None,
+                stop=None, tick_s: float = 1.0) -> dict[str, Any]:
+    """Start or resume the rollout of `package` described by `spec`; returns the summary document."""
+    from agent.artifacts.keys import load_private_key
+
+    progress = progress or (lambda event, **f: None)
+    key = load_private_key(key_file)
+    Path(store).mkdir(parents=True, exist_ok=True)
+    artifact = _push().store_package(package, store)
+    sources = _sources(artifact, http_url)
+    with FleetLink(broker, prefix) as link:
+        extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress)
+        state, resumed = open_rollout(store, spec, link.statuses(), {"sha256": artifact["sha256"],
+                                      "size": artifact["size"], "format": artifact.get("format")}, extras=extras)
+        if resumed:
+            progress("resumed", rollout_id=state["rollout_id"], path=str(rs.state_path(store, state["rollout_id"])))
+        engine = RolloutEngine(store, state, link, ManifestIssuer(key, state["manifests"]), progress)
+        summary = engine.run(wait=wait, stop=stop, tick_s=tick_s)
+        summary["warnings"] = state.get("warnings", [])
+    return summary
+
+
+def _previous_from_rollouts(store, name: str, device: str) -> tuple[str | None, dict | None]:
+    """The version `device` ran before the latest rollout of `name` that touched it, and its manifest base."""
+    for state in sorted(rs.list_states(store), key=lambda s: s["created"], reverse=True):
+        d = state["devices"].get(device)
+        if state["spec"]["name"] == name and d and d["result"] != rs.PENDING and d["previous_version"]:
+            prev = d["previous_version"]
+            return prev, state.get("manifests", {}).get(prev)
+    return None, None
+
+
+def _manifest_for(store, name: str, version: str) -> dict | None:
+    for state in rs.list_states(store):
+        if state["spec"]["name"] == name and version in state.get("manifests", {}):
+            return state["manifests"][version]
+    return None
+
+
+def run_rollback(name: str, *, device: str | None, group: str | None, version: str | None, key_file, store, broker,
+                 prefix: str = "edge", wait_s: float = 0.0) -> dict[str, Any]:
+    """Publish signed rollback manifests for `name` on one device or a group; optionally wait for confirmation."""
+    from agent.artifacts.keys import load_private_key
+
+    check_name(name, "NAME")
+    if version is not None:
+        check_version(version)
+    key = load_private_key(key_file)
+    rows, manifests = [], {}
+    with FleetLink(broker, prefix) as link:
+        statuses = link.statuses()
+        targets = [check_name(device, "--device")] if device else select_devices(statuses, check_name(group, "--group"))
+        if not targets:
+            raise ConfigError(f"no devices in group {group!r}: no retained status found")
+        for dev in targets:
+            ver, base = (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)
+            row = {"device_id": dev, "version": ver}
+            if ver is None:
+                row.update(result="skipped", reason="previous version unknown (no rollout touched it): pass --version")
+            elif base is None:
+                row.update(result="skipped", reason=f"no manifest for {name} {ver} in {store}: it was never rolled out from here")
+            else:
+                manifests[ver] = base
+                link.publish_desired(dev, name, ManifestIssuer(key, manifests).envelope(dev, ver, rollback=True))
+                row.update(result="published", reason=f"signed rollback to {ver} published")
+            rows.append(row)
+        _wait_rollback(link, name, rows, wait_s)
+    return {"model": name, "devices": rows}
+
+
+def _wait_rollback(link: FleetLink, name: str, rows: list[dict], wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    pending = [r for r in rows if r["result"] == "published"]
+    while pending and wait_s > 0:
+        statuses = link.statuses()
+        for r in list(pending):
+            result, reason = rs.observe(statuses.get(r["device_id"]), name, r["version"])
+            if result is not None:
+                r.update(result="rolled_back" if result == rs.SUCCEEDED else "failed", reason=reason)
+                pending.remove(r)
+        if not pending or time.monotonic() > deadline:
+            break
+        link.wait_change(min(1.0, max(0.05, deadline - time.monotonic())))
+    for r in pending:
+        if wait_s > 0:
+            r.update(result="failed", reason=f"no confirmation within {wait_s:g} s")

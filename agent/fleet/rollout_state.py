@@ -1,0 +1,138 @@
+"""Persisted rollout state (atomic JSON under STORE/rollouts/) and how devices' retained status maps to results."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ConfigError
+from agent.fleet.rollout_plan import RolloutSpec
+from agent.util.atomic import atomic_write_json, read_json
+
+FORMAT = 1
+# Per-device results. Terminal for the forward path: succeeded, failed. After a halt: rolled_back, cancelled,
+# rollback_failed, not_reached.
+PENDING, IN_PROGRESS, SUCCEEDED, FAILED = "pending", "in_progress", "succeeded", "failed"
+ROLLBACK_PENDING, ROLLED_BACK, ROLLBACK_FAILED = "rollback_pending", "rolled_back", "rollback_failed"
+CANCELLED, NOT_REACHED = "cancelled", "not_reached"
+DEVICE_FINAL = {SUCCEEDED, FAILED, ROLLED_BACK, ROLLBACK_FAILED, CANCELLED, NOT_REACHED}
+# Cohort and rollout states.
+RUNNING, ROLLING_BACK, COMPLETED, HALTED, PARTIAL = "running", "rolling_back", "completed", "halted", "partial"
+ROLLOUT_FINAL = {COMPLETED, HALTED, PARTIAL}
+FAILED_DEPLOY_STATES = {"failed", "rejected", "rolled_back"}
+
+
+def rollouts_dir(store: str | Path) -> Path:
+    return Path(store) / "rollouts"
+
+
+def state_path(store: str | Path, rid: str) -> Path:
+    return rollouts_dir(store) / f"{rid}.json"
+
+
+def new_state(rid: str, spec: RolloutSpec, planned: dict[str, Any], manifest_info: dict[str, Any], now: float) -> dict:
+    cohorts = {
+        key: {"state": RUNNING, "wave": 0, "waves": c["waves"], "canary": c["canary"], "wave_started": {},
+              "reason": None, "rollback_started": None}
+        for key, c in planned["cohorts"].items()
+    }
+    devices = {
+        dev: {**d, "result": PENDING, "reason": None, "published": None, "finished": None}
+        for dev, d in planned["devices"].items()
+    }
+    return {"format": FORMAT, "rollout_id": rid, "spec": spec.to_dict(), "state": RUNNING, "created": now,
+            "updated": now, "artifact": manifest_info, "cohorts": cohorts, "devices": devices}
+
+
+def load_state(store: str | Path, rid: str) -> dict | None:
+    doc = read_json(state_path(store, rid))
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("rollout_id") != rid:
+        raise ConfigError(f"{state_path(store, rid)}: not a rollout state file this version understands")
+    return doc
+
+
+def save_state(store: str | Path, state: dict) -> None:
+    state["updated"] = time.time()
+    atomic_write_json(state_path(store, state["rollout_id"]), state)
+
+
+def list_states(store: str | Path) -> list[dict]:
+    out = []
+    for p in sorted(rollouts_dir(store).glob("*.json")):
+        doc = read_json(p)
+        if isinstance(doc, dict) and doc.get("format") == FORMAT:
+            out.append(doc)
+    return out
+
+
+def observe(doc: dict | None, name: str, version: str) -> tuple[str | None, str | None]:
+    """What a device's retained status says about (name, version): (SUCCEEDED|FAILED|None, reason)."""
+    if not isinstance(doc, dict):
+        return None, None
+    model = (doc.get("models") or {}).get(name) or {}
+    dep = (doc.get("deployments") or {}).get(name) or {}
+    if not isinstance(model, dict) or not isinstance(dep, dict):
+        return None, None
+    if dep.get("version") == version:
+        outcome = dep.get("result") or dep.get("state")
+        if outcome in FAILED_DEPLOY_STATES or dep.get("state") in FAILED_DEPLOY_STATES:
+            return FAILED, f"{dep.get('state') or outcome}: {dep.get('reason') or 'no reason given'}"
+    if model.get("version") == version and model.get("state", "committed") == "committed":
+        return SUCCEEDED, f"committed on {model.get('provider') or '?'}"
+    return None, None
+
+
+def holds(doc: dict | None, name: str, version: str | None) -> bool:
+    """Does the device currently run (committed or on probation) this version of the model?"""
+    model = ((doc or {}).get("models") or {}).get(name) if isinstance(doc, dict) else None
+    return isinstance(model, dict) and version is not None and model.get("version") == version
+
+
+def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:
+    """Per-wave counts of one cohort for the progress document and the summary."""
+    cohort = state["cohorts"][key]
+    rows = []
+    for i, ids in enumerate(cohort["waves"]):
+        counts: dict[str, int] = {}
+        for dev in ids:
+            r = state["devices"][dev]["result"]
+            counts[r] = counts.get(r, 0) + 1
+        kind = "canary" if i == 0 and cohort["canary"] else "wave"
+        rows.append({"index": i, "kind": kind, "size": len(ids), "started": cohort["wave_started"].get(str(i)),
+                     "counts": counts})
+    return rows
+
+
+def totals(state: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in state["devices"].values():
+        out[d["result"]] = out.get(d["result"], 0) + 1
+    return out
+
+
+def progress_doc(state: dict) -> dict[str, Any]:
+    """The retained p/rollouts/{id} document: where every cohort and wave stands."""
+    spec = state["spec"]
+    return {
+        "rollout_id": state["rollout_id"], "model": spec["name"], "version": spec["version"],
+        "group": spec["group"], "cohort_by": spec["cohort_by"], "state": state["state"],
+        "created": state["created"], "ts": time.time(), "devices": len(state["devices"]), "counts": totals(state),
+        "cohorts": {
+            key: {"state": c["state"], "wave": c["wave"], "waves_total": len(c["waves"]), "reason": c["reason"],
+                  "waves": wave_counts(state, key)}
+            for key, c in state["cohorts"].items()
+        },
+    }
+
+
+def summary(state: dict) -> dict[str, Any]:
+    """The summary JSON: the progress document plus every device with its result and reason."""
+    doc = progress_doc(state)
+    doc["devices"] = [
+        {"device_id": dev, "cohort": d["cohort"], "wave": d["wave"], "result": d["result"], "reason": d["reason"],
+         "previous_version": d["previous_version"]}
+        for dev, d in sorted(state["devices"].items())
+    ]
+    return doc

@@ -1,0 +1,115 @@
+"""Fleet status from retained status topics: a watcher (live map of device documents) and the table rows."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+
+from agent.errors import TransportError
+from agent.transport.mqtt import BrokerConfig, MqttLink
+from agent.transport.topics import DEFAULT_PREFIX, Topics
+
+TERMINAL_BAD = ("failed", "rejected", "rolled_back")
+
+
+class FleetWatch:
+    """Subscribes to every device's retained status (and events); `sync()` returns once the retained
+    flood has arrived (a marker published by us comes back after it: one client's packets stay in order)."""
+
+    def __init__(self, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, events: bool = False):
+        self.topics = Topics(prefix)
+        self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
+        self.status: dict[str, dict] = {}
+        self.inbox: "queue.Queue[tuple[str, bytes]]" = queue.Queue()
+        self._marker = f"{prefix}/control/{self.link.client_id}/sync"
+        self._synced = threading.Event()
+        self._want_events = events
+
+    def start(self, timeout: float = 15.0) -> "FleetWatch":
+        self.link.start(wait=timeout)
+        self.link.subscribe(self._marker, lambda t, p, r: self._synced.set(), qos=1)
+        self.link.subscribe(self.topics.all_status(), self._enqueue, qos=1)
+        if self._want_events:
+            self.link.subscribe(self.topics.all_events(), self._enqueue, qos=1)
+        self.sync(timeout)
+        return self
+
+    def sync(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        self._synced.clear()
+        while True:
+            self.link.publish(self._marker, b"sync", qos=1)
+            if self._synced.wait(min(2.0, max(0.05, deadline - time.monotonic()))):
+                break
+            if time.monotonic() > deadline:
+                raise TransportError(f"no answer from {self.link.broker.redacted()} while reading retained status")
+        self.drain()
+
+    def stop(self) -> None:
+        self.link.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _enqueue(self, topic: str, payload: bytes, retained: bool) -> None:
+        self.inbox.put((topic, payload))
+
+    def drain(self, timeout: float = 0.0) -> list[tuple[str, str, dict]]:
+        """Apply waiting messages; returns [(kind, device, doc)] in arrival order (kind: status or events)."""
+        out = []
+        block = timeout > 0
+        while True:
+            try:
+                topic, payload = self.inbox.get(block, timeout) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return out
+            block = False
+            parsed = self.topics.parse(topic)
+            if parsed is None or parsed.kind not in ("status", "events"):
+                continue
+            doc = _json(payload)
+            if parsed.kind == "status":
+                if doc is None:
+                    self.status.pop(parsed.device, None)  # cleared or unreadable status
+                    continue
+                doc.setdefault("device_id", parsed.device)
+                self.status[parsed.device] = doc
+            if doc is not None:
+                out.append((parsed.kind, parsed.device, doc))
+
+
+def _json(payload: bytes) -> dict | None:
+    try:
+        doc = json.loads(payload) if payload else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def device_row(device_id: str, doc: dict) -> dict:
+    """One `fleet status` row: online, models (version/provider/state), last deployment result + reason."""
+    models = doc.get("models") if isinstance(doc.get("models"), dict) else {}
+    deployments = doc.get("deployments") if isinstance(doc.get("deployments"), dict) else {}
+    last = None
+    for model, dep in deployments.items():
+        if isinstance(dep, dict) and (last is None or (dep.get("ts") or 0) >= (last.get("ts") or 0)):
+            last = dict(dep, model=model)
+    return {
+        "device_id": device_id, "online": bool(doc.get("online", False)), "ts": doc.get("ts"),
+        "groups": doc.get("groups", []), "target": doc.get("target"), "agent_version": doc.get("agent_version"),
+        "models": {m: {k: v.get(k) for k in ("version", "provider", "precision", "state", "sha256")}
+                   for m, v in models.items() if isinstance(v, dict)},
+        "deployments": deployments, "last_deployment": last,
+    }
+
+
+def fleet_status(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0) -> dict:
+    """{"devices": [row, ...]} sorted by device id, from the retained status topics."""
+    with FleetWatch(broker, prefix) as watch:
+        rows = [device_row(dev, doc) for dev, doc in sorted(watch.status.items())]
+    return {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"])}

@@ -1,0 +1,210 @@
+"""What each lifecycle state does: fetch into the store, verify, activate (build + warm + swap), restore."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.errors import EdgeAgentError, LifecycleError, ModelError
+from agent.util.atomic import fsync_dir
+
+GZIP_MAGIC = b"\x1f\x8b"
+WARM_RUNS = 3
+
+
+class Cancelled(EdgeAgentError):
+    """The step was cancelled (operator, rollback or a newer deployment); `event` says which."""
+
+    def __init__(self, event: str, reason: str):
+        super().__init__(reason)
+        self.event = event
+
+
+class DeadlineExceeded(EdgeAgentError):
+    """The state's deadline passed."""
+
+
+class Rejected(EdgeAgentError):
+    """A manifest or package refused before any byte is downloaded."""
+
+
+@dataclass
+class StepContext:
+    """Handed to every action: cancellation, deadline and progress for one state of one deployment."""
+
+    deadline: float | None  # time.monotonic() value
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_event: str = "cancel"
+    cancel_reason: str = "cancelled"
+    progress: Callable[..., None] | None = None
+
+    def check(self) -> None:
+        """Raise Cancelled / DeadlineExceeded when the step must stop."""
+        if self.cancel.is_set():
+            raise Cancelled(self.cancel_event, self.cancel_reason)
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise DeadlineExceeded("deadline passed")
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def report(self, event: str, **fields: Any) -> None:
+        if self.progress is not None:
+            self.progress(event, **fields)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pack_dir(src: Path, dest: Path) -> None:
+    """A deterministic .tar.gz of a package directory (sorted names, zeroed times and owners), fsynced."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
+                    rel = path.relative_to(src).as_posix()
+                    if any(part.startswith(".") for part in Path(rel).parts):
+                        continue
+                    info = tarfile.TarInfo(rel)
+                    info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o644
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+        raw.flush()
+        os.fsync(raw.fileno())
+
+
+def fetch_inbox(src: Path, store, staging: Path, ctx: StepContext) -> dict[str, Any]:
+    """Local mode 'download': pack the inbox package into the content store."""
+    if not src.is_dir():
+        raise ModelError(f"inbox package {src} is gone or not a directory")
+    if not (src / "model.onnx").is_file() and not list(src.glob("*.onnx")):
+        raise ModelError(f"inbox package {src} has no model.onnx")
+    ctx.report("pack", path=str(src))
+    part = staging / f"inbox-{os.getpid()}-{threading.get_ident()}.tar.gz.part"
+    try:
+        pack_dir(src, part)
+        ctx.check()
+        size = part.stat().st_size
+        sha = store.put_file(part)
+    finally:
+        part.unlink(missing_ok=True)
+    return {"sha256": sha, "size": size}
+
+
+def unpack(store, sha: str, packages_root: Path) -> Path:
+    """packages/<sha>/ holding the package (extracted from a .tar.gz blob, or the bare model.onnx)."""
+    final = packages_root / sha
+    if final.is_dir():
+        return final
+    blob = Path(store.path(sha))
+    tmp = packages_root / f".{sha}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with open(blob, "rb") as f:
+            magic = f.read(2)
+        if magic == GZIP_MAGIC:
+            from agent.qualify.package import extract_archive
+
+            root = extract_archive(blob, tmp)
+            if root != tmp:  # archive with one top-level directory: flatten
+                for child in root.iterdir():
+                    os.replace(child, tmp / child.name)
+        else:
+            shutil.copyfile(blob, tmp / "model.onnx")
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(packages_root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, Any]:
+    """Re-hash the stored blob, unpack it and run the package checks (ONNX checker + shape inference)."""
+    if not store.has(sha):
+        raise LifecycleError(f"artifact {sha[:12]} is not in the store")
+    actual = sha256_file(store.path(sha))
+    if actual != sha:
+        raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
+    ctx.check()
+    root = unpack(store, sha, packages_root)
+    from agent.qualify.package import load_package
+
+    pkg = load_package(root)
+    return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
+
+
+def warm_feeds(session) -> dict[str, Any]:
+    """Zero tensors matching the session's inputs (dynamic dimensions -> 1)."""
+    import numpy as np
+
+    feeds = {}
+    for spec in session.inputs:
+        shape = [d if isinstance(d, int) and d >= 0 else 1 for d in spec.shape]
+        dtype = np.dtype(spec.dtype) if spec.dtype not in ("str", "string", "bytes") else np.dtype(object)
+        feeds[spec.name] = np.zeros(shape, dtype=dtype) if dtype != object else np.full(shape, "", dtype=object)
+    return feeds
+
+
+def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
+    """Build the session a slot entry or a decision describes, and run it a few times before it serves."""
+    from agent.providers import get
+
+    model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
+    if not Path(model_path).is_file():
+        raise ModelError(f"model file {model_path} is missing")
+    provider = get(entry["provider"])
+    with lock or _NullLock():  # session creation is not thread-safe in every ORT version
+        session = provider.open_session(
+            model_path, options=entry.get("options") or {}, precision=entry.get("requested_precision"),
+            device=entry.get("device"), cache_dir=entry.get("cache_dir"))
+    try:
+        feeds = warm_feeds(session)
+        for _ in range(WARM_RUNS):
+            session.run(feeds)
+    except Exception as exc:
+        session.close()
+        raise LifecycleError(f"warm-up on {entry['provider']} failed: {exc}") from exc
+    return session
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def activate(registry, name: str, entry: dict[str, Any], *, swap: str | None = None,
+             lock: threading.Lock | None = None) -> dict[str, Any]:
+    """Make-before-break (or the target's stop-then-start): build + warm, then swap atomically."""
+    meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
+    kwargs = {"swap": swap} if swap else {}
+    if swap == "stop-then-start":
+        return registry.activate(name, entry["version"], lambda: open_and_warm(entry, lock), meta, **kwargs)
+    session = open_and_warm(entry, lock)
+    try:
+        return registry.activate(name, entry["version"], session, meta, **kwargs)
+    except BaseException:
+        session.close()
+        raise

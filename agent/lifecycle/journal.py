@@ -1,0 +1,180 @@
+"""The deployment journal: one JSON file per deployment, replaced atomically before each action."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.errors import LifecycleError
+from agent.lifecycle.states import TERMINAL, State
+from agent.lifecycle.table import next_state
+from agent.util.atomic import atomic_write_json
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(what: str, value: str) -> str:
+    """Model names, versions and ids must be safe path components (no '/', '..', wildcards)."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
+        raise LifecycleError(f"invalid {what} {value!r}: expected [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
+    return value
+
+
+@dataclass
+class Deployment:
+    """One deployment's journaled record. `data` holds action results (sha256, decision, ...)."""
+
+    id: str
+    model: str
+    version: str
+    state: State
+    source: dict[str, Any]
+    created: float
+    updated: float
+    reason: str | None = None
+    attempts: dict[str, int] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def result(self) -> str | None:
+        return self.state.value if self.terminal else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "model": self.model, "version": self.version, "state": self.state.value,
+            "result": self.result, "reason": self.reason, "source": self.source, "created": self.created,
+            "updated": self.updated, "attempts": dict(self.attempts), "history": list(self.history),
+            "data": dict(self.data),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Deployment":
+        try:
+            return cls(
+                id=d["id"], model=d["model"], version=str(d["version"]), state=State(d["state"]),
+                source=dict(d.get("source") or {}), created=float(d["created"]), updated=float(d["updated"]),
+                reason=d.get("reason"), attempts=dict(d.get("attempts") or {}), history=list(d.get("history") or []),
+                data=dict(d.get("data") or {}),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise LifecycleError(f"malformed journal record: {exc}") from None
+
+    def summary(self) -> dict[str, Any]:
+        """The pinned per-deployment fields of the status document."""
+        return {"id": self.id, "version": self.version, "state": self.state.value, "result": self.result,
+                "reason": self.reason, "ts": self.updated}
+
+
+class Journal:
+    """state_dir/deployments/<id>.json; every write is temp + fsync + rename + directory fsync."""
+
+    def __init__(self, state_dir: str | os.PathLike):
+        self.root = Path(state_dir) / "deployments"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, dep_id: str) -> Path:
+        return self.root / f"{dep_id}.json"
+
+    def create(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment:
+        check_name("model name", model)
+        check_name("version", str(version))
+        now = time.time()
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        dep_id = f"{stamp}-{model}-{version}-{secrets.token_hex(3)}"
+        dep = Deployment(dep_id, model, str(version), State.RECEIVED, source, now, now, data=dict(data))
+        dep.history.append({"state": State.RECEIVED.value, "event": None, "ts": now})
+        self.save(dep)
+        return dep
+
+    def save(self, dep: Deployment) -> None:
+        dep.updated = time.time()
+        atomic_write_json(self.path(dep.id), dep.to_dict())
+
+    def apply(self, dep: Deployment, event: str, reason: str | None = None, **data: Any) -> State:
+        """Move `dep` along the table and persist it before the caller acts on the new state."""
+        new = next_state(dep.state, event)
+        dep.state = new
+        if reason is not None or new in TERMINAL:
+            dep.reason = reason
+        dep.attempts[new.value] = dep.attempts.get(new.value, 0) + 1
+        dep.data.update(data)
+        dep.history.append({"state": new.value, "event": str(event), "ts": time.time(), "reason": reason})
+        self.save(dep)
+        return new
+
+    def load(self, dep_id: str) -> Deployment:
+        try:
+            return Deployment.from_dict(json.loads(self.path(dep_id).read_bytes()))
+        except FileNotFoundError:
+            raise LifecycleError(f"no deployment {dep_id!r}") from None
+        except ValueError as exc:
+            raise LifecycleError(f"journal {dep_id}: {exc}") from None
+
+    def all(self) -> list[Deployment]:
+        """Every readable record, oldest first. Stray temp files from a crash are removed."""
+        deps = []
+        for p in self.root.iterdir():
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                p.unlink(missing_ok=True)  # an unfinished atomic write: the rename never happened
+                continue
+            if p.suffix != ".json" or not _ID_RE.match(p.stem):
+                continue
+            try:
+                deps.append(Deployment.from_dict(json.loads(p.read_bytes())))
+            except (ValueError, LifecycleError):
+                continue  # unreadable: reported by check()
+        return sorted(deps, key=lambda d: (d.created, d.id))
+
+    def in_flight(self) -> list[Deployment]:
+        return [d for d in self.all() if not d.terminal]
+
+    def recent(self, limit: int = 20) -> list[Deployment]:
+        return sorted(self.all(), key=lambda d: d.updated, reverse=True)[:limit]
+
+    def latest_per_model(self) -> dict[str, Deployment]:
+        out: dict[str, Deployment] = {}
+        for d in self.all():
+            if d.model not in out or d.created >= out[d.model].created:
+                out[d.model] = d
+        return out
+
+    def prune(self, keep_per_model: int = 20) -> int:
+        """Delete the oldest terminal records beyond `keep_per_model` per model."""
+        by_model: dict[str, list[Deployment]] = {}
+        for d in self.all():
+            if d.terminal:
+                by_model.setdefault(d.model, []).append(d)
+        removed = 0
+        for deps in by_model.values():
+            for d in deps[:-keep_per_model] if len(deps) > keep_per_model else []:
+                self.path(d.id).unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+def check_history(dep: Deployment) -> list[str]:
+    """Problems in a record's history: every step must be a legal edge of the table."""
+    problems = []
+    hist = dep.history
+    if not hist or hist[0].get("state") != State.RECEIVED.value:
+        problems.append(f"{dep.id}: history does not start at received")
+    for prev, cur in zip(hist, hist[1:]):
+        try:
+            if next_state(prev["state"], cur["event"]).value != cur["state"]:
+                problems.append(f"{dep.id}: {prev['state']} --{cur['event']}--> {cur['state']} is not in the table")
+        except (LifecycleError, KeyError) as exc:
+            problems.append(f"{dep.id}: {exc}")
+    if hist and hist[-1].get("state") != dep.state.value:
+        problems.append(f"{dep.id}: state {dep.state.value} differs from its last history entry")
+    return problems

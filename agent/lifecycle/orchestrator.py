@@ -1,0 +1,244 @@
+"""The Orchestrator drives deployments through the table: one worker per model, deadlines, cancel, supersede."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.errors import EdgeAgentError, LifecycleError
+from agent.lifecycle import actions as act
+from agent.lifecycle.journal import Deployment, Journal, check_name
+from agent.lifecycle.recovery import recover
+from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.states import SERVING_NEW, Event, State
+from agent.lifecycle.steps import Steps
+
+CRASH_ENV = "EDGE_AGENT_TEST_CRASH_AT"  # test-only: SIGKILL the process right after journaling this state
+DEADLINES_S: dict[State, float] = {
+    State.RECEIVED: 60, State.DOWNLOADING: 3600, State.VERIFYING: 600, State.QUALIFYING: 1800,
+    State.ACTIVATING: 900, State.PROBATION: 3600,
+}
+Listener = Callable[[dict[str, Any]], None]
+
+
+class _Worker:
+    """Runs one model's deployments one after another; `pending` holds the next (newest) one."""
+
+    def __init__(self):
+        self.current: Deployment | None = None
+        self.ctx: act.StepContext | None = None
+        self.pending: Deployment | None = None
+        self.thread: threading.Thread | None = None
+
+
+class Orchestrator:
+    """Owns the journal and slots of one state_dir; safe to run several instances in one process."""
+
+    def __init__(self, state_dir: str | os.PathLike, steps: Steps, *, deadlines: dict[State, float] | None = None,
+                 listeners: list[Listener] | None = None, crash_at: str | None = None):
+        self.state_dir = Path(state_dir)
+        self.journal = Journal(self.state_dir)
+        self.slots: ModelSlots = steps.slots
+        self.steps = steps
+        self.deadlines = {**DEADLINES_S, **(deadlines or {})}
+        self.listeners: list[Listener] = list(listeners or [])
+        self.crash_at = crash_at if crash_at is not None else os.environ.get(CRASH_ENV)
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._workers: dict[str, _Worker] = {}
+        self._stopping = False
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def start(self) -> list[Deployment]:
+        """Serve every committed slot, then resume the journal's in-flight deployments (recovery table)."""
+        self.steps.restore_all()
+        resumed = recover(self.journal, self.slots)
+        for dep in resumed:
+            self._notify(dep)
+            self._schedule(dep)
+        return resumed
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel nothing: let running steps finish or hit their deadline; stop taking new work."""
+        with self._lock:
+            self._stopping = True
+            for w in self._workers.values():
+                w.pending = None
+                if w.ctx is not None:
+                    w.ctx.cancel_event, w.ctx.cancel_reason = Event.CANCEL.value, "daemon stopping"
+                    w.ctx.cancel.set()
+            threads = [w.thread for w in self._workers.values() if w.thread]
+        end = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))
+
+    # ---- requests --------------------------------------------------------------------------------
+    def submit(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment | None:
+        """Journal a new deployment and queue it; a newer one supersedes the model's in-flight one.
+        Returns None for a duplicate of a deployment already seen (same `source.digest`)."""
+        check_name("model name", model)
+        digest = source.get("digest")
+        with self._lock:
+            if self._stopping:
+                raise LifecycleError("the daemon is stopping")
+            if digest and any(d.source.get("digest") == digest for d in self.journal.all() if d.model == model):
+                return None
+            dep = self._create(model, str(version), source, **data)
+            self._schedule(dep)
+            return dep
+
+    def cancel(self, target: str, reason: str = "cancelled by operator") -> Deployment | None:
+        """Cancel the in-flight deployment of a model (by model name or deployment id)."""
+        with self._lock:
+            for name, w in self._workers.items():
+                for dep in (w.pending, w.current):
+                    if dep is not None and target in (name, dep.id):
+                        self._cancel(w, dep, Event.CANCEL, reason)
+                        return dep
+        return None
+
+    def rollback(self, model: str, wait: float | None = 60.0) -> Deployment:
+        """Back to the previous slot without a download. A model in activation/probation just aborts it."""
+        with self._lock:
+            w = self._workers.get(model)
+            cur = w.current if w else None
+            if cur is not None and cur.state in SERVING_NEW and cur.source.get("kind") != "rollback":
+                self._cancel(w, cur, Event.CANCEL, "rollback requested by operator")
+                dep = cur
+            else:
+                prev = self.slots.get(model)["previous"]
+                if not prev:
+                    raise LifecycleError(f"model {model!r} has no previous version to roll back to")
+                dep = self._create(model, prev["version"], {"kind": "rollback"}, sha256=prev["sha256"])
+                self._schedule(dep)
+        return self.wait(dep.id, wait) if wait else dep
+
+    def wait(self, dep_id: str, timeout: float | None = None) -> Deployment:
+        """Block until a deployment is terminal (LifecycleError on timeout)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._idle:
+            while True:
+                dep = self.journal.load(dep_id)
+                if dep.terminal:
+                    return dep
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise LifecycleError(f"deployment {dep_id} still {dep.state.value} after {timeout:.0f}s")
+                self._idle.wait(min(left, 1.0) if left is not None else 1.0)
+
+    def in_flight(self) -> dict[str, Deployment]:
+        with self._lock:
+            return {n: w.current for n, w in self._workers.items() if w.current is not None}
+
+    # ---- workers ---------------------------------------------------------------------------------
+    def _schedule(self, dep: Deployment) -> None:
+        w = self._workers.setdefault(dep.model, _Worker())
+        if w.pending is not None:
+            self._finish_unstarted(w.pending, f"superseded by version {dep.version} ({dep.id})")
+        if w.current is not None and not w.current.terminal:
+            self._cancel(w, w.current, Event.SUPERSEDE, f"superseded by version {dep.version} ({dep.id})")
+        w.pending = dep
+        if w.thread is None or not w.thread.is_alive():
+            w.thread = threading.Thread(target=self._run_worker, args=(dep.model, w),
+                                        name=f"deploy-{dep.model}", daemon=True)
+            w.thread.start()
+
+    def _finish_unstarted(self, dep: Deployment, reason: str) -> None:
+        self._enter(dep, Event.SUPERSEDE, reason)
+
+    def _cancel(self, w: _Worker, dep: Deployment, event: Event, reason: str) -> None:
+        if dep is w.pending:
+            w.pending = None
+            self._enter(dep, event, reason)
+        elif w.ctx is not None:
+            w.ctx.cancel_event, w.ctx.cancel_reason = event.value, reason
+            w.ctx.cancel.set()
+
+    def _run_worker(self, model: str, w: _Worker) -> None:
+        while True:
+            with self._lock:
+                dep, w.pending = w.pending, None
+                w.current = dep
+                if dep is None or self._stopping:
+                    w.current, w.thread = None, None
+                    self._idle.notify_all()
+                    return
+            try:
+                self._drive(dep, w)
+            finally:
+                with self._lock:
+                    w.current, w.ctx = None, None
+                    self._idle.notify_all()
+
+    def _drive(self, dep: Deployment, w: _Worker) -> None:
+        while not dep.terminal:
+            with self._lock:
+                if self._stopping:
+                    return  # stays journaled in its state; recovery resumes it on the next start
+                limit = self.deadlines.get(dep.state)
+                ctx = act.StepContext(time.monotonic() + limit if limit else None,
+                                      progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
+                w.ctx = ctx
+            event, reason, data = self._step(dep, ctx)
+            with self._lock:
+                if self._stopping:
+                    return  # not journaled: recovery decides on the next start
+                self._enter(dep, event, reason, **data)
+            if dep.state is State.ROLLED_BACK or (dep.state is State.FAILED and event is not Event.REJECT):
+                self.steps.ensure_committed(dep.model)
+
+    def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
+        try:
+            ctx.check()
+            event, data = self.steps.run(dep, ctx)
+            return event, data.pop("reason", None), data
+        except act.Cancelled as exc:
+            return Event(exc.event), str(exc), {}
+        except act.DeadlineExceeded:
+            return Event.TIMEOUT, f"{dep.state.value} exceeded its deadline of {self.deadlines[dep.state]:.0f}s", {}
+        except act.Rejected as exc:
+            return Event.REJECT, str(exc), {}
+        except EdgeAgentError as exc:
+            return Event.FAIL, f"{dep.state.value}: {exc}", {}
+        except Exception as exc:  # noqa: BLE001 - any bug in an action fails the deployment, not the daemon
+            return Event.FAIL, f"{dep.state.value}: {type(exc).__name__}: {exc}", {}
+
+    # ---- journal + reporting ---------------------------------------------------------------------
+    def _create(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment:
+        dep = self.journal.create(model, version, source, **data)
+        self._crash_hook(dep)
+        self._notify(dep)
+        return dep
+
+    def _crash_hook(self, dep: Deployment) -> None:
+        if self.crash_at and self.crash_at == dep.state.value:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _enter(self, dep: Deployment, event: Event, reason: str | None = None, **data: Any) -> None:
+        """Persist the transition (before the next action), report it, and honour the crash test hook."""
+        self.journal.apply(dep, event, reason=reason, **data)
+        self._crash_hook(dep)
+        self._notify(dep)
+        with self._idle:
+            self._idle.notify_all()
+
+    def _notify(self, dep: Deployment) -> None:
+        record = {"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
+                  "reason": dep.reason, "ts": dep.updated}
+        for listener in list(self.listeners):
+            try:
+                listener(record)
+            except Exception:  # noqa: BLE001 - a broken reporter must not stop a deployment
+                pass
+
+    def _progress(self, dep: Deployment, event: str, **fields: Any) -> None:
+        record = {"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
+                  "progress": event, **fields, "ts": time.time()}
+        for listener in list(self.listeners):
+            try:
+                listener(record)
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,69 @@
+"""RESUME: where each journaled state continues after a restart, and the start-up recovery pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.lifecycle.journal import Deployment, Journal
+from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.states import Event, State
+
+# state found in the journal at start-up -> (event applied, what happens next)
+RESUME: dict[State, tuple[Event, str]] = {
+    State.RECEIVED: (Event.RESUME, "re-examine the manifest or inbox package"),
+    State.DOWNLOADING: (Event.RESUME, "continue the download from its persisted chunk bitmap"),
+    State.VERIFYING: (Event.RESUME, "verify the stored artifact again"),
+    State.QUALIFYING: (Event.RESUME, "restart qualification (its child process died with the daemon)"),
+    State.ACTIVATING: (Event.INTERRUPTED, "serve the committed slot: the interrupted activation is rolled back"),
+    State.PROBATION: (Event.INTERRUPTED, "serve the committed slot: a crash during probation counts against the new model"),
+}
+MAX_ATTEMPTS = 3  # entries into one state before recovery gives up (breaks crash loops)
+
+
+@dataclass(frozen=True)
+class Step:
+    deployment: Deployment
+    event: Event
+    reason: str | None
+
+
+def plan(journal: Journal, slots: ModelSlots) -> list[Step]:
+    """Decide, without side effects, what recovery does with every in-flight deployment."""
+    steps: list[Step] = []
+    newest: dict[str, Deployment] = {}
+    for dep in journal.in_flight():
+        older = newest.get(dep.model)
+        if older is not None:
+            steps.append(_superseded(older, dep))
+        newest[dep.model] = dep
+    for dep in newest.values():
+        steps.append(_step(dep, slots))
+    return steps
+
+
+def _superseded(old: Deployment, new: Deployment) -> Step:
+    event = Event.INTERRUPTED if old.state in (State.ACTIVATING, State.PROBATION) else Event.SUPERSEDE
+    return Step(old, event, f"superseded by version {new.version} ({new.id})")
+
+
+def _step(dep: Deployment, slots: ModelSlots) -> Step:
+    event, what = RESUME[dep.state]
+    if event is Event.INTERRUPTED:
+        committed = slots.committed(dep.model) or {}
+        same_blob = committed.get("sha256") and committed.get("sha256") == dep.data.get("sha256")
+        if same_blob and (committed.get("deployment_id") == dep.id or dep.source.get("kind") == "rollback"):
+            return Step(dep, Event.FOUND_COMMITTED, None)
+        return Step(dep, event, f"daemon restarted during {dep.state.value}; {what}")
+    tries = dep.attempts.get(dep.state.value, 0)
+    if tries >= MAX_ATTEMPTS:
+        return Step(dep, Event.FAIL, f"interrupted {tries} times in {dep.state.value}; giving up (crash loop)")
+    return Step(dep, event, None)
+
+
+def recover(journal: Journal, slots: ModelSlots) -> list[Deployment]:
+    """Apply the plan to the journal; return the deployments that must continue (non-terminal)."""
+    resumed = []
+    for step in plan(journal, slots):
+        journal.apply(step.deployment, step.event, reason=step.reason)
+        if not step.deployment.terminal:
+            resumed.append(step.deployment)
+    return resumed

@@ -1,0 +1,73 @@
+"""The device status document (pinned fields of docs/architecture.md) built from slots, journal and registry."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.lifecycle.journal import Journal
+from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.states import State
+
+
+def models_block(slots: ModelSlots, journal: Journal, registry=None, unavailable: dict[str, str] | None = None
+                 ) -> dict[str, Any]:
+    """Per model: what serves (version, sha256, provider, precision) and its state."""
+    out: dict[str, Any] = {}
+    in_flight = {d.model: d for d in journal.in_flight()}
+    serving = registry.models() if registry is not None else {}
+    for name, s in slots.all().items():
+        c = s["committed"]
+        if not c:
+            continue
+        out[name] = {"version": c["version"], "sha256": c["sha256"], "provider": c.get("provider"),
+                     "precision": c.get("precision"), "state": State.COMMITTED.value,
+                     "previous": (s["previous"] or {}).get("version")}
+    for name, dep in in_flight.items():
+        if dep.state is State.PROBATION and serving.get(name) == dep.version:
+            sel = dep.data.get("selected") or {}
+            out[name] = {**out.get(name, {}), "version": dep.version, "sha256": dep.data.get("sha256"),
+                         "provider": sel.get("provider"), "precision": sel.get("precision"),
+                         "state": State.PROBATION.value}
+    if registry is not None:
+        for name, info in out.items():
+            if name not in serving:
+                info["state"] = "unavailable"
+                info["reason"] = (unavailable or {}).get(name, "not loaded")
+    return out
+
+
+def deployments_block(journal: Journal) -> dict[str, Any]:
+    """Latest deployment per model (pinned shape)."""
+    return {name: dep.summary() for name, dep in journal.latest_per_model().items()}
+
+
+def build_status(state_dir: str | os.PathLike, *, device_id: str, groups=(), target: str | None = None,
+                 hardware: dict[str, Any] | None = None, providers: list[str] | None = None, registry=None,
+                 unavailable: dict[str, str] | None = None, recent: int = 10, extra: dict | None = None
+                 ) -> dict[str, Any]:
+    slots, journal = ModelSlots(state_dir), Journal(state_dir)
+    doc = {
+        "device_id": device_id, "online": True, "ts": time.time(), "agent_version": __version__,
+        "groups": list(groups), "target": target, "hardware": hardware or {}, "providers": list(providers or []),
+        "models": models_block(slots, journal, registry, unavailable),
+        "deployments": deployments_block(journal),
+        "recent_deployments": [{"model": d.model, **d.summary()} for d in journal.recent(recent)],
+    }
+    doc.update(extra or {})
+    return doc
+
+
+def hardware_summary(profile: Any) -> dict[str, Any]:
+    """The status document's short hardware block."""
+    if profile is None:
+        return {}
+    board = getattr(profile, "board", None)
+    return {"arch": profile.arch, "board": getattr(board, "model", None) if board else None,
+            "accelerators": [a.vendor for a in getattr(profile, "accelerators", ())]}
+
+
+def status_path(state_dir: str | os.PathLike) -> Path:
+    return Path(state_dir) / "status.json"

@@ -1,0 +1,215 @@
+"""Steps: the action of each lifecycle state for one device (store, slots, registry, qualification)."""
+from __future__ import annotations
+
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.errors import EdgeAgentError, LifecycleError
+from agent.lifecycle import actions as act
+from agent.lifecycle.journal import Deployment, Journal
+from agent.lifecycle.qualifier import run_qualification
+from agent.lifecycle.slots import ModelSlots, gc
+from agent.lifecycle.states import Event, State
+from agent.util.atomic import atomic_write_json
+
+ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "requested_precision", "options",
+              "device", "cache_dir", "package_dir", "model_path", "latency_ms", "deployment_id")
+
+
+@dataclass
+class StepConfig:
+    """Tunables of the lifecycle actions (tests shorten probation and the latency budget)."""
+
+    probation_s: float = 60.0
+    providers: list[str] | None = None  # qualify only these (default: the target's preference order)
+    qualify_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"latency_budget_s": 1.0}
+    swap: str | None = None  # make-before-break | stop-then-start (default: the target's serving.swap)
+    keep_deployments: int = 20
+
+
+class Steps:
+    """Runs one state's action and names the event it ends with. Also restores serving from the slots."""
+
+    def __init__(self, state_dir: Path, store, registry, *, profile: Any = None, target_name: str | None = None,
+                 config: StepConfig | None = None, journal: Journal | None = None):
+        self.state_dir = Path(state_dir)
+        self.store, self.registry, self.profile, self.target_name = store, registry, profile, target_name
+        self.config = config or StepConfig()
+        self.slots = ModelSlots(self.state_dir)
+        self.journal = journal or Journal(self.state_dir)
+        self.packages = self.state_dir / "packages"
+        self.staging = self.state_dir / "tmp"  # pack temp files (the store owns staging/)
+        for d in (self.packages, self.staging, self.state_dir / "cache", self.state_dir / "decisions"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.session_lock = threading.Lock()
+        self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
+        # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
+        self.check_manifest: Callable[[Deployment], None] | None = None
+        self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
+        self._model_locks: dict[str, threading.Lock] = {}
+
+    def model_lock(self, name: str) -> threading.Lock:
+        return self._model_locks.setdefault(name, threading.Lock())
+
+    # ---- dispatch ------------------------------------------------------------------------------
+    def run(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        handler = {
+            State.RECEIVED: self.on_received, State.DOWNLOADING: self.on_downloading,
+            State.VERIFYING: self.on_verifying, State.QUALIFYING: self.on_qualifying,
+            State.ACTIVATING: self.on_activating, State.PROBATION: self.on_probation,
+        }.get(dep.state)
+        if handler is None:
+            raise LifecycleError(f"no action for state {dep.state.value}")
+        return handler(dep, ctx)
+
+    def on_received(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        kind = dep.source.get("kind")
+        if kind == "rollback":
+            return Event.ROLLBACK, {}
+        if kind == "manifest":
+            if self.check_manifest is None:
+                raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
+            self.check_manifest(dep)
+        elif kind == "inbox":
+            if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
+                raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
+        else:
+            raise act.Rejected(f"unknown deployment source {kind!r}")
+        return Event.ACCEPT, {}
+
+    def on_downloading(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        sha = dep.data.get("sha256")
+        if sha and self.store.has(sha) and dep.data.get("fetched"):
+            return Event.FETCHED, {}
+        if dep.source.get("kind") == "manifest":
+            got = self.fetch_manifest(dep, ctx)  # type: ignore[misc]
+            return Event.FETCHED, {**got, "fetched": True}
+        src = Path(dep.source["path"])
+        got = act.fetch_inbox(src, self.store, self.staging, ctx)
+        dep.data.update(got, fetched=True)
+        self.journal.save(dep)  # the blob is safe in the store before the inbox copy goes
+        shutil.rmtree(src, ignore_errors=True)
+        return Event.FETCHED, {}
+
+    def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        return Event.VERIFIED, act.verify(self.store, dep.data["sha256"], self.packages, ctx)
+
+    def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        cache_root = str(self.state_dir / "cache")
+        decision = run_qualification(dep.data["package_dir"], self.profile, self.target_name, cache_root, ctx,
+                                     providers=self.config.providers, options=self.config.qualify_options)
+        atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
+        summary = _summary(decision)
+        if not decision.get("selected"):
+            raise LifecycleError(f"no provider passed qualification: {summary['why']}")
+        row = _selected_row(decision)
+        selected = {
+            "provider": decision["selected"], "precision": row.get("precision"),
+            "requested_precision": row.get("requested_precision"), "options": row.get("options") or {},
+            "device": row.get("device"), "cache_dir": row.get("cache_dir"), "latency_ms": row.get("latency_ms") or {},
+        }
+        return Event.QUALIFIED, {"decision": summary, "selected": selected}
+
+    def on_activating(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        with self.model_lock(dep.model):
+            if dep.source.get("kind") == "rollback":
+                slots = self.slots.get(dep.model)
+                if (slots["committed"] or {}).get("sha256") != dep.data.get("sha256"):
+                    if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
+                        raise LifecycleError("the previous slot changed; nothing to roll back to")
+                    slots = self.slots.swap(dep.model)
+                self._serve(dep.model, slots["committed"])
+                return Event.SWAPPED, {}
+            self._serve(dep.model, self.entry(dep))
+        return Event.ACTIVATED, {}
+
+    def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+        from agent.serving.probation import TROUBLE, Probation
+
+        p99 = (dep.data.get("selected") or {}).get("latency_ms", {}).get("p99")
+        watch = Probation(self.registry, dep.model, dep.version, p99, window=self.config.probation_s).start()
+        try:
+            while not watch.done:
+                ctx.check()
+                watch.wait(0.2)
+        finally:
+            watch.stop()
+        if watch.verdict.state == TROUBLE:
+            return Event.TROUBLE, {"reason": watch.verdict.reason, "probation": watch.verdict.figures}
+        if watch.verdict.state != "passed":
+            raise LifecycleError(watch.verdict.reason)
+        with self.model_lock(dep.model):
+            self.slots.commit(dep.model, self.entry(dep))
+        self._gc()
+        return Event.PASSED, {"probation": watch.verdict.figures}
+
+    # ---- serving from slots --------------------------------------------------------------------
+    def entry(self, dep: Deployment) -> dict[str, Any]:
+        d = {**dep.data, **(dep.data.get("selected") or {})}
+        d.update(version=dep.version, deployment_id=dep.id)
+        return {k: d.get(k) for k in ENTRY_KEYS}
+
+    def _serve(self, name: str, entry: dict[str, Any]) -> None:
+        swap = self.config.swap
+        act.activate(self.registry, name, entry, swap=swap, lock=self.session_lock)
+        self.unavailable.pop(name, None)
+
+    def restore_all(self) -> None:
+        """Start-up: serve every committed slot (the previous one when the committed cannot load)."""
+        for name in self.slots.names():
+            self.ensure_committed(name)
+
+    def ensure_committed(self, name: str) -> None:
+        """Make the registry serve the committed slot of `name` (after a failure or rollback)."""
+        with self.model_lock(name):
+            slots = self.slots.get(name)
+            entry = slots["committed"]
+            meta = self._serving_meta(name)
+            if entry is None:
+                if meta is not None:
+                    self.registry.deactivate(name)
+                return
+            if meta and meta.get("sha256") == entry.get("sha256") and meta.get("version") == entry["version"]:
+                return
+            try:
+                self._serve(name, entry)
+            except EdgeAgentError as exc:
+                self.unavailable[name] = f"committed version {entry['version']} cannot be served: {exc}"
+
+    def _serving_meta(self, name: str) -> dict[str, Any] | None:
+        try:
+            e = self.registry.entry(name)
+        except EdgeAgentError:
+            return None
+        return {**e.meta, "version": e.version}
+
+    def _gc(self) -> None:
+        keep = self.slots.referenced()
+        for dep in self.journal.in_flight():
+            keep.update(v for v in (dep.data.get("sha256"), dep.data.get("model_sha256")) if v)
+        try:
+            gc(self.state_dir, self.store, keep)
+        except (OSError, EdgeAgentError):
+            pass  # garbage stays until the next commit
+        self.journal.prune(self.config.keep_deployments)
+
+
+def _selected_row(decision: dict[str, Any]) -> dict[str, Any]:
+    key = decision.get("selected_key") or decision.get("selected")
+    for row in decision.get("results", []):
+        if row.get("key", row.get("provider")) == key:
+            return row
+    return next((r for r in decision.get("results", []) if r.get("provider") == decision.get("selected")), {})
+
+
+def _summary(decision: dict[str, Any]) -> dict[str, Any]:
+    rows = [{"provider": r.get("provider"), "precision": r.get("precision"), "status": r.get("status"),
+             "reason": r.get("reason"), "p50_ms": (r.get("latency_ms") or {}).get("p50")}
+            for r in decision.get("results", [])]
+    why = "; ".join(f"{r['provider']}: {r['status']} ({r['reason']})" for r in rows) or "no candidate provider"
+    return {"selected": decision.get("selected"), "selected_precision": decision.get("selected_precision"),
+            "reason": decision.get("reason"), "rows": rows, "why": why if not decision.get("selected") else
+            decision.get("reason")}

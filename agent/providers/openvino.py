@@ -1,0 +1,279 @@
+"""The `openvino` provider: the native OpenVINO runtime (devices CPU, GPU, NPU), precision made explicit."""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agent.errors import ProviderError
+from agent.providers._common import (SESSION_LOCK, has_arm_fp16, has_bf16, probe_guard, try_import,
+                                     unavailable)
+from agent.providers.base import Assignment, ProbeResult, Provider, ProviderSession, TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.hardware.profile import HardwareProfile
+
+PRECISIONS = {"f32": "f32", "bf16": "bf16", "f16": "f16", "fp32": "f32", "fp16": "f16"}
+_SKIP_EXEC = {"Parameter", "Result", "Constant"}
+_CORE: list[Any] = []
+_CORE_LOCK = threading.Lock()
+
+
+def _ov():
+    mod, err = try_import("openvino")
+    if mod is None:
+        raise ProviderError(f"openvino: the openvino runtime cannot be imported: {err} (pip install openvino)")
+    return mod
+
+
+def _core():
+    """One ov.Core per process (creating it loads plugins); its own lock so probes never wait on a compile."""
+    with _CORE_LOCK:
+        if not _CORE:
+            _CORE.append(_ov().Core())
+        return _CORE[0]
+
+
+def profile_devices(profile: "HardwareProfile") -> list[str]:
+    """OpenVINO devices this hardware has: CPU, plus Intel GPU / NPU accelerators."""
+    devices = ["CPU"]
+    if profile.has_accelerator("gpu", "intel"):
+        devices.append("GPU")
+    if profile.has_accelerator("npu", "intel"):
+        devices.append("NPU")
+    return devices
+
+
+def unsupported_ops(message: str) -> list[str]:
+    """Op names from OpenVINO's 'No conversion rule found for operations: a, b' (or similar) report."""
+    ops: list[str] = []
+    for m in re.finditer(r"(?:No conversion rule found for operations|not supported[^:\n]*):\s*([^\n]+)", message):
+        ops += [o.strip() for o in m.group(1).split(",") if o.strip()]
+    return list(dict.fromkeys(ops))
+
+
+def precision_name(ov_type: Any) -> str:
+    name = ov_type.get_type_name() if hasattr(ov_type, "get_type_name") else str(ov_type)
+    return {"bf16": "bf16", "f32": "f32", "f16": "f16"}.get(name, name)
+
+
+class OpenVINOProvider(Provider):
+    name = "openvino"
+    runtime = "openvino"
+
+    def probe(self, profile: "HardwareProfile", options: dict[str, Any] | None = None) -> ProbeResult:
+        return probe_guard(self.name, self._probe, profile, options)
+
+    def _probe(self, profile: "HardwareProfile", options: dict[str, Any] | None) -> ProbeResult:
+        if profile.arch not in ("x86_64", "aarch64"):
+            return unavailable(self.name, f"OpenVINO needs an x86_64 or aarch64 CPU; this profile's arch is {profile.arch or 'unknown'}",
+                               "use the cpu provider")
+        ov, err = try_import("openvino")
+        if ov is None:
+            return unavailable(self.name, f"the openvino runtime is not installed ({err})", "pip install openvino")
+        version = ov.get_version().split("-")[0]
+        host = list(_core().available_devices)
+        devices = profile_devices(profile)
+        wanted = [str(d).upper() for d in (options or {}).get("devices") or []]
+        if wanted:
+            devices = [d for d in wanted if d in devices]
+            if not devices:
+                return unavailable(self.name, f"none of the target's OpenVINO devices ({', '.join(wanted)}) is in this "
+                                   f"profile (it has {', '.join(profile_devices(profile))})",
+                                   "add CPU to the target's openvino devices, or use cpu", options=dict(options or {}))
+        why = f"openvino {version}; devices {', '.join(devices)}"
+        if has_bf16(profile):
+            why += "; CPU default precision bf16 (f32 on request)"
+        elif has_arm_fp16(profile):
+            why += "; CPU default precision f16 (f32 on request)"
+        if set(devices) - set(host):
+            why += f" (the runtime on this host sees {', '.join(host) or 'no device'})"
+        return ProbeResult(name=self.name, available=True, reason=why, devices=tuple(devices),
+                           options=dict(options or {}), versions={"openvino": version})
+
+    def precisions(self, profile: "HardwareProfile") -> list[str | None]:
+        reduced = has_bf16(profile) or has_arm_fp16(profile) or profile.has_accelerator("gpu", "intel")
+        return [None, "f32"] if reduced else [None]  # GPU plugin defaults to f16, bf16/fp16 CPUs to bf16/f16
+
+    def open_session(self, model_path: str | Path, *, options: dict[str, Any] | None = None,
+                     precision: str | None = None, device: str | None = None,
+                     cache_dir: str | Path | None = None) -> ProviderSession:
+        path = Path(model_path)
+        if not path.is_file():
+            raise ProviderError(f"openvino: model file not found: {path}")
+        config, preferred = split_options(options)
+        if precision is not None:
+            if precision not in PRECISIONS:
+                raise ProviderError(f"openvino: unknown precision {precision!r}; use one of f32, bf16, f16")
+            config["INFERENCE_PRECISION_HINT"] = PRECISIONS[precision]
+        if cache_dir is not None:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            config["CACHE_DIR"] = str(cache_dir)
+        started = time.perf_counter()
+        with SESSION_LOCK:
+            core = _core()
+            dev = device or _first_available(core, preferred)
+            _check_device(core, dev)
+            try:
+                model = _read_model(core, path)
+            except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own types with the frontend's report
+                raise _compile_error(exc, f"could not load {path.name}") from exc
+            try:
+                compiled = core.compile_model(model, dev, config)
+            except Exception as exc:  # noqa: BLE001
+                raise _compile_error(exc, f"compile_model on {dev} failed") from exc
+        return OpenVINOSession(compiled, path, device=dev, compile_s=time.perf_counter() - started)
+
+
+def split_options(options: dict[str, Any] | None) -> tuple[dict[str, str], list[str]]:
+    """Target options -> (OpenVINO properties, preferred devices). `performance_hint` -> PERFORMANCE_HINT."""
+    config: dict[str, str] = {}
+    preferred: list[str] = []
+    for key, value in (options or {}).items():
+        if key == "devices":
+            preferred = [str(d).upper() for d in (value if isinstance(value, (list, tuple)) else [value])]
+        else:
+            config[str(key).upper()] = _prop(value)
+    return config, preferred
+
+
+def _first_available(core, preferred: list[str]) -> str:
+    """The first preferred device the runtime sees (CPU when none is given)."""
+    seen = {d.split(".")[0] for d in core.available_devices}
+    return next((d for d in preferred if d.split(".")[0] in seen), preferred[0] if preferred else "CPU")
+
+
+def _read_model(core, path: Path):
+    """ONNX files go through the ONNX frontend only (read_model would try every frontend on a bad file)."""
+    if path.suffix.lower() != ".onnx":
+        return core.read_model(str(path))
+    from openvino.frontend import FrontEndManager
+
+    fe = FrontEndManager().load_by_framework("onnx")
+    return fe.convert(fe.load(str(path)))
+
+
+def _check_device(core, device: str) -> None:
+    base = device.split(".")[0].split(":")[0]
+    if base in ("AUTO", "HETERO", "MULTI", "BATCH"):
+        return
+    seen = list(core.available_devices)
+    if device not in seen and base not in {d.split(".")[0] for d in seen}:
+        raise ProviderError(f"openvino: device {device} is not available here; OpenVINO sees: {', '.join(seen) or 'none'}")
+
+
+def _prop(value: Any) -> str:
+    if isinstance(value, bool):
+        return "YES" if value else "NO"
+    return str(value)
+
+
+def _compile_error(exc: BaseException, what: str) -> ProviderError:
+    text = str(exc)
+    ops = unsupported_ops(text)
+    if ops:
+        return ProviderError(f"openvino: unsupported operator(s) {', '.join(ops)}: OpenVINO's ONNX frontend has no "
+                             f"conversion rule for them; use a provider that runs them, e.g. cpu")
+    lines = [ln.strip() for ln in text.splitlines()
+             if ln.strip() and not ln.startswith(("Exception from", "Check '", "FrontEnd API failed"))]
+    return ProviderError(f"openvino: {what}: {' '.join(lines) or type(exc).__name__}")
+
+
+class OpenVINOSession(ProviderSession):
+    """A compiled OpenVINO model; a pool of infer requests makes run() safe from several threads."""
+
+    provider = "openvino"
+
+    def __init__(self, compiled, model_path: Path, *, device: str, compile_s: float):
+        self._compiled = compiled
+        self._model_path = model_path
+        self._pool: queue.SimpleQueue = queue.SimpleQueue()
+        self.device = device
+        self.compile_s = compile_s
+        self.precision = self._precision()
+        self.inputs = [self._spec(p) for p in compiled.inputs]
+        self.outputs = [self._spec(p) for p in compiled.outputs]
+        self._in_index = {s.name: i for i, s in enumerate(self.inputs)}
+        self._assignment: Assignment | None = None
+
+    def _precision(self) -> str | None:
+        try:
+            return precision_name(self._compiled.get_property("INFERENCE_PRECISION_HINT"))
+        except Exception:  # noqa: BLE001 - some devices do not expose it
+            return None
+
+    @staticmethod
+    def _spec(port) -> TensorSpec:
+        names = sorted(port.get_names())
+        name = port.get_any_name() if port.get_names() else (names[0] if names else "")
+        shape = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
+        return TensorSpec(name, np.dtype(port.get_element_type().to_dtype()).name, shape)
+
+    def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
+        if self._compiled is None:
+            raise ProviderError("openvino: the session is closed")
+        unknown = set(feeds) - set(self._in_index)
+        if unknown:
+            raise ProviderError(f"openvino: unknown input(s) {', '.join(sorted(unknown))}; "
+                                f"model inputs: {', '.join(self._in_index)}")
+        try:
+            req = self._pool.get_nowait()
+        except queue.Empty:
+            req = self._compiled.create_infer_request()
+        try:
+            req.infer({self._in_index[k]: np.ascontiguousarray(v) for k, v in feeds.items()})
+            wanted = output_names or [o.name for o in self.outputs]
+            index = {o.name: i for i, o in enumerate(self.outputs)}
+            return {n: req.get_output_tensor(index[n]).data.copy() for n in wanted}
+        except KeyError as exc:
+            raise ProviderError(f"openvino: unknown output {exc.args[0]!r}") from exc
+        except Exception as exc:  # noqa: BLE001
+            raise ProviderError(f"openvino: inference failed: {' '.join(str(exc).split())}") from exc
+        finally:
+            self._pool.put(req)
+
+    def assignment(self) -> Assignment:
+        if self._assignment is None:
+            self._assignment = self._measure()
+        return self._assignment
+
+    def _measure(self) -> Assignment:
+        """OpenVINO compiles the whole graph or fails: every ONNX node runs on EXECUTION_DEVICES."""
+        devices = tuple(str(d) for d in self._compiled.get_property("EXECUTION_DEVICES"))
+        exec_nodes = [op for op in self._compiled.get_runtime_model().get_ordered_ops()
+                      if op.get_type_name() not in _SKIP_EXEC]
+        total = _onnx_node_count(self._model_path)
+        if total is None:
+            total = len(exec_nodes)
+        return Assignment(nodes_total=total, nodes_on_provider=total if exec_nodes or not total else 0,
+                          fallback_ops=(), method="openvino-exec-graph", devices=devices)
+
+    def runtime_precisions(self) -> dict[str, int]:
+        """Executable nodes per runtime precision from the exec graph (e.g. {'bf16': 9, 'f32': 6})."""
+        counts: dict[str, int] = {}
+        for op in self._compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            if op.get_type_name() in _SKIP_EXEC or "runtimePrecision" not in info:
+                continue
+            p = str(info["runtimePrecision"].astype(str)).lower()
+            counts[p] = counts.get(p, 0) + 1
+        return counts
+
+    def close(self) -> None:
+        self._pool = queue.SimpleQueue()
+        self._compiled = None
+
+
+def _onnx_node_count(path: Path) -> int | None:
+    onnx, _ = try_import("onnx")
+    if onnx is None:
+        return None
+    try:
+        return len(onnx.load(str(path), load_external_data=False).graph.node)
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,176 @@
+"""Accuracy metrics per output (max_abs, scale-robust max_rel, cosine, top-1/top-5) and tolerance checks.
+
+max_rel is the largest absolute error divided by the output's scale, max(|reference|) (1.0 when the
+reference is all zeros), so it stays meaningful when single values are near zero, unlike elementwise
+relative error. Classifier-shaped outputs ([N, C] floats, C >= 2) also get top-1 agreement (argmax equal,
+fraction of rows) and top-5 agreement (mean overlap of the two top-5 sets).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass criteria; a None field is not checked. Mirrors agent.targets.Tolerance."""
+
+    max_abs: float | None = 1e-4
+    max_rel: float | None = 1e-3
+    min_cosine: float | None = 0.999
+    top1_agreement: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerance))
+
+
+def as_tolerance(obj: Any) -> Tolerance:
+    """Accept a Tolerance-like object (targets), a dict (model.yaml) or None (defaults)."""
+    if obj is None:
+        return Tolerance()
+    if isinstance(obj, Tolerance):
+        return obj
+    if isinstance(obj, dict):
+        return Tolerance(**{k: obj[k] for k in TOLERANCE_FIELDS if k in obj})
+    return Tolerance(**{k: getattr(obj, k) for k in TOLERANCE_FIELDS if hasattr(obj, k)})
+
+
+def override(base: Tolerance, patch: dict[str, Any] | None) -> Tolerance:
+    """model.yaml values win field by field."""
+    if not patch:
+        return base
+    values = base.to_dict()
+    values.update({k: patch[k] for k in TOLERANCE_FIELDS if k in patch})
+    return Tolerance(**values)
+
+
+def output_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
+    """Metrics for one output. Shape or dtype-kind mismatches are reported, not raised."""
+    ref, got = np.asarray(ref), np.asarray(got)
+    m: dict[str, Any] = {"shape": list(ref.shape), "dtype": str(ref.dtype)}
+    if ref.shape != got.shape:
+        m["error"] = f"shape {list(got.shape)} != reference {list(ref.shape)}"
+        return m
+    if ref.dtype.kind in "OSU" or got.dtype.kind in "OSU":
+        m["mismatches"] = int(np.sum(ref != got))
+        return m
+    r, g = ref.astype(np.float64), got.astype(np.float64)
+    nan_r, nan_g = ~np.isfinite(r), ~np.isfinite(g)
+    if not _same_nonfinite(r, g, nan_r, nan_g):
+        m["error"] = f"non-finite values differ ({int(np.sum(nan_r != nan_g))} positions)"
+        return m
+    r, g = np.where(nan_r, 0.0, r), np.where(nan_g, 0.0, g)
+    diff = np.abs(r - g)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = float(np.abs(r).max()) if r.size else 0.0
+    m["max_abs"] = max_abs
+    m["max_rel"] = max_abs / scale if scale > 0 else max_abs
+    m["scale"] = scale
+    m["mean_abs"] = float(diff.mean()) if diff.size else 0.0
+    m["cosine"] = _cosine(r.ravel(), g.ravel())
+    if ref.dtype.kind in "iub":
+        m["mismatches"] = int(np.sum(ref != got))
+    if ref.ndim == 2 and ref.shape[1] >= 2 and ref.dtype.kind == "f":
+        m.update(_topk(r, g))
+    return m
+
+
+def _same_nonfinite(r: np.ndarray, g: np.ndarray, nan_r: np.ndarray, nan_g: np.ndarray) -> bool:
+    if np.any(nan_r != nan_g):
+        return False
+    rv, gv = r[nan_r], g[nan_r]
+    return bool(np.all((rv == gv) | (np.isnan(rv) & np.isnan(gv))))
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(min(1.0, max(-1.0, np.dot(a, b) / (na * nb))))
+
+
+def _topk(r: np.ndarray, g: np.ndarray) -> dict[str, Any]:
+    """Agreement over rows whose reference has a clear winner (rows with a tie at the top are ambiguous)."""
+    top2 = np.sort(r, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 1e-6 * max(float(np.abs(r).max()), 1e-30)
+    out: dict[str, Any] = {"top1_rows": int(clear.sum())}
+    if not clear.any():
+        return out
+    r, g = r[clear], g[clear]
+    out["top1_agreement"] = float(np.mean(np.argmax(r, axis=1) == np.argmax(g, axis=1)))
+    if r.shape[1] >= 5:
+        tr, tg = np.argsort(-r, axis=1)[:, :5], np.argsort(-g, axis=1)[:, :5]
+        out["top5_agreement"] = float(np.mean([len(set(a) & set(b)) / 5.0 for a, b in zip(tr, tg)]))
+    return out
+
+
+def compare(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """Metrics for every reference output; a missing output is an error entry."""
+    result = {}
+    for name, ref in reference.items():
+        if name not in outputs:
+            result[name] = {"error": "output missing from the provider's results"}
+        else:
+            result[name] = output_metrics(ref, outputs[name])
+    return result
+
+
+def violations(metrics: dict[str, dict[str, Any]], tol: Tolerance) -> list[str]:
+    """Human-readable reasons an output is out of tolerance (empty list = pass).
+
+    A float output passes when max |got - ref| <= max_abs + max_rel * scale (scale = max |ref|; the targets'
+    definition), cosine >= min_cosine and top-1 agreement >= top1_agreement; integer, bool and string outputs
+    must match exactly.
+    """
+    reasons = []
+    for name, m in metrics.items():
+        if "error" in m:
+            reasons.append(f"{name}: {m['error']}")
+            continue
+        if m.get("mismatches"):
+            reasons.append(f"{name}: {m['mismatches']} exact-match mismatches")
+            continue
+        if "max_abs" not in m or m.get("mismatches") == 0:
+            continue
+        reasons.extend(f"{name}: {r}" for r in _float_violations(m, tol))
+    return reasons
+
+
+def _float_violations(m: dict[str, Any], tol: Tolerance) -> list[str]:
+    out = []
+    if tol.max_abs is not None or tol.max_rel is not None:
+        bound = (tol.max_abs or 0.0) + (tol.max_rel or 0.0) * m.get("scale", 0.0)
+        if m["max_abs"] > bound:
+            out.append(f"max_rel {_g(m['max_rel'])} > {_g(tol.max_rel or 0.0)} "
+                       f"(max error {_g(m['max_abs'])}, allowed {_g(bound)})")
+    if tol.min_cosine is not None and m["cosine"] < tol.min_cosine:
+        out.append(f"cosine {m['cosine']:.6f} < {tol.min_cosine}")
+    if tol.top1_agreement is not None and m.get("top1_agreement", 1.0) < tol.top1_agreement:
+        out.append(f"top1_agreement {m['top1_agreement']:.3f} < {tol.top1_agreement}")
+    return out
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def summarize(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Worst case over outputs: the headline numbers of a row."""
+    vals = [m for m in metrics.values() if "max_abs" in m]
+    summary: dict[str, Any] = {}
+    if vals:
+        summary["max_abs"] = max(m["max_abs"] for m in vals)
+        summary["max_rel"] = max(m["max_rel"] for m in vals)
+        summary["cosine"] = min(m["cosine"] for m in vals)
+    for key in ("top1_agreement", "top5_agreement"):
+        ks = [m[key] for m in vals if key in m]
+        if ks:
+            summary[key] = min(ks)
+    return summary

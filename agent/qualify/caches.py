@@ -1,0 +1,67 @@
+"""Compiled-cache directories keyed by model hash, provider and runtime/driver versions.
+
+Qualification builds the caches (OpenVINO CACHE_DIR, TensorRT engine/timing caches, EPContext) and the
+serving side reuses the same directory. A runtime or driver upgrade changes the key, so a stale compiled
+blob is never loaded (ORT does not invalidate TensorRT engines on upgrades by itself).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def runtime_key(provider: str, versions: dict[str, Any] | None) -> str:
+    """`<provider>-<12 hex>`: a stable digest of every version that can change compiled output."""
+    blob = json.dumps({k: str(v) for k, v in sorted((versions or {}).items())}, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return f"{_SAFE.sub('_', provider)}-{digest}"
+
+
+def cache_dir_for(root: str | Path, model_sha256: str, provider: str, versions: dict[str, Any] | None) -> Path:
+    """root/<model-sha>/<provider>-<versions digest>/ (created). The same path for qualify and serving."""
+    if not re.fullmatch(r"[0-9a-f]{16,64}", model_sha256 or ""):
+        raise ValueError(f"model_sha256 must be lower-case hex, got {model_sha256!r}")
+    path = Path(root) / model_sha256 / runtime_key(provider, versions)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def runtime_versions(profile: Any = None, probe_versions: dict[str, Any] | None = None) -> dict[str, str]:
+    """Versions that key caches and decisions: onnxruntime, openvino, the probe's versions, L4T/JetPack."""
+    versions: dict[str, str] = {}
+    for key, dists in _DISTS.items():
+        v = _dist_version(dists)
+        if v:
+            versions[key] = v
+    for k, v in (probe_versions or {}).items():
+        versions[str(k)] = str(v)
+    software = getattr(profile, "software", None) or {}
+    for k in ("l4t", "jetpack", "tensorrt", "cuda", "qairt", "driver"):
+        if software.get(k):
+            versions[k] = str(software[k])
+    return versions
+
+
+_DISTS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
+    "onnxruntime-ep-openvino": ("onnxruntime-ep-openvino",),
+    "onnxruntime-qnn": ("onnxruntime-qnn",),
+    "openvino": ("openvino",),
+    "onnx": ("onnx",),
+}
+
+
+def _dist_version(dists: tuple[str, ...]) -> str | None:
+    from importlib import metadata
+
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None

@@ -1,0 +1,102 @@
+"""Qualification rows and the decision record (the pinned `qualify --json` document)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STATUSES = ("passed", "failed", "unavailable", "error")
+
+
+@dataclass
+class Row:
+    """One (provider, precision) measurement. status: passed | failed | unavailable | error.
+
+    failed = the provider ran but is unfit (session refused, fallback, out of tolerance); error = the
+    measurement itself broke (the child crashed, hung past its deadline, or raised unexpectedly).
+    """
+
+    provider: str
+    status: str
+    reason: str = ""
+    precision: str | None = None
+    requested_precision: str | None = None
+    stage: str | None = None  # where it stopped: probe | compatibility | accuracy | latency | isolation
+    options: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    coverage: float | None = None
+    assignment: dict[str, Any] | None = None
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    latency_ms: dict[str, Any] = field(default_factory=dict)
+    throughput_ips: float | None = None
+    compile_s: float | None = None
+    rss_growth_mb: float | None = None
+    cache_dir: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    wall_s: float | None = None
+
+    @property
+    def key(self) -> str:
+        """`provider` or `provider:precision` for a requested non-default precision."""
+        return f"{self.provider}:{self.requested_precision}" if self.requested_precision else self.provider
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["key"] = self.key
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Row:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Decision:
+    model: dict[str, Any]
+    results: list[Row]
+    selected: str | None
+    selected_precision: str | None = None
+    selected_key: str | None = None
+    reason: str = ""
+    losers: dict[str, str] = field(default_factory=dict)
+    noise_rule: str = ""
+    target: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    reference: str = ""
+    inputs: str = ""
+    timestamp: float = 0.0
+    hardware: dict[str, Any] = field(default_factory=dict)
+
+    def row(self, provider: str) -> Row | None:
+        """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
+        rows = [r for r in self.results if provider in (r.provider, r.key)]
+        if not rows:
+            return None
+        for r in rows:
+            if r.key == self.selected_key:
+                return r
+        passed = [r for r in rows if r.status == "passed"]
+        return (passed or rows)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "target": self.target,
+            "results": [r.to_dict() for r in self.results],
+            "selected": self.selected,
+            "selected_precision": self.selected_precision,
+            "selected_key": self.selected_key,
+            "reason": self.reason,
+            "losers": self.losers,
+            "noise_rule": self.noise_rule,
+            "reference": self.reference,
+            "inputs": self.inputs,
+            "versions": self.versions,
+            "hardware": self.hardware,
+            "timestamp": self.timestamp,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Decision:
+        fields_ = {k: v for k, v in d.items() if k in cls.__dataclass_fields__ and k != "results"}
+        return cls(results=[Row.from_dict(r) for r in d.get("results", [])], **fields_)

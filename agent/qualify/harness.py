@@ -1,0 +1,164 @@
+"""The qualification harness: one row per (provider, precision), each in a child process; then selection."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.errors import EdgeAgentError, ProviderError
+from agent.qualify import caches, select
+from agent.qualify.decision import Decision, Row
+from agent.qualify.inputs import batch_size, package_inputs
+from agent.qualify.isolate import run_isolated
+from agent.qualify.package import ModelPackage, load_package
+
+ROW_TIMEOUT_S = 600.0
+LATENCY_BUDGET_S = 5.0
+_PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
+
+
+def qualify(package: ModelPackage | str | Path, profile: Any, target: Any = None, providers: list[str] | None = None,
+            cache_dir: str | Path | None = None, progress: Callable[..., None] | None = None, isolate: bool = True,
+            *, latency_budget_s: float = LATENCY_BUDGET_S, row_timeout_s: float = ROW_TIMEOUT_S,
+            all_precisions: bool = False) -> Decision:
+    """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
+
+    A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
+    accuracy, or always with all_precisions=True (the conformance report)."""
+    pkg = package if isinstance(package, ModelPackage) else load_package(package)
+    target = target if target is not None else _match_target(profile)
+    say = progress or (lambda event, **f: None)
+    feeds, golden, inputs_desc = package_inputs(pkg)
+    reference, ref_desc, ref_error = _reference(pkg, feeds, golden, isolate, row_timeout_s)
+    versions = caches.runtime_versions(profile)
+    rows: list[Row] = []
+    for name in candidates(target, providers, pkg):
+        rows.extend(_qualify_provider(name, pkg, profile, target, feeds, reference, ref_error, cache_dir, versions,
+                                      say, isolate, latency_budget_s, row_timeout_s, all_precisions))
+    winner, why, losers = select.choose(rows, select.preference_of(target))
+    say("selected", provider=winner.provider if winner else None, reason=why)
+    return Decision(
+        model=pkg.to_dict(), results=rows, selected=winner.provider if winner else None,
+        selected_precision=winner.precision if winner else None, selected_key=winner.key if winner else None,
+        reason=why, losers=losers, noise_rule=select.NOISE_RULE, target=getattr(target, "name", None),
+        versions=versions, reference=ref_desc, inputs=inputs_desc, timestamp=time.time(), hardware=_hw(profile))
+
+
+def _match_target(profile: Any) -> Any:
+    try:
+        from agent.targets import match
+    except ImportError:
+        return None
+    return match(profile)
+
+
+def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> list[str]:
+    """Requested providers, else the target's preference order; model.yaml required_providers restrict both."""
+    from agent.providers import PROVIDER_NAMES
+
+    names = list(providers) if providers else (select.preference_of(target) or ["cpu"])
+    unknown = [n for n in names if n not in PROVIDER_NAMES]
+    if unknown:
+        raise ProviderError(f"unknown provider {unknown[0]!r}; known: {', '.join(PROVIDER_NAMES)}")
+    if pkg.required_providers:
+        names = [n for n in names if n in pkg.required_providers]
+        if not names:
+            raise ProviderError(f"model.yaml required_providers {pkg.required_providers} excludes every candidate")
+    return list(dict.fromkeys(names))
+
+
+def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict | None, str, str]:
+    if golden:
+        return golden, "golden outputs", ""
+    res = run_isolated("agent.qualify.rowtask:reference_outputs", {"model_path": str(pkg.model_path), "feeds": feeds},
+                       timeout=timeout, isolate=isolate, tag="reference")
+    if res.ok:
+        return res.value[0], res.value[1], ""
+    return None, "none", f"no reference outputs: {res.error}"
+
+
+def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
+    for pref in getattr(target, "providers", None) or []:
+        if getattr(pref, "name", None) == name:
+            return dict(getattr(pref, "options", None) or {})
+    return dict(getattr(probe, "options", None) or {})
+
+
+def tolerances_for(target: Any, pkg: ModelPackage, provider: str) -> dict[str | None, dict[str, Any]]:
+    """Tolerance per possible runtime precision: the target's, overridden by model.yaml."""
+    from agent.qualify.accuracy import as_tolerance, override
+
+    getter = getattr(target, "tolerances", None) or getattr(target, "tolerance", None)
+    out = {}
+    for p in _PRECISION_KEYS:
+        base = as_tolerance(getter(provider, p) if getter else None)
+        out[p] = override(base, pkg.tolerance_override(provider, p)).to_dict()
+    return out
+
+
+def _qualify_provider(name, pkg, profile, target, feeds, reference, ref_error, cache_root, versions, say, isolate,
+                      budget, timeout, all_precisions=False) -> list[Row]:
+    from agent.providers import get
+
+    prov = get(name)
+    options = _options(target, name, None)
+    probe = prov.probe(profile, options)
+    if not probe.available:
+        remedy = f" (fix: {probe.remedy})" if probe.remedy else ""
+        say("row", provider=name, status="unavailable", reason=probe.reason)
+        return [Row(provider=name, status="unavailable", reason=f"{probe.reason}{remedy}", stage="probe",
+                    options=options, versions=dict(probe.versions))]
+    options = _options(target, name, probe)
+    row_versions = {**versions, **probe.versions}
+    cdir = caches.cache_dir_for(cache_root, pkg.sha256, name, row_versions) if cache_root else None
+    rows = []
+    for precision in prov.precisions(profile):
+        if precision is not None and not all_precisions and not (rows and rows[-1].stage == "accuracy"):
+            continue  # a non-default precision is tried only when the default fails accuracy
+        say("row", provider=name, precision=precision, status="running")
+        row = _run_row(name, precision, options, pkg, feeds, reference, ref_error, cdir, target, isolate, budget,
+                       timeout, say)
+        row.versions = row_versions
+        say("row", provider=name, precision=row.precision, status=row.status, reason=row.reason)
+        rows.append(row)
+    return rows
+
+
+def _run_row(name, precision, options, pkg, feeds, reference, ref_error, cdir, target, isolate, budget, timeout,
+             say) -> Row:
+    if reference is None:
+        return Row(provider=name, status="error", reason=ref_error, stage="accuracy", requested_precision=precision)
+    kwargs = {
+        "model_path": str(pkg.model_path), "provider": name, "options": options, "precision": precision,
+        "device": None, "cache_dir": str(cdir) if cdir else None, "feeds": feeds, "reference": reference,
+        "tolerances": tolerances_for(target, pkg, name), "budget_s": budget, "batch": batch_size(feeds),
+    }
+    res = run_isolated("agent.qualify.rowtask:measure_row", kwargs, timeout=timeout, isolate=isolate,
+                       tag=f"{name}:{precision}" if precision else name, progress=say)
+    if res.ok:
+        row = Row.from_dict(res.value)
+    else:
+        row = Row(provider=name, status="error", reason=f"{name}: {res.error}", stage="isolation",
+                  requested_precision=precision, options=options)
+    row.wall_s = round(res.wall_s, 3)
+    return row
+
+
+def _hw(profile: Any) -> dict[str, Any]:
+    cpu = getattr(profile, "cpu", None)
+    board = getattr(profile, "board", None)
+    return {
+        "arch": getattr(profile, "arch", None),
+        "cpu": getattr(cpu, "model", None),
+        "board": getattr(board, "model", None) if board else None,
+        "software": dict(getattr(profile, "software", None) or {}),
+    }
+
+
+def qualify_safely(*args: Any, **kwargs: Any) -> Decision | EdgeAgentError:
+    """For callers that must not raise (the daemon): the Decision, or the EdgeAgentError explaining why not."""
+    try:
+        return qualify(*args, **kwargs)
+    except EdgeAgentError as exc:
+        return exc

@@ -1,0 +1,75 @@
+"""Measured provider selection: fastest p50 (p99 tie-break) among passing rows; near-ties go to target order.
+
+Noise rule: a passing row B is a near-tie of the fastest row A when B's p50 is within 5% of A's, or the
+two p50 bootstrap 95% confidence intervals overlap. Among A and its near-ties the provider that comes
+first in the target's preference order wins (then lower p50, then lower p99).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from agent.qualify.decision import Row
+
+NOISE_FRACTION = 0.05
+NOISE_RULE = "near-tie: p50 within 5% or overlapping bootstrap 95% CIs of p50 -> target preference order"
+
+
+def _p(row: Row, key: str) -> float:
+    v = (row.latency_ms or {}).get(key)
+    return float("inf") if v is None else float(v)
+
+
+def is_near_tie(fast: Row, other: Row) -> bool:
+    a, b = _p(fast, "p50"), _p(other, "p50")
+    if b <= a * (1 + NOISE_FRACTION):
+        return True
+    ci_a = (fast.latency_ms or {}).get("p50_ci95") or [a, a]
+    ci_b = (other.latency_ms or {}).get("p50_ci95") or [b, b]
+    return ci_b[0] <= ci_a[1]
+
+
+def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dict[str, str]]:
+    """(winner, why it won, {row key: why it lost})."""
+    order = {name: i for i, name in enumerate(preference)}
+    rank = lambda r: order.get(r.provider, len(order))  # noqa: E731
+    passing = sorted((r for r in rows if r.status == "passed"), key=lambda r: (_p(r, "p50"), _p(r, "p99")))
+    losers = {r.key: f"{r.status}: {r.reason}" for r in rows if r.status != "passed"}
+    if not passing:
+        return None, "no provider passed compatibility and accuracy", losers
+    fastest = passing[0]
+    ties = [r for r in passing if r is fastest or is_near_tie(fastest, r)]
+    winner = min(ties, key=lambda r: (rank(r), _p(r, "p50"), _p(r, "p99")))
+    why = _why_won(winner, fastest)
+    for r in passing:
+        if r is not winner:
+            losers[r.key] = _why_lost(r, winner, r in ties, rank(r) > rank(winner))
+    return winner, why, losers
+
+
+def _ms(x: float) -> str:
+    return f"{x:.3g} ms"
+
+
+def _why_won(winner: Row, fastest: Row) -> str:
+    if winner is fastest:
+        return f"fastest passing provider: p50 {_ms(_p(winner, 'p50'))}, p99 {_ms(_p(winner, 'p99'))}"
+    return (
+        f"within noise of the fastest ({fastest.key}: p50 {_ms(_p(fastest, 'p50'))} vs {_ms(_p(winner, 'p50'))}) "
+        "and first in the target's preference order"
+    )
+
+
+def _why_lost(row: Row, winner: Row, tied: bool, later: bool) -> str:
+    a, b = _p(row, "p50"), _p(winner, "p50")
+    if tied and later:
+        return f"within noise of {winner.key} (p50 {_ms(a)} vs {_ms(b)}) but later in the target's preference order"
+    if tied:
+        return f"within noise of {winner.key} and same preference; slower p50/p99 ({_ms(a)} vs {_ms(b)})"
+    pct = (a / b - 1) * 100 if b > 0 else float("inf")
+    return f"slower: p50 {_ms(a)} vs {_ms(b)} for {winner.key} (+{pct:.0f}%)"
+
+
+def preference_of(target: Any) -> list[str]:
+    """Provider names in the target's preference order."""
+    prefs = getattr(target, "providers", None) or []
+    return [getattr(p, "name", p) for p in prefs]

@@ -1,0 +1,144 @@
+"""Per-model serving statistics (counters, latency histogram, percentiles) and Prometheus text exposition."""
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+# Latency buckets in seconds: edge models run from microseconds to seconds.
+BUCKETS: tuple[float, ...] = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+RECENT = 4096  # latency samples kept for percentiles (FACTS: 662 needed to claim a p99)
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of an already sorted list; None when empty."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+class ModelStats:
+    """Counters and latencies of one (model, version). record() is thread-safe and cheap."""
+
+    def __init__(self, model: str, version: str) -> None:
+        self.model, self.version = model, version
+        self.requests = 0  # requests that reached the runtime
+        self.errors = 0  # runtime failures
+        self.rejected = 0  # requests refused by validation (client mistakes)
+        self.nonfinite = 0  # successful responses holding NaN or Inf
+        self.latency_sum = 0.0
+        self.buckets = [0] * (len(BUCKETS) + 1)
+        self.recent: deque[float] = deque(maxlen=RECENT)
+        self._lock = threading.Lock()
+
+    def record(self, seconds: float, ok: bool = True, nonfinite: bool = False) -> None:
+        with self._lock:
+            self.requests += 1
+            if not ok:
+                self.errors += 1
+                return
+            if nonfinite:
+                self.nonfinite += 1
+            self.latency_sum += seconds
+            self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
+            self.recent.append(seconds)
+
+    def reject(self) -> None:
+        with self._lock:
+            self.rejected += 1
+
+    def latencies(self, last: int | None = None) -> list[float]:
+        """The most recent successful latencies in seconds (all kept ones when last is None)."""
+        with self._lock:
+            values = list(self.recent)
+        return values if last is None else values[max(0, len(values) - last):]
+
+    def snapshot(self) -> dict:
+        """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
+        with self._lock:
+            counts = {"requests": self.requests, "errors": self.errors, "rejected": self.rejected,
+                      "nonfinite": self.nonfinite}
+            lat = sorted(self.recent)
+        ms = {f"p{q}_ms": (None if v is None else v * 1000.0) for q in (50, 90, 99) for v in [percentile(lat, q)]}
+        return {"model": self.model, "version": self.version, **counts, **ms, "latency_samples": len(lat)}
+
+
+@dataclass
+class Metric:
+    """One Prometheus metric family: samples are (suffix, labels, value)."""
+
+    name: str
+    kind: str  # counter | gauge | histogram | summary | untyped
+    help: str
+    samples: list[tuple[str, dict[str, str], float]] = field(default_factory=list)
+
+
+def gauge(name: str, help: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+    """A one-sample gauge, the usual shape of what a collector hook adds."""
+    return Metric(name, "gauge", help, [("", dict(labels or {}), float(value))])
+
+
+def _escape(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(float(value))
+
+
+def render(families: Iterable[Metric]) -> str:
+    """Prometheus text exposition format 0.0.4."""
+    lines: list[str] = []
+    for fam in families:
+        lines.append(f"# HELP {fam.name} {fam.help}")
+        lines.append(f"# TYPE {fam.name} {fam.kind}")
+        for suffix, labels, value in fam.samples:
+            lab = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+            lines.append(f"{fam.name}{suffix}{{{lab}}} {_number(value)}" if lab else f"{fam.name}{suffix} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[Metric]:
+    """Metric families for every (model, version) seen; loaded maps model -> serving version."""
+    p = "edge_agent_inference"
+    fams = {k: Metric(f"{p}_{k}", kind, text) for k, kind, text in [
+        ("requests_total", "counter", "Inference requests that reached the runtime."),
+        ("failures_total", "counter", "Inference requests the runtime failed."),
+        ("rejected_total", "counter", "Inference requests refused by validation (client mistakes)."),
+        ("nonfinite_total", "counter", "Successful responses holding NaN or Inf."),
+        ("latency_seconds", "histogram", "Runtime latency of successful inference requests."),
+    ]}
+    quant = Metric(f"{p}_latency_recent_seconds", "summary", f"Latency quantiles over the last {RECENT} requests.")
+    for s in stats:
+        lab = {"model": s.model, "version": s.version}
+        with s._lock:
+            counts = (s.requests, s.errors, s.rejected, s.nonfinite)
+            buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s.recent)
+        for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total"), counts):
+            fams[key].samples.append(("", lab, value))
+        running = 0
+        for bound, count in zip((*BUCKETS, math.inf), buckets):
+            running += count
+            fams["latency_seconds"].samples.append(("_bucket", {**lab, "le": _number(bound)}, running))
+        fams["latency_seconds"].samples += [("_sum", lab, total), ("_count", lab, running)]
+        for q in (0.5, 0.9, 0.99):
+            v = percentile(recent, q * 100)
+            if v is not None:
+                quant.samples.append(("", {**lab, "quantile": str(q)}, v))
+        quant.samples += [("_sum", lab, sum(recent)), ("_count", lab, len(recent))]
+    up = Metric("edge_agent_model_loaded", "gauge", "1 for the version each model is serving.")
+    up.samples = [("", {"model": m, "version": v}, 1) for m, v in sorted(loaded.items())]
+    return [*fams.values(), quant, up]
+
+
+Collector = Callable[[], Iterable[Metric]]

@@ -1,0 +1,302 @@
+"""The model registry: which session serves each model, atomic hot swap with drain, validated infer, stats."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
+from agent.serving.metrics import ModelStats
+
+MAKE_BEFORE_BREAK = "make-before-break"
+STOP_THEN_START = "stop-then-start"
+SWAP_MODES = (MAKE_BEFORE_BREAK, STOP_THEN_START)
+STATS_VERSIONS_KEPT = 8  # per model; older versions' counters are dropped from /metrics
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """One loaded (model, version): its session, metadata and in-flight count."""
+
+    name: str
+    version: str
+    session: Any  # agent.providers.base.ProviderSession
+    meta: dict
+    stats: ModelStats
+    checks: tuple = ()  # (input name, dtype name, shape with None for dynamic dims)
+    output_names: tuple[str, ...] = ()
+    inflight: int = 0
+    retired: bool = False
+    close_when_idle: bool = False
+    closed: bool = False
+    close_error: str | None = field(default=None, repr=False)
+
+    @property
+    def inputs(self) -> list:
+        return list(self.session.inputs) if self.session is not None else []
+
+    @property
+    def outputs(self) -> list:
+        return list(self.session.outputs) if self.session is not None else []
+
+    def close(self) -> None:
+        """Release the session once (idempotent); remember a failing close instead of raising."""
+        if self.closed:
+            return
+        self.closed = True
+        session, self.session = self.session, None
+        try:
+            session.close()
+        except Exception as exc:  # noqa: BLE001 - a failing close must not break a swap
+            self.close_error = f"{type(exc).__name__}: {exc}"
+        del session
+        _trim_heap()
+
+
+def _dim(d: Any) -> int | None:
+    return d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else None
+
+
+def _checks(session: Any) -> tuple:
+    try:
+        specs = list(session.inputs)
+        outs = tuple(o.name for o in session.outputs)
+    except AttributeError as exc:
+        raise BadRequest(f"not a ProviderSession (no inputs/outputs): {exc}") from None
+    checks = tuple((s.name, "object" if s.dtype in ("str", "string", "bytes") else s.dtype,
+                    tuple(_dim(d) for d in s.shape)) for s in specs)
+    return checks, outs
+
+
+_LIBC: Any = None
+
+
+def _trim_heap() -> None:
+    """Give freed native memory back to the OS (glibc malloc_trim) so RSS does not creep across swaps."""
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+    if _LIBC and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+def _validate(entry: ModelEntry, feeds: Any) -> None:
+    """Reject feeds whose names, dtypes or shapes do not match the session's TensorSpecs."""
+    if not isinstance(feeds, dict):
+        raise BadRequest("feeds must be a mapping of input name to array")
+    if len(feeds) != len(entry.checks) or any(n not in feeds for n, _, _ in entry.checks):
+        want = sorted(n for n, _, _ in entry.checks)
+        extra = sorted(set(feeds) - set(want))
+        missing = sorted(set(want) - set(feeds))
+        what = f"unknown input(s) {extra}" if extra else f"missing input(s) {missing}"
+        raise BadRequest(f"model {entry.name!r}: {what}; expected {want}")
+    for name, dtype, shape in entry.checks:
+        arr = feeds[name]
+        if not isinstance(arr, np.ndarray):
+            raise BadRequest(f"input {name!r}: expected a numpy array, got {type(arr).__name__}")
+        if arr.dtype.name != dtype:
+            raise BadRequest(f"input {name!r}: dtype {arr.dtype.name} does not match the model's {dtype}")
+        if len(arr.shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, arr.shape)):
+            want = ["?" if w is None else w for w in shape]
+            raise BadRequest(f"input {name!r}: shape {list(arr.shape)} does not match the model's {want}")
+
+
+def _nonfinite(outputs: dict) -> bool:
+    for v in outputs.values():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size and not np.isfinite(v).all():
+            return True
+    return False
+
+
+class ModelRegistry:
+    """Serves several models at once; activate() hot-swaps one without failing in-flight or new requests."""
+
+    def __init__(self, *, drain_timeout: float = 30.0, check_finite: bool = True) -> None:
+        self.drain_timeout = drain_timeout
+        self.check_finite = check_finite
+        self._lock = threading.Lock()
+        self._drained = threading.Condition(self._lock)
+        self._activating = threading.Lock()
+        self._entries: dict[str, ModelEntry] = {}
+        self._loading: set[str] = set()  # names in a stop-then-start gap
+        self._stats: dict[str, dict[str, ModelStats]] = {}
+
+    # ---- activation -------------------------------------------------------------------------------
+    def activate(self, name: str, version: Any, session: Any, meta: dict | None = None, *,
+                 swap: str = MAKE_BEFORE_BREAK, drain_timeout: float | None = None) -> dict:
+        """Serve `session` as `name`/`version`. `session` may be a zero-argument factory; with
+        stop-then-start the old session is drained and closed before the factory runs."""
+        if swap not in SWAP_MODES:
+            raise BadRequest(f"unknown swap mode {swap!r}; expected one of {', '.join(SWAP_MODES)}")
+        version = str(version)
+        timeout = self.drain_timeout if drain_timeout is None else drain_timeout
+        with self._activating:
+            old_info: dict = {}
+            if swap == STOP_THEN_START:
+                with self._lock:
+                    old = self._entries.pop(name, None)
+                    self._loading.add(name)
+                old_info = self._retire(old, timeout) if old else {}
+            try:
+                session = session() if not hasattr(session, "run") and callable(session) else session
+                entry = self._entry(name, version, session, meta)
+            except BaseException:
+                with self._lock:
+                    self._loading.discard(name)
+                raise
+            with self._lock:
+                old = self._entries.get(name)
+                self._entries[name] = entry
+                self._loading.discard(name)
+            if old is not None:
+                old_info = self._retire(old, timeout)
+        return {"model": name, "version": version, "swap": swap, **old_info}
+
+    def deactivate(self, name: str, drain_timeout: float | None = None) -> dict:
+        """Stop serving `name`: new requests get NotFound, in-flight ones finish, the session is closed."""
+        with self._activating:
+            with self._lock:
+                old = self._entries.pop(name, None)
+            if old is None:
+                raise NotFound(f"model {name!r} is not loaded")
+            return {"model": name, **self._retire(old, self.drain_timeout if drain_timeout is None else drain_timeout)}
+
+    def close(self, drain_timeout: float | None = None) -> None:
+        """Deactivate every model."""
+        for name in self.models():
+            try:
+                self.deactivate(name, drain_timeout)
+            except NotFound:
+                pass
+
+    def _entry(self, name: str, version: str, session: Any, meta: dict | None) -> ModelEntry:
+        checks, outs = _checks(session)
+        with self._lock:
+            per = self._stats.setdefault(name, {})
+            stats = per.pop(version, None) or ModelStats(name, version)
+            per[version] = stats  # most recent last
+            serving = self._entries.get(name)
+            while len(per) > STATS_VERSIONS_KEPT:
+                oldest = next(v for v in per if serving is None or v != serving.version)
+                del per[oldest]
+        return ModelEntry(name, version, session, dict(meta or {}), stats, checks, outs)
+
+    def _retire(self, entry: ModelEntry, timeout: float) -> dict:
+        t0 = time.monotonic()
+        with self._lock:
+            entry.retired = True
+            drained = self._drained.wait_for(lambda: entry.inflight == 0, timeout)
+            if not drained:
+                entry.close_when_idle = True  # the last request out closes it
+        if drained:
+            entry.close()
+        return {"previous": entry.version, "drained": drained, "drain_s": round(time.monotonic() - t0, 6),
+                "close_error": entry.close_error}
+
+    # ---- serving ----------------------------------------------------------------------------------
+    def _acquire(self, name: str, version: Any) -> ModelEntry:
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                if name in self._loading:
+                    raise ModelUnavailable(f"model {name!r} is loading a new version; retry shortly")
+                raise NotFound(f"model {name!r} is not loaded")
+            if version is not None and str(version) != entry.version:
+                raise NotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
+            entry.inflight += 1
+            return entry
+
+    def _release(self, entry: ModelEntry) -> None:
+        with self._lock:
+            entry.inflight -= 1
+            if not (entry.retired and entry.inflight == 0):
+                return
+            self._drained.notify_all()
+            close = entry.close_when_idle
+        if close:
+            entry.close()
+
+    def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
+        """Run one request on the serving version; returns (version, outputs by name).
+        Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
+        entry = self._acquire(name, version)
+        try:
+            try:
+                _validate(entry, feeds)
+                if outputs is not None:
+                    unknown = [o for o in outputs if o not in entry.output_names]
+                    if unknown:
+                        raise BadRequest(f"model {name!r} has no output(s) {unknown}; outputs: {list(entry.output_names)}")
+            except BadRequest:
+                entry.stats.reject()
+                raise
+            t0 = time.perf_counter()
+            try:
+                result = entry.session.run(feeds, list(outputs) if outputs is not None else None)
+            except Exception as exc:  # the runtime's own failure, after validation passed
+                entry.stats.record(time.perf_counter() - t0, ok=False)
+                raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}") from exc
+            elapsed = time.perf_counter() - t0
+            entry.stats.record(elapsed, nonfinite=self.check_finite and _nonfinite(result))
+            return entry.version, result
+        finally:
+            self._release(entry)
+
+    # ---- introspection ----------------------------------------------------------------------------
+    def entry(self, name: str, version: Any = None) -> ModelEntry:
+        """The serving entry (for metadata); NotFound/ModelUnavailable like infer."""
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None and name in self._loading:
+                raise ModelUnavailable(f"model {name!r} is loading a new version; retry shortly")
+        if entry is None:
+            raise NotFound(f"model {name!r} is not loaded")
+        if version is not None and str(version) != entry.version:
+            raise NotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
+        return entry
+
+    def models(self) -> dict[str, str]:
+        """Model name -> serving version."""
+        with self._lock:
+            return {n: e.version for n, e in self._entries.items()}
+
+    def ready(self, name: str | None = None, version: Any = None) -> bool:
+        """One model (and version) serving; with no name: no model is in a stop-then-start gap."""
+        with self._lock:
+            if name is None:
+                return not self._loading
+            entry = self._entries.get(name)
+        return entry is not None and (version is None or str(version) == entry.version)
+
+    def stats(self, name: str, version: Any = None) -> dict:
+        """Counters and p50/p90/p99 of the serving version (or of `version` if it has been served)."""
+        with self._lock:
+            per = self._stats.get(name, {})
+            entry = self._entries.get(name)
+            v = str(version) if version is not None else (entry.version if entry else None)
+            stats = per.get(v) if v is not None else None
+        if stats is None:
+            raise NotFound(f"no statistics for model {name!r}" + (f" version {version}" if version is not None else ""))
+        return stats.snapshot()
+
+    def model_stats(self, name: str, version: Any) -> ModelStats:
+        """The live ModelStats object of one (model, version) (probation reads it)."""
+        with self._lock:
+            stats = self._stats.get(name, {}).get(str(version))
+        if stats is None:
+            raise NotFound(f"model {name!r} version {version} has never been activated")
+        return stats
+
+    def all_stats(self) -> list[ModelStats]:
+        with self._lock:
+            return [s for per in self._stats.values() for s in per.values()]
+

@@ -1,0 +1,344 @@
+"""Target profiles: load and validate targets/*.yaml, match a HardwareProfile to the most specific one."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import yaml
+
+from agent.errors import ConfigError
+from agent.providers import PROVIDER_NAMES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.hardware.profile import HardwareProfile
+
+ENV_DIR = "EDGE_AGENT_TARGETS_DIR"
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+PRECISION_ALIASES = {
+    None: "fp32", "fp32": "fp32", "f32": "fp32", "float32": "fp32", "float": "fp32",
+    "fp16": "fp16", "f16": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "int8": "int8", "i8": "int8", "u8": "int8", "uint8": "int8", "qdq": "int8",
+}
+SWAPS = ("make-before-break", "stop-then-start")
+TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features"}
+MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor", "os", "accelerators"}
+TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
+# Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
+CPU_FEATURES = {
+    "avx2": "avx2", "avx512f": "avx512f", "avx512_bf16": "avx512_bf16", "avx512_vnni": "avx512_vnni",
+    "avx_vnni": "avx_vnni", "avx512_fp16": "avx512_fp16", "amx_tile": "amx", "amx_bf16": "amx_bf16",
+    "amx_int8": "amx_int8", "asimd": "neon", "neon": "neon", "asimdhp": "fp16", "FEAT_FP16": "fp16",
+    "asimddp": "dotprod", "FEAT_DotProd": "dotprod", "i8mm": "i8mm", "FEAT_I8MM": "i8mm", "bf16": "bf16",
+    "FEAT_BF16": "bf16", "sve": "sve", "sve2": "sve2", "sme": "sme", "FEAT_SME": "sme",
+}
+HARDWARE_FEATURES = frozenset(CPU_FEATURES.values()) | {"gpu", "npu", "dsp", "tpu"}
+
+
+def normalize_precision(precision: str | None) -> str:
+    """'f32'/'float32'/None -> 'fp32', 'f16' -> 'fp16', ...; ConfigError for unknown names."""
+    key = precision.lower() if isinstance(precision, str) else precision
+    if key not in PRECISION_ALIASES:
+        raise ConfigError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)} (and f32, f16, i8, ...)")
+    return PRECISION_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Accuracy bounds against the fp32 CPU reference. An element passes when
+    |got - ref| <= max_abs + max_rel * scale, where scale = max |ref| over the output (numpy allclose style,
+    relative to the output's scale so near-zero elements do not explode). Whole outputs also need
+    cosine >= min_cosine and, for classifiers, argmax agreement >= top1_agreement (fraction of samples)."""
+
+    max_abs: float
+    max_rel: float
+    min_cosine: float
+    top1_agreement: float
+
+    def allows(self, abs_err: float, scale: float) -> bool:
+        return abs_err <= self.max_abs + self.max_rel * abs(scale)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in TOLERANCE_KEYS}
+
+
+@dataclass(frozen=True)
+class ToleranceTable:
+    """provider -> precision -> Tolerance, with 'default'; call it as table(provider, precision)."""
+
+    table: Mapping[str, Mapping[str, Tolerance]]
+
+    def __call__(self, provider: str, precision: str | None = None) -> Tolerance:
+        p = normalize_precision(precision)
+        return self.table.get(provider, {}).get(p) or self.table["default"][p]
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+@dataclass(frozen=True)
+class ProviderPref:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    providers: tuple[ProviderPref, ...]
+    tolerances: ToleranceTable
+    serving: dict[str, Any]
+    features: frozenset[str]
+    match_rules: dict[str, Any] = field(default_factory=dict, repr=False)
+    path: str | None = field(default=None, repr=False, compare=False)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def tolerance(self, provider: str, precision: str | None = None) -> Tolerance:
+        """Bounds for `provider` at `precision` (None = fp32), falling back to the target's defaults."""
+        return self.tolerances(provider, precision)
+
+    @property
+    def provider_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.providers)
+
+    def provider_options(self, name: str) -> dict[str, Any]:
+        return next((dict(p.options) for p in self.providers if p.name == name), {})
+
+    @property
+    def priority(self) -> int:
+        return int(self.match_rules.get("priority", 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description,
+            "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
+            "tolerances": {prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()},
+            "serving": dict(self.serving), "features": sorted(self.features), "match": dict(self.match_rules),
+        }
+
+
+def default_directory() -> Path:
+    """$EDGE_AGENT_TARGETS_DIR, else the repository's targets/ next to the agent package."""
+    env = os.environ.get(ENV_DIR)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "targets"
+
+
+_CACHE: dict[str, dict[str, Target]] = {}
+
+
+def load_targets(directory: str | os.PathLike | None = None) -> dict[str, Target]:
+    """All targets in `directory` (default: see default_directory()), by name. Raises ConfigError."""
+    d = Path(directory) if directory is not None else default_directory()
+    if not d.is_dir():
+        raise ConfigError(f"targets directory {d} does not exist (set {ENV_DIR} or reinstall)")
+    files = sorted(p for p in d.glob("*.yaml") if not p.name.startswith(("_", ".")))
+    key = str(d.resolve()) + "|" + "|".join(f"{p.name}:{p.stat().st_mtime_ns}" for p in files)
+    if key in _CACHE:
+        return dict(_CACHE[key])
+    if not files:
+        raise ConfigError(f"targets directory {d} has no *.yaml files")
+    targets: dict[str, Target] = {}
+    for p in files:
+        t = parse_target(p)
+        targets[t.name] = t
+    _CACHE.clear()
+    _CACHE[key] = targets
+    return dict(targets)
+
+
+def get_target(name: str, directory: str | os.PathLike | None = None) -> Target:
+    targets = load_targets(directory)
+    if name not in targets:
+        raise ConfigError(f"unknown target {name!r}; valid targets: {', '.join(sorted(targets))}")
+    return targets[name]
+
+
+def _any_in(needles: list[str], haystack: list[str]) -> bool:
+    hay = [h.lower() for h in haystack if h]
+    return any(n.lower() in h for n in needles for h in hay)
+
+
+def rule_matches(rules: Mapping[str, Any], profile: HardwareProfile) -> bool:
+    """Every rule present must hold; within one rule a list means any-of (substring, case-insensitive)."""
+    checks = {
+        "arch": lambda v: profile.arch in v,
+        "compatible": lambda v: _any_in(v, list(profile.software.get("dt_compatible") or ())),
+        "soc": lambda v: _any_in(v, [profile.soc or ""]),
+        "cpu_vendor": lambda v: _any_in(v, [profile.cpu.vendor or ""]),
+        "os": lambda v: _any_in(v, [profile.os or ""]),
+        "accelerators": lambda v: all(profile.has_accelerator(a.get("kind"), a.get("vendor")) for a in v),
+    }
+    return all(checks[k](v) for k, v in rules.items() if k in checks)
+
+
+def match(profile: HardwareProfile, targets: Mapping[str, Target] | None = None) -> Target:
+    """The most specific matching target (highest priority, then name); a generic fallback otherwise."""
+    targets = targets if targets is not None else load_targets()
+    hits = [t for t in targets.values() if rule_matches(t.match_rules, profile)]
+    if hits:
+        return sorted(hits, key=lambda t: (-t.priority, t.name))[0]
+    fallbacks = sorted((t for t in targets.values() if t.match_rules.get("fallback")), key=lambda t: (t.priority, t.name))
+    if not fallbacks:
+        raise ConfigError("no target matches and no target is marked 'match: {fallback: true}'")
+    return fallbacks[0]
+
+
+def features_for(profile: HardwareProfile, target: Target) -> frozenset[str]:
+    """Features this device really has: the target's software features (cuda, tensorrt, ...) plus what the
+    profile confirms (cpu flags, accelerator kinds and vendor-kind pairs such as 'intel-npu')."""
+    derived = {CPU_FEATURES[f] for f in profile.cpu.flags if f in CPU_FEATURES}
+    for acc in profile.accelerators:
+        derived |= {acc.kind, f"{acc.vendor}-{acc.kind}"}
+    if profile.arch:
+        derived.add(profile.arch)
+    return frozenset((target.features - HARDWARE_FEATURES) | derived)
+
+
+# ---- validation: every error names the file and the key path ----
+
+def _fail(path: Path, key: str, why: str) -> ConfigError:
+    return ConfigError(f"{path.name}: {key}: {why}")
+
+
+def _str_list(path: Path, key: str, value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(x, str) and x for x in items):
+        raise _fail(path, key, "expected a string or a non-empty list of strings")
+    return items
+
+
+def _parse_match(path: Path, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise _fail(path, "match", "expected a mapping of rules")
+    unknown = set(raw) - MATCH_KEYS
+    if unknown:
+        raise _fail(path, f"match.{sorted(unknown)[0]}", f"unknown rule; known: {', '.join(sorted(MATCH_KEYS))}")
+    rules: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "priority":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise _fail(path, "match.priority", "expected an integer")
+            rules[key] = value
+        elif key == "fallback":
+            if not isinstance(value, bool):
+                raise _fail(path, "match.fallback", "expected true or false")
+            rules[key] = value
+        elif key == "accelerators":
+            if not isinstance(value, list) or not all(isinstance(a, dict) and set(a) <= {"kind", "vendor"} and a for a in value):
+                raise _fail(path, "match.accelerators", "expected a list of {kind, vendor} mappings")
+            rules[key] = value
+        else:
+            rules[key] = _str_list(path, f"match.{key}", value)
+    for bad in set(rules.get("arch", ())) - {"x86_64", "aarch64"}:
+        raise _fail(path, "match.arch", f"{bad!r} is not x86_64 or aarch64")
+    return rules
+
+
+def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, "providers", "expected a non-empty list of {name, options}")
+    out = []
+    for i, item in enumerate(raw):
+        item = {"name": item} if isinstance(item, str) else item
+        if not isinstance(item, dict) or set(item) - {"name", "options"}:
+            raise _fail(path, f"providers[{i}]", "expected {name, options}")
+        name, options = item.get("name"), item.get("options") or {}
+        if name not in PROVIDER_NAMES:
+            raise _fail(path, f"providers[{i}].name", f"{name!r} is not one of {', '.join(PROVIDER_NAMES)}")
+        if not isinstance(options, dict):
+            raise _fail(path, f"providers[{i}].options", "expected a mapping")
+        if name in (p.name for p in out):
+            raise _fail(path, f"providers[{i}].name", f"{name!r} is listed twice")
+        out.append(ProviderPref(name=name, options=dict(options)))
+    return tuple(out)
+
+
+def _parse_tolerance(path: Path, key: str, raw: Any, base: Tolerance | None) -> Tolerance:
+    if not isinstance(raw, dict) or set(raw) - set(TOLERANCE_KEYS):
+        raise _fail(path, key, f"expected a mapping with {', '.join(TOLERANCE_KEYS)}")
+    values = base.to_dict() if base else {}
+    for k, v in raw.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+            raise _fail(path, f"{key}.{k}", "expected a non-negative number")
+        if k in ("min_cosine", "top1_agreement") and v > 1:
+            raise _fail(path, f"{key}.{k}", "expected a number between 0 and 1")
+        values[k] = float(v)
+    missing = [k for k in TOLERANCE_KEYS if k not in values]
+    if missing:
+        raise _fail(path, f"{key}.{missing[0]}", "missing")
+    return Tolerance(**values)
+
+
+def _parse_tolerances(path: Path, raw: Any) -> ToleranceTable:
+    if not isinstance(raw, dict) or not isinstance(raw.get("default"), dict):
+        raise _fail(path, "tolerances.default", "missing; it needs fp32, fp16, bf16 and int8")
+    table: dict[str, dict[str, Tolerance]] = {}
+    for prov in ["default"] + [k for k in raw if k != "default"]:
+        if prov != "default" and prov not in PROVIDER_NAMES:
+            raise _fail(path, f"tolerances.{prov}", f"not a provider name ({', '.join(PROVIDER_NAMES)})")
+        by_prec = raw[prov]
+        if not isinstance(by_prec, dict):
+            raise _fail(path, f"tolerances.{prov}", "expected precision -> bounds")
+        table[prov] = {}
+        for prec, bounds in by_prec.items():
+            try:
+                norm = normalize_precision(str(prec))
+            except ConfigError as exc:
+                raise _fail(path, f"tolerances.{prov}.{prec}", str(exc)) from None
+            base = None if prov == "default" else table["default"][norm]
+            table[prov][norm] = _parse_tolerance(path, f"tolerances.{prov}.{prec}", bounds, base)
+    for prec in PRECISIONS:
+        if prec not in table["default"]:
+            raise _fail(path, f"tolerances.default.{prec}", "missing")
+    return ToleranceTable(table=table)
+
+
+def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {"swap": "make-before-break"}
+    if not isinstance(raw, dict):
+        raise _fail(path, "serving", "expected a mapping")
+    for key in ("swap", "swap_when_memory_short"):
+        if key in raw and raw[key] not in SWAPS:
+            raise _fail(path, f"serving.{key}", f"{raw[key]!r} is not one of {', '.join(SWAPS)}")
+    if "memory_max" in raw and not isinstance(raw["memory_max"], (str, int)):
+        raise _fail(path, "serving.memory_max", "expected a systemd size like 2G or 75%")
+    return {"swap": "make-before-break", **raw}
+
+
+def parse_target(path: Path) -> Target:
+    """Read and validate one target YAML; ConfigError names the file and the key."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path.name}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path.name}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise _fail(path, "(top level)", "expected a mapping")
+    unknown = set(raw) - TOP_KEYS
+    if unknown:
+        raise _fail(path, sorted(unknown)[0], f"unknown key; known: {', '.join(sorted(TOP_KEYS))}")
+    name = raw.get("name")
+    if name != path.stem:
+        raise _fail(path, "name", f"{name!r} must equal the file name {path.stem!r}")
+    if not isinstance(raw.get("description"), str) or not raw["description"].strip():
+        raise _fail(path, "description", "expected a non-empty string")
+    features = raw.get("features") or []
+    if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+        raise _fail(path, "features", "expected a list of strings")
+    return Target(
+        name=name, description=raw["description"].strip(), providers=_parse_providers(path, raw.get("providers")),
+        tolerances=_parse_tolerances(path, raw.get("tolerances")), serving=_parse_serving(path, raw.get("serving")),
+        features=frozenset(features), match_rules=_parse_match(path, raw.get("match") or {}), path=str(path),
+    )

@@ -1,0 +1,271 @@
+"""DeviceLink: the device's side of the protocol (desired state in, status/events/health out, chunk channel).
+
+    link = DeviceLink("mqtt://broker:1883", "pi-1", groups=["lab"])
+    link.start()
+    ev = link.events.get(timeout=1)      # DesiredState or ConnectionEvent; raises queue.Empty
+    link.publish_status({...})           # retained; republished on every reconnect
+    with link.chunk_channel(sha) as ch:  # used by artifacts.pull.ChunkPuller
+        ch.request(chunk_size, [0, 1, 2]); resp = ch.get(timeout=5)
+"""
+from __future__ import annotations
+
+import collections
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+from agent.artifacts import chunks
+from agent.errors import ArtifactError, TransportError
+from agent.transport.mqtt import BrokerConfig, MqttLink
+from agent.transport.topics import DEFAULT_PREFIX, Topics, check_name
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """The effective desired state of one model changed. envelope None = no desired state is published any more."""
+
+    model: str
+    envelope: bytes | None
+    source: str  # "device" or "group:<name>"
+    topic: str
+    kind: str = "desired"
+
+
+@dataclass(frozen=True)
+class ConnectionEvent:
+    connected: bool
+    reason: str
+    kind: str = "connection"
+
+
+def _version_key(envelope: bytes) -> tuple:
+    """Unverified version of an envelope, for ranking group candidates only (verification comes later)."""
+    try:
+        v = json.loads(envelope)["manifest"]["version"]
+        return (1, tuple(int(p) for p in v.split(".")))
+    except Exception:  # noqa: BLE001 - anything unparseable ranks lowest
+        return (0, ())
+
+
+class DesiredEvents:
+    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group."""
+
+    def __init__(self):
+        self.raw: "queue.Queue[tuple]" = queue.Queue()
+        self._cands: dict[str, dict[str, tuple[bytes, str]]] = {}
+        self._emitted: dict[str, tuple[bytes | None, str]] = {}
+        self._lock = threading.Lock()
+        self._out: collections.deque = collections.deque()
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        """Next event; raw messages already waiting are applied together, so a burst of retained desired
+        states yields only the final winner per model."""
+        with self._lock:
+            if not self._out:
+                left = None if timeout is None else max(0.0, timeout)
+                items = [self.raw.get(block and (left is None or left > 0), left)]
+                while True:
+                    try:
+                        items.append(self.raw.get_nowait())
+                    except queue.Empty:
+                        break
+                self._apply(items)
+                if not self._out:
+                    raise queue.Empty
+            return self._out.popleft()
+
+    def _apply(self, items: list[tuple]) -> None:
+        changed: list[str] = []
+        for item in items:
+            if item[0] == "conn":
+                self._out.append(ConnectionEvent(item[1], item[2]))
+                continue
+            _, scope, model, payload, topic = item
+            cands = self._cands.setdefault(model, {})
+            if payload:
+                cands[scope] = (bytes(payload), topic)
+            else:
+                cands.pop(scope, None)
+            if model not in changed:
+                changed.append(model)
+        for model in changed:
+            event = self._resolve(model)
+            if event is not None:
+                self._out.append(event)
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    def _resolve(self, model: str):
+        cands = self._cands.get(model, {})
+        topic = ""
+        winner = self._winner(cands)
+        previous = self._emitted.get(model)
+        if winner is None:
+            if previous is None or previous[0] is None:
+                return None
+            self._emitted[model] = (None, "")
+            return DesiredState(model, None, previous[1], topic)
+        env, source, wtopic = winner
+        if previous == (env, source):
+            return None
+        self._emitted[model] = (env, source)
+        return DesiredState(model, env, source, wtopic)
+
+    @staticmethod
+    def _winner(cands: dict[str, tuple[bytes, str]]):
+        if "device" in cands:
+            return cands["device"][0], "device", cands["device"][1]
+        groups = sorted(cands.items(), key=lambda kv: (_version_key(kv[1][0]), kv[0]), reverse=True)
+        return (groups[0][1][0], groups[0][0], groups[0][1][1]) if groups else None
+
+
+class ChunkChannel:
+    """Requests chunks of one artifact and receives its responses (bounded by what was requested)."""
+
+    def __init__(self, link: "DeviceLink", sha256: str):
+        self.link, self.sha256 = link, sha256
+        self.responses: "queue.Queue[bytes]" = queue.Queue()
+
+    def request(self, chunk_size: int, indices) -> None:
+        payload = chunks.encode_request(self.sha256, chunk_size, indices)
+        self.link._mqtt.publish(self.link.topics.artifact_req(self.link.device_id), payload, qos=1)
+
+    def get(self, timeout: float) -> chunks.ChunkResponse | None:
+        """The next response for this artifact, or None after `timeout`. Malformed responses are dropped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                data = self.responses.get(timeout=left)
+            except queue.Empty:
+                return None
+            try:
+                return chunks.decode_response(data)
+            except ArtifactError:
+                continue
+
+    @property
+    def connected(self) -> bool:
+        return self.link.connected
+
+    def close(self) -> None:
+        self.link._close_channel(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class DeviceLink:
+    """The device's MQTT presence: LWT, retained status, desired-state events and the chunk channel."""
+
+    def __init__(self, url: str | BrokerConfig, device_id: str, groups=(), prefix: str = DEFAULT_PREFIX, *,
+                 username: str | None = None, password: str | None = None, ca: str | None = None,
+                 cert: str | None = None, key: str | None = None, protocol: str = "auto", keepalive: int = 30):
+        self.device_id = check_name(device_id, "device id")
+        self.groups = tuple(check_name(g, "group") for g in groups)
+        self.topics = Topics(prefix)
+        broker = url if isinstance(url, BrokerConfig) else BrokerConfig(
+            url, username=username, password=password, ca=ca, cert=cert, key=key, protocol=protocol, keepalive=keepalive)
+        self.events = DesiredEvents()
+        self._channels: dict[str, ChunkChannel] = {}
+        self._last_status: bytes | None = None
+        will = json.dumps({"device_id": self.device_id, "online": False}).encode()
+        self._mqtt = MqttLink(broker, client_id=f"edge-dev-{self.device_id}",
+                              will=(self.topics.status(self.device_id), will, 1, True), on_connection=self._on_connection)
+        self._mqtt.subscribe(self.topics.device_desired_filter(self.device_id), self._on_desired, qos=1)
+        for g in self.groups:
+            self._mqtt.subscribe(self.topics.group_desired_filter(g), self._on_desired, qos=1)
+        self._mqtt.subscribe(self.topics.artifacts(self.device_id), self._on_chunk, qos=1)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self, wait: float | None = None) -> "DeviceLink":
+        """Connect in the background (a device starts even while the broker is down); wait=N blocks up to N s."""
+        self._mqtt.start(wait=wait)
+        return self
+
+    def stop(self, graceful: bool = True, timeout: float = 5.0) -> None:
+        """graceful: publish status with online=false first; otherwise drop the socket so the LWT fires."""
+        if graceful and self._mqtt.connected.is_set():
+            doc = json.loads(self._last_status) if self._last_status else {"device_id": self.device_id}
+            doc.update(online=False, ts=time.time())
+            try:
+                self._mqtt.publish(self.topics.status(self.device_id), json.dumps(doc).encode(), 1, True).wait_for_publish(timeout)
+            except (TransportError, RuntimeError, ValueError):
+                pass
+        self._mqtt.stop(disconnect=graceful)
+
+    @property
+    def connected(self) -> bool:
+        return self._mqtt.connected.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._mqtt.wait_connected(timeout)
+
+    # --- outgoing -------------------------------------------------------------------------------
+    def publish_status(self, doc: dict) -> None:
+        """Retained QoS 1 status; device_id/online/ts filled in; remembered and republished on reconnect."""
+        doc = dict(doc, device_id=self.device_id, online=doc.get("online", True))
+        doc.setdefault("ts", time.time())
+        doc.setdefault("groups", list(self.groups))
+        self._last_status = json.dumps(doc, sort_keys=True).encode()
+        self._publish(self.topics.status(self.device_id), self._last_status, 1, True)
+
+    def publish_event(self, doc: dict) -> None:
+        doc = dict(doc, device_id=self.device_id)
+        doc.setdefault("ts", time.time())
+        self._publish(self.topics.events(self.device_id), json.dumps(doc, sort_keys=True).encode(), 1, False)
+
+    def publish_health(self, doc: dict) -> None:
+        doc = dict(doc, device_id=self.device_id)
+        doc.setdefault("ts", time.time())
+        self._publish(self.topics.health(self.device_id), json.dumps(doc, sort_keys=True).encode(), 0, True)
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+        try:
+            self._mqtt.publish(topic, payload, qos=qos, retain=retain)
+        except TransportError:
+            if qos > 0 or self.connected:
+                raise  # QoS 0 while offline is dropped by design (health is periodic)
+
+    # --- chunk channel --------------------------------------------------------------------------
+    def chunk_channel(self, sha256: str) -> ChunkChannel:
+        ch = ChunkChannel(self, sha256)
+        channels = dict(self._channels)
+        channels[sha256] = ch
+        self._channels = channels
+        return ch
+
+    def _close_channel(self, ch: ChunkChannel) -> None:
+        channels = dict(self._channels)
+        if channels.get(ch.sha256) is ch:
+            del channels[ch.sha256]
+        self._channels = channels
+
+    # --- callbacks (network thread: only enqueue) -----------------------------------------------
+    def _on_desired(self, topic: str, payload: bytes, retained: bool) -> None:
+        parsed = self.topics.parse(topic)
+        if parsed is None:
+            return
+        scope = "device" if parsed.kind == "device_desired" else f"group:{parsed.group}"
+        self.events.raw.put(("desired", scope, parsed.model, payload, topic))
+
+    def _on_chunk(self, topic: str, payload: bytes, retained: bool) -> None:
+        ch = self._channels.get(chunks.peek_sha(payload) or "")
+        if ch is not None:
+            ch.responses.put(payload)
+
+    def _on_connection(self, connected: bool, reason: str) -> None:
+        if connected and self._last_status is not None:
+            try:
+                self._mqtt.publish(self.topics.status(self.device_id), self._last_status, 1, True)
+            except TransportError:
+                pass  # queue full: the next publish_status carries the state
+        self.events.raw.put(("conn", connected, reason))

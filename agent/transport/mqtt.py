@@ -1,0 +1,245 @@
+"""paho-mqtt 2.x wrapper: broker URLs, TLS, auth, LWT, MQTT 5 with 3.1.1 fallback, replayed subscriptions.
+
+Rules kept here (FACTS.md): CallbackAPIVersion.VERSION2; callbacks only hand data to the caller's handler
+(which must only enqueue); the subscription list is ours and replayed in on_connect; CONNACK is checked before
+we call ourselves connected; the outgoing queue is bounded.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from agent.errors import TransportError
+
+Handler = Callable[[str, bytes, bool], None]  # (topic, payload, retained) -> None; must not block
+_PROTOCOLS = {"5": 5, "5.0": 5, "v5": 5, "3.1.1": 4, "311": 4, "v311": 4, "auto": 0}
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Where and how to connect: mqtt://host[:1883] or mqtts://host[:8883], optional ?protocol=5|3.1.1."""
+
+    url: str
+    username: str | None = None
+    password: str | None = None
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    protocol: str = "auto"
+    keepalive: int = 30
+
+    def endpoint(self) -> tuple[str, int, bool, int]:
+        """(host, port, tls, protocol 5/4/0=auto); TransportError on a bad URL."""
+        try:
+            u = urlsplit(self.url)
+            port = u.port
+        except ValueError as exc:
+            raise TransportError(f"bad broker URL {self.url!r}: {exc}") from None
+        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not u.hostname:
+            raise TransportError(f"bad broker URL {self.url!r}: use mqtt://host:port or mqtts://host:port")
+        tls = u.scheme in ("mqtts", "ssl")
+        proto = parse_qs(u.query).get("protocol", [self.protocol])[-1]
+        if proto not in _PROTOCOLS:
+            raise TransportError(f"bad MQTT protocol {proto!r}: use 5, 3.1.1 or auto")
+        return u.hostname, port or (8883 if tls else 1883), tls, _PROTOCOLS[proto]
+
+    def credentials(self) -> tuple[str | None, str | None]:
+        u = urlsplit(self.url)
+        user = self.username or (unquote(u.username) if u.username else None)
+        pw = self.password if self.password is not None else (unquote(u.password) if u.password else None)
+        return user, pw
+
+    def redacted(self) -> str:
+        u = urlsplit(self.url)
+        return self.url.replace(f"{u.password}@", "***@") if u.password else self.url
+
+
+class MqttLink:
+    """One MQTT connection that survives broker restarts: subscriptions are replayed on every connect."""
+
+    def __init__(self, broker: BrokerConfig, client_id: str | None = None, *,
+                 will: tuple[str, bytes, int, bool] | None = None, max_queued: int = 10000, max_inflight: int = 20,
+                 on_connection: Callable[[bool, str], None] | None = None):
+        self.broker = broker
+        self.host, self.port, self.tls, proto = broker.endpoint()
+        self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
+        self.will, self.max_queued, self.max_inflight = will, max_queued, max_inflight
+        self.on_connection = on_connection
+        self._auto = proto == 0
+        self.protocol = 5 if proto in (0, 5) else 4
+        self._subs: dict[str, tuple[int, Handler]] = {}
+        self.connected = threading.Event()
+        self.refused: str | None = None  # last CONNACK refusal
+        self.denied: dict[str, str] = {}  # subscription filter -> SUBACK refusal
+        self._control: "queue.Queue[str]" = queue.Queue()
+        self._client = None
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._pending_subs: dict[int, str] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self, wait: float | None = 15.0) -> "MqttLink":
+        """Connect in the background; with `wait`, block until CONNACK or raise TransportError."""
+        self._client = self._make_client()
+        self._supervisor = threading.Thread(target=self._supervise, name=f"mqtt-{self.client_id}", daemon=True)
+        self._supervisor.start()
+        if wait is not None and not self.wait_connected(wait):
+            why = self.refused or "no CONNACK (broker unreachable?)"
+            self.stop()
+            raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
+        return self
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self.connected.wait(timeout)
+
+    def stop(self, disconnect: bool = True) -> None:
+        """Stop the network thread; with disconnect=False the broker sees a dropped connection (LWT fires)."""
+        self._stopping.set()
+        self._control.put("stop")
+        client = self._client
+        if client is not None:
+            if disconnect:
+                try:
+                    client.disconnect()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            else:
+                sock = client.socket()
+                if sock is not None:
+                    try:
+                        sock.close()
+                    except OSError:
+                        pass
+            client.loop_stop()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(5)
+        self.connected.clear()
+
+    # --- subscriptions and publishing -----------------------------------------------------------
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        subs = dict(self._subs)
+        subs[topic_filter] = (qos, handler)
+        self._subs = subs  # copy-on-write: callbacks read it without locks
+        if self.connected.is_set() and self._client is not None:
+            self._send_subscribe(self._client, topic_filter, qos)
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        subs = dict(self._subs)
+        subs.pop(topic_filter, None)
+        self._subs = subs
+        if self.connected.is_set() and self._client is not None:
+            self._client.unsubscribe(topic_filter)
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False):
+        """Queue a message; TransportError when the bounded outgoing queue is full. Returns paho's MessageInfo."""
+        import paho.mqtt.client as mqtt
+
+        client = self._client
+        if client is None:
+            raise TransportError("MQTT link is not started")
+        info = client.publish(topic, payload, qos=qos, retain=retain)
+        if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:
+            raise TransportError(f"outgoing MQTT queue is full ({self.max_queued} messages): is the broker reachable?")
+        if qos == 0 and info.rc == mqtt.MQTT_ERR_NO_CONN:
+            raise TransportError("not connected to the broker")
+        return info
+
+    def outstanding(self) -> int:
+        """Messages queued or in flight (QoS > 0)."""
+        client = self._client
+        return len(getattr(client, "_out_messages", {})) if client is not None else 0
+
+    # --- internals ------------------------------------------------------------------------------
+    def _make_client(self):
+        import paho.mqtt.client as mqtt
+
+        proto = mqtt.MQTTv5 if self.protocol == 5 else mqtt.MQTTv311
+        kw = {} if proto == mqtt.MQTTv5 else {"clean_session": True}
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=proto, **kw)
+        user, pw = self.broker.credentials()
+        if user is not None:
+            c.username_pw_set(user, pw)
+        if self.tls:
+            try:
+                c.tls_set(ca_certs=self.broker.ca, certfile=self.broker.cert, keyfile=self.broker.key)
+            except (OSError, ValueError) as exc:
+                raise TransportError(f"TLS setup failed (CA/cert/key files): {exc}") from None
+        if self.will:
+            topic, payload, qos, retain = self.will
+            c.will_set(topic, payload, qos=qos, retain=retain)
+        c.max_queued_messages_set(self.max_queued)
+        c.max_inflight_messages_set(self.max_inflight)
+        c.reconnect_delay_set(min_delay=1, max_delay=10)
+        c.on_connect, c.on_disconnect = self._on_connect, self._on_disconnect
+        c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
+        kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
+        c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
+        c.loop_start()
+        return c
+
+    def _supervise(self) -> None:
+        """Outside the callbacks: switch an 'auto' link to MQTT 3.1.1 when the broker refuses MQTT 5."""
+        while not self._stopping.is_set():
+            cmd = self._control.get()
+            if cmd == "downgrade" and not self._stopping.is_set():
+                old = self._client
+                old.loop_stop()
+                try:
+                    old.disconnect()
+                except Exception:  # noqa: BLE001
+                    pass
+                self.protocol = 4
+                self._client = self._make_client()
+
+    def _send_subscribe(self, client, topic_filter: str, qos: int) -> None:
+        rc, mid = client.subscribe(topic_filter, qos=qos)
+        if mid is not None:
+            self._pending_subs[mid] = topic_filter
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties=None):
+        if reason_code.is_failure:
+            self.refused = str(reason_code)
+            if self._auto and self.protocol == 5 and "protocol" in str(reason_code).lower():
+                self._auto = False
+                self._control.put("downgrade")
+            elif self.on_connection:
+                self.on_connection(False, f"refused: {reason_code}")
+            return
+        self.refused = None
+        for topic_filter, (qos, _handler) in self._subs.items():
+            self._send_subscribe(client, topic_filter, qos)
+        self.connected.set()
+        if self.on_connection:
+            self.on_connection(True, "connected")
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
+        was = self.connected.is_set()
+        self.connected.clear()
+        if was and self.on_connection and not self._stopping.is_set():
+            self.on_connection(False, f"disconnected: {reason_code}")
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):
+        topic_filter = self._pending_subs.pop(mid, None)
+        if topic_filter is not None and any(rc.is_failure for rc in reason_codes):
+            self.denied[topic_filter] = str(reason_codes[0])
+
+    def _on_message(self, client, userdata, msg):
+        for topic_filter, (_qos, handler) in self._subs.items():
+            if _matches(topic_filter, msg.topic):
+                handler(msg.topic, msg.payload, bool(msg.retain))
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    if topic_filter.startswith("$share/"):
+        topic_filter = topic_filter.split("/", 2)[2]
+    f, t = topic_filter.split("/"), topic.split("/")
+    for i, part in enumerate(f):
+        if part == "#":
+            return True
+        if i >= len(t) or (part != "+" and part != t[i]):
+            return False
+    return len(f) == len(t)

@@ -1,0 +1,116 @@
+"""`edge-agent providers`: the real CLI in a child process, on this host and on captured sysroots."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.providers import PROVIDER_NAMES
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+KEYS = {"name", "available", "reason", "remedy", "devices", "options", "versions"}
+
+ORIN_NANO = {
+    "etc/nv_tegra_release": b"# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, "
+                            b"DATE: Wed Jan  8 01:49:37 UTC 2025\n",
+    "proc/device-tree/model": b"NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super\0",
+    "proc/device-tree/compatible": b"nvidia,p3768-0000+p3767-0005-super\0nvidia,p3767-0005\0nvidia,tegra234\0",
+    "proc/cpuinfo": b"".join(
+        b"processor\t: %d\nBogoMIPS\t: 62.50\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp "
+        b"asimdhp cpuid asimdrdm lrcpc dcpop asimddp uscat ilrcpc flagm paca pacg\nCPU implementer\t: 0x41\n"
+        b"CPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd42\nCPU revision\t: 1\n\n" % i for i in range(6)),
+    "proc/meminfo": b"MemTotal:        7802952 kB\nMemFree:         5012344 kB\n",
+    "etc/os-release": b'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nID=ubuntu\nVERSION_ID="22.04"\n',
+    "sys/class/devfreq/17000000.gpu/device/of_node/name": b"gpu\0",
+}
+
+
+def _sysroot(base: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        p = base / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return base
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent", "providers", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_json_on_this_host_lists_every_provider_with_cpu_and_openvino_available():
+    res = cli("--json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert sorted(r["name"] for r in rows) == sorted(PROVIDER_NAMES)
+    assert all(KEYS <= set(r) for r in rows)
+    by = {r["name"]: r for r in rows}
+    assert by["cpu"]["available"] and by["openvino"]["available"]
+    assert "CPU" in by["openvino"]["devices"]
+    assert not by["ort-openvino"]["available"] and "Intel devices only" in by["ort-openvino"]["reason"]
+    assert all(r["remedy"] for r in rows if not r["available"])
+
+
+def test_jetson_capture_puts_tensorrt_first_and_explains(tmp_path):
+    root = _sysroot(tmp_path / "orin", ORIN_NANO)
+    res = cli("--sysroot", str(root), "--json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    first = rows[0]
+    assert first["name"] == "tensorrt" and not first["available"]
+    assert first["reason"].startswith("TensorRT EP not in this onnxruntime build")
+    assert "JetPack 6" in first["remedy"] and "Jetson AI Lab" in first["remedy"]
+    assert next(r for r in rows if r["name"] == "cpu")["available"]
+
+
+def test_human_table_has_a_reason_and_remedy_per_unavailable_provider(tmp_path):
+    root = _sysroot(tmp_path / "orin", ORIN_NANO)
+    res = cli("--sysroot", str(root))
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.splitlines()[0].startswith("target: ")
+    for name in PROVIDER_NAMES:
+        assert f" {name} " in out
+    rows = json.loads(cli("--sysroot", str(root), "--json").stdout)
+    assert out.count("why: ") == sum(not r["available"] for r in rows)
+    assert out.count("fix: ") == sum(not r["available"] for r in rows)
+
+
+@pytest.mark.parametrize("files", [{}, {"proc/cpuinfo": b"\x00\xff garbage", "proc/device-tree/compatible": b"\xff\xfe",
+                                        "etc/nv_tegra_release": b"nonsense"}])
+def test_empty_and_garbage_sysroots_give_valid_json(tmp_path, files):
+    root = _sysroot(tmp_path / "junk", files)
+    root.mkdir(exist_ok=True)
+    res = cli("--sysroot", str(root), "--json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert {r["name"] for r in rows} == set(PROVIDER_NAMES)
+    assert next(r for r in rows if r["name"] == "cpu")["available"]
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    res = cli("--sysroot", str(tmp_path / "missing"))
+    assert res.returncode != 0 and "Traceback" not in res.stderr and "does not exist" in res.stderr
+    res = cli("--target", "no-such-target")
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_every_captured_sysroot_ranks_and_explains():
+    captures = sorted(p for p in SYSROOTS.iterdir() if p.is_dir()) if SYSROOTS.is_dir() else []
+    assert captures, f"no captures under {SYSROOTS}"
+    from click.testing import CliRunner
+
+    from agent.cli.providers import providers
+
+    runner = CliRunner()
+    for root in captures:  # in-process: the same command object, without a child per capture
+        res = runner.invoke(providers, ["--sysroot", str(root), "--json"])
+        assert res.exit_code == 0, f"{root.name}: {res.output} {res.exception!r}"
+        rows = json.loads(res.output)
+        assert {r["name"] for r in rows} >= set(PROVIDER_NAMES), root.name
+        assert all(r["reason"] for r in rows), root.name

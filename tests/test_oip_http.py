@@ -1,0 +1,300 @@
+"""OIPServer over raw HTTP: every endpoint, all datatypes, client mistakes -> 4xx JSON, auth, metrics, drain."""
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+from agent.samples import cnn_model, tiny_model
+from agent.serving.metrics import gauge
+from agent.serving.registry import ModelRegistry
+from agent.serving.server import OIPServer
+from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    d = tmp_path_factory.mktemp("oip")
+    r = ModelRegistry()
+    r.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"), {"provider": "cpu", "precision": "fp32"})
+    r.activate("cnn", "3", open_session(cnn_model(), d, "cnn.onnx"))
+    r.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def server(registry):
+    srv = OIPServer(registry, port=0, max_body_bytes=1 << 20).start()
+    yield srv
+    assert srv.shutdown(10)
+
+
+def call(srv, method, path, body=None, headers=None, conn=None):
+    c = conn or http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    if conn is None:
+        c.close()
+    return r, data
+
+
+def infer_doc(inputs, outputs=None):
+    doc = {"inputs": inputs}
+    if outputs is not None:
+        doc["outputs"] = outputs
+    return json.dumps(doc).encode()
+
+
+TINY_OK = [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
+
+
+def test_server_and_model_metadata(server):
+    r, body = call(server, "GET", "/v2")
+    assert r.status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/tiny/ready", "/v2/models/tiny/versions/1/ready"):
+        assert call(server, "GET", path)[0].status == 200, path
+    meta = json.loads(call(server, "GET", "/v2/models/cnn")[1])
+    assert meta["versions"] == ["3"] and meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
+    tiny = json.loads(call(server, "GET", "/v2/models/tiny/versions/1")[1])
+    assert tiny["parameters"] == {"provider": "cpu", "precision": "fp32"}
+    cfg = json.loads(call(server, "GET", "/v2/models/ids/config")[1])
+    assert cfg["max_batch_size"] == 0
+    types = {i["name"]: i["data_type"] for i in cfg["input"]}
+    assert types["in_FP32"] == "TYPE_FP32" and types["in_BYTES"] == "TYPE_STRING" and types["in_BOOL"] == "TYPE_BOOL"
+
+
+def test_json_infer_carries_model_version(server):
+    r, body = call(server, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK) )
+    doc = json.loads(body)
+    assert r.status == 200 and doc["model_version"] == "1" and doc["model_name"] == "tiny"
+    assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [2.0, 3.0, 4.0, 5.0]}]
+
+
+def _sample(datatype):
+    if datatype == "BYTES":
+        return ["hé", "", "x" * 3]
+    if datatype == "BOOL":
+        return [True, False, True]
+    if datatype.startswith("FP"):
+        return [1.5, -2.25, 0.0]
+    return [0, 7, 100] if datatype.startswith("U") else [-5, 0, 100]
+
+
+def test_every_datatype_round_trips_as_json(server):
+    inputs = [{"name": f"in_{t}", "shape": [3], "datatype": t, "data": _sample(t)} for t in ALL_TYPES]
+    r, body = call(server, "POST", "/v2/models/ids/infer", infer_doc(inputs))
+    assert r.status == 200, body
+    outs = {o["name"]: o for o in json.loads(body)["outputs"]}
+    for t in ALL_TYPES:
+        assert outs[f"out_{t}"]["datatype"] == t
+        assert outs[f"out_{t}"]["data"] == _sample(t), t
+
+
+def _binary_request(inputs, blobs, outputs=None, binary_out=True):
+    head = json.dumps({"inputs": inputs, "outputs": outputs or [], "parameters": {"binary_data_output": binary_out}}).encode()
+    return head + b"".join(blobs), {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _split(body, headers):
+    n = int(headers["Inference-Header-Content-Length"])
+    doc, rest, out = json.loads(body[:n]), body[n:], {}
+    for o in doc["outputs"]:
+        size = o["parameters"]["binary_data_size"]
+        out[o["name"]], rest = rest[:size], rest[size:]
+    return doc, out
+
+
+def test_every_datatype_round_trips_as_binary(server):
+    inputs, blobs, expect = [], [], {}
+    for t in ALL_TYPES:
+        if t == "BYTES":
+            blob = b"".join(struct.pack("<I", len(b)) + b for b in ("hé".encode(), b"", b"abc"))
+        else:
+            dtype = {"BOOL": "bool", "FP16": "float16", "FP32": "float32", "FP64": "float64"}.get(t, t.lower())
+            blob = np.array(_sample(t), dtype=dtype).tobytes()
+        inputs.append({"name": f"in_{t}", "shape": [3], "datatype": t, "parameters": {"binary_data_size": len(blob)}})
+        blobs.append(blob)
+        expect[f"out_{t}"] = blob
+    body, headers = _binary_request(inputs, blobs)
+    r, data = call(server, "POST", "/v2/models/ids/infer", body, headers)
+    assert r.status == 200, data
+    assert r.getheader("Content-Type") == "application/octet-stream"
+    doc, out = _split(data, {"Inference-Header-Content-Length": r.getheader("Inference-Header-Content-Length")})
+    assert doc["model_version"] == "1"
+    assert out == expect
+
+
+def test_gzip_request_body(server):
+    r, body = call(server, "POST", "/v2/models/tiny/infer", gzip.compress(infer_doc(TINY_OK)),
+                   {"Content-Encoding": "gzip"})
+    assert r.status == 200 and json.loads(body)["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
+
+
+def _bytes_input(tail: bytes):
+    head = json.dumps({"inputs": [{"name": "in_BYTES", "shape": [1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(tail)}}]}).encode()
+    return head + tail, {"Inference-Header-Content-Length": str(len(head))}
+
+
+BAD_BINARY_HEAD = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                          "parameters": {"binary_data_size": 16}}]}).encode()
+CASES = [
+    ("POST", "/v2/models/tiny/infer", b"{not json", {}, 400, "malformed JSON"),
+    ("POST", "/v2/models/tiny/infer", b"[1, 2]", {}, 400, "JSON object"),
+    ("POST", "/v2/models/tiny/infer", b"{}", {}, 400, "'inputs'"),
+    ("POST", "/v2/models/nope/infer", infer_doc(TINY_OK), {}, 404, "not loaded"),
+    ("POST", "/v2/models/tiny/versions/9/infer", infer_doc(TINY_OK), {}, 404, "version 9"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "name": "z"}]), {}, 400, "unknown input"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "shape": [2, 2]}]), {}, 400, "shape [2, 2]"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "datatype": "FP64"}]), {}, 400, "dtype float64"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "datatype": "FP99"}]), {}, 400, "unknown datatype"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": [1, 2, 3]}]), {}, 400, "has 3"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": ["a", 1, 2, 3]}]), {}, 400, "not float32"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "shape": [1, -4]}]), {}, 400, "non-negative"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": [[1, 2], [3]]}]), {}, 400, "regular array"),
+    ("POST", "/v2/models/tiny/infer", infer_doc(TINY_OK, [{"name": "nope"}]), {}, 400, "no output"),
+    ("POST", "/v2/models/ids/infer", infer_doc([{"name": "in_UINT8", "shape": [1], "datatype": "UINT8", "data": [300]}]),
+     {}, 400, "out of range"),
+    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 12, {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
+     400, "runs past the end"),
+    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 20, {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
+     400, "not claimed"),
+    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 16, {"Inference-Header-Content-Length": "99999"},
+     400, "outside the body"),
+    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 16, {"Inference-Header-Content-Length": "ten"},
+     400, "integer"),
+    ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x09\0\0\0ab"), 400, "claims 9 bytes"),
+    ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x02\0\0\0\xff\xfe"), 400, "not UTF-8"),
+    ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x01\0\0\0ab"), 400, "left over"),
+    ("POST", "/v2/models/tiny/infer", gzip.compress(b"x")[:-3], {"Content-Encoding": "gzip"}, 400, "gzip"),
+    ("POST", "/v2/models/tiny/infer", b"{}", {"Content-Encoding": "br"}, 400, "Content-Encoding"),
+    ("GET", "/v2/models/tiny/infer", None, {}, 405, "POST"),
+    ("DELETE", "/v2/models/tiny", None, {}, 405, "GET"),
+    ("GET", "/v2/nothing", None, {}, 404, "no such endpoint"),
+    ("GET", "/v2/models/tiny/versions/2", None, {}, 404, "version 2"),
+]
+
+
+@pytest.mark.parametrize("method, path, body, headers, status, fragment", CASES)
+def test_client_mistakes_get_4xx_json_and_keep_alive(server, method, path, body, headers, status, fragment):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    r, data = call(server, method, path, body, headers, conn)
+    assert r.status == status, data
+    err = json.loads(data)["error"]
+    assert fragment is None or fragment in err
+    r2, _ = call(server, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK), conn=conn)  # same connection
+    assert r2.status == 200
+    conn.close()
+
+
+def raw(srv, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+        s.sendall(payload)
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+
+
+@pytest.mark.parametrize("payload, status", [
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n", 413),
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411),
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 411),
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"in", 400),
+    (b"garbage\r\n\r\n", 400),
+    (b"GET /v2 HTTP/2.0\r\n\r\n", 400),
+    (b"BREW /v2 HTTP/1.1\r\nConnection: close\r\n\r\n", 405),
+])
+def test_broken_http_gets_4xx_and_the_server_survives(server, payload, status):
+    if payload.endswith(b'{"in'):  # a short body: the client gives up half way
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            reply = s.recv(65536)
+    else:
+        reply = raw(server, payload)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == str(status).encode(), reply
+    assert "error" in json.loads(body)
+    assert call(server, "GET", "/v2/health/live")[0].status == 200
+
+
+def test_metrics_text_and_collector_hook(server):
+    for _ in range(3):
+        call(server, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK))
+    server.add_metrics_collector(lambda: [gauge("edge_agent_cpu_temperature_celsius", "SoC temperature.", 51.5)])
+    server.add_metrics_collector(lambda: 1 / 0)
+    r, body = call(server, "GET", "/metrics")
+    text = body.decode()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert int(lines['edge_agent_inference_requests_total{model="tiny",version="1"}']) >= 3
+    assert lines['edge_agent_inference_latency_seconds_bucket{model="tiny",version="1",le="+Inf"}'] == \
+        lines['edge_agent_inference_latency_seconds_count{model="tiny",version="1"}']
+    assert int(lines['edge_agent_inference_rejected_total{model="tiny",version="1"}']) >= 0
+    assert lines['edge_agent_model_loaded{model="cnn",version="3"}'] == "1"
+    assert lines["edge_agent_cpu_temperature_celsius"] == "51.5"
+    assert lines["edge_agent_metrics_collector_errors"] == "1"
+    assert "# TYPE edge_agent_inference_latency_seconds histogram" in text
+
+
+def test_bearer_token(registry):
+    with OIPServer(registry, port=0, token="s3cret") as srv:
+        r, body = call(srv, "GET", "/v2/models/tiny")
+        assert r.status == 401 and "bearer token" in json.loads(body)["error"]
+        assert r.getheader("WWW-Authenticate").startswith("Bearer")
+        assert call(srv, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK), {"Authorization": "Bearer nope"})[0].status == 401
+        assert call(srv, "GET", "/metrics")[0].status == 401
+        assert call(srv, "GET", "/v2/health/ready")[0].status == 200  # probes stay open
+        ok = {"Authorization": "Bearer s3cret"}
+        assert call(srv, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK), ok)[0].status == 200
+        srv.set_token("rotated")
+        assert call(srv, "GET", "/v2/models/tiny", headers=ok)[0].status == 401
+        assert call(srv, "GET", "/v2/models/tiny", headers={"Authorization": "Bearer rotated"})[0].status == 200
+
+
+def test_loopback_by_default(registry):
+    srv = OIPServer(registry, port=0)
+    try:
+        assert srv.host == "127.0.0.1"
+    finally:
+        srv.shutdown(1)
+
+
+def test_shutdown_drains_in_flight_requests(tmp_path):
+    reg = ModelRegistry()
+    gated = GatedSession(open_session(tiny_model(1.0), tmp_path))
+    reg.activate("m", "1", gated)
+    srv = OIPServer(reg, port=0).start()
+    result = {}
+
+    def client():
+        r, body = call(srv, "POST", "/v2/models/m/infer", infer_doc(TINY_OK))
+        result.update(status=r.status, body=json.loads(body))
+
+    t = threading.Thread(target=client)
+    t.start()
+    assert gated.entered.wait(30)
+    drained = {}
+    s = threading.Thread(target=lambda: drained.update(ok=srv.shutdown(30)))
+    s.start()
+    assert not srv.accepting or s.is_alive()
+    gated.gate.set()
+    t.join(30)
+    s.join(30)
+    assert drained == {"ok": True}
+    assert result["status"] == 200 and result["body"]["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(OSError):
+        call(srv, "GET", "/v2/health/live")

@@ -1,0 +1,106 @@
+"""Probation: NaN outputs, runtime errors and slow latency trip it; a clean window passes (real sessions)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from agent.samples import tiny_model
+from agent.serving.errors import InferenceFailed
+from agent.serving.probation import PASSED, STOPPED, SUPERSEDED, TROUBLE, WATCHING, Probation, Thresholds
+from agent.serving.registry import ModelRegistry
+from test_serving_support import log_model, open_session, reshape_model, x4
+
+
+class Clock:
+    """A hand-driven clock for the window (the judgement itself never depends on wall time)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _registry(tmp_path, model, version="2"):
+    r = ModelRegistry()
+    r.activate("m", version, open_session(model, tmp_path))
+    return r
+
+
+def test_nan_outputs_trip_probation_with_a_reason(tmp_path):
+    r = _registry(tmp_path, log_model())
+    r.infer("m", x4(-1.0))  # before probation: not counted
+    troubles = []
+    p = Probation(r, "m", "2", baseline_latency_ms=1.0, window=3600, on_trouble=troubles.append, interval=0.01).start()
+    r.infer("m", x4(1.0))
+    assert p.evaluate().state == WATCHING
+    r.infer("m", x4(-1.0))
+    verdict = p.wait(30)
+    assert verdict.state == TROUBLE and "NaN/Inf" in verdict.reason
+    assert troubles == [verdict.reason] and verdict.figures["nonfinite"] == 1
+
+
+def test_runtime_errors_trip_probation(tmp_path):
+    r = _registry(tmp_path, reshape_model())
+    clock = Clock()
+    p = Probation(r, "m", "2", None, window=10, thresholds=Thresholds(max_errors=1), clock=clock)
+    bad = {"x": np.ones((1, 4), np.float32), "shape": np.array([5, 5], np.int64)}
+    with pytest.raises(InferenceFailed):
+        r.infer("m", bad)
+    assert p.evaluate().state == WATCHING  # one error tolerated
+    with pytest.raises(InferenceFailed):
+        r.infer("m", bad)
+    v = p.evaluate()
+    assert v.state == TROUBLE and "2 failed requests of 2" in v.reason
+
+
+def test_clean_window_passes_and_calls_on_pass(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    passed = threading.Event()
+    clock = Clock()
+    p = Probation(r, "m", "2", baseline_latency_ms=1000.0, window=5, on_pass=lambda v: passed.set(),
+                  on_trouble=lambda reason: pytest.fail(reason), interval=0.01, clock=clock).start()
+    for _ in range(100):
+        r.infer("m", x4())
+    clock.now = 5.0
+    assert passed.wait(30)
+    assert p.verdict.state == PASSED and p.verdict.figures["requests"] == 100
+
+
+def test_latency_against_the_qualified_p99(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    strict = Thresholds(latency_factor=1.0, latency_slack_ms=0.0, p90_samples=64)
+    p = Probation(r, "m", "2", baseline_latency_ms=1e-6, window=10, thresholds=strict, clock=Clock())
+    for _ in range(63):
+        r.infer("m", x4())
+    assert p.evaluate().state == WATCHING  # too few samples to judge latency
+    r.infer("m", x4())
+    v = p.evaluate()
+    assert v.state == TROUBLE and "p90 latency" in v.reason and "qualified p99" in v.reason
+    lenient = Probation(r, "m", "2", baseline_latency_ms=1000.0, window=10, thresholds=strict, clock=Clock())
+    for _ in range(64):
+        r.infer("m", x4())
+    assert lenient.evaluate().state == WATCHING
+
+
+def test_quiet_window_needs_min_requests_when_asked(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    clock = Clock()
+    p = Probation(r, "m", "2", 1.0, window=1, thresholds=Thresholds(min_requests=10), clock=clock)
+    clock.now = 2.0
+    v = p.evaluate()
+    assert v.state == TROUBLE and "only 0 requests" in v.reason
+
+
+def test_superseded_and_stopped_do_not_call_back(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    calls = []
+    p = Probation(r, "m", "2", 1.0, window=3600, on_trouble=calls.append, on_pass=calls.append, interval=0.01).start()
+    r.activate("m", "3", open_session(tiny_model(3.0), tmp_path, "v3.onnx"))
+    assert p.wait(30).state == SUPERSEDED
+    q = Probation(r, "m", "3", 1.0, window=3600, on_trouble=calls.append, interval=0.01).start()
+    q.stop()
+    assert q.verdict.state == STOPPED and q.done
+    assert calls == []

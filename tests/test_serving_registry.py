@@ -1,0 +1,175 @@
+"""ModelRegistry: validation, stats, make-before-break drain, stop-then-start, deactivate (real cpu sessions)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from agent.errors import ServingError
+from agent.samples import cnn_model, tiny_model
+from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
+from agent.serving.registry import ModelRegistry
+from test_serving_support import GatedSession, log_model, open_session, reshape_model, x4
+
+
+@pytest.fixture
+def reg(tmp_path):
+    r = ModelRegistry(drain_timeout=20)
+    r.activate("tiny", "1", open_session(tiny_model(1.0), tmp_path, "t1.onnx"), {"provider": "cpu"})
+    r.activate("cnn", "7", open_session(cnn_model(), tmp_path, "cnn.onnx"))
+    yield r
+    r.close()
+
+
+def test_infer_returns_version_and_outputs(reg):
+    version, out = reg.infer("tiny", x4(2.0))
+    assert version == "1"
+    np.testing.assert_array_equal(out["y"], np.full((1, 4), 3.0, np.float32))
+    assert reg.models() == {"tiny": "1", "cnn": "7"}
+
+
+def test_dynamic_batch_dim_accepted_and_outputs_selectable(reg):
+    version, out = reg.infer("cnn", {"input": np.zeros((3, 3, 32, 32), np.float32)}, version="7",
+                             outputs=["probabilities"])
+    assert version == "7" and out["probabilities"].shape == (3, 10)
+
+
+@pytest.mark.parametrize("feeds, fragment", [
+    ({"x": np.zeros((1, 5), np.float32)}, "shape [1, 5]"),
+    ({"x": np.zeros((4,), np.float32)}, "shape [4]"),
+    ({"x": np.zeros((1, 4), np.float64)}, "dtype float64"),
+    ({"z": np.zeros((1, 4), np.float32)}, "unknown input(s) ['z']"),
+    ({}, "missing input(s) ['x']"),
+    ({"x": [[0.0] * 4]}, "numpy array"),
+])
+def test_bad_feeds_rejected_before_the_runtime(reg, feeds, fragment):
+    before = reg.stats("tiny")
+    with pytest.raises(BadRequest) as info:
+        reg.infer("tiny", feeds)
+    assert fragment in str(info.value) and info.value.status == 400
+    after = reg.stats("tiny")
+    assert after["requests"] == before["requests"] and after["rejected"] == before["rejected"] + 1
+
+
+def test_unknown_model_version_and_output(reg):
+    with pytest.raises(NotFound, match="not loaded"):
+        reg.infer("nope", x4())
+    with pytest.raises(NotFound, match="version 2 is not loaded"):
+        reg.infer("tiny", x4(), version="2")
+    with pytest.raises(BadRequest, match="no output"):
+        reg.infer("tiny", x4(), outputs=["nope"])
+    assert issubclass(NotFound, ServingError)
+
+
+def test_stats_count_and_percentiles(reg):
+    for _ in range(70):
+        reg.infer("tiny", x4())
+    s = reg.stats("tiny")
+    assert s["requests"] == 70 and s["errors"] == 0 and s["latency_samples"] == 70
+    assert 0 < s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"]
+
+
+def test_nan_outputs_counted(tmp_path):
+    r = ModelRegistry()
+    r.activate("log", "1", open_session(log_model(), tmp_path))
+    r.infer("log", x4(1.0))
+    _, out = r.infer("log", x4(-1.0))
+    assert np.isnan(out["y"]).all()
+    assert r.stats("log")["nonfinite"] == 1 and r.stats("log")["requests"] == 2
+
+
+def test_runtime_failure_is_inference_failed_and_counted(tmp_path):
+    r = ModelRegistry()
+    r.activate("rs", "1", open_session(reshape_model(), tmp_path))
+    _, ok = r.infer("rs", {"x": np.ones((1, 4), np.float32), "shape": np.array([2, 2], np.int64)})
+    assert ok["y"].shape == (2, 2)
+    with pytest.raises(InferenceFailed) as info:
+        r.infer("rs", {"x": np.ones((1, 4), np.float32), "shape": np.array([3, 3], np.int64)})
+    assert info.value.status == 500
+    assert r.stats("rs")["errors"] == 1
+
+
+def test_make_before_break_drains_the_in_flight_request(tmp_path):
+    r = ModelRegistry(drain_timeout=30)
+    old = GatedSession(open_session(tiny_model(1.0), tmp_path, "v1.onnx"))
+    r.activate("m", "1", old)
+    result = {}
+    t = threading.Thread(target=lambda: result.update(v=r.infer("m", x4())))
+    t.start()
+    assert old.entered.wait(10)
+    swap_done = {}
+    s = threading.Thread(target=lambda: swap_done.update(r.activate("m", "2", open_session(tiny_model(2.0), tmp_path, "v2.onnx"))))
+    s.start()
+    # the new version serves while the old request is still in flight, and the old session stays open
+    for _ in range(200):
+        if r.models()["m"] == "2":
+            break
+        threading.Event().wait(0.01)
+    assert r.infer("m", x4())[0] == "2"
+    assert not old.closed.is_set()
+    old.gate.set()
+    t.join(10)
+    s.join(10)
+    version, out = result["v"]
+    assert version == "1" and out["y"][0, 0] == 1.0
+    assert old.closed.is_set()
+    assert swap_done["previous"] == "1" and swap_done["drained"] is True
+
+
+def test_drain_timeout_closes_when_the_last_request_leaves(tmp_path):
+    r = ModelRegistry()
+    old = GatedSession(open_session(tiny_model(1.0), tmp_path, "v1.onnx"))
+    r.activate("m", "1", old)
+    t = threading.Thread(target=r.infer, args=("m", x4()))
+    t.start()
+    assert old.entered.wait(10)
+    info = r.activate("m", "2", open_session(tiny_model(2.0), tmp_path, "v2.onnx"), drain_timeout=0.05)
+    assert info["drained"] is False and not old.closed.is_set()
+    old.gate.set()
+    t.join(10)
+    assert old.closed.is_set()
+
+
+def test_stop_then_start_closes_old_before_building_new(tmp_path):
+    r = ModelRegistry()
+    old = GatedSession(open_session(tiny_model(1.0), tmp_path, "v1.onnx"))
+    old.gate.set()
+    r.activate("m", "1", old)
+    seen = {}
+
+    def build():
+        seen["old_closed"] = old.closed.is_set()
+        with pytest.raises(ModelUnavailable):
+            r.infer("m", x4())
+        seen["ready"] = r.ready()
+        return open_session(tiny_model(2.0), tmp_path, "v2.onnx")
+
+    info = r.activate("m", "2", build, swap="stop-then-start")
+    assert seen == {"old_closed": True, "ready": False}
+    assert info["previous"] == "1" and info["swap"] == "stop-then-start"
+    assert r.infer("m", x4())[0] == "2" and r.ready()
+
+
+def test_failed_factory_leaves_model_unloaded_not_stuck(tmp_path):
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(tiny_model(1.0), tmp_path))
+
+    def broken():
+        raise ServingError("compile failed")
+
+    with pytest.raises(ServingError, match="compile failed"):
+        r.activate("m", "2", broken, swap="stop-then-start")
+    with pytest.raises(NotFound):
+        r.infer("m", x4())
+    assert r.ready()
+
+
+def test_deactivate_and_unknown_swap_mode(reg):
+    info = reg.deactivate("tiny")
+    assert info["previous"] == "1" and info["drained"]
+    assert "tiny" not in reg.models()
+    with pytest.raises(NotFound):
+        reg.deactivate("tiny")
+    with pytest.raises(BadRequest, match="swap mode"):
+        reg.activate("cnn", "8", object(), swap="yolo")
