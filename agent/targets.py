@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
@@ -75,7 +76,7 @@ class ToleranceTable:
         return self.table.get(provider, {}).get(p) or self.table["default"][p]
 
     def __hash__(self) -> int:
-        return id(self)
+        return hash(tuple(sorted(self.table)))
 
 
 @dataclass(frozen=True)
@@ -120,17 +121,21 @@ class Target:
         return {
             "name": self.name, "description": self.description,
             "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
-            "tolerances": {prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()},
+            "tolerances": {prov: {prec: t.to_dict() for prec, t in by.items()}
+                           for prov, by in self.tolerances.table.items()},
             "serving": dict(self.serving), "features": sorted(self.features), "match": dict(self.match_rules),
         }
 
 
 def default_directory() -> Path:
-    """$EDGE_AGENT_TARGETS_DIR, else the repository's targets/ next to the agent package."""
+    """$EDGE_AGENT_TARGETS_DIR, else the repository's targets/ next to the agent package, else
+    <prefix>/share/edge-agent/targets (where a packaged install would put them)."""
     env = os.environ.get(ENV_DIR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "targets"
+    repo = Path(__file__).resolve().parent.parent / "targets"
+    shared = Path(sys.prefix) / "share" / "edge-agent" / "targets"
+    return repo if repo.is_dir() or not shared.is_dir() else shared
 
 
 _CACHE: dict[str, dict[str, Target]] = {}
@@ -187,7 +192,8 @@ def match(profile: HardwareProfile, targets: Mapping[str, Target] | None = None)
     hits = [t for t in targets.values() if rule_matches(t.match_rules, profile)]
     if hits:
         return sorted(hits, key=lambda t: (-t.priority, t.name))[0]
-    fallbacks = sorted((t for t in targets.values() if t.match_rules.get("fallback")), key=lambda t: (t.priority, t.name))
+    fallbacks = sorted((t for t in targets.values() if t.match_rules.get("fallback")),
+                       key=lambda t: (t.priority, t.name))
     if not fallbacks:
         raise ConfigError("no target matches and no target is marked 'match: {fallback: true}'")
     return fallbacks[0]
@@ -234,7 +240,8 @@ def _parse_match(path: Path, raw: Any) -> dict[str, Any]:
                 raise _fail(path, "match.fallback", "expected true or false")
             rules[key] = value
         elif key == "accelerators":
-            if not isinstance(value, list) or not all(isinstance(a, dict) and set(a) <= {"kind", "vendor"} and a for a in value):
+            ok = isinstance(value, list) and all(isinstance(a, dict) and a and set(a) <= {"kind", "vendor"} for a in value)
+            if not ok:
                 raise _fail(path, "match.accelerators", "expected a list of {kind, vendor} mappings")
             rules[key] = value
         else:

@@ -1,14 +1,14 @@
 #!/bin/sh
 # Capture the files `edge-agent profile` reads into a small tarball, so a device we do not have can be
-# profiled (and added to tests/fixtures/sysroots) with `edge-agent profile --sysroot DIR`.
+# profiled (and added to tests/fixtures/sysroots) with `edge-agent profile --sysroot FILE.tar.gz`.
 #
 #   sh capture-sysroot.sh [OUTPUT.tar.gz]      # run on the device; needs only a POSIX shell and tar
 #
 # What it captures (text only, each file capped at 1 MiB, paths kept as on the device):
 #   /proc/cpuinfo, /proc/meminfo, /proc/sys/kernel/osrelease, /proc/device-tree/{model,compatible},
-#   /etc/os-release, /etc/nv_tegra_release, /sys/class/devfreq/*, /sys/class/drm/*/device/{vendor,device},
-#   /sys/class/accel/*, /sys/devices/soc0/*, /sys/class/kgsl/kgsl-3d0/gpu_model, the Raspberry Pi firmware's
-#   get_throttled, thermal zones, DMI vendor/product names, PCI and USB vendor/device ids.
+#   /etc/os-release, /etc/nv_tegra_release (+ nvpmodel status/conf), /sys/class/devfreq/*,
+#   /sys/class/drm/*/device/{vendor,device}, /sys/class/accel/*, /sys/devices/soc0/*, the Adreno gpu_model,
+#   the Raspberry Pi firmware's get_throttled, thermal zones, DMI vendor/product names, PCI and USB vendor/device ids.
 #   Device nodes (/dev/hailo0, /dev/apex_0, /dev/accel/*, /dev/dri/*, /dev/fastrpc-*, Jetson GPU nodes)
 #   become empty regular files.
 # macOS: `sysctl -a` is saved as .captures/sysctl.txt ("key: value" lines; `profile --sysroot` reads it),
@@ -16,7 +16,9 @@
 # Privacy: the Pi serial number is zeroed; hostnames, UUIDs and serial numbers are not captured.
 set -eu
 
+case "${1:-}" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${1:-edge-agent-sysroot-$(date +%Y%m%d-%H%M%S).tar.gz}
+case "$OUT" in /*) ;; *) OUT="$(pwd)/$OUT" ;; esac
 TMP=$(mktemp -d 2>/dev/null || mktemp -d -t edge-agent-capture)
 trap 'rm -rf "$TMP"' EXIT INT TERM
 ROOT="$TMP/sysroot"
@@ -52,7 +54,7 @@ else
       && mv "$TMP/cpuinfo" "$ROOT/proc/cpuinfo"
   fi
   copy /proc/device-tree/model /proc/device-tree/compatible
-  copy /etc/os-release /usr/lib/os-release /etc/nv_tegra_release
+  copy /etc/os-release /usr/lib/os-release /etc/nv_tegra_release /etc/nvpmodel.conf /var/lib/nvpmodel/status
   copy /sys/class/devfreq/*/device/of_node/name /sys/class/devfreq/*/device/load /sys/class/devfreq/*/cur_freq
   copy /sys/class/drm/*/device/vendor /sys/class/drm/*/device/device
   copy /sys/class/accel/*/device/vendor /sys/class/accel/*/device/device /sys/class/accel/*/device/uevent
@@ -77,4 +79,4 @@ fi
 } > "$ROOT/.captures/info.txt"
 
 tar -czf "$OUT" -C "$ROOT" .
-echo "wrote $OUT ($COUNT files). Check it: mkdir dev1 && tar -xzf $OUT -C dev1 && edge-agent profile --sysroot dev1" >&2
+echo "wrote $OUT ($COUNT files). Check it with: edge-agent profile --sysroot $OUT" >&2

@@ -61,12 +61,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-say() { echo "[install] $*"; }
+say() { if [ "$DRY" = 1 ]; then echo "[install] (dry-run) $*"; else echo "[install] $*"; fi; }
 die() { echo "install.sh: error: $*" >&2; exit 1; }
 run() { if [ "$DRY" = 1 ]; then echo "[install] would run: $*"; else "$@"; fi; }
 
 if [ -n "$ROOT" ]; then
-  mkdir -p "$ROOT" 2>/dev/null || [ "$DRY" = 1 ] || die "cannot create --root $ROOT"
+  [ "$DRY" = 1 ] || mkdir -p "$ROOT" 2>/dev/null || die "cannot create --root $ROOT"
   R="$(cd "$ROOT" 2>/dev/null && pwd || echo "$ROOT")"
   SYSTEM=0
 else

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.hardware import detect
 from agent.providers import PROVIDER_NAMES
+from agent.providers._common import has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
@@ -114,3 +116,16 @@ def test_every_captured_sysroot_ranks_and_explains():
         rows = json.loads(res.output)
         assert {r["name"] for r in rows} >= set(PROVIDER_NAMES), root.name
         assert all(r["reason"] for r in rows), root.name
+
+
+def test_verify_opens_real_sessions_on_the_available_providers():
+    res = cli("--verify", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    for name in ("cpu", "openvino"):
+        v = rows[name]["verified"]
+        assert v["ok"] and v["coverage"] == 1.0 and v["device"] == "CPU", v
+    # the precision OpenVINO really uses by default: bf16 on avx512_bf16/AMX CPUs (like this machine's), else f32
+    assert rows["openvino"]["verified"]["precision"] == ("bf16" if has_bf16(detect("/")) else "f32")
+    assert "verified" not in rows["tensorrt"]
+    assert cli("--verify", "--sysroot", str(ROOT)).returncode != 0

@@ -82,7 +82,9 @@ def test_plain_mqtt_defaults(tmp_path):
 
 
 def test_shipped_template_is_valid(tmp_path):
-    cfg = load_config(ROOT / "systemd/agent.yaml")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+    cfg = load_config(ROOT / "systemd/agent.yaml", root=tmp_path)
     assert cfg.mode == "local" and cfg.serving.port == 8080
 
 

@@ -98,7 +98,7 @@ def test_rollback_style_swaps_between_two_versions_in_process(tmp_path):
     reg = ModelRegistry(drain_timeout=30)
     label = {0: "1"}
     reg.activate("m", "1", open_session(tiny_model(1.0), tmp_path, "a0.onnx"))
-    gen = {"now": 0}
+    gen = {"now": 0, "next": 0}  # now: activate() returned; next: activation may have begun
     lock = threading.Lock()
     cond = threading.Condition(lock)
     count = {"n": 0}
@@ -110,7 +110,7 @@ def test_rollback_style_swaps_between_two_versions_in_process(tmp_path):
             while not stop.is_set():
                 floor = gen["now"]
                 version, out = reg.infer("m", feeds)
-                logs[k].append((floor, gen["now"], version, float(out["y"][0, 0])))
+                logs[k].append((floor, gen["next"], version, float(out["y"][0, 0])))
                 with lock:
                     count["n"] += 1
                     cond.notify_all()
@@ -129,8 +129,10 @@ def test_rollback_style_swaps_between_two_versions_in_process(tmp_path):
         traffic(CLIENTS * 5)
         for g in range(1, 41):
             v = "2" if g % 2 else "1"
-            reg.activate("m", v, open_session(tiny_model(float(v)), tmp_path, f"a{g}.onnx"))
+            session = open_session(tiny_model(float(v)), tmp_path, f"a{g}.onnx")
             label[g] = v
+            gen["next"] = g
+            reg.activate("m", v, session)
             gen["now"] = g
             traffic(CLIENTS * 5)
     finally:

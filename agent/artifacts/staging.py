@@ -16,6 +16,8 @@ from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 from agent.util.atomic import atomic_write_json, read_json
 
+RECOVER_GAP = 64  # more than any window: unwritten chunks in a row that end the recovery scan
+
 
 class Staging:
     """Owns <sha>.part and <sha>.bitmap for one artifact while it downloads."""
@@ -55,11 +57,22 @@ class Staging:
         return self
 
     def _recover(self) -> None:
-        """Keep chunks written after the last bitmap persist (checked against their manifest hashes)."""
-        for i in range(self.requested_upto):
-            if not self.have[i] and self._chunk_ok(i):
+        """Keep chunks written after the last bitmap persist (checked against their manifest hashes).
+
+        Requests go out in index order, so written chunks form a prefix with holes: scan past the persisted
+        request mark until `RECOVER_GAP` chunks in a row are not there."""
+        misses = 0
+        for i in range(self.artifact.count):
+            if self.have[i]:
+                continue
+            if self._chunk_ok(i):
                 self.have[i] = 1
                 self.recovered += 1
+                misses = 0
+                continue
+            misses += 1
+            if i >= self.requested_upto and misses >= RECOVER_GAP:
+                break
         if self.recovered:
             self.persist()
 

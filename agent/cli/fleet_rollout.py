@@ -7,37 +7,8 @@ import threading
 
 import click
 
-from agent.errors import ConfigError
-
-
-def broker_options(f):
-    """--broker plus the authentication/TLS options every fleet command takes."""
-    opts = [
-        click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
-        click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
-        click.option("--username", help="Broker user name."),
-        click.option("--password-file", type=click.Path(dir_okay=False), help="File holding the broker password."),
-        click.option("--ca", "ca_file", type=click.Path(dir_okay=False), help="CA bundle for mqtts://."),
-        click.option("--cert", "cert_file", type=click.Path(dir_okay=False), help="Client certificate for mqtts://."),
-        click.option("--cert-key", "cert_key_file", type=click.Path(dir_okay=False), help="Client certificate key."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
-
-
-def _broker(kw: dict):
-    from agent.transport.mqtt import BrokerConfig
-
-    password = None
-    if kw.get("password_file"):
-        try:
-            with open(kw["password_file"]) as fh:
-                password = fh.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"--password-file: cannot read {kw['password_file']}: {exc.strerror}") from None
-    return BrokerConfig(kw["broker"], username=kw.get("username"), password=password, ca=kw.get("ca_file"),
-                        cert=kw.get("cert_file"), key=kw.get("cert_key_file"))
+from agent.cli.fleet import broker_config as _broker
+from agent.cli.fleet import broker_options
 
 
 def _render_progress(event: str, **f) -> None:
@@ -145,33 +116,51 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 @click.option("--trust", "trust_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Fleet public key the devices trust (fleet.pub).")
 @click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
-@click.option("--sysroots", help="Comma-separated captured sysroots (default: all in tests/fixtures/sysroots).")
-@click.option("--state-dir", type=click.Path(file_okay=False), help="Where device state lives (default: a temp dir).")
+@click.option("--sysroots", help="Comma-separated captured sysroots: directories, or names under "
+              "tests/fixtures/sysroots (default: every capture there).")
+@click.option("--state-dir", type=click.Path(file_okay=False), help="Where device state lives (default: a temp dir, removed on exit).")
 @click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
-@click.option("--json", "as_json", is_flag=True, help="Print the fleet layout as JSON lines on start and stop.")
+@click.option("--probation", "probation_s", type=click.FloatRange(0, 3600), default=2.0, show_default=True,
+              help="Seconds of probation after each swap before a device commits.")
+@click.option("--latency-budget", "latency_budget_s", type=click.FloatRange(0.05, 60), default=0.3, show_default=True,
+              help="Seconds of timed runs per provider during qualification.")
+@click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
 @broker_options
-def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, as_json, **broker_kw):
+def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probation_s, latency_budget_s,
+             no_shared_qualification, as_json, **broker_kw):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
-    profile from a captured sysroot) until interrupted. Qualification is real; identical devices share one
-    measurement per (model sha256, target, provider set), and the output says so."""
-    from agent.fleet.simulator import Simulator, discover_sysroots
+    profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
+    devices share one measurement per (model sha256, target, provider set), and the output says so."""
+    import signal
 
-    roots = [s for s in (sysroots or "").split(",") if s] or discover_sysroots()
+    from agent.fleet.sim_classes import resolve_sysroots
+    from agent.fleet.simulator import Simulator
+
     sim = Simulator(count, broker=_broker(broker_kw), prefix=broker_kw["prefix"], trust=[trust_file],
-                    groups=list(groups) or ["sim"], sysroots=roots, state_dir=state_dir, id_prefix=id_prefix)
+                    groups=list(groups) or ["sim"], sysroots=resolve_sysroots(sysroots), state_dir=state_dir,
+                    id_prefix=id_prefix, probation_s=probation_s, latency_budget_s=latency_budget_s,
+                    share_qualification=not no_shared_qualification)
     stop = threading.Event()
-    sim.start(progress=_sim_progress)
-    layout = sim.layout()
-    click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.wait(5.0):
+        sim.start(progress=_sim_progress)
+        layout = sim.layout()
+        click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
+        while not stop.wait(1.0):
             pass
     except KeyboardInterrupt:
         pass
     finally:
-        sim.stop()
         stats = sim.stats()
-        click.echo(json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {stats}")
+        sim.stop()
+        click.echo(json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {_render_stats(stats)}")
+
+
+def _render_stats(stats: dict) -> str:
+    q = stats["qualification"]
+    return (f"{stats['devices']} devices; qualifications measured {q['measured']}, reused {q['reused']} "
+            f"(shared per model sha256, target and provider set); transitions {stats['transitions']}")
 
 
 def _sim_progress(event: str, **f) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import click
 
@@ -13,7 +14,8 @@ GIB = 1 << 30
 
 @click.command("profile")
 @click.option("--sysroot", metavar="DIR", default=None,
-              help="Profile a captured device tree (see scripts/capture-sysroot.sh) instead of this machine.")
+              help="Profile a captured device tree (a directory, or the .tar.gz that scripts/capture-sysroot.sh "
+                   "writes) instead of this machine.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (the pinned keys).")
 def profile(sysroot: str | None, as_json: bool) -> None:
     """Show this device's hardware profile and matching target.
@@ -21,16 +23,26 @@ def profile(sysroot: str | None, as_json: bool) -> None:
     Reads /proc, /sys, /etc and /dev only (sysctl on macOS); with --sysroot, nothing about
     the hardware is read from this machine. Fields that cannot be read are null and a note says why.
     """
-    from agent.hardware import detect
-
-    if sysroot is not None and not os.path.isdir(sysroot):
-        raise ConfigError(f"--sysroot {sysroot}: no such directory")
-    prof = detect(sysroot or "/")
+    prof = _detect(sysroot)
     if as_json:
         click.echo(json.dumps(prof.to_dict(), indent=2))
         return
     for label, value in summary_rows(prof):
         click.echo(f"{label:<13} {value}")
+
+
+def _detect(sysroot: str | None):
+    from agent.hardware import detect
+    from agent.hardware.sysroot import unpack_capture
+
+    if sysroot is None:
+        return detect("/")
+    if os.path.isdir(sysroot):
+        return detect(sysroot)
+    if os.path.isfile(sysroot):
+        with tempfile.TemporaryDirectory(prefix="edge-agent-sysroot-") as tmp:
+            return detect(unpack_capture(sysroot, tmp))
+    raise ConfigError(f"--sysroot {sysroot}: no such directory")
 
 
 def summary_rows(prof) -> list[tuple[str, str]]:
@@ -61,8 +73,23 @@ def summary_rows(prof) -> list[tuple[str, str]]:
     rows.append(("software", ", ".join(f"{k} {_fmt(v)}" for k, v in software.items()) or "-"))
     rows.append(("throttling", _throttling_text(prof.throttling)))
     rows.append(("target", prof.target or "none"))
+    features = _features(prof)
+    if features:
+        rows.append(("features", " ".join(features)))
     rows += [("notes" if i == 0 else "", f"- {n}") for i, n in enumerate(prof.notes)]
     return rows
+
+
+def _features(prof) -> list[str]:
+    """What hwtests may select on for this device (target software features + confirmed hardware)."""
+    if not prof.target:
+        return []
+    from agent.targets import features_for, get_target
+
+    try:
+        return sorted(features_for(prof, get_target(prof.target)))
+    except Exception:  # noqa: BLE001 - the summary must print even if targets changed underneath
+        return []
 
 
 def _fmt(value) -> str:

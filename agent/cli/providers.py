@@ -35,27 +35,58 @@ def _versions(versions: dict) -> str:
                    "(the runtimes are still this host's).")
 @click.option("--target", "target_name", default=None, metavar="NAME",
               help="Rank for this target instead of the one matched from the hardware.")
+@click.option("--verify", is_flag=True,
+              help="Also open a real session on each available provider and run a generated model through it.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of {name, available, reason, remedy, devices, options, versions, preferred}.")
-def providers(sysroot, target_name, as_json):
+def providers(sysroot, target_name, verify, as_json):
     """Rank execution providers in the target's preference order and say why each is or is not usable.
 
     A provider is available only when the hardware (from the profile) and the installed runtime both allow
     it; unavailable ones come with a remedy. Providers the target does not list come last.
     """
+    if verify and sysroot:
+        raise click.UsageError("--verify opens sessions on this host, so it cannot be combined with --sysroot")
     from agent.hardware import detect
     from agent.providers.ranking import rank
 
     profile = detect(sysroot or "/")
     target = _target(profile, target_name)
     results = rank(profile, target)
+    checks = _verify(results) if verify else {}
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        rows = [r.to_dict() for r in results]
+        for row in rows:
+            if row["name"] in checks:
+                row["verified"] = checks[row["name"]]
+        click.echo(json.dumps(rows, indent=2))
         return
-    _print_table(results, getattr(target, "name", None), sysroot)
+    _print_table(results, getattr(target, "name", None), sysroot, checks)
 
 
-def _print_table(results, target_name: str | None, sysroot: str | None) -> None:
+def _verify(results) -> dict[str, dict]:
+    """Smoke-test every available provider on a generated model (y = x + 1)."""
+    import tempfile
+
+    import numpy as np
+    import onnx
+
+    from agent.providers.ranking import smoke_test
+    from agent.samples import tiny_model
+
+    checks = {}
+    with tempfile.TemporaryDirectory(prefix="edge-agent-verify-") as tmp:
+        path = f"{tmp}/tiny.onnx"
+        onnx.save(tiny_model(bias=1.0), path)
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for r in results:
+            if r.available:
+                click.echo(f"verifying {r.name} ...", err=True)
+                checks[r.name] = smoke_test(r, path, {"x": x}, {"y": x + 1.0})
+    return checks
+
+
+def _print_table(results, target_name: str | None, sysroot: str | None, checks: dict[str, dict]) -> None:
     where = f"capture {sysroot}" if sysroot else "this host"
     click.echo(f"target: {target_name or 'none matched'} (hardware from {where}; runtimes from this host)")
     rows = [("#", "PROVIDER", "STATUS", "DEVICES", "VERSIONS")]
@@ -63,16 +94,19 @@ def _print_table(results, target_name: str | None, sysroot: str | None) -> None:
         status = "available" if r.available else "unavailable"
         rows.append((str(i), r.name, status, ",".join(r.devices) or "-", _versions(r.versions)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
-    for i, row in enumerate(rows):
+    pad = " " * (widths[0] + 2)
+    click.echo("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)) + "  " + rows[0][4])
+    for i, (row, r) in enumerate(zip(rows[1:], results)):
+        if target_name and not r.preferred and (i == 0 or results[i - 1].preferred):
+            click.echo(f"-- not in the {target_name} target's preference list --")
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
-        if i == 0:
-            continue
-        r = results[i - 1]
-        pad = " " * (widths[0] + 2)
         click.echo(f"{pad}{'why' if not r.available else 'ok'}: {r.reason}")
         if not r.available and r.remedy:
             click.echo(f"{pad}fix: {r.remedy}")
         if r.options:
             click.echo(f"{pad}options: {json.dumps(r.options, sort_keys=True)}")
-        if not r.preferred:
-            click.echo(f"{pad}(not in this target's preference list)")
+        if r.name in checks:
+            c = checks[r.name]
+            cov = "unknown" if c.get("coverage") is None else f"{c['coverage']:.0%}"
+            click.echo(f"{pad}session: " + (f"ok on {c['device']}, precision {c['precision']}, compile {c['compile_ms']} ms, "
+                                            f"coverage {cov}" if c["ok"] else f"FAILED: {c['error']}"))

@@ -10,7 +10,7 @@ import click
 def _progress(event: str, **f) -> None:
     """Render harness progress on stderr (one line per step; live run counts only on a terminal)."""
     tty = sys.stderr.isatty()
-    name = f.get("provider", "")
+    name = str(f.get("provider") or "") + (f"@{f['device']}" if f.get("device") else "")
     prec = f" ({f['precision']})" if f.get("precision") else ""
     if event == "row" and f.get("status") == "running":
         click.echo(f"qualify: {name}{prec}: running", err=True)

@@ -126,3 +126,98 @@ class ArtifactServer:
             while len(self._fds) > 32:
                 os.close(self._fds.popitem(last=False)[1])
             return fd
+
+
+def _http_handler(store: ContentStore):
+    from http.server import BaseHTTPRequestHandler
+
+    class BlobHandler(BaseHTTPRequestHandler):
+        """GET/HEAD /blobs/sha256/<hex> with single-range `Range: bytes=a-b` support (206/416)."""
+
+        disable_nagle_algorithm = True
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # library code never prints
+            pass
+
+        def do_HEAD(self):
+            self._serve(body=False)
+
+        def do_GET(self):
+            self._serve(body=True)
+
+        def _serve(self, body: bool) -> None:
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if len(parts) != 3 or parts[:2] != ["blobs", "sha256"] or not _is_hex64(parts[2]) or not store.has(parts[2]):
+                return self._error(404, "no such blob")
+            path = store.path(parts[2])
+            size = path.stat().st_size
+            start, end, status = 0, size - 1, 200
+            rng = self.headers.get("Range")
+            if rng:
+                parsed = _parse_range(rng, size)
+                if parsed is None:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                start, end, status = parsed[0], parsed[1], 206
+            self.send_response(status)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(end - start + 1))
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            if body and end >= start:
+                self.wfile.flush()
+                with open(path, "rb") as f:
+                    try:
+                        self.connection.sendfile(f, start, end - start + 1)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+
+        def _error(self, code: int, message: str) -> None:
+            data = message.encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return BlobHandler
+
+
+def _is_hex64(s: str) -> bool:
+    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """'bytes=a-b' / 'bytes=a-' / 'bytes=-n' -> (start, end) inclusive; None when unsatisfiable or multi-range."""
+    if not header.startswith("bytes=") or "," in header:
+        return None
+    a, _, b = header[6:].strip().partition("-")
+    try:
+        if a == "":
+            n = int(b)
+            start, end = max(0, size - n), size - 1
+        else:
+            start, end = int(a), (int(b) if b else size - 1)
+    except ValueError:
+        return None
+    end = min(end, size - 1)
+    return (start, end) if 0 <= start <= end else None
+
+
+def serve_http(store: ContentStore, bind: str):
+    """Serve the store's blobs over HTTP in a background thread; returns the server (call .shutdown())."""
+    from http.server import ThreadingHTTPServer
+
+    host, _, port = bind.rpartition(":")
+    try:
+        httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), _http_handler(store))
+    except (ValueError, OSError) as exc:
+        raise ArtifactError(f"cannot serve HTTP on {bind!r}: {exc}") from None
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="artifact-http", daemon=True).start()
+    return httpd

@@ -23,6 +23,20 @@ def discover_sysroots(base: str | os.PathLike | None = None) -> list[str]:
     return found
 
 
+def resolve_sysroots(spec: str | None) -> list[str] | None:
+    """'a,b' -> directories; a bare name that is not a directory is looked up under the repository's captures."""
+    if not spec:
+        return None
+    out = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if not Path(item).is_dir() and (REPO_SYSROOTS / item).is_dir():
+            item = str(REPO_SYSROOTS / item)
+        out.append(item)
+    return out or None
+
+
 def host_arch() -> str:
     m = platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
@@ -73,8 +87,9 @@ def simulated_providers(profile, target) -> tuple[tuple[str, ...], dict[str, str
     return tuple(kept), why
 
 
-def load_classes(sysroots: list[str]) -> list[DeviceClass]:
-    """Detect each sysroot once (never reading the host) and match its target."""
+def load_classes(sysroots: list[str], strict: bool = True) -> list[DeviceClass]:
+    """Detect each sysroot once (never reading the host) and match its target. A sysroot where no CPU
+    architecture can be read is not a device capture: an error when named (strict), skipped when discovered."""
     from agent.hardware import detect
     from agent.targets import match
 
@@ -83,9 +98,16 @@ def load_classes(sysroots: list[str]) -> list[DeviceClass]:
         if not Path(root).is_dir():
             raise ConfigError(f"--sysroots: {root} is not a directory")
         profile = detect(root, use_host_tools=False)
+        if profile.arch is None:
+            if strict:
+                raise ConfigError(f"--sysroots: no CPU architecture readable under {root} (proc/cpuinfo, "
+                                  "uname captures): not a captured device")
+            continue
         target = match(profile)
         providers, why = simulated_providers(profile, target)
         out.append(DeviceClass(Path(root).name, str(root), profile, target.name, providers, why))
+    if not out:
+        raise ConfigError(f"none of {len(sysroots)} sysroots is a captured device")
     return out
 
 

@@ -40,12 +40,12 @@ class Simulator:
     """Start/stop a simulated fleet. Device ids: {id_prefix}-{class}-{n}; classes assigned round-robin."""
 
     def __init__(self, count: int, *, broker, prefix: str = "edge", trust: list[str], groups: list[str],
-                 sysroots: list[str], state_dir: str | None = None, id_prefix: str = "sim",
+                 sysroots: list[str] | None = None, state_dir: str | None = None, id_prefix: str = "sim",
                  probation_s: float = 2.0, latency_budget_s: float = 0.3, share_qualification: bool = True):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
         self.count, self.broker, self.prefix, self.trust, self.groups = count, broker, prefix, trust, groups
-        self.sysroots, self.id_prefix = sysroots, id_prefix
+        self.sysroots, self.id_prefix = sysroots, id_prefix  # None: every capture in tests/fixtures/sysroots
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="edge-sim-"))
         self.probation_s, self.latency_budget_s = probation_s, latency_budget_s
@@ -60,7 +60,10 @@ class Simulator:
     # -- life --------------------------------------------------------------------------------------------
     def start(self, progress: Callable[..., None] | None = None) -> "Simulator":
         self._progress = progress or self._progress
-        self.classes = load_classes(self.sysroots)
+        if self.sysroots:
+            self.classes = load_classes(self.sysroots)
+        else:
+            self.classes = load_classes(discover_sysroots(), strict=False)
         counters: dict[str, int] = {}
         try:
             for i in range(self.count):

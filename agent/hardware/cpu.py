@@ -54,7 +54,7 @@ def read_cpu(sr: Sysroot) -> tuple[CpuInfo, str | None, dict[str, str]]:
         return CpuInfo(), None, extra
     first = procs[0]
     flags = _flags(procs)
-    if "vendor_id" in first or "model name" in first and "cpu implementer" not in first:
+    if "vendor_id" in first or "flags" in first:  # x86; Arm kernels say "Features" and "CPU implementer"
         cpu = CpuInfo(vendor=X86_VENDORS.get(first.get("vendor_id", ""), first.get("vendor_id") or None),
                       model=_squash(first.get("model name")), cores=len(procs), flags=flags)
         return cpu, _x86_arch(sr, flags), extra

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import struct
 import sys
 from typing import Any
 
@@ -27,7 +28,10 @@ HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64
 
 def detect(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
     """Profile the device whose filesystem is at `root`. Host tools (sysctl) run only when root is '/'."""
-    sr = Sysroot(root)
+    try:
+        sr = Sysroot(root)
+    except (TypeError, ValueError, OSError) as exc:
+        return HardwareProfile(notes=(f"{root!r}: not a usable root directory ({exc})",))
     try:
         if not sr.root.is_dir():
             sr.note(f"{root}: not a directory; nothing could be read")
@@ -62,6 +66,8 @@ def _linux_fields(sr: Sysroot) -> dict[str, Any]:
     if pi is None and extra.get("revision") and (dt.has("raspberrypi") or dt.has("brcm,bcm27")):
         sr.note(f"/proc/cpuinfo: Raspberry Pi revision code {extra['revision']!r} not understood")
     arch = arch or _fallback_arch(sr, dt)
+    if sr.is_host and struct.calcsize("P") == 4:
+        sr.note("this Python is 32-bit: ONNX Runtime and OpenVINO wheels need a 64-bit OS and Python")
     if sr.is_host and cpu.cores is None:
         cpu = dataclasses.replace(cpu, cores=os.cpu_count())
     if memory is None and pi is not None:
@@ -96,6 +102,9 @@ def _software(sr: Sysroot, pi, dt: DeviceTree) -> dict[str, Any]:
     kernel = sr.read_text("proc/sys/kernel/osrelease", what="expected a kernel release string")
     if kernel:
         software["kernel"] = kernel
+    module, _ = module_of(dt)
+    if module and ("l4t" in software or dt.has("nvidia,tegra")):
+        software["jetson_module"] = module
     if pi is not None:
         software["pi_revision"] = pi.code
     return software

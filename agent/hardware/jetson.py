@@ -24,7 +24,8 @@ MODULES = {
     "p3701-0005": ("Jetson AGX Orin 64GB", 2), "p3767-0000": ("Jetson Orin NX 16GB", 2),
     "p3767-0001": ("Jetson Orin NX 8GB", 1), "p3767-0003": ("Jetson Orin Nano 8GB", 0),
     "p3767-0004": ("Jetson Orin Nano 4GB", 0), "p3767-0005": ("Jetson Orin Nano 8GB", 0),
-    "p2888": ("Jetson AGX Xavier", 2), "p2972": ("Jetson AGX Xavier", 2), "p3668": ("Jetson Xavier NX", 2), "p3310": ("Jetson TX2", 0),
+    "p2888": ("Jetson AGX Xavier", 2), "p2972": ("Jetson AGX Xavier", 2), "p3668": ("Jetson Xavier NX", 2),
+    "p3310": ("Jetson TX2", 0),
     "p3636": ("Jetson TX2 NX", 0),
 }
 
@@ -49,7 +50,24 @@ def read_l4t(sr: Sysroot) -> dict[str, str]:
     board = re.search(r"BOARD:\s*([\w-]+)", text)
     if board:
         out["l4t_board"] = board.group(1)
+    power = read_power_mode(sr)
+    if power:
+        out["power_mode"] = power
     return out
+
+
+def read_power_mode(sr: Sysroot) -> str | None:
+    """The nvpmodel power mode name (e.g. 'MAXN_SUPER') from /var/lib/nvpmodel/status + /etc/nvpmodel.conf."""
+    status = sr.read_text("var/lib/nvpmodel/status", what="expected 'pmode:0002 ...'")
+    m = re.search(r"pmode:\s*(\d+)", status or "")
+    if m is None:
+        return None
+    mode = int(m.group(1))
+    conf = sr.read_text("etc/nvpmodel.conf", what="expected nvpmodel configuration text") or ""
+    for mid, name in re.findall(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([\w.-]+)", conf):
+        if int(mid) == mode:
+            return name
+    return f"mode {mode}"
 
 
 def module_of(dt: DeviceTree) -> tuple[str | None, int]:

@@ -65,8 +65,11 @@ def accel_npus(sr: Sysroot) -> list[Accelerator]:
             gen = INTEL_NPUS.get(device or "")
             name = f"Intel NPU ({gen})" if gen else f"Intel NPU ({device or 'unknown device'})"
             out.append(Accelerator(kind="npu", vendor="intel", name=name, device=f"/dev/accel/{node}"))
+            if not sr.exists(f"dev/accel/{node}"):
+                sr.note(f"{name}: no /dev/accel/{node} node (container without the device, or missing udev rules)")
         elif vendor is not None:
-            out.append(Accelerator(kind="npu", vendor=f"pci-{vendor}", name=f"NPU {vendor}:{device}", device=f"/dev/accel/{node}"))
+            out.append(Accelerator(kind="npu", vendor=f"pci-{vendor}", name=f"NPU {vendor}:{device}",
+                                   device=f"/dev/accel/{node}"))
     if not entries:
         for node in sr.glob("dev/accel/accel*"):
             sr.note(f"/{node} exists but /sys/class/accel has no entry for it; vendor unknown")
@@ -81,15 +84,19 @@ def pci_accelerators(sr: Sysroot) -> list[Accelerator]:
         if key in PCI_ACCELERATORS:
             kind, vendor, name, node = PCI_ACCELERATORS[key]
             dev = node if sr.exists(node.lstrip("/")) else f"pci:{entry.rsplit('/', 1)[1]}"
+            if not dev.startswith("/"):
+                sr.note(f"{name} found on PCI ({dev}) but {node} is missing: its kernel driver is not loaded")
             found.setdefault(node, Accelerator(kind=kind, vendor=vendor, name=name, device=dev))
     if "/dev/hailo0" not in found and sr.exists("dev/hailo0"):
         found["/dev/hailo0"] = Accelerator(kind="npu", vendor="hailo", name="Hailo", device="/dev/hailo0")
     for node in sr.glob("dev/apex_*"):
-        found.setdefault("/" + node, Accelerator(kind="tpu", vendor="google", name="Coral Edge TPU (PCIe)", device="/" + node))
+        found.setdefault("/" + node, Accelerator(kind="tpu", vendor="google", name="Coral Edge TPU (PCIe)",
+                                                 device="/" + node))
     for entry in sr.glob("sys/bus/usb/devices/*"):
         vid = sr.read_text(f"{entry}/idVendor") if sr.exists(f"{entry}/idVendor") else None
         pid = sr.read_text(f"{entry}/idProduct") if vid else None
         if (vid, pid) in USB_ACCELERATORS:
             kind, vendor, name = USB_ACCELERATORS[(vid, pid)]
-            found.setdefault("usb:" + entry, Accelerator(kind=kind, vendor=vendor, name=name, device=f"usb:{vid}:{pid}"))
+            found.setdefault("usb:" + entry, Accelerator(kind=kind, vendor=vendor, name=name,
+                                                         device=f"usb:{vid}:{pid}"))
     return list(found.values())

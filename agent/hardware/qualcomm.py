@@ -19,13 +19,14 @@ def qualcomm_accelerators(sr: Sysroot) -> list[Accelerator]:
     """The Hexagon compute DSP (HTP) that QNN needs, and the Adreno GPU if kgsl reports it."""
     out = []
     if sr.exists("dev/fastrpc-cdsp"):
-        out.append(Accelerator(kind="dsp", vendor="qualcomm", name="Hexagon cDSP (HTP)", device="/dev/fastrpc-cdsp"))
+        out.append(Accelerator("dsp", "qualcomm", "Hexagon cDSP (HTP)", "/dev/fastrpc-cdsp"))
     elif sr.exists("dev/adsprpc-smd"):
-        out.append(Accelerator(kind="dsp", vendor="qualcomm", name="Hexagon DSP (legacy adsprpc)", device="/dev/adsprpc-smd"))
+        out.append(Accelerator("dsp", "qualcomm", "Hexagon DSP (legacy adsprpc)", "/dev/adsprpc-smd"))
     elif sr.exists("dev/fastrpc-adsp"):
-        sr.note("/dev/fastrpc-adsp present but no /dev/fastrpc-cdsp: only the audio DSP is exposed, QNN HTP needs the cDSP")
+        sr.note("/dev/fastrpc-adsp present but no /dev/fastrpc-cdsp: only the audio DSP is exposed; "
+                "QNN's HTP backend needs the cDSP")
     gpu = sr.read_text("sys/class/kgsl/kgsl-3d0/gpu_model", what="expected an Adreno model name")
     if gpu:
-        out.append(Accelerator(kind="gpu", vendor="qualcomm", name=gpu.replace("Adreno", "Adreno ").replace("  ", " ").strip(),
-                               device="/dev/kgsl-3d0"))
+        name = " ".join(gpu.replace("Adreno", "Adreno ").split())
+        out.append(Accelerator("gpu", "qualcomm", name, "/dev/kgsl-3d0"))
     return out

@@ -106,3 +106,29 @@ def decode_clean(data: bytes) -> str | None:
     if any((ord(c) < 32 and c not in "\n\t\r") or ord(c) == 127 for c in text):
         return None
     return text.strip()
+
+
+def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Unpack a capture-sysroot.sh tarball into `dest` (regular files and directories only, no links, nothing
+    outside dest); returns dest. Raises ConfigError if it is not a readable tar archive."""
+    import tarfile
+
+    from agent.errors import ConfigError
+
+    dest = Path(dest)
+    try:
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and _safe_member(m.name)]
+            for m in members:
+                m.mode = 0o755 if m.isdir() else 0o644
+            tar.extractall(dest, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    except (tarfile.TarError, EOFError):
+        raise ConfigError(f"{archive}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)") from None
+    except OSError as exc:
+        raise ConfigError(f"{archive}: cannot unpack: {exc.strerror or exc}") from None
+    return dest
+
+
+def _safe_member(name: str) -> bool:
+    parts = Path(name).parts
+    return not Path(name).is_absolute() and ".." not in parts

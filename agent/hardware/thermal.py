@@ -9,6 +9,8 @@ THROTTLE_BITS = {
     0: "under_voltage", 1: "freq_capped", 2: "throttled", 3: "soft_temp_limit",
     16: "under_voltage_occurred", 17: "freq_capped_occurred", 18: "throttled_occurred", 19: "soft_temp_limit_occurred",
 }
+# Zones that are not sensors: Jetson's PMIC-Die always reads 100 C (a fixed trip placeholder).
+PLACEHOLDER_ZONES = {"PMIC-Die"}
 THROTTLED_GLOBS = (
     "sys/devices/platform/soc/soc:firmware/get_throttled",
     "sys/devices/platform/soc*/soc*:firmware/get_throttled",
@@ -62,6 +64,8 @@ def read_temperatures(sr: Sysroot) -> dict[str, float]:
             sr.note(f"/{zone}/temp: {milli} m°C is outside the physical range; ignored")
             continue
         name = sr.read_text(f"{zone}/type", what="expected a zone name") or zone.rsplit("/", 1)[1]
+        if name in PLACEHOLDER_ZONES:
+            continue
         key = name if name not in temps else f"{name}.{zone.rsplit('zone', 1)[1]}"
         temps[key] = round(milli / 1000.0, 1)
     return temps

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -50,6 +51,9 @@ class Orchestrator:
         self._idle = threading.Condition(self._lock)
         self._workers: dict[str, _Worker] = {}
         self._stopping = False
+        self._reports: queue.Queue = queue.Queue()
+        self._reports_lock = threading.Lock()
+        self._reporter: threading.Thread | None = None
 
     # ---- start-up ------------------------------------------------------------------------------
     def start(self) -> list[Deployment]:
@@ -74,6 +78,7 @@ class Orchestrator:
         end = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, end - time.monotonic()))
+        self.flush_reports(max(1.0, end - time.monotonic()))
 
     # ---- requests --------------------------------------------------------------------------------
     def submit(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment | None:
@@ -131,7 +136,7 @@ class Orchestrator:
 
     def in_flight(self) -> dict[str, Deployment]:
         with self._lock:
-            return {n: w.current for n, w in self._workers.items() if w.current is not None}
+            return {n: w.current for n, w in self._workers.items() if w.current is not None and not w.current.terminal}
 
     # ---- workers ---------------------------------------------------------------------------------
     def _schedule(self, dep: Deployment) -> None:
@@ -162,6 +167,8 @@ class Orchestrator:
             with self._lock:
                 dep, w.pending = w.pending, None
                 w.current = dep
+                # one context per deployment, set with `current`: a cancel between two steps is not lost
+                w.ctx = act.StepContext(None, progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
                 if dep is None or self._stopping:
                     w.current, w.thread = None, None
                     self._idle.notify_all()
@@ -174,14 +181,13 @@ class Orchestrator:
                     self._idle.notify_all()
 
     def _drive(self, dep: Deployment, w: _Worker) -> None:
+        ctx = w.ctx
         while not dep.terminal:
             with self._lock:
                 if self._stopping:
                     return  # stays journaled in its state; recovery resumes it on the next start
                 limit = self.deadlines.get(dep.state)
-                ctx = act.StepContext(time.monotonic() + limit if limit else None,
-                                      progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
-                w.ctx = ctx
+                ctx.deadline = time.monotonic() + limit if limit else None
             event, reason, data = self._step(dep, ctx)
             with self._lock:
                 if self._stopping:
@@ -226,19 +232,40 @@ class Orchestrator:
             self._idle.notify_all()
 
     def _notify(self, dep: Deployment) -> None:
-        record = {"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
-                  "reason": dep.reason, "ts": dep.updated}
-        for listener in list(self.listeners):
-            try:
-                listener(record)
-            except Exception:  # noqa: BLE001 - a broken reporter must not stop a deployment
-                pass
+        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
+                       "state": dep.state.value, "reason": dep.reason, "ts": dep.updated})
 
     def _progress(self, dep: Deployment, event: str, **fields: Any) -> None:
-        record = {"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
-                  "progress": event, **fields, "ts": time.time()}
-        for listener in list(self.listeners):
+        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
+                       "progress": event, **fields, "ts": time.time()})
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        """Listeners run on one reporter thread, in order, never under the orchestrator's lock."""
+        with self._reports_lock:
+            self._reports.put(record)
+            if self._reporter is None or not self._reporter.is_alive():
+                self._reporter = threading.Thread(target=self._report_loop, name="lifecycle-reports", daemon=True)
+                self._reporter.start()
+
+    def _report_loop(self) -> None:
+        while True:
             try:
-                listener(record)
-            except Exception:  # noqa: BLE001
-                pass
+                record = self._reports.get(timeout=5.0)
+            except queue.Empty:
+                with self._reports_lock:
+                    if self._reports.empty():
+                        self._reporter = None
+                        return
+                continue
+            for listener in list(self.listeners):
+                try:
+                    listener(record)
+                except Exception:  # noqa: BLE001 - a broken reporter must not stop a deployment
+                    pass
+            self._reports.task_done()
+
+    def flush_reports(self, timeout: float = 10.0) -> None:
+        """Wait until every transition so far has reached the listeners."""
+        end = time.monotonic() + timeout
+        while self._reports.unfinished_tasks and time.monotonic() < end:
+            time.sleep(0.01)

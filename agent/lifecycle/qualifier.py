@@ -1,9 +1,14 @@
-"""Runs the qualification engine for one deployment in a child process that can be cancelled or timed out."""
+"""Runs the qualification engine for one deployment in a child process (`python -m agent.lifecycle.qualifier`)
+that can be cancelled or timed out; results and progress come back over a pipe."""
 from __future__ import annotations
 
-import multiprocessing
 import os
+import pickle
 import signal
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
@@ -15,26 +20,44 @@ POLL_S = 0.2
 def run_qualification(package_dir: str, profile: Any, target_name: str | None, cache_root: str,
                       ctx: StepContext, *, providers: list[str] | None = None,
                       options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """harness.qualify in a spawned child; returns Decision.to_dict(). Cancellation/deadline kill the child."""
-    mp = multiprocessing.get_context("spawn")
-    recv, send = mp.Pipe(duplex=False)
-    proc = mp.Process(target=_child, args=(send, package_dir, profile, target_name, cache_root, providers,
-                                           dict(options or {})), name="edge-agent-qualify", daemon=True)
-    proc.start()
-    send.close()
+    """harness.qualify in a child process; returns Decision.to_dict(). Cancellation/deadline kill the child."""
+    args = (package_dir, profile, target_name, cache_root, providers, dict(options or {}))
+    rfd, wfd = os.pipe()
     try:
-        return _collect(proc, recv, ctx)
+        proc = subprocess.Popen([sys.executable, "-m", "agent.lifecycle.qualifier", str(wfd), str(os.getpid())],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                pass_fds=(wfd,), close_fds=True)
+    except OSError as exc:
+        os.close(rfd)
+        raise LifecycleError(f"cannot start the qualification process: {exc}") from None
     finally:
-        if proc.is_alive():
+        os.close(wfd)
+    recv = Connection(rfd, writable=False)
+    stderr: list[bytes] = []
+    drain = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    drain.start()
+    try:
+        proc.stdin.write(pickle.dumps(args))
+        proc.stdin.close()
+        return _collect(proc, recv, ctx, stderr)
+    except BrokenPipeError:
+        return _collect(proc, recv, ctx, stderr)
+    finally:
+        if proc.poll() is None:
             proc.kill()
-        proc.join(10)
+        proc.wait(10)
+        drain.join(5)
         recv.close()
 
 
-def _collect(proc, recv, ctx: StepContext) -> dict[str, Any]:
+def _collect(proc, recv, ctx: StepContext, stderr: list[bytes]) -> dict[str, Any]:
     while True:
         ctx.check()
-        if recv.poll(POLL_S):
+        try:
+            ready = recv.poll(POLL_S)
+        except (EOFError, OSError):
+            break
+        if ready:
             try:
                 kind, payload = recv.recv()
             except (EOFError, OSError):
@@ -45,10 +68,15 @@ def _collect(proc, recv, ctx: StepContext) -> dict[str, Any]:
                 return payload
             elif kind == "error":
                 raise LifecycleError(f"qualification failed: {payload}")
-        elif not proc.is_alive():
+        elif proc.poll() is not None:
             break
-    proc.join(5)
-    raise LifecycleError(f"qualification process died ({_describe(proc.exitcode)})")
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+    tail = b"".join(stderr).decode("utf-8", "replace").strip().splitlines()[-3:]
+    detail = f": {' | '.join(tail)}" if tail else ""
+    raise LifecycleError(f"qualification process died ({_describe(proc.returncode)}){detail}")
 
 
 def _describe(code: int | None) -> str:
@@ -73,7 +101,6 @@ def _die_with_parent() -> None:
 
 
 def _child(conn, package_dir, profile, target_name, cache_root, providers, options) -> None:  # pragma: no cover
-    _die_with_parent()
     try:
         from agent.qualify.harness import qualify
         from agent.qualify.package import load_package
@@ -93,7 +120,19 @@ def _child(conn, package_dir, profile, target_name, cache_root, providers, optio
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
-        os._exit(0)
+
+
+def main(argv: list[str]) -> None:  # pragma: no cover - runs in the child
+    wfd, parent = int(argv[0]), int(argv[1])
+    _die_with_parent()
+    if os.getppid() != parent:
+        os._exit(3)  # the daemon died before we could arm PDEATHSIG
+    args = pickle.loads(sys.stdin.buffer.read())
+    conn = Connection(wfd, readable=False)
+    _child(conn, *args)
+    sys.stdout.flush()
+    os._exit(0)
+
 
 
 def _target(name: str | None, profile: Any):
@@ -104,3 +143,7 @@ def _target(name: str | None, profile: Any):
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, (str, int, float, bool, type(None))) else str(v) for k, v in fields.items()}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:])

@@ -153,6 +153,8 @@ class Steps:
         return {k: d.get(k) for k in ENTRY_KEYS}
 
     def _serve(self, name: str, entry: dict[str, Any]) -> None:
+        if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
+            act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
         swap = self.config.swap
         act.activate(self.registry, name, entry, swap=swap, lock=self.session_lock)
         self.unavailable.pop(name, None)

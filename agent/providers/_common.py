@@ -97,26 +97,17 @@ def is_intel_cpu(profile: "HardwareProfile") -> bool:
 
 
 def jetson_gpu_remedy(profile: "HardwareProfile", ep: str) -> str:
-    """The right wheel for an NVIDIA EP on this board."""
-    if is_jetson(profile):
-        jp = jetpack(profile) or ""
-        major = jp.split(".")[0] if jp else ""
-        if major == "4":
-            return (
-                f"JetPack {jp} (Jetson Nano) is limited to old onnxruntime-gpu builds (<= 1.11, Python 3.6/3.8) "
-                f"from NVIDIA's Jetson Zoo; with the current agent use the cpu provider"
-            )
-        if major == "5":
-            return (
-                f"install the onnxruntime-gpu wheel for JetPack {jp} from the Jetson AI Lab index "
-                f"(pypi.jetson-ai-lab.io/jp5, CUDA 11.4); {ep} uses the TensorRT/CUDA that JetPack ships"
-            )
-        return (
-            f"install the onnxruntime-gpu wheel for JetPack {jp or '6'} from the Jetson AI Lab index "
-            f"(pip install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; CUDA 12.6, "
-            f"Python 3.10); {ep} uses the TensorRT/CUDA that JetPack ships"
-        )
-    return (
-        f"pip uninstall onnxruntime && pip install onnxruntime-gpu, plus CUDA 12 and cuDNN 9"
-        + (" and TensorRT 10 (pip install tensorrt-cu12)" if ep == "TensorRT" else "")
-    )
+    """The right onnxruntime-gpu wheel for an NVIDIA EP on this board."""
+    trt = " and TensorRT 10 (pip install tensorrt-cu12)" if ep == "TensorRT" else ""
+    if not is_jetson(profile):
+        return f"pip uninstall onnxruntime && pip install onnxruntime-gpu, with CUDA 12 and cuDNN 9{trt}"
+    jp = jetpack(profile) or ""
+    major = jp.split(".")[0]
+    if major == "4":
+        return (f"JetPack {jp} (Jetson Nano class) only has old onnxruntime-gpu builds (<= 1.11, Python 3.6/3.8) "
+                f"from NVIDIA's Jetson Zoo, which this agent cannot use: run the cpu provider, or move to an Orin")
+    index = {"5": ("JetPack 5", "CUDA 11.4, Python 3.8"), "7": ("JetPack 7", "CUDA 13, Python 3.12")}.get(
+        major, ("JetPack 6", "pip install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; "
+                             "CUDA 12.6, Python 3.10"))
+    return (f"install the onnxruntime-gpu wheel for {index[0]} (this board: JetPack {jp or 'unknown'}) from the "
+            f"Jetson AI Lab index ({index[1]}); {ep} and CUDA themselves come with JetPack")

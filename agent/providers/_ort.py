@@ -61,7 +61,11 @@ def register_plugin(package: str, ep_name: str) -> tuple[list[Any], str | None]:
 def _register(package: str, ep_name: str) -> tuple[list[Any], str | None]:
     mod, err = try_import(package)
     if mod is None:
-        return [], f"{package} is not installed ({err})"
+        dist = package.replace("_", "-")
+        return [], (f"{dist} is not installed" if err and err.startswith("ModuleNotFoundError")
+                    else f"{dist} cannot be imported: {err}")
+    if not hasattr(mod, "get_library_path"):
+        return [], f"{package} has no get_library_path(): not a plugin EP package this agent knows"
     rt, err = ort_or_reason()
     if rt is None:
         return [], f"onnxruntime cannot be imported: {err}"

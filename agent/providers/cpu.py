@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import ProviderError
 from agent.providers import _ort
-from agent.providers._common import probe_guard, unavailable
+from agent.providers._common import is_macos, probe_guard, unavailable
 from agent.providers.base import ProbeResult, Provider, ProviderSession
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +27,7 @@ class CpuProvider(Provider):
         rt, err = _ort.ort_or_reason()
         if rt is None:
             return unavailable(self.name, f"onnxruntime cannot be imported: {err}", "pip install onnxruntime")
-        kernels = " with KleidiAI kernels" if profile.arch == "aarch64" else ""
+        kernels = " with KleidiAI kernels" if profile.arch == "aarch64" and not is_macos(profile) else ""
         cores = f", {profile.cpu.cores} logical CPUs" if profile.cpu.cores else ""
         return ProbeResult(
             name=self.name, available=True,

@@ -47,7 +47,7 @@ class OrtOpenVINOProvider(OrtEpProvider):
             return None, None
         devs, err = _ort.register_plugin(PLUGIN, EP)
         if err:
-            return None, f"the OpenVINO EP is not installed: neither onnxruntime-ep-openvino nor the onnxruntime-openvino build ({err})"
+            return None, f"OpenVINO EP not in this onnxruntime install: {err}, and this is not the onnxruntime-openvino build"
         if devs:
             return devs, None
         vendor = cpu_vendor(profile)

@@ -41,7 +41,7 @@ class QnnProvider(OrtEpProvider):
             return None, None
         devs, err = _ort.register_plugin(PLUGIN, EP)
         if err:
-            return None, f"QNN EP not installed: {err}"
+            return None, f"QNN EP not in this onnxruntime install: {err}"
         if not devs:
             return None, "onnxruntime-qnn registered but found no Qualcomm NPU on this host (is /dev/fastrpc-cdsp accessible?)"
         return devs, None

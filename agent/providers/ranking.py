@@ -51,3 +51,22 @@ def _probe(name: str, profile: "HardwareProfile", options: dict[str, Any], prefe
         res = ProbeResult(name=name, available=False, reason=f"provider module failed to load: {type(exc).__name__}: {exc}",
                           remedy="reinstall edge-agent", options=options)
     return dataclasses.replace(res, preferred=preferred)
+
+
+def smoke_test(result: ProbeResult, model_path: str, feeds: dict, expected: dict) -> dict[str, Any]:
+    """Open a real session on an available provider and run one known input: {ok, precision, device, coverage, error}."""
+    import numpy as np
+
+    from agent.errors import EdgeAgentError
+
+    try:
+        sess = get(result.name).open_session(model_path, options=dict(result.options))
+        got = sess.run(feeds)
+        a = sess.assignment()
+        bad = [k for k, v in expected.items() if not np.allclose(got.get(k), v, atol=1e-2, rtol=1e-2)]
+        out = {"ok": not bad, "precision": sess.precision, "device": sess.device, "coverage": a.coverage,
+               "compile_ms": round(sess.compile_s * 1e3, 1), "error": f"wrong output(s): {', '.join(bad)}" if bad else None}
+        sess.close()
+        return out
+    except EdgeAgentError as exc:
+        return {"ok": False, "error": str(exc)}

@@ -20,11 +20,13 @@ class Row:
     reason: str = ""
     precision: str | None = None
     requested_precision: str | None = None
+    requested_device: str | None = None  # set when the provider has several devices (OpenVINO CPU/GPU/NPU)
     stage: str | None = None  # where it stopped: probe | compatibility | accuracy | latency | isolation
     options: dict[str, Any] = field(default_factory=dict)
     device: str | None = None
     coverage: float | None = None
     assignment: dict[str, Any] | None = None
+    unsupported_ops: list[str] = field(default_factory=list)
     accuracy: dict[str, Any] = field(default_factory=dict)
     latency_ms: dict[str, Any] = field(default_factory=dict)
     throughput_ips: float | None = None
@@ -36,8 +38,9 @@ class Row:
 
     @property
     def key(self) -> str:
-        """`provider` or `provider:precision` for a requested non-default precision."""
-        return f"{self.provider}:{self.requested_precision}" if self.requested_precision else self.provider
+        """`provider[@device][:precision]`: device and precision only when explicitly requested."""
+        key = f"{self.provider}@{self.requested_device}" if self.requested_device else self.provider
+        return f"{key}:{self.requested_precision}" if self.requested_precision else key
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -112,26 +112,37 @@ def _qualify_provider(name, pkg, profile, target, feeds, reference, ref_error, c
     options = _options(target, name, probe)
     row_versions = {**versions, **probe.versions}
     cdir = caches.cache_dir_for(cache_root, pkg.sha256, name, row_versions) if cache_root else None
-    rows = []
+    devices = list(probe.devices) if len(probe.devices) > 1 else [None]
+    rows: list[Row] = []
+    for device in devices:
+        rows.extend(_precision_rows(prov, name, device, options, pkg, profile, feeds, reference, ref_error, cdir,
+                                    target, isolate, budget, timeout, say, all_precisions, row_versions))
+    return rows
+
+
+def _precision_rows(prov, name, device, options, pkg, profile, feeds, reference, ref_error, cdir, target, isolate,
+                    budget, timeout, say, all_precisions, row_versions) -> list[Row]:
+    rows: list[Row] = []
     for precision in prov.precisions(profile):
         if precision is not None and not all_precisions and not (rows and rows[-1].stage == "accuracy"):
             continue  # a non-default precision is tried only when the default fails accuracy
-        say("row", provider=name, precision=precision, status="running")
-        row = _run_row(name, precision, options, pkg, feeds, reference, ref_error, cdir, target, isolate, budget,
-                       timeout, say)
+        say("row", provider=name, device=device, precision=precision, status="running")
+        row = _run_row(name, precision, device, options, pkg, feeds, reference, ref_error, cdir, target, isolate,
+                       budget, timeout, say)
         row.versions = row_versions
-        say("row", provider=name, precision=row.precision, status=row.status, reason=row.reason)
+        say("row", provider=name, device=device, precision=row.precision, status=row.status, reason=row.reason)
         rows.append(row)
     return rows
 
 
-def _run_row(name, precision, options, pkg, feeds, reference, ref_error, cdir, target, isolate, budget, timeout,
-             say) -> Row:
+def _run_row(name, precision, device, options, pkg, feeds, reference, ref_error, cdir, target, isolate, budget,
+             timeout, say) -> Row:
     if reference is None:
-        return Row(provider=name, status="error", reason=ref_error, stage="accuracy", requested_precision=precision)
+        return Row(provider=name, status="error", reason=ref_error, stage="accuracy", requested_precision=precision,
+                   requested_device=device)
     kwargs = {
         "model_path": str(pkg.model_path), "provider": name, "options": options, "precision": precision,
-        "device": None, "cache_dir": str(cdir) if cdir else None, "feeds": feeds, "reference": reference,
+        "device": device, "cache_dir": str(cdir) if cdir else None, "feeds": feeds, "reference": reference,
         "tolerances": tolerances_for(target, pkg, name), "budget_s": budget, "batch": batch_size(feeds),
     }
     res = run_isolated("agent.qualify.rowtask:measure_row", kwargs, timeout=timeout, isolate=isolate,
@@ -140,7 +151,7 @@ def _run_row(name, precision, options, pkg, feeds, reference, ref_error, cdir, t
         row = Row.from_dict(res.value)
     else:
         row = Row(provider=name, status="error", reason=f"{name}: {res.error}", stage="isolation",
-                  requested_precision=precision, options=options)
+                  requested_precision=precision, requested_device=device, options=options)
     row.wall_s = round(res.wall_s, 3)
     return row
 

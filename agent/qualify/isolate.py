@@ -21,6 +21,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
+_CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
+
+
+def child_progress(event: str, **fields: Any) -> None:
+    """Progress from inside an isolated task, forwarded to the parent's callback (no-op in-process)."""
+    if _CHILD_CONN:
+        _CHILD_CONN[0].send(("progress", event, fields))
 
 
 @dataclass

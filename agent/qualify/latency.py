@@ -2,7 +2,7 @@
 
 A percentile is only claimed when enough samples back it (MLPerf's rule): p90 needs >= 64 timed runs,
 p99 >= 662. Runs continue until 662 samples or the time budget is spent, but never stop before 64 unless
-the hard limit (3x budget) is hit. The p50 gets a bootstrap 95% confidence interval used to decide
+the hard limit (3x budget, at least 2 s) is hit. The p50 gets a bootstrap 95% confidence interval used to decide
 near-ties during selection.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def measure(
     """Time `run_once` and return the pinned latency_ms block plus throughput and support flags."""
     warmup = _warm_up(run_once, warmup_s)
     samples: list[float] = []
-    hard_stop = time.perf_counter() + 3 * budget_s
+    hard_stop = time.perf_counter() + max(3 * budget_s, 2.0)
     soft_stop = time.perf_counter() + budget_s
     next_report = time.perf_counter() + 1.0
     t_start = time.perf_counter()

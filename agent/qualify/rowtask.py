@@ -1,13 +1,14 @@
 """The work done inside the child for one (provider, precision) row: compatibility, accuracy, latency."""
 from __future__ import annotations
 
+import re
 import resource
 import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError
 from agent.qualify import accuracy, latency
-from agent.qualify.worker import emit
+from agent.qualify.isolate import child_progress as emit
 
 
 def _rss_mb() -> float:
@@ -27,14 +28,15 @@ def measure_row(*, model_path: str, provider: str, options: dict[str, Any], prec
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions."""
     from agent.providers import get
 
-    row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "options": options,
-                           "cache_dir": cache_dir}
+    row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device,
+                           "options": options, "cache_dir": cache_dir}
     rss0 = _rss_mb()
     emit("session", provider=provider, precision=precision)
     try:
         sess = get(provider).open_session(model_path, options=options, precision=precision, device=device,
                                           cache_dir=cache_dir)
     except EdgeAgentError as exc:
+        row["unsupported_ops"] = unsupported_ops(str(exc))
         return _fail(row, "compatibility", f"session creation failed: {exc}")
     row.update(precision=sess.precision or precision, device=sess.device, compile_s=sess.compile_s)
     _record_assignment(row, sess)
@@ -57,6 +59,17 @@ def measure_row(*, model_path: str, provider: str, options: dict[str, Any], prec
                      + (f" ({row['precision']})" if row.get("precision") else ""))
     row.update(status="passed", reason=_passed_reason(row))
     return row
+
+
+def unsupported_ops(message: str) -> list[str]:
+    """Op names a provider's error names: 'unsupported operator(s) A, B:' (openvino) or ORT's
+    'Could not find an implementation for Op(ver) node'."""
+    ops = []
+    m = re.search(r"unsupported operator\(s\) ([^:]+):", message)
+    if m:
+        ops += [o.strip() for o in m.group(1).split(",") if o.strip()]
+    ops += re.findall(r"Could not find an implementation for (\w+)\(\d+\)", message)
+    return list(dict.fromkeys(ops))
 
 
 def _record_assignment(row: dict[str, Any], sess) -> None:

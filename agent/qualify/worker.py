@@ -7,15 +7,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from agent.qualify import isolate
 from agent.qualify.isolate import FAULT_ENV, resolve
-
-_conn: Connection | None = None
-
-
-def emit(event: str, **fields) -> None:
-    """Progress from inside a task, forwarded to the parent's progress callback."""
-    if _conn is not None:
-        _conn.send(("progress", event, fields))
 
 
 def _inject_fault(tag: str) -> None:
@@ -33,8 +26,7 @@ def _inject_fault(tag: str) -> None:
 
 
 def serve(conn: Connection) -> None:
-    global _conn
-    _conn = conn
+    isolate._CHILD_CONN[:] = [conn]
     while True:
         try:
             msg = conn.recv()

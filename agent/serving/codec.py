@@ -204,13 +204,13 @@ def _outputs(raw: Any, req: InferRequest) -> None:
             req.binary[spec["name"]] = bool(params["binary_data"])
 
 
-def decode_request(body: bytes, header_length: int | None) -> InferRequest:
+def decode_request(body: bytes | memoryview, header_length: int | None) -> InferRequest:
     """Decode an infer request body; header_length is the Inference-Header-Content-Length (None: all JSON)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
     try:
-        doc = json.loads(head)
+        doc = json.loads(bytes(head) if isinstance(head, memoryview) else head)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
     except RecursionError:

@@ -74,7 +74,7 @@ class Router:
         self.collectors = collectors
         self.extra_metrics = extra_metrics
 
-    def route(self, method: str, path: str, body: bytes, header_length: int | None, ready: bool) -> Response:
+    def route(self, method: str, path: str, body: bytes | memoryview, header_length: int | None, ready: bool) -> Response:
         path = path.split("?", 1)[0]
         if path in ("/v2", "/v2/"):
             self._only(method, "GET")
@@ -110,7 +110,7 @@ class Router:
         if method != allowed:
             raise MethodNotAllowed(f"method {method} not allowed here; use {allowed}")
 
-    def infer(self, name: str, version: str | None, body: bytes, header_length: int | None) -> Response:
+    def infer(self, name: str, version: str | None, body: bytes | memoryview, header_length: int | None) -> Response:
         self.registry.entry(name, version)  # unknown model -> 404 before the body is decoded
         req = codec.decode_request(body, header_length)
         served, outputs = self.registry.infer(name, req.inputs, version=version, outputs=req.outputs)

@@ -6,165 +6,17 @@ credentials (they reveal nothing but liveness). Loopback is the default bind add
 """
 from __future__ import annotations
 
-import hmac
 import socket
 import threading
-import zlib
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Callable, Iterable
 
-import agent
 from agent.errors import ServingError
-from agent.serving.errors import (BadRequest, LengthRequired, ModelUnavailable, PayloadTooLarge, Unauthorized,
-                                  status_of)
-from agent.serving.handlers import Response, Router, error_response, header_length
+from agent.serving.handlers import Router
 from agent.serving.metrics import Metric
+from agent.serving.wire import ConnectionHandler
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
-OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
-_PHRASES = {s.value: s.phrase for s in HTTPStatus}
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # FACTS: otherwise ~40 ms stalls per keep-alive request
-    server_version = f"edge-agent/{agent.__version__}"
-    oip: "OIPServer"  # set on the subclass made per server
-
-    def setup(self) -> None:
-        self.timeout = self.oip.request_timeout  # idle keep-alive connections end after this
-        super().setup()
-
-    def log_message(self, format, *args) -> None:  # noqa: A002 - library code never prints
-        pass
-
-    def send_error(self, code, message=None, explain=None) -> None:
-        """Errors raised by the stdlib parser (bad request line, huge headers...) answered as JSON, never 5xx."""
-        if code >= 500:
-            code = 405 if code == 501 else 400
-        self.close_connection = True
-        self._write(error_response(code, message or _PHRASES.get(code, "bad request")))
-
-    def _write(self, resp: Response) -> None:
-        self.oip._count(resp.status)
-        head = [f"HTTP/1.1 {resp.status} {_PHRASES.get(resp.status, 'Error')}", f"Server: {self.server_version}",
-                f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
-        head += [f"{k}: {v}" for k, v in resp.headers.items()]
-        if resp.status == 401:
-            head.append('WWW-Authenticate: Bearer realm="edge-agent"')
-        if self.close_connection:
-            head.append("Connection: close")
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + resp.body)
-
-    def _dispatch(self, method: str) -> None:
-        oip = self.oip
-        if not oip._enter():
-            self.close_connection = True
-            self._drain_body_quietly()
-            self._write(error_response(503, "server is shutting down"))
-            return
-        try:
-            try:
-                body = self._body(method)
-                self._authorize()
-                resp = oip._router.route(method, self.path, body, header_length(self.headers.get("Inference-Header-Content-Length")),
-                                         oip.accepting)
-            except ServingError as exc:
-                resp = error_response(status_of(exc), str(exc))
-            except Exception as exc:  # noqa: BLE001 - a bug: answer 500, keep serving
-                resp = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
-            self._write(resp)
-        finally:
-            oip._leave()
-
-    def _authorize(self) -> None:
-        token = self.oip.token
-        if token is None or self.path.split("?", 1)[0] in OPEN_PATHS:
-            return
-        got = self.headers.get("Authorization", "")
-        if not hmac.compare_digest(got.encode("utf-8", "replace"), f"Bearer {token}".encode()):
-            raise Unauthorized("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
-
-    def _length(self) -> int:
-        if self.headers.get("Transfer-Encoding"):
-            self.close_connection = True
-            raise LengthRequired("chunked request bodies are not supported; send Content-Length")
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return -1
-        try:
-            n = int(raw)
-        except ValueError:
-            n = -2
-        if n < 0:
-            self.close_connection = True
-            raise BadRequest(f"invalid Content-Length {raw!r}")
-        return n
-
-    def _body(self, method: str) -> bytes:
-        n = self._length()
-        if n == -1:
-            if method == "POST":
-                self.close_connection = True
-                raise LengthRequired("POST needs a Content-Length header")
-            return b""
-        if n > self.oip.max_body_bytes:
-            self.close_connection = True  # the body is not read: the connection cannot be reused
-            raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
-        body = self.rfile.read(n) if n else b""
-        if len(body) != n:
-            self.close_connection = True
-            raise BadRequest(f"request body ended after {len(body)} of {n} bytes")
-        return self._decompress(body)
-
-    def _decompress(self, body: bytes) -> bytes:
-        enc = (self.headers.get("Content-Encoding") or "identity").strip().lower()
-        if enc == "identity":
-            return body
-        if enc not in ("gzip", "deflate"):
-            raise BadRequest(f"unsupported Content-Encoding {enc!r}; use gzip, deflate or none")
-        limit = self.oip.max_body_bytes
-        d = zlib.decompressobj(zlib.MAX_WBITS | 16 if enc == "gzip" else zlib.MAX_WBITS)
-        try:
-            out = d.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise BadRequest(f"body is not valid {enc}: {exc}") from None
-        if len(out) > limit or d.unconsumed_tail:
-            raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-        if not d.eof:
-            raise BadRequest(f"body is not valid {enc}: truncated stream")
-        return out
-
-    def _drain_body_quietly(self) -> None:
-        try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            return
-        if 0 < n <= self.oip.max_body_bytes:
-            self.rfile.read(n)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_HEAD(self) -> None:
-        self.close_connection = True  # our answer has a body; do not leave the client misframed
-        self._dispatch("HEAD")
-
-    def do_OPTIONS(self) -> None:
-        self._dispatch("OPTIONS")
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -212,7 +64,7 @@ class OIPServer:
         self._codes: dict[int, int] = {}
         self._collectors: list[Callable[[], Iterable[Metric]]] = []
         self._router = Router(registry, self._collectors, self._http_metrics)
-        handler = type("OIPHandler", (_Handler,), {"oip": self})
+        handler = type("OIPHandler", (ConnectionHandler,), {"oip": self})
         try:
             self._httpd = _HTTPServer((host, port), handler, self)
         except OSError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -80,6 +81,7 @@ class MqttLink:
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
+        self._refusal = threading.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -87,11 +89,19 @@ class MqttLink:
         self._client = self._make_client()
         self._supervisor = threading.Thread(target=self._supervise, name=f"mqtt-{self.client_id}", daemon=True)
         self._supervisor.start()
-        if wait is not None and not self.wait_connected(wait):
+        if wait is not None and not self._wait_connack(wait):
             why = self.refused or "no CONNACK (broker unreachable?)"
             self.stop()
             raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
         return self
+
+    def _wait_connack(self, timeout: float) -> bool:
+        """Wait for a successful CONNACK; give up early when the broker refused us (bad credentials, ACL)."""
+        deadline = time.monotonic() + timeout
+        while not self.connected.wait(0.05):
+            if self._refusal.is_set() or time.monotonic() >= deadline:
+                return self.connected.is_set()
+        return True
 
     def wait_connected(self, timeout: float) -> bool:
         return self.connected.wait(timeout)
@@ -206,10 +216,13 @@ class MqttLink:
             if self._auto and self.protocol == 5 and "protocol" in str(reason_code).lower():
                 self._auto = False
                 self._control.put("downgrade")
-            elif self.on_connection:
-                self.on_connection(False, f"refused: {reason_code}")
+            else:
+                self._refusal.set()
+                if self.on_connection:
+                    self.on_connection(False, f"refused: {reason_code}")
             return
         self.refused = None
+        self._refusal.clear()
         for topic_filter, (qos, _handler) in self._subs.items():
             self._send_subscribe(client, topic_filter, qos)
         self.connected.set()

@@ -1,0 +1,45 @@
+"""Consistency check of a state_dir: legal journal histories, slots pointing at verified blobs."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from agent.lifecycle.journal import Journal, check_history
+from agent.lifecycle.slots import ModelSlots
+
+
+def check_state_dir(state_dir: str | os.PathLike, *, rehash: bool = True) -> list[str]:
+    """Every problem found (empty list = consistent). Reads only; safe while the daemon runs."""
+    state_dir = Path(state_dir)
+    problems: list[str] = []
+    journal = Journal(state_dir)
+    for p in sorted(journal.root.glob("*.json")):
+        try:
+            json.loads(p.read_bytes())
+        except ValueError as exc:
+            problems.append(f"{p.name}: unreadable journal record: {exc}")
+    for dep in journal.all():
+        problems += check_history(dep)
+    for name, slots in ModelSlots(state_dir).all().items():
+        for which in ("committed", "previous"):
+            entry = slots[which]
+            if entry:
+                problems += _check_entry(state_dir, name, which, entry, rehash)
+    return problems
+
+
+def _check_entry(state_dir: Path, name: str, which: str, entry: dict, rehash: bool) -> list[str]:
+    from agent.lifecycle.actions import sha256_file
+
+    sha = entry.get("sha256") or ""
+    blob = state_dir / "blobs" / "sha256" / sha
+    where = f"{name} {which} (version {entry.get('version')})"
+    if not blob.is_file():
+        return [f"{where}: blob {sha[:12]} is missing"]
+    if rehash and sha256_file(blob) != sha:
+        return [f"{where}: blob {sha[:12]} does not match its sha256"]
+    model = entry.get("model_path")
+    if model and not Path(model).is_file():
+        return [f"{where}: unpacked model {model} is missing (it is rebuilt from the blob on activation)"]
+    return []

@@ -1,0 +1,199 @@
+"""HTTP/1.1 framing for the OIP server: a lean request parser, bounded body reads, one-send responses.
+
+The stdlib BaseHTTPRequestHandler parses headers through the email package (tens of microseconds per
+request) and answers some client mistakes with 5xx; this parser does neither. Keep-alive is the default,
+Expect: 100-continue is honoured (curl sends it for bodies over 1 KB), chunked bodies are refused (411).
+"""
+from __future__ import annotations
+
+import hmac
+import socketserver
+import zlib
+from http import HTTPStatus
+
+import agent
+from agent.errors import ServingError
+from agent.serving.errors import BadRequest, LengthRequired, PayloadTooLarge, Unauthorized, status_of
+from agent.serving.handlers import Response, error_response, header_length
+
+KEEP_BUFFER_BYTES = 16 * 1024 * 1024  # larger bodies get a buffer of their own, dropped after the request
+MAX_LINE = 16 * 1024
+MAX_HEADERS = 100
+OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
+PHRASES = {s.value: s.phrase for s in HTTPStatus}
+SERVER = f"edge-agent/{agent.__version__}"
+
+
+class _Framing(Exception):
+    """The request cannot be framed: answer, then close the connection."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class ConnectionHandler(socketserver.StreamRequestHandler):
+    """One client connection: requests in a keep-alive loop until close, timeout or a framing error."""
+
+    disable_nagle_algorithm = True  # FACTS: otherwise ~40 ms stalls per keep-alive request
+    oip = None  # the OIPServer, set on the subclass made per server
+
+    def setup(self) -> None:
+        self.timeout = self.oip.request_timeout  # idle keep-alive connections end after this
+        super().setup()
+        self._buf = bytearray()  # reused for every body on this connection: no per-request allocation
+        self.close_connection = False
+
+    def handle(self) -> None:
+        try:
+            while not self.close_connection:
+                self._one()
+        except OSError:  # client went away or idle timeout: nothing to answer
+            pass
+
+    def _one(self) -> None:
+        try:
+            request = self._head()
+        except _Framing as exc:
+            self.close_connection = True
+            self._write(error_response(exc.status, str(exc)))
+            return
+        if request is None:
+            self.close_connection = True
+            return
+        self._dispatch(*request)
+
+    def _head(self) -> tuple[str, str, dict] | None:
+        line = self.rfile.readline(MAX_LINE + 1)
+        while line in (b"\r\n", b"\n"):  # tolerate stray CRLF between requests (RFC 9112 2.2)
+            line = self.rfile.readline(MAX_LINE + 1)
+        if not line:
+            return None
+        if len(line) > MAX_LINE:
+            raise _Framing(414, "request line too long")
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[1].startswith("/"):
+            raise _Framing(400, f"malformed request line {line[:80].decode('latin-1').strip()!r}")
+        method, target, version = parts
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            raise _Framing(400, f"unsupported protocol {version[:20]!r}; use HTTP/1.1")
+        headers = self._headers()
+        conn = headers.get("connection", "").lower()
+        self.close_connection = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive") or method == "HEAD"
+        if headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return method, target, headers
+
+    def _headers(self) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for _ in range(MAX_HEADERS + 1):
+            line = self.rfile.readline(MAX_LINE + 1)
+            if line in (b"\r\n", b"\n", b""):
+                return headers
+            if len(line) > MAX_LINE:
+                raise _Framing(431, "header line too long")
+            key, sep, value = line.decode("latin-1").partition(":")
+            key = key.strip().lower()
+            if not sep or not key or " " in key:
+                raise _Framing(400, f"malformed header line {line[:80].decode('latin-1').strip()!r}")
+            value = value.strip()
+            if key == "content-length" and headers.get(key, value) != value:
+                raise _Framing(400, "conflicting Content-Length headers")
+            headers[key] = value
+        raise _Framing(431, f"more than {MAX_HEADERS} header lines")
+
+    def _dispatch(self, method: str, target: str, headers: dict) -> None:
+        oip = self.oip
+        if not oip._enter():
+            self.close_connection = True
+            self._write(error_response(503, "server is shutting down"))
+            return
+        try:
+            try:
+                body = self._body(method, headers)
+                self._authorize(target, headers)
+                resp = oip._router.route(method, target, body, header_length(headers.get("inference-header-content-length")),
+                                         oip.accepting)
+            except ServingError as exc:
+                resp = error_response(status_of(exc), str(exc))
+            except Exception as exc:  # noqa: BLE001 - a bug: answer 500, keep serving
+                resp = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            self._write(resp)
+        finally:
+            oip._leave()
+
+    def _authorize(self, target: str, headers: dict) -> None:
+        token = self.oip.token
+        if token is None or target.split("?", 1)[0] in OPEN_PATHS:
+            return
+        got = headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode("utf-8", "replace"), f"Bearer {token}".encode()):
+            raise Unauthorized("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
+
+    def _length(self, method: str, headers: dict) -> int:
+        if "transfer-encoding" in headers:
+            self.close_connection = True
+            raise LengthRequired("chunked request bodies are not supported; send Content-Length")
+        raw = headers.get("content-length")
+        if raw is None:
+            if method == "POST":
+                self.close_connection = True
+                raise LengthRequired("POST needs a Content-Length header")
+            return 0
+        if not raw.isdigit():
+            self.close_connection = True
+            raise BadRequest(f"invalid Content-Length {raw[:20]!r}")
+        return int(raw)
+
+    def _body(self, method: str, headers: dict) -> memoryview | bytes:
+        n = self._length(method, headers)
+        if n > self.oip.max_body_bytes:
+            self.close_connection = True  # the body is not read: the connection cannot be reused
+            raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
+        return self._decompress(self._read(n), headers) if n else b""
+
+    def _read(self, n: int) -> memoryview:
+        if n > len(self._buf):
+            buf = bytearray(n)
+            if n <= KEEP_BUFFER_BYTES:
+                self._buf = buf
+        else:
+            buf = self._buf
+        view = memoryview(buf)[:n]
+        got = 0
+        while got < n:
+            k = self.rfile.readinto(view[got:])
+            if not k:
+                self.close_connection = True
+                raise BadRequest(f"request body ended after {got} of {n} bytes")
+            got += k
+        return view
+
+    def _decompress(self, body: memoryview, headers: dict) -> memoryview | bytes:
+        enc = headers.get("content-encoding", "identity").strip().lower()
+        if enc == "identity":
+            return body
+        if enc not in ("gzip", "deflate"):
+            raise BadRequest(f"unsupported Content-Encoding {enc!r}; use gzip, deflate or none")
+        limit = self.oip.max_body_bytes
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16 if enc == "gzip" else zlib.MAX_WBITS)
+        try:
+            out = d.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise BadRequest(f"body is not valid {enc}: {exc}") from None
+        if len(out) > limit or d.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+        if not d.eof:
+            raise BadRequest(f"body is not valid {enc}: truncated stream")
+        return out
+
+    def _write(self, resp: Response) -> None:
+        self.oip._count(resp.status)
+        head = [f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}", f"Server: {SERVER}",
+                f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
+        head += [f"{k}: {v}" for k, v in resp.headers.items()]
+        if resp.status == 401:
+            head.append('WWW-Authenticate: Bearer realm="edge-agent"')
+        if self.close_connection:
+            head.append("Connection: close")
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + resp.body)

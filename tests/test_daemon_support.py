@@ -1,0 +1,110 @@
+"""Helpers for the daemon tests: config files, packages dropped into the inbox, a daemon subprocess, HTTP."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXE = [sys.executable, "-m", "agent"]
+FAST_ENV = {
+    "EDGE_AGENT_PROBATION_S": "0.5",
+    "EDGE_AGENT_QUALIFY_PROVIDERS": "cpu",
+    "EDGE_AGENT_QUALIFY_BUDGET_S": "0.1",
+    "EDGE_AGENT_QUALIFY_ISOLATE": "0",
+}
+
+
+def write_config(directory: Path, *, mqtt: dict | None = None, extra: dict | None = None) -> Path:
+    import yaml
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cfg = {"device_id": "dev-1", "state_dir": str(directory / "state"), "target": "generic-x86_64",
+           "serving": {"host": "127.0.0.1", "port": 0}, "telemetry": {"interval_s": 0}}
+    if mqtt:
+        cfg["mqtt"] = mqtt
+    cfg.update(extra or {})
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def drop(state_dir: Path, version: str, *, name: str = "tiny", writer=None) -> Path:
+    """Write a package beside the inbox, then rename it into inbox/<name>/<version>/ (the documented contract)."""
+    from agent.samples import sample_tiny_package
+
+    inbox = state_dir / "inbox"
+    tmp = inbox / f".tmp-{name}-{version}"
+    (writer or (lambda d: sample_tiny_package(d, name=name, version=version)))(tmp)
+    (inbox / name).mkdir(parents=True, exist_ok=True)
+    os.rename(tmp, inbox / name / version)
+    return inbox / name / version
+
+
+def wait_for(predicate, timeout: float = 90.0, what: str = "condition", proc=None):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"daemon exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Daemon:
+    """`edge-agent run --config FILE` as a subprocess; stderr goes to a log file."""
+
+    def __init__(self, config: Path, state_dir: Path, env: dict | None = None):
+        self.config, self.state_dir = config, state_dir
+        self.log = config.parent / "daemon.log"
+        full = {**os.environ, **FAST_ENV, **(env or {})}
+        full.pop("EDGE_AGENT_TEST_CRASH_AT", None) if "EDGE_AGENT_TEST_CRASH_AT" not in (env or {}) else None
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(EXE + ["run", "--config", str(config)], cwd=ROOT, env=full,
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def status(self) -> dict | None:
+        try:
+            doc = json.loads((self.state_dir / "status.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+        return doc if doc.get("pid") == self.proc.pid else None
+
+    def wait_ready(self, timeout: float = 90.0) -> dict:
+        return wait_for(self.status, timeout, "daemon status.json", self.proc)
+
+    @property
+    def url(self) -> str:
+        return self.wait_ready()["serving"]["url"]
+
+    def wait_deployment(self, version: str, *, terminal: bool = True, timeout: float = 120.0) -> dict:
+        def done():
+            doc = self.status() or {}
+            dep = (doc.get("deployments") or {}).get("tiny") or {}
+            ok = dep.get("version") == version and (dep.get("result") is not None or not terminal)
+            return dep if ok and not doc.get("in_flight") else None
+        return wait_for(done, timeout, f"deployment of version {version}", self.proc)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def infer(url: str, value: float = 0.0, model: str = "tiny") -> tuple[str, list[float]]:
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
+    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        doc = json.loads(resp.read())
+    return doc["model_version"], doc["outputs"][0]["data"]

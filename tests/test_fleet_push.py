@@ -1,0 +1,135 @@
+"""`edge-agent keys|fleet push|serve|status` end to end: real broker, real CLI processes, and small devices
+built from the real device-side pieces (DeviceLink, receive, ChunkPuller, ContentStore)."""
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.artifacts import keys
+from agent.artifacts.manifest import ManifestRejected, receive, rejection_record
+from agent.artifacts.pull import ChunkPuller
+from agent.artifacts.store import ContentStore
+from agent.samples import sample_tiny_package
+from agent.transport.device import DesiredState, DeviceLink
+
+CLI = [sys.executable, "-m", "agent"]
+
+
+def run_cli(*args, timeout=120):
+    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+
+
+class MiniDevice(threading.Thread):
+    """Verify -> pull -> 'commit' -> retained status, as the daemon does (without qualification/serving)."""
+
+    def __init__(self, url, device_id, groups, trusted, state_dir):
+        super().__init__(daemon=True)
+        self.link = DeviceLink(url, device_id, groups=groups)
+        self.trusted, self.store = trusted, ContentStore(state_dir)
+        self.models, self.deployments = {}, {}
+        self.stopping = threading.Event()
+
+    def run(self):
+        self.link.start()
+        self.link.publish_status({"models": {}, "deployments": {}})
+        while not self.stopping.is_set():
+            try:
+                ev = self.link.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if isinstance(ev, DesiredState) and ev.envelope:
+                self.apply(ev)
+
+    def apply(self, ev):
+        installed = self.models.get(ev.model, {}).get("version")
+        try:
+            m = receive(ev.envelope, self.trusted, installed, device_id=self.link.device_id, groups=self.link.groups)
+        except ManifestRejected as exc:
+            self.deployments[ev.model] = rejection_record(exc)
+            self.link.publish_event({"model": ev.model, "version": exc.version, "state": "rejected", "reason": exc.reason})
+        else:
+            ChunkPuller(self.link, self.store, stall_timeout=60).pull(m)
+            self.models[m.name] = {"version": m.version, "sha256": m.artifact.sha256, "provider": "cpu", "state": "committed"}
+            self.deployments[m.name] = {"id": f"{m.name}-{m.version}", "version": m.version, "state": "committed",
+                                        "result": "committed", "reason": "", "ts": time.time()}
+        self.link.publish_status({"models": self.models, "deployments": self.deployments})
+
+    def stop(self):
+        self.stopping.set()
+        self.join(10)
+        self.link.stop()
+
+
+@pytest.fixture
+def fleet(mosquitto, tmp_path):
+    kdir = tmp_path / "keys"
+    out = run_cli("keys", "generate", "--out", kdir)
+    assert out.returncode == 0, out.stderr
+    assert (kdir / "fleet.key").stat().st_mode & 0o777 == 0o600
+    _, pub2, _ = keys.generate(tmp_path / "other")
+    store = tmp_path / "cp-store"
+    serve = subprocess.Popen(CLI + ["fleet", "serve", "--store", str(store), "--broker", mosquitto.url],
+                             stderr=subprocess.PIPE, text=True)
+    assert "serving" in serve.stderr.readline()
+    good = MiniDevice(mosquitto.url, "pi-1", ["lab"], keys.trusted_keys([kdir / "fleet.pub"]), tmp_path / "d1")
+    stranger = MiniDevice(mosquitto.url, "pi-2", ["lab"], keys.trusted_keys([pub2]), tmp_path / "d2")
+    good.start()
+    stranger.start()
+    yield {"broker": mosquitto.url, "key": kdir / "fleet.key", "store": store, "tmp": tmp_path}
+    good.stop()
+    stranger.stop()
+    serve.terminate()
+    serve.wait(20)
+
+
+def test_push_wait_succeeds_and_status_shows_the_model(fleet):
+    pkg = sample_tiny_package(fleet["tmp"] / "tiny", version="2")
+    out = run_cli("fleet", "push", pkg, "--name", "tiny", "--version", "2", "--device", "pi-1", "--key", fleet["key"],
+                  "--store", fleet["store"], "--broker", fleet["broker"], "--wait", 90, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["ok"] and doc["devices"]["pi-1"]["result"] == "committed" and doc["format"] == "tar.gz"
+    assert ContentStore(fleet["store"]).has(doc["sha256"])
+    status = json.loads(run_cli("fleet", "status", "--broker", fleet["broker"], "--json").stdout)
+    rows = {r["device_id"]: r for r in status["devices"]}
+    assert rows["pi-1"]["online"] and rows["pi-1"]["models"]["tiny"]["version"] == "2"
+    assert rows["pi-1"]["models"]["tiny"]["state"] == "committed"
+    # versions are monotonic: pushing an older one without --rollback is refused before publishing
+    older = run_cli("fleet", "push", pkg, "--name", "tiny", "--version", "1", "--device", "pi-1", "--key", fleet["key"],
+                    "--store", fleet["store"], "--broker", fleet["broker"])
+    assert older.returncode != 0 and "use --rollback" in older.stderr and "Traceback" not in older.stderr
+
+
+def test_group_push_reports_each_devices_rejection(fleet):
+    onnx = fleet["tmp"] / "model.onnx"
+    pkg = sample_tiny_package(fleet["tmp"] / "tiny3", version="3")
+    onnx.write_bytes((pkg / "model.onnx").read_bytes())
+    out = run_cli("fleet", "push", onnx, "--name", "tiny", "--version", "3", "--group", "lab", "--key", fleet["key"],
+                  "--store", fleet["store"], "--broker", fleet["broker"], "--wait", 90)
+    assert out.returncode != 0
+    assert "pi-2: rejected" in out.stderr and "does not trust" in out.stderr and "Traceback" not in out.stderr
+    assert "pi-1: committed" in out.stdout
+    table = run_cli("fleet", "status", "--broker", fleet["broker"])
+    line = next(ln for ln in table.stdout.splitlines() if ln.startswith("pi-2"))
+    assert "rejected" in line and "does not trust" in line
+
+
+def test_bad_input_is_one_clear_line(fleet, tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"not a model")
+    for args in (["--device", "../x"], ["--device", "pi-1", "--group", "lab"], []):
+        out = run_cli("fleet", "push", bad, "--name", "m", "--version", "1", *args, "--key", fleet["key"],
+                      "--store", fleet["store"], "--broker", fleet["broker"])
+        assert out.returncode != 0 and out.stderr.strip().startswith("error:"), out.stderr
+    out = run_cli("fleet", "push", bad, "--name", "m", "--version", "1", "--device", "pi-1", "--key", fleet["key"],
+                  "--store", fleet["store"], "--broker", fleet["broker"])
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode != 0 and last.startswith("error:") and "not a valid ONNX model" in last
+    assert "Traceback" not in out.stderr
+    assert not list(Path(fleet["store"], "blobs", "sha256").glob("*"))  # a broken model is never stored

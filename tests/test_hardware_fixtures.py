@@ -1,0 +1,148 @@
+"""detect() on every captured sysroot: arch, board, cores, memory, accelerators, software, throttling, target."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.hardware import detect
+
+SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+GIB = 1 << 30
+
+# name -> expected fields; memory is MemTotal (kB) * 1024 from the capture.
+EXPECTED = {
+    "rpi4-4gb": dict(arch="aarch64", board="Raspberry Pi 4 Model B Rev 1.4", soc="BCM2711", cores=4, cpu="Cortex-A72",
+                     memory=3884328 * 1024, accels=set(), software={"pi_revision": "c03114"}, target="raspberry-pi-4",
+                     os="Debian GNU/Linux 12 (bookworm)",
+                     throttling={"raw": "0x50000", "under_voltage": False, "under_voltage_occurred": True,
+                                 "throttled_occurred": True, "soft_temp_limit_occurred": False}, temp=("cpu-thermal", 48.7)),
+    "rpi5-8gb": dict(arch="aarch64", board="Raspberry Pi 5 Model B Rev 1.0", soc="BCM2712", cores=4, cpu="Cortex-A76",
+                     memory=8245936 * 1024, accels=set(), software={"pi_revision": "d04170"}, target="raspberry-pi-5",
+                     os="Debian GNU/Linux 12 (bookworm)", throttling={"raw": "0x0", "throttled": False},
+                     temp=("cpu-thermal", 52.4)),
+    "rpi5-hailo8l": dict(arch="aarch64", board="Raspberry Pi 5 Model B Rev 1.0", soc="BCM2712", cores=4, cpu="Cortex-A76",
+                         memory=4132528 * 1024, accels={("npu", "hailo", "/dev/hailo0")}, software={"pi_revision": "c04170"},
+                         target="raspberry-pi-5", os="Debian GNU/Linux 12 (bookworm)",
+                         throttling={"raw": "0x80008", "soft_temp_limit": True, "soft_temp_limit_occurred": True,
+                                     "throttled": False}, temp=("cpu-thermal", 81.2)),
+    "jetson-nano-jp4": dict(arch="aarch64", board="NVIDIA Jetson Nano Developer Kit", soc="tegra210", cores=4,
+                            cpu="Cortex-A57", memory=4051060 * 1024,
+                            accels={("gpu", "nvidia", "/sys/class/devfreq/57000000.gpu")},
+                            software={"l4t": "32.7.4", "jetpack": "4.6.4", "jetson_module": "Jetson Nano"}, target="jetson-nano", os="Ubuntu 18.04.6 LTS",
+                            throttling={}, temp=("CPU-therm", 41.5)),
+    "jetson-orin-nano-jp6": dict(arch="aarch64", board="NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super",
+                                 soc="tegra234", cores=6, cpu="Cortex-A78AE", memory=7802216 * 1024,
+                                 accels={("gpu", "nvidia", "/sys/class/devfreq/17000000.gpu")},
+                                 software={"l4t": "36.4.3", "jetpack": "6.2", "power_mode": "MAXN_SUPER",
+                                           "jetson_module": "Jetson Orin Nano 8GB"}, target="jetson-orin", os="Ubuntu 22.04.5 LTS",
+                                 throttling={}, temp=("gpu-thermal", 44.1)),
+    "jetson-agx-xavier-jp5": dict(arch="aarch64", board="Jetson-AGX", soc="tegra194", cores=8, cpu="Carmel",
+                                  memory=31010776 * 1024,
+                                  accels={("gpu", "nvidia", "/sys/class/devfreq/17000000.gv11b"), ("npu", "nvidia", "dla0"),
+                                          ("npu", "nvidia", "dla1")},
+                                  software={"l4t": "35.5.0", "jetpack": "5.1.3", "jetson_module": "Jetson AGX Xavier"}, target="jetson-xavier",
+                                  os="Ubuntu 20.04.6 LTS", throttling={}, temp=("GPU-therm", 38.0)),
+    "intel-nuc-meteorlake": dict(arch="x86_64", board="NUC14RVH", soc=None, cores=22, cpu="Intel(R) Core(TM) Ultra 7 155H",
+                                 memory=32542124 * 1024,
+                                 accels={("gpu", "intel", "/dev/dri/renderD128"), ("npu", "intel", "/dev/accel/accel0")},
+                                 software={"kernel": "6.8.0-49-generic"}, target="intel-x86_64", os="Ubuntu 24.04.1 LTS",
+                                 throttling={}, temp=("x86_pkg_temp", 47.0)),
+    "intel-avx2-only": dict(arch="x86_64", board="OptiPlex 3060", soc=None, cores=6,
+                            cpu="Intel(R) Core(TM) i5-8500T CPU @ 2.10GHz", memory=16258932 * 1024,
+                            accels={("gpu", "intel", "/dev/dri/renderD128")}, software={}, target="intel-x86_64",
+                            os="Ubuntu 22.04.4 LTS", throttling={}, temp=("x86_pkg_temp", 38.0)),
+    "amd-epyc-x86": dict(arch="x86_64", board="m7a.xlarge", soc=None, cores=4, cpu="AMD EPYC 9R14", memory=15992636 * 1024,
+                         accels=set(), software={}, target="generic-x86_64", os="Debian GNU/Linux 12 (bookworm)",
+                         throttling=None, temp=None),
+    "qualcomm-qcs6490": dict(arch="aarch64", board="Qualcomm Technologies, Inc. Robotics RB3gen2", soc="QCS6490", cores=8,
+                             cpu="4x Cortex-A55 + 4x Cortex-A78", memory=5747744 * 1024,
+                             accels={("dsp", "qualcomm", "/dev/fastrpc-cdsp"), ("gpu", "qualcomm", "/dev/kgsl-3d0")},
+                             software={}, target="qualcomm-snapdragon", os="Ubuntu 24.04.2 LTS", throttling={},
+                             temp=("nspss0-thermal", 36.4)),
+    "apple-m2": dict(arch="aarch64", board="Mac14,2", soc="Apple M2", cores=8, cpu="Apple M2", memory=16 * GIB,
+                     accels={("gpu", "apple", None), ("npu", "apple", None)}, software={"macos": "14.6.1", "rosetta": False},
+                     target="apple-silicon", os="macOS 14.6.1", throttling=None, temp=None),
+}
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {name: detect(SYSROOTS / name) for name in EXPECTED}
+
+
+def test_every_fixture_has_expectations():
+    present = {p.name for p in SYSROOTS.iterdir() if p.is_dir()} - {"garbage", "empty"}
+    assert present == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_fixture_profile(profiles, name):
+    exp, prof = EXPECTED[name], profiles[name]
+    assert prof.arch == exp["arch"]
+    assert prof.board is not None and prof.board.model == exp["board"]
+    assert prof.soc == exp["soc"]
+    assert prof.cpu.cores == exp["cores"]
+    assert prof.cpu.model == exp["cpu"]
+    assert prof.memory_bytes == exp["memory"]
+    assert prof.os == exp["os"]
+    assert {(a.kind, a.vendor, a.device) for a in prof.accelerators} == exp["accels"]
+    assert exp["software"].items() <= prof.software.items()
+    assert prof.target == exp["target"]
+    assert prof.notes == ()
+    if exp["throttling"] is None:
+        assert prof.throttling is None
+    else:
+        assert exp["throttling"].items() <= prof.throttling.items()
+    assert "PMIC-Die" not in ((prof.throttling or {}).get("temperatures_c") or {})
+    if exp["temp"]:
+        zone, degrees = exp["temp"]
+        assert prof.throttling["temperatures_c"][zone] == degrees
+    assert json.loads(json.dumps(prof.to_dict()))["target"] == exp["target"]
+
+
+def test_pinned_json_keys(profiles):
+    d = profiles["rpi5-hailo8l"].to_dict()
+    assert list(d) == ["arch", "os", "cpu", "memory_bytes", "board", "soc", "accelerators", "software", "throttling",
+                       "target", "notes"]
+    assert set(d["cpu"]) == {"vendor", "model", "cores", "flags"}
+    assert set(d["board"]) == {"vendor", "model"}
+    assert d["accelerators"] == [{"kind": "npu", "vendor": "hailo", "name": "Hailo-8/8L", "device": "/dev/hailo0"}]
+
+
+def test_flags_and_vendors(profiles):
+    assert "avx_vnni" in profiles["intel-nuc-meteorlake"].cpu.flags
+    assert not any(f.startswith("avx512") for f in profiles["intel-avx2-only"].cpu.flags)
+    assert "avx2" in profiles["intel-avx2-only"].cpu.flags
+    assert "avx512_bf16" in profiles["amd-epyc-x86"].cpu.flags
+    assert profiles["amd-epyc-x86"].cpu.vendor == "AMD"
+    assert profiles["intel-nuc-meteorlake"].cpu.vendor == "Intel"
+    assert "asimdhp" in profiles["rpi5-8gb"].cpu.flags and "asimdhp" not in profiles["rpi4-4gb"].cpu.flags
+    assert profiles["qualcomm-qcs6490"].cpu.vendor == "ARM"
+    assert profiles["jetson-agx-xavier-jp5"].cpu.vendor == "NVIDIA"
+
+
+def test_accelerator_names(profiles):
+    names = {a.name for p in profiles.values() for a in p.accelerators}
+    assert {"Intel NPU (Meteor Lake)", "NVIDIA Ampere GPU (ga10b)", "NVIDIA Maxwell GPU (gm20b)", "NVIDIA Volta GPU (gv11b)",
+            "Hexagon cDSP (HTP)", "Apple Neural Engine"} <= names
+
+
+@pytest.mark.parametrize("name", ["garbage", "empty"])
+def test_garbage_and_empty_give_valid_json_with_nulls(name):
+    prof = detect(SYSROOTS / name)
+    d = json.loads(json.dumps(prof.to_dict()))
+    assert d["arch"] is None and d["os"] is None and d["memory_bytes"] is None and d["board"] is None
+    assert d["cpu"] == {"vendor": None, "model": None, "cores": None, "flags": []}
+    assert d["accelerators"] == [] and d["throttling"] is None
+    assert d["target"] in ("generic-aarch64", "generic-x86_64")
+    assert any("arch unknown" in n for n in d["notes"])
+    assert not any("internal error" in n for n in d["notes"])
+
+
+def test_garbage_notes_name_the_files():
+    notes = detect(SYSROOTS / "garbage").notes
+    for rel in ("/proc/cpuinfo", "/proc/meminfo", "/proc/device-tree/compatible", "/etc/os-release", "/etc/nv_tegra_release",
+                "get_throttled", "/sys/class/accel/accel0/device/vendor"):
+        assert any(rel in n for n in notes), rel

@@ -1,0 +1,129 @@
+"""scripts/install.sh --root: a tree systemd-analyze verify accepts, idempotent, device-aware, uninstallable."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import default_device_id, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts/install.sh"
+VENV = Path(sys.prefix)  # the venv running these tests: a real one with edge-agent installed
+UNIT = "etc/systemd/system/edge-agent.service"
+DROPIN = "etc/systemd/system/edge-agent.service.d/10-device.conf"
+WANTS = "etc/systemd/system/multi-user.target.wants/edge-agent.service"
+
+
+def install(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["bash", str(SCRIPT), "--root", str(root), "--venv-dir", str(VENV), *args],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def verify(unit: Path) -> str:
+    """systemd-analyze verify prints 'ignoring' warnings but still exits 0: any output is a failure."""
+    exe = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
+    r = subprocess.run([exe, "verify", str(unit)], capture_output=True, text=True, timeout=120)
+    return (r.stdout + r.stderr).strip() + ("" if r.returncode == 0 else f"\n(exit {r.returncode})")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<dir/link>")
+            for p in sorted(root.rglob("*")) if "/src/" not in str(p)}
+
+
+def sysroot(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_tree_verifies_and_config_loads(tmp_path):
+    root = tmp_path / "root"
+    out = install(root).stdout
+    for rel in (UNIT, DROPIN, "etc/edge-agent/agent.yaml", "var/lib/edge-agent", "var/cache/edge-agent",
+                "opt/edge-agent/src/agent/config.py", "opt/edge-agent/src/targets/generic-x86_64.yaml"):
+        assert (root / rel).exists(), rel
+    assert (root / WANTS).is_symlink() and str((root / WANTS).readlink()) == "/" + UNIT
+    unit = (root / UNIT).read_text()
+    assert f"ExecStart={VENV}/bin/edge-agent run --config /etc/edge-agent/agent.yaml" in unit
+    for line in ("Type=notify", "NotifyAccess=main", "User=edge-agent", "ProtectSystem=strict", "WatchdogSec=30s"):
+        assert line in unit
+    assert verify(root / UNIT) == ""
+    assert "MemoryMax=" in (root / DROPIN).read_text()
+    with pytest.raises(Exception, match="device_id: not set and no stable id found"):
+        load_config(root / "etc/edge-agent/agent.yaml", root=root)  # an empty image has no id yet...
+    device = sysroot(tmp_path / "device", {"etc/machine-id": "0123456789abcdef0123456789abcdef\n"})
+    cfg = load_config(root / "etc/edge-agent/agent.yaml", root=device)  # ...the device derives it at start-up
+    assert cfg.mode == "local" and cfg.serving.port == 8080
+    assert (cfg.device_id, cfg.device_id_source) == ("edge-0123456789ab", "/etc/machine-id")
+    assert "[install] wrote" in out and "[install] enabled edge-agent.service" in out
+
+
+def test_pi_sysroot_gets_its_id_target_and_groups(tmp_path):
+    root = sysroot(tmp_path / "pi", {
+        "proc/device-tree/model": "Raspberry Pi 4 Model B Rev 1.4\0",
+        "proc/cpuinfo": "processor\t: 0\nCPU implementer\t: 0x41\nRevision\t: c03114\nSerial\t\t: 10000000abcdef01\n",
+        "etc/group": "root:x:0:\nvideo:x:44:\nrender:x:105:\n",
+    })
+    out = install(root).stdout
+    assert "target: raspberry-pi-4 (detected); runtime: cpu" in out
+    assert default_device_id(root) == ("edge-10000000abcdef01", "/proc/cpuinfo Serial")
+    cfg = load_config(root / "etc/edge-agent/agent.yaml", root=root, check_files=False)
+    assert cfg.device_id == "edge-10000000abcdef01" and cfg.device_id_source == "config"  # same as the agent's
+    dropin = (root / DROPIN).read_text()
+    assert "MemoryMax=75%" in dropin and "SupplementaryGroups=render video" in dropin
+    assert verify(root / UNIT) == ""
+
+
+def test_jetson_and_intel_pick_their_runtime(tmp_path):
+    jet = sysroot(tmp_path / "jet", {"proc/device-tree/compatible": "nvidia,p3768-0000+p3767-0005\0nvidia,tegra234\0",
+                                     "etc/nv_tegra_release": "# R36 (release), REVISION: 4.3\n"})
+    assert "target: jetson-orin (detected); runtime: jetson" in install(jet).stdout
+    intel = sysroot(tmp_path / "nuc", {"proc/cpuinfo": "vendor_id\t: GenuineIntel\nflags\t: avx2 avx_vnni\n"})
+    assert "target: intel-x86_64 (detected); runtime: openvino" in install(intel).stdout
+
+
+def test_idempotent_and_keeps_edited_config(tmp_path):
+    root = tmp_path / "root"
+    install(root, "--device-id", "pi-kitchen-1")
+    conf = root / "etc/edge-agent/agent.yaml"
+    conf.write_text(conf.read_text().replace("interval_s: 60", "interval_s: 5"))
+    first = snapshot(root)
+    out = install(root, "--device-id", "ignored-now").stdout
+    assert "kept existing" in out
+    assert snapshot(root) == first  # a second run changes nothing (and never the operator's config)
+    assert load_config(conf, check_files=False).telemetry.interval_s == 5.0
+    assert load_config(conf, check_files=False).device_id == "pi-kitchen-1"
+
+
+def test_uninstall_then_purge(tmp_path):
+    root = tmp_path / "root"
+    install(root)
+    out = install(root, "--uninstall").stdout
+    for rel in (UNIT, DROPIN, WANTS, "opt/edge-agent"):
+        assert not (root / rel).exists() and not (root / rel).is_symlink(), rel
+    assert (root / "etc/edge-agent/agent.yaml").exists() and (root / "var/lib/edge-agent").is_dir()
+    assert "kept" in out
+    install(root, "--uninstall", "--purge")
+    assert not (root / "etc/edge-agent").exists() and not (root / "var/lib/edge-agent").exists()
+
+
+def test_dry_run_and_bad_flags(tmp_path):
+    root = tmp_path / "dry"
+    out = install(root, "--dry-run").stdout
+    assert "(dry-run)" in out and not root.exists()
+    r = install(tmp_path / "x", "--frobnicate", check=False)
+    assert r.returncode == 2 and "unknown option '--frobnicate'" in r.stderr
+    r = install(tmp_path / "x", "--device-id", "a/b", check=False)
+    assert r.returncode == 1 and "--device-id 'a/b'" in r.stderr
+    r = install(tmp_path / "x", "--target", "toaster", check=False)
+    assert r.returncode == 1 and "no " in r.stderr and "toaster.yaml" in r.stderr
+    assert "--root DIR" in subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True).stdout

@@ -1,0 +1,165 @@
+"""DeviceAgent in-process, local inbox mode: bad packages fail and the old model keeps serving; probation
+trouble rolls back; newer versions supersede; cancel and rollback; several agents in one process."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from agent.app import DeviceAgent
+from agent.config import load_config
+from agent.errors import LifecycleError
+from agent.lifecycle.fsck import check_state_dir
+from agent.lifecycle.steps import StepConfig
+from agent.samples import write_package
+from test_daemon_support import drop, infer, wait_for, write_config
+
+
+def fast(probation_s: float = 0.3) -> StepConfig:
+    return StepConfig(probation_s=probation_s, providers=["cpu"],
+                      qualify_options={"latency_budget_s": 0.1, "isolate": False})
+
+
+@pytest.fixture
+def agent(tmp_path):
+    events: list[dict] = []
+    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast(), on_event=events.append)
+    a.events = events
+    a.start()
+    yield a
+    a.stop()
+
+
+def deploy(agent, version: str, writer=None, name: str = "tiny"):
+    """Drop a package and wait for its deployment to end; returns the journal record."""
+    drop(agent.state_dir, version, name=name, writer=writer)
+
+    def ended():
+        done = [d for d in agent.orchestrator.journal.all() if d.model == name and d.version == version]
+        return done[-1] if done and done[-1].terminal else None
+    return wait_for(ended, 120, f"{name} {version}")
+
+
+def _rewrite(pb_name: str, array: np.ndarray, version: str):
+    from onnx import numpy_helper
+
+    from agent.samples import sample_tiny_package
+
+    def writer(d):
+        sample_tiny_package(d, version=version)
+        (d / "test_data_set_0" / pb_name).write_bytes(
+            numpy_helper.from_array(array, "x" if pb_name.startswith("input") else "y").SerializeToString())
+    return writer
+
+
+BAD = {
+    "broken-onnx": (lambda d: (d.mkdir(parents=True), (d / "model.onnx").write_bytes(b"\x08garbage")), "verifying"),
+    "golden-shape": (_rewrite("input_0.pb", np.zeros((1, 3), np.float32), "2"), "qualifying"),
+    "accuracy": (_rewrite("output_0.pb", np.full((1, 4), 42.0, np.float32), "2"), "qualifying"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_package_fails_and_the_old_model_keeps_serving(agent, case):
+    assert deploy(agent, "1").state.value == "committed"
+    writer, where = BAD[case]
+    dep = deploy(agent, "2", writer)
+    assert dep.state.value == "failed", dep.reason
+    assert dep.reason.startswith(where)
+    assert infer(agent.url) == ("1", [1.0] * 4)
+    assert agent.status()["models"]["tiny"]["version"] == "1"
+    assert agent.steps.slots.committed("tiny")["version"] == "1"
+    assert check_state_dir(agent.state_dir) == []
+
+
+def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
+    from onnx import TensorProto, helper
+
+    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast(probation_s=60)).start()
+    try:
+        drop(a.state_dir, "1")
+        wait_for(lambda: a.registry.models().get("tiny") == "1" and not a.orchestrator.in_flight(), 120, "v1")
+        graph = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "sqrt",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        drop(a.state_dir, "2", writer=lambda d: write_package(d, model, name="tiny", version="2",
+                                                                feeds={"x": np.full((1, 4), 4.0, np.float32)}))
+        wait_for(lambda: a.registry.models().get("tiny") == "2", 120, "v2 in probation")
+        assert a.status()["models"]["tiny"]["state"] == "probation"
+        assert infer(a.url, 4.0) == ("2", [2.0] * 4)
+        infer(a.url, -1.0)  # sqrt(-1): NaN in the response -> probation trouble
+        dep = wait_for(lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal),
+                                    None), 60, "rollback")
+        assert dep.state.value == "rolled_back" and "NaN" in dep.reason
+        assert infer(a.url) == ("1", [1.0] * 4)
+        assert a.steps.slots.get("tiny")["previous"] is None  # the failed version never became a slot
+    finally:
+        a.stop()
+
+
+def test_newer_version_supersedes_and_rollback_is_instant(agent):
+    assert deploy(agent, "1").state.value == "committed"
+    drop(agent.state_dir, "2")
+    drop(agent.state_dir, "3")  # same scan: 3 supersedes 2, whatever state 2 reached
+    dep3 = wait_for(lambda: next((d for d in agent.orchestrator.journal.all() if d.version == "3" and d.terminal),
+                                 None), 120, "v3")
+    dep2 = next(d for d in agent.orchestrator.journal.all() if d.version == "2")
+    assert dep3.state.value == "committed"
+    assert dep2.state.value in ("failed", "rolled_back") and "superseded by version 3" in dep2.reason
+    assert infer(agent.url) == ("3", [3.0] * 4)
+    rb = agent.orchestrator.rollback("tiny", wait=60)
+    assert rb.state.value == "committed" and rb.version == "1" and rb.source["kind"] == "rollback"
+    assert infer(agent.url) == ("1", [1.0] * 4)
+    slots = agent.steps.slots.get("tiny")
+    assert (slots["committed"]["version"], slots["previous"]["version"]) == ("1", "3")
+    assert check_state_dir(agent.state_dir) == []
+
+
+def test_cancel_in_flight_and_rollback_without_previous(agent):
+    with pytest.raises(LifecycleError, match="no previous version"):
+        agent.orchestrator.rollback("tiny")
+    seen = threading.Event()
+
+    def cancel_when_qualifying(rec):
+        if rec.get("state") == "qualifying" and "progress" not in rec and not seen.is_set():
+            seen.set()
+            agent.orchestrator.cancel("tiny", "cancelled by test")
+    agent.orchestrator.listeners.append(cancel_when_qualifying)
+    dep = deploy(agent, "1")
+    assert dep.state.value == "failed" and dep.reason == "cancelled by test"
+    assert agent.registry.models() == {}
+    assert check_state_dir(agent.state_dir) == []
+
+
+def test_inbox_ignores_bad_names_and_hidden_dirs(agent):
+    inbox = agent.state_dir / "inbox"
+    (inbox / "bad name" / "1").mkdir(parents=True)
+    (inbox / ".staging" / "1").mkdir(parents=True)
+    (inbox / "tiny").mkdir(parents=True)
+    (inbox / "tiny" / "README").write_text("not a version directory")
+    wait_for(lambda: any(e.get("event") == "warning" for e in agent.events), 30, "warning")
+    assert "must match" in next(e["reason"] for e in agent.events if e.get("event") == "warning")
+    assert agent.orchestrator.journal.all() == []
+    assert deploy(agent, "1").state.value == "committed"
+    assert not (inbox / "tiny" / "1").exists()  # consumed once it is safe in the store
+
+
+def test_two_agents_in_one_process(tmp_path):
+    agents = [DeviceAgent(load_config(write_config(tmp_path / f"d{i}", extra={"device_id": f"dev-{i}"})),
+                          step_config=fast()).start() for i in range(2)]
+    try:
+        assert agents[0].url != agents[1].url
+        for i, a in enumerate(agents):
+            drop(a.state_dir, str(i + 1))
+        for i, a in enumerate(agents):
+            wait_for(lambda a=a, v=str(i + 1): a.registry.models().get("tiny") == v and not a.orchestrator.in_flight(),
+                     120, "both agents")
+            assert infer(a.url) == (str(i + 1), [float(i + 1)] * 4)
+        with pytest.raises(LifecycleError, match="in use by another edge-agent"):
+            DeviceAgent(agents[0].config).start()
+    finally:
+        for a in agents:
+            a.stop()

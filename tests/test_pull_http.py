@@ -1,0 +1,107 @@
+"""HttpPuller against real HTTP servers on loopback: Range resume after a cut, tampering, our blob server."""
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agent.artifacts.http import HttpPuller
+from agent.artifacts.store import ContentStore
+from agent.errors import ArtifactError
+from agent.fleet.artifact_server import serve_http
+from test_pull import make_artifact
+
+CHUNK = 16 * 1024
+
+
+class CuttingServer:
+    """Honours `Range: bytes=N-`; the first response is cut after `cut` bytes (a dropped connection)."""
+
+    def __init__(self, data: bytes, cut: int, corrupt_at: int | None = None):
+        self.data, self.cut, self.corrupt_at, self.ranges = data, cut, corrupt_at, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                rng = self.headers.get("Range", "bytes=0-")
+                outer.ranges.append(rng)
+                start = int(rng[6:].split("-")[0])
+                body = bytearray(outer.data[start:])
+                if outer.corrupt_at is not None and outer.corrupt_at >= start:
+                    body[outer.corrupt_at - start] ^= 1
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(outer.data) - 1}/{len(outer.data)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if len(outer.ranges) == 1:
+                    self.wfile.write(bytes(body[:outer.cut]))
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(bytes(body))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/blob"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_cut_connection_resumes_with_a_range_request(tmp_path):
+    _, m, data = make_artifact(tmp_path / "cp", 10 * CHUNK + 77, CHUNK)
+    server = CuttingServer(data, cut=3 * CHUNK + 500)
+    try:
+        store = ContentStore(tmp_path / "dev")
+        puller = HttpPuller(store, stall_timeout=20, retry_delay=0.05)
+        assert puller.pull(m, server.url).read_bytes() == data
+        assert server.ranges == ["bytes=0-", f"bytes={3 * CHUNK}-"]  # resumed at the first missing chunk
+        assert list(store.staging.iterdir()) == []
+    finally:
+        server.close()
+
+
+def test_tampered_http_source_is_refused(tmp_path):
+    _, m, data = make_artifact(tmp_path / "cp", 6 * CHUNK, CHUNK)
+    server = CuttingServer(data, cut=len(data), corrupt_at=4 * CHUNK + 5)
+    try:
+        store = ContentStore(tmp_path / "dev")
+        with pytest.raises(ArtifactError, match="chunk 4 .* does not match"):
+            HttpPuller(store, stall_timeout=20, retry_delay=0.05).pull(m, server.url)
+        assert not store.has(m.artifact.sha256)
+    finally:
+        server.close()
+
+
+def test_our_blob_server_serves_ranges_and_the_puller_uses_it(tmp_path):
+    cp, m, data = make_artifact(tmp_path / "cp", 5 * CHUNK + 3, CHUNK)
+    httpd = serve_http(cp, "127.0.0.1:0")
+    base = f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/"
+    try:
+        req = urllib.request.Request(base + m.artifact.sha256, headers={"Range": "bytes=10-19"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.status == 206 and resp.read() == data[10:20]
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(urllib.request.Request(base + m.artifact.sha256, headers={"Range": f"bytes={len(data)}-"}), timeout=10)
+        assert err.value.code == 416
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(base + "../../etc/passwd", timeout=10)
+        assert HttpPuller(ContentStore(tmp_path / "dev")).pull(m, base + m.artifact.sha256).read_bytes() == data
+    finally:
+        httpd.shutdown()
+
+
+def test_unreachable_http_source_stalls_with_a_reason(tmp_path):
+    from brokers import free_port
+
+    _, m, _ = make_artifact(tmp_path / "cp", 2 * CHUNK, CHUNK)
+    with pytest.raises(ArtifactError, match="stalled.*refused"):
+        HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=1, retry_delay=0.1).pull(m, f"http://127.0.0.1:{free_port()}/x")

@@ -1,0 +1,74 @@
+"""Kill the device mid-pull (SIGKILL of a real child process): the restart fetches only missing chunks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from agent.artifacts.manifest import Manifest
+from agent.artifacts.pull import ChunkPuller
+from agent.artifacts.store import ContentStore
+from agent.fleet.artifact_server import ArtifactServer
+from agent.transport.device import DeviceLink
+from agent.transport.mqtt import BrokerConfig
+from test_pull import make_artifact
+
+CHUNK = 64 * 1024
+WINDOW = 4
+
+
+def child(url: str, store_dir: str, manifest_file: str) -> None:
+    """The device process: pull and print progress lines until killed."""
+    m = Manifest.from_dict(json.loads(Path(manifest_file).read_text()))
+    link = DeviceLink(url, "pi-1").start(wait=15)
+
+    def progress(event, done=0, **_):
+        print(event, done, flush=True)
+
+    ChunkPuller(link, ContentStore(store_dir), window=WINDOW, progress=progress).pull(m)
+    print("finished", flush=True)
+
+
+def test_resume_after_sigkill_fetches_only_missing_chunks(mosquitto, tmp_path):
+    cp, m, data = make_artifact(tmp_path / "cp", 160 * CHUNK)
+    (tmp_path / "m.json").write_text(json.dumps(m.to_dict()))
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    store_dir = tmp_path / "dev"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m.json")],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        for line in proc.stdout:
+            event, done = line.split()[0], int(line.split()[1]) if len(line.split()) > 1 else 0
+            assert event != "finished", "the child finished before it could be killed"
+            if event == "chunk" and done >= len(data) * 2 // 5:
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        store = ContentStore(store_dir)
+        assert not store.has(m.artifact.sha256) and store.part_path(m.artifact.sha256).exists()
+        served_before = server.stats["bytes"]
+
+        dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+        try:
+            puller = ChunkPuller(dev, store, window=WINDOW)
+            assert puller.pull(m).read_bytes() == data
+        finally:
+            dev.stop()
+        have_before = puller.stats["resumed"]
+        assert have_before >= 160 * 2 // 5 - WINDOW  # the kill lost at most the chunks in flight
+        assert puller.stats["requested"] == 160 - have_before  # only missing chunks were asked for
+        resent = server.stats["bytes"] - len(data)
+        assert resent <= (2 * WINDOW + 1) * CHUNK, f"{resent} bytes sent twice"
+        assert list(store.staging.iterdir()) == []
+        assert server.stats["bytes"] > served_before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
+    child(*sys.argv[2:5])

@@ -1,0 +1,115 @@
+"""The qualification harness end to end: real ORT CPU and OpenVINO sessions, each row in a child process."""
+from __future__ import annotations
+
+import json
+import os
+
+import onnx
+import pytest
+
+from agent import samples
+from agent.errors import ProviderError
+from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.qualify.harness import qualify
+from agent.qualify.isolate import FAULT_ENV, IsolatedWorker, run_isolated
+from agent.targets import get_target
+
+# This machine's CPU class: x86_64 with avx512_bf16, where OpenVINO defaults to bf16 and f32 is offered.
+PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2,
+                                                                  flags=("avx2", "avx512f", "avx512_bf16")))
+FAST = {"latency_budget_s": 0.2, "row_timeout_s": 120}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return get_target("generic-x86_64")
+
+
+def test_cnn_gets_cpu_and_openvino_rows_and_a_reasoned_choice(cnn_package, target, tmp_path):
+    events = []
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], cache_dir=tmp_path / "cache",
+                progress=lambda e, **f: events.append((e, f)), **FAST)
+    by = {r.key: r for r in d.results}
+    assert {"cpu", "openvino"} <= set(by)
+    for r in (by["cpu"], by["openvino"]):
+        assert r.coverage == 1.0, r.reason
+        assert r.accuracy["max_abs"] >= 0 and "probabilities" in r.accuracy["outputs"]
+        assert r.latency_ms["p50"] > 0 and r.latency_ms["runs"] >= 64 and r.compile_s is not None
+    assert by["cpu"].status == "passed" and by["cpu"].precision == "f32"
+    assert d.selected in ("cpu", "openvino") and d.reason
+    assert all(k in d.losers for k in by if k != d.selected_key)
+    doc = json.loads(json.dumps(d.to_dict()))
+    assert doc["model"]["sha256"] == d.model["sha256"] and doc["selected"] == d.selected
+    assert {"provider", "status", "reason", "precision", "coverage", "accuracy", "latency_ms"} <= set(doc["results"][0])
+    assert doc["versions"]["onnxruntime"] and doc["target"] == "generic-x86_64"
+    assert ("selected", {"provider": d.selected, "reason": d.reason}) in events
+    assert any(e == "session" for e, _ in events)  # progress forwarded from inside the child
+    ov_cache = tmp_path / "cache" / d.model["sha256"]
+    assert any(p.is_file() for p in ov_cache.rglob("*")), "OpenVINO CACHE_DIR was not populated"
+
+
+def test_ml_ops_fail_on_openvino_with_the_op_named(ml_package, target):
+    d = qualify(ml_package, PROFILE, target, providers=["openvino", "cpu"], **FAST)
+    ov = d.row("openvino")
+    assert ov.status == "failed" and ov.stage == "compatibility"
+    assert "Scaler" in ov.reason and any("Scaler" in op for op in ov.unsupported_ops)
+    assert d.selected == "cpu" and "Scaler" in d.losers["openvino"]
+
+
+def test_default_precision_failing_accuracy_requalifies_at_f32(tmp_path, target):
+    strict = {"max_abs": 0.0, "max_rel": 1e-7, "min_cosine": 1.0}
+    pkg = samples.write_package(tmp_path / "p", samples.cnn_model(), name="strict",
+                                extra_yaml={"tolerances": {"openvino": strict,
+                                                           "openvino:f32": {"max_abs": 1e-4, "max_rel": 1e-3, "min_cosine": 0.999}}})
+    d = qualify(pkg, PROFILE, target, providers=["openvino"], **FAST)
+    first = d.results[0]
+    if first.precision == "f32":  # a CPU without bf16/AMX: the default already is f32
+        pytest.fail("this test needs a CPU where OpenVINO defaults to bf16 (avx512_bf16 or AMX)")
+    assert first.status == "failed" and first.stage == "accuracy" and "max_rel" in first.reason
+    assert [r.key for r in d.results] == ["openvino", "openvino:f32"]
+    f32 = d.results[1]
+    assert f32.status == "passed" and f32.precision == "f32"
+    assert d.selected == "openvino" and d.selected_key == "openvino:f32" and d.row("openvino") is f32
+    assert d.losers["openvino"].startswith("failed: accuracy")
+
+
+def test_seeded_inputs_and_ort_reference_for_a_bare_onnx(tmp_path, target):
+    path = tmp_path / "tiny.onnx"
+    onnx.save(samples.tiny_model(3.0), path)
+    d = qualify(path, PROFILE, target, providers=["cpu"], **FAST)
+    assert d.reference == "onnxruntime-cpu-fp32" and d.inputs.startswith("seeded")
+    assert d.selected == "cpu" and d.row("cpu").accuracy["max_abs"] == 0.0
+
+
+def test_crashing_provider_is_an_error_row_and_the_caller_survives(cnn_package, target, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "abort:openvino")
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], **FAST)
+    ov = d.row("openvino")
+    assert ov.status == "error" and ov.stage == "isolation"
+    assert "crashed" in ov.reason and "SIGABRT" in ov.reason
+    assert d.selected == "cpu" and d.losers["openvino"].startswith("error")
+
+
+def test_unavailable_provider_row_and_unknown_name(cnn_package, target):
+    d = qualify(cnn_package, PROFILE, target, providers=["tensorrt", "cpu"], **FAST)
+    trt = d.row("tensorrt")
+    assert trt.status == "unavailable" and trt.reason and trt.stage == "probe"
+    assert d.selected == "cpu"
+    with pytest.raises(ProviderError, match="unknown provider"):
+        qualify(cnn_package, PROFILE, target, providers=["warp-drive"], **FAST)
+
+
+def test_isolated_hang_times_out_and_worker_recovers(monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "hang:slow")
+    with IsolatedWorker() as w:
+        res = w.call("os:getpid", {}, timeout=3, tag="slow")
+        assert not res.ok and res.kind == "timeout" and "timed out" in res.error
+        again = w.call("os:getpid", {}, timeout=60, tag="fine")
+        assert again.ok and again.value != os.getpid() and w.restarts == 1
+
+
+def test_isolated_exception_and_in_process_mode():
+    res = run_isolated("agent.qualify.package:load_package", {"path": "/nonexistent"}, timeout=60)
+    assert not res.ok and res.kind == "exception" and "ModelError" in res.error
+    local = run_isolated("os:getpid", {}, timeout=5, isolate=False)
+    assert local.ok and local.value == os.getpid()
