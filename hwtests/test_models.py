@@ -8,13 +8,25 @@ from agent.qualify.harness import qualify
 from agent.qualify.package import load_package
 
 
-def test_model_qualifies(variant, model_package, dev, budget):
+@pytest.fixture(scope="session")
+def decisions(dev):
+    """One qualification per model over every available variant (all precisions), shared by its tests."""
+    cache = {}
+
+    def get(path, budget):
+        if path not in cache:
+            names = list(dict.fromkeys(v.provider for v in dev.variants if v.available))
+            cache[path] = qualify(load_package(path), dev.profile, dev.target, providers=names,
+                                  latency_budget_s=budget, all_precisions=True)
+        return cache[path]
+
+    return get
+
+
+def test_model_qualifies(variant, model_package, decisions, budget):
     if not variant.available:
         pytest.skip(variant.reason)
-    pkg = load_package(model_package)
-    decision = qualify(pkg, dev.profile, dev.target, providers=[variant.provider], latency_budget_s=budget,
-                       all_precisions=True)
-    row = decision.row(variant.key)
+    row = decisions(model_package, budget).row_by_key(variant.key)
     assert row is not None, f"no row for {variant.key}"
     if row.status == "unavailable":
         pytest.skip(row.reason)

@@ -47,6 +47,7 @@ def test_stray_temp_files_and_garbage_are_ignored(tmp_path):
     (j.root / "broken.json").write_text("{not json")
     (j.root / "other.json").write_text(json.dumps({"id": "other"}))
     assert [d.id for d in j.all()] == [dep.id]
+    assert j.clean_temp() == 1
     assert not any(p.name.endswith(".tmp") for p in j.root.iterdir())
 
 

@@ -228,3 +228,20 @@ def test_ort_openvino_passes_everything_through_load_config(tmp_path):
     assert bundled_ep["device_type"] == "GPU"
     with pytest.raises(ProviderError, match="precision"):
         prov.ep_options({}, "int3", None)
+
+
+def test_ort_ep_sessions_refuse_silent_cpu_fallback_unless_asked(models):
+    """A non-CPU EP that cannot take a node must fail loudly (session.disable_cpu_ep_fallback=1), not hide on CPU."""
+    import onnxruntime as ort
+
+    from agent.providers._ortep import OrtEpProvider
+
+    class AzureOnly(OrtEpProvider):  # the Azure EP ships in every wheel and runs no local node
+        name, ep_name, label, devices = "azure", "AzureExecutionProvider", "Azure", ("CPU",)
+
+    assert "AzureExecutionProvider" in ort.get_available_providers()
+    with pytest.raises(ProviderError, match="azure: onnxruntime could not create a session"):
+        AzureOnly().open_session(models["cnn"])
+    sess = AzureOnly().open_session(models["cnn"], options={"cpu_fallback": True})
+    a = sess.assignment()  # measured: every node fell back to ORT's CPU EP
+    assert a.nodes_on_provider == 0 and a.coverage == 0.0 and "Conv" in a.fallback_ops

@@ -82,6 +82,8 @@ def wait_http(url: str, proc, timeout: float, log: Path) -> None:
         assert proc.poll() is None, f"daemon exited {proc.returncode}: {log.read_text()[-3000:]}"
         if http(url, 5)[0] == 200:
             return
+        for end in ("failed", "rolled_back", "rejected"):
+            assert f"state={end}" not in log.read_text(), f"deployment ended {end}: {log.read_text()[-3000:]}"
         time.sleep(0.2)
     raise AssertionError(f"{url} never answered 200: {log.read_text()[-3000:]}")
 

@@ -176,3 +176,27 @@ def _render_layout(layout: dict) -> str:
         lines.append(f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
                      f"{', '.join(layout['providers'][cls])}")
     return "\n".join(lines)
+
+
+def render_rollouts(docs: list[dict], finished: bool = False) -> str:
+    """`fleet status` lines for retained rollout progress documents: rollouts in progress with per-wave counts
+    (wave index, kind, size, succeeded/failed/in progress); finished ones are counted (listed with finished=True)."""
+    active = [d for d in docs if isinstance(d, dict) and d.get("state") == "running"]
+    done = [d for d in docs if isinstance(d, dict) and d.get("state") != "running"]
+    lines = []
+    for d in active + (done if finished else []):
+        lines.append(f"rollout {d.get('rollout_id')}: {d.get('model')} -> {d.get('version')} ({d.get('state')}; "
+                     f"{d.get('devices')} devices; {json.dumps(d.get('counts', {}), sort_keys=True)})")
+        for key, c in sorted((d.get("cohorts") or {}).items()):
+            waves = []
+            for w in c.get("waves", []):
+                n = w.get("counts", {})
+                busy = n.get("in_progress", 0) + n.get("rollback_pending", 0)
+                waves.append(f"{w.get('kind')} {w.get('index')}: {n.get('succeeded', 0)} ok/{n.get('failed', 0)} "
+                             f"failed/{busy} busy of {w.get('size')}")
+            reason = f" - {c['reason']}" if c.get("reason") else ""
+            lines.append(f"  {key}: {c.get('state')}, wave {c.get('wave')}/{c.get('waves_total')}{reason}")
+            lines += [f"    {w}" for w in waves]
+    if done and not finished:
+        lines.append(f"{len(done)} finished rollout(s) retained (see `fleet rollout ... --json` for their summaries)")
+    return "\n".join(lines)

@@ -122,12 +122,9 @@ class Journal:
             raise LifecycleError(f"journal {dep_id}: {exc}") from None
 
     def all(self) -> list[Deployment]:
-        """Every readable record, oldest first. Stray temp files from a crash are removed."""
+        """Every readable record, oldest first (temp files of writes in progress are skipped)."""
         deps = []
         for p in self.root.iterdir():
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
-                p.unlink(missing_ok=True)  # an unfinished atomic write: the rename never happened
-                continue
             if p.suffix != ".json" or not _ID_RE.match(p.stem):
                 continue
             try:
@@ -135,6 +132,13 @@ class Journal:
             except (ValueError, LifecycleError):
                 continue  # unreadable: reported by check()
         return sorted(deps, key=lambda d: (d.created, d.id))
+
+    def clean_temp(self) -> int:
+        """Start-up only (no writer running): remove temp files of writes a crash interrupted before the rename."""
+        stray = [p for p in self.root.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+        for p in stray:
+            p.unlink(missing_ok=True)
+        return len(stray)
 
     def in_flight(self) -> list[Deployment]:
         return [d for d in self.all() if not d.terminal]

@@ -61,6 +61,7 @@ def _step(dep: Deployment, slots: ModelSlots) -> Step:
 
 def recover(journal: Journal, slots: ModelSlots) -> list[Deployment]:
     """Apply the plan to the journal; return the deployments that must continue (non-terminal)."""
+    journal.clean_temp()
     resumed = []
     for step in plan(journal, slots):
         journal.apply(step.deployment, step.event, reason=step.reason)

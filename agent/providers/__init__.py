@@ -5,7 +5,7 @@ Importing this module never imports a runtime; a broken runtime cannot break sta
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agent.providers.base import Assignment, ProbeResult, Provider, ProviderSession, TensorSpec
 

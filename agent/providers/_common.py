@@ -93,7 +93,9 @@ def cpu_vendor(profile: "HardwareProfile") -> str:
 
 def is_intel_cpu(profile: "HardwareProfile") -> bool:
     v = cpu_vendor(profile).lower()
-    return v in ("genuineintel", "intel") or "intel" in (profile.cpu.model or "").lower() and not v
+    if v:
+        return v in ("genuineintel", "intel")
+    return "intel" in (profile.cpu.model or "").lower()
 
 
 def jetson_gpu_remedy(profile: "HardwareProfile", ep: str) -> str:
@@ -110,4 +112,4 @@ def jetson_gpu_remedy(profile: "HardwareProfile", ep: str) -> str:
         major, ("JetPack 6", "pip install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; "
                              "CUDA 12.6, Python 3.10"))
     return (f"install the onnxruntime-gpu wheel for {index[0]} (this board: JetPack {jp or 'unknown'}) from the "
-            f"Jetson AI Lab index ({index[1]}); {ep} and CUDA themselves come with JetPack")
+            f"Jetson AI Lab index ({index[1]}); {'TensorRT and CUDA come' if ep == 'TensorRT' else 'CUDA comes'} with JetPack")

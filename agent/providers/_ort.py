@@ -106,6 +106,7 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
 def session_options(attrs: dict[str, Any], config: dict[str, str], profile_dir: str | None = None):
     rt = ort()
     so = rt.SessionOptions()
+    so.log_severity_level = 4  # failures come back as ProviderError with ORT's message; no duplicate log lines
     for key, value in attrs.items():
         if key == "graph_optimization_level":
             if str(value) not in _OPT_LEVELS:

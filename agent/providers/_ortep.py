@@ -39,7 +39,8 @@ class OrtEpProvider(Provider):
         rt, err = _ort.ort_or_reason()
         if rt is None:
             return None, f"onnxruntime cannot be imported: {err}"
-        return None, f"{self.label} EP not in this onnxruntime build ({rt.__version__}: {', '.join(_ort.available_providers())})"
+        return None, (f"{self.label} EP not in this onnxruntime build (onnxruntime {rt.__version__} has "
+                      f"{', '.join(_ort.available_providers())})")
 
     def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
                    device: str | None = None) -> tuple[dict[str, Any], str | None]:
@@ -84,6 +85,8 @@ class OrtEpProvider(Provider):
         if why:
             raise ProviderError(f"{self.name}: {why}")
         opts = dict(options or {})
+        if _truthy(opts.pop("cpu_fallback", False)):  # opt in to partial placement (coverage < 1 is then measured)
+            opts["session.disable_cpu_ep_fallback"] = "0"
         own = {k: opts.pop(k) for k in list(opts) if k in self.ep_keys}
         attrs, config, ep = _ort.split_options(opts)
         attrs = {**self.session_defaults, **attrs}
@@ -116,6 +119,10 @@ def host_profile() -> "HardwareProfile":
         pass
     return HardwareProfile(arch=platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64"),
                            cpu=CpuInfo(vendor=vendor))
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _device_type(ep_device: Any) -> str:

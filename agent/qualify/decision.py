@@ -81,6 +81,10 @@ class Decision:
         passed = [r for r in rows if r.status == "passed"]
         return (passed or rows)[0]
 
+    def row_by_key(self, key: str) -> Row | None:
+        """Exactly the row `provider[@device][:precision]` (e.g. "openvino:f32"), or None."""
+        return next((r for r in self.results if r.key == key), None)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,

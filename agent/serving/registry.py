@@ -1,8 +1,6 @@
 """The model registry: which session serves each model, atomic hot swap with drain, validated infer, stats."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
+from agent.serving.memory import trim_heap
 from agent.serving.metrics import ModelStats
 
 MAKE_BEFORE_BREAK = "make-before-break"
@@ -55,7 +54,7 @@ class ModelEntry:
         except Exception as exc:  # noqa: BLE001 - a failing close must not break a swap
             self.close_error = f"{type(exc).__name__}: {exc}"
         del session
-        _trim_heap()
+        trim_heap()
 
 
 def _dim(d: Any) -> int | None:
@@ -71,22 +70,6 @@ def _checks(session: Any) -> tuple:
     checks = tuple((s.name, "object" if s.dtype in ("str", "string", "bytes") else s.dtype,
                     tuple(_dim(d) for d in s.shape)) for s in specs)
     return checks, outs
-
-
-_LIBC: Any = None
-
-
-def _trim_heap() -> None:
-    """Give freed native memory back to the OS (glibc malloc_trim) so RSS does not creep across swaps."""
-    global _LIBC
-    if _LIBC is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC = ctypes.CDLL(name) if name else False
-        except OSError:
-            _LIBC = False
-    if _LIBC and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
 
 
 def _validate(entry: ModelEntry, feeds: Any) -> None:

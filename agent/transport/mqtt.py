@@ -82,6 +82,7 @@ class MqttLink:
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
         self._refusal = threading.Event()
+        self._failed = threading.Event()  # a TCP/TLS connection attempt failed
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -90,7 +91,7 @@ class MqttLink:
         self._supervisor = threading.Thread(target=self._supervise, name=f"mqtt-{self.client_id}", daemon=True)
         self._supervisor.start()
         if wait is not None and not self._wait_connack(wait):
-            why = self.refused or "no CONNACK (broker unreachable?)"
+            why = self.refused or self._diagnose() or "no CONNACK from the broker"
             self.stop()
             raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
         return self
@@ -99,7 +100,7 @@ class MqttLink:
         """Wait for a successful CONNACK; give up early when the broker refused us (bad credentials, ACL)."""
         deadline = time.monotonic() + timeout
         while not self.connected.wait(0.05):
-            if self._refusal.is_set() or time.monotonic() >= deadline:
+            if self._refusal.is_set() or self._failed.is_set() or time.monotonic() >= deadline:
                 return self.connected.is_set()
         return True
 
@@ -186,6 +187,7 @@ class MqttLink:
         c.reconnect_delay_set(min_delay=1, max_delay=10)
         c.on_connect, c.on_disconnect = self._on_connect, self._on_disconnect
         c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
+        c.on_connect_fail = self._on_connect_fail
         kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
         c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
         c.loop_start()
@@ -228,6 +230,28 @@ class MqttLink:
         self.connected.set()
         if self.on_connection:
             self.on_connection(True, "connected")
+
+    def _on_connect_fail(self, client, userdata):
+        self._failed.set()
+
+    def _diagnose(self) -> str | None:
+        """Why a connection attempt fails, in words: a plain TCP (and TLS) handshake outside paho."""
+        import socket
+        import ssl
+
+        try:
+            with socket.create_connection((self.host, self.port), timeout=5) as sock:
+                if self.tls:
+                    ctx = ssl.create_default_context(cafile=self.broker.ca)
+                    if self.broker.cert:
+                        ctx.load_cert_chain(self.broker.cert, self.broker.key)
+                    with ctx.wrap_socket(sock, server_hostname=self.host):
+                        pass
+        except ssl.SSLError as exc:
+            return f"TLS handshake failed: {exc.reason or exc}"
+        except OSError as exc:
+            return f"{exc.strerror or exc} ({self.host}:{self.port})"
+        return None
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
         was = self.connected.is_set()

@@ -1,0 +1,74 @@
+"""Harness overhead: the conformance node runner (isolated worker, provider contract, onnx's comparison)
+against a bare in-process loop over the same ONNX node cases on the same provider. Prints the ratio
+(goal <= 2x) and whether both loops classify every case identically.
+
+    .venv/bin/python bench/bench_harness_overhead.py [--provider cpu|openvino] [--cases GLOB]...
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections import Counter
+
+
+def bare_status(case, provider: str, tmp: str) -> str:
+    """The plain way: create the runtime's session directly, run, compare with onnx's Runner."""
+    from onnx.backend.test.runner import Runner
+
+    try:
+        feeds = {i.name: v for i, v in zip(case.model.graph.input, case.inputs) if v is not None}
+        names = [o.name for o in case.model.graph.output]
+        if provider == "cpu":
+            import onnxruntime as ort
+
+            sess = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+            outs = sess.run(names, feeds)
+        else:
+            import openvino as ov
+
+            path = os.path.join(tmp, "m.onnx")
+            with open(path, "wb") as f:
+                f.write(case.model.SerializeToString())
+            compiled = ov.Core().compile_model(path, "CPU")
+            res = compiled(list(feeds.values()))
+            outs = [res[compiled.output(i)] for i in range(len(names))]
+    except Exception:  # noqa: BLE001 - the case could not run
+        return "errored"
+    try:
+        Runner.assert_similar_outputs(case.outputs, outs, rtol=case.rtol, atol=case.atol)
+    except (AssertionError, TypeError, ValueError):
+        return "failed"
+    return "passed"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--provider", default="cpu", choices=["cpu", "openvino"])
+    ap.add_argument("--cases", action="append", default=[], help="case-name glob (repeatable); default: all")
+    args = ap.parse_args()
+
+    from agent.conformance.node import load_cases, run_variant
+
+    cases = load_cases(args.cases or None)
+    tmp = tempfile.mkdtemp(prefix="bench-bare-")
+    bare_status(cases[0], args.provider, tmp)  # import the runtime before timing (the harness child pays it)
+    t0 = time.perf_counter()
+    bare = {c.name: bare_status(c, args.provider, tmp) for c in cases}
+    t_bare = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = {r.case: r.status for r in run_variant(cases, args.provider, None)}
+    t_harness = time.perf_counter() - t0
+    diff = {k: (ours[k], bare[k]) for k in bare if ours.get(k) != bare[k]}
+    print(f"cases            {len(cases)} on {args.provider}")
+    print(f"bare loop        {t_bare:8.2f} s  {dict(Counter(bare.values()))}")
+    print(f"harness          {t_harness:8.2f} s  {dict(Counter(ours.values()))}  (includes worker start-up)")
+    print(f"overhead ratio   {t_harness / t_bare:8.2f}x  (goal <= 2x)")
+    print(f"classification   {'identical' if not diff else f'{len(diff)} cases differ'}")
+    for name, (a, b) in list(diff.items())[:20]:
+        print(f"  {name}: harness {a}, bare {b}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Benchmark the MQTT artifact channel against raw paho on the same loopback Mosquitto, in the same run.
+
+    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window 16]
+
+Prints three figures and their goals:
+  throughput   pull of a SIZE artifact (ArtifactServer -> Mosquitto -> ChunkPuller, verified, on disk) divided by
+               raw paho publish -> subscribe of the same bytes in the same chunks, QoS 1     goal >= 0.8x
+  rss          device peak RSS growth while pulling RSS_SIZE                                  goal <= 32 MB
+  resent       bytes sent twice when the device is SIGKILLed mid-pull and restarted          goal <= 1 % of the file
+The device side always runs in its own process (as on a real device). Not run by the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+
+# --- child processes ---------------------------------------------------------------------------------
+def child_sub(url: str, count: int) -> None:
+    """Raw paho subscriber: report when `count` messages have arrived."""
+    import paho.mqtt.client as mqtt
+
+    host, port = url.split("//")[1].split(":")
+    done, n = threading.Event(), [0]
+
+    def on_message(c, u, msg):
+        n[0] += 1
+        if n[0] == count:
+            done.set()
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-sub", protocol=mqtt.MQTTv5)
+    c.on_message = on_message
+    c.on_subscribe = lambda *a: print("ready", flush=True)
+    c.on_connect = lambda cl, *a: cl.subscribe("bench/raw", qos=1)
+    c.connect(host, int(port))
+    c.loop_start()
+    done.wait()
+    print("done", time.time(), flush=True)
+    c.loop_stop()
+
+
+def child_pull(url: str, store: str, manifest_file: str, window: int, progress: bool) -> None:
+    from agent.artifacts.manifest import Manifest
+    from agent.artifacts.pull import ChunkPuller
+    from agent.artifacts.store import ContentStore
+    from agent.transport.device import DeviceLink
+
+    m = Manifest.from_dict(json.loads(Path(manifest_file).read_text()))
+    import psutil
+
+    link = DeviceLink(url, "bench-dev").start(wait=15)
+    proc, peak, stop = psutil.Process(), [0], threading.Event()
+    base = proc.memory_info().rss
+
+    def sample():
+        while not stop.wait(0.005):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    threading.Thread(target=sample, daemon=True).start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t0 = time.time()
+    cb = (lambda e, done=0, **_: print("chunk", done, flush=True)) if progress else None
+    puller = ChunkPuller(link, ContentStore(store), window=window, progress=cb)
+    puller.pull(m)
+    stop.set()
+    print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024, json.dumps(puller.stats, separators=(",", ":")), flush=True)
+    link.stop()
+
+
+# --- parent ------------------------------------------------------------------------------------------
+def spawn(*args):
+    return subprocess.Popen([sys.executable, __file__, *map(str, args)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def expect(proc, word):
+    for line in proc.stdout:
+        if line.split()[0] == word:
+            return line.split()[1:]
+    raise RuntimeError(f"child exited before '{word}' (rc {proc.wait()})")
+
+
+def raw_paho(url: str, data: bytes, chunk: int) -> float:
+    """Seconds to move `data` in `chunk`-sized QoS 1 messages publisher -> Mosquitto -> subscriber."""
+    import paho.mqtt.client as mqtt
+
+    count = -(-len(data) // chunk)
+    sub = spawn("_sub", url, count)
+    expect(sub, "ready")
+    host, port = url.split("//")[1].split(":")
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-pub", protocol=mqtt.MQTTv5)
+    pub.connect(host, int(port))
+    pub.loop_start()
+    t0 = time.time()
+    view = memoryview(data)
+    for i in range(count):
+        info = pub.publish("bench/raw", bytes(view[i * chunk:(i + 1) * chunk]), qos=1)
+        if i % 16 == 15:
+            info.wait_for_publish()
+    t1 = float(expect(sub, "done")[0])
+    pub.loop_stop()
+    sub.wait(30)
+    return t1 - t0
+
+
+def make(tmp: Path, size: int, chunk: int):
+    from agent.artifacts.manifest import Manifest
+    from agent.artifacts.store import ContentStore, hash_file
+
+    cp = ContentStore(tmp / f"cp-{size}")
+    data = os.urandom(size)
+    sha = cp.put_bytes(data)
+    _, n, hashes = hash_file(cp.path(sha), chunk)
+    m = Manifest.create(name="bench", version="1", sha256=sha, size=n, chunk_size=chunk, chunks=hashes,
+                        devices=["bench-dev"])
+    mf = tmp / f"m-{size}.json"
+    mf.write_text(json.dumps(m.to_dict()))
+    return cp, m, data, mf
+
+
+def verified_bytes(store_dir: Path, m) -> int:
+    """Bytes of the staging file that already match their chunk hashes (read-only look after the kill)."""
+    import hashlib
+
+    a, total = m.artifact, 0
+    with open(Path(store_dir) / "staging" / f"{a.sha256}.part", "rb") as f:
+        for i, h in enumerate(a.chunks):
+            block = f.read(a.chunk_len(i))
+            if hashlib.sha256(block).hexdigest() == h:
+                total += len(block)
+    return total
+
+
+def pull_once(url, store, mf, window, kill_at=None):
+    proc = spawn("_pull", url, store, mf, window, int(kill_at is not None))
+    expect(proc, "ready")
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    if kill_at is not None:
+        for line in proc.stdout:
+            if line.startswith("chunk") and int(line.split()[1]) >= kill_at:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                return int(line.split()[1])
+        raise RuntimeError("pull finished before the kill")
+    t0, t1, base, peak, stats = expect(proc, "done")
+    proc.wait(30)
+    return float(t1) - float(t0), (int(peak) - int(base)) / 1024, json.loads(stats)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="MQTT artifact pull benchmark")
+    ap.add_argument("--size-mb", type=int, default=64)
+    ap.add_argument("--rss-size-mb", type=int, default=256)
+    ap.add_argument("--chunk-size", type=int, default=256 * 1024)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from agent.fleet.artifact_server import ArtifactServer
+    from agent.transport.mqtt import BrokerConfig
+    from brokers import Mosquitto
+
+    chunk, size = args.chunk_size, args.size_mb << 20
+    with tempfile.TemporaryDirectory() as td, Mosquitto(Path(td) / "broker", persistence=False) as broker:
+        tmp = Path(td)
+        cp, m, data, mf = make(tmp, size, chunk)
+        server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
+        raws, pulls = [], []
+        for r in range(args.rounds):  # interleaved: a shared, noisy machine hits both alike
+            raws.append(raw_paho(broker.url, data, chunk))
+            pulls.append(pull_once(broker.url, tmp / f"dev1-{r}", mf, args.window)[0])
+        raw_s, pull_s = sorted(raws)[len(raws) // 2], sorted(pulls)[len(pulls) // 2]
+        ratio = raw_s / pull_s
+        print(f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
+              f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}, {args.size_mb} MB, chunk {chunk}, "
+              f"window {args.window}]")
+
+        before = server.stats["bytes"]
+        killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill_at=size // 2)
+        on_disk = verified_bytes(tmp / "dev2", m)
+        _, _, stats = pull_once(broker.url, tmp / "dev2", mf, args.window)
+        refetched = stats["requested"] * chunk - (size - on_disk)
+        overhead = server.stats["bytes"] - before - size
+        resent = max(0, refetched)
+        print(f"resent: killed after {killed_at} bytes were reported written; {on_disk} verified bytes on disk; "
+              f"the restart requested {stats['requested']} of {stats['chunks']} chunks -> {resent} bytes "
+              f"downloaded twice = {100 * resent / size:.2f} % (goal <= 1 %); server-side overhead incl. the "
+              f"chunks in flight when the process died: {overhead} bytes = {100 * overhead / size:.2f} %")
+        del data
+
+        cp2, m2, data2, mf2 = make(tmp, args.rss_size_mb << 20, chunk)
+        del data2
+        server.stop()
+        server = ArtifactServer(cp2, BrokerConfig(broker.url)).start()
+        _, growth, _ = pull_once(broker.url, tmp / "dev3", mf2, args.window)
+        print(f"rss: device peak RSS grew {growth:.1f} MB while pulling {args.rss_size_mb} MB (goal <= 32 MB)")
+        server.stop()
+        ok = ratio >= 0.8 and growth <= 32 and resent <= size / 100
+        print("all goals met" if ok else "some goals missed")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["_sub"]:
+        child_sub(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1:2] == ["_pull"]:
+        child_pull(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6] == "1")
+    else:
+        sys.exit(main())

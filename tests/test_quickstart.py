@@ -1,0 +1,46 @@
+"""scripts/quickstart.sh end to end (MQTT with a private Mosquitto, and local inbox mode): it deploys, serves
+one correct inference, prints the decision with evidence, and leaves no process or directory behind."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+
+
+@pytest.mark.parametrize("mode", ["mqtt", "local"])
+def test_quickstart(mode, tmp_path):
+    env = dict(os.environ, EDGE_AGENT_VENV=sys.prefix, TMPDIR=str(tmp_path),
+               PATH=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin")
+    args = ["bash", str(ROOT / "scripts/quickstart.sh")] + (["--local"] if mode == "local" else [])
+    r = subprocess.run(args, capture_output=True, text=True, timeout=540, env=env, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    if mode == "mqtt":
+        assert "Private Mosquitto broker" in out and "quickstart-device: committed" in out
+    else:
+        assert "Local inbox mode" in out and "sample-cnn 1: committed" in out
+    assert "-> model_version 1, output probabilities [1, 10]" in out
+    m = re.search(r"predicted class (\d+) \(golden: (\d+)\)", out)
+    assert m and m.group(1) == m.group(2)
+    assert float(re.search(r"max \|output - golden reference\| = (\S+)", out).group(1)) < 1e-3
+    assert re.search(r"^\s+cpu\s+f32\s+passed\s+100%", out, re.M)  # a decision row with its evidence
+    assert re.search(r"selected: \w+ .*: ", out)
+    assert "everything the quickstart started is stopped" in out
+    for pid in map(int, re.findall(r"(?:agent|artifact server) pid (\d+)", out)):
+        assert not alive(pid), f"pid {pid} still running"
+    assert not list(tmp_path.glob("edge-agent-quickstart.*"))  # work directory removed
