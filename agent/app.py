@@ -41,6 +41,7 @@ class DeviceAgent:
         self.use_lock = use_lock
         self.target = None
         self.store = self.registry = self.steps = self.orchestrator = self.server = self.link = None
+        self.telemetry = None
         self._lock: control.StateLock | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -68,7 +69,10 @@ class DeviceAgent:
             self.registry = ModelRegistry()
             self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
                                target_name=self.target.name if self.target else None, config=self.step_config)
-            self.orchestrator = Orchestrator(self.state_dir, self.steps, listeners=[self._on_transition])
+            deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
+            self.orchestrator = Orchestrator(self.state_dir, self.steps, deadlines=deadlines,
+                                             listeners=[self._on_transition])
+            self._start_telemetry()
             self._emit({"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode,
                         "target": self.target.name if self.target else None})
             self.orchestrator.start()
@@ -121,6 +125,19 @@ class DeviceAgent:
 
         s = self.config.serving
         self.server = OIPServer(self.registry, s.host, s.port, s.token()).start()
+        if self.telemetry is not None:
+            self.server.add_metrics_collector(self.telemetry.collector)
+
+    def _start_telemetry(self) -> None:
+        try:
+            from agent.telemetry import Telemetry, registry_stats
+        except ImportError:
+            return
+        reg = self.registry
+        self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=str(self.sysroot or "/"),
+                                   stats=lambda: registry_stats(reg), device_id=self.config.device_id)
+        if self.health_source is None:
+            self.health_source = self.telemetry.collect
 
     def _start_mqtt(self) -> None:
         from agent.lifecycle.mqttmode import MqttMode
@@ -142,10 +159,14 @@ class DeviceAgent:
 
     def _scan_inbox(self) -> None:
         inbox = self.config.inbox
-        if inbox is None or self.config.mqtt is not None or not Path(inbox).is_dir():
+        if inbox is None or not Path(inbox).is_dir():  # local mode, or an inbox set explicitly beside mqtt
             return
-        claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
-        for model_dir in sorted(Path(inbox).iterdir()):
+        with self.orchestrator.exclusive():
+            claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
+            self._submit_inbox(Path(inbox), claimed)
+
+    def _submit_inbox(self, inbox: Path, claimed: set) -> None:
+        for model_dir in sorted(inbox.iterdir()):
             if model_dir.name.startswith(".") or not model_dir.is_dir():
                 continue
             for version_dir in sorted(model_dir.iterdir()):

@@ -5,7 +5,7 @@ import difflib
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -190,7 +190,7 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
         secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file")
         if secret and st.st_mode & stat.S_IROTH:
             warnings.append(f"{key}: {p} is world-readable; chmod 600 (or 640 with group edge-agent)")
-    return _replace(cfg, warnings=tuple(warnings))
+    return replace(cfg, warnings=tuple(warnings))
 
 
 def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:
@@ -208,10 +208,6 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = val
     return out
-
-
-def _replace(cfg: AgentConfig, **changes) -> AgentConfig:
-    return AgentConfig(**({f.name: getattr(cfg, f.name) for f in fields(cfg)} | changes))
 
 
 # ---------------------------------------------------------------- sections

@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--devices", type=int, default=200)
     ap.add_argument("--size-mb", type=float, default=1.0)
     ap.add_argument("--canary", default="1")
-    ap.add_argument("--wave-size", default="100%")
+    ap.add_argument("--wave-size", default="25%")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 

@@ -72,8 +72,13 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
     print("ready", flush=True)
     sys.stdin.readline()
     t0 = time.time()
-    cb = (lambda e, done=0, **_: print("chunk", done, flush=True)) if progress else None
-    puller = ChunkPuller(link, ContentStore(store), window=window, progress=cb)
+    def cb(event, done=0, total=1, **_):
+        print(event, done, flush=True)
+        if event == "chunk" and done >= total // 2:
+            print("paused", done, flush=True)
+            sys.stdin.readline()  # wait for the SIGKILL (chunks in flight keep arriving, then die with us)
+
+    puller = ChunkPuller(link, ContentStore(store), window=window, progress=cb if progress else None)
     puller.pull(m)
     stop.set()
     print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024, json.dumps(puller.stats, separators=(",", ":")), flush=True)
@@ -102,14 +107,13 @@ def raw_paho(url: str, data: bytes, chunk: int) -> float:
     expect(sub, "ready")
     host, port = url.split("//")[1].split(":")
     pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="bench-pub", protocol=mqtt.MQTTv5)
+    pub.max_inflight_messages_set(64)  # the strongest plain-paho sender: everything queued, 64 in flight
     pub.connect(host, int(port))
     pub.loop_start()
     t0 = time.time()
     view = memoryview(data)
     for i in range(count):
-        info = pub.publish("bench/raw", bytes(view[i * chunk:(i + 1) * chunk]), qos=1)
-        if i % 16 == 15:
-            info.wait_for_publish()
+        pub.publish("bench/raw", bytes(view[i * chunk:(i + 1) * chunk]), qos=1)
     t1 = float(expect(sub, "done")[0])
     pub.loop_stop()
     sub.wait(30)
@@ -144,18 +148,16 @@ def verified_bytes(store_dir: Path, m) -> int:
     return total
 
 
-def pull_once(url, store, mf, window, kill_at=None):
-    proc = spawn("_pull", url, store, mf, window, int(kill_at is not None))
+def pull_once(url, store, mf, window, kill=False):
+    proc = spawn("_pull", url, store, mf, window, int(kill))
     expect(proc, "ready")
     proc.stdin.write("go\n")
     proc.stdin.flush()
-    if kill_at is not None:
-        for line in proc.stdout:
-            if line.startswith("chunk") and int(line.split()[1]) >= kill_at:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
-                return int(line.split()[1])
-        raise RuntimeError("pull finished before the kill")
+    if kill:
+        done = int(expect(proc, "paused")[0])
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        return done
     t0, t1, base, peak, stats = expect(proc, "done")
     proc.wait(30)
     return float(t1) - float(t0), (int(peak) - int(base)) / 1024, json.loads(stats)
@@ -166,7 +168,7 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=64)
     ap.add_argument("--rss-size-mb", type=int, default=256)
     ap.add_argument("--chunk-size", type=int, default=256 * 1024)
-    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--window", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from agent.fleet.artifact_server import ArtifactServer
@@ -189,7 +191,7 @@ def main() -> int:
               f"window {args.window}]")
 
         before = server.stats["bytes"]
-        killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill_at=size // 2)
+        killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill=True)
         on_disk = verified_bytes(tmp / "dev2", m)
         _, _, stats = pull_once(broker.url, tmp / "dev2", mf, args.window)
         refetched = stats["requested"] * chunk - (size - on_disk)

@@ -163,7 +163,13 @@ fi
 TARGET_SRC="--target"
 if [ -z "$TARGET" ]; then TARGET="$(detect_target)"; TARGET_SRC="detected"; fi
 [ -r "$SRC_DIR/targets/$TARGET.yaml" ] || die "--target '$TARGET': no $SRC_DIR/targets/$TARGET.yaml"
-[ "$RUNTIME" = auto ] && RUNTIME="$(runtime_for "$TARGET")"
+if [ "$RUNTIME" = auto ]; then
+  RUNTIME="$(runtime_for "$TARGET")"
+  if [ "$RUNTIME" = jetson ] && ! grep -q '^# R36' "$R/etc/nv_tegra_release" 2>/dev/null; then
+    say "warning: not JetPack 6 (L4T R36): no onnxruntime-gpu index known for it; using CPU (or --wheelhouse)"
+    RUNTIME=cpu
+  fi
+fi
 say "target: $TARGET ($TARGET_SRC); runtime: $RUNTIME; root: ${R:-/}"
 
 # 1. the system user (hardware access comes from groups, never root)
@@ -186,8 +192,11 @@ run mkdir -p "$OPT"
 if [ "$DRY" = 0 ]; then
   rm -rf "$OPT/src.new"
   mkdir -p "$OPT/src.new"
-  tar -C "$SRC_DIR" --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv --exclude=.git -cf - \
-      agent targets hwtests pyproject.toml README.md scripts systemd $( [ -d "$SRC_DIR/docs" ] && echo docs ) \
+  parts=()
+  for p in agent targets hwtests pyproject.toml README.md scripts systemd docs; do
+    [ -e "$SRC_DIR/$p" ] && parts+=("$p")
+  done
+  tar -C "$SRC_DIR" --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv --exclude=.git -cf - "${parts[@]}" \
     | tar -C "$OPT/src.new" -xf -
   rm -rf "$OPT/src.old"
   [ -d "$OPT/src" ] && mv "$OPT/src" "$OPT/src.old"
@@ -214,6 +223,8 @@ if [ "$VENV_MODE" = 1 ]; then
   run "$V/bin/python" -m pip install -q "${PIP_SRC[@]}" -e "$OPT/src$extras"
   case "$RUNTIME" in
     jetson)
+      "$V/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' ||
+        say "warning: the JetPack 6 index has cp310 wheels; this venv's Python is not 3.10"
       if [ -n "$WHEELHOUSE" ]; then jidx=("${PIP_SRC[@]}"); else jidx=(--index-url "$JETSON_INDEX"); fi
       run "$V/bin/python" -m pip uninstall -y -q onnxruntime
       run "$V/bin/python" -m pip install -q "${jidx[@]}" onnxruntime-gpu ;;
@@ -253,8 +264,9 @@ for d in "$STATE" "$CACHE"; do run mkdir -p "$d"; run chmod 0750 "$d"; done
 if [ "$SYSTEM" = 1 ]; then
   run chown -R "$NAME:$NAME" "$STATE" "$CACHE"
   run chown root:"$NAME" "$CONF_DIR" "$CONF"
-  run chmod 0750 "$CONF_DIR"; run chmod 0640 "$CONF"
 fi
+run chmod 0750 "$CONF_DIR"
+[ "$DRY" = 1 ] || chmod 0640 "$CONF"
 say "state in /var/lib/edge-agent, cache in /var/cache/edge-agent"
 
 # 6. the unit and this device's drop-in
@@ -273,6 +285,10 @@ fi
 say "installed $UNIT and $DROPIN (MemoryMax=${MEM:-80%}${GROUPS_FOUND:+, groups: $GROUPS_FOUND})"
 
 # 7. enable and start
+if [ "$SYSTEM" = 1 ] && [ ! -d /run/systemd/system ] && [ "$DRY" = 0 ]; then
+  say "warning: systemd is not running here (container?): not enabling or starting the service"
+  ENABLE=0 START=0
+fi
 if [ "$ENABLE" = 1 ]; then
   if [ "$SYSTEM" = 1 ]; then
     run systemctl daemon-reload

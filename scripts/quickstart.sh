@@ -38,9 +38,12 @@ fi
 if "$VENV/bin/python" -c 'import agent.cli, onnxruntime, paho.mqtt, yaml' >/dev/null 2>&1 && [ -x "$VENV/bin/edge-agent" ]; then
   info "edge-agent $("$VENV/bin/edge-agent" --version | awk '{print $NF}') already installed"
 else
-  info "installing edge-agent and its runtime (pip, once)"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install -q -e . || fail "pip install failed"
+  info "installing edge-agent and its runtime (pip, once; a minute or two)"
+  PIPLOG="$(mktemp)"
+  if ! { "$VENV/bin/python" -m pip install -q --upgrade pip && "$VENV/bin/python" -m pip install -q -e .; } > "$PIPLOG" 2>&1; then
+    tail -30 "$PIPLOG" >&2; rm -f "$PIPLOG"; fail "pip install failed"
+  fi
+  rm -f "$PIPLOG"
 fi
 EA="$VENV/bin/edge-agent"
 PY="$VENV/bin/python"
@@ -81,7 +84,7 @@ if [ "$MODE" = mqtt ]; then
   PIDS+=($!)
   wait_port "$MQ_PORT" "$!" mosquitto
   BROKER="mqtt://127.0.0.1:$MQ_PORT"
-  info "$BROKER"
+  info "$BROKER (mosquitto pid $!)"
   step "Fleet signing keys"
   "$EA" keys generate --out "$WORK/keys" | sed 's/^/    /'
 else
@@ -206,11 +209,11 @@ if rec is None:
     sys.exit("    no decision record found")
 d = json.loads(rec.read_text())
 print(f"    decision record: {rec}")
-print(f"    {'PROVIDER':<10} {'PRECISION':<9} {'STATUS':<8} {'COVERAGE':>8} {'MAX_REL':>9} {'P50 ms':>9} {'P99 ms':>9}  REASON")
+print(f"    {'PROVIDER':<10} {'PRECISION':<9} {'STATUS':<11} {'COVERAGE':>8} {'MAX_REL':>9} {'P50 ms':>9} {'P99 ms':>9}  REASON")
 for r in d.get("results", []):
     acc, lat = r.get("accuracy") or {}, r.get("latency_ms") or {}
     f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"
-    print(f"    {r.get('provider', '?'):<10} {str(r.get('precision') or '-'):<9} {r.get('status', '?'):<8} "
+    print(f"    {r.get('provider', '?'):<10} {str(r.get('precision') or '-'):<9} {r.get('status', '?'):<11} "
           f"{f(r.get('coverage'), '.0%'):>8} {f(acc.get('max_rel'), '.2g'):>9} {f(lat.get('p50'), '.3f'):>9} "
           f"{f(lat.get('p99'), '.3f'):>9}  {r.get('reason') or ''}")
 print(f"    selected: {d.get('selected')} ({d.get('selected_precision') or 'default precision'}): {d.get('reason')}")

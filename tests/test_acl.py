@@ -115,3 +115,23 @@ def test_pull_and_desired_state_over_tls_with_acl(secured, tmp_path):
         server.stop()
     with pytest.raises(TransportError, match="TLS handshake failed: CERTIFICATE_VERIFY_FAILED"):  # a device without the fleet CA
         DeviceLink(tls_url, "pi-a", username="pi-a", password=secrets["pi-a"]).start(wait=10)
+
+
+def test_client_certificates_when_the_broker_requires_them(tmp_path):
+    tls = tmp_path / "tls"
+    subprocess.run(["sh", str(SCRIPTS / "make_certs.sh"), str(tls), "127.0.0.1", "pi-a"], check=True, capture_output=True)
+    assert (tls / "clients" / "pi-a.key").stat().st_mode & 0o077 == 0
+    port = free_port()
+    run_as = "user root\n" if os.geteuid() == 0 else ""
+    conf = (run_as + f"listener {port} 127.0.0.1\ncafile {tls}/ca.crt\ncertfile {tls}/server.crt\n"
+            f"keyfile {tls}/server.key\nrequire_certificate true\n")
+    with Mosquitto(tmp_path / "broker", extra_conf=conf):
+        url = f"mqtts://127.0.0.1:{port}"
+        dev = DeviceLink(url, "pi-a", ca=str(tls / "ca.crt"), cert=str(tls / "clients" / "pi-a.crt"),
+                         key=str(tls / "clients" / "pi-a.key")).start(wait=15)
+        try:
+            dev.publish_status({"models": {}})
+        finally:
+            dev.stop()
+        with pytest.raises(TransportError, match="cannot connect"):
+            DeviceLink(url, "pi-a", ca=str(tls / "ca.crt")).start(wait=10)

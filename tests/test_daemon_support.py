@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 EXE = [sys.executable, "-m", "agent"]
 FAST_ENV = {
@@ -65,7 +67,8 @@ class Daemon:
         self.config, self.state_dir = config, state_dir
         self.log = config.parent / "daemon.log"
         full = {**os.environ, **FAST_ENV, **(env or {})}
-        full.pop("EDGE_AGENT_TEST_CRASH_AT", None) if "EDGE_AGENT_TEST_CRASH_AT" not in (env or {}) else None
+        if "EDGE_AGENT_TEST_CRASH_AT" not in (env or {}):
+            full.pop("EDGE_AGENT_TEST_CRASH_AT", None)  # never inherit the crash hook
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(EXE + ["run", "--config", str(config)], cwd=ROOT, env=full,
                                          stdout=log, stderr=subprocess.STDOUT)
@@ -108,3 +111,38 @@ def infer(url: str, value: float = 0.0, model: str = "tiny") -> tuple[str, list[
     with urllib.request.urlopen(req, timeout=30) as resp:
         doc = json.loads(resp.read())
     return doc["model_version"], doc["outputs"][0]["data"]
+
+
+# ---- in-process DeviceAgent helpers -------------------------------------------------------------------
+
+
+def fast(probation_s: float = 0.3):
+    from agent.lifecycle.steps import StepConfig
+
+    return StepConfig(probation_s=probation_s, providers=["cpu"],
+                      qualify_options={"latency_budget_s": 0.1, "isolate": False})
+
+
+@pytest.fixture
+def agent(tmp_path):
+    from agent.app import DeviceAgent
+    from agent.config import load_config
+
+    events: list[dict] = []
+    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast(), on_event=events.append)
+    a.events = events
+    a.start()
+    yield a
+    a.stop()
+
+
+def deploy(agent, version: str, writer=None, name: str = "tiny"):
+    """Drop a package and wait for its deployment to end; returns the journal record."""
+    drop(agent.state_dir, version, name=name, writer=writer)
+
+    def ended():
+        done = [d for d in agent.orchestrator.journal.all() if d.model == name and d.version == version]
+        return done[-1] if done and done[-1].terminal else None
+    return wait_for(ended, 120, f"{name} {version}")
+
+

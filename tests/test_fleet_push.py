@@ -1,7 +1,6 @@
 """`edge-agent keys|fleet push|serve|status` end to end: real broker, real CLI processes, and small devices
 built from the real device-side pieces (DeviceLink, receive, ChunkPuller, ContentStore)."""
 import json
-import os
 import queue
 import subprocess
 import sys

@@ -97,3 +97,35 @@ def test_chunk_wire_parsers_never_crash(payload):
 def test_chunk_request_roundtrip(indices, chunk_size, sha):
     req = chunks.decode_request(chunks.encode_request(sha.hex(), chunk_size, indices))
     assert (req.sha256, req.chunk_size, list(req.indices)) == (sha.hex(), chunk_size, indices)
+
+
+@SETTINGS
+@given(msgs=st.lists(st.tuples(st.sampled_from(["device", "group:a", "group:b"]), st.sampled_from(["m", "n"]),
+                               st.one_of(st.binary(max_size=60), json_values.map(lambda v: json.dumps(v).encode()),
+                                         st.sampled_from([b'{"manifest":{"version":"2"}}', b'{"manifest":{"version":"10"}}']))),
+                     max_size=30))
+def test_desired_state_resolution_never_crashes_and_device_wins(msgs):
+    """Any sequence of retained payloads: events come out, and the final winner follows the rules."""
+    import queue
+
+    from agent.transport.device import DesiredEvents
+
+    events = DesiredEvents()
+    for scope, model, payload in msgs:
+        events.raw.put(("desired", scope, model, payload, f"t/{scope}/{model}"))
+    last = {}
+    while True:
+        try:
+            ev = events.get(timeout=0)
+        except queue.Empty:
+            break
+        last[ev.model] = ev
+    final = {}
+    for scope, model, payload in msgs:
+        final.setdefault(model, {})[scope] = payload
+    for model, scopes in final.items():
+        live = {k: v for k, v in scopes.items() if v}
+        if "device" in live:
+            assert last[model].envelope == live["device"] and last[model].source == "device"
+        elif not live:
+            assert model not in last or last[model].envelope is None

@@ -298,3 +298,75 @@ def test_shutdown_drains_in_flight_requests(tmp_path):
     assert result["status"] == 200 and result["body"]["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
     with pytest.raises(OSError):
         call(srv, "GET", "/v2/health/live")
+
+
+def recv_response(s: socket.socket) -> bytes:
+    """One complete response (headers + Content-Length body) from a keep-alive socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += s.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def test_expect_100_continue_and_http10(server):
+    body = infer_doc(TINY_OK)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body))
+        assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(body)
+        reply = recv_response(s)
+        assert reply.startswith(b"HTTP/1.1 200 ") and b'"model_version":"1"' in reply
+        s.sendall(b"\r\nGET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")  # stray CRLF first, same connection
+        assert recv_response(s).startswith(b"HTTP/1.1 200 ")
+    reply = raw(server, b"GET /v2/health/live HTTP/1.0\r\n\r\n")  # HTTP/1.0 without keep-alive: closed after
+    assert reply.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in reply
+
+
+@pytest.mark.parametrize("payload, status, fragment", [
+    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n{}{}", 400, "conflicting"),
+    (b"GET /v2 HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", 431, "too long"),
+    (b"GET /v2 HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431, "header lines"),
+    (b"GET /v2 HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header"),
+    (b"GET http://x/v2 HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+])
+def test_header_abuse_gets_4xx(server, payload, status, fragment):
+    head, _, body = raw(server, payload).partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == str(status).encode() and b"Connection: close" in head
+    assert fragment in json.loads(body)["error"]
+    assert call(server, "GET", "/v2/health/live")[0].status == 200
+
+
+def test_metrics_keep_both_versions_after_a_swap(tmp_path):
+    reg = ModelRegistry()
+    reg.activate("m", "1", open_session(tiny_model(1.0), tmp_path, "a.onnx"))
+    reg.infer("m", {"x": np.zeros((1, 4), np.float32)})
+    reg.activate("m", "2", open_session(tiny_model(2.0), tmp_path, "b.onnx"))
+    reg.infer("m", {"x": np.zeros((1, 4), np.float32)})
+    with OIPServer(reg, port=0) as srv:
+        text = call(srv, "GET", "/metrics")[1].decode()
+    assert 'edge_agent_inference_requests_total{model="m",version="1"} 1' in text
+    assert 'edge_agent_inference_requests_total{model="m",version="2"} 1' in text
+    assert 'edge_agent_model_loaded{model="m",version="2"} 1' in text
+    assert 'edge_agent_model_loaded{model="m",version="1"}' not in text
+
+
+def test_connection_cap_answers_503_and_recovers(registry):
+    with OIPServer(registry, port=0, max_connections=1) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as first:
+            first.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
+            assert recv_response(first).startswith(b"HTTP/1.1 200 ")
+            head, _, body = raw(srv, b"GET /v2/health/live HTTP/1.1\r\n\r\n").partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"] == "too many open connections"
+        for _ in range(100):  # the first connection's slot frees once its handler sees the close
+            try:
+                if call(srv, "GET", "/v2/health/live")[0].status == 200:
+                    break
+            except (ConnectionError, http.client.HTTPException):
+                pass
+            threading.Event().wait(0.05)
+        assert call(srv, "GET", "/v2/health/live")[0].status == 200

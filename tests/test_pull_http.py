@@ -105,3 +105,24 @@ def test_unreachable_http_source_stalls_with_a_reason(tmp_path):
     _, m, _ = make_artifact(tmp_path / "cp", 2 * CHUNK, CHUNK)
     with pytest.raises(ArtifactError, match="stalled.*refused"):
         HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=1, retry_delay=0.1).pull(m, f"http://127.0.0.1:{free_port()}/x")
+
+
+def test_fetch_falls_back_from_a_dead_mqtt_source_to_http_and_keeps_progress(mosquitto, tmp_path):
+    from agent.artifacts.fetch import fetch_artifact
+    from agent.artifacts.manifest import Manifest
+    from agent.transport.device import DeviceLink
+
+    cp, m, data = make_artifact(tmp_path / "cp", 6 * CHUNK, CHUNK)
+    httpd = serve_http(cp, "127.0.0.1:0")
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/{m.artifact.sha256}"
+    d = m.to_dict()
+    d["sources"] = [{"type": "mqtt"}, {"type": "http", "url": url}]
+    m = Manifest.from_dict(d)
+    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)  # no artifact server on MQTT: that source stalls
+    try:
+        assert fetch_artifact(m, ContentStore(tmp_path / "dev"), link=dev, stall_timeout=1).read_bytes() == data
+    finally:
+        dev.stop()
+        httpd.shutdown()
+    with pytest.raises(ArtifactError, match="mqtt: no broker connection"):
+        fetch_artifact(Manifest.from_dict(dict(d, sources=[{"type": "mqtt"}])), ContentStore(tmp_path / "d2"))

@@ -23,8 +23,11 @@ def child(url: str, store_dir: str, manifest_file: str) -> None:
     m = Manifest.from_dict(json.loads(Path(manifest_file).read_text()))
     link = DeviceLink(url, "pi-1").start(wait=15)
 
-    def progress(event, done=0, **_):
+    def progress(event, done=0, total=1, **_):
         print(event, done, flush=True)
+        if event == "chunk" and done >= total * 2 // 5:
+            print("paused", done, flush=True)
+            sys.stdin.readline()  # blocks until the parent kills us: deterministic on a loaded machine
 
     ChunkPuller(link, ContentStore(store_dir), window=WINDOW, progress=progress).pull(m)
     print("finished", flush=True)
@@ -37,12 +40,12 @@ def test_resume_after_sigkill_fetches_only_missing_chunks(mosquitto, tmp_path):
     store_dir = tmp_path / "dev"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m.json")],
-                            stdout=subprocess.PIPE, text=True, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         for line in proc.stdout:
             event, done = line.split()[0], int(line.split()[1]) if len(line.split()) > 1 else 0
             assert event != "finished", "the child finished before it could be killed"
-            if event == "chunk" and done >= len(data) * 2 // 5:
+            if event == "paused":
                 proc.send_signal(signal.SIGKILL)
                 break
         proc.wait(30)

@@ -179,3 +179,23 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     _engine(tmp_path, fleet, canary="1")
     with pytest.raises(ConfigError, match="already exists .* other settings"):
         _engine(tmp_path, fleet, canary="3")
+
+
+def test_devices_that_never_took_the_version_get_their_old_desired_state_back(tmp_path):
+    fleet = _Fleet(_fleet())
+    spec = RolloutSpec("m", "2", group="lab", cohort_by="target", canary="1", wave_size="2")
+
+    def extras(planned):
+        for dev, d in planned["devices"].items():
+            d["previous_desired"] = '{"old": "' + dev + '"}' if dev.startswith("pi") else None
+        return {}
+
+    state, _ = open_rollout(tmp_path, spec, fleet.statuses(), {"sha256": "ef" * 32}, extras=extras)
+    eng = RolloutEngine(tmp_path, state, fleet, _Issuer())
+    eng.step()
+    fleet.report("pi-0", "2", ok=False)
+    fleet.report("nuc-0", "2", ok=False)
+    eng.step()
+    assert fleet.desired["pi-0"] == b'{"old": "pi-0"}'  # the same bytes as before: nothing new to deploy
+    assert fleet.desired["nuc-0"] is None  # it had no device-specific desired state: cleared again
+    assert rs.load_state(tmp_path, "m-2")["devices"]["pi-0"]["desired_restored"] is True

@@ -23,11 +23,12 @@ import pytest
 from brokers import Mosquitto
 
 from agent.artifacts.keys import generate
+from agent.cli.fleet_rollout import render_rollouts
 from agent.artifacts.store import ContentStore
 from agent.fleet import rollout_state as rs
 from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.rollout_plan import RolloutSpec
-from agent.fleet.rollout_run import run_rollout
+from agent.fleet.rollout_run import run_rollback, run_rollout
 from agent.fleet.simulator import Simulator
 from agent.samples import cnn_model, tiny_model, write_package
 from agent.transport.mqtt import BrokerConfig
@@ -110,6 +111,32 @@ def test_good_model_reaches_20_mixed_devices_cohort_by_cohort_in_waves(fleet):
             assert m["provider"] == "cpu"
     stats = sim.stats()["qualification"]
     assert stats["measured"] + stats["reused"] == 20 and stats["measured"] <= 6
+    progress = _retained(fleet, "edge/rollouts/good-1")  # what `fleet status` shows for rollouts
+    assert progress["state"] == "completed" and progress["counts"] == {"succeeded": 20}
+    for key, cohort in progress["cohorts"].items():
+        assert cohort["waves"][0]["kind"] == "canary"
+        assert sum(w["size"] for w in cohort["waves"]) == sum(w["counts"].get("succeeded", 0) for w in cohort["waves"])
+    text = render_rollouts([progress], finished=True)
+    some = sorted(sim.agents)[0]  # nothing to go back to: the rollback is refused for that device, with why
+    back = run_rollback("good", device=some, group=None, version=None, key_file=fleet.key, store=fleet.store,
+                        broker=fleet.cfg)
+    (row,) = back["devices"]
+    assert row["result"] == "skipped" and row["reason"].startswith("no version to return to")
+    assert "rollout good-1: good -> 1 (completed; 20 devices" in text and "canary 0: 1 ok/0 failed" in text
+
+
+def _retained(fleet, topic):
+    import queue
+
+    from agent.transport.mqtt import MqttLink
+
+    got: queue.Queue = queue.Queue()
+    link = MqttLink(fleet.cfg).start()
+    try:
+        link.subscribe(topic, lambda t, p, r: got.put(p), qos=1)
+        return json.loads(got.get(timeout=30))
+    finally:
+        link.stop()
 
 
 def test_accuracy_failure_halts_its_cohort_at_the_canary_only(fleet, pair, tmp_path):
@@ -131,6 +158,8 @@ def test_accuracy_failure_halts_its_cohort_at_the_canary_only(fleet, pair, tmp_p
         assert all(d.version != "2" for d in deps if d.model == "cohort")
         assert _model(pair, dev, "cohort")["version"] == "1"
     assert _model(pair, canary, "cohort")["version"] == "1"  # the failed canary keeps serving version 1
+    canary_deps = [(d.version, d.state.value) for d in pair.agents[canary].orchestrator.journal.all() if d.model == "cohort"]
+    assert canary_deps == [("1", "committed"), ("2", "failed")]  # its old desired state came back: no redeploy
     for dev in x86:
         assert res[dev]["result"] == "succeeded"
         assert _model(pair, dev, "cohort")["provider"] == "openvino"
@@ -194,3 +223,6 @@ def test_control_plane_killed_mid_rollout_resumes_where_it_was(fleet, pair, tmp_
     for dev, agent in pair.agents.items():  # each device deployed version 1 exactly once
         deps = [d for d in agent.orchestrator.journal.all() if d.model == "resume"]
         assert len(deps) == 1 and deps[0].version == "1", (dev, [d.summary() for d in deps])
+    # Running the finished rollout again (without --wait) is a no-op that reports the same summary.
+    again = subprocess.run([a for a in argv if a != "--wait"], capture_output=True, text=True, timeout=WAIT_S)
+    assert again.returncode == 0 and json.loads(again.stdout)["counts"] == {"succeeded": 6}, again.stderr

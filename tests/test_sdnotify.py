@@ -6,7 +6,6 @@ import shutil
 import socket
 import tempfile
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -105,8 +104,7 @@ def test_tick_keeps_half_interval_cadence(listener):
     sock, path = listener
     now = [100.0]
     sd = SdNotifier(path, watchdog_usec=10_000_000, clock=lambda: now[0])  # interval 5 s
-    pings = 0
-    for step in range(40):  # 40 ticks, 0.5 s apart on the fake clock = 20 s
+    for _ in range(40):  # 40 ticks, 0.5 s apart on the fake clock = 20 s
         sleep = sd.tick(default=30.0)
         assert 0 <= sleep <= 5.0
         now[0] += 0.5

@@ -173,3 +173,15 @@ def test_deactivate_and_unknown_swap_mode(reg):
         reg.deactivate("tiny")
     with pytest.raises(BadRequest, match="swap mode"):
         reg.activate("cnn", "8", object(), swap="yolo")
+
+
+def test_activate_reports_progress(tmp_path):
+    r = ModelRegistry()
+    events = []
+    first = r.activate("m", "1", open_session(tiny_model(1.0), tmp_path, "a.onnx"),
+                       progress=lambda e, **f: events.append((e, f)))
+    assert first["previous"] is None and first["drained"] is True
+    r.activate("m", "2", lambda: open_session(tiny_model(2.0), tmp_path, "b.onnx"),
+               progress=lambda e, **f: events.append((e, f)))
+    assert [e for e, _ in events] == ["swapped", "building", "swapped", "released"]
+    assert events[-1][1] == {"model": "m", "version": "1", "drained": True}

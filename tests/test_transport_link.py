@@ -55,6 +55,12 @@ def test_offline_device_gets_latest_desired_state_on_connect(any_broker):
             assert next_desired(dev).source == "group:lab2"
         finally:
             dev.stop()
+        retained(cp, T.device_desired("pi-1", "m"), env("5"))  # published while the device is offline
+        dev = DeviceLink(any_broker.url, "pi-1", groups=["lab", "lab2"]).start(wait=15)
+        try:
+            assert next_desired(dev, until=env("5")).source == "device"
+        finally:
+            dev.stop()
     finally:
         cp.stop()
 

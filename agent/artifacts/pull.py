@@ -31,7 +31,7 @@ def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str)
 class ChunkPuller:
     """Pull artifacts through a DeviceLink (anything with chunk_channel(sha) -> ChunkChannel)."""
 
-    def __init__(self, link, store: ContentStore, *, window: int = 8, request_timeout: float = 5.0,
+    def __init__(self, link, store: ContentStore, *, window: int = 32, request_timeout: float = 5.0,
                  stall_timeout: float = 30.0, max_bad: int = 3, reserve_bytes: int = 0,
                  progress: Progress | None = None):
         self.link, self.store = link, store
@@ -92,6 +92,10 @@ class ChunkPuller:
                 raise ArtifactError(self._stall_reason(manifest, staging, channel, not_found))
 
     def _fill(self, channel, chunk_size: int, staging: Staging, missing, inflight: set[int]) -> None:
+        """Top the window up, in batches of at least a quarter window (fewer, larger request messages)."""
+        free = self.window - len(inflight)
+        if free <= 0 or (free < max(1, self.window // 4) and len(missing) >= free):
+            return
         batch = []
         while missing and len(inflight) + len(batch) < self.window:
             i = missing.popleft()

@@ -1,14 +1,17 @@
 """A resumable download in progress: staging/<sha>.part written with pwrite, plus a persisted bitmap.
 
-The bitmap is a durable record of verified chunks (written atomically after an fdatasync of the .part).
-Chunks written after the last persist are not lost either: on resume, unmarked chunks below the highest
-requested index are re-hashed from the .part and kept when they match the manifest.
+The bitmap is a durable record of verified chunks: written atomically after an fdatasync of the .part, by a
+background thread so the puller never waits for the disk. The same thread hashes the contiguous written
+prefix of the .part as it grows, so the whole-file sha256 is ready (read back from the file, not from memory)
+moments after the last chunk. Chunks written after the last persist are not lost on a crash: on resume,
+unmarked chunks are re-hashed from the .part and kept when they match the manifest.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import os
+import threading
 import time
 
 from agent.artifacts.manifest import Artifact
@@ -34,16 +37,31 @@ class Staging:
         self._interval, self._persist_bytes = persist_interval_s, persist_bytes
         self._dirty_bytes, self._last_persist = 0, time.monotonic()
         self._fd: int | None = None
+        self._whole, self._hashed = hashlib.sha256(), 0  # sha256 of chunks [0, _hashed) read from the .part
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._persist_lock = threading.Lock()
+        self._bg: threading.Thread | None = None
+        self._bg_error: BaseException | None = None
 
     # --- open / close ---------------------------------------------------------------------------
     def open(self) -> "Staging":
         a = self.artifact
+        fresh = not self.part.exists()
         try:
             self._fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o600)
             if os.fstat(self._fd).st_size != a.size:
                 os.ftruncate(self._fd, a.size)
         except OSError as exc:
             raise ArtifactError(f"cannot open staging file {self.part}: {exc.strerror or exc}") from None
+        self._load_bitmap()
+        if not fresh:
+            self._recover()
+        self._bg = threading.Thread(target=self._background, name=f"staging-{a.sha256[:8]}", daemon=True)
+        self._bg.start()
+        return self
+
+    def _load_bitmap(self) -> None:
+        a = self.artifact
         saved = read_json(self.bitmap_file) if self.bitmap_file.exists() else None
         if isinstance(saved, dict) and saved.get("sha256") == a.sha256 and saved.get("chunk_size") == a.chunk_size \
                 and saved.get("count") == a.count:
@@ -53,8 +71,6 @@ class Staging:
                 self.requested_upto = min(int(saved.get("requested_upto", 0)), a.count)
             except (ValueError, IndexError, TypeError):
                 self.have = bytearray(a.count)
-        self._recover()
-        return self
 
     def _recover(self) -> None:
         """Keep chunks written after the last bitmap persist (checked against their manifest hashes).
@@ -82,12 +98,21 @@ class Staging:
         return len(data) == n and hashlib.sha256(data).hexdigest() == self.artifact.chunks[i]
 
     def close(self) -> None:
-        if self._fd is not None:
-            try:
-                self.persist()
-            finally:
-                os.close(self._fd)
-                self._fd = None
+        if self._fd is None:
+            return
+        self._stop_background()
+        try:
+            self.persist()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def _stop_background(self) -> None:
+        if self._bg is not None:
+            self._stop.set()
+            self._wake.set()
+            self._bg.join()
+            self._bg = None
 
     # --- state ----------------------------------------------------------------------------------
     def missing(self) -> list[int]:
@@ -116,25 +141,56 @@ class Staging:
             raise ArtifactError(f"cannot write {self.part}: {exc.strerror or exc}") from None
         self.have[index] = 1
         self._dirty_bytes += len(data)
-        if self._dirty_bytes >= self._persist_bytes or time.monotonic() - self._last_persist >= self._interval:
-            self.persist()
+        if index == self._hashed or self._dirty_bytes >= self._persist_bytes:
+            self._wake.set()
         return True
 
     def persist(self) -> None:
-        """fdatasync the .part, then atomically replace the bitmap."""
-        if self._fd is None:
-            return
-        os.fdatasync(self._fd)
-        bits = bytearray((self.artifact.count + 7) // 8)
-        for i, h in enumerate(self.have):
-            if h:
-                bits[i >> 3] |= 1 << (i & 7)
-        atomic_write_json(self.bitmap_file, {
-            "sha256": self.artifact.sha256, "chunk_size": self.artifact.chunk_size, "count": self.artifact.count,
-            "have": base64.b64encode(bytes(bits)).decode(), "requested_upto": min(self.artifact.count, self.requested_upto + self.lookahead)}, mode=0o600)
-        self._dirty_bytes, self._last_persist = 0, time.monotonic()
+        """Snapshot the bitmap, fdatasync the .part (so every chunk in the snapshot is durable), then
+        atomically replace the bitmap file."""
+        with self._persist_lock:
+            if self._fd is None:
+                return
+            snapshot = bytes(self.have)
+            self._dirty_bytes, self._last_persist = 0, time.monotonic()
+            os.fdatasync(self._fd)
+            bits = bytearray((self.artifact.count + 7) // 8)
+            for i, h in enumerate(snapshot):
+                if h:
+                    bits[i >> 3] |= 1 << (i & 7)
+            atomic_write_json(self.bitmap_file, {
+                "sha256": self.artifact.sha256, "chunk_size": self.artifact.chunk_size, "count": self.artifact.count,
+                "have": base64.b64encode(bytes(bits)).decode(),
+                "requested_upto": min(self.artifact.count, self.requested_upto + self.lookahead)}, mode=0o600)
+
+    # --- background: hash the growing prefix, persist the bitmap --------------------------------
+    def _background(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(min(0.1, self._interval))
+                self._wake.clear()
+                self._advance_hash()
+                due = time.monotonic() - self._last_persist >= self._interval and self._dirty_bytes
+                if due or self._dirty_bytes >= self._persist_bytes:
+                    self.persist()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by finish()
+            self._bg_error = exc
+
+    def _advance_hash(self) -> None:
+        a = self.artifact
+        while self._hashed < a.count and self.have[self._hashed] and self._fd is not None:
+            n = a.chunk_len(self._hashed)
+            self._whole.update(os.pread(self._fd, n, self._hashed * a.chunk_size))
+            self._hashed += 1
 
     def finish(self):
-        """Close and move the verified file into the store; returns the blob path."""
+        """Check the whole file's sha256 (as read back from the .part), then move it into the store."""
+        if not self.done:
+            raise ArtifactError("internal: finish() before every chunk was written")
+        self._stop_background()
+        self._advance_hash()
+        actual = self._whole.hexdigest()
         self.close()
-        return self.store.commit_part(self.artifact.sha256, self.artifact.size)
+        if self._bg_error is not None and not isinstance(self._bg_error, OSError):
+            raise self._bg_error
+        return self.store.commit_part(self.artifact.sha256, self.artifact.size, verified_sha=actual)

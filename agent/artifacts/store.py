@@ -130,10 +130,14 @@ class ContentStore:
         _unlink(self.part_path(sha256))
         _unlink(self.bitmap_path(sha256))
 
-    def commit_part(self, sha256: str, expected_size: int) -> Path:
-        """Check the staged file's full sha256 and size, then move it atomically into blobs/."""
+    def commit_part(self, sha256: str, expected_size: int, verified_sha: str | None = None) -> Path:
+        """Check the staged file's full sha256 and size, then move it atomically into blobs/.
+        `verified_sha`: the caller already hashed the file's bytes as read back from disk."""
         part = self.part_path(sha256)
-        actual, size, _ = hash_file(part)
+        if verified_sha is not None:
+            actual, size = verified_sha, part.stat().st_size
+        else:
+            actual, size, _ = hash_file(part)
         if actual != sha256 or size != expected_size:
             self.discard(sha256)
             raise ArtifactError(f"assembled artifact has sha256 {actual[:16]}... ({size} bytes), manifest says "

@@ -24,6 +24,9 @@ class _Progress:
             self._case(f)
         elif event == "model":
             click.echo(f"conformance: models [{f['index']}/{f['total']}] {f['model']}", err=True)
+        elif event == "row" and f.get("status") != "running":
+            prec = f" ({f['precision']})" if f.get("precision") else ""
+            click.echo(f"  {f.get('provider')}{prec}: {f.get('status')}", err=True)
 
     def _case(self, f) -> None:
         i, n = f["index"], f["total"]
@@ -69,7 +72,8 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
     paths = write_all(report, Path(out_dir))
     counts = report.counts()
     if as_json:
-        click.echo(json.dumps({"providers": counts, "suites": {s: report.counts(s) for s in ("onnx-node", "models")},
+        ran = sorted({c["suite"] for c in report.cases})
+        click.echo(json.dumps({"providers": counts, "suites": {s: report.counts(s) for s in ran},
                                "precision_differences": report.precision_differences(),
                                "files": {k: str(v) for k, v in paths.items()}}, indent=2))
         return

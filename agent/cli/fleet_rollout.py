@@ -125,10 +125,11 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 @click.option("--latency-budget", "latency_budget_s", type=click.FloatRange(0.05, 60), default=0.3, show_default=True,
               help="Seconds of timed runs per provider during qualification.")
 @click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
+@click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
 @broker_options
 def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probation_s, latency_budget_s,
-             no_shared_qualification, as_json, **broker_kw):
+             no_shared_qualification, serve_http, as_json, **broker_kw):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
     profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
     devices share one measurement per (model sha256, target, provider set), and the output says so."""
@@ -140,7 +141,7 @@ def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probatio
     sim = Simulator(count, broker=_broker(broker_kw), prefix=broker_kw["prefix"], trust=[trust_file],
                     groups=list(groups) or ["sim"], sysroots=resolve_sysroots(sysroots), state_dir=state_dir,
                     id_prefix=id_prefix, probation_s=probation_s, latency_budget_s=latency_budget_s,
-                    share_qualification=not no_shared_qualification)
+                    share_qualification=not no_shared_qualification, serve_http=serve_http)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -175,6 +176,10 @@ def _render_layout(layout: dict) -> str:
     for cls, n in sorted(layout["classes"].items()):
         lines.append(f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
                      f"{', '.join(layout['providers'][cls])}")
+        for provider, why in sorted(layout["dropped"].get(cls, {}).items()):
+            lines.append(f"  {'':<28} {'':>13} not {provider}: {why}")
+    for dev, url in sorted(layout.get("http", {}).items()):
+        lines.append(f"  {dev:<40} {url}")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
 import click
 
@@ -55,11 +56,12 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     from agent.qualify.harness import qualify as run_qualify
     from agent.qualify.package import load_package
 
-    pkg = load_package(package)
-    profile = detect(sysroot or "/")
-    target = _resolve_target(profile, target_name)
-    decision = run_qualify(pkg, profile, target, providers=list(providers) or None, cache_dir=cache_dir,
-                           progress=_progress, latency_budget_s=budget, row_timeout_s=timeout)
+    with tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp:
+        pkg = load_package(package, extract_to=tmp)
+        profile = detect(sysroot or "/")
+        target = _resolve_target(profile, target_name)
+        decision = run_qualify(pkg, profile, target, providers=list(providers) or None, cache_dir=cache_dir,
+                               progress=_progress, latency_budget_s=budget, row_timeout_s=timeout)
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json

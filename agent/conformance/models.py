@@ -69,8 +69,8 @@ def user_packages(directory: Path) -> list[Path]:
 
 
 def run_models(packages: list[Path], profile: Any, target: Any, providers: list[str] | None, *,
-               budget_s: float = 2.0, progress: Callable[..., None] | None = None,
-               cache_dir: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+               budget_s: float = 2.0, progress: Callable[..., None] | None = None, cache_dir: Path | None = None,
+               workdir: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cases, model records) for the report: one case per (model, provider row)."""
     from agent.qualify.harness import qualify
     from agent.qualify.package import load_package
@@ -80,9 +80,9 @@ def run_models(packages: list[Path], profile: Any, target: Any, providers: list[
         if progress is not None:
             progress("model", index=i + 1, total=len(packages), model=path.name)
         try:
-            pkg = load_package(path)
+            pkg = load_package(path, extract_to=(workdir / f"{i}") if workdir else None)
             decision = qualify(pkg, profile, target, providers=providers, latency_budget_s=budget_s,
-                               cache_dir=cache_dir, all_precisions=True)
+                               cache_dir=cache_dir, all_precisions=True, progress=progress)
         except ModelError as exc:
             cases.append({"suite": "models", "case": path.name, "op": None, "provider": "-", "status": "errored",
                           "reason": str(exc), "precision": None})

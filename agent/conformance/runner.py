@@ -122,14 +122,16 @@ def _node_suite(report: Report, variants: list[Variant], patterns, case_timeout,
 
 
 def _models_suite(report, variants, profile, target, models_dir, budget_s, light, progress) -> None:
-    work = Path(tempfile.mkdtemp(prefix="edge-agent-models-"))
-    packages = models_suite.light_packages(work / "light", light) + models_suite.sample_packages(work / "samples")
-    if models_dir is not None:
-        packages += models_suite.user_packages(Path(models_dir))
-    names = list(dict.fromkeys(v.provider for v in variants))
-    if progress:
-        progress("suite", suite="models", stage=f"{len(packages)} models on {', '.join(names)}")
-    cases, records = models_suite.run_models(packages, profile, target, names, budget_s=budget_s, progress=progress)
+    with tempfile.TemporaryDirectory(prefix="edge-agent-models-") as tmp:
+        work = Path(tmp)
+        packages = models_suite.light_packages(work / "light", light) + models_suite.sample_packages(work / "samples")
+        if models_dir is not None:
+            packages += models_suite.user_packages(Path(models_dir))
+        names = list(dict.fromkeys(v.provider for v in variants))
+        if progress:
+            progress("suite", suite="models", stage=f"{len(packages)} models on {', '.join(names)}")
+        cases, records = models_suite.run_models(packages, profile, target, names, budget_s=budget_s,
+                                                 progress=progress, workdir=work / "extracted")
     report.cases += cases
     report.models += records
     for c in cases:  # f32 rows exist only where the default precision failed accuracy; name them anyway

@@ -14,9 +14,12 @@ from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.store import ContentStore
-from agent.errors import ArtifactError
+from agent.artifacts.manifest import MAX_CHUNK
+from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
+
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # answers one request may cause
 
 
 class ArtifactServer:
@@ -86,15 +89,17 @@ class ArtifactServer:
                 self.stats["bad_request"] += 1
                 continue
             self.stats["requests"] += 1
+            if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
+                self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
+                continue
             for index in req.indices:
                 body = self._answer(req, index)
                 while len(infos) >= self.max_outstanding:
                     infos.popleft().wait_for_publish(10)
                 try:
                     infos.append(self.link.publish(reply, body, qos=1))
-                except (ArtifactError, Exception) as exc:  # noqa: BLE001 - queue full or link down: device retries
+                except (TransportError, ValueError, RuntimeError):  # queue full or link down: the device retries
                     self.stats["publish_errors"] += 1
-                    del exc
                     break
 
     def _answer(self, req: chunks.ChunkRequest, index: int) -> bytes:
@@ -103,8 +108,6 @@ class ArtifactServer:
             self.stats["not_found"] += 1
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.NOT_FOUND,
                                           f"artifact {req.sha256[:16]} is not in this server's store".encode())
-        if req.chunk_size > 64 * 1024 * 1024:
-            return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"chunk_size too large")
         data = os.pread(fd, req.chunk_size, index * req.chunk_size)
         if not data:
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")

@@ -3,7 +3,6 @@ and optionally wait until every targeted device reports that version committed (
 from __future__ import annotations
 
 import gzip
-import os
 import tarfile
 import tempfile
 import time

@@ -42,8 +42,9 @@ def open_rollout(store, spec: RolloutSpec, statuses: dict[str, dict], manifest_i
                               f"this package is {manifest_info.get('sha256')}; publish a new --version instead")
         return state, True
     planned = plan(spec, statuses)
+    more = extras(planned) if extras else {}  # may annotate planned devices too
     state = rs.new_state(rid, spec, planned, manifest_info, time.time() if now is None else now)
-    state.update(extras(planned) if extras else {})
+    state.update(more)
     rs.save_state(store, state)
     return state, False
 
@@ -72,8 +73,10 @@ class RolloutEngine:
         for dev, d in self.state["devices"].items():
             if d["result"] == rs.IN_PROGRESS:
                 self._publish_forward(dev)
-            elif d["result"] == rs.ROLLBACK_PENDING or d.get("desired_restored") is False:
+            elif d["result"] == rs.ROLLBACK_PENDING:
                 self._publish_rollback(dev)
+            elif d.get("desired_restored") is False:
+                self._restore_desired(dev)
         self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))
 
     def step(self) -> bool:
@@ -172,10 +175,11 @@ class RolloutEngine:
         self._save()
         self.progress("cohort_halted", cohort=key, reason=reason)
         for dev, d in self.state["devices"].items():
-            if d["cohort"] == key and (d["result"] == rs.ROLLBACK_PENDING or d.get("desired_restored") is False):
+            if d["cohort"] == key and d["result"] == rs.ROLLBACK_PENDING:
                 self._publish_rollback(dev)
-                if d.get("desired_restored") is False:
-                    d["desired_restored"] = True
+            elif d["cohort"] == key and d.get("desired_restored") is False:
+                self._restore_desired(dev)
+                d["desired_restored"] = True
 
     def _advance_rollback(self, key: str, statuses: dict) -> bool:
         cohort, now, changed = self.state["cohorts"][key], self.clock(), False
@@ -223,6 +227,15 @@ class RolloutEngine:
 
     def _publish_forward(self, dev: str) -> None:
         self.link.publish_desired(dev, self.spec.name, self.issuer.envelope(dev, self.spec.version, rollback=False))
+
+    def _restore_desired(self, dev: str) -> None:
+        """A device that never took the new version gets back exactly the desired state it had before the
+        rollout (same bytes, so it sees nothing new and keeps serving); without a record, a signed rollback."""
+        d = self.state["devices"][dev]
+        if "previous_desired" not in d:
+            return self._publish_rollback(dev)
+        prev = d["previous_desired"]
+        self.link.publish_desired(dev, self.spec.name, prev.encode() if prev else None)
 
     def _publish_rollback(self, dev: str) -> None:
         d = self.state["devices"][dev]

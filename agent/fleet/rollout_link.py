@@ -39,6 +39,23 @@ class FleetLink:
     def wait_change(self, timeout: float) -> bool:
         return bool(self.watch.drain(timeout=timeout))
 
+    def device_desired(self, model: str, devices) -> dict[str, str | None]:
+        """The retained device-specific desired state of `model` on each device now (None: none retained)."""
+        seen: dict[str, bytes] = {}
+        topic_filter = f"{self.topics.prefix}/devices/+/desired/{model}"
+
+        def keep(topic: str, payload: bytes, retained: bool) -> None:
+            parsed = self.topics.parse(topic)
+            if parsed is not None and parsed.device:
+                seen[parsed.device] = payload
+
+        self.watch.link.subscribe(topic_filter, keep, qos=1)
+        try:
+            self.watch.sync()
+        finally:
+            self.watch.link.unsubscribe(topic_filter)
+        return {dev: (seen[dev].decode("utf-8", "replace") if seen.get(dev) else None) for dev in devices}
+
     def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> None:
         """Retained desired state for one device; None clears it (group desired state applies again)."""
         topic = self.topics.device_desired(device_id, model)

@@ -42,10 +42,15 @@ def _sources(artifact: dict, http_url: str | None) -> list[dict]:
     return src
 
 
-def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress):
-    """Persist every manifest the rollout may sign: the new version, and each previous version to roll back to."""
+def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress,
+                     link: FleetLink | None = None):
+    """Persist every manifest the rollout may sign (the new version, each previous version to roll back to)
+    and each device's desired state before the rollout (restored as it was on devices that never change)."""
 
     def extras(planned: dict) -> dict:
+        if link is not None:
+            for dev, before in link.device_desired(spec.name, planned["devices"]).items():
+                planned["devices"][dev]["previous_desired"] = before
         manifests = {spec.version: base_manifest(spec.name, spec.version, artifact, sources, MANIFEST_TTL_S, now)}
         warnings = []
         for dev, d in sorted(planned["devices"].items()):
@@ -77,7 +82,7 @@ def run_rollout(package, spec: RolloutSpec, *, key_file, store, broker, prefix: 
     artifact = _push().store_package(package, store)
     sources = _sources(artifact, http_url)
     with FleetLink(broker, prefix) as link:
-        extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress)
+        extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
         state, resumed = open_rollout(store, spec, link.statuses(), {"sha256": artifact["sha256"],
                                       "size": artifact["size"], "format": artifact.get("format")}, extras=extras)
         if resumed:
@@ -124,7 +129,8 @@ def run_rollback(name: str, *, device: str | None, group: str | None, version: s
             ver, base = (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)
             row = {"device_id": dev, "version": ver}
             if ver is None:
-                row.update(result="skipped", reason="previous version unknown (no rollout touched it): pass --version")
+                row.update(result="skipped", reason=f"no version to return to: no rollout recorded in {store} "
+                                                     f"saw an earlier {name} on this device (pass --version)")
             elif base is None:
                 row.update(result="skipped", reason=f"no manifest for {name} {ver} in {store}: it was never rolled out from here")
             else:

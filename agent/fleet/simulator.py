@@ -41,7 +41,8 @@ class Simulator:
 
     def __init__(self, count: int, *, broker, prefix: str = "edge", trust: list[str], groups: list[str],
                  sysroots: list[str] | None = None, state_dir: str | None = None, id_prefix: str = "sim",
-                 probation_s: float = 2.0, latency_budget_s: float = 0.3, share_qualification: bool = True):
+                 probation_s: float = 2.0, latency_budget_s: float = 0.3, share_qualification: bool = True,
+                 serve_http: bool = False):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
         self.count, self.broker, self.prefix, self.trust, self.groups = count, broker, prefix, trust, groups
@@ -49,6 +50,7 @@ class Simulator:
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="edge-sim-"))
         self.probation_s, self.latency_budget_s = probation_s, latency_budget_s
+        self.serve_http = serve_http  # one OIP server per device on a free loopback port, only when asked
         self.cache = QualificationCache() if share_qualification else None
         self.classes: list[DeviceClass] = []
         self.agents: dict[str, Any] = {}
@@ -83,7 +85,7 @@ class Simulator:
         cfg = parse_config(self._config_dict(device_id, cls))
         steps = StepConfig(probation_s=self.probation_s, providers=list(cls.providers),
                            qualify_options={"latency_budget_s": self.latency_budget_s})
-        agent = _agent_class()(cfg, profile=cls.profile, serve_http=False, step_config=steps,
+        agent = _agent_class()(cfg, profile=cls.profile, serve_http=self.serve_http, step_config=steps,
                                on_event=self._on_event)
         agent.sim_providers = cls.providers
         if self.cache is not None:
@@ -132,7 +134,7 @@ class Simulator:
                                               ("key", self.broker.key)) if v}
         return {"device_id": device_id, "groups": list(self.groups), "state_dir": str(self.state_dir / device_id),
                 "target": cls.target, "mqtt": mqtt, "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
-                "telemetry": {"interval_s": 0}}
+                "telemetry": {"interval_s": 0}, "serving": {"host": "127.0.0.1", "port": 0}}
 
     def _share_qualification(self, agent, cls: DeviceClass) -> None:
         """Wrap this agent's qualifying step with the per-process cache (same sha, target, providers)."""
@@ -176,7 +178,8 @@ class Simulator:
         return {"devices": len(self.agents), "broker": self.broker.redacted(), "state_dir": str(self.state_dir),
                 "classes": classes, "targets": {c.name: c.target for c in self.classes},
                 "providers": {c.name: list(c.providers) for c in self.classes},
-                "dropped": {c.name: c.why for c in self.classes}}
+                "dropped": {c.name: c.why for c in self.classes},
+                "http": {dev: a.url for dev, a in self.agents.items()} if self.serve_http else {}}
 
     def stats(self) -> dict[str, Any]:
         cache = self.cache.stats() if self.cache is not None else {"measured": None, "reused": 0}

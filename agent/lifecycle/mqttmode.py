@@ -81,9 +81,9 @@ class MqttMode:
         dep.data["key_id"] = m.key_id
 
     def fetch_manifest(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
-        """DOWNLOADING: resumable chunked pull into the store; progress doubles as the cancel check."""
+        """DOWNLOADING: resumable pull (MQTT chunks, then http) into the store; progress doubles as the cancel check."""
+        from agent.artifacts.fetch import fetch_artifact
         from agent.artifacts.manifest import Manifest
-        from agent.artifacts.pull import ChunkPuller
 
         m = Manifest.from_dict(dep.data["manifest"], dep.data.get("key_id"))
 
@@ -91,7 +91,9 @@ class MqttMode:
             ctx.check()
             ctx.report(event, **fields)
 
-        ChunkPuller(self.link, self.agent.store, progress=progress).pull(m)
+        tls = self.agent.config.mqtt.tls
+        fetch_artifact(m, self.agent.store, link=self.link, progress=progress,
+                       ca=_s(tls.ca) if tls else None)
         if not self.agent.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
         return {"sha256": m.artifact.sha256, "size": m.artifact.size}

@@ -66,7 +66,7 @@ class Orchestrator:
         return resumed
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel nothing: let running steps finish or hit their deadline; stop taking new work."""
+        """Stop taking work and interrupt running steps; what they leave unjournaled, recovery resumes on the next start."""
         with self._lock:
             self._stopping = True
             for w in self._workers.values():
@@ -134,6 +134,10 @@ class Orchestrator:
                     raise LifecycleError(f"deployment {dep_id} still {dep.state.value} after {timeout:.0f}s")
                 self._idle.wait(min(left, 1.0) if left is not None else 1.0)
 
+    def exclusive(self) -> threading.RLock:
+        """Hold while scanning a source and submitting from it (no transition lands in between)."""
+        return self._lock
+
     def in_flight(self) -> dict[str, Deployment]:
         with self._lock:
             return {n: w.current for n, w in self._workers.items() if w.current is not None and not w.current.terminal}
@@ -175,6 +179,10 @@ class Orchestrator:
                     return
             try:
                 self._drive(dep, w)
+            except Exception as exc:  # noqa: BLE001 - e.g. the journal cannot be written (disk full)
+                self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
+                               "state": dep.state.value, "error": f"{type(exc).__name__}: {exc}",
+                               "progress": "stalled", "ts": time.time()})
             finally:
                 with self._lock:
                     w.current, w.ctx = None, None
@@ -227,6 +235,8 @@ class Orchestrator:
         """Persist the transition (before the next action), report it, and honour the crash test hook."""
         self.journal.apply(dep, event, reason=reason, **data)
         self._crash_hook(dep)
+        if dep.terminal:
+            self.steps.finished(dep)
         self._notify(dep)
         with self._idle:
             self._idle.notify_all()

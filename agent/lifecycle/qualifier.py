@@ -19,9 +19,12 @@ POLL_S = 0.2
 
 def run_qualification(package_dir: str, profile: Any, target_name: str | None, cache_root: str,
                       ctx: StepContext, *, providers: list[str] | None = None,
-                      options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """harness.qualify in a child process; returns Decision.to_dict(). Cancellation/deadline kill the child."""
-    args = (package_dir, profile, target_name, cache_root, providers, dict(options or {}))
+                      options: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None
+                      ) -> dict[str, Any]:
+    """harness.qualify in a child process; returns Decision.to_dict(). Cancellation/deadline kill the child.
+    `overrides` (a manifest's `qualification`): `providers` replaces the candidate list, `tolerance` /
+    `tolerances` refine the package's tolerances."""
+    args = (package_dir, profile, target_name, cache_root, providers, dict(options or {}), dict(overrides or {}))
     rfd, wfd = os.pipe()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "agent.lifecycle.qualifier", str(wfd), str(os.getpid())],
@@ -100,12 +103,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(conn, package_dir, profile, target_name, cache_root, providers, options) -> None:  # pragma: no cover
+def _child(conn, package_dir, profile, target_name, cache_root, providers, options, overrides) -> None:  # pragma: no cover
     try:
         from agent.qualify.harness import qualify
         from agent.qualify.package import load_package
 
         pkg = load_package(package_dir)
+        for key in ("tolerances", "tolerance"):
+            if isinstance(overrides.get(key), dict):
+                pkg.tolerances.update(overrides[key])
+        if isinstance(overrides.get("providers"), list) and overrides["providers"]:
+            providers = [str(p) for p in overrides["providers"]]
         target = _target(target_name, profile)
 
         def progress(event: str, **fields: Any) -> None:

@@ -36,7 +36,19 @@ def models_block(slots: ModelSlots, journal: Journal, registry=None, unavailable
             if name not in serving:
                 info["state"] = "unavailable"
                 info["reason"] = (unavailable or {}).get(name, "not loaded")
+                continue
+            meta = _meta(registry, name)
+            info.update({k: meta[k] for k in ("provider", "precision") if meta.get(k)})
+            if (unavailable or {}).get(name):
+                info["reason"] = unavailable[name]
     return out
+
+
+def _meta(registry, name: str) -> dict[str, Any]:
+    try:
+        return dict(registry.entry(name).meta)
+    except Exception:  # noqa: BLE001 - swapped out between the two calls
+        return {}
 
 
 def deployments_block(journal: Journal) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
 
 ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "requested_precision", "options",
-              "device", "cache_dir", "package_dir", "model_path", "latency_ms", "deployment_id")
+              "device", "cache_dir", "versions", "package_dir", "model_path", "latency_ms", "deployment_id")
 
 
 @dataclass
@@ -28,6 +28,7 @@ class StepConfig:
     qualify_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"latency_budget_s": 1.0}
     swap: str | None = None  # make-before-break | stop-then-start (default: the target's serving.swap)
     keep_deployments: int = 20
+    deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
 
 
 class Steps:
@@ -100,7 +101,8 @@ class Steps:
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
         decision = run_qualification(dep.data["package_dir"], self.profile, self.target_name, cache_root, ctx,
-                                     providers=self.config.providers, options=self.config.qualify_options)
+                                     providers=self.config.providers, options=self.config.qualify_options,
+                                     overrides=(dep.data.get("manifest") or {}).get("qualification"))
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
         summary = _summary(decision)
         if not decision.get("selected"):
@@ -110,6 +112,7 @@ class Steps:
             "provider": decision["selected"], "precision": row.get("precision"),
             "requested_precision": row.get("requested_precision"), "options": row.get("options") or {},
             "device": row.get("device"), "cache_dir": row.get("cache_dir"), "latency_ms": row.get("latency_ms") or {},
+            "versions": row.get("versions") or {},
         }
         return Event.QUALIFIED, {"decision": summary, "selected": selected}
 
@@ -117,11 +120,13 @@ class Steps:
         with self.model_lock(dep.model):
             if dep.source.get("kind") == "rollback":
                 slots = self.slots.get(dep.model)
-                if (slots["committed"] or {}).get("sha256") != dep.data.get("sha256"):
-                    if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
-                        raise LifecycleError("the previous slot changed; nothing to roll back to")
-                    slots = self.slots.swap(dep.model)
-                self._serve(dep.model, slots["committed"])
+                if (slots["committed"] or {}).get("sha256") == dep.data.get("sha256"):
+                    self._serve(dep.model, slots["committed"])  # swapped before a crash: just serve it
+                    return Event.SWAPPED, {}
+                if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
+                    raise LifecycleError("the previous slot changed; nothing to roll back to")
+                self._serve(dep.model, slots["previous"])  # make before break: the slots change once it serves
+                self.slots.swap(dep.model)
                 return Event.SWAPPED, {}
             self._serve(dep.model, self.entry(dep))
         return Event.ACTIVATED, {}
@@ -146,6 +151,11 @@ class Steps:
         self._gc()
         return Event.PASSED, {"probation": watch.verdict.figures}
 
+    def finished(self, dep: Deployment) -> None:
+        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again."""
+        if dep.source.get("kind") == "inbox" and dep.source.get("path"):
+            shutil.rmtree(dep.source["path"], ignore_errors=True)
+
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:
         d = {**dep.data, **(dep.data.get("selected") or {})}
@@ -155,9 +165,22 @@ class Steps:
     def _serve(self, name: str, entry: dict[str, Any]) -> None:
         if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
             act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
-        swap = self.config.swap
-        act.activate(self.registry, name, entry, swap=swap, lock=self.session_lock)
+        act.activate(self.registry, name, self._fresh_cache(entry), swap=self.config.swap, lock=self.session_lock)
         self.unavailable.pop(name, None)
+
+    def _fresh_cache(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """A runtime upgrade since qualification changes the cache key: never load a stale compiled blob."""
+        from agent.qualify import caches
+
+        stored = entry.get("versions") or {}
+        if not entry.get("cache_dir") or not entry.get("model_sha256"):
+            return entry
+        current = caches.runtime_versions(self.profile)
+        if all(stored.get(k) == v for k, v in current.items()):
+            return entry
+        versions = {**stored, **current}
+        fresh = caches.cache_dir_for(self.state_dir / "cache", entry["model_sha256"], entry["provider"], versions)
+        return {**entry, "cache_dir": str(fresh), "versions": versions}
 
     def restore_all(self) -> None:
         """Start-up: serve every committed slot (the previous one when the committed cannot load)."""
@@ -179,7 +202,21 @@ class Steps:
             try:
                 self._serve(name, entry)
             except EdgeAgentError as exc:
-                self.unavailable[name] = f"committed version {entry['version']} cannot be served: {exc}"
+                self._serve_degraded(name, entry, exc)
+
+    def _serve_degraded(self, name: str, entry: dict[str, Any], exc: Exception) -> None:
+        """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""
+        why = f"committed version {entry['version']} cannot be served on {entry.get('provider')}: {exc}"
+        if entry.get("provider") != "cpu":
+            cpu = {**entry, "provider": "cpu", "options": {}, "requested_precision": None, "device": None,
+                   "cache_dir": None, "precision": None}
+            try:
+                self._serve(name, cpu)
+                self.unavailable[name] = f"degraded: {why}; serving on cpu (not qualified) until the next deployment"
+                return
+            except EdgeAgentError as cpu_exc:
+                why += f"; cpu fallback failed too: {cpu_exc}"
+        self.unavailable[name] = why
 
     def _serving_meta(self, name: str) -> dict[str, Any] | None:
         try:
@@ -197,6 +234,10 @@ class Steps:
         except (OSError, EdgeAgentError):
             pass  # garbage stays until the next commit
         self.journal.prune(self.config.keep_deployments)
+        ids = {d.id for d in self.journal.all()}
+        for p in (self.state_dir / "decisions").glob("*.json"):
+            if p.stem not in ids:
+                p.unlink(missing_ok=True)
 
 
 def _selected_row(decision: dict[str, Any]) -> dict[str, Any]:

@@ -130,7 +130,8 @@ def _precision_rows(prov, name, device, options, pkg, profile, feeds, reference,
         row = _run_row(name, precision, device, options, pkg, feeds, reference, ref_error, cdir, target, isolate,
                        budget, timeout, say)
         row.versions = row_versions
-        say("row", provider=name, device=device, precision=row.precision, status=row.status, reason=row.reason)
+        say("row", provider=name, device=device, precision=row.precision or precision, status=row.status,
+            reason=row.reason)
         rows.append(row)
     return rows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -34,7 +34,8 @@ class ModelStats:
         self.nonfinite = 0  # successful responses holding NaN or Inf
         self.latency_sum = 0.0
         self.buckets = [0] * (len(BUCKETS) + 1)
-        self.recent: deque[float] = deque(maxlen=RECENT)
+        self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
+        self._seen = 0  # successful latencies recorded so far
         self._lock = threading.Lock()
 
     def record(self, seconds: float, ok: bool = True, nonfinite: bool = False) -> None:
@@ -47,7 +48,8 @@ class ModelStats:
                 self.nonfinite += 1
             self.latency_sum += seconds
             self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-            self.recent.append(seconds)
+            self._ring[self._seen % RECENT] = seconds
+            self._seen += 1
 
     def reject(self) -> None:
         with self._lock:
@@ -56,15 +58,23 @@ class ModelStats:
     def latencies(self, last: int | None = None) -> list[float]:
         """The most recent successful latencies in seconds (all kept ones when last is None)."""
         with self._lock:
-            values = list(self.recent)
+            values = self._recent()
         return values if last is None else values[max(0, len(values) - last):]
+
+    def _recent(self) -> list[float]:
+        """Kept latencies, oldest first (call with the lock held)."""
+        n, ring = self._seen, self._ring
+        if n <= RECENT:
+            return ring[:n].tolist()
+        cut = n % RECENT
+        return ring[cut:].tolist() + ring[:cut].tolist()
 
     def snapshot(self) -> dict:
         """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
         with self._lock:
             counts = {"requests": self.requests, "errors": self.errors, "rejected": self.rejected,
                       "nonfinite": self.nonfinite}
-            lat = sorted(self.recent)
+            lat = sorted(self._recent())
         ms = {f"p{q}_ms": (None if v is None else v * 1000.0) for q in (50, 90, 99) for v in [percentile(lat, q)]}
         return {"model": self.model, "version": self.version, **counts, **ms, "latency_samples": len(lat)}
 
@@ -123,7 +133,7 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
         lab = {"model": s.model, "version": s.version}
         with s._lock:
             counts = (s.requests, s.errors, s.rejected, s.nonfinite)
-            buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s.recent)
+            buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s._recent())
         for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total"), counts):
             fams[key].samples.append(("", lab, value))
         running = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,39 +61,63 @@ def _dim(d: Any) -> int | None:
     return d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else None
 
 
+def _np_dtype(name: str) -> Any:
+    try:
+        return np.dtype(name)
+    except TypeError:  # e.g. bfloat16 without ml_dtypes imported: compare by name
+        return name
+
+
 def _checks(session: Any) -> tuple:
+    """Per input: (name, numpy dtype, rank, ((axis, size) for static dims)), precomputed for the hot path."""
     try:
         specs = list(session.inputs)
         outs = tuple(o.name for o in session.outputs)
     except AttributeError as exc:
         raise BadRequest(f"not a ProviderSession (no inputs/outputs): {exc}") from None
-    checks = tuple((s.name, "object" if s.dtype in ("str", "string", "bytes") else s.dtype,
-                    tuple(_dim(d) for d in s.shape)) for s in specs)
-    return checks, outs
+    checks = []
+    for spec in specs:
+        dims = tuple(_dim(d) for d in spec.shape)
+        dtype = "object" if spec.dtype in ("str", "string", "bytes") else spec.dtype
+        checks.append((spec.name, _np_dtype(dtype), len(dims), tuple((i, d) for i, d in enumerate(dims) if d is not None)))
+    return tuple(checks), outs
 
 
 def _validate(entry: ModelEntry, feeds: Any) -> None:
-    """Reject feeds whose names, dtypes or shapes do not match the session's TensorSpecs."""
+    """Reject feeds whose names, dtypes or shapes do not match the session's TensorSpecs (hot path: lean)."""
     if not isinstance(feeds, dict):
         raise BadRequest("feeds must be a mapping of input name to array")
-    if len(feeds) != len(entry.checks) or any(n not in feeds for n, _, _ in entry.checks):
-        want = sorted(n for n, _, _ in entry.checks)
-        extra = sorted(set(feeds) - set(want))
-        missing = sorted(set(want) - set(feeds))
-        what = f"unknown input(s) {extra}" if extra else f"missing input(s) {missing}"
-        raise BadRequest(f"model {entry.name!r}: {what}; expected {want}")
-    for name, dtype, shape in entry.checks:
-        arr = feeds[name]
+    if len(feeds) != len(entry.checks):
+        _names_error(entry, feeds)
+    for name, dtype, rank, static in entry.checks:
+        arr = feeds.get(name)
+        if arr is None:
+            _names_error(entry, feeds)
         if not isinstance(arr, np.ndarray):
             raise BadRequest(f"input {name!r}: expected a numpy array, got {type(arr).__name__}")
-        if arr.dtype.name != dtype:
+        if arr.dtype != dtype and arr.dtype.name != dtype:
             raise BadRequest(f"input {name!r}: dtype {arr.dtype.name} does not match the model's {dtype}")
-        if len(arr.shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, arr.shape)):
-            want = ["?" if w is None else w for w in shape]
-            raise BadRequest(f"input {name!r}: shape {list(arr.shape)} does not match the model's {want}")
+        shape = arr.shape
+        if len(shape) != rank or any(shape[i] != size for i, size in static):
+            _shape_error(entry, name, shape)
+
+
+def _names_error(entry: ModelEntry, feeds: dict) -> None:
+    want = sorted(c[0] for c in entry.checks)
+    extra = sorted(set(feeds) - set(want))
+    missing = sorted(set(want) - set(feeds))
+    what = f"unknown input(s) {extra}" if extra else f"missing input(s) {missing}"
+    raise BadRequest(f"model {entry.name!r}: {what}; expected {want}")
+
+
+def _shape_error(entry: ModelEntry, name: str, shape: tuple) -> None:
+    spec = next(s for s in entry.inputs if s.name == name)
+    want = ["?" if _dim(d) is None else d for d in spec.shape]
+    raise BadRequest(f"input {name!r}: shape {list(shape)} does not match the model's {want}")
 
 
 def _nonfinite(outputs: dict) -> bool:
+    """Any NaN/Inf in a float output? (np.isfinite(...).all() beat a sum-first shortcut when measured.)"""
     for v in outputs.values():
         if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size and not np.isfinite(v).all():
             return True
@@ -115,34 +139,52 @@ class ModelRegistry:
 
     # ---- activation -------------------------------------------------------------------------------
     def activate(self, name: str, version: Any, session: Any, meta: dict | None = None, *,
-                 swap: str = MAKE_BEFORE_BREAK, drain_timeout: float | None = None) -> dict:
+                 swap: str = MAKE_BEFORE_BREAK, drain_timeout: float | None = None,
+                 progress: Callable[..., None] | None = None) -> dict:
         """Serve `session` as `name`/`version`. `session` may be a zero-argument factory; with
-        stop-then-start the old session is drained and closed before the factory runs."""
+        stop-then-start the old session is drained and closed before the factory runs.
+        Returns {"model", "version", "swap", "previous", "drained", "drain_s", "close_error"};
+        progress(event, **fields) hears "building", "swapped" and "released"."""
+        report = progress or (lambda event, **fields: None)
         if swap not in SWAP_MODES:
             raise BadRequest(f"unknown swap mode {swap!r}; expected one of {', '.join(SWAP_MODES)}")
         version = str(version)
         timeout = self.drain_timeout if drain_timeout is None else drain_timeout
         with self._activating:
-            old_info: dict = {}
-            if swap == STOP_THEN_START:
-                with self._lock:
-                    old = self._entries.pop(name, None)
-                    self._loading.add(name)
-                old_info = self._retire(old, timeout) if old else {}
-            try:
-                session = session() if not hasattr(session, "run") and callable(session) else session
-                entry = self._entry(name, version, session, meta)
-            except BaseException:
-                with self._lock:
-                    self._loading.discard(name)
-                raise
+            old_info = self._stop(name, timeout, report) if swap == STOP_THEN_START else {}
+            entry = self._build(name, version, session, meta, report)
             with self._lock:
                 old = self._entries.get(name)
                 self._entries[name] = entry
                 self._loading.discard(name)
+            report("swapped", model=name, version=version, previous=old.version if old else None)
             if old is not None:
-                old_info = self._retire(old, timeout)
-        return {"model": name, "version": version, "swap": swap, **old_info}
+                old_info = self._release_old(old, timeout, report)
+        return {"model": name, "version": version, "swap": swap, "previous": None, "drained": True, "drain_s": 0.0,
+                "close_error": None, **old_info}
+
+    def _stop(self, name: str, timeout: float, report: Callable[..., None]) -> dict:
+        """Stop-then-start, first half: unpublish, drain and close the old session; requests get 503 meanwhile."""
+        with self._lock:
+            old = self._entries.pop(name, None)
+            self._loading.add(name)
+        return self._release_old(old, timeout, report) if old else {}
+
+    def _build(self, name: str, version: str, session: Any, meta: dict | None, report: Callable[..., None]) -> ModelEntry:
+        try:
+            if not hasattr(session, "run") and callable(session):
+                report("building", model=name, version=version)
+                session = session()
+            return self._entry(name, version, session, meta)
+        except BaseException:
+            with self._lock:
+                self._loading.discard(name)
+            raise
+
+    def _release_old(self, old: ModelEntry, timeout: float, report: Callable[..., None]) -> dict:
+        info = self._retire(old, timeout)
+        report("released", model=old.name, version=old.version, drained=info["drained"])
+        return info
 
     def deactivate(self, name: str, drain_timeout: float | None = None) -> dict:
         """Stop serving `name`: new requests get NotFound, in-flight ones finish, the session is closed."""

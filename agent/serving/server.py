@@ -17,6 +17,9 @@ from agent.serving.metrics import Metric
 from agent.serving.wire import ConnectionHandler
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+_BUSY_BODY = b'{"error":"too many open connections"}'
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+         b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -26,13 +29,14 @@ class _HTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address, handler, oip: "OIPServer"):
         self.oip = oip
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
         if not self.oip._track(request):
             try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Content-Length: 36\r\nConnection: close\r\n\r\n{\"error\":\"too many open connections\"}")
+                request.sendall(_BUSY)
             except OSError:
                 pass
             self.shutdown_request(request)

@@ -225,6 +225,7 @@ class MqttLink:
             return
         self.refused = None
         self._refusal.clear()
+        self._failed.clear()
         for topic_filter, (qos, _handler) in self._subs.items():
             self._send_subscribe(client, topic_filter, qos)
         self.connected.set()

@@ -1,0 +1,102 @@
+"""`edge-agent status` and `edge-agent rollback` against a running daemon (control directory) and offline."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+from agent.lifecycle.fsck import check_state_dir
+from test_daemon_support import EXE, ROOT, Daemon, drop, infer, write_config
+
+
+def cli(*args, timeout=120):
+    return subprocess.run(EXE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_status_and_rollback_online_and_offline(tmp_path):
+    cfg = write_config(tmp_path)
+    state = tmp_path / "state"
+    d = Daemon(cfg, state)
+    try:
+        d.wait_ready()
+        for v in ("1", "2"):
+            drop(state, v)
+            assert d.wait_deployment(v)["result"] == "committed", d.tail()
+        out = cli("status", "--config", str(cfg), "--json")
+        doc = json.loads(out.stdout)
+        assert doc["daemon"] == {"running": True, "pid": d.proc.pid}
+        tiny = doc["models"]["tiny"]
+        assert (tiny["version"], tiny["state"], tiny["provider"], tiny["previous"]) == ("2", "committed", "cpu", "1")
+        assert len(tiny["sha256"]) == 64 and doc["deployments"]["tiny"]["result"] == "committed"
+        assert [r["version"] for r in doc["recent_deployments"]] == ["2", "1"]
+        human = cli("status", "--config", str(cfg)).stdout
+        assert "daemon running" in human and "tiny" in human and "recent deployments:" in human
+
+        out = cli("rollback", "tiny", "--config", str(cfg))
+        assert out.returncode == 0, out.stderr
+        assert "serving version 1" in out.stdout
+        assert infer(d.url) == ("1", [1.0] * 4)  # took effect in the running daemon, no restart
+
+        out = cli("rollback", "nosuch", "--config", str(cfg))
+        assert out.returncode == 1 and out.stderr.strip() == "error: rollback of nosuch failed: model 'nosuch' has no previous version to roll back to"
+        assert "Traceback" not in out.stderr
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+    doc = json.loads(cli("status", "--config", str(cfg), "--json").stdout)
+    assert doc["daemon"]["running"] is False and doc["online"] is False
+    assert doc["models"]["tiny"]["version"] == "1"
+    out = cli("rollback", "tiny", "--config", str(cfg))  # offline: the slots swap on disk
+    assert out.returncode == 0 and "daemon serves it when it starts" in out.stdout
+    assert json.loads(cli("status", "--config", str(cfg), "--json").stdout)["models"]["tiny"]["version"] == "2"
+    assert check_state_dir(state) == []
+
+    d = Daemon(cfg, state)
+    try:
+        d.wait_ready()
+        assert infer(d.url) == ("2", [2.0] * 4)
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+
+def test_bad_config_and_busy_state_dir_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("state_dir: [1, 2]\n")
+    out = cli("run", "--config", str(bad))
+    assert out.returncode != 0 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+    cfg = write_config(tmp_path)
+    d = Daemon(cfg, tmp_path / "state")
+    try:
+        d.wait_ready()
+        out = cli("run", "--config", str(cfg))
+        assert out.returncode == 1 and "in use by another edge-agent" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+
+def test_daemon_speaks_sd_notify(tmp_path):
+    import socket
+
+    sock_path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(sock_path))
+    sock.settimeout(60)
+    cfg = write_config(tmp_path)
+    d = Daemon(cfg, tmp_path / "state", env={"NOTIFY_SOCKET": str(sock_path)})
+    try:
+        lines = []
+        while not any(line == "READY=1" for line in lines):
+            lines += sock.recv(4096).decode().splitlines()
+        assert f"MAINPID={d.proc.pid}" in lines
+        assert any(line.startswith("STATUS=serving") for line in lines)
+    finally:
+        assert d.terminate() == 0, d.tail()
+    rest = []
+    sock.settimeout(1)
+    try:
+        while True:
+            rest += sock.recv(4096).decode().splitlines()
+    except socket.timeout:
+        pass
+    assert "STOPPING=1" in rest
+    sock.close()

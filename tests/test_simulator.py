@@ -1,0 +1,100 @@
+"""The simulator's device classes (captured sysroots -> target and providers), its shared qualification cache,
+and `edge-agent fleet simulate` as a process that starts, reports its layout and stops on SIGTERM."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ConfigError
+from agent.fleet.sim_classes import QualificationCache, discover_sysroots, load_classes, resolve_sysroots
+
+SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
+
+
+def test_classes_come_from_captured_sysroots_and_keep_only_providers_this_host_can_stand_in_for():
+    classes = {c.name: c for c in load_classes(discover_sysroots(), strict=False)}
+    assert "empty" not in classes and "garbage" not in classes  # not device captures: skipped when discovered
+    pi, nuc = classes["rpi5-8gb"], classes["intel-nuc-meteorlake"]
+    assert pi.target == "raspberry-pi-5" and pi.providers == ("cpu",)
+    assert "only cpu numerics are real here" in pi.why["xnnpack"]
+    assert nuc.target == "intel-x86_64" and nuc.providers[0] == "openvino" and "cpu" in nuc.providers
+    assert "Intel devices only" in nuc.why["ort-openvino"]  # the real probe's reason, not an invented one
+    jetson = classes["jetson-orin-nano-jp6"]
+    assert jetson.profile.arch == "aarch64" and jetson.providers == ("cpu",) and "tensorrt" in jetson.why
+
+
+def test_a_named_sysroot_that_is_not_a_device_is_an_error():
+    with pytest.raises(ConfigError, match="no CPU architecture readable"):
+        load_classes([str(SYSROOTS / "empty")])
+    with pytest.raises(ConfigError, match="is not a directory"):
+        load_classes([str(SYSROOTS / "no-such-board")])
+    assert resolve_sysroots("rpi4-4gb, amd-epyc-x86") == [str(SYSROOTS / "rpi4-4gb"), str(SYSROOTS / "amd-epyc-x86")]
+
+
+def test_qualification_cache_measures_once_per_key_while_identical_devices_wait():
+    cache, calls, started = QualificationCache(), [], threading.Event()
+    release = threading.Event()
+
+    def measure():
+        calls.append(1)
+        started.set()
+        release.wait(30)
+        return {"selected": "cpu"}
+
+    out: list = []
+    threads = [threading.Thread(target=lambda i=i: out.append(cache.get(("sha", "t", ("cpu",)), f"d{i}", measure)))
+               for i in range(8)]
+    for t in threads:
+        t.start()
+    assert started.wait(30)
+    release.set()
+    for t in threads:
+        t.join(30)
+    assert len(calls) == 1 and out == [{"selected": "cpu"}] * 8
+    assert cache.stats() == {"measured": 1, "reused": 7}
+    cache.get(("sha", "t", ("openvino", "cpu")), "d9", measure)  # another provider set is another measurement
+    assert len(calls) == 2
+
+    def broken():
+        raise RuntimeError("child died")
+
+    with pytest.raises(RuntimeError):
+        cache.get(("x", "t", ()), "d1", broken)
+    assert cache.get(("x", "t", ()), "d2", lambda: "ok") == "ok"  # failures to measure are never cached
+
+
+def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):
+    from agent.artifacts.keys import generate
+
+    _, pub, _ = generate(tmp_path / "keys")
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "fleet", "simulate", "--devices", "3", "--trust", str(pub),
+                             "--sysroots", "rpi4-4gb,amd-epyc-x86", "--group", "lab", "--broker", mosquitto.url,
+                             "--state-dir", str(tmp_path / "fleet"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(proc.stdout.readline())
+        assert started["event"] == "started" and started["devices"] == 3
+        assert started["classes"] == {"rpi4-4gb": 2, "amd-epyc-x86": 1}
+        assert started["providers"] == {"rpi4-4gb": ["cpu"], "amd-epyc-x86": ["openvino", "cpu"]}
+        from agent.fleet.status import fleet_status
+        from agent.transport.mqtt import BrokerConfig
+
+        rows = {r["device_id"]: r for r in fleet_status(BrokerConfig(mosquitto.url))["devices"]}
+        assert set(rows) == {"sim-rpi4-4gb-1", "sim-rpi4-4gb-2", "sim-amd-epyc-x86-1"}
+        assert all(r["online"] and r["groups"] == ["lab"] for r in rows.values())
+        assert rows["sim-rpi4-4gb-1"]["target"] == "raspberry-pi-4"
+        proc.send_signal(signal.SIGTERM)
+        stopped = json.loads(proc.stdout.readline())
+        assert stopped["event"] == "stopped" and stopped["qualification"] == {"measured": 0, "reused": 0}
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert (tmp_path / "fleet" / "sim-rpi4-4gb-1" / "status.json").is_file()  # each device has its own state

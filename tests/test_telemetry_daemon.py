@@ -1,0 +1,69 @@
+"""Telemetry plugged into the daemon's parts (DeviceAgent.health_source, OIPServer.add_metrics_collector): a
+retained health message on a real Mosquitto and the same system figures as gauges on the real /metrics."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from agent.config import parse_config
+from agent.telemetry import Telemetry, registry_stats
+
+pytestmark = pytest.mark.slow
+
+
+def test_health_message_and_metrics(mosquitto, tmp_path):
+    from agent.app import DeviceAgent
+
+    cfg = parse_config({"device_id": "tele-1", "state_dir": str(tmp_path / "state"),
+                        "mqtt": {"url": mosquitto.url}, "serving": {"port": 0},
+                        "telemetry": {"interval_s": 0.5}})
+    agent = DeviceAgent(cfg)
+    tele = Telemetry(cfg.state_dir, stats=lambda: registry_stats(agent.registry), device_id=cfg.device_id)
+    agent.health_source = tele.collect
+    got, seen = [], threading.Event()
+
+    def on_message(client, userdata, msg):
+        doc = json.loads(msg.payload)
+        if "memory" in doc:
+            got.append((msg.retain, doc))
+            seen.set()
+
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    sub.on_message = on_message
+    sub.connect("127.0.0.1", mosquitto.port)
+    sub.subscribe("edge/devices/tele-1/health", qos=0)
+    sub.loop_start()
+    agent.start()
+    try:
+        agent.server.add_metrics_collector(tele.collector)
+        assert seen.wait(60), "no health message"
+        _, doc = got[0]
+        assert doc["device_id"] == "tele-1"
+        assert doc["memory"]["total_bytes"] > 0 and doc["cpu"]["cores"] >= 1
+        assert doc["disk"]["path"] == str(cfg.state_dir) and doc["disk"]["free_bytes"] > 0
+        assert doc["models"] == {}
+        with urllib.request.urlopen(f"{agent.url}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        assert "# TYPE edge_agent_memory_available_bytes gauge" in text
+        assert f'edge_agent_disk_free_bytes{{path="{cfg.state_dir}"}}' in text
+        assert "edge_agent_metrics_collector_errors 0" in text
+    finally:
+        agent.stop()
+        sub.loop_stop()
+        sub.disconnect()
+    # retained: a late subscriber still gets the last one
+    late, event = [], threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    c.on_message = lambda cl, u, m: (late.append(m), event.set())
+    c.connect("127.0.0.1", mosquitto.port)
+    c.subscribe("edge/devices/tele-1/health")
+    c.loop_start()
+    try:
+        assert event.wait(30) and late[0].retain
+    finally:
+        c.loop_stop()
+        c.disconnect()
