@@ -54,28 +54,16 @@ class DeviceAgent:
 
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> "DeviceAgent":
-        from agent.artifacts.store import ContentStore
-        from agent.serving.registry import ModelRegistry
-
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.use_lock:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
-            self.profile = self.profile or _detect(self.sysroot)
-            self.target = _target(self.config.target, self.profile)
-            if self.step_config.swap is None:
-                self.step_config.swap = (self.target.serving or {}).get("swap") if self.target else None
-            self.store = ContentStore(self.state_dir)
-            self.registry = ModelRegistry()
-            self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
-                               target_name=self.target.name if self.target else None, config=self.step_config)
-            deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
-            self.orchestrator = Orchestrator(self.state_dir, self.steps, deadlines=deadlines,
-                                             listeners=[self._on_transition])
-            self._start_telemetry()
+            self._build()
             self._emit({"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode,
                         "target": self.target.name if self.target else None})
-            self.orchestrator.start()
+            if self.notifier is not None:
+                self.notifier.extend_timeout(300)  # restoring big models (compiling) may take a while
+            self.orchestrator.start()  # serve committed slots, then resume in-flight deployments
             if self.serve_http:
                 self._start_http()
             if self.config.mqtt is not None:
@@ -91,6 +79,24 @@ class DeviceAgent:
             self.notifier.ready(self._one_line())
         self._emit({"event": "ready", "url": self.url, "models": self.registry.models()})
         return self
+
+    def _build(self) -> None:
+        """Hardware profile and target, then store, registry, lifecycle steps, orchestrator, telemetry."""
+        from agent.artifacts.store import ContentStore
+        from agent.serving.registry import ModelRegistry
+
+        self.profile = self.profile or _detect(self.sysroot)
+        self.target = _target(self.config.target, self.profile)
+        if self.step_config.swap is None and self.target is not None:
+            self.step_config.swap = (self.target.serving or {}).get("swap")
+        self.store = ContentStore(self.state_dir)
+        self.registry = ModelRegistry()
+        self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
+                           target_name=self.target.name if self.target else None, config=self.step_config)
+        deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
+        self.orchestrator = Orchestrator(self.state_dir, self.steps, deadlines=deadlines,
+                                         listeners=[self._on_transition])
+        self._start_telemetry()
 
     def stop(self, drain_timeout: float = 10.0) -> None:
         """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock."""
@@ -110,6 +116,23 @@ class DeviceAgent:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def reload(self, new) -> dict[str, Any]:
+        """SIGHUP: apply what can change live (serving token, trusted keys, telemetry interval); name the rest."""
+        from agent.config import changed_keys
+
+        live, restart = changed_keys(self.config, new)
+        if self.notifier is not None:
+            self.notifier.reloading()
+        if self.server is not None:
+            self.server.set_token(new.serving.token())
+        if self.link is not None and "trust.public_keys" in live:
+            self.link.reload_keys(new.trust.public_keys)
+        applied = sorted((live - {"groups"}) | ({"serving.token_file"} if self.server is not None else set()))
+        self.config = _with(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
+        if self.notifier is not None:
+            self.notifier.ready(self._one_line())
+        return {"applied": applied, "needs_restart": sorted(restart | (live & {"groups"}))}
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until stop() (True) or timeout (False)."""
@@ -196,6 +219,8 @@ class DeviceAgent:
         try:
             if not isinstance(req, dict) or req.get("op") not in control.OPS or not isinstance(req.get("model"), str):
                 result = {"ok": False, "error": "malformed control request"}
+            elif control.expired(req):
+                result = {"ok": False, "error": f"request older than {control.MAX_AGE_S:.0f}s: not executed"}
             elif req["op"] == "rollback":
                 dep = self.orchestrator.rollback(req["model"], wait=120)
                 ok = dep.state is State.COMMITTED or (dep.source.get("kind") != "rollback"
@@ -293,6 +318,12 @@ def _target(name: str, profile):
     from agent import targets
 
     return targets.match(profile) if name in (None, "auto") else targets.get_target(name)
+
+
+def _with(cfg, **changes):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)
 
 
 def _pid() -> int:

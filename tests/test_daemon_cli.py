@@ -100,3 +100,31 @@ def test_daemon_speaks_sd_notify(tmp_path):
         pass
     assert "STOPPING=1" in rest
     sock.close()
+
+
+def test_sighup_reloads_the_serving_token(tmp_path):
+    import signal
+    import urllib.error
+
+    import pytest
+
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    token.chmod(0o600)
+    cfg = write_config(tmp_path, extra={"serving": {"host": "127.0.0.1", "port": 0, "token_file": str(token)}})
+    d = Daemon(cfg, tmp_path / "state")
+    try:
+        d.wait_ready()
+        drop(tmp_path / "state", "1")
+        assert d.wait_deployment("1")["result"] == "committed", d.tail()
+        assert infer(d.url, token="first") == ("1", [1.0] * 4)
+        token.write_text("second\n")
+        d.proc.send_signal(signal.SIGHUP)
+        from test_daemon_support import wait_for
+        wait_for(lambda: "reloaded applied=serving.token_file" in d.tail(), 60, "reload")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            infer(d.url, token="first")
+        assert err.value.code == 401
+        assert infer(d.url, token="second") == ("1", [1.0] * 4)
+    finally:
+        assert d.terminate() == 0, d.tail()

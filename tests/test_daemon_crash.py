@@ -90,3 +90,30 @@ def test_sigkill_after_a_failed_deployment_keeps_the_old_model(committed_v1, tmp
         assert check_state_dir(state_dir) == []
     finally:
         assert d.terminate() == 0, d.tail()
+
+
+def test_sigkill_right_after_a_rollback_during_probation(committed_v1, tmp_path):
+    import subprocess
+
+    from test_daemon_support import EXE, ROOT
+
+    cfg, state_dir = _copy_case(committed_v1, tmp_path)
+    crashing = Daemon(cfg, state_dir, env={"EDGE_AGENT_TEST_CRASH_AT": "rolled_back", "EDGE_AGENT_PROBATION_S": "300"})
+    crashing.wait_ready()
+    drop(state_dir, "2")
+    wait_for(lambda: ((crashing.status() or {}).get("models", {}).get("tiny", {}).get("state") == "probation"),
+             120, "version 2 in probation", crashing.proc)
+    assert infer(crashing.url) == ("2", [2.0] * 4)
+    out = subprocess.run(EXE + ["rollback", "tiny", "--config", str(cfg), "--timeout", "20"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0  # the daemon died (hook) before it could answer
+    assert crashing.proc.wait(60) == -9, crashing.tail()
+    d = Daemon(cfg, state_dir)
+    try:
+        d.wait_ready()
+        assert infer(d.url) == ("1", [1.0] * 4)
+        dep = next(x for x in Journal(state_dir).all() if x.version == "2")
+        assert dep.state.value == "rolled_back" and "rollback requested" in dep.reason
+        assert check_state_dir(state_dir) == []
+    finally:
+        assert d.terminate() == 0, d.tail()

@@ -10,8 +10,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 EXE = [sys.executable, "-m", "agent"]
 FAST_ENV = {
@@ -104,10 +102,10 @@ class Daemon:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-def infer(url: str, value: float = 0.0, model: str = "tiny") -> tuple[str, list[float]]:
+def infer(url: str, value: float = 0.0, model: str = "tiny", token: str | None = None) -> tuple[str, list[float]]:
     body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}).encode()
-    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, method="POST", headers=headers)
     with urllib.request.urlopen(req, timeout=30) as resp:
         doc = json.loads(resp.read())
     return doc["model_version"], doc["outputs"][0]["data"]
@@ -123,8 +121,8 @@ def fast(probation_s: float = 0.3):
                       qualify_options={"latency_budget_s": 0.1, "isolate": False})
 
 
-@pytest.fixture
-def agent(tmp_path):
+def running_agent(tmp_path):
+    """Body of the `agent` fixtures: an in-process DeviceAgent with fast knobs; collects its events."""
     from agent.app import DeviceAgent
     from agent.config import load_config
 

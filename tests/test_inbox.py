@@ -1,7 +1,14 @@
 """Local inbox mode: only renamed-in <name>/<version>/ directories with safe names become deployments."""
 from __future__ import annotations
 
-from test_daemon_support import agent, deploy, wait_for  # noqa: F401
+import pytest
+
+from test_daemon_support import deploy, running_agent, wait_for
+
+
+@pytest.fixture
+def agent(tmp_path):
+    yield from running_agent(tmp_path)
 
 
 def test_inbox_ignores_bad_names_and_hidden_dirs(agent):
@@ -15,3 +22,11 @@ def test_inbox_ignores_bad_names_and_hidden_dirs(agent):
     assert agent.orchestrator.journal.all() == []
     assert deploy(agent, "1").state.value == "committed"
     assert not (inbox / "tiny" / "1").exists()  # consumed once it is safe in the store
+
+
+def test_a_package_without_a_model_fails_and_is_consumed(agent):
+    dep = deploy(agent, "1", writer=lambda d: (d.mkdir(parents=True), (d / "notes.txt").write_text("oops")))
+    assert dep.state.value == "failed" and "has no model.onnx" in dep.reason
+    assert dep.reason.startswith("downloading")
+    assert not (agent.state_dir / "inbox" / "tiny" / "1").exists()
+    assert agent.status()["deployments"]["tiny"]["result"] == "failed"

@@ -12,7 +12,12 @@ from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle.fsck import check_state_dir
 from agent.samples import write_package
-from test_daemon_support import agent, deploy, drop, fast, infer, wait_for, write_config  # noqa: F401
+from test_daemon_support import deploy, drop, fast, infer, running_agent, wait_for, write_config
+
+
+@pytest.fixture
+def agent(tmp_path):
+    yield from running_agent(tmp_path)
 
 
 def _rewrite(pb_name: str, array: np.ndarray, version: str):
@@ -209,3 +214,17 @@ def test_rollbacks_under_concurrent_load_fail_no_request(agent):
             t.join(60)
     assert failures == []
     assert {"1", "2"} <= set(seen)
+
+
+def test_control_requests_malformed_or_stale_are_answered_not_executed(agent):
+    from agent.util.atomic import atomic_write_json, read_json
+
+    ctl = agent.state_dir / "control"
+    atomic_write_json(ctl / "1-old.req.json", {"op": "rollback", "model": "tiny", "ts": 1.0})
+    (ctl / "2-bad.req.json").write_text("{not json")
+    atomic_write_json(ctl / "3-op.req.json", {"op": "format-disk", "model": "tiny", "ts": 9e9})
+    answers = wait_for(lambda: all((ctl / f"{i}.done.json").exists() for i in ("1-old", "2-bad", "3-op"))
+                       and [read_json(ctl / f"{i}.done.json") for i in ("1-old", "2-bad", "3-op")], 30, "answers")
+    assert [a["ok"] for a in answers] == [False, False, False]
+    assert "not executed" in answers[0]["error"] and "malformed" in answers[1]["error"]
+    assert agent.orchestrator.journal.all() == []

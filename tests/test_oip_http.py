@@ -347,8 +347,9 @@ def test_metrics_keep_both_versions_after_a_swap(tmp_path):
     reg.infer("m", {"x": np.zeros((1, 4), np.float32)})
     reg.activate("m", "2", open_session(tiny_model(2.0), tmp_path, "b.onnx"))
     reg.infer("m", {"x": np.zeros((1, 4), np.float32)})
-    with OIPServer(reg, port=0) as srv:
+    with OIPServer(reg, port=0, collectors=[lambda: [gauge("edge_agent_x", "x", 2)]]) as srv:
         text = call(srv, "GET", "/metrics")[1].decode()
+    assert "\nedge_agent_x 2\n" in text
     assert 'edge_agent_inference_requests_total{model="m",version="1"} 1' in text
     assert 'edge_agent_inference_requests_total{model="m",version="2"} 1' in text
     assert 'edge_agent_model_loaded{model="m",version="2"} 1' in text

@@ -153,3 +153,15 @@ def test_seeded_feeds_are_deterministic_and_typed():
     assert a["f"].dtype.name == "float16" and a["f"].shape == (2, 5)
     assert a["i"].dtype.name == "int64" and a["b"].dtype == bool
     assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_content_addressed_blobs_are_sniffed(cnn_package, tmp_path):
+    blob_tar = tmp_path / "blobs" / ("a" * 64)
+    blob_tar.parent.mkdir()
+    with tarfile.open(blob_tar, "w:gz") as tar:
+        tar.add(cnn_package, arcname=".")
+    assert load_package(blob_tar, extract_to=tmp_path / "x").name == "sample-cnn"
+    blob_onnx = tmp_path / "blobs" / ("b" * 64)
+    blob_onnx.write_bytes((cnn_package / "model.onnx").read_bytes())
+    pkg = load_package(blob_onnx)
+    assert pkg.sha256 == hashlib.sha256(blob_onnx.read_bytes()).hexdigest() and pkg.inputs[0].name == "input"

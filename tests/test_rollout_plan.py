@@ -199,3 +199,12 @@ def test_devices_that_never_took_the_version_get_their_old_desired_state_back(tm
     assert fleet.desired["pi-0"] == b'{"old": "pi-0"}'  # the same bytes as before: nothing new to deploy
     assert fleet.desired["nuc-0"] is None  # it had no device-specific desired state: cleared again
     assert rs.load_state(tmp_path, "m-2")["devices"]["pi-0"]["desired_restored"] is True
+
+
+def test_provider_cohort_falls_back_to_the_provider_serving_the_model():
+    st = _fleet()
+    st["pi-0"]["providers"] = []
+    st["nuc-0"]["providers"] = []
+    st["nuc-0"]["models"]["m"]["provider"] = "openvino"
+    p = plan(RolloutSpec("m", "2", group="lab", cohort_by="provider").validate(), st)
+    assert p["devices"]["pi-0"]["cohort"] == "cpu" and p["devices"]["nuc-0"]["cohort"] == "openvino"

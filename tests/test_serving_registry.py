@@ -99,13 +99,13 @@ def test_make_before_break_drains_the_in_flight_request(tmp_path):
     t.start()
     assert old.entered.wait(10)
     swap_done = {}
-    s = threading.Thread(target=lambda: swap_done.update(r.activate("m", "2", open_session(tiny_model(2.0), tmp_path, "v2.onnx"))))
+    new = open_session(tiny_model(2.0), tmp_path, "v2.onnx")
+    swapped = threading.Event()
+    s = threading.Thread(target=lambda: swap_done.update(
+        r.activate("m", "2", new, progress=lambda e, **f: swapped.set() if e == "swapped" else None)))
     s.start()
     # the new version serves while the old request is still in flight, and the old session stays open
-    for _ in range(200):
-        if r.models()["m"] == "2":
-            break
-        threading.Event().wait(0.01)
+    assert swapped.wait(30)
     assert r.infer("m", x4())[0] == "2"
     assert not old.closed.is_set()
     old.gate.set()

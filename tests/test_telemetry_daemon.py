@@ -1,5 +1,5 @@
-"""Telemetry plugged into the daemon's parts (DeviceAgent.health_source, OIPServer.add_metrics_collector): a
-retained health message on a real Mosquitto and the same system figures as gauges on the real /metrics."""
+"""Telemetry as the daemon wires it (agent.app.DeviceAgent): a retained health message on a real Mosquitto every
+telemetry.interval_s, and the same system figures as gauges on the real /metrics."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,6 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from agent.config import parse_config
-from agent.telemetry import Telemetry, registry_stats
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +21,6 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
                         "mqtt": {"url": mosquitto.url}, "serving": {"port": 0},
                         "telemetry": {"interval_s": 0.5}})
     agent = DeviceAgent(cfg)
-    tele = Telemetry(cfg.state_dir, stats=lambda: registry_stats(agent.registry), device_id=cfg.device_id)
-    agent.health_source = tele.collect
     got, seen = [], threading.Event()
 
     def on_message(client, userdata, msg):
@@ -39,7 +36,6 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
     sub.loop_start()
     agent.start()
     try:
-        agent.server.add_metrics_collector(tele.collector)
         assert seen.wait(60), "no health message"
         _, doc = got[0]
         assert doc["device_id"] == "tele-1"
@@ -48,7 +44,7 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
         assert doc["models"] == {}
         with urllib.request.urlopen(f"{agent.url}/metrics", timeout=30) as r:
             text = r.read().decode()
-        assert "# TYPE edge_agent_memory_available_bytes gauge" in text
+        assert text.count("# TYPE edge_agent_memory_available_bytes gauge") == 1
         assert f'edge_agent_disk_free_bytes{{path="{cfg.state_dir}"}}' in text
         assert "edge_agent_metrics_collector_errors 0" in text
     finally:

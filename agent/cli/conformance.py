@@ -77,7 +77,11 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
                                "precision_differences": report.precision_differences(),
                                "files": {k: str(v) for k, v in paths.items()}}, indent=2))
         return
-    click.echo(_table(counts, report.variants))
+    ran = sorted({c["suite"] for c in report.cases})
+    for suite_name in ran:
+        if len(ran) > 1:
+            click.echo(f"[{suite_name}]")
+        click.echo(_table(report.counts(suite_name), report.variants))
     for base, d in report.precision_differences().items():
         click.echo(f"{base}: {d['default_precision']} passes {d['passed_default']}/{d['cases']} node cases, "
                    f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "

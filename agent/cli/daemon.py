@@ -65,7 +65,10 @@ def run(config_path):
     In local mode (no mqtt section) move a package directory atomically (rename) into
     INBOX/<name>/<version>/ and it goes through the lifecycle: downloading (into the store), verifying,
     qualifying, activating, probation, committed. SIGTERM/SIGINT drain and stop; SIGHUP reloads the
-    serving token.
+    serving token, trusted keys and telemetry interval (other changes are named as needing a restart).
+
+    `edge-agent rollback NAME` reaches the running daemon through STATE_DIR/control/ (request files the
+    daemon answers); `edge-agent status` reads STATE_DIR/status.json, rewritten on every transition.
     """
     from agent.app import DeviceAgent
     from agent.sdnotify import SdNotifier
@@ -96,10 +99,9 @@ def run(config_path):
 
 def _reload(agent, config_path, log) -> None:
     try:
-        new = load_config(config_path)
-        if agent.server is not None:
-            agent.server.set_token(new.serving.token())
-        log({"event": "reloaded", "applied": "serving.token_file"})
+        result = agent.reload(load_config(config_path))
+        log({"event": "reloaded", "applied": ",".join(result["applied"]) or "nothing changed",
+             "needs_restart": ",".join(result["needs_restart"]) or None})
     except ConfigError as exc:
         log({"event": "error", "reason": f"reload failed, keeping the running config: {exc}"})
 

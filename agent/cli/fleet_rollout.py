@@ -33,10 +33,10 @@ def render_summary(doc: dict) -> str:
     lines = [f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
              f"counts: {json.dumps(doc['counts'], sort_keys=True)}"]
     for key, c in doc["cohorts"].items():
-        waves = " ".join(f"{w['kind'][0]}{w['index']}:{sum(v for k, v in w['counts'].items() if k == 'succeeded')}"
-                         f"/{w['size']}" for w in c["waves"])
-        reason = f"  ({c['reason']})" if c.get("reason") else ""
-        lines.append(f"  cohort {key:<24} {c['state']:<12} waves {waves}{reason}")
+        waves = ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"])
+        lines.append(f"  cohort {key:<24} {c['state']:<12} {waves} succeeded")
+        if c.get("reason"):
+            lines.append(f"    halted: {c['reason']}")
     lines.append(f"  {'DEVICE':<24} {'COHORT':<22} {'WAVE':>4}  {'RESULT':<16} REASON")
     for d in doc["devices"]:
         lines.append(f"  {d['device_id']:<24} {d['cohort']:<22} {d['wave']:>4}  {d['result']:<16} {d['reason'] or ''}")

@@ -169,7 +169,10 @@ class RolloutEngine:
             if d["result"] == rs.PENDING:
                 d.update(result=rs.NOT_REACHED, reason=f"cohort halted: {reason}")
             elif d["result"] in (rs.IN_PROGRESS, rs.SUCCEEDED):
-                d.update(took=d["result"] == rs.SUCCEEDED, result=rs.ROLLBACK_PENDING)
+                took = d["result"] == rs.SUCCEEDED
+                back = f"back to {d['previous_version']}" if d["previous_version"] else "no earlier version"
+                why = f"took {self.spec.version}" if took else "in flight at the halt"
+                d.update(took=took, result=rs.ROLLBACK_PENDING, reason=f"{why}; rolling back ({back})")
             elif d["result"] == rs.FAILED:
                 d["desired_restored"] = False
         self._save()

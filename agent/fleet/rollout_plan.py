@@ -142,8 +142,9 @@ def select_devices(statuses: dict[str, dict], group: str | None) -> list[str]:
     return sorted(out)
 
 
-def cohort_of(doc: dict, cohort_by: str | None) -> str:
-    """The cohort key of one device: its target, or its primary (best available) provider."""
+def cohort_of(doc: dict, cohort_by: str | None, name: str | None = None) -> str:
+    """The cohort key of one device: its target, or its primary (best available) provider; a status without
+    a provider list falls back to the provider serving this model now."""
     if cohort_by is None:
         return "all"
     if cohort_by == "target":
@@ -151,6 +152,9 @@ def cohort_of(doc: dict, cohort_by: str | None) -> str:
     else:
         providers = doc.get("providers") or []
         value = providers[0] if isinstance(providers, list) and providers else None
+        serving = (doc.get("models") or {}).get(name) if name else None
+        if value is None and isinstance(serving, dict):
+            value = serving.get("provider")
     return str(value) if isinstance(value, str) and NAME_RE.match(value) else UNKNOWN
 
 
@@ -191,7 +195,7 @@ def plan(spec: RolloutSpec, statuses: dict[str, dict]) -> dict[str, Any]:
     wave = parse_count(spec.wave_size, "--wave-size", allow_zero=False)
     members: dict[str, list[str]] = {}
     for dev in selected:
-        members.setdefault(cohort_of(statuses[dev], spec.cohort_by), []).append(dev)
+        members.setdefault(cohort_of(statuses[dev], spec.cohort_by, spec.name), []).append(dev)
     cohorts, devices = {}, {}
     for key in sorted(members):
         waves = split_waves(canary_order(members[key], statuses), canary, wave)

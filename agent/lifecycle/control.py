@@ -17,6 +17,7 @@ from agent.errors import LifecycleError
 from agent.util.atomic import atomic_write_json, read_json
 
 OPS = ("rollback", "cancel")
+MAX_AGE_S = 300.0  # an older request (its CLI gave up long ago) is answered as expired, not executed
 
 
 class StateLock:
@@ -81,7 +82,7 @@ def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args
         raise LifecycleError(f"unknown control operation {op!r}")
     root = Path(state_dir) / "control"
     req_id = f"{time.time_ns()}-{secrets.token_hex(3)}"
-    atomic_write_json(root / f"{req_id}.req.json", {"op": op, **args})
+    atomic_write_json(root / f"{req_id}.req.json", {"op": op, "ts": time.time(), **args})
     done = root / f"{req_id}.done.json"
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -108,6 +109,11 @@ def pending(state_dir: str | os.PathLike) -> list[tuple[str, dict[str, Any] | No
         except (OSError, ValueError):
             out.append((p.name[: -len(".req.json")], None))
     return out
+
+
+def expired(req: dict[str, Any], now: float | None = None) -> bool:
+    ts = req.get("ts")
+    return not isinstance(ts, (int, float)) or (now or time.time()) - ts > MAX_AGE_S
 
 
 def answer(state_dir: str | os.PathLike, req_id: str, result: dict[str, Any]) -> None:

@@ -29,6 +29,11 @@ class MqttMode:
         agent.steps.check_manifest = self.check_manifest
         agent.steps.fetch_manifest = self.fetch_manifest
 
+    def reload_keys(self, paths) -> None:
+        from agent.artifacts.keys import trusted_keys
+
+        self.keys = trusted_keys(list(paths))
+
     def start(self) -> "MqttMode":
         self.link.start()
         return self

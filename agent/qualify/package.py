@@ -79,18 +79,32 @@ def load_package(path: str | Path, *, extract_to: str | Path | None = None, max_
     source = Path(path)
     if not source.exists():
         raise ModelError(f"model package not found: {source}")
-    if source.is_dir():
+    kind = _kind(source)
+    if kind == "dir":
         root = source
-    elif source.name.endswith((".tar.gz", ".tgz", ".tar")):
+    elif kind == "archive":
         dest = Path(extract_to) if extract_to else Path(tempfile.mkdtemp(prefix="edge-agent-pkg-"))
         root = extract_archive(source, dest, max_bytes=max_bytes)
-    elif source.suffix == ".onnx":
-        root = source.parent
     else:
-        raise ModelError(f"{source}: not a model package (expected a directory, .tar.gz or .onnx)")
-    model_path = source if source.suffix == ".onnx" and source.is_file() else _find_model(root)
-    meta = _read_meta(root) if model_path.parent == root and source.suffix != ".onnx" else {}
+        root = source.parent
+    model_path = source if kind == "onnx" else _find_model(root)
+    meta = _read_meta(root) if kind != "onnx" and model_path.parent == root else {}
     return _build(source, root, model_path, meta)
+
+
+def _kind(source: Path) -> str:
+    """dir | archive | onnx, by name or, for content-addressed blobs without a suffix, by magic bytes."""
+    if source.is_dir():
+        return "dir"
+    if source.name.endswith((".tar.gz", ".tgz", ".tar")):
+        return "archive"
+    if source.suffix == ".onnx":
+        return "onnx"
+    with open(source, "rb") as f:
+        head = f.read(512)
+    if head[:2] == b"\x1f\x8b" or head[257:262] == b"ustar":
+        return "archive"
+    return "onnx"  # the checker gives the precise reason if it is not one
 
 
 def _find_model(root: Path) -> Path:

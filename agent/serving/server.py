@@ -52,10 +52,12 @@ class _HTTPServer(ThreadingHTTPServer):
 
 
 class OIPServer:
-    """KServe v2 REST server over a ModelRegistry. port=0 picks a free port (see .port)."""
+    """KServe v2 REST server over a ModelRegistry. port=0 picks a free port (see .port); `collectors`
+    (or add_metrics_collector) add Metric families to /metrics; shutdown(drain_timeout) drains."""
 
     def __init__(self, registry, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
-                 max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float = 60.0, max_connections: int = 256):
+                 max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float = 60.0, max_connections: int = 256,
+                 collectors: Iterable[Callable[[], Iterable[Metric]]] = ()):
         self.registry = registry
         self.token = token or None
         self.max_body_bytes = int(max_body_bytes)
@@ -66,7 +68,7 @@ class OIPServer:
         self._inflight = 0
         self._conns: set[socket.socket] = set()
         self._codes: dict[int, int] = {}
-        self._collectors: list[Callable[[], Iterable[Metric]]] = []
+        self._collectors: list[Callable[[], Iterable[Metric]]] = list(collectors)
         self._router = Router(registry, self._collectors, self._http_metrics)
         handler = type("OIPHandler", (ConnectionHandler,), {"oip": self})
         try:

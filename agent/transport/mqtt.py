@@ -83,6 +83,7 @@ class MqttLink:
         self._pending_subs: dict[int, str] = {}
         self._refusal = threading.Event()
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
+        self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -206,6 +207,7 @@ class MqttLink:
                     pass
                 self.protocol = 4
                 self._client = self._make_client()
+                self._switching = False
 
     def _send_subscribe(self, client, topic_filter: str, qos: int) -> None:
         rc, mid = client.subscribe(topic_filter, qos=qos)
@@ -217,6 +219,7 @@ class MqttLink:
             self.refused = str(reason_code)
             if self._auto and self.protocol == 5 and "protocol" in str(reason_code).lower():
                 self._auto = False
+                self._switching = True
                 self._control.put("downgrade")
             else:
                 self._refusal.set()
@@ -246,8 +249,12 @@ class MqttLink:
                     ctx = ssl.create_default_context(cafile=self.broker.ca)
                     if self.broker.cert:
                         ctx.load_cert_chain(self.broker.cert, self.broker.key)
-                    with ctx.wrap_socket(sock, server_hostname=self.host):
-                        pass
+                    with ctx.wrap_socket(sock, server_hostname=self.host) as tls:
+                        tls.settimeout(2)
+                        try:
+                            tls.recv(1)  # TLS 1.3: a refused client certificate arrives as an alert here
+                        except (socket.timeout, TimeoutError):
+                            pass
         except ssl.SSLError as exc:
             return f"TLS handshake failed: {exc.reason or exc}"
         except OSError as exc:
@@ -257,6 +264,8 @@ class MqttLink:
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
         was = self.connected.is_set()
         self.connected.clear()
+        if not was and not self._switching:
+            self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
         if was and self.on_connection and not self._stopping.is_set():
             self.on_connection(False, f"disconnected: {reason_code}")
 
