@@ -18,8 +18,8 @@ DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
-# Keys whose change SIGHUP can apply without a restart; everything else needs one.
-RELOADABLE = frozenset({"groups", "trust.public_keys", "serving.token_file", "telemetry.interval_s"})
+# Keys a running daemon applies on SIGHUP (agent.app.DeviceAgent.reload); any other change needs a restart.
+RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
 
 
 @dataclass(frozen=True)

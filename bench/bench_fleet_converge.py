@@ -76,6 +76,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--size-mb", type=float, default=1.0)
     ap.add_argument("--canary", default="1")
     ap.add_argument("--wave-size", default="25%")
+    ap.add_argument("--source", choices=["mqtt", "http"], default="mqtt",
+                    help="where devices fetch the artifact: MQTT chunks, or an HTTP server (a CDN stand-in)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -83,7 +85,7 @@ def main(argv=None) -> dict:
 
     from agent.artifacts.keys import generate
     from agent.artifacts.store import ContentStore
-    from agent.fleet.artifact_server import ArtifactServer
+    from agent.fleet.artifact_server import ArtifactServer, serve_http
     from agent.fleet.rollout_plan import RolloutSpec
     from agent.fleet.rollout_run import run_rollout
     from agent.fleet.simulator import Simulator
@@ -96,6 +98,8 @@ def main(argv=None) -> dict:
         key, pub, _ = generate(tmp / "keys")
         cfg = BrokerConfig(broker.url)
         server = ArtifactServer(ContentStore(tmp / "store"), cfg, workers=4).start()
+        httpd = serve_http(ContentStore(tmp / "store"), "127.0.0.1:0") if args.source == "http" else None
+        http_url = f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/{{sha256}}" if httpd else None
         sysbytes = SysBytes(broker.url)
         sim = Simulator(args.devices, broker=cfg, trust=[str(pub)], groups=["bench"], id_prefix="b",
                         sysroots=[str(ROOT / "tests/fixtures/sysroots" / c) for c in CLASSES],
@@ -109,7 +113,8 @@ def main(argv=None) -> dict:
             spec = RolloutSpec("heavy", "1", group="bench", canary=args.canary, wave_size=args.wave_size,
                                deadline_s=1800).validate()
             t0 = time.monotonic()
-            summary = run_rollout(pkg, spec, key_file=key, store=tmp / "store", broker=cfg, wait=True, tick_s=0.5)
+            summary = run_rollout(pkg, spec, key_file=key, store=tmp / "store", broker=cfg, wait=True, tick_s=0.5,
+                                  http_url=http_url, http_only=httpd is not None)
             converge_s = time.monotonic() - t0
             after = sysbytes.settled()
         finally:
@@ -117,6 +122,8 @@ def main(argv=None) -> dict:
             sim.stop()
             server.stop()
             sysbytes.link.stop()
+            if httpd is not None:
+                httpd.shutdown()
         size = _artifact_size(tmp / "store")
         egress = after - before
         doc = {
@@ -125,6 +132,7 @@ def main(argv=None) -> dict:
             "egress_ratio": round(egress / (args.devices * size), 4), "goal_ratio": 1.05,
             "artifact_server": served, "chunk_ratio": round(served.get("bytes", 0) / (args.devices * size), 4),
             "qualification": stats["qualification"], "canary": args.canary, "wave_size": args.wave_size,
+            "source": args.source,
         }
     print(json.dumps(doc, indent=None if args.json else 2))
     return doc

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the MQTT artifact channel against raw paho on the same loopback Mosquitto, in the same run.
 
-    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window 16]
+    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window 32] [--rounds 3]
 
 Prints three figures and their goals:
   throughput   pull of a SIZE artifact (ArtifactServer -> Mosquitto -> ChunkPuller, verified, on disk) divided by
@@ -27,6 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 # --- child processes ---------------------------------------------------------------------------------
 def child_sub(url: str, count: int) -> None:
     """Raw paho subscriber: report when `count` messages have arrived."""
@@ -46,8 +51,9 @@ def child_sub(url: str, count: int) -> None:
     c.on_connect = lambda cl, *a: cl.subscribe("bench/raw", qos=1)
     c.connect(host, int(port))
     c.loop_start()
+    cpu0 = cpu_s()
     done.wait()
-    print("done", time.time(), flush=True)
+    print("done", time.time(), cpu_s() - cpu0, flush=True)
     c.loop_stop()
 
 
@@ -71,7 +77,7 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
     threading.Thread(target=sample, daemon=True).start()
     print("ready", flush=True)
     sys.stdin.readline()
-    t0 = time.time()
+    t0, cpu0 = time.time(), cpu_s()
     def cb(event, done=0, total=1, **_):
         print(event, done, flush=True)
         if event == "chunk" and done >= total // 2:
@@ -81,7 +87,9 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
     puller = ChunkPuller(link, ContentStore(store), window=window, progress=cb if progress else None)
     puller.pull(m)
     stop.set()
-    print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024, json.dumps(puller.stats, separators=(",", ":")), flush=True)
+    stats = dict(puller.stats, cpu_s=cpu_s() - cpu0)
+    print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024,
+          json.dumps(stats, separators=(",", ":")), flush=True)
     link.stop()
 
 
@@ -114,10 +122,10 @@ def raw_paho(url: str, data: bytes, chunk: int) -> float:
     view = memoryview(data)
     for i in range(count):
         pub.publish("bench/raw", bytes(view[i * chunk:(i + 1) * chunk]), qos=1)
-    t1 = float(expect(sub, "done")[0])
+    t1, cpu = map(float, expect(sub, "done"))
     pub.loop_stop()
     sub.wait(30)
-    return t1 - t0
+    return t1 - t0, cpu
 
 
 def make(tmp: Path, size: int, chunk: int):
@@ -180,15 +188,22 @@ def main() -> int:
         tmp = Path(td)
         cp, m, data, mf = make(tmp, size, chunk)
         server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
-        raws, pulls = [], []
+        raws, pulls, raw_cpu, pull_cpu = [], [], [], []
         for r in range(args.rounds):  # interleaved: a shared, noisy machine hits both alike
-            raws.append(raw_paho(broker.url, data, chunk))
-            pulls.append(pull_once(broker.url, tmp / f"dev1-{r}", mf, args.window)[0])
-        raw_s, pull_s = sorted(raws)[len(raws) // 2], sorted(pulls)[len(pulls) // 2]
+            wall, cpu = raw_paho(broker.url, data, chunk)
+            raws.append(wall)
+            raw_cpu.append(cpu)
+            wall, _, stats = pull_once(broker.url, tmp / f"dev1-{r}", mf, args.window)
+            pulls.append(wall)
+            pull_cpu.append(stats["cpu_s"])
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        raw_s, pull_s = med(raws), med(pulls)
         ratio = raw_s / pull_s
         print(f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
-              f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}, {args.size_mb} MB, chunk {chunk}, "
-              f"window {args.window}]")
+              f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}: raw {[round(size / x / 1e6) for x in raws]}, "
+              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {args.window}]")
+        print(f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
+              f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)")
 
         before = server.stats["bytes"]
         killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill=True)

@@ -100,7 +100,11 @@ device_id() {  # mirrors agent.config.default_device_id
   s="$(readf /etc/machine-id | tr -d '[:space:]')"
   if [[ "$s" =~ ^[0-9a-fA-F]{32}$ ]] && [ -n "${s//0/}" ]; then echo "edge-$(echo "${s:0:12}" | tr 'A-F' 'a-f')"; fi
 }
-clean_id() { local c; c="$(echo "$1" | tr -cd 'A-Za-z0-9' | tr 'A-Z' 'a-z')"; echo "edge-${c: -16}"; }
+clean_id() {  # alphanumerics, lower case, the last 16 (as Python's [-16:])
+  local c; c="$(echo "$1" | tr -cd 'A-Za-z0-9' | tr 'A-Z' 'a-z')"
+  [ ${#c} -le 16 ] || c="${c: -16}"
+  echo "edge-$c"
+}
 
 detect_target() {  # a shell rendition of agent.targets.match for the device classes install.sh cares about
   local compat model arch
@@ -114,8 +118,8 @@ detect_target() {  # a shell rendition of agent.targets.match for the device cla
   esac
   [ -e "$R/etc/nv_tegra_release" ] && { echo jetson-orin; return; }
   case "$model" in
-    *"Raspberry Pi 5"*|*"Compute Module 5"*|*"Raspberry Pi 500"*) echo raspberry-pi-5; return ;;
-    *"Raspberry Pi 4"*|*"Compute Module 4"*|*"Raspberry Pi 400"*) echo raspberry-pi-4; return ;;
+    *"Raspberry Pi 5"*|*"Compute Module 5"*) echo raspberry-pi-5; return ;;  # also Pi 500
+    *"Raspberry Pi 4"*|*"Compute Module 4"*) echo raspberry-pi-4; return ;;  # also Pi 400
   esac
   if [[ "$compat" == *qcom,* ]] || [ -e "$R/dev/fastrpc-cdsp" ]; then echo qualcomm-snapdragon; return; fi
   if [ "$arch" = x86_64 ] && grep -q 'GenuineIntel' "$R/proc/cpuinfo" 2>/dev/null; then echo intel-x86_64; return; fi

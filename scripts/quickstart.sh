@@ -81,7 +81,7 @@ if [ "$MODE" = mqtt ]; then
   MQ_PORT="$(free_port)"
   printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQ_PORT" > "$WORK/mosquitto.conf"
   "$MOSQ" -c "$WORK/mosquitto.conf" > "$WORK/mosquitto.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=("$!")
   wait_port "$MQ_PORT" "$!" mosquitto
   BROKER="mqtt://127.0.0.1:$MQ_PORT"
   info "$BROKER (mosquitto pid $!)"
@@ -108,11 +108,12 @@ DEVICE=quickstart-device
     echo "inbox: $WORK/inbox"
   fi
 } > "$WORK/agent.yaml"
-"$EA" config check "$WORK/agent.yaml" | sed 's/^/    /' | head -3
+CHECK="$("$EA" config check "$WORK/agent.yaml")" || fail "the generated config does not validate"
+echo "$CHECK" | sed -n '1,3s/^/    /p'
 # A short probation so the demo commits quickly (production default: 60 s).
 EDGE_AGENT_PROBATION_S="${EDGE_AGENT_PROBATION_S:-5}" "$EA" run --config "$WORK/agent.yaml" > "$WORK/agent.log" 2>&1 &
 AGENT_PID=$!
-PIDS+=($AGENT_PID)
+PIDS+=("$AGENT_PID")
 wait_port "$HTTP_PORT" "$AGENT_PID" "the agent"
 URL="http://127.0.0.1:$HTTP_PORT"
 info "agent pid $AGENT_PID serving the KServe v2 API on $URL (log: $WORK/agent.log)"
@@ -128,7 +129,7 @@ EOF
 NAME="sample-$MODEL"
 if [ "$MODE" = mqtt ]; then
   "$EA" fleet serve --store "$WORK/cp-store" --broker "$BROKER" > "$WORK/artifact-server.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=("$!")
   info "artifact server pid $! (answers chunk requests over MQTT)"
   if ! "$EA" fleet push "$WORK/pkg" --name "$NAME" --version 1 --device "$DEVICE" --key "$WORK/keys/fleet.key" \
       --store "$WORK/cp-store" --broker "$BROKER" --wait "$TIMEOUT" 2>&1 | sed 's/^/    /'; then
@@ -184,7 +185,7 @@ out = resp["outputs"][0]
 y = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 print(f"    POST {url}/v2/models/{name}/infer -> model_version {resp.get('model_version')}, "
       f"output {out['name']} {out['shape']} in {ms:.1f} ms (HTTP round trip)")
-if y.ndim == 2 and y.shape[1] > 1:
+if name.endswith("cnn"):  # a classifier: show the class it picked
     print(f"    predicted class {int(y.argmax())} (golden: {int(golden.argmax())})")
 print(f"    max |output - golden reference| = {float(np.abs(y - golden).max()):.3g}")
 EOF
@@ -218,3 +219,8 @@ for r in d.get("results", []):
           f"{f(lat.get('p99'), '.3f'):>9}  {r.get('reason') or ''}")
 print(f"    selected: {d.get('selected')} ({d.get('selected_precision') or 'default precision'}): {d.get('reason')}")
 EOF
+
+if [ "$MODE" = mqtt ]; then
+  step "The fleet as the control plane sees it (edge-agent fleet status)"
+  "$EA" fleet status --broker "$BROKER" 2>&1 | sed 's/^/    /' || true
+fi

@@ -206,8 +206,9 @@ def test_changed_keys_splits_reloadable(files, tmp_path):
     changed = full(files)
     changed["telemetry"]["interval_s"] = 5
     changed["serving"]["port"] = 9001
+    changed["groups"] = ["lab"]
     reload, restart = changed_keys(a, parse_config(changed, base_dir=tmp_path))
-    assert reload == {"telemetry.interval_s"} and restart == {"serving.port"}
+    assert reload == {"telemetry.interval_s"} and restart == {"serving.port", "groups"}
 
 
 def _cli(*args):

@@ -148,3 +148,16 @@ def test_unit_hardening_exposure(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr
         assert "Overall exposure level for edge-agent.service: 1." in r.stdout
+
+
+@pytest.mark.parametrize("files", [
+    {"proc/device-tree/serial-number": "1423a0b7c9d8\0"},  # short Jetson-style serial
+    {"proc/device-tree/serial-number": "QCS6490-00A1-B2C3-D4E5-F6071829\0"},  # long, punctuated
+    {"proc/cpuinfo": "Serial\t\t: 10000000abcdef01\n"},
+    {"proc/cpuinfo": "Serial\t\t: 0000000000000000\n", "etc/machine-id": "0123456789ABCDEF0123456789abcdef\n"},
+], ids=["dt-short", "dt-long", "cpuinfo", "machine-id"])
+def test_shell_device_id_matches_the_agent(tmp_path, files):
+    root = sysroot(tmp_path / "dev", files)
+    out = install(root, "--dry-run").stdout
+    expected, _ = default_device_id(root)
+    assert f"(device_id: {expected})" in out, out

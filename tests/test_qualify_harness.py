@@ -113,3 +113,17 @@ def test_isolated_exception_and_in_process_mode():
     assert not res.ok and res.kind == "exception" and "ModelError" in res.error
     local = run_isolated("os:getpid", {}, timeout=5, isolate=False)
     assert local.ok and local.value == os.getpid()
+
+
+def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
+    from agent.qualify import harness
+
+    monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)  # treat any two passing rows as a close call
+    events = []
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"],
+                progress=lambda e, **f: events.append(e), **FAST)
+    passed = [r for r in d.results if r.status == "passed"]
+    assert len(passed) == 2 and events.count("confirm") == 2
+    for r in passed:
+        assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
+        assert "samples_ms" not in r.to_dict()["latency_ms"]

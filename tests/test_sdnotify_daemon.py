@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -134,6 +135,24 @@ def test_ready_watchdog_and_sigterm_drain(daemon):
     sd.wait_for(lambda ms: sum("WATCHDOG" in m for m in ms) >= n + 3, 60, "3 more WATCHDOG=1 from the main loop")
     wait_http(f"{base}/v2/models/tiny/ready", proc, 240, log)
     assert any("STATUS" in m for m in sd.messages)
+
+    # SIGHUP: RELOADING=1 (with MONOTONIC_USEC), the live part applied, then READY=1 again.
+    conf = log.parent / "agent.yaml"
+    conf.write_text(conf.read_text() + "telemetry: {interval_s: 30}\n")
+    reloads = sd.count("RELOADING")
+    proc.send_signal(signal.SIGHUP)
+
+    def reloaded(ms):
+        marks = [i for i, m in enumerate(ms) if "RELOADING" in m]
+        return len(marks) > reloads and any(m.get("READY") == "1" for m in ms[marks[-1]:])
+
+    msgs = sd.wait_for(reloaded, 60, "RELOADING=1 then READY=1")
+    reloading = [m for m in msgs if "RELOADING" in m][-1]
+    assert int(reloading["MONOTONIC_USEC"]) > 0
+    deadline = time.monotonic() + 30
+    while not re.search(r"^reloaded applied=\S*telemetry\.interval_s", log.read_text(), re.M):
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
 
     # Requests in flight: headers and half the body sent, so the server is inside each of them.
     body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",

@@ -98,3 +98,32 @@ def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):
             proc.kill()
             proc.wait(10)
     assert (tmp_path / "fleet" / "sim-rpi4-4gb-1" / "status.json").is_file()  # each device has its own state
+
+
+def test_rollout_through_nats_mqtt_gateway_unchanged(nats_mqtt, tmp_path):
+    """The same rollout over a second, clusterable MQTT implementation (NATS speaks MQTT 3.1.1 only: no shared
+    subscriptions, retained messages in JetStream)."""
+    from agent.artifacts.keys import generate
+    from agent.artifacts.store import ContentStore
+    from agent.fleet.artifact_server import ArtifactServer
+    from agent.fleet.rollout_plan import RolloutSpec
+    from agent.fleet.rollout_run import run_rollout
+    from agent.fleet.simulator import Simulator
+    from agent.samples import sample_tiny_package
+    from agent.transport.mqtt import BrokerConfig
+
+    key, pub, _ = generate(tmp_path / "keys")
+    cfg = BrokerConfig(nats_mqtt.url)
+    server = ArtifactServer(ContentStore(tmp_path / "store"), cfg).start()
+    sim = Simulator(4, broker=cfg, trust=[str(pub)], groups=["n"], state_dir=str(tmp_path / "sim"),
+                    sysroots=[str(SYSROOTS / "rpi5-8gb"), str(SYSROOTS / "amd-epyc-x86")])
+    try:
+        sim.start()
+        spec = RolloutSpec("tiny", "1", group="n", cohort_by="target", canary="1", deadline_s=120).validate()
+        summary = run_rollout(sample_tiny_package(tmp_path / "pkg", version="1"), spec, key_file=key,
+                              store=tmp_path / "store", broker=cfg, wait=True, tick_s=0.5)
+    finally:
+        sim.stop()
+        server.stop()
+    assert summary["state"] == "completed" and summary["counts"] == {"succeeded": 4}, summary
+    assert set(summary["cohorts"]) == {"raspberry-pi-5", "generic-x86_64"}

@@ -88,7 +88,10 @@ def cli():
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: one clear line on error, never a traceback (unless debugging)."""
     try:
-        cli.main(args=argv, prog_name="edge-agent", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="edge-agent", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit(code)'s code instead of exiting.
+        if isinstance(rc, int) and rc != 0:
+            sys.exit(rc)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

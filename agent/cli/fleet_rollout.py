@@ -60,11 +60,14 @@ def render_summary(doc: dict) -> str:
 @click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key).")
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state.")
 @click.option("--http-url", metavar="URL", help="Also offer the artifact over HTTP(S) at URL (e.g. a CDN); {sha256} is substituted.")
+@click.option("--chunk-size", type=click.IntRange(1024, 8 * 1024 * 1024), default=256 * 1024, show_default=True,
+              help="Bytes per chunk (and per chunk hash in the manifest).")
+@click.option("--http-only", is_flag=True, help="Offer the artifact only at --http-url (keeps artifact bytes off the broker).")
 @click.option("--wait", is_flag=True, help="Drive the rollout to its end; without it, advance it once and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @broker_options
 def rollout(package, name, version, group, all_devices, cohort_by, canary, wave_size, max_failures, deadline,
-            key_file, store, http_url, wait, as_json, **broker_kw):
+            key_file, store, chunk_size, http_url, http_only, wait, as_json, **broker_kw):
     """Roll PACKAGE out as NAME VERSION: canary first (per cohort), then waves that must each pass before the
     next; a cohort whose failures pass --max-failures halts and every device that took the version is rolled
     back with signed rollback manifests. State lives in STORE/rollouts/: run the same command again to
@@ -77,7 +80,9 @@ def rollout(package, name, version, group, all_devices, cohort_by, canary, wave_
     spec = RolloutSpec(name, version, group=group, cohort_by=cohort_by, canary=canary, wave_size=wave_size,
                        max_failures=max_failures, deadline_s=deadline).validate()
     summary = run_rollout(package, spec, key_file=key_file, store=store, broker=_broker(broker_kw),
-                          prefix=broker_kw["prefix"], http_url=http_url, wait=wait, progress=_render_progress)
+                          prefix=broker_kw["prefix"], http_url=http_url, http_only=http_only, wait=wait,
+                          chunk_size=chunk_size,
+                          progress=_render_progress)
     click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else render_summary(summary))
     if summary["state"] in ("halted", "partial"):
         sys.exit(1)

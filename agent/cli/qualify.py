@@ -19,6 +19,8 @@ def _progress(event: str, **f) -> None:
         reason = f" - {f['reason']}" if f.get("reason") and f.get("status") != "passed" else ""
         lead = "\r" if tty else ""
         click.echo(f"{lead}qualify: {name}{prec}: {f.get('status')}{reason}", err=True)
+    elif event == "confirm":
+        click.echo(f"qualify: {name}{prec}: close call, measuring again", err=True)
     elif event == "session":
         click.echo(f"qualify: {name}{prec}: creating session", err=True)
     elif event == "latency" and "runs" in f and tty:

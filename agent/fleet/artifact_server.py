@@ -24,7 +24,7 @@ MAX_REQUEST_BYTES = 64 * 1024 * 1024  # answers one request may cause
 
 class ArtifactServer:
     def __init__(self, store: ContentStore, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, *, workers: int = 2,
-                 max_outstanding: int = 32, progress: Callable[..., None] | None = None, client_id: str | None = None):
+                 max_outstanding: int = 128, progress: Callable[..., None] | None = None, client_id: str | None = None):
         self.store, self.topics = store, Topics(prefix)
         self.link = MqttLink(broker, client_id=client_id, max_inflight=max_outstanding, max_queued=100000)
         self.workers, self.max_outstanding, self.progress = workers, max_outstanding, progress

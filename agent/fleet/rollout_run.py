@@ -35,9 +35,14 @@ def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int 
     return {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
 
 
-def _sources(artifact: dict, http_url: str | None) -> list[dict]:
-    src = [{"type": "mqtt"}]
+def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> list[dict]:
+    """MQTT chunks (and an http(s) URL, e.g. a CDN); http_only keeps the artifact bytes off the broker."""
+    if http_only and not http_url:
+        raise ConfigError("--http-only needs --http-url URL (where devices download the artifact)")
+    src = [] if http_only else [{"type": "mqtt"}]
     if http_url:
+        if not http_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--http-url: expected an http:// or https:// URL, got {http_url!r}")
         src.append({"type": "http", "url": http_url.replace("{sha256}", artifact["sha256"])})
     return src
 
@@ -57,7 +62,7 @@ def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dic
             prev, sha = d["previous_version"], d.get("previous_sha256")
             if prev is None or prev in manifests:
                 continue
-            found = stored_artifact(store, sha) if sha else None
+            found = stored_artifact(store, sha, chunk_size=artifact["chunk_size"]) if sha else None
             if found is None:
                 warnings.append(f"{dev}: version {prev} ({(sha or 'sha256 unknown')[:16]}) is not in {store}; "
                                 "that device cannot be rolled back automatically")
@@ -71,16 +76,18 @@ def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dic
 
 
 def run_rollout(package, spec: RolloutSpec, *, key_file, store, broker, prefix: str = "edge",
-                http_url: str | None = None, wait: bool = True, progress: Callable[..., None] | None = None,
-                stop=None, tick_s: float = 1.0) -> dict[str, Any]:
+                http_url: str | None = None, http_only: bool = False, wait: bool = True,
+                progress: Callable[..., None] | None = None, stop=None, tick_s: float = 1.0,
+                chunk_size: int = DEFAULT_CHUNK) -> dict[str, Any]:
     """Start or resume the rollout of `package` described by `spec`; returns the summary document."""
     from agent.artifacts.keys import load_private_key
 
     progress = progress or (lambda event, **f: None)
     key = load_private_key(key_file)
+    _sources({"sha256": ""}, http_url, http_only)  # bad flags fail before anything is stored
     Path(store).mkdir(parents=True, exist_ok=True)
-    artifact = _push().store_package(package, store)
-    sources = _sources(artifact, http_url)
+    artifact = _push().store_package(package, store, chunk_size)
+    sources = _sources(artifact, http_url, http_only)
     with FleetLink(broker, prefix) as link:
         extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
         state, resumed = open_rollout(store, spec, link.statuses(), {"sha256": artifact["sha256"],

@@ -6,6 +6,7 @@ import copy
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,10 +73,32 @@ class Simulator:
                 cls = self.classes[i % len(self.classes)]
                 n = counters[cls.name] = counters.get(cls.name, 0) + 1
                 self.start_device(f"{self.id_prefix}-{cls.name}-{n}"[:64], cls)
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Return once every device is connected and its retained status is visible on the broker (what a
+        control plane selecting devices will read); TransportError naming the missing ones otherwise."""
+        from agent.errors import TransportError
+        from agent.fleet.status import FleetWatch
+
+        deadline = time.monotonic() + timeout
+        for dev, agent in list(self.agents.items()):
+            link = getattr(getattr(agent, "link", None), "link", None)
+            if link is not None and not link.wait_connected(max(0.1, deadline - time.monotonic())):
+                raise TransportError(f"simulated device {dev} could not connect to {self.broker.redacted()}")
+        with FleetWatch(self.broker, self.prefix) as watch:
+            while True:
+                missing = [d for d in self.agents if not (watch.status.get(d) or {}).get("online")]
+                if not missing:
+                    return
+                if time.monotonic() > deadline:
+                    raise TransportError(f"{len(missing)} simulated devices have no retained status on the broker "
+                                         f"after {timeout:g} s (first: {missing[0]})")
+                watch.drain(timeout=0.5)
 
     def start_device(self, device_id: str, cls: DeviceClass):
         """Create and start one agent (also used to bring a stopped device back)."""

@@ -45,6 +45,7 @@ class Row:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["key"] = self.key
+        d["latency_ms"] = {k: v for k, v in (self.latency_ms or {}).items() if k != "samples_ms"}
         return d
 
     @classmethod

@@ -79,6 +79,7 @@ def summarize(samples: list[float], *, warmup_runs: int = 0, total_s: float | No
         "supported": {"p50": n >= 1, "p90": n >= P90_MIN_RUNS, "p99": n >= P99_MIN_RUNS},
         "throughput_ips": (n * batch / total_s) if total_s > 0 else None,
         "batch": batch,
+        "samples_ms": [round(x, 6) for x in arr.tolist()],  # kept for merging rounds; dropped from JSON
     }
 
 
