@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the MQTT artifact channel against raw paho on the same loopback Mosquitto, in the same run.
 
-    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window 32] [--rounds 3]
+    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window CHUNKS] [--rounds 3]
 
 Prints three figures and their goals:
   throughput   pull of a SIZE artifact (ArtifactServer -> Mosquitto -> ChunkPuller, verified, on disk) divided by
@@ -84,10 +84,11 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
             print("paused", done, flush=True)
             sys.stdin.readline()  # wait for the SIGKILL (chunks in flight keep arriving, then die with us)
 
-    puller = ChunkPuller(link, ContentStore(store), window=window, progress=cb if progress else None)
+    puller = ChunkPuller(link, ContentStore(store), window=window or None, progress=cb if progress else None)
     puller.pull(m)
     stop.set()
     stats = dict(puller.stats, cpu_s=cpu_s() - cpu0)
+    stats["window"] = puller.window
     print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024,
           json.dumps(stats, separators=(",", ":")), flush=True)
     link.stop()
@@ -176,7 +177,7 @@ def main() -> int:
     ap.add_argument("--size-mb", type=int, default=64)
     ap.add_argument("--rss-size-mb", type=int, default=256)
     ap.add_argument("--chunk-size", type=int, default=256 * 1024)
-    ap.add_argument("--window", type=int, default=32)
+    ap.add_argument("--window", type=int, default=0, help="chunks in flight (default: 16 MiB worth)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     from agent.fleet.artifact_server import ArtifactServer
@@ -201,7 +202,7 @@ def main() -> int:
         ratio = raw_s / pull_s
         print(f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
               f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}: raw {[round(size / x / 1e6) for x in raws]}, "
-              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {args.window}]")
+              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {stats['window']} chunks]")
         print(f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
               f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)")
 

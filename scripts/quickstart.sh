@@ -87,6 +87,8 @@ if [ "$MODE" = mqtt ]; then
   info "$BROKER (mosquitto pid $!)"
   step "Fleet signing keys"
   "$EA" keys generate --out "$WORK/keys" | sed 's/^/    /'
+elif [ -n "$MOSQ" ]; then
+  step "Local inbox mode (--local: no broker; packages are moved into the agent's inbox)"
 else
   step "Local inbox mode (no mosquitto installed: apt-get install mosquitto for the MQTT path)"
 fi

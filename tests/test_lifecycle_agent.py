@@ -74,6 +74,7 @@ def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
         dep = wait_for(lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal),
                                     None), 60, "rollback")
         assert dep.state.value == "rolled_back" and "NaN" in dep.reason
+        wait_for(lambda: a.registry.models().get("tiny") == "1", 60, "v1 back")  # journaled first, then swapped
         assert infer(a.url) == ("1", [1.0] * 4)
         assert a.steps.slots.get("tiny")["previous"] is None  # the failed version never became a slot
     finally:

@@ -72,7 +72,7 @@ def pair(fleet):
 
 
 def _roll(fleet, package, name, version, group, **kw):
-    spec = RolloutSpec(name, version, group=group, deadline_s=WAIT_S, **kw).validate()
+    spec = RolloutSpec(name, version, group=group, **{"deadline_s": WAIT_S, **kw}).validate()
     return run_rollout(package, spec, key_file=fleet.key, store=fleet.store, broker=fleet.cfg, wait=True, tick_s=0.5)
 
 
@@ -226,3 +226,13 @@ def test_control_plane_killed_mid_rollout_resumes_where_it_was(fleet, pair, tmp_
     # Running the finished rollout again (without --wait) is a no-op that reports the same summary.
     again = subprocess.run([a for a in argv if a != "--wait"], capture_output=True, text=True, timeout=WAIT_S)
     assert again.returncode == 0 and json.loads(again.stdout)["counts"] == {"succeeded": 6}, again.stderr
+
+
+def test_a_device_that_stays_silent_counts_as_failed_at_the_deadline(fleet, tmp_path):
+    quiet = fleet.simulator(1, "quiet", ["rpi4-4gb"], "qt")
+    gone = sorted(quiet.agents)[0]
+    quiet.stop_device(gone)  # graceful: its retained status now says online: false
+    summary = _roll(fleet, _package(tmp_path, "quiet", "1"), "quiet", "1", "quiet", deadline_s=5)
+    (row,) = summary["devices"]
+    assert summary["state"] == "halted" and row["device_id"] == gone
+    assert row["result"] == "failed" and row["reason"] == "silent: no result within 5 s (offline)"

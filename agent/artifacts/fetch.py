@@ -14,7 +14,7 @@ from agent.errors import ArtifactError
 
 
 def fetch_artifact(manifest: Manifest, store: ContentStore, *, link=None, progress: Callable[..., None] | None = None,
-                   order=("mqtt", "http"), stall_timeout: float = 30.0, window: int = 32, reserve_bytes: int = 0,
+                   order=("mqtt", "http"), stall_timeout: float = 30.0, window: int | None = None, reserve_bytes: int = 0,
                    ca: str | None = None) -> Path:
     """Return the blob path; ArtifactError naming every source's failure when none delivered."""
     if store.has(manifest.artifact.sha256):

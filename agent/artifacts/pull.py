@@ -14,11 +14,12 @@ from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.manifest import Manifest
-from agent.artifacts.staging import Staging
+from agent.artifacts.staging import RECOVER_GAP, Staging
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 
 Progress = Callable[..., None]
+DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024  # chunks in flight x chunk_size: the device's memory bound
 
 
 def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str) -> None:
@@ -31,11 +32,13 @@ def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str)
 class ChunkPuller:
     """Pull artifacts through a DeviceLink (anything with chunk_channel(sha) -> ChunkChannel)."""
 
-    def __init__(self, link, store: ContentStore, *, window: int = 32, request_timeout: float = 5.0,
+    def __init__(self, link, store: ContentStore, *, window: int | None = None,
+                 window_bytes: int = DEFAULT_WINDOW_BYTES, request_timeout: float = 5.0,
                  stall_timeout: float = 30.0, max_bad: int = 3, reserve_bytes: int = 0,
                  progress: Progress | None = None):
         self.link, self.store = link, store
-        self.window, self.request_timeout, self.stall_timeout = max(1, window), request_timeout, stall_timeout
+        self._window, self.window_bytes = window, window_bytes
+        self.window, self.request_timeout, self.stall_timeout = max(1, window or 1), request_timeout, stall_timeout
         self.max_bad, self.reserve_bytes, self.progress = max_bad, reserve_bytes, progress
         self.stats: dict[str, int] = {}
 
@@ -43,6 +46,8 @@ class ChunkPuller:
         a = manifest.artifact
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
+        if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
+            self.window = max(4, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:

@@ -19,7 +19,7 @@ from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 from agent.util.atomic import atomic_write_json, read_json
 
-RECOVER_GAP = 64  # more than any window: unwritten chunks in a row that end the recovery scan
+RECOVER_GAP = 256  # more than any automatic window: unwritten chunks in a row that end the recovery scan
 
 
 class Staging:

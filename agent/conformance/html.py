@@ -101,6 +101,9 @@ def _matrix(doc: dict[str, Any]) -> str:
             fill = "#eee" if n == 0 else _ratio_color(ok / n)
             svg.append(f"<rect x='{left + j * cw}' y='{y}' width='{cw - 2}' height='{rh - 1}' fill='{fill}'>"
                        f"<title>{escape(op)} on {escape(k)}: {ok}/{n} passed</title></rect>")
+            if n:
+                svg.append(f"<text x='{left + j * cw + cw / 2 - 1}' y='{y + 10}' text-anchor='middle' "
+                           f"font-size='9' fill='#fff'>{ok}/{n}</text>")
     svg.append("</svg>")
     return (f"<h2>Pass matrix by operator and provider ({len(ops)} operators)</h2><p class='note'>green = every case of "
             "the operator passed, red = none, amber in between, grey = not run. Hover for counts.</p>" + "".join(svg))

@@ -16,6 +16,7 @@ from agent.lifecycle.recovery import recover
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import SERVING_NEW, Event, State
 from agent.lifecycle.steps import Steps
+from agent.lifecycle.table import next_state
 
 CRASH_ENV = "EDGE_AGENT_TEST_CRASH_AT"  # test-only: SIGKILL the process right after journaling this state
 DEADLINES_S: dict[State, float] = {
@@ -197,12 +198,14 @@ class Orchestrator:
                 limit = self.deadlines.get(dep.state)
                 ctx.deadline = time.monotonic() + limit if limit else None
             event, reason, data = self._step(dep, ctx)
+            if next_state(dep.state, event) in (State.ROLLED_BACK, State.FAILED) and not self._stopping:
+                # the committed slot serves again before the journal says so (a crash in between: recovery
+                # finds activating/probation and rolls back the same way)
+                self.steps.ensure_committed(dep.model)
             with self._lock:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
                 self._enter(dep, event, reason, **data)
-            if dep.state is State.ROLLED_BACK or (dep.state is State.FAILED and event is not Event.REJECT):
-                self.steps.ensure_committed(dep.model)
 
     def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
         try:
