@@ -126,8 +126,12 @@ def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a YAML config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected a YAML config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

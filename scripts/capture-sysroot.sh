@@ -62,7 +62,8 @@ else
        /sys/devices/soc0/vendor /sys/class/kgsl/kgsl-3d0/gpu_model
   copy /sys/devices/platform/soc/soc:firmware/get_throttled /sys/devices/platform/*/*firmware*/get_throttled
   copy /sys/class/thermal/thermal_zone*/type /sys/class/thermal/thermal_zone*/temp
-  copy /sys/class/dmi/id/sys_vendor /sys/class/dmi/id/product_name /sys/class/dmi/id/board_vendor \
+  copy /sys/class/dmi/id/sys_vendor /sys/class/dmi/id/product_name /sys/class/dmi/id/product_version \
+       /sys/class/dmi/id/board_vendor \
        /sys/class/dmi/id/board_name /sys/class/dmi/id/bios_version
   copy /sys/bus/pci/devices/*/vendor /sys/bus/pci/devices/*/device /sys/bus/pci/devices/*/class
   copy /sys/bus/usb/devices/*/idVendor /sys/bus/usb/devices/*/idProduct

@@ -59,7 +59,7 @@ def test_profile_this_machine_json():
 def test_missing_sysroot_is_one_line_error(tmp_path):
     res = run_cli("profile", "--sysroot", str(tmp_path / "nope"))
     assert res.returncode != 0 and res.stdout == ""
-    assert res.stderr.strip().splitlines() == [f"error: --sysroot {tmp_path / 'nope'}: no such directory"]
+    assert res.stderr.strip().splitlines() == [f"error: --sysroot {tmp_path / 'nope'}: no such directory or capture tarball"]
 
 
 def test_broken_targets_dir_is_reported_not_raised(tmp_path):
@@ -88,3 +88,29 @@ def test_profile_reads_a_capture_tarball(tmp_path):
     (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
     res = run_cli("profile", "--sysroot", str(tmp_path / "junk.tar.gz"))
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1 and "capture tarball" in res.stderr
+
+
+def test_help_of_profile_providers_and_config_gives_examples():
+    for args in (["profile", "--help"], ["providers", "--help"], ["config", "--help"], ["config", "check", "--help"]):
+        res = run_cli(*args)
+        assert res.returncode == 0 and "Examples:" in res.stdout and "edge-agent " in res.stdout.split("Examples:")[1], args
+
+
+def test_unseen_captures_profile_through_the_cli():
+    """Devices added in the quality pass, read the way a user does: arch, board, cores, accelerators, target."""
+    want = {"jetson-agx-orin-64gb-jp61": ("aarch64", "NVIDIA Jetson AGX Orin Developer Kit", 12, {"gpu", "npu"}, "jetson-orin"),
+            "intel-lunarlake-npu": ("x86_64", "ThinkPad X1 Carbon Gen 13", 8, {"gpu", "npu"}, "intel-x86_64"),
+            "rpi-cm4-coral": ("aarch64", "Raspberry Pi Compute Module 4 Rev 1.1", 4, {"tpu"}, "raspberry-pi-4"),
+            "apple-m3-max": ("aarch64", "Mac15,9", 16, {"gpu", "npu"}, "apple-silicon"),
+            "ampere-altra-cax31": ("aarch64", "vServer", 8, set(), "generic-aarch64")}
+    from click.testing import CliRunner
+
+    from agent.cli.profile import profile
+
+    for name, (arch, board, cores, kinds, target) in want.items():
+        out = CliRunner().invoke(profile, ["--sysroot", str(SYSROOTS / name), "--json"])
+        assert out.exit_code == 0, out.output
+        d = json.loads(out.output)
+        got = (d["arch"], d["board"]["model"], d["cpu"]["cores"], {a["kind"] for a in d["accelerators"]}, d["target"])
+        assert got == (arch, board, cores, kinds, target), name
+        assert d["notes"] == [], name

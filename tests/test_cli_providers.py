@@ -96,7 +96,11 @@ def test_empty_and_garbage_sysroots_give_valid_json(tmp_path, files):
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
     res = cli("--sysroot", str(tmp_path / "missing"))
-    assert res.returncode != 0 and "Traceback" not in res.stderr and "does not exist" in res.stderr
+    assert res.returncode != 0 and res.stderr.strip().splitlines() == [
+        f"error: --sysroot {tmp_path / 'missing'}: no such directory or capture tarball"]
+    (tmp_path / "junk.tar.gz").write_bytes(b"not a tarball")
+    res = cli("--sysroot", str(tmp_path / "junk.tar.gz"))
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1 and "capture tarball" in res.stderr
     res = cli("--target", "no-such-target")
     assert res.returncode != 0 and "Traceback" not in res.stderr
     assert res.stderr.strip().startswith("error:") and len(res.stderr.strip().splitlines()) == 1
@@ -129,3 +133,25 @@ def test_verify_opens_real_sessions_on_the_available_providers():
     assert rows["openvino"]["verified"]["precision"] == ("bf16" if has_bf16(detect("/")) else "f32")
     assert "verified" not in rows["tensorrt"]
     assert cli("--verify", "--sysroot", str(ROOT)).returncode != 0
+
+
+def test_capture_tarball_and_new_device_classes_rank_as_their_targets(tmp_path):
+    import tarfile
+
+    from click.testing import CliRunner
+
+    from agent.cli.providers import providers
+
+    archive = tmp_path / "orin.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(SYSROOTS / "jetson-agx-orin-64gb-jp61", arcname=".")
+    runner = CliRunner()
+    rows = json.loads(runner.invoke(providers, ["--sysroot", str(archive), "--json"]).output)
+    assert [r["name"] for r in rows[:3]] == ["tensorrt", "cuda", "cpu"]
+    assert "JetPack 6.1" in rows[0]["remedy"]
+    rows = json.loads(runner.invoke(providers, ["--sysroot", str(SYSROOTS / "intel-lunarlake-npu"), "--json"]).output)
+    assert rows[0]["name"] == "openvino" and rows[0]["devices"][0] == "NPU"
+    for name, alt in (("apple-m3-max", "coreml"), ("qualcomm-qcs6490", "qnn"), ("rpi-cm4-coral", "use cpu")):
+        rows = json.loads(runner.invoke(providers, ["--sysroot", str(SYSROOTS / name), "--json"]).output)
+        trt = next(r for r in rows if r["name"] == "tensorrt")
+        assert alt in trt["remedy"] and "openvino" not in trt["remedy"], (name, trt["remedy"])

@@ -64,6 +64,31 @@ EXPECTED = {
     "apple-m2": dict(arch="aarch64", board="Mac14,2", soc="Apple M2", cores=8, cpu="Apple M2", memory=16 * GIB,
                      accels={("gpu", "apple", None), ("npu", "apple", None)}, software={"macos": "14.6.1", "rosetta": False},
                      target="apple-silicon", os="macOS 14.6.1", throttling=None, temp=None),
+    # Captures added in the quality pass (devices no other fixture covers).
+    "rpi-cm4-coral": dict(arch="aarch64", board="Raspberry Pi Compute Module 4 Rev 1.1", soc="BCM2711", cores=4,
+                          cpu="Cortex-A72", memory=7997112 * 1024, accels={("tpu", "google", "/dev/apex_0")},
+                          software={"pi_revision": "d03141"}, target="raspberry-pi-4", os="Debian GNU/Linux 12 (bookworm)",
+                          throttling={"raw": "0x0", "throttled": False}, temp=("cpu-thermal", 51.1)),
+    "jetson-agx-orin-64gb-jp61": dict(arch="aarch64", board="NVIDIA Jetson AGX Orin Developer Kit", soc="tegra234",
+                                      cores=12, cpu="Cortex-A78AE", memory=64335836 * 1024,
+                                      accels={("gpu", "nvidia", "/sys/class/devfreq/17000000.gpu"),
+                                              ("npu", "nvidia", "dla0"), ("npu", "nvidia", "dla1")},
+                                      software={"l4t": "36.4.0", "jetpack": "6.1", "power_mode": "MAXN",
+                                                "jetson_module": "Jetson AGX Orin 64GB"},
+                                      target="jetson-orin", os="Ubuntu 22.04.5 LTS", throttling={},
+                                      temp=("tj-thermal", 48.2)),
+    "intel-lunarlake-npu": dict(arch="x86_64", board="ThinkPad X1 Carbon Gen 13", soc=None, cores=8,
+                                cpu="Intel(R) Core(TM) Ultra 7 258V", memory=32174468 * 1024,
+                                accels={("gpu", "intel", "/dev/dri/renderD128"), ("npu", "intel", "/dev/accel/accel0")},
+                                software={"kernel": "6.11.0-19-generic"}, target="intel-x86_64", os="Ubuntu 24.10",
+                                throttling={}, temp=("x86_pkg_temp", 53.0)),
+    "apple-m3-max": dict(arch="aarch64", board="Mac15,9", soc="Apple M3 Max", cores=16, cpu="Apple M3 Max",
+                         memory=64 * GIB, accels={("gpu", "apple", None), ("npu", "apple", None)},
+                         software={"macos": "15.1.1", "rosetta": False}, target="apple-silicon", os="macOS 15.1.1",
+                         throttling=None, temp=None),
+    "ampere-altra-cax31": dict(arch="aarch64", board="vServer", soc=None, cores=8, cpu="Neoverse-N1",
+                               memory=15990868 * 1024, accels=set(), software={"kernel": "6.8.0-51-generic"},
+                               target="generic-aarch64", os="Ubuntu 24.04.1 LTS", throttling=None, temp=None),
 }
 
 
@@ -146,3 +171,15 @@ def test_garbage_notes_name_the_files():
     for rel in ("/proc/cpuinfo", "/proc/meminfo", "/proc/device-tree/compatible", "/etc/os-release", "/etc/nv_tegra_release",
                 "get_throttled", "/sys/class/accel/accel0/device/vendor"):
         assert any(rel in n for n in notes), rel
+
+
+def test_new_device_classes(profiles):
+    """Names a user reads first: Lunar Lake NPU generation, the Coral TPU, Lenovo's marketing name, M3 flags."""
+    names = {a.name for p in profiles.values() for a in p.accelerators}
+    assert {"Intel NPU (Lunar Lake)", "Intel Arc 140V (Lunar Lake)", "Coral Edge TPU (PCIe)", "Apple M3 Max GPU"} <= names
+    assert profiles["intel-lunarlake-npu"].board.vendor == "LENOVO"
+    assert not any(f.startswith("avx512") for f in profiles["intel-lunarlake-npu"].cpu.flags)
+    assert {"FEAT_BF16", "FEAT_I8MM"} <= set(profiles["apple-m3-max"].cpu.flags)
+    assert "FEAT_SME" not in profiles["apple-m3-max"].cpu.flags
+    assert profiles["ampere-altra-cax31"].board.vendor == "Hetzner"
+    assert profiles["ampere-altra-cax31"].cpu.vendor == "ARM"

@@ -1,11 +1,13 @@
-"""Start-up stays light: importing agent, the CLI, hardware detection and targets loads no runtime."""
+"""Start-up stays light: importing agent, the CLI, --help, profile and config check load no runtime and no numpy."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-HEAVY = ("onnxruntime", "openvino", "paho")
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("onnxruntime", "openvino", "paho", "numpy", "onnx")
 
 SCRIPT = """
 import json, sys
@@ -17,9 +19,12 @@ match(prof)
 load_targets()
 from click.testing import CliRunner
 CliRunner().invoke(agent.cli.cli, ["--help"])
-CliRunner().invoke(agent.cli.cli, ["profile", "--json"])
+for args in (["profile", "--json"], ["profile", "--help"], ["providers", "--help"], ["config", "device-id"],
+             ["config", "check", %r], ["--version"]):
+    res = CliRunner().invoke(agent.cli.cli, args)
+    assert res.exit_code == 0, (args, res.output)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in %r)))
-""" % (HEAVY,)
+""" % (str(ROOT / "systemd" / "agent.yaml"), HEAVY)
 
 
 def test_imports_do_not_load_runtimes():

@@ -67,8 +67,8 @@ def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
         model.ir_version = 8
         drop(a.state_dir, "2", writer=lambda d: write_package(d, model, name="tiny", version="2",
                                                                 feeds={"x": np.full((1, 4), 4.0, np.float32)}))
-        wait_for(lambda: a.registry.models().get("tiny") == "2", 120, "v2 in probation")
-        assert a.status()["models"]["tiny"]["state"] == "probation"
+        wait_for(lambda: a.status()["models"]["tiny"]["state"] == "probation", 120, "v2 in probation")
+        assert a.status()["models"]["tiny"]["version"] == "2"
         assert infer(a.url, 4.0) == ("2", [2.0] * 4)
         infer(a.url, -1.0)  # sqrt(-1): NaN in the response -> probation trouble
         dep = wait_for(lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal),

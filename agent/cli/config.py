@@ -12,11 +12,18 @@ from agent.errors import ConfigError
 
 @click.group("config")
 def config():
-    """Check agent configuration files (default location /etc/edge-agent/agent.yaml)."""
+    """Check agent configuration files (default location /etc/edge-agent/agent.yaml).
+
+    \b
+    Examples:
+      edge-agent config check /etc/edge-agent/agent.yaml
+      edge-agent config check systemd/agent.yaml --json
+      edge-agent config device-id
+    """
 
 
 @config.command("check")
-@click.argument("file", type=click.Path(dir_okay=False), default=str(DEFAULT_PATH), required=False)
+@click.argument("file", metavar="[FILE]", default=str(DEFAULT_PATH), required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print {ok, config|error} as JSON.")
 @click.option("--root", default="/", show_default=True, help="Where the default device id is read from.")
 def check(file, as_json, root):
@@ -24,6 +31,11 @@ def check(file, as_json, root):
 
     Exits 0 when valid, 2 with `error: <key path>: <what was expected>` when not. Credential files are
     checked for existence, never printed.
+
+    \b
+    Examples:
+      edge-agent config check /etc/edge-agent/agent.yaml && sudo systemctl reload edge-agent
+      edge-agent config check my.yaml --json | jq -r .error
     """
     try:
         cfg = load_config(file, root=root)

@@ -161,8 +161,13 @@ def status(as_json, **kw):
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
+    from agent.cli.fleet_rollout import render_rollouts
+
+    rollouts = render_rollouts(doc.get("rollouts", []))
     if not doc["devices"]:
         click.echo("no device has published a status under this prefix")
+        if rollouts:
+            click.echo(rollouts)
         return
     click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'MODELS':<40} LAST DEPLOYMENT")
     for r in doc["devices"]:
@@ -176,3 +181,5 @@ def status(as_json, **kw):
                 dep += f" ({last['reason']})"
         click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {models:<40} {dep}")
     click.echo(f"{doc['online']}/{doc['count']} online")
+    if rollouts:
+        click.echo(rollouts)

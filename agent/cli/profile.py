@@ -22,8 +22,15 @@ def profile(sysroot: str | None, as_json: bool) -> None:
 
     Reads /proc, /sys, /etc and /dev only (sysctl on macOS); with --sysroot, nothing about
     the hardware is read from this machine. Fields that cannot be read are null and a note says why.
+
+    \b
+    Examples:
+      edge-agent profile
+      edge-agent profile --json | jq .accelerators
+      edge-agent profile --sysroot tests/fixtures/sysroots/jetson-orin-nano-jp6
+      sh scripts/capture-sysroot.sh pi.tar.gz && edge-agent profile --sysroot pi.tar.gz
     """
-    prof = _detect(sysroot)
+    prof = detect_profile(sysroot)
     if as_json:
         click.echo(json.dumps(prof.to_dict(), indent=2))
         return
@@ -31,7 +38,8 @@ def profile(sysroot: str | None, as_json: bool) -> None:
         click.echo(f"{label:<13} {value}")
 
 
-def _detect(sysroot: str | None):
+def detect_profile(sysroot: str | None):
+    """The profile of this host, or of a captured sysroot (directory or capture tarball); ConfigError if neither."""
     from agent.hardware import detect
     from agent.hardware.sysroot import unpack_capture
 
@@ -42,7 +50,7 @@ def _detect(sysroot: str | None):
     if os.path.isfile(sysroot):
         with tempfile.TemporaryDirectory(prefix="edge-agent-sysroot-") as tmp:
             return detect(unpack_capture(sysroot, tmp))
-    raise ConfigError(f"--sysroot {sysroot}: no such directory")
+    raise ConfigError(f"--sysroot {sysroot}: no such directory or capture tarball")
 
 
 def summary_rows(prof) -> list[tuple[str, str]]:

@@ -30,9 +30,9 @@ def _versions(versions: dict) -> str:
 
 
 @click.command("providers")
-@click.option("--sysroot", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Read the hardware from a captured root filesystem instead of this host "
-                   "(the runtimes are still this host's).")
+@click.option("--sysroot", metavar="DIR", default=None,
+              help="Read the hardware from a captured root filesystem (a directory, or the .tar.gz that "
+                   "scripts/capture-sysroot.sh writes) instead of this host (the runtimes are still this host's).")
 @click.option("--target", "target_name", default=None, metavar="NAME",
               help="Rank for this target instead of the one matched from the hardware.")
 @click.option("--verify", is_flag=True,
@@ -44,13 +44,21 @@ def providers(sysroot, target_name, verify, as_json):
 
     A provider is available only when the hardware (from the profile) and the installed runtime both allow
     it; unavailable ones come with a remedy. Providers the target does not list come last.
+
+    \b
+    Examples:
+      edge-agent providers
+      edge-agent providers --verify          # also open a real session on each available one
+      edge-agent providers --json | jq '.[] | select(.available) | .name'
+      edge-agent providers --sysroot tests/fixtures/sysroots/intel-nuc-meteorlake
+      edge-agent providers --target raspberry-pi-5
     """
     if verify and sysroot:
         raise click.UsageError("--verify opens sessions on this host, so it cannot be combined with --sysroot")
-    from agent.hardware import detect
+    from agent.cli.profile import detect_profile
     from agent.providers.ranking import rank
 
-    profile = detect(sysroot or "/")
+    profile = detect_profile(sysroot)
     target = _target(profile, target_name)
     results = rank(profile, target)
     checks = _verify(results) if verify else {}

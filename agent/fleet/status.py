@@ -22,6 +22,7 @@ class FleetWatch:
         self.topics = Topics(prefix)
         self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
         self.status: dict[str, dict] = {}
+        self.rollouts: dict[str, dict] = {}  # retained p/rollouts/{id} progress documents
         self.inbox: "queue.Queue[tuple[str, bytes]]" = queue.Queue()
         self._marker = f"{prefix}/control/{self.link.client_id}/sync"
         self._synced = threading.Event()
@@ -31,6 +32,7 @@ class FleetWatch:
         self.link.start(wait=timeout)
         self.link.subscribe(self._marker, lambda t, p, r: self._synced.set(), qos=1)
         self.link.subscribe(self.topics.all_status(), self._enqueue, qos=1)
+        self.link.subscribe(f"{self.topics.prefix}/rollouts/+", self._enqueue, qos=1)
         if self._want_events:
             self.link.subscribe(self.topics.all_events(), self._enqueue, qos=1)
         self.sync(timeout)
@@ -70,9 +72,15 @@ class FleetWatch:
                 return out
             block = False
             parsed = self.topics.parse(topic)
-            if parsed is None or parsed.kind not in ("status", "events"):
+            if parsed is None or parsed.kind not in ("status", "events", "rollout"):
                 continue
             doc = _json(payload)
+            if parsed.kind == "rollout":
+                if doc is None:
+                    self.rollouts.pop(parsed.rollout, None)
+                else:
+                    self.rollouts[parsed.rollout] = doc
+                continue
             if parsed.kind == "status":
                 if doc is None:
                     self.status.pop(parsed.device, None)  # cleared or unreadable status
@@ -112,4 +120,5 @@ def fleet_status(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: fl
     """{"devices": [row, ...]} sorted by device id, from the retained status topics."""
     with FleetWatch(broker, prefix) as watch:
         rows = [device_row(dev, doc) for dev, doc in sorted(watch.status.items())]
-    return {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"])}
+        rollouts = [watch.rollouts[k] for k in sorted(watch.rollouts)]
+    return {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"]), "rollouts": rollouts}

@@ -54,4 +54,7 @@ def read_dmi(sr: Sysroot) -> tuple[str | None, str | None]:
 
     vendor = get("sys_vendor") or get("board_vendor")
     model = get("product_name") or get("board_name")
+    if vendor and vendor.lower() == "lenovo":
+        # Lenovo puts the machine-type code (21NSCTO1WW) in product_name and the name in product_version.
+        model = get("product_version") or model
     return vendor, model

@@ -26,11 +26,11 @@ def models_block(slots: ModelSlots, journal: Journal, registry=None, unavailable
                      "precision": c.get("precision"), "state": State.COMMITTED.value,
                      "previous": (s["previous"] or {}).get("version")}
     for name, dep in in_flight.items():
-        if dep.state is State.PROBATION and serving.get(name) == dep.version:
+        if dep.state in (State.ACTIVATING, State.PROBATION) and serving.get(name) == dep.version:
             sel = dep.data.get("selected") or {}
             out[name] = {**out.get(name, {}), "version": dep.version, "sha256": dep.data.get("sha256"),
                          "provider": sel.get("provider"), "precision": sel.get("precision"),
-                         "state": State.PROBATION.value}
+                         "state": dep.state.value}
     if registry is not None:
         for name, info in out.items():
             if name not in serving:

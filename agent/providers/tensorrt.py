@@ -17,7 +17,18 @@ def nvidia_problem(profile: "HardwareProfile", label: str) -> tuple[str, str] | 
     if profile.has_accelerator("gpu", "nvidia"):
         return None
     return (f"no NVIDIA GPU in this profile ({label} needs a Jetson or a discrete NVIDIA GPU)",
-            "use openvino or cpu on this device")
+            _alternatives(profile))
+
+
+def _alternatives(profile: "HardwareProfile") -> str:
+    """What to use instead on a device without an NVIDIA GPU, by what the profile shows."""
+    if profile.os and profile.os.startswith("macOS"):
+        return "use coreml (Apple Silicon) or cpu on this device"
+    if profile.has_accelerator("dsp", "qualcomm"):
+        return "use qnn or cpu on this device"
+    if profile.arch == "x86_64" or profile.has_accelerator("gpu", "intel") or profile.has_accelerator("npu", "intel"):
+        return "use openvino or cpu on this device"
+    return "use cpu on this device"
 
 
 def _on(value: Any) -> bool:
