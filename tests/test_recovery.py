@@ -80,3 +80,20 @@ def test_slots_keep_committed_and_previous(tmp_path):
     s = slots.get("m")
     assert (s["committed"]["version"], s["previous"]["version"]) == ("2", "3")
     assert slots.referenced() == {"2" * 64, "3" * 64}
+
+
+def test_gc_keeps_what_slots_reference_and_drops_the_rest(tmp_path):
+    from agent.artifacts.store import ContentStore
+    from agent.lifecycle.slots import gc
+
+    store = ContentStore(tmp_path)
+    shas = [store.put_bytes(f"blob {i}".encode()) for i in range(3)]
+    for sha in shas:
+        (tmp_path / "packages" / sha).mkdir(parents=True)
+    (tmp_path / "packages" / f".{shas[0]}.123.tmp").mkdir()  # an unpack in progress is left alone
+    slots = ModelSlots(tmp_path)
+    for i in (1, 2):
+        slots.commit("m", {"version": str(i), "sha256": shas[i], "provider": "cpu"})
+    gc(tmp_path, store, slots.referenced())
+    assert store.list() == sorted(shas[1:])
+    assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == sorted([*shas[1:], f".{shas[0]}.123.tmp"])

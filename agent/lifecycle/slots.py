@@ -91,7 +91,7 @@ def gc(state_dir: str | os.PathLike, store, keep: set[str]) -> dict[str, int]:
         if not base.is_dir():
             continue
         for d in base.iterdir():
-            if d.name not in keep:
+            if d.name not in keep and not d.name.startswith("."):  # dot names: unpacking in progress
                 shutil.rmtree(d, ignore_errors=True)
                 removed_dirs += 1
     return {"blobs": removed_blobs if isinstance(removed_blobs, int) else len(removed_blobs or []), "dirs": removed_dirs}

@@ -45,6 +45,7 @@ class Steps:
         self.staging = self.state_dir / "tmp"  # pack temp files (the store owns staging/)
         for d in (self.packages, self.staging, self.state_dir / "cache", self.state_dir / "decisions"):
             d.mkdir(parents=True, exist_ok=True)
+        _clean_leftovers(self.packages, self.staging)  # start-up: nothing is unpacking or packing yet
         self.session_lock = threading.Lock()
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
         # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
@@ -228,7 +229,8 @@ class Steps:
     def _gc(self) -> None:
         keep = self.slots.referenced()
         for dep in self.journal.in_flight():
-            keep.update(v for v in (dep.data.get("sha256"), dep.data.get("model_sha256")) if v)
+            artifact = ((dep.data.get("manifest") or {}).get("artifact") or {}).get("sha256")
+            keep.update(v for v in (dep.data.get("sha256"), dep.data.get("model_sha256"), artifact) if v)
         try:
             gc(self.state_dir, self.store, keep)
         except (OSError, EdgeAgentError):
@@ -238,6 +240,13 @@ class Steps:
         for p in (self.state_dir / "decisions").glob("*.json"):
             if p.stem not in ids:
                 p.unlink(missing_ok=True)
+
+
+def _clean_leftovers(packages: Path, staging: Path) -> None:
+    for p in packages.glob(".*.tmp"):
+        shutil.rmtree(p, ignore_errors=True)
+    for p in staging.iterdir():
+        p.unlink(missing_ok=True)
 
 
 def _selected_row(decision: dict[str, Any]) -> dict[str, Any]:

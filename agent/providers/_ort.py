@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import ProviderError
+from agent.providers._bf16 import has_bf16, run_ort_values
 from agent.providers._common import SESSION_LOCK, try_import
 from agent.providers.base import Assignment, ProviderSession, TensorSpec
 
@@ -197,13 +198,17 @@ class OrtSession(ProviderSession):
         self.compile_s = compile_s
         self.inputs = [TensorSpec(i.name, dtype_name(i.type), _shape(i.shape)) for i in sess.get_inputs()]
         self.outputs = [TensorSpec(o.name, dtype_name(o.type), _shape(o.shape)) for o in sess.get_outputs()]
+        self._bf16 = has_bf16(self.inputs) or has_bf16(self.outputs)  # numpy has no bfloat16: OrtValues instead
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
         names = list(output_names) if output_names else [o.name for o in self.outputs]
         if self._sess is None:
             raise ProviderError(f"{self.provider}: the session is closed")
         try:
-            values = self._sess.run(names, feeds)
+            if self._bf16:
+                values = run_ort_values(ort(), self._sess, names, feeds)
+            else:
+                values = self._sess.run(names, feeds)
         except Exception as exc:  # noqa: BLE001
             raise ProviderError(f"{self.provider}: inference failed: {_msg(exc)}") from exc
         self._ran.set()

@@ -1,0 +1,78 @@
+"""BF16 tensors end to end: onnxruntime's Python API has no numpy bfloat16, the server still serves such models."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+import tritonclient.http as th
+from onnx import TensorProto, helper
+
+from agent.providers import get
+from agent.serving.registry import ModelRegistry
+from agent.serving.server import OIPServer
+
+
+def cast_model(src: int, dst: int):
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=dst)], "cast",
+                              [helper.make_tensor_value_info("x", src, [1, 3])],
+                              [helper.make_tensor_value_info("y", dst, [1, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bf16")
+    reg = ModelRegistry()
+    for name, src, dst in (("bf16-in", TensorProto.BFLOAT16, TensorProto.FLOAT),
+                           ("bf16-out", TensorProto.FLOAT, TensorProto.BFLOAT16)):
+        onnx.save(cast_model(src, dst), d / f"{name}.onnx")
+        reg.activate(name, "1", get("cpu").open_session(d / f"{name}.onnx"))
+    srv = OIPServer(reg, port=0).start()
+    yield srv
+    assert srv.shutdown(10)
+    reg.close()
+
+
+def post(srv, model: str, doc: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(f"{srv.url}/v2/models/{model}/infer", data=json.dumps(doc).encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_bf16_input_and_output_in_json(server):
+    status, doc = post(server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "BF16",
+                                                        "data": [1.5, -2.0, 3.0]}]})
+    assert status == 200, doc
+    assert doc["outputs"][0]["datatype"] == "FP32" and doc["outputs"][0]["data"] == [1.5, -2.0, 3.0]
+    status, doc = post(server, "bf16-out", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32",
+                                                         "data": [1.5, 0.1, 3.0]}]})
+    assert status == 200, doc
+    out = doc["outputs"][0]
+    assert out["datatype"] == "BF16"
+    assert out["data"] == [1.5, float(np.float32(ml_dtypes.bfloat16(0.1))), 3.0]  # rounded to 8 mantissa bits
+
+
+def test_bf16_output_binary_through_tritonclient(server):
+    client = th.InferenceServerClient(f"127.0.0.1:{server.port}", network_timeout=60)
+    try:
+        x = th.InferInput("x", [1, 3], "FP32")
+        x.set_data_from_numpy(np.array([[1.5, 2.25, -4.0]], np.float32))
+        y = client.infer("bf16-out", [x]).as_numpy("y")
+        assert np.asarray(y, dtype=np.float32).tolist() == [[1.5, 2.25, -4.0]]
+    finally:
+        client.close()
+
+
+def test_wrong_dtype_for_a_bf16_input_is_a_400(server):
+    status, doc = post(server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32",
+                                                        "data": [1, 2, 3]}]})
+    assert status == 400 and "bfloat16" in doc["error"]
