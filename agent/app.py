@@ -51,6 +51,7 @@ class DeviceAgent:
         self._last_health = 0.0
         self.health_source: Callable[[], dict[str, Any]] | None = None
         self._available: list[str] = []
+        self._probe = None
 
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> "DeviceAgent":
@@ -71,7 +72,11 @@ class DeviceAgent:
             self.write_status()
             self._thread = threading.Thread(target=self._loop, name=f"agent-{self.config.device_id}", daemon=True)
             self._thread.start()
-            threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
+            if type(self)._providers is DeviceAgent._providers:  # a subclass that knows its providers skips this
+                from agent.lifecycle.probe import ProviderProbe
+
+                self._probe = ProviderProbe(self.profile, self.target.name if self.target else None)
+                threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
         except BaseException:
             self.stop()
             raise
@@ -103,6 +108,8 @@ class DeviceAgent:
         self._stop.set()
         if self.notifier is not None:
             self.notifier.stopping("draining")
+        if self._probe is not None:
+            self._probe.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         if self.orchestrator is not None:
@@ -269,11 +276,10 @@ class DeviceAgent:
     def _probe_providers(self) -> None:
         """Background: which providers are usable here (for the status document), then republish status."""
         try:
-            from agent.providers.ranking import rank
-
-            self._available = [r.name for r in rank(self.profile, self.target) if r.available]
-        except Exception as exc:  # noqa: BLE001 - status shows what is known
-            self._emit({"event": "warning", "reason": f"provider probe failed: {exc}"})
+            self._available = self._probe.run()
+        except EdgeAgentError as exc:
+            if not self._stop.is_set():
+                self._emit({"event": "warning", "reason": str(exc)})
             return
         if not self._stop.is_set():
             self.write_status()

@@ -132,7 +132,9 @@ def test_verify_opens_real_sessions_on_the_available_providers():
     # the precision OpenVINO really uses by default: bf16 on avx512_bf16/AMX CPUs (like this machine's), else f32
     assert rows["openvino"]["verified"]["precision"] == ("bf16" if has_bf16(detect("/")) else "f32")
     assert "verified" not in rows["tensorrt"]
-    assert cli("--verify", "--sysroot", str(ROOT)).returncode != 0
+    res = cli("--verify", "--sysroot", str(ROOT))
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "error: --verify opens sessions on this host, so it cannot be combined with --sysroot"]
 
 
 def test_capture_tarball_and_new_device_classes_rank_as_their_targets(tmp_path):

@@ -81,6 +81,14 @@ def cli():
     """edge-agent: deploy ONNX models to edge devices and prove, on each device, that they run
     correctly and fast before they serve.
 
+    \b
+    Examples:
+      edge-agent profile                      what is this device, which target matches
+      edge-agent providers --verify           rank execution providers, open a real session on each
+      edge-agent qualify model_dir/           measure every provider, select the best, with evidence
+      edge-agent run --config /etc/edge-agent/agent.yaml
+      edge-agent fleet push pkg/ --name resnet --version 3 --group lab --key fleet.key --store cp --broker mqtt://broker:1883 --wait 600
+
     Set EDGE_AGENT_DEBUG=1 to see tracebacks for unexpected errors.
     """
 
@@ -95,8 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "edge-agent"
+        click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -50,6 +50,8 @@ def detect_profile(sysroot: str | None):
     if os.path.isfile(sysroot):
         with tempfile.TemporaryDirectory(prefix="edge-agent-sysroot-") as tmp:
             return detect(unpack_capture(sysroot, tmp))
+    if os.path.lexists(sysroot):
+        raise ConfigError(f"--sysroot {sysroot}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)")
     raise ConfigError(f"--sysroot {sysroot}: no such directory or capture tarball")
 
 

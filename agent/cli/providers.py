@@ -5,7 +5,7 @@ import json
 
 import click
 
-from agent.errors import EdgeAgentError
+from agent.errors import ConfigError, EdgeAgentError
 
 
 def _target(profile, name: str | None):
@@ -54,7 +54,7 @@ def providers(sysroot, target_name, verify, as_json):
       edge-agent providers --target raspberry-pi-5
     """
     if verify and sysroot:
-        raise click.UsageError("--verify opens sessions on this host, so it cannot be combined with --sysroot")
+        raise ConfigError("--verify opens sessions on this host, so it cannot be combined with --sysroot")
     from agent.cli.profile import detect_profile
     from agent.providers.ranking import rank
 
