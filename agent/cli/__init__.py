@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "edge-agent"
-        click.echo(f"error: {exc.format_message()} (see '{where} --help')", err=True)
+        click.echo(f"error: {exc.format_message().rstrip('.')} (see '{where} --help')", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
