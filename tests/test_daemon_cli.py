@@ -23,7 +23,7 @@ def test_status_and_rollback_online_and_offline(tmp_path):
             assert d.wait_deployment(v)["result"] == "committed", d.tail()
         out = cli("status", "--config", str(cfg), "--json")
         doc = json.loads(out.stdout)
-        assert doc["daemon"] == {"running": True, "pid": d.proc.pid}
+        assert doc["daemon"] == {"running": True, "pid": d.proc.pid} and doc["problems"] == []
         tiny = doc["models"]["tiny"]
         assert (tiny["version"], tiny["state"], tiny["provider"], tiny["previous"]) == ("2", "committed", "cpu", "1")
         assert len(tiny["sha256"]) == 64 and doc["deployments"]["tiny"]["result"] == "committed"

@@ -28,5 +28,5 @@ def test_a_package_without_a_model_fails_and_is_consumed(agent):
     dep = deploy(agent, "1", writer=lambda d: (d.mkdir(parents=True), (d / "notes.txt").write_text("oops")))
     assert dep.state.value == "failed" and "has no model.onnx" in dep.reason
     assert dep.reason.startswith("downloading")
-    assert not (agent.state_dir / "inbox" / "tiny" / "1").exists()
+    wait_for(lambda: not (agent.state_dir / "inbox" / "tiny" / "1").exists(), 30, "inbox entry consumed")
     assert agent.status()["deployments"]["tiny"]["result"] == "failed"

@@ -97,3 +97,18 @@ def test_gc_keeps_what_slots_reference_and_drops_the_rest(tmp_path):
     gc(tmp_path, store, slots.referenced())
     assert store.list() == sorted(shas[1:])
     assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == sorted([*shas[1:], f".{shas[0]}.123.tmp"])
+
+
+def test_fsck_reports_missing_and_corrupt_blobs(tmp_path):
+    from agent.artifacts.store import ContentStore
+    from agent.lifecycle.fsck import check_state_dir
+
+    store = ContentStore(tmp_path)
+    good = store.put_bytes(b"model one")
+    slots = ModelSlots(tmp_path)
+    slots.commit("m", {"version": "1", "sha256": good, "provider": "cpu"})
+    slots.commit("m", {"version": "2", "sha256": "c" * 64, "provider": "cpu"})
+    assert check_state_dir(tmp_path) == ["m committed (version 2): blob cccccccccccc is missing"]
+    store.path(good).chmod(0o644)
+    store.path(good).write_bytes(b"tampered")
+    assert "does not match its sha256" in check_state_dir(tmp_path)[1]

@@ -16,10 +16,12 @@ from agent.artifacts import chunks
 from agent.artifacts.manifest import Manifest
 from agent.artifacts.staging import RECOVER_GAP, Staging
 from agent.artifacts.store import ContentStore
+from agent.artifacts.window import InFlight, RttEstimator
 from agent.errors import ArtifactError
 
 Progress = Callable[..., None]
 DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024  # chunks in flight x chunk_size: the device's memory bound
+MIN_REQUEST_TIMEOUT, MAX_REQUEST_TIMEOUT = 0.5, 20.0  # bounds of the adaptive per-chunk timeout (seconds)
 
 
 def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str) -> None:
@@ -35,11 +37,19 @@ class ChunkPuller:
     def __init__(self, link, store: ContentStore, *, window: int | None = None,
                  window_bytes: int = DEFAULT_WINDOW_BYTES, request_timeout: float = 5.0,
                  stall_timeout: float = 30.0, max_bad: int = 3, reserve_bytes: int = 0,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, min_request_timeout: float = MIN_REQUEST_TIMEOUT,
+                 max_request_timeout: float = MAX_REQUEST_TIMEOUT, refill: int | None = None):
+        """request_timeout: how long a chunk may take before any round trip was measured; then the timeout
+        adapts to the measured round trips within [min_request_timeout, max_request_timeout] (never more than
+        half the stall timeout). refill: free window slots that trigger a request (default window / 8)."""
         self.link, self.store = link, store
-        self._window, self.window_bytes = window, window_bytes
+        self._window, self.window_bytes, self._refill = window, window_bytes, refill
         self.window, self.request_timeout, self.stall_timeout = max(1, window or 1), request_timeout, stall_timeout
+        self._lo = min(min_request_timeout, request_timeout)
+        self._hi = max(self._lo, min(max_request_timeout, stall_timeout / 2))
         self.max_bad, self.reserve_bytes, self.progress = max_bad, reserve_bytes, progress
+        self.refill = 1
+        self.flight: InFlight | None = None
         self.stats: dict[str, int] = {}
 
     def pull(self, manifest: Manifest) -> Path:
@@ -48,6 +58,7 @@ class ChunkPuller:
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
             self.window = max(4, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
+        self.refill = max(1, min(self.window, self._refill or self.window // 8))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -65,60 +76,65 @@ class ChunkPuller:
     def _loop(self, manifest: Manifest, staging: Staging, channel) -> None:
         a = manifest.artifact
         missing = collections.deque(staging.missing())
-        inflight: set[int] = set()
+        flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
         bad: collections.Counter = collections.Counter()
-        last_progress = last_answer = time.monotonic()
+        last_progress = time.monotonic()
         not_found = ""
         self._report("start", manifest, staging)
-        while missing or inflight:
-            self._fill(channel, a.chunk_size, staging, missing, inflight)
-            resp = channel.get(timeout=min(0.5, self.request_timeout))
+        while missing or flight:
+            now = time.monotonic()
+            self._fill(channel, a.chunk_size, staging, missing, flight, now)
+            deadline = flight.next_deadline()
+            wait = 0.5 if deadline is None else min(0.5, deadline - now)
+            resp = channel.get(timeout=max(0.002, wait))
             now = time.monotonic()
             if resp is not None and resp.chunk_size == a.chunk_size and resp.index < a.count:
-                last_answer = now
                 if resp.status != chunks.OK:
-                    self.stats["not_found"] += 1
+                    self.stats["not_found"] += 1  # stays in flight: asked again when overdue (a server may appear)
                     not_found = bytes(resp.body).decode("utf-8", "replace")[:200]
                 elif staging.have[resp.index]:
                     self.stats["duplicates"] += 1
                 elif staging.write(resp.index, resp.body):
-                    inflight.discard(resp.index)
+                    flight.land(resp.index, now)
                     self.stats["received"] += 1
                     last_progress = now
                     self._report("chunk", manifest, staging)
                 else:
-                    self._bad_chunk(resp.index, bad, missing, inflight)
-            if now - last_answer >= self.request_timeout and inflight:
-                self.stats["retries"] += len(inflight)  # nothing came back: ask again (broker restart, lost link)
-                missing.extendleft(sorted(inflight, reverse=True))
-                inflight.clear()
-                last_answer = now
+                    self._bad_chunk(resp.index, bad, missing, flight)
+            due = flight.overdue(now)
+            if due:  # only chunks older than the adaptive timeout (lost answers, broker restart), oldest first
+                self.stats["retries"] += len(due)
+                missing.extendleft(reversed(due))
             if now - last_progress >= self.stall_timeout:
                 raise ArtifactError(self._stall_reason(manifest, staging, channel, not_found))
+        self.stats["rtt_ms"] = round(1000 * (flight.rtt.srtt or 0.0), 1)
+        self.stats["timeout_ms"] = round(1000 * flight.rtt.timeout)
 
-    def _fill(self, channel, chunk_size: int, staging: Staging, missing, inflight: set[int]) -> None:
-        """Top the window up, in batches of at least a quarter window (fewer, larger request messages)."""
-        free = self.window - len(inflight)
-        if free <= 0 or (free < max(1, self.window // 4) and len(missing) >= free):
+    def _fill(self, channel, chunk_size: int, staging: Staging, missing, flight: InFlight, now: float) -> None:
+        """Keep the window full: ask for more as soon as a few slots are free (a continuous pipeline; one small
+        request message per `refill` chunks)."""
+        free = self.window - len(flight)
+        if free <= 0 or (free < self.refill and len(missing) > free):
             return
         batch = []
-        while missing and len(inflight) + len(batch) < self.window:
+        while missing and len(batch) < free:
             i = missing.popleft()
-            if not staging.have[i]:
+            if not staging.have[i] and i not in flight:
                 batch.append(i)
-        if batch:
-            channel.request(chunk_size, batch)
-            inflight.update(batch)
-            staging.note_requested(max(batch))
-            self.stats["requested"] += len(batch)
+        for at in range(0, len(batch), chunks.MAX_INDICES):
+            part = batch[at:at + chunks.MAX_INDICES]
+            channel.request(chunk_size, part)
+            flight.add(part, now)
+            staging.note_requested(max(part))
+            self.stats["requested"] += len(part)
 
-    def _bad_chunk(self, index: int, bad, missing, inflight: set[int]) -> None:
+    def _bad_chunk(self, index: int, bad, missing, flight: InFlight) -> None:
         self.stats["bad"] += 1
         bad[index] += 1
         if bad[index] >= self.max_bad:
             raise ArtifactError(f"chunk {index} failed its sha256 check {bad[index]} times: the artifact source is "
                                 "corrupt or tampered with; nothing was installed")
-        inflight.discard(index)
+        flight.drop(index)
         missing.appendleft(index)
 
     def _stall_reason(self, manifest: Manifest, staging: Staging, channel, not_found: str) -> str:

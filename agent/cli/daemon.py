@@ -112,6 +112,7 @@ def _reload(agent, config_path, log) -> None:
 def status(config_path, as_json):
     """Show models (version, sha256, provider, state) and recent deployments of this device."""
     from agent.lifecycle.control import daemon_running, holder_pid
+    from agent.lifecycle.fsck import check_state_dir
     from agent.lifecycle.status import build_status, status_path
     from agent.util.atomic import read_json
 
@@ -128,6 +129,7 @@ def status(config_path, as_json):
             "device_id": cfg.device_id, "models": {}, "deployments": {}, "recent_deployments": []}
         doc["online"] = False
     doc["daemon"] = {"running": running, "pid": holder_pid(cfg.state_dir) if running else None}
+    doc["problems"] = check_state_dir(cfg.state_dir, rehash=False) if cfg.state_dir.is_dir() else []
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
         return
@@ -150,6 +152,8 @@ def _print_status(doc: dict) -> None:
         for n, m in sorted(models.items()):
             if m.get("reason"):
                 click.echo(f"  {n}: {m['reason']}")
+    for problem in doc.get("problems") or []:
+        click.echo(f"problem: {problem}")
     recent = doc.get("recent_deployments") or []
     if recent:
         click.echo("recent deployments:")
