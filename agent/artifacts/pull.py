@@ -1,9 +1,11 @@
 """ChunkPuller: windowed, resumable pull of one artifact over the MQTT artifact channel into the store.
 
-Several chunk requests are in flight (the window); each answer is checked against the manifest's chunk hash
-and written with pwrite; a persisted bitmap makes a restart fetch only missing chunks; the whole file's sha256
-is checked before the atomic move into blobs/. Memory is bounded by window x chunk_size. A pull with no
-progress for `stall_timeout` raises ArtifactError with the reason; it never hangs.
+Several chunk requests are in flight (the window), topped up continuously as answers land; each answer is
+checked against the manifest's chunk hash and written with pwrite straight from the received payload; a
+persisted bitmap makes a restart fetch only missing chunks; the whole file's sha256 is checked before the atomic
+move into blobs/. Memory is bounded by window x chunk_size. Only chunks older than the adaptive timeout
+(agent.artifacts.window) are asked for again. A pull with no progress for `stall_timeout` raises
+ArtifactError with the reason; it never hangs.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.manifest import Manifest
+from agent.artifacts.nodelay import tcp_nodelay
 from agent.artifacts.staging import RECOVER_GAP, Staging
 from agent.artifacts.store import ContentStore
 from agent.artifacts.window import InFlight, RttEstimator
@@ -65,6 +68,7 @@ class ChunkPuller:
             check_space(self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}")
             self.stats = {"chunks": a.count, "resumed": a.count - len(staging.missing()), "recovered": staging.recovered,
                           "requested": 0, "received": 0, "duplicates": 0, "bad": 0, "not_found": 0, "retries": 0}
+            tcp_nodelay(self.link)  # chunk requests are small: Nagle would hold each one up to 40 ms
             with self.link.chunk_channel(a.sha256) as channel:
                 self._loop(manifest, staging, channel)
             self._report("verify", manifest, staging)

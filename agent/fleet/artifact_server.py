@@ -3,33 +3,43 @@
 On MQTT 5 servers share `$share/edge-artifacts/{p}/artifacts/req/+`, so each request reaches one of them;
 on MQTT 3.1.1 brokers (NATS) every server answers and the device drops duplicates by chunk index.
 The reply topic comes from the request topic (never from the payload), so the ACL pins who can ask for what.
+Nothing is sent twice for nothing: a chunk already sent to a device after its request arrived is not sent again
+(a re-request that overtook a busy server), and a device whose will (`online: false`) arrived stops being
+answered for requests it made before it died (a SIGKILLed or disconnected device does not drain the server).
 """
 from __future__ import annotations
 
 import collections
+import json
 import os
 import queue
 import threading
+import time
 from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.store import ContentStore
 from agent.artifacts.manifest import MAX_CHUNK
+from agent.artifacts.nodelay import tcp_nodelay
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # answers one request may cause
+SENT_MEMORY = 65536  # (device, chunk) pairs remembered to skip re-requests already answered
 
 
 class ArtifactServer:
     def __init__(self, store: ContentStore, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, *, workers: int = 2,
-                 max_outstanding: int = 128, progress: Callable[..., None] | None = None, client_id: str | None = None):
+                 max_outstanding: int = 32, progress: Callable[..., None] | None = None, client_id: str | None = None):
         self.store, self.topics = store, Topics(prefix)
         self.link = MqttLink(broker, client_id=client_id, max_inflight=max_outstanding, max_queued=100000)
         self.workers, self.max_outstanding, self.progress = workers, max_outstanding, progress
-        self.requests: "queue.Queue[tuple[str, bytes]]" = queue.Queue(maxsize=4096)
+        self.requests: "queue.Queue[tuple[str, bytes, float]]" = queue.Queue(maxsize=4096)
         self.stats = collections.Counter()
+        self._gone: dict[str, float] = {}  # device -> when its will / offline status arrived
+        self._sent: "collections.OrderedDict[tuple, float]" = collections.OrderedDict()
+        self._sent_lock = threading.Lock()
         self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._fd_lock = threading.Lock()
         self._stop = threading.Event()
@@ -41,6 +51,8 @@ class ArtifactServer:
 
     def start(self, wait: float = 15.0) -> "ArtifactServer":
         self.link.start(wait=wait)
+        tcp_nodelay(self.link)
+        self.link.subscribe(self.topics.all_status(), self._on_status, qos=1)
         self.link.subscribe(self.topics.artifact_req_filter(shared=self.shared), self._on_request, qos=1)
         for n in range(self.workers):
             t = threading.Thread(target=self._work, name=f"artifact-server-{n}", daemon=True)
@@ -66,23 +78,34 @@ class ArtifactServer:
     # --- network thread: only enqueue -----------------------------------------------------------
     def _on_request(self, topic: str, payload: bytes, retained: bool) -> None:
         try:
-            self.requests.put_nowait((topic, payload))
+            self.requests.put_nowait((topic, payload, time.monotonic()))
         except queue.Full:
             self.stats["dropped"] += 1  # the device re-requests after its timeout
+
+    def _on_status(self, topic: str, payload: bytes, retained: bool) -> None:
+        """A device's will or clean stop (`"online": false`): its earlier requests need no more answers."""
+        if retained or len(payload) > 65536 or b"online" not in payload:
+            return
+        parsed = self.topics.parse(topic)
+        try:
+            online = json.loads(payload).get("online", True)
+        except (ValueError, AttributeError, UnicodeDecodeError):
+            return
+        if parsed is not None and parsed.kind == "status" and online is False:
+            self._gone[parsed.device] = time.monotonic()
 
     # --- workers --------------------------------------------------------------------------------
     def _work(self) -> None:
         infos: collections.deque = collections.deque()
         while not self._stop.is_set():
             try:
-                topic, payload = self.requests.get(timeout=0.5)
+                topic, payload, received = self.requests.get(timeout=0.5)
             except queue.Empty:
                 continue
             parsed = self.topics.parse(topic)
             if parsed is None or parsed.kind != "artifact_req":
                 self.stats["bad_topic"] += 1
                 continue
-            reply = self.topics.artifacts(parsed.device)
             try:
                 req = chunks.decode_request(payload)
             except ArtifactError:
@@ -92,15 +115,34 @@ class ArtifactServer:
             if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
-            for index in req.indices:
-                body = self._answer(req, index)
-                while len(infos) >= self.max_outstanding:
-                    infos.popleft().wait_for_publish(10)
-                try:
-                    infos.append(self.link.publish(reply, body, qos=1))
-                except (TransportError, ValueError, RuntimeError):  # queue full or link down: the device retries
-                    self.stats["publish_errors"] += 1
-                    break
+            self._serve(parsed.device, req, received, infos)
+
+    def _serve(self, device: str, req: chunks.ChunkRequest, received: float, infos: collections.deque) -> None:
+        reply = self.topics.artifacts(device)
+        for n, index in enumerate(req.indices):
+            if self._gone.get(device, -1.0) > received:
+                self.stats["cancelled"] += len(req.indices) - n  # the device died after asking: nobody listens
+                return
+            key = (device, req.sha256, req.chunk_size, index)
+            if self._sent.get(key, -1.0) >= received:
+                self.stats["superseded"] += 1  # sent after this request arrived: that answer covers it
+                continue
+            body = self._answer(req, index)
+            while len(infos) >= self.max_outstanding:
+                infos.popleft().wait_for_publish(10)
+            try:
+                infos.append(self.link.publish(reply, body, qos=1))
+            except (TransportError, ValueError, RuntimeError):  # queue full or link down: the device retries
+                self.stats["publish_errors"] += 1
+                return
+            self._remember(key)
+
+    def _remember(self, key: tuple) -> None:
+        with self._sent_lock:
+            self._sent[key] = time.monotonic()
+            self._sent.move_to_end(key)
+            while len(self._sent) > SENT_MEMORY:
+                self._sent.popitem(last=False)
 
     def _answer(self, req: chunks.ChunkRequest, index: int) -> bytes:
         fd = self._fd(req.sha256)

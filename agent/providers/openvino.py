@@ -148,6 +148,17 @@ def _first_available(core, preferred: list[str]) -> str:
     return next((d for d in preferred if d.split(".")[0] in seen), preferred[0] if preferred else "CPU")
 
 
+def _onnx_io_names(path: Path) -> frozenset[str]:
+    """The ONNX graph's input and output names (without loading weights); empty if unreadable."""
+    try:
+        import onnx
+
+        g = onnx.load(str(path), load_external_data=False).graph
+        return frozenset([v.name for v in g.input] + [v.name for v in g.output])
+    except Exception:  # noqa: BLE001 - names are a preference, not a requirement
+        return frozenset()
+
+
 def _read_model(core, path: Path):
     """ONNX files go through the ONNX frontend only (read_model would try every frontend on a bad file)."""
     if path.suffix.lower() != ".onnx":
@@ -196,8 +207,9 @@ class OpenVINOSession(ProviderSession):
         self.device = device
         self.compile_s = compile_s
         self.precision = self._precision()
-        self.inputs = [self._spec(p) for p in compiled.inputs]
-        self.outputs = [self._spec(p) for p in compiled.outputs]
+        graph_names = _onnx_io_names(model_path)
+        self.inputs = [self._spec(p, graph_names) for p in compiled.inputs]
+        self.outputs = [self._spec(p, graph_names) for p in compiled.outputs]
         self._in_index = {s.name: i for i, s in enumerate(self.inputs)}
         self._assignment: Assignment | None = None
 
@@ -208,9 +220,11 @@ class OpenVINOSession(ProviderSession):
             return None
 
     @staticmethod
-    def _spec(port) -> TensorSpec:
+    def _spec(port, graph_names: frozenset[str] = frozenset()) -> TensorSpec:
+        # A port can carry several tensor names (internal aliases too): prefer the ONNX graph's own name.
         names = sorted(port.get_names())
-        name = port.get_any_name() if port.get_names() else (names[0] if names else "")
+        onnx_names = [n for n in names if n in graph_names]
+        name = onnx_names[0] if onnx_names else (port.get_any_name() if names else "")
         shape = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
         return TensorSpec(name, np.dtype(port.get_element_type().to_dtype()).name, shape)
 
