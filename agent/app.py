@@ -18,7 +18,7 @@ from agent.lifecycle.journal import NAME_RE
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
 from agent.lifecycle.status import build_status, hardware_summary, status_path
-from agent.lifecycle.steps import StepConfig, Steps
+from agent.lifecycle.steps import Qualifier, StepConfig, Steps
 from agent.util.atomic import atomic_write_json
 
 LOOP_S = 0.5
@@ -30,7 +30,10 @@ class DeviceAgent:
 
     def __init__(self, config, *, profile=None, sysroot: str | Path | None = None, serve_http: bool = True,
                  step_config: StepConfig | None = None, on_event: EventSink | None = None, notifier=None,
-                 use_lock: bool = True):
+                 use_lock: bool = True, providers: list[str] | None = None, qualifier: Qualifier | None = None):
+        """`providers`: the providers known to be available here, in target order (skips the background probe;
+        the fleet simulator passes its device class's). `qualifier`: wraps each qualification measurement
+        (see lifecycle.steps.Qualifier; the simulator shares one result among identical devices)."""
         self.config = config
         self.state_dir = Path(config.state_dir)
         self.profile, self.sysroot = profile, sysroot
@@ -50,8 +53,13 @@ class DeviceAgent:
         self._inbox_warned: set[str] = set()
         self._last_health = 0.0
         self.health_source: Callable[[], dict[str, Any]] | None = None
-        self._available: list[str] = []
+        self._known_providers = list(providers) if providers is not None else None
+        self._available: list[str] = list(providers or [])
+        self._providers_source = "given" if providers is not None else "pending"
+        self.qualifier = qualifier
         self._probe = None
+        self._closed = False  # after stop(): nothing more is written into state_dir by this agent
+        self._unlocked = threading.Event()  # set once the state_dir lock is really released
 
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> "DeviceAgent":
@@ -60,6 +68,7 @@ class DeviceAgent:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
             self._build()
+            self._start_probe()
             self._emit({"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode,
                         "target": self.target.name if self.target else None})
             if self.notifier is not None:
@@ -72,11 +81,6 @@ class DeviceAgent:
             self.write_status()
             self._thread = threading.Thread(target=self._loop, name=f"agent-{self.config.device_id}", daemon=True)
             self._thread.start()
-            if type(self)._providers is DeviceAgent._providers:  # a subclass that knows its providers skips this
-                from agent.lifecycle.probe import ProviderProbe
-
-                self._probe = ProviderProbe(self.profile, self.target.name if self.target else None)
-                threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
         except BaseException:
             self.stop()
             raise
@@ -92,26 +96,31 @@ class DeviceAgent:
 
         self.profile = self.profile or _detect(self.sysroot)
         self.target = _target(self.config.target, self.profile)
-        if self.step_config.swap is None and self.target is not None:
-            self.step_config.swap = (self.target.serving or {}).get("swap")
+        if self.target is not None and not self.step_config.serving:
+            self.step_config.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
         self.store = ContentStore(self.state_dir)
         self.registry = ModelRegistry()
         self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
                            target_name=self.target.name if self.target else None, config=self.step_config)
+        self.steps.qualifier = self.qualifier
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(self.state_dir, self.steps, deadlines=deadlines,
                                          listeners=[self._on_transition])
         self._start_telemetry()
 
     def stop(self, drain_timeout: float = 10.0) -> None:
-        """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock."""
+        """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock.
+
+        The state_dir lock is released only once no thread of this agent can write there any more: a worker
+        the drain timeout leaves behind (a compile that cannot be interrupted) keeps it until it ends, so a
+        successor (a restarted agent in this process, a new daemon) never cleans up under a live writer."""
         self._stop.set()
         if self.notifier is not None:
             self.notifier.stopping("draining")
         if self._probe is not None:
             self._probe.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5)
+            self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
             self.orchestrator.stop(timeout=drain_timeout)
         if self.server is not None:
@@ -120,9 +129,38 @@ class DeviceAgent:
             self.link.stop(graceful=True)
         if self.registry is not None:
             self.registry.close(drain_timeout)
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        with self._status_lock:
+            self._closed = True
+        self._release_lock()
+
+    def _writers(self) -> list[threading.Thread]:
+        """This agent's threads that may still write into state_dir."""
+        threads = self.orchestrator.live_threads() if self.orchestrator is not None else []
+        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
+            threads.append(self._thread)
+        return threads
+
+    def _release_lock(self) -> None:
+        lock, self._lock = self._lock, None
+        left = self._writers() if lock is not None else []
+        if not left:
+            if lock is not None:
+                lock.release()
+            self._unlocked.set()
+            return
+        self._emit({"event": "warning", "reason": f"{len(left)} thread(s) still finishing after the drain timeout "
+                    f"({', '.join(t.name for t in left)}); state_dir stays locked until they end"})
+
+        def release_when_done() -> None:
+            for t in left:
+                t.join()
+            lock.release()
+            self._unlocked.set()
+        threading.Thread(target=release_when_done, name=f"unlock-{self.config.device_id}", daemon=True).start()
+
+    def stopped(self, timeout: float | None = None) -> bool:
+        """Wait until stop() finished and the state_dir lock is released (threads left behind have ended)."""
+        return self._unlocked.wait(timeout)
 
     def reload(self, new) -> dict[str, Any]:
         """SIGHUP: apply what can change live (serving token, trusted keys, telemetry interval); name the rest."""
@@ -264,6 +302,7 @@ class DeviceAgent:
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         extra = {"mode": self.config.mode, "serving": {"url": self.url}, "pid": _pid(),
+                 "providers_source": self._providers_source,
                  "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()}}
         return build_status(
             self.state_dir, device_id=self.config.device_id, groups=self.config.groups,
@@ -271,22 +310,43 @@ class DeviceAgent:
             providers=self._providers(), registry=self.registry, unavailable=self.steps.unavailable, extra=extra)
 
     def _providers(self) -> list[str]:
+        """Providers available on this device, in the target's preference order."""
         return list(self._available)
+
+    def _start_probe(self) -> None:
+        """Background probe of the providers (child process); until it answers, the last probe's list (from
+        status.json) stands in. Skipped when the caller told us the providers."""
+        if self._known_providers is not None:
+            return
+        from agent.lifecycle.probe import ProviderProbe
+        from agent.util.atomic import read_json
+
+        try:
+            last = read_json(status_path(self.state_dir)) or {}
+        except ValueError:
+            last = {}
+        if isinstance(last.get("providers"), list) and last.get("target") == (self.target.name if self.target else None):
+            self._available, self._providers_source = [str(p) for p in last["providers"]], "last probe"
+        self._probe = ProviderProbe(self.profile, self.target.name if self.target else None)
+        threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
 
     def _probe_providers(self) -> None:
         """Background: which providers are usable here (for the status document), then republish status."""
         try:
-            self._available = self._probe.run()
+            self._available, self._providers_source = self._probe.run(), "probed"
         except EdgeAgentError as exc:
             if not self._stop.is_set():
+                self._providers_source = f"probe failed: {exc}"
                 self._emit({"event": "warning", "reason": str(exc)})
             return
-        if not self._stop.is_set():
+        if not self._stop.is_set() and self.orchestrator is not None:
             self.write_status()
 
     def write_status(self) -> dict[str, Any]:
         with self._status_lock:
             doc = self.status()
+            if self._closed:
+                return doc  # stopped: the state_dir may belong to a successor already
             atomic_write_json(status_path(self.state_dir), doc)
             if self.link is not None:
                 self.link.publish_status(doc)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark the MQTT artifact channel against raw paho on the same loopback Mosquitto, in the same run.
 
-    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window CHUNKS] [--rounds 3]
+    .venv/bin/python bench/bench_pull.py [--size-mb 64] [--rss-size-mb 256] [--chunk-size 262144] [--window CHUNKS]
+                                         [--rounds 3] [--broker-nodelay]
 
 Prints three figures and their goals:
   throughput   pull of a SIZE artifact (ArtifactServer -> Mosquitto -> ChunkPuller, verified, on disk) divided by
@@ -9,6 +10,8 @@ Prints three figures and their goals:
   rss          device peak RSS growth while pulling RSS_SIZE                                  goal <= 32 MB
   resent       bytes sent twice when the device is SIGKILLed mid-pull and restarted          goal <= 1 % of the file
 The device side always runs in its own process (as on a real device). Not run by the test suite.
+--broker-nodelay adds `set_tcp_nodelay true` to the broker's configuration (recommended: chunk requests and
+PUBACKs are small, and Nagle's algorithm holds small writes up to 40 ms); the clients always set TCP_NODELAY.
 """
 from __future__ import annotations
 
@@ -179,13 +182,15 @@ def main() -> int:
     ap.add_argument("--chunk-size", type=int, default=256 * 1024)
     ap.add_argument("--window", type=int, default=0, help="chunks in flight (default: 16 MiB worth)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--broker-nodelay", action="store_true", help="set_tcp_nodelay true in mosquitto.conf")
     args = ap.parse_args()
     from agent.fleet.artifact_server import ArtifactServer
     from agent.transport.mqtt import BrokerConfig
     from brokers import Mosquitto
 
     chunk, size = args.chunk_size, args.size_mb << 20
-    with tempfile.TemporaryDirectory() as td, Mosquitto(Path(td) / "broker", persistence=False) as broker:
+    conf = "set_tcp_nodelay true" if args.broker_nodelay else ""
+    with tempfile.TemporaryDirectory() as td, Mosquitto(Path(td) / "broker", persistence=False, extra_conf=conf) as broker:
         tmp = Path(td)
         cp, m, data, mf = make(tmp, size, chunk)
         server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
@@ -202,11 +207,13 @@ def main() -> int:
         ratio = raw_s / pull_s
         print(f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
               f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}: raw {[round(size / x / 1e6) for x in raws]}, "
-              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {stats['window']} chunks]")
+              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {stats['window']} "
+              f"chunks, chunk round trip {stats.get('rtt_ms')} ms, timeout {stats.get('timeout_ms')} ms, "
+              f"broker nodelay {args.broker_nodelay}]")
         print(f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
               f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)")
 
-        before = server.stats["bytes"]
+        before, skipped = server.stats["bytes"], server.stats["cancelled"] + server.stats["superseded"]
         killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill=True)
         on_disk = verified_bytes(tmp / "dev2", m)
         _, _, stats = pull_once(broker.url, tmp / "dev2", mf, args.window)
@@ -216,7 +223,9 @@ def main() -> int:
         print(f"resent: killed after {killed_at} bytes were reported written; {on_disk} verified bytes on disk; "
               f"the restart requested {stats['requested']} of {stats['chunks']} chunks -> {resent} bytes "
               f"downloaded twice = {100 * resent / size:.2f} % (goal <= 1 %); server-side overhead incl. the "
-              f"chunks in flight when the process died: {overhead} bytes = {100 * overhead / size:.2f} %")
+              f"chunks in flight when the process died: {overhead} bytes = {100 * overhead / size:.2f} % "
+              f"(answers the server skipped for a dead or re-asking device: "
+              f"{server.stats['cancelled'] + server.stats['superseded'] - skipped})")
         del data
 
         cp2, m2, data2, mf2 = make(tmp, args.rss_size_mb << 20, chunk)

@@ -126,3 +126,72 @@ def test_fetch_falls_back_from_a_dead_mqtt_source_to_http_and_keeps_progress(mos
         httpd.shutdown()
     with pytest.raises(ArtifactError, match="mqtt: no broker connection"):
         fetch_artifact(Manifest.from_dict(dict(d, sources=[{"type": "mqtt"}])), ContentStore(tmp_path / "d2"))
+
+
+class FlakyCdn:
+    """A CDN that sends the first `cut` bytes of the blob, drops the connection, then answers 404 (gone)."""
+
+    def __init__(self, data: bytes, cut: int):
+        self.data, self.cut, self.ranges = data, cut, []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.ranges.append(self.headers.get("Range"))
+                if len(outer.ranges) > 1:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(outer.data)))
+                self.end_headers()
+                self.wfile.write(outer.data[:outer.cut])
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/blob"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_fetch_follows_the_manifest_order_cdn_first_then_mqtt_for_the_rest(mosquitto, tmp_path):
+    from agent.artifacts.fetch import fetch_artifact, ordered_sources
+    from agent.artifacts.manifest import Manifest
+    from agent.fleet.artifact_server import ArtifactServer
+    from agent.transport.device import DeviceLink
+    from agent.transport.mqtt import BrokerConfig
+
+    cp, m, data = make_artifact(tmp_path / "cp", 12 * CHUNK + 5, CHUNK)
+    cdn = FlakyCdn(data, cut=5 * CHUNK + 100)  # 5 whole chunks arrive over http before it goes away
+    d = m.to_dict()
+    d["sources"] = [{"type": "http", "url": cdn.url}, {"type": "mqtt"}]
+    m = Manifest.from_dict(d)
+    assert [s.type for s in ordered_sources(m)] == ["http", "mqtt"]
+    assert [s.type for s in ordered_sources(m, order=("mqtt", "http"))] == ["mqtt", "http"]
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+    events = []
+    try:
+        path = fetch_artifact(m, ContentStore(tmp_path / "dev"), link=dev, stall_timeout=30,
+                              progress=lambda e, **f: events.append((e, f)))
+        assert path.read_bytes() == data
+    finally:
+        dev.stop()
+        server.stop()
+        cdn.close()
+    sources = [f["source"] for e, f in events if e == "source"]
+    assert sources == [cdn.url, "mqtt"]  # the CDN first, as listed
+    assert cdn.ranges[0] == "bytes=0-"
+    assert server.stats["chunks"] == m.artifact.count - 5  # MQTT fetched only what the CDN had not delivered

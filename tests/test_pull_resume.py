@@ -75,3 +75,34 @@ def test_resume_after_sigkill_fetches_only_missing_chunks(mosquitto, tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
     child(*sys.argv[2:5])
+
+
+def test_server_skips_answers_nobody_needs(mosquitto, tmp_path):
+    """A device whose will arrived gets no answers to requests it made before dying; a chunk already sent after
+    a request arrived is not sent again for that request (a re-request that overtook a busy server)."""
+    import collections
+    import time
+
+    from agent.artifacts import chunks
+
+    cp, m, _ = make_artifact(tmp_path / "cp", 8 * CHUNK)
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    try:
+        asked = time.monotonic()
+        dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+        dev.stop(graceful=False)  # the broker publishes the will: {"device_id": "pi-1", "online": false}
+        deadline = time.monotonic() + 30
+        while "pi-1" not in server._gone and time.monotonic() < deadline:
+            server._stop.wait(0.05)
+        req = chunks.ChunkRequest(m.artifact.sha256, CHUNK, tuple(range(8)))
+        server._serve("pi-1", req, asked, collections.deque())
+        assert server.stats["cancelled"] == 8 and server.stats["chunks"] == 0
+
+        later = time.monotonic()
+        server._serve("pi-2", req, later, collections.deque())
+        server._serve("pi-2", req, later, collections.deque())  # the same request again, queued behind the first
+        assert server.stats["chunks"] == 8 and server.stats["superseded"] == 8
+        server._serve("pi-2", req, time.monotonic(), collections.deque())  # asked after the answers went out
+        assert server.stats["chunks"] == 16
+    finally:
+        server.stop()

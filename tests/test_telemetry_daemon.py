@@ -47,6 +47,7 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
         assert text.count("# TYPE edge_agent_memory_available_bytes gauge") == 1
         assert f'edge_agent_disk_free_bytes{{path="{cfg.state_dir}"}}' in text
         assert "edge_agent_metrics_collector_errors 0" in text
+        _assert_each_metric_once(text)
     finally:
         agent.stop()
         sub.loop_stop()
@@ -63,3 +64,14 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
     finally:
         c.loop_stop()
         c.disconnect()
+
+
+def _assert_each_metric_once(text: str) -> None:
+    """DeviceAgent wires telemetry into /metrics itself: every family is declared once, every series (name and
+    labels) is exported once, and the system gauges are all there."""
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types)), sorted(t for t in set(types) if types.count(t) > 1)
+    series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(series) == len(set(series)), sorted(s for s in set(series) if series.count(s) > 1)
+    gauges = [t for t in types if t.startswith("edge_agent_") and ("memory" in t or "cpu" in t or "disk" in t)]
+    assert len(gauges) >= 3, types

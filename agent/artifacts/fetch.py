@@ -1,44 +1,59 @@
-"""fetch_artifact: get a verified manifest's artifact into the store from its sources, in order, with fallback.
+"""fetch_artifact: get a verified manifest's artifact into the store from its sources, in the manifest's order.
 
-The MQTT and HTTP pullers share the staging file and bitmap, so a pull that stalls on one source continues
-on the next from where it stopped.
+The manifest's `sources` list is the publisher's preference: a CDN listed before `{"type": "mqtt"}` is tried
+first, and the MQTT channel is the fallback (and the other way round). Every http source is tried, not just the
+first. The MQTT and HTTP pullers share the staging file and bitmap, so a pull that stalls or fails on one
+source continues on the next from where it stopped.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from agent.artifacts.manifest import Manifest
+from agent.artifacts.manifest import Manifest, Source
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 
 
+def ordered_sources(manifest: Manifest, order=None) -> list[Source]:
+    """The sources to try: the manifest's order; `order` (kinds, e.g. ("http",)) filters and re-ranks by kind."""
+    sources = list(manifest.sources)
+    if order is None:
+        return sources
+    rank = {kind: n for n, kind in enumerate(order)}
+    return sorted((s for s in sources if s.type in rank), key=lambda s: rank[s.type])  # stable within a kind
+
+
 def fetch_artifact(manifest: Manifest, store: ContentStore, *, link=None, progress: Callable[..., None] | None = None,
-                   order=("mqtt", "http"), stall_timeout: float = 30.0, window: int | None = None, reserve_bytes: int = 0,
+                   order=None, stall_timeout: float = 30.0, window: int | None = None, reserve_bytes: int = 0,
                    ca: str | None = None) -> Path:
     """Return the blob path; ArtifactError naming every source's failure when none delivered."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
     errors = []
-    for kind in order:
-        src = manifest.source(kind)
-        if src is None:
-            continue
-        if kind == "mqtt" and link is None:
+    for src in ordered_sources(manifest, order):
+        if src.type == "mqtt" and link is None:
             errors.append("mqtt: no broker connection configured")
             continue
+        if progress is not None:
+            progress("source", model=manifest.name, version=manifest.version, source=src.url or src.type)
         try:
-            if kind == "mqtt":
-                from agent.artifacts.pull import ChunkPuller
-
-                return ChunkPuller(link, store, window=window, stall_timeout=stall_timeout,
-                                   reserve_bytes=reserve_bytes, progress=progress).pull(manifest)
-            from agent.artifacts.http import HttpPuller
-
-            return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes,
-                              progress=progress).pull(manifest, src.url)
+            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca)
         except ArtifactError as exc:
             if "not enough disk" in str(exc):
                 raise
-            errors.append(f"{kind}: {exc}")
+            errors.append(f"{src.url or src.type}: {exc}" if src.url else f"{src.type}: {exc}")
     raise ArtifactError("; ".join(errors) or f"{manifest.name} {manifest.version} names no usable source")
+
+
+def _pull(src: Source, manifest: Manifest, store: ContentStore, link, progress, stall_timeout: float,
+          window: int | None, reserve_bytes: int, ca: str | None) -> Path:
+    if src.type == "mqtt":
+        from agent.artifacts.pull import ChunkPuller
+
+        return ChunkPuller(link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes,
+                           progress=progress).pull(manifest)
+    from agent.artifacts.http import HttpPuller
+
+    return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes,
+                      progress=progress).pull(manifest, src.url)

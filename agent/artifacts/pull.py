@@ -24,6 +24,7 @@ from agent.errors import ArtifactError
 
 Progress = Callable[..., None]
 DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024  # chunks in flight x chunk_size: the device's memory bound
+MIN_WINDOW = 4  # chunks
 MIN_REQUEST_TIMEOUT, MAX_REQUEST_TIMEOUT = 0.5, 20.0  # bounds of the adaptive per-chunk timeout (seconds)
 
 
@@ -44,15 +45,16 @@ class ChunkPuller:
                  max_request_timeout: float = MAX_REQUEST_TIMEOUT, refill: int | None = None):
         """request_timeout: how long a chunk may take before any round trip was measured; then the timeout
         adapts to the measured round trips within [min_request_timeout, max_request_timeout] (never more than
-        half the stall timeout). refill: free window slots that trigger a request (default window / 8)."""
+        half the stall timeout). window: chunks in flight (default: what fits in window_bytes, at least 4).
+        refill: free window slots that trigger a request (default window / 8: a continuous pipeline)."""
         self.link, self.store = link, store
         self._window, self.window_bytes, self._refill = window, window_bytes, refill
         self.window, self.request_timeout, self.stall_timeout = max(1, window or 1), request_timeout, stall_timeout
         self._lo = min(min_request_timeout, request_timeout)
         self._hi = max(self._lo, min(max_request_timeout, stall_timeout / 2))
         self.max_bad, self.reserve_bytes, self.progress = max_bad, reserve_bytes, progress
-        self.refill = 1
         self.flight: InFlight | None = None
+        self._not_found = ""
         self.stats: dict[str, int] = {}
 
     def pull(self, manifest: Manifest) -> Path:
@@ -60,8 +62,7 @@ class ChunkPuller:
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
-            self.window = max(4, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
-        self.refill = max(1, min(self.window, self._refill or self.window // 8))
+            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -83,42 +84,48 @@ class ChunkPuller:
         flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
         bad: collections.Counter = collections.Counter()
         last_progress = time.monotonic()
-        not_found = ""
+        self._not_found = ""
         self._report("start", manifest, staging)
         while missing or flight:
             now = time.monotonic()
             self._fill(channel, a.chunk_size, staging, missing, flight, now)
             deadline = flight.next_deadline()
-            wait = 0.5 if deadline is None else min(0.5, deadline - now)
-            resp = channel.get(timeout=max(0.002, wait))
+            resp = channel.get(timeout=max(0.002, 0.5 if deadline is None else min(0.5, deadline - now)))
             now = time.monotonic()
             if resp is not None and resp.chunk_size == a.chunk_size and resp.index < a.count:
-                if resp.status != chunks.OK:
-                    self.stats["not_found"] += 1  # stays in flight: asked again when overdue (a server may appear)
-                    not_found = bytes(resp.body).decode("utf-8", "replace")[:200]
-                elif staging.have[resp.index]:
-                    self.stats["duplicates"] += 1
-                elif staging.write(resp.index, resp.body):
-                    flight.land(resp.index, now)
-                    self.stats["received"] += 1
+                if self._take(resp, staging, flight, bad, missing, now):
                     last_progress = now
                     self._report("chunk", manifest, staging)
-                else:
-                    self._bad_chunk(resp.index, bad, missing, flight)
             due = flight.overdue(now)
             if due:  # only chunks older than the adaptive timeout (lost answers, broker restart), oldest first
                 self.stats["retries"] += len(due)
                 missing.extendleft(reversed(due))
             if now - last_progress >= self.stall_timeout:
-                raise ArtifactError(self._stall_reason(manifest, staging, channel, not_found))
-        self.stats["rtt_ms"] = round(1000 * (flight.rtt.srtt or 0.0), 1)
-        self.stats["timeout_ms"] = round(1000 * flight.rtt.timeout)
+                raise ArtifactError(self._stall_reason(manifest, staging, channel, self._not_found))
+        self.stats.update(rtt_ms=round(1000 * (flight.rtt.srtt or 0.0), 1), timeout_ms=round(1000 * flight.rtt.timeout),
+                          window=self.window)
+
+    def _take(self, resp, staging: Staging, flight: InFlight, bad, missing, now: float) -> bool:
+        """Handle one answer; True when it wrote a new chunk (verified, pwritten straight from the payload)."""
+        if resp.status != chunks.OK:
+            self.stats["not_found"] += 1  # stays in flight: asked again when overdue (a server may appear)
+            self._not_found = bytes(resp.body).decode("utf-8", "replace")[:200]
+        elif staging.have[resp.index]:
+            self.stats["duplicates"] += 1
+        elif staging.write(resp.index, resp.body):
+            flight.land(resp.index, now)
+            self.stats["received"] += 1
+            return True
+        else:
+            self._bad_chunk(resp.index, bad, missing, flight)
+        return False
 
     def _fill(self, channel, chunk_size: int, staging: Staging, missing, flight: InFlight, now: float) -> None:
         """Keep the window full: ask for more as soon as a few slots are free (a continuous pipeline; one small
         request message per `refill` chunks)."""
         free = self.window - len(flight)
-        if free <= 0 or (free < self.refill and len(missing) > free):
+        refill = max(1, min(self.window, self._refill or self.window // 8))
+        if free <= 0 or (free < refill and len(missing) > free):
             return
         batch = []
         while missing and len(batch) < free:

@@ -62,13 +62,16 @@ class InFlight:
                 self._again.add(i)
             self._sent[i] = now
 
-    def land(self, index: int, now: float) -> bool:
-        """A valid answer arrived; True when it was in flight. Feeds the RTT estimate (Karn's rule)."""
+    def land(self, index: int, now: float) -> float | None:
+        """A valid answer arrived: its round trip when it was requested once (Karn's rule), else None.
+        The round trip also feeds the timeout estimate."""
         sent = self._sent.pop(index, None)
+        rtt = None
         if sent is not None and index not in self._again:
-            self.rtt.sample(now - sent)
+            rtt = now - sent
+            self.rtt.sample(rtt)
         self._again.discard(index)
-        return sent is not None
+        return rtt
 
     def drop(self, index: int) -> None:
         """Forget a chunk (its answer was bad: it goes back to the missing list)."""
@@ -96,3 +99,4 @@ class InFlight:
         for sent in self._sent.values():
             return sent + self.rtt.timeout
         return None
+

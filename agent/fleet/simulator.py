@@ -10,31 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.errors import ConfigError, LifecycleError
+from agent.errors import ConfigError
 from agent.fleet.sim_classes import DeviceClass, QualificationCache, discover_sysroots, load_classes
 
 __all__ = ["Simulator", "discover_sysroots"]
-NO_PASS = "no provider passed qualification"
-
-
-def _agent_class():
-    from agent.app import DeviceAgent
-
-    class SimulatedAgent(DeviceAgent):
-        """A DeviceAgent whose status lists the providers its simulated hardware offers on this host."""
-
-        sim_providers: tuple[str, ...] = ()
-        sim_hook: Callable[[Any], None] | None = None
-
-        def _providers(self) -> list[str]:
-            return list(self.sim_providers)
-
-        def _start_mqtt(self) -> None:
-            if self.sim_hook is not None:
-                self.sim_hook(self)  # before the first desired state can arrive
-            super()._start_mqtt()
-
-    return SimulatedAgent
 
 
 class Simulator:
@@ -102,17 +81,16 @@ class Simulator:
 
     def start_device(self, device_id: str, cls: DeviceClass):
         """Create and start one agent (also used to bring a stopped device back)."""
+        from agent.app import DeviceAgent
         from agent.config import parse_config
         from agent.lifecycle.steps import StepConfig
 
         cfg = parse_config(self._config_dict(device_id, cls))
         steps = StepConfig(probation_s=self.probation_s, providers=list(cls.providers),
                            qualify_options={"latency_budget_s": self.latency_budget_s})
-        agent = _agent_class()(cfg, profile=cls.profile, serve_http=self.serve_http, step_config=steps,
-                               on_event=self._on_event)
-        agent.sim_providers = cls.providers
-        if self.cache is not None:
-            agent.sim_hook = lambda a: self._share_qualification(a, cls)
+        qualifier = self._shared_qualifier(device_id, cls) if self.cache is not None else None
+        agent = DeviceAgent(cfg, profile=cls.profile, serve_http=self.serve_http, step_config=steps,
+                            on_event=self._on_event, providers=list(cls.providers), qualifier=qualifier)
         agent.start()
         with self._lock:
             self.agents[device_id], self.device_class[device_id] = agent, cls
@@ -159,33 +137,19 @@ class Simulator:
                 "target": cls.target, "mqtt": mqtt, "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
                 "telemetry": {"interval_s": 0}, "serving": {"host": "127.0.0.1", "port": 0}}
 
-    def _share_qualification(self, agent, cls: DeviceClass) -> None:
-        """Wrap this agent's qualifying step with the per-process cache (same sha, target, providers)."""
-        steps, device_id = agent.steps, agent.config.device_id
-        measure = steps.on_qualifying
+    def _shared_qualifier(self, device_id: str, cls: DeviceClass):
+        """DeviceAgent's qualifier hook: identical devices (same artifact, target, providers) share one real
+        measurement. A decision is shared whatever it says (also "no provider passed"); a crash or a cancel
+        raises out of measure() and is never shared: the next device measures again."""
 
-        def on_qualifying(dep, ctx):
+        def qualifier(dep, ctx, measure):
             key = (dep.data.get("sha256"), cls.target, cls.providers)
-
-            def compute():
-                try:
-                    return ("ok", measure(dep, ctx), steps.state_dir / "decisions" / f"{dep.id}.json")
-                except LifecycleError as exc:
-                    if NO_PASS not in str(exc):
-                        raise  # a crash or a cancel is not a measurement: never shared
-                    return ("fail", exc, None)
 
             def reused(first: str) -> None:
                 self._progress("qualify_cache", device_id=device_id, key=f"{key[0][:12]}/{key[1]}", first=first)
 
-            kind, value, record = self.cache.get(key, device_id, compute, on_reuse=reused)
-            if kind == "fail":
-                raise LifecycleError(f"{value} (measured once for {cls.target} on {', '.join(cls.providers)})")
-            if record is not None and Path(record).exists() and Path(record).parent != steps.state_dir / "decisions":
-                shutil.copyfile(record, steps.state_dir / "decisions" / f"{dep.id}.json")
-            return copy.deepcopy(value)
-
-        steps.on_qualifying = on_qualifying
+            return copy.deepcopy(self.cache.get(key, device_id, measure, on_reuse=reused))
+        return qualifier
 
     def _on_event(self, record: dict[str, Any]) -> None:
         if record.get("event") == "transition":

@@ -17,6 +17,7 @@ from agent.errors import LifecycleError
 from agent.util.atomic import atomic_write_json, read_json
 
 OPS = ("rollback", "cancel")
+PROBE_GRACE_S = 1.0  # how long acquire() retries before calling the state_dir busy
 MAX_AGE_S = 300.0  # an older request (its CLI gave up long ago) is answered as expired, not executed
 
 
@@ -27,16 +28,22 @@ class StateLock:
         self.path = Path(state_dir) / "agent.lock"
         self._fd: int | None = None
 
-    def acquire(self) -> "StateLock":
+    def acquire(self, grace_s: float = PROBE_GRACE_S) -> "StateLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = holder_pid(self.path.parent)
-            raise LifecycleError(f"state_dir {self.path.parent} is in use by another edge-agent "
-                                 f"(pid {holder or 'unknown'})") from None
+        end = time.monotonic() + grace_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < end:  # maybe `edge-agent status` probing (a shared lock for microseconds)
+                    time.sleep(0.05)
+                    continue
+                os.close(fd)
+                holder = holder_pid(self.path.parent)
+                raise LifecycleError(f"state_dir {self.path.parent} is in use by another edge-agent "
+                                     f"(pid {holder or 'unknown'})") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd

@@ -1,10 +1,12 @@
 """The deployment journal: one JSON file per deployment, replaced atomically before each action."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from agent.util.atomic import atomic_write_json
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TEMP_MAX_AGE_S = 600.0  # clean_temp() removes only temp files this old: never a write in progress elsewhere
 
 
 def check_name(what: str, value: str) -> str:
@@ -72,19 +75,36 @@ class Deployment:
 
     def summary(self) -> dict[str, Any]:
         """The pinned per-deployment fields of the status document."""
-        return {"id": self.id, "version": self.version, "state": self.state.value, "result": self.result,
-                "reason": self.reason, "ts": self.updated}
+        out = {"id": self.id, "version": self.version, "state": self.state.value, "result": self.result,
+               "reason": self.reason, "ts": self.updated}
+        if isinstance(self.data.get("swap"), dict):
+            out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
+        return out
 
 
 class Journal:
-    """state_dir/deployments/<id>.json; every write is temp + fsync + rename + directory fsync."""
+    """state_dir/deployments/<id>.json; every write is temp + fsync + rename + directory fsync.
+
+    One instance per state_dir is shared by the orchestrator and the steps. close() (daemon stop) waits for a
+    write in progress and refuses later ones, so a thread that outlives stop() cannot write behind the back of
+    whoever takes the state_dir next."""
 
     def __init__(self, state_dir: str | os.PathLike):
         self.root = Path(state_dir) / "deployments"
         self.root.mkdir(parents=True, exist_ok=True)
+        self._write_lock = threading.Lock()
+        self._closed = False
 
     def path(self, dep_id: str) -> Path:
         return self.root / f"{dep_id}.json"
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def create(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment:
         check_name("model name", model)
@@ -98,19 +118,27 @@ class Journal:
         return dep
 
     def save(self, dep: Deployment) -> None:
-        dep.updated = time.time()
-        atomic_write_json(self.path(dep.id), dep.to_dict())
+        with self._write_lock:
+            if self._closed:
+                raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): "
+                                     f"{dep.id} not written")
+            dep.updated = time.time()
+            atomic_write_json(self.path(dep.id), dep.to_dict())
 
     def apply(self, dep: Deployment, event: str, reason: str | None = None, **data: Any) -> State:
-        """Move `dep` along the table and persist it before the caller acts on the new state."""
+        """Move `dep` along the table and persist it before the caller acts on the new state. When the write
+        fails, `dep` is left exactly as it was (memory and disk agree)."""
         new = next_state(dep.state, event)
-        dep.state = new
+        nxt = copy.copy(dep)
+        nxt.attempts, nxt.history, nxt.data = dict(dep.attempts), list(dep.history), dict(dep.data)
+        nxt.state = new
         if reason is not None or new in TERMINAL:
-            dep.reason = reason
-        dep.attempts[new.value] = dep.attempts.get(new.value, 0) + 1
-        dep.data.update(data)
-        dep.history.append({"state": new.value, "event": str(event), "ts": time.time(), "reason": reason})
-        self.save(dep)
+            nxt.reason = reason
+        nxt.attempts[new.value] = nxt.attempts.get(new.value, 0) + 1
+        nxt.data.update(data)
+        nxt.history.append({"state": new.value, "event": str(event), "ts": time.time(), "reason": reason})
+        self.save(nxt)
+        dep.__dict__.update(nxt.__dict__)
         return new
 
     def load(self, dep_id: str) -> Deployment:
@@ -133,12 +161,22 @@ class Journal:
                 continue  # unreadable: reported by check()
         return sorted(deps, key=lambda d: (d.created, d.id))
 
-    def clean_temp(self) -> int:
-        """Start-up only (no writer running): remove temp files of writes a crash interrupted before the rename."""
-        stray = [p for p in self.root.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
-        for p in stray:
-            p.unlink(missing_ok=True)
-        return len(stray)
+    def clean_temp(self, older_than_s: float = TEMP_MAX_AGE_S) -> int:
+        """Remove temp files of writes a crash interrupted before the rename. Only those older than
+        `older_than_s`: a fresh one may be a write in progress (another agent still stopping in this process,
+        an operator's tool); leftovers are harmless meanwhile (all() skips them)."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for p in self.root.iterdir():
+            if not (p.name.startswith(".") and p.name.endswith(".tmp")):
+                continue
+            try:
+                if p.stat().st_mtime <= cutoff:
+                    p.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue
+        return removed
 
     def in_flight(self) -> list[Deployment]:
         return [d for d in self.all() if not d.terminal]

@@ -24,6 +24,7 @@ DEADLINES_S: dict[State, float] = {
     State.ACTIVATING: 900, State.PROBATION: 3600,
 }
 Listener = Callable[[dict[str, Any]], None]
+JOURNAL_RETRIES = 3
 
 
 class _Worker:
@@ -42,7 +43,7 @@ class Orchestrator:
     def __init__(self, state_dir: str | os.PathLike, steps: Steps, *, deadlines: dict[State, float] | None = None,
                  listeners: list[Listener] | None = None, crash_at: str | None = None):
         self.state_dir = Path(state_dir)
-        self.journal = Journal(self.state_dir)
+        self.journal: Journal = steps.journal  # one writer object per state_dir (close() covers the steps too)
         self.slots: ModelSlots = steps.slots
         self.steps = steps
         self.deadlines = {**DEADLINES_S, **(deadlines or {})}
@@ -79,7 +80,13 @@ class Orchestrator:
         end = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, end - time.monotonic()))
+        self.journal.close()  # a worker that outlives the drain (a compile that ignores cancel) writes nothing more
         self.flush_reports(max(1.0, end - time.monotonic()))
+
+    def live_threads(self) -> list[threading.Thread]:
+        """Worker threads still running (after stop(): those the drain timeout left behind)."""
+        with self._lock:
+            return [w.thread for w in self._workers.values() if w.thread is not None and w.thread.is_alive()]
 
     # ---- requests --------------------------------------------------------------------------------
     def submit(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment | None:
@@ -180,10 +187,8 @@ class Orchestrator:
                     return
             try:
                 self._drive(dep, w)
-            except Exception as exc:  # noqa: BLE001 - e.g. the journal cannot be written (disk full)
-                self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
-                               "state": dep.state.value, "error": f"{type(exc).__name__}: {exc}",
-                               "progress": "stalled", "ts": time.time()})
+            except BaseException as exc:  # noqa: BLE001 - a worker never dies with its deployment in flight
+                self._broken(dep, exc)
             finally:
                 with self._lock:
                     w.current, w.ctx = None, None
@@ -206,6 +211,27 @@ class Orchestrator:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
                 self._enter(dep, event, reason, **data)
+
+    def _broken(self, dep: Deployment, exc: BaseException) -> None:
+        """_drive itself failed (e.g. a journal write: disk full, directory removed): fail the deployment with the
+        reason, journaled and reported. If even that cannot be written, say so; recovery resumes it on restart."""
+        reason = f"{dep.state.value}: internal error: {type(exc).__name__}: {exc}"
+        for attempt in range(JOURNAL_RETRIES):
+            if self._stopping or dep.terminal:
+                return  # stopping: recovery decides on the next start
+            try:
+                if dep.state in SERVING_NEW:
+                    self.steps.ensure_committed(dep.model)  # the new model may serve: the committed one again
+                with self._lock:
+                    self._enter(dep, Event.FAIL, reason)
+                return
+            except Exception as again:  # noqa: BLE001 - retried, then reported
+                last = again
+                time.sleep(0.2 * (attempt + 1))
+        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
+                       "state": dep.state.value, "reason": reason, "progress": "stalled",
+                       "error": f"cannot journal the failure: {type(last).__name__}: {last}; "
+                                "recovery resumes this deployment on the next start", "ts": time.time()})
 
     def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
         try:

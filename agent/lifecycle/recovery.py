@@ -68,3 +68,10 @@ def recover(journal: Journal, slots: ModelSlots) -> list[Deployment]:
         if not step.deployment.terminal:
             resumed.append(step.deployment)
     return resumed
+
+
+def markdown() -> str:
+    """RESUME as docs/daemon.md shows it (tests/test_daemon_doc.py keeps the page equal to this)."""
+    rows = ["| journaled state at start-up | event applied | what happens |", "|---|---|---|"]
+    rows += [f"| `{s.value}` | `{e.value}` | {what} |" for s, (e, what) in RESUME.items()]
+    return "\n".join(rows) + "\n"

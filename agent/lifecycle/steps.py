@@ -15,6 +15,10 @@ from agent.lifecycle.slots import ModelSlots, gc
 from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
 
+Measure = Callable[[], dict[str, Any]]
+# (deployment, context, measure) -> Decision.to_dict(); measure() runs the real qualification child process
+Qualifier = Callable[[Deployment, act.StepContext, Measure], dict[str, Any]]
+
 ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "requested_precision", "options",
               "device", "cache_dir", "versions", "package_dir", "model_path", "latency_ms", "deployment_id")
 
@@ -26,7 +30,8 @@ class StepConfig:
     probation_s: float = 60.0
     providers: list[str] | None = None  # qualify only these (default: the target's preference order)
     qualify_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"latency_budget_s": 1.0}
-    swap: str | None = None  # make-before-break | stop-then-start (default: the target's serving.swap)
+    swap: str | None = None  # make-before-break | stop-then-start (forced; default: the target's rule below)
+    serving: dict[str, Any] = field(default_factory=dict)  # the target's serving hints (swap, swap_when_memory_short)
     keep_deployments: int = 20
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
 
@@ -51,6 +56,8 @@ class Steps:
         # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
         self.check_manifest: Callable[[Deployment], None] | None = None
         self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
+        # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
+        self.qualifier: Qualifier | None = None
         self._model_locks: dict[str, threading.Lock] = {}
 
     def model_lock(self, name: str) -> threading.Lock:
@@ -101,9 +108,12 @@ class Steps:
 
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
-        decision = run_qualification(dep.data["package_dir"], self.profile, self.target_name, cache_root, ctx,
+
+        def measure() -> dict[str, Any]:
+            return run_qualification(dep.data["package_dir"], self.profile, self.target_name, cache_root, ctx,
                                      providers=self.config.providers, options=self.config.qualify_options,
                                      overrides=(dep.data.get("manifest") or {}).get("qualification"))
+        decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
         summary = _summary(decision)
         if not decision.get("selected"):
@@ -126,11 +136,28 @@ class Steps:
                     return Event.SWAPPED, {}
                 if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
                     raise LifecycleError("the previous slot changed; nothing to roll back to")
-                self._serve(dep.model, slots["previous"])  # make before break: the slots change once it serves
+                swap = self._report_swap(slots["previous"], ctx)
+                self._serve(dep.model, slots["previous"], swap["mode"])  # the slots change once it serves
                 self.slots.swap(dep.model)
-                return Event.SWAPPED, {}
-            self._serve(dep.model, self.entry(dep))
-        return Event.ACTIVATED, {}
+                return Event.SWAPPED, {"swap": swap}
+            entry = self.entry(dep)
+            swap = self._report_swap(entry, ctx)
+            self._serve(dep.model, entry, swap["mode"])
+        return Event.ACTIVATED, {"swap": swap}
+
+    def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
+        mode, why = self.swap_mode(entry)
+        ctx.report("swap_mode", mode=mode, why=why)
+        return {"mode": mode, "why": why}
+
+    def swap_mode(self, entry: dict[str, Any]) -> tuple[str, str]:
+        """make-before-break or stop-then-start for this activation: forced by config, else the target's rule
+        (`swap_when_memory_short`) against MemAvailable and the model's size on disk."""
+        from agent.serving.memory import choose_swap, mem_available
+
+        if self.config.swap:
+            return self.config.swap, f"{self.config.swap} (set by configuration)"
+        return choose_swap(self.config.serving, _model_bytes(entry), mem_available())
 
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         from agent.serving.probation import TROUBLE, Probation
@@ -163,10 +190,12 @@ class Steps:
         d.update(version=dep.version, deployment_id=dep.id)
         return {k: d.get(k) for k in ENTRY_KEYS}
 
-    def _serve(self, name: str, entry: dict[str, Any]) -> None:
+    def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None) -> None:
         if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
             act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
-        act.activate(self.registry, name, self._fresh_cache(entry), swap=self.config.swap, lock=self.session_lock)
+        if swap is None:
+            swap = self.swap_mode(entry)[0]
+        act.activate(self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock)
         self.unavailable.pop(name, None)
 
     def _fresh_cache(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -228,11 +257,15 @@ class Steps:
 
     def _gc(self) -> None:
         keep = self.slots.referenced()
-        for dep in self.journal.in_flight():
+        in_flight = self.journal.in_flight()
+        for dep in in_flight:
             artifact = ((dep.data.get("manifest") or {}).get("artifact") or {}).get("sha256")
             keep.update(v for v in (dep.data.get("sha256"), dep.data.get("model_sha256"), artifact) if v)
+        # ContentStore.gc also clears staging/: never while another model's deployment may be writing there
+        fetching = any(d.state in (State.RECEIVED, State.DOWNLOADING) for d in in_flight)
         try:
-            gc(self.state_dir, self.store, keep)
+            if not fetching:
+                gc(self.state_dir, self.store, keep)
         except (OSError, EdgeAgentError):
             pass  # garbage stays until the next commit
         self.journal.prune(self.config.keep_deployments)
@@ -240,6 +273,19 @@ class Steps:
         for p in (self.state_dir / "decisions").glob("*.json"):
             if p.stem not in ids:
                 p.unlink(missing_ok=True)
+
+
+def _model_bytes(entry: dict[str, Any]) -> int:
+    """What a session of this model needs at least: the size of its files (weights dominate)."""
+    path = entry.get("model_path")
+    if not path:
+        return 0
+    root = Path(path).parent
+    try:  # the graph and its external weights; golden test data does not load into the session
+        return sum(p.stat().st_size for p in root.rglob("*")
+                   if p.is_file() and not any(part.startswith("test_data") for part in p.relative_to(root).parts))
+    except OSError:
+        return 0
 
 
 def _clean_leftovers(packages: Path, staging: Path) -> None:

@@ -53,3 +53,16 @@ def next_state(state: S | str, event: E | str) -> S:
 def events_from(state: S | str) -> dict[E, S]:
     """Every event accepted in `state` and where it leads."""
     return {e: t for (s, e), t in TRANSITIONS.items() if s == S(state)}
+
+
+def markdown() -> str:
+    """The table as docs/daemon.md shows it, one row per state (tests/test_daemon_doc.py keeps the page equal)."""
+    rows = ["| state | event(s) -> next state |", "|---|---|"]
+    for state in S:
+        by_target: dict[S, list[str]] = {}
+        for event, target in events_from(state).items():
+            by_target.setdefault(target, []).append(f"`{event.value}`")
+        if by_target:
+            cells = "; ".join(f"{', '.join(sorted(evs))} -> `{t.value}`" for t, evs in by_target.items())
+            rows.append(f"| `{state.value}` | {cells} |")
+    return "\n".join(rows) + "\n"

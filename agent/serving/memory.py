@@ -61,6 +61,10 @@ def choose_swap(serving: dict, model_need_bytes: int, available_bytes: int | Non
     if available_bytes is None:
         return mode, f"target swap mode {mode} (MemAvailable unknown)"
     if available_bytes < 2 * need:
-        return short, (f"MemAvailable {available_bytes >> 20} MiB < 2 x the model's {need >> 20} MiB: "
+        return short, (f"MemAvailable {_size(available_bytes)} < 2 x the model's {_size(need)}: "
                        f"{short} instead of {mode}")
-    return mode, f"MemAvailable {available_bytes >> 20} MiB >= 2 x the model's {need >> 20} MiB: {mode}"
+    return mode, f"MemAvailable {_size(available_bytes)} >= 2 x the model's {_size(need)}: {mode}"
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 10 << 20 else f"{n / 1024:.1f} KiB"
