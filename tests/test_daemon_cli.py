@@ -5,7 +5,7 @@ import json
 import subprocess
 
 from agent.lifecycle.fsck import check_state_dir
-from test_daemon_support import EXE, ROOT, Daemon, drop, infer, write_config
+from test_daemon_support import EXE, ROOT, Daemon, drop, infer, wait_for, write_config
 
 
 def cli(*args, timeout=120):
@@ -21,8 +21,12 @@ def test_status_and_rollback_online_and_offline(tmp_path):
         for v in ("1", "2"):
             drop(state, v)
             assert d.wait_deployment(v)["result"] == "committed", d.tail()
+        wait_for(lambda: (d.status() or {}).get("providers_source") == "probed", 180, "provider probe", d.proc)
         out = cli("status", "--config", str(cfg), "--json")
         doc = json.loads(out.stdout)
+        assert "cpu" in doc["providers"]  # available here, in target order (generic-x86_64: openvino, cpu)
+        assert doc["deployments"]["tiny"]["swap"] in ("make-before-break", "stop-then-start")
+        assert "memory malloc_arenas=2" in d.log.read_text()  # capped before any thread started
         assert doc["daemon"] == {"running": True, "pid": d.proc.pid} and doc["problems"] == []
         tiny = doc["models"]["tiny"]
         assert (tiny["version"], tiny["state"], tiny["provider"], tiny["previous"]) == ("2", "committed", "cpu", "1")

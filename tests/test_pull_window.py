@@ -123,3 +123,31 @@ def test_a_lost_answer_is_requested_again_without_the_rest_of_the_window(mosquit
     again = {i for i, n in counts.items() if n > 1}
     assert again == {5}, f"re-requested {sorted(again)}: only the lost chunk should be"
     assert puller.stats["retries"] == counts[5] - 1
+
+
+def test_artifact_channel_sockets_do_without_nagle_also_after_a_reconnect(tmp_path):
+    import socket
+
+    from agent.artifacts.nodelay import tcp_nodelay
+    from brokers import Mosquitto
+
+    def nodelay(link) -> int:
+        return link._mqtt._client.socket().getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+    with Mosquitto(tmp_path / "b") as broker:
+        dev = DeviceLink(broker.url, "pi-1").start(wait=15)
+        try:
+            assert nodelay(dev) == 0  # paho's default: Nagle on, small requests wait for the peer's delayed ACK
+            assert tcp_nodelay(dev) and tcp_nodelay(dev)  # idempotent
+            assert nodelay(dev) != 0
+            before = dev._mqtt._client.socket()
+            broker.restart()
+            seen: list = []  # the link's ("conn", connected, reason) events: a drop, then a new connection
+            while not (False in seen and seen[-1] is True):
+                event = dev.events.raw.get(timeout=30)
+                if event[0] == "conn":
+                    seen.append(event[1])
+            assert dev._mqtt._client.socket() is not before and nodelay(dev) != 0
+        finally:
+            dev.stop()
+    assert tcp_nodelay(object()) is False  # not an MQTT link: nothing to do, no error

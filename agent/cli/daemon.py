@@ -70,6 +70,7 @@ def run(config_path):
 
     `edge-agent rollback NAME` reaches the running daemon through STATE_DIR/control/ (request files the
     daemon answers); `edge-agent status` reads STATE_DIR/status.json, rewritten on every transition.
+    Operator guide: docs/daemon.md.
     """
     from agent.app import DeviceAgent
     from agent.sdnotify import SdNotifier
@@ -91,8 +92,8 @@ def run(config_path):
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: _reload(agent, config_path, log))
-    log({"event": "memory", "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)"})
     agent.start()
+    log({"event": "memory", "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)"})
     try:
         while not stop.wait(1.0):
             pass

@@ -216,6 +216,7 @@ class Orchestrator:
         """_drive itself failed (e.g. a journal write: disk full, directory removed): fail the deployment with the
         reason, journaled and reported. If even that cannot be written, say so; recovery resumes it on restart."""
         reason = f"{dep.state.value}: internal error: {type(exc).__name__}: {exc}"
+        last: Exception | None = None
         for attempt in range(JOURNAL_RETRIES):
             if self._stopping or dep.terminal:
                 return  # stopping: recovery decides on the next start
