@@ -106,6 +106,7 @@ class Mosquitto(_Broker):
             "max_inflight_messages 0",
             "max_queued_messages 10000",
             "message_size_limit 0",
+            "set_tcp_nodelay true",
         ]
         if self.persistence:
             lines += ["persistence true", f"persistence_location {self.workdir}/", "autosave_interval 1"]

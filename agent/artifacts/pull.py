@@ -16,7 +16,6 @@ from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.manifest import Manifest
-from agent.artifacts.nodelay import tcp_nodelay
 from agent.artifacts.staging import RECOVER_GAP, Staging
 from agent.artifacts.store import ContentStore
 from agent.artifacts.window import InFlight, RttEstimator
@@ -69,7 +68,6 @@ class ChunkPuller:
             check_space(self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}")
             self.stats = {"chunks": a.count, "resumed": a.count - len(staging.missing()), "recovered": staging.recovered,
                           "requested": 0, "received": 0, "duplicates": 0, "bad": 0, "not_found": 0, "retries": 0}
-            tcp_nodelay(self.link)  # chunk requests are small: Nagle would hold each one up to 40 ms
             with self.link.chunk_channel(a.sha256) as channel:
                 self._loop(manifest, staging, channel)
             self._report("verify", manifest, staging)

@@ -20,7 +20,6 @@ from typing import Callable
 from agent.artifacts import chunks
 from agent.artifacts.store import ContentStore
 from agent.artifacts.manifest import MAX_CHUNK
-from agent.artifacts.nodelay import tcp_nodelay
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
@@ -51,7 +50,6 @@ class ArtifactServer:
 
     def start(self, wait: float = 15.0) -> "ArtifactServer":
         self.link.start(wait=wait)
-        tcp_nodelay(self.link)
         self.link.subscribe(self.topics.all_status(), self._on_status, qos=1)
         self.link.subscribe(self.topics.artifact_req_filter(shared=self.shared), self._on_request, qos=1)
         for n in range(self.workers):

@@ -172,6 +172,7 @@ class MqttLink:
         proto = mqtt.MQTTv5 if self.protocol == 5 else mqtt.MQTTv311
         kw = {} if proto == mqtt.MQTTv5 else {"clean_session": True}
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=proto, **kw)
+        c.on_socket_open = _set_nodelay  # small packets (requests, PUBACKs) must not wait 40 ms for Nagle
         user, pw = self.broker.credentials()
         if user is not None:
             c.username_pw_set(user, pw)
@@ -290,3 +291,13 @@ def _matches(topic_filter: str, topic: str) -> bool:
         if i >= len(t) or (part != "+" and part != t[i]):
             return False
     return len(f) == len(t)
+
+
+def _set_nodelay(client, userdata, sock) -> None:
+    """paho leaves Nagle on; set TCP_NODELAY on every (re)connected socket (TLS sockets wrap a TCP one)."""
+    import socket
+
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        pass  # not a TCP socket (e.g. a unix socket or websocket proxy): nothing to do
