@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from agent.errors import ArtifactError
@@ -39,6 +40,9 @@ def hash_file(path: str | os.PathLike, chunk_size: int | None = None) -> tuple[s
             if chunk_size:
                 chunk_hashes.append(hashlib.sha256(block).hexdigest())
     return whole.hexdigest(), size, chunk_hashes
+
+
+STALE_TEMP_S = 3600  # a put.* temp file older than this was left by a crash
 
 
 class ContentStore:
@@ -105,15 +109,25 @@ class ContentStore:
         return self.has(sha256) and hash_file(self.path(sha256))[0] == sha256
 
     def gc(self, keep) -> list[str]:
-        """Delete blobs not in `keep` and every staging leftover not belonging to a kept sha; returns removed shas."""
+        """Delete blobs not in `keep` and staging leftovers not belonging to a kept sha; returns removed shas.
+
+        Temp files of writes in progress (`put.*`) are only removed once they are an hour old: another thread
+        may be between mkstemp and rename."""
         keep = set(keep)
         removed = []
         for sha in self.list():
             if sha not in keep:
                 _unlink(self.blobs / sha)
                 removed.append(sha)
+        now = time.time()
         for p in self.staging.iterdir():
-            if p.name.split(".")[0] not in keep:
+            if p.name.startswith("put."):
+                try:
+                    if now - p.stat().st_mtime > STALE_TEMP_S:
+                        _unlink(p)
+                except FileNotFoundError:
+                    pass
+            elif p.name.split(".")[0] not in keep:
                 _unlink(p)
         fsync_dir(self.blobs)
         return removed

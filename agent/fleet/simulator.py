@@ -103,11 +103,14 @@ class Simulator:
             agent.stop(drain_timeout=5.0 if graceful else 0.1)
 
     def stop(self) -> None:
+        stopping = list(self.agents.values())
         for dev in list(self.agents):
             try:
                 self.stop_device(dev)
             except Exception:  # noqa: BLE001 - stop the others regardless
                 pass
+        for agent in stopping:  # threads left behind by a timed-out drain must end before the files go
+            agent.stopped(timeout=30)
         if self._own_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 

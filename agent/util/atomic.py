@@ -26,8 +26,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) 
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
