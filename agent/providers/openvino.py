@@ -148,15 +148,15 @@ def _first_available(core, preferred: list[str]) -> str:
     return next((d for d in preferred if d.split(".")[0] in seen), preferred[0] if preferred else "CPU")
 
 
-def _onnx_io_names(path: Path) -> frozenset[str]:
-    """The ONNX graph's input and output names (without loading weights); empty if unreadable."""
+def _onnx_io_names(path: Path) -> tuple[frozenset[str], frozenset[str]]:
+    """The ONNX graph's input names and output names (without loading weights); empty if unreadable."""
     try:
         import onnx
 
         g = onnx.load(str(path), load_external_data=False).graph
-        return frozenset([v.name for v in g.input] + [v.name for v in g.output])
+        return frozenset(v.name for v in g.input), frozenset(v.name for v in g.output)
     except Exception:  # noqa: BLE001 - names are a preference, not a requirement
-        return frozenset()
+        return frozenset(), frozenset()
 
 
 def _read_model(core, path: Path):
@@ -207,9 +207,10 @@ class OpenVINOSession(ProviderSession):
         self.device = device
         self.compile_s = compile_s
         self.precision = self._precision()
-        graph_names = _onnx_io_names(model_path)
-        self.inputs = [self._spec(p, graph_names) for p in compiled.inputs]
-        self.outputs = [self._spec(p, graph_names) for p in compiled.outputs]
+        graph_inputs, graph_outputs = _onnx_io_names(model_path)
+        self._folded = graph_inputs  # ONNX inputs OpenVINO may drop (CastLike's `like`, an empty `axes`)
+        self.inputs = [self._spec(p, graph_inputs) for p in compiled.inputs]
+        self.outputs = [self._spec(p, graph_outputs) for p in compiled.outputs]
         self._in_index = {s.name: i for i, s in enumerate(self.inputs)}
         self._assignment: Assignment | None = None
 
@@ -232,6 +233,8 @@ class OpenVINOSession(ProviderSession):
         if self._compiled is None:
             raise ProviderError("openvino: the session is closed")
         unknown = set(feeds) - set(self._in_index)
+        if unknown and unknown <= self._folded and set(self._in_index) <= set(feeds):
+            feeds, unknown = {k: v for k, v in feeds.items() if k in self._in_index}, set()
         if unknown:
             raise ProviderError(f"openvino: unknown input(s) {', '.join(sorted(unknown))}; "
                                 f"model inputs: {', '.join(self._in_index)}")
@@ -240,10 +243,11 @@ class OpenVINOSession(ProviderSession):
         except queue.Empty:
             req = self._compiled.create_infer_request()
         try:
-            req.infer({self._in_index[k]: np.ascontiguousarray(v) for k, v in feeds.items()})
+            ports = self._compiled.inputs
+            req.infer({self._in_index[k]: _in_tensor(ports[self._in_index[k]], v) for k, v in feeds.items()})
             wanted = output_names or [o.name for o in self.outputs]
             index = {o.name: i for i, o in enumerate(self.outputs)}
-            return {n: req.get_output_tensor(index[n]).data.copy() for n in wanted}
+            return {n: _out_array(req.get_output_tensor(index[n])) for n in wanted}
         except KeyError as exc:
             raise ProviderError(f"openvino: unknown output {exc.args[0]!r}") from exc
         except Exception as exc:  # noqa: BLE001
@@ -281,6 +285,47 @@ class OpenVINOSession(ProviderSession):
     def close(self) -> None:
         self._pool = queue.SimpleQueue()
         self._compiled = None
+
+
+def _in_tensor(port, value):
+    """A numpy feed for one input port; 4-bit types (i4, u4, f4e2m1) are packed two values per byte as OpenVINO
+    expects (numpy/ml_dtypes hold one value per byte)."""
+    et = port.get_element_type()
+    if et.get_type_name() == "bf16":  # OpenVINO's numpy bridge misreads ml_dtypes.bfloat16: hand it the bits
+        import ml_dtypes
+
+        arr = np.ascontiguousarray(np.asarray(value).astype(ml_dtypes.bfloat16))
+        return _ov().Tensor(arr.view(np.uint16), _ov().Shape(list(arr.shape)), et)
+    if et.bitwidth != 4:
+        return np.asarray(value, order="C")
+    arr = np.asarray(value)
+    codes = arr.view(np.uint8).ravel() & 0x0F
+    if codes.size % 2:
+        codes = np.append(codes, np.uint8(0))
+    packed = (codes[0::2] | (codes[1::2] << 4)).astype(np.uint8)
+    return _ov().Tensor(packed, _ov().Shape(list(arr.shape)), et)
+
+
+def _out_array(tensor) -> np.ndarray:
+    """An output tensor as numpy; 4-bit outputs are unpacked to one value per byte (ml_dtypes int4/uint4/float4)."""
+    et = tensor.element_type
+    if et.get_type_name() == "bf16":  # .data is a float16 view of the bf16 bits
+        import ml_dtypes
+
+        return np.asarray(tensor.data).view(np.uint16).view(ml_dtypes.bfloat16).copy()
+    if et.bitwidth != 4:
+        return tensor.data.copy()
+    shape = tuple(tensor.shape)
+    raw = np.asarray(tensor.data).view(np.uint8).ravel()
+    codes = np.stack([raw & 0x0F, raw >> 4], axis=1).ravel()[: int(np.prod(shape, dtype=np.int64))]
+    import ml_dtypes
+
+    name = et.get_type_name()
+    if name == "i4":
+        return (((codes.astype(np.int8) ^ 8) - 8).astype(ml_dtypes.int4)).reshape(shape)
+    if name == "u4":
+        return codes.astype(ml_dtypes.uint4).reshape(shape)
+    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).reshape(shape)
 
 
 def _onnx_node_count(path: Path) -> int | None:
