@@ -75,7 +75,14 @@ def test_status_is_retained_and_lwt_marks_offline(any_broker):
     assert doc["online"] is True and doc["device_id"] == "pi-1" and doc["groups"] == ["lab"]
     dev.stop(graceful=False)  # socket dropped without DISCONNECT: the broker publishes the will
     doc = seen.get(timeout=60)
-    assert doc == {"device_id": "pi-1", "online": False}
+    assert doc == {"device_id": "pi-1", "online": False, "groups": ["lab"]}
+    # A restarted device's will is its last status snapshot: a crash keeps its groups and models visible.
+    last = {"device_id": "pi-1", "groups": ["lab"], "target": "raspberry-pi-5",
+            "models": {"m": {"version": "1", "state": "committed"}}, "ts": 1.0}
+    dev = DeviceLink(any_broker.url, "pi-1", groups=["lab"], last_status=last).start(wait=15)
+    dev.stop(graceful=False)
+    doc = seen.get(timeout=60)
+    assert doc == {**{k: v for k, v in last.items() if k != "ts"}, "online": False}
     cp.stop()
 
 
@@ -128,3 +135,20 @@ def test_outgoing_queue_is_bounded(tmp_path):
             link.publish("edge/x", b"1", qos=1)
     finally:
         link.stop()
+
+
+def test_device_desired_state_beats_groups_unless_a_group_push_is_newer():
+    from agent.transport.device import DesiredEvents
+
+    def env(version, issued):
+        return json.dumps({"manifest": {"version": version, "issued_at": issued}}).encode()
+
+    device, lab, lab2 = env("2", 100), env("3", 50), env("4", 60)
+    pick = DesiredEvents._winner
+    # a per-device desired state (e.g. from a rollout) wins over older group pushes
+    assert pick({"device": (device, "t/d"), "group:lab": (lab, "t/l"), "group:lab2": (lab2, "t/l2")})[1] == "device"
+    # a group push issued after it wins (else every later group push would be ignored by that device)
+    newer = env("5", 200)
+    assert pick({"device": (device, "t/d"), "group:lab": (newer, "t/l")})[:2] == (newer, "group:lab")
+    # among groups the highest version wins
+    assert pick({"group:lab": (lab, "t/l"), "group:lab2": (lab2, "t/l2")})[1] == "group:lab2"

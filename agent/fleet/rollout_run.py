@@ -141,7 +141,8 @@ def run_rollback(name: str, *, device: str | None, group: str | None, version: s
             elif base is None:
                 row.update(result="skipped", reason=f"no manifest for {name} {ver} in {store}: it was never rolled out from here")
             else:
-                manifests[ver] = base
+                now = int(time.time())  # a rollback is a new decision: fresh issue time and expiry
+                manifests[ver] = {**base, "issued_at": now, "expires_at": now + MANIFEST_TTL_S}
                 link.publish_desired(dev, name, ManifestIssuer(key, manifests).envelope(dev, ver, rollback=True))
                 row.update(result="published", reason=f"signed rollback to {ver} published")
             rows.append(row)

@@ -25,7 +25,7 @@ class MqttMode:
         self.link = DeviceLink(
             m.url, cfg.device_id, groups=cfg.groups, prefix=m.topic_prefix, username=m.username,
             password=m.password(), ca=_s(tls.ca) if tls else None, cert=_s(tls.cert) if tls else None,
-            key=_s(tls.key) if tls else None)
+            key=_s(tls.key) if tls else None, last_status=_last_status(agent.state_dir))
         agent.steps.check_manifest = self.check_manifest
         agent.steps.fetch_manifest = self.fetch_manifest
 
@@ -131,3 +131,15 @@ def _unverified_version(envelope: bytes) -> str:
 
 def _s(p) -> str | None:
     return str(p) if p is not None else None
+
+
+def _last_status(state_dir) -> dict | None:
+    """The last status document written (status.json), for the LWT snapshot; None when unreadable."""
+    from agent.lifecycle.status import status_path
+    from agent.util.atomic import read_json
+
+    try:
+        doc = read_json(status_path(state_dir))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from agent.artifacts import chunks
+from agent.artifacts.manifest import parse_version
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics, check_name
@@ -43,10 +44,17 @@ class ConnectionEvent:
 def _version_key(envelope: bytes) -> tuple:
     """Unverified version of an envelope, for ranking group candidates only (verification comes later)."""
     try:
-        v = json.loads(envelope)["manifest"]["version"]
-        return (1, tuple(int(p) for p in v.split(".")))
+        return (1, parse_version(json.loads(envelope)["manifest"]["version"]))
     except Exception:  # noqa: BLE001 - anything unparseable ranks lowest
         return (0, ())
+
+
+def _issued_at(envelope: bytes) -> float:
+    """Unverified issued_at of an envelope (0 when unreadable), to order device against group desired state."""
+    try:
+        return float(json.loads(envelope)["manifest"]["issued_at"])
+    except Exception:  # noqa: BLE001
+        return 0.0
 
 
 class DesiredEvents:
@@ -116,10 +124,14 @@ class DesiredEvents:
 
     @staticmethod
     def _winner(cands: dict[str, tuple[bytes, str]]):
-        if "device" in cands:
+        """Among groups the highest version wins; the device's own desired state beats the best group's unless
+        the group's was issued later (a group push after a per-device rollout must still reach the device)."""
+        groups = sorted(((k, v) for k, v in cands.items() if k != "device"),
+                        key=lambda kv: (_version_key(kv[1][0]), kv[0]), reverse=True)
+        best = (groups[0][1][0], groups[0][0], groups[0][1][1]) if groups else None
+        if "device" in cands and (best is None or _issued_at(cands["device"][0]) >= _issued_at(best[0])):
             return cands["device"][0], "device", cands["device"][1]
-        groups = sorted(cands.items(), key=lambda kv: (_version_key(kv[1][0]), kv[0]), reverse=True)
-        return (groups[0][1][0], groups[0][0], groups[0][1][1]) if groups else None
+        return best
 
 
 class ChunkChannel:
@@ -168,7 +180,8 @@ class DeviceLink:
 
     def __init__(self, url: str | BrokerConfig, device_id: str, groups=(), prefix: str = DEFAULT_PREFIX, *,
                  username: str | None = None, password: str | None = None, ca: str | None = None,
-                 cert: str | None = None, key: str | None = None, protocol: str = "auto", keepalive: int = 30):
+                 cert: str | None = None, key: str | None = None, protocol: str = "auto", keepalive: int = 30,
+                 last_status: dict | None = None):
         self.device_id = check_name(device_id, "device id")
         self.groups = tuple(check_name(g, "group") for g in groups)
         self.topics = Topics(prefix)
@@ -177,13 +190,22 @@ class DeviceLink:
         self.events = DesiredEvents()
         self._channels: dict[str, ChunkChannel] = {}
         self._last_status: bytes | None = None
-        will = json.dumps({"device_id": self.device_id, "online": False}).encode()
+        will = self._will_payload(last_status)
         self._mqtt = MqttLink(broker, client_id=f"edge-dev-{self.device_id}",
                               will=(self.topics.status(self.device_id), will, 1, True), on_connection=self._on_connection)
         self._mqtt.subscribe(self.topics.device_desired_filter(self.device_id), self._on_desired, qos=1)
         for g in self.groups:
             self._mqtt.subscribe(self.topics.group_desired_filter(g), self._on_desired, qos=1)
         self._mqtt.subscribe(self.topics.artifacts(self.device_id), self._on_chunk, qos=1)
+
+    def _will_payload(self, doc: dict | None) -> bytes:
+        """The LWT: the last status snapshot with online=false, so a crashed device keeps its groups, target and
+        models in `fleet status` (a bare stub would drop it from group rollouts)."""
+        snap = dict(doc or {})
+        snap.update(device_id=self.device_id, online=False)
+        snap.setdefault("groups", list(self.groups))
+        snap.pop("ts", None)  # the broker publishes the will later; a stale ts would mislead
+        return json.dumps(snap, sort_keys=True).encode()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = None) -> "DeviceLink":
@@ -217,6 +239,7 @@ class DeviceLink:
         doc.setdefault("groups", list(self.groups))
         self._last_status = json.dumps(doc, sort_keys=True).encode()
         self._publish(self.topics.status(self.device_id), self._last_status, 1, True)
+        self._mqtt.set_will(self.topics.status(self.device_id), self._will_payload(doc), 1, True)
 
     def publish_event(self, doc: dict) -> None:
         doc = dict(doc, device_id=self.device_id)

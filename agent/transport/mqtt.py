@@ -108,6 +108,16 @@ class MqttLink:
     def wait_connected(self, timeout: float) -> bool:
         return self.connected.wait(timeout)
 
+    def set_will(self, topic: str, payload: bytes, qos: int = 1, retain: bool = True) -> None:
+        """Replace the last will; it takes effect at the next CONNECT (paho sends the will only then)."""
+        self.will = (topic, payload, qos, retain)
+        client = self._client
+        if client is not None:
+            try:
+                client.will_set(topic, payload, qos=qos, retain=retain)
+            except (ValueError, RuntimeError):
+                pass  # the stored will is used when the client is made again
+
     def stop(self, disconnect: bool = True) -> None:
         """Stop the network thread; with disconnect=False the broker sees a dropped connection (LWT fires)."""
         self._stopping.set()
