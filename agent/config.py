@@ -116,6 +116,9 @@ def _jsonable(obj: Any) -> Any:
     return str(obj) if isinstance(obj, Path) else obj
 
 
+from agent.device_id import default_device_id  # noqa: E402,F401 - part of this module's API
+
+
 # ---------------------------------------------------------------- loading
 
 
@@ -320,48 +323,10 @@ def _target(v: "_Validator", raw: Any) -> str:
 
 
 def known_targets() -> list[str]:
-    """Target names from agent.targets (or the targets/*.yaml files when that module is not importable)."""
-    try:
-        from agent.targets import load_targets
-    except ImportError:
-        here = Path(__file__).resolve().parent
-        for d in (here / "targets", here.parent / "targets"):
-            if d.is_dir():
-                return sorted(p.stem for p in d.glob("*.yaml"))
-        return []
+    """Target names from targets/*.yaml."""
+    from agent.targets import load_targets
+
     return sorted(load_targets())
-
-
-# ---------------------------------------------------------------- device id
-
-
-def default_device_id(root: str | os.PathLike = "/") -> tuple[str, str] | None:
-    """A stable id for this device and where it came from: the board serial (survives re-flashing, unlike a
-    cloned image's machine-id), else /etc/machine-id. Never random. None when nothing stable is found."""
-    root = Path(root)
-    serial = _read(root / "proc/device-tree/serial-number")
-    if serial:
-        return _format_id(serial), "/proc/device-tree/serial-number"
-    for line in (_read(root / "proc/cpuinfo") or "").splitlines():
-        key, _, val = line.partition(":")
-        if key.strip() == "Serial" and val.strip().strip("0"):
-            return _format_id(val.strip()), "/proc/cpuinfo Serial"
-    mid = _read(root / "etc/machine-id")
-    if mid and re.fullmatch(r"[0-9a-fA-F]{32}", mid) and mid.strip("0"):
-        return f"edge-{mid[:12].lower()}", "/etc/machine-id"
-    return None
-
-
-def _format_id(serial: str) -> str:
-    clean = re.sub(r"[^A-Za-z0-9]", "", serial).lower()
-    return f"edge-{clean[-16:]}"
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_bytes().replace(b"\0", b"").decode("ascii", "replace").strip() or None
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------- validator

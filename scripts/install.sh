@@ -231,7 +231,8 @@ if [ "$VENV_MODE" = 1 ]; then
         say "warning: the JetPack 6 index has cp310 wheels; this venv's Python is not 3.10"
       if [ -n "$WHEELHOUSE" ]; then jidx=("${PIP_SRC[@]}"); else jidx=(--index-url "$JETSON_INDEX"); fi
       run "$V/bin/python" -m pip uninstall -y -q onnxruntime
-      run "$V/bin/python" -m pip install -q "${jidx[@]}" onnxruntime-gpu ;;
+      # --force-reinstall: on a re-run, `pip install -e` put CPU onnxruntime back over onnxruntime-gpu's shared files
+      run "$V/bin/python" -m pip install -q --force-reinstall --no-deps "${jidx[@]}" onnxruntime-gpu ;;
     qnn)
       if "$V/bin/python" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
         run "$V/bin/python" -m pip install -q "${PIP_SRC[@]}" onnxruntime-qnn

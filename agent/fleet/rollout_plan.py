@@ -78,10 +78,6 @@ def check_version(value: str) -> str:
     return value
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
 @dataclass(frozen=True)
 class RolloutSpec:
     """What the operator asked for (persisted verbatim with the rollout)."""

@@ -5,12 +5,8 @@ Importing this module never imports a runtime; a broken runtime cannot break sta
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from agent.providers.base import Assignment, ProbeResult, Provider, ProviderSession, TensorSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from agent.hardware.profile import HardwareProfile
 
 # Pinned provider names (issue 2) -> "module:Class".
 REGISTRY: dict[str, str] = {

@@ -7,7 +7,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agent.errors import EdgeAgentError, ProviderError
+from agent.errors import ProviderError
 from agent.qualify import caches, latency, select
 from agent.qualify.decision import Decision, Row
 from agent.qualify.inputs import batch_size, package_inputs
@@ -192,11 +192,3 @@ def _hw(profile: Any) -> dict[str, Any]:
         "board": getattr(board, "model", None) if board else None,
         "software": dict(getattr(profile, "software", None) or {}),
     }
-
-
-def qualify_safely(*args: Any, **kwargs: Any) -> Decision | EdgeAgentError:
-    """For callers that must not raise (the daemon): the Decision, or the EdgeAgentError explaining why not."""
-    try:
-        return qualify(*args, **kwargs)
-    except EdgeAgentError as exc:
-        return exc
