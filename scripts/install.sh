@@ -194,6 +194,7 @@ fi
 # 2. the source (a copy of this release, owned by root)
 run mkdir -p "$OPT"
 if [ "$DRY" = 0 ]; then
+  [ ! -d "$OPT/src" ] && [ -d "$OPT/src.old" ] && mv "$OPT/src.old" "$OPT/src"  # crash between the renames
   rm -rf "$OPT/src.new"
   mkdir -p "$OPT/src.new"
   parts=()
@@ -202,7 +203,13 @@ if [ "$DRY" = 0 ]; then
   done
   tar -C "$SRC_DIR" --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv --exclude=.git -cf - "${parts[@]}" \
     | tar -C "$OPT/src.new" -xf -
+  # The running daemon imports lazily from $OPT/src: stop it before the swap (restarted at the end).
+  if [ "$SYSTEM" = 1 ] && command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$NAME.service" 2>/dev/null; then
+    run systemctl stop "$NAME.service"
+    WAS_ACTIVE=1
+  fi
   rm -rf "$OPT/src.old"
+  # Two renames with a window between them; a re-run after a crash there finds src.old and recovers it.
   [ -d "$OPT/src" ] && mv "$OPT/src" "$OPT/src.old"
   mv "$OPT/src.new" "$OPT/src"
   rm -rf "$OPT/src.old"
@@ -304,7 +311,7 @@ if [ "$ENABLE" = 1 ]; then
   fi
   say "enabled $NAME.service (multi-user.target)"
 fi
-if [ "$SYSTEM" = 1 ] && [ "$START" = 1 ]; then
+if [ "$SYSTEM" = 1 ] && { [ "$START" = 1 ] || [ "${WAS_ACTIVE:-0}" = 1 ]; }; then
   run systemctl restart "$NAME.service"
   say "started $NAME.service: journalctl -u $NAME -f"
 fi
