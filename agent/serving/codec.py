@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ DATATYPES: dict[str, str] = {
     "BYTES": "object",
     "BF16": "bfloat16",
 }
+_LITTLE = sys.byteorder == "little"  # wire order is little-endian: native dtypes (the singletons) need no swap
 _BYTES_NAMES = {"object", "str", "string", "bytes", "bytes_", "str_"}
 _BY_NUMPY = {v: k for k, v in DATATYPES.items()}
 
@@ -151,7 +153,7 @@ def _binary_tensor(name: str, blob: memoryview, dtype: np.dtype, shape: tuple[in
         raise BadRequest(
             f"input {name!r}: binary_data_size {len(blob)} != {count} elements x {dtype.itemsize} bytes for shape {list(shape)}"
         )
-    arr = np.frombuffer(blob, dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype, count=count)
+    arr = np.frombuffer(blob, dtype=dtype if _LITTLE or dtype.itemsize == 1 else dtype.newbyteorder("<"), count=count)
     if dtype == np.bool_:
         arr = arr.view(np.uint8) != 0
     return arr.reshape(shape)
@@ -177,7 +179,7 @@ def _input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[str, np.
             raise BadRequest(f"input {name!r}: has both 'data' and binary_data_size")
         if offset + size > len(binary):
             raise BadRequest(f"input {name!r}: binary_data_size {size} runs past the end of the body")
-        return name, _binary_tensor(name, binary[offset : offset + size], dtype, shape, count), offset + size
+        return name, (dtype, shape, count, offset, size), offset + size
     if "data" not in spec:
         raise BadRequest(f"input {name!r}: needs 'data' or parameters.binary_data_size")
     data = spec["data"]
@@ -204,11 +206,34 @@ def _outputs(raw: Any, req: InferRequest) -> None:
             req.binary[spec["name"]] = bool(params["binary_data"])
 
 
+_PLANS: dict[tuple[bytes, int], tuple] = {}  # JSON header + binary length -> decoded layout (clients repeat headers)
+_PLANS_MAX = 256
+
+
 def decode_request(body: bytes | memoryview, header_length: int | None) -> InferRequest:
     """Decode an infer request body; header_length is the Inference-Header-Content-Length (None: all JSON)."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
+    binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
+    key = (bytes(head), len(binary)) if header_length is not None else None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _plan(head, binary)
+        if key is not None and plan[0] is not None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    layout, inputs, outputs, binary_map, binary_default, rid = plan
+    if layout is not None:  # all inputs binary: views into this body
+        inputs = {name: _binary_tensor(name, binary[offset : offset + size], dtype, shape, count)
+                  for name, (dtype, shape, count, offset, size) in layout}
+    return InferRequest(inputs=inputs, outputs=None if outputs is None else list(outputs), binary=dict(binary_map),
+                        binary_default=binary_default, id=rid)
+
+
+def _plan(head: bytes | memoryview, binary: memoryview) -> tuple:
+    """Parse and check the JSON header: (binary layout or None, JSON inputs, outputs, binary map, default, id)."""
     try:
         doc = json.loads(bytes(head) if isinstance(head, memoryview) else head)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -220,24 +245,32 @@ def decode_request(body: bytes | memoryview, header_length: int | None) -> Infer
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
-    binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
+    layout: list | None = []
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for i, spec in enumerate(raw_inputs):
-        name, arr, offset = _input(spec, i, binary, offset)
+        name, got, offset = _input(spec, i, binary, offset)
         if name in inputs:
             raise BadRequest(f"input {name!r} appears twice")
-        inputs[name] = arr
+        if isinstance(got, tuple):
+            dtype, shape, count, start, size = got
+            got = _binary_tensor(name, binary[start : start + size], dtype, shape, count)  # validates the size
+            if layout is not None:
+                layout.append((name, (dtype, shape, count, start, size)))
+        else:
+            layout = None
+        inputs[name] = got
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     rid = doc.get("id")
-    req = InferRequest(inputs=inputs, binary_default=bool(params.get("binary_data_output", False)),
+    req = InferRequest(inputs={}, binary_default=bool(params.get("binary_data_output", False)),
                        id=rid if isinstance(rid, str) else None)
     _outputs(doc.get("outputs"), req)
-    return req
+    return (tuple(layout) if layout is not None else None, inputs,
+            None if req.outputs is None else tuple(req.outputs), req.binary, req.binary_default, req.id)
 
 
 def _binary_blob(arr: np.ndarray, datatype: str) -> bytes:

@@ -6,7 +6,9 @@ Expect: 100-continue is honoured (curl sends it for bodies over 1 KB), chunked b
 """
 from __future__ import annotations
 
+import ctypes
 import hmac
+import socket
 import socketserver
 import zlib
 from http import HTTPStatus
@@ -22,6 +24,17 @@ MAX_HEADERS = 100
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
+ALIGN = 64  # binary tensors start on a cache line
+LOWAT_MIN = 64 * 1024  # bodies with at least this much left to read wait for it in one wake-up ...
+LOWAT_MAX = 4 * 1024 * 1024  # ... up to this much at a time (Linux grows the receive buffer to fit)
+# SO_RCVLOWAT body reads save ~100 us per 1 MB request, but one unexplained stall was seen while developing
+# them: off until that is understood (a stall would cost a client request_timeout).
+_LOWAT = False
+
+
+def _address(buf: bytearray) -> int:
+    """Address of a writable buffer's first byte (for alignment)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
 
 
 class _Framing(Exception):
@@ -42,6 +55,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         self.timeout = self.oip.request_timeout  # idle keep-alive connections end after this
         super().setup()
         self._buf = bytearray()  # reused for every body on this connection: no per-request allocation
+        self._addr = 0
         self.close_connection = False
 
     def handle(self) -> None:
@@ -110,10 +124,10 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
             return
         try:
             try:
-                body = self._body(method, headers)
+                raw_len = headers.get("inference-header-content-length")
+                body = self._body(method, headers, int(raw_len) if raw_len and raw_len.isdigit() else 0)
                 self._authorize(target, headers)
-                resp = oip._router.route(method, target, body, header_length(headers.get("inference-header-content-length")),
-                                         oip.accepting)
+                resp = oip._router.route(method, target, body, header_length(raw_len), oip.accepting)
             except ServingError as exc:
                 resp = error_response(status_of(exc), str(exc))
             except Exception as exc:  # noqa: BLE001 - a bug: answer 500, keep serving
@@ -145,22 +159,29 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
             raise BadRequest(f"invalid Content-Length {raw[:20]!r}")
         return int(raw)
 
-    def _body(self, method: str, headers: dict) -> memoryview | bytes:
+    def _body(self, method: str, headers: dict, align_at: int = 0) -> memoryview | bytes:
         n = self._length(method, headers)
         if n > self.oip.max_body_bytes:
             self.close_connection = True  # the body is not read: the connection cannot be reused
             raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
-        return self._decompress(self._read(n), headers) if n else b""
+        if not n:
+            return b""
+        if headers.get("content-encoding", "identity") == "identity":
+            return self._read(n, align_at)
+        return self._decompress(self._read(n), headers)
 
-    def _read(self, n: int) -> memoryview:
-        if n > len(self._buf):
-            buf = bytearray(n)
-            if n <= KEEP_BUFFER_BYTES:
-                self._buf = buf
+    def _read(self, n: int, align_at: int = 0) -> memoryview:
+        """Read n body bytes into the connection's buffer, placed so that byte align_at (where the binary
+        tensors start) is 64-byte aligned: ONNX Runtime copies misaligned inputs before running."""
+        if n + ALIGN > len(self._buf):
+            buf = bytearray(n + ALIGN)
+            if n + ALIGN <= KEEP_BUFFER_BYTES:
+                self._buf, self._addr = buf, _address(buf)
+            pad = (-(_address(buf) + align_at)) % ALIGN
         else:
-            buf = self._buf
-        view = memoryview(buf)[:n]
-        got = 0
+            buf, pad = self._buf, (-(self._addr + align_at)) % ALIGN
+        view = memoryview(buf)[pad : pad + n]
+        got = self._recv_waiting(view, n) if _LOWAT and n >= LOWAT_MIN else 0
         while got < n:
             k = self.rfile.readinto(view[got:])
             if not k:
@@ -168,6 +189,25 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
                 raise BadRequest(f"request body ended after {got} of {n} bytes")
             got += k
         return view
+
+    def _recv_waiting(self, view: memoryview, n: int) -> int:
+        """Large bodies: SO_RCVLOWAT makes the kernel wake us once the rest has arrived instead of once per
+        segment (each wake-up is a cross-CPU interrupt; measured: 1 MB in 150 us instead of 250 us)."""
+        sock = self.connection
+        got = self.rfile.readinto1(view)  # the buffered start of the body, or one read of what is due
+        try:
+            while 0 < got and n - got >= LOWAT_MIN:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(n - got, LOWAT_MAX))
+                k = sock.recv_into(view[got:])
+                if not k:
+                    break
+                got += k
+        finally:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            except OSError:
+                self.close_connection = True
+        return got
 
     def _decompress(self, body: memoryview, headers: dict) -> memoryview | bytes:
         enc = headers.get("content-encoding", "identity").strip().lower()
@@ -189,11 +229,16 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
 
     def _write(self, resp: Response) -> None:
         self.oip._count(resp.status)
-        head = [f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}", f"Server: {SERVER}",
-                f"Content-Type: {resp.content_type}", f"Content-Length: {len(resp.body)}"]
-        head += [f"{k}: {v}" for k, v in resp.headers.items()]
+        body = resp.body
+        extra = "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items()) if resp.headers else ""
         if resp.status == 401:
-            head.append('WWW-Authenticate: Bearer realm="edge-agent"')
+            extra += 'WWW-Authenticate: Bearer realm="edge-agent"\r\n'
         if self.close_connection:
-            head.append("Connection: close")
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + resp.body)
+            extra += "Connection: close\r\n"
+        head = (f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
+                f"Content-Type: {resp.content_type}\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode("latin-1")
+        if len(body) <= 65536:
+            self.connection.sendall(head + body)  # one segment: no Nagle/delayed-ACK interplay
+        else:
+            self.connection.sendall(head)  # no copy of a large body just to glue the head on
+            self.connection.sendall(body)
