@@ -35,10 +35,9 @@ def _on(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-class TensorRTProvider(OrtEpProvider):
-    name = "tensorrt"
-    ep_name = "TensorrtExecutionProvider"
-    label = "TensorRT"
+class NvidiaGpuProvider(OrtEpProvider):
+    """What tensorrt and cuda share: an NVIDIA GPU in the profile, onnxruntime-gpu (Jetson AI Lab on JetPack)."""
+
     devices = ("GPU",)
     precision_default = "f32"
 
@@ -47,6 +46,12 @@ class TensorRTProvider(OrtEpProvider):
 
     def runtime_remedy(self, profile: "HardwareProfile") -> str:
         return jetson_gpu_remedy(profile, self.label)
+
+
+class TensorRTProvider(NvidiaGpuProvider):
+    name = "tensorrt"
+    ep_name = "TensorrtExecutionProvider"
+    label = "TensorRT"
 
     def available_reason(self, profile: "HardwareProfile") -> str:
         jp = f" on JetPack {jetpack(profile)}" if is_jetson(profile) and jetpack(profile) else ""
