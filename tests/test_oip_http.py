@@ -363,11 +363,15 @@ def test_connection_cap_answers_503_and_recovers(registry):
             assert recv_response(first).startswith(b"HTTP/1.1 200 ")
             head, _, body = raw(srv, b"GET /v2/health/live HTTP/1.1\r\n\r\n").partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"] == "too many open connections"
-        for _ in range(100):  # the first connection's slot frees once its handler sees the close
+        recovered = False
+        for _ in range(200):  # the first connection's slot frees once its handler sees the close
             try:
+                # Each probe is itself a connection: with a cap of 1, a second probe right after a success can
+                # still meet the previous probe's slot, so the success itself is what is asserted.
                 if call(srv, "GET", "/v2/health/live")[0].status == 200:
+                    recovered = True
                     break
             except (ConnectionError, http.client.HTTPException):
                 pass
             threading.Event().wait(0.05)
-        assert call(srv, "GET", "/v2/health/live")[0].status == 200
+        assert recovered
