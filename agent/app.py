@@ -99,7 +99,12 @@ class DeviceAgent:
         if self.target is not None and not self.step_config.serving:
             self.step_config.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
         self.store = ContentStore(self.state_dir)
-        self.registry = ModelRegistry()
+        serving = self.config.serving
+        if self.step_config.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
+            self.step_config.probation_s = serving.probation_s
+        if self.step_config.build_nice is None:
+            self.step_config.build_nice = serving.build_nice
+        self.registry = ModelRegistry(finite_every=serving.finite_check_every)
         self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
                            target_name=self.target.name if self.target else None, config=self.step_config)
         self.steps.qualifier = self.qualifier

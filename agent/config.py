@@ -60,6 +60,9 @@ class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     token_file: Path | None = None
+    probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
+    build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
+    finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -288,13 +291,18 @@ def _trust(v: "_Validator", raw: Any) -> TrustConfig:
 
 
 def _serving(v: "_Validator", raw: Any) -> ServingConfig:
-    s = v.mapping(raw if raw is not None else {}, "serving", ("host", "port", "token_file"))
+    s = v.mapping(raw if raw is not None else {}, "serving",
+                  ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"))
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
         raise ConfigError(f"serving.host: expected a host name or IP address, got {host!r}")
     port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
     token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
-    return ServingConfig(host=host, port=port, token_file=token)
+    return ServingConfig(host=host, port=port, token_file=token,
+                         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 1, 7 * 86400),
+                         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
+                         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every",
+                                                      1, 1_000_000))
 
 
 def _telemetry(v: "_Validator", raw: Any) -> TelemetryConfig:

@@ -185,3 +185,31 @@ def test_activate_reports_progress(tmp_path):
                progress=lambda e, **f: events.append((e, f)))
     assert [e for e, _ in events] == ["swapped", "building", "swapped", "released"]
     assert events[-1][1] == {"model": "m", "version": "1", "drained": True}
+
+
+def test_finite_checks_every_response_first_and_on_probation_then_sampled(tmp_path):
+    from agent.serving.metrics import FINITE_FIRST
+    from agent.serving.probation import Probation
+
+    r = ModelRegistry(finite_every=4)
+    r.activate("log", "1", open_session(log_model(), tmp_path))
+    nan = x4(-1.0)  # log(-1): every response is NaN, so each check counts one
+    for _ in range(FINITE_FIRST):
+        r.infer("log", nan)
+    s = r.stats("log")
+    assert s["finite_checked"] == s["nonfinite"] == FINITE_FIRST
+    for _ in range(40):
+        r.infer("log", nan)
+    s = r.stats("log")
+    assert s["finite_checked"] == s["nonfinite"] == FINITE_FIRST + 10  # one in 4 after the first ones
+    watch = Probation(r, "log", "1", None, window=60)  # a probation watches: every response again
+    for _ in range(8):
+        r.infer("log", nan)
+    assert r.stats("log")["finite_checked"] == FINITE_FIRST + 18
+    assert watch.evaluate().state == "trouble"
+    watch.stop()
+    for _ in range(8):
+        r.infer("log", nan)
+    assert r.stats("log")["finite_checked"] == FINITE_FIRST + 20
+    with pytest.raises(BadRequest):
+        ModelRegistry(finite_every=0)

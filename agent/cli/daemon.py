@@ -1,7 +1,7 @@
 """`edge-agent run | status | rollback`: the device daemon and its local control.
 
 Test/tuning knobs read by `run` (environment):
-  EDGE_AGENT_PROBATION_S        probation window after a swap (default 60)
+  EDGE_AGENT_PROBATION_S        probation window after a swap (overrides serving.probation_s, default 60)
   EDGE_AGENT_QUALIFY_PROVIDERS  comma list of providers to qualify (default: the target's order)
   EDGE_AGENT_QUALIFY_BUDGET_S   latency budget per qualification row (default 5)
   EDGE_AGENT_QUALIFY_ISOLATE    0: rows run inside the (already separate) qualification process

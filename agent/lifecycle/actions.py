@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.util.atomic import fsync_dir
+from agent.util.priority import run_lowered
 
 GZIP_MAGIC = b"\x1f\x8b"
 WARM_RUNS = 3
@@ -195,15 +196,18 @@ class _NullLock:
 
 
 def activate(registry, name: str, entry: dict[str, Any], *, swap: str | None = None,
-             lock: threading.Lock | None = None) -> dict[str, Any]:
-    """Make-before-break (or the target's stop-then-start): build + warm, then swap atomically."""
+             lock: threading.Lock | None = None, build_nice: int = 0) -> dict[str, Any]:
+    """Make-before-break (or the target's stop-then-start): build + warm, then swap atomically.
+    Make-before-break builds `build_nice` levels below serving (the old version serves meanwhile);
+    stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
     kwargs = {"swap": swap} if swap else {}
     if swap == "stop-then-start":
-        return registry.activate(name, entry["version"], lambda: open_and_warm(entry, lock), meta, **kwargs)
-    session = open_and_warm(entry, lock)
+        result = registry.activate(name, entry["version"], lambda: open_and_warm(entry, lock), meta, **kwargs)
+        return {**result, "build_priority": "serving priority (stop-then-start)"}
+    session, how = run_lowered(lambda: open_and_warm(entry, lock), build_nice)
     try:
-        return registry.activate(name, entry["version"], session, meta, **kwargs)
+        return {**registry.activate(name, entry["version"], session, meta, **kwargs), "build_priority": how}
     except BaseException:
         session.close()
         raise

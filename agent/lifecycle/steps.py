@@ -27,7 +27,8 @@ ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "req
 class StepConfig:
     """Tunables of the lifecycle actions (tests shorten probation and the latency budget)."""
 
-    probation_s: float = 60.0
+    probation_s: float | None = None  # None: 60 s (the daemon fills it from serving.probation_s)
+    build_nice: int | None = None  # new versions build this many nice levels below serving (None: 10)
     providers: list[str] | None = None  # qualify only these (default: the target's preference order)
     qualify_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"latency_budget_s": 1.0}
     swap: str | None = None  # make-before-break | stop-then-start (forced; default: the target's rule below)
@@ -137,13 +138,13 @@ class Steps:
                 if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
                     raise LifecycleError("the previous slot changed; nothing to roll back to")
                 swap = self._report_swap(slots["previous"], ctx)
-                self._serve(dep.model, slots["previous"], swap["mode"])  # the slots change once it serves
+                done = self._serve(dep.model, slots["previous"], swap["mode"])  # the slots change once it serves
                 self.slots.swap(dep.model)
-                return Event.SWAPPED, {"swap": swap}
+                return Event.SWAPPED, {"swap": {**swap, "build": done.get("build_priority")}}
             entry = self.entry(dep)
             swap = self._report_swap(entry, ctx)
-            self._serve(dep.model, entry, swap["mode"])
-        return Event.ACTIVATED, {"swap": swap}
+            done = self._serve(dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, 10))
+        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}}
 
     def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
         mode, why = self.swap_mode(entry)
@@ -163,7 +164,8 @@ class Steps:
         from agent.serving.probation import TROUBLE, Probation
 
         p99 = (dep.data.get("selected") or {}).get("latency_ms", {}).get("p99")
-        watch = Probation(self.registry, dep.model, dep.version, p99, window=self.config.probation_s).start()
+        window = _or(self.config.probation_s, 60.0)
+        watch = Probation(self.registry, dep.model, dep.version, p99, window=window).start()
         try:
             while not watch.done:
                 ctx.check()
@@ -190,13 +192,17 @@ class Steps:
         d.update(version=dep.version, deployment_id=dep.id)
         return {k: d.get(k) for k in ENTRY_KEYS}
 
-    def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None) -> None:
+    def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0) -> dict[str, Any]:
+        """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
+        rollbacks build at serving priority (getting back to a good model comes first)."""
         if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
             act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
         if swap is None:
             swap = self.swap_mode(entry)[0]
-        act.activate(self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock)
+        result = act.activate(self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock,
+                              build_nice=nice)
         self.unavailable.pop(name, None)
+        return result
 
     def _fresh_cache(self, entry: dict[str, Any]) -> dict[str, Any]:
         """A runtime upgrade since qualification changes the cache key: never load a stale compiled blob."""
@@ -311,3 +317,7 @@ def _summary(decision: dict[str, Any]) -> dict[str, Any]:
     return {"selected": decision.get("selected"), "selected_precision": decision.get("selected_precision"),
             "reason": decision.get("reason"), "rows": rows, "why": why if not decision.get("selected") else
             decision.get("reason")}
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -293,17 +293,54 @@ def _json_data(arr: np.ndarray, datatype: str) -> list:
     return flat.tolist()
 
 
-def encode_response(model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest) -> tuple[bytes, int | None]:
-    """Response body and its JSON header length (None when the body is plain JSON)."""
+_HEADS: dict[tuple, bytes] = {}  # response JSON header by (model, version, id, output layout): clients repeat requests
+_HEADS_MAX = 256
+
+
+def _wire_ready(arr: np.ndarray) -> bool:
+    """Can the array's own memory go on the wire as binary data (C-contiguous, little-endian, numeric)?"""
+    dtype = arr.dtype
+    return arr.flags.c_contiguous and dtype.kind in "biuf" and (dtype.itemsize == 1 or (_LITTLE and dtype.isnative))
+
+
+def encode_response(model: str, version: str, outputs: dict[str, np.ndarray],
+                    req: InferRequest) -> tuple[list, int, int | None]:
+    """Response body as buffers to send in order (binary outputs go out from the arrays' own memory, no copy),
+    its total length, and its JSON header length (None when the body is plain JSON)."""
+    layout = []
+    for name, value in outputs.items():
+        if type(value) is not np.ndarray or not req.binary.get(name, req.binary_default) or not _wire_ready(value):
+            return _encode_general(model, version, outputs, req)
+        layout.append((name, value.dtype, value.shape))
+    key = (model, version, req.id, tuple(layout))
+    head = _HEADS.get(key)
+    if head is None:
+        head, _, _ = _encode_general(model, version, outputs, req, head_only=True)
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[key] = head
+    parts, total = [head], len(head)
+    for value in outputs.values():
+        if value.nbytes:  # an empty tensor has no bytes (and its buffer cannot be cast to bytes)
+            parts.append(value)
+            total += value.nbytes
+    return parts, total, len(head)
+
+
+def _encode_general(model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest,
+                    head_only: bool = False) -> tuple:
     entries, blobs = [], []
     for name, value in outputs.items():
         arr = np.asarray(value)
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if req.binary.get(name, req.binary_default):
-            blob = _binary_blob(arr, datatype)
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
+            size = arr.nbytes if head_only else None
+            if size is None:
+                blob = _binary_blob(arr, datatype)
+                size = len(blob)
+                blobs.append(blob)
+            entry["parameters"] = {"binary_data_size": size}
         else:
             entry["data"] = _json_data(arr, datatype)
         entries.append(entry)
@@ -311,6 +348,8 @@ def encode_response(model: str, version: str, outputs: dict[str, np.ndarray], re
     if req.id is not None:
         doc["id"] = req.id
     head = json.dumps(doc, separators=(",", ":")).encode()
+    if head_only:
+        return head, len(head), len(head)
     if not blobs:
-        return head, None
-    return b"".join([head, *blobs]), len(head)
+        return [head], len(head), None
+    return [head, *blobs], len(head) + sum(len(b) for b in blobs), len(head)

@@ -24,6 +24,12 @@ class Response:
     body: bytes
     content_type: str = JSON_TYPE
     headers: dict[str, str] = field(default_factory=dict)
+    parts: list | None = None  # instead of body: buffers sent in order (arrays' own memory), `length` bytes
+    length: int = 0
+
+    def buffers(self) -> tuple[list, int]:
+        """(buffers to send in order, total bytes)."""
+        return (self.parts, self.length) if self.parts is not None else ([self.body], len(self.body))
 
 
 def json_response(status: int, doc: Any) -> Response:
@@ -114,10 +120,11 @@ class Router:
         self.registry.entry(name, version)  # unknown model -> 404 before the body is decoded
         req = codec.decode_request(body, header_length)
         served, outputs = self.registry.infer(name, req.inputs, version=version, outputs=req.outputs)
-        payload, head_len = codec.encode_response(name, served, outputs, req)
+        parts, length, head_len = codec.encode_response(name, served, outputs, req)
         if head_len is None:
-            return Response(200, payload)
-        return Response(200, payload, "application/octet-stream", {"Inference-Header-Content-Length": str(head_len)})
+            return Response(200, b"", parts=parts, length=length)
+        return Response(200, b"", "application/octet-stream", {"Inference-Header-Content-Length": str(head_len)},
+                        parts=parts, length=length)
 
     def metrics(self) -> str:
         families = model_families(self.registry.all_stats(), self.registry.models()) + list(self.extra_metrics())

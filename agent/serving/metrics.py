@@ -13,6 +13,8 @@ BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 RECENT = 4096  # latency samples kept for percentiles (FACTS: 662 needed to claim a p99)
+FINITE_FIRST = 1000  # a version's first responses are all checked for NaN/Inf ...
+FINITE_EVERY = 16  # ... then one in this many, except while a probation watches it (then every response)
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -26,30 +28,54 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 class ModelStats:
     """Counters and latencies of one (model, version). record() is thread-safe and cheap."""
 
-    def __init__(self, model: str, version: str) -> None:
+    def __init__(self, model: str, version: str, lock: threading.Lock | None = None) -> None:
+        """lock: the registry's own lock, so that a request's accounting and its in-flight release share one
+        acquisition (record_locked); a private lock otherwise."""
         self.model, self.version = model, version
         self.requests = 0  # requests that reached the runtime
         self.errors = 0  # runtime failures
         self.rejected = 0  # requests refused by validation (client mistakes)
-        self.nonfinite = 0  # successful responses holding NaN or Inf
+        self.nonfinite = 0  # successful responses found holding NaN or Inf
+        self.finite_checked = 0  # successful responses checked for NaN/Inf
+        self.watchers = 0  # probations watching this version: every response is checked while > 0
+        self.finite_every = FINITE_EVERY  # 1: check every response
         self.latency_sum = 0.0
         self.buckets = [0] * (len(BUCKETS) + 1)
         self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
         self._seen = 0  # successful latencies recorded so far
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
 
-    def record(self, seconds: float, ok: bool = True, nonfinite: bool = False) -> None:
+    def check_finite(self) -> bool:
+        """Should the response about to be recorded be checked for NaN/Inf? Every one while watched and for a
+        version's first FINITE_FIRST, then one in finite_every (hot path: an unlocked read; a race only moves
+        the sample by one request)."""
+        n = self.requests
+        return bool(self.watchers) or n < FINITE_FIRST or not n % self.finite_every
+
+    def watch(self, on: bool = True) -> None:
+        """A probation starts (on) or ends (off) watching: every response is checked meanwhile."""
         with self._lock:
-            self.requests += 1
-            if not ok:
-                self.errors += 1
-                return
+            self.watchers = max(0, self.watchers + (1 if on else -1))
+
+    def record(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
+        """One request that reached the runtime; nonfinite is None when its outputs were not checked."""
+        with self._lock:
+            self.record_locked(seconds, ok, nonfinite)
+
+    def record_locked(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
+        """record() for a caller that already holds this object's lock."""
+        self.requests += 1
+        if not ok:
+            self.errors += 1
+            return
+        if nonfinite is not None:
+            self.finite_checked += 1
             if nonfinite:
                 self.nonfinite += 1
-            self.latency_sum += seconds
-            self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-            self._ring[self._seen % RECENT] = seconds
-            self._seen += 1
+        self.latency_sum += seconds
+        self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self._ring[self._seen % RECENT] = seconds
+        self._seen += 1
 
     def reject(self) -> None:
         with self._lock:
@@ -73,7 +99,7 @@ class ModelStats:
         """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
         with self._lock:
             counts = {"requests": self.requests, "errors": self.errors, "rejected": self.rejected,
-                      "nonfinite": self.nonfinite}
+                      "nonfinite": self.nonfinite, "finite_checked": self.finite_checked}
             lat = sorted(self._recent())
         ms = {f"p{q}_ms": (None if v is None else v * 1000.0) for q in (50, 90, 99) for v in [percentile(lat, q)]}
         return {"model": self.model, "version": self.version, **counts, **ms, "latency_samples": len(lat)}
@@ -125,16 +151,19 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
         ("requests_total", "counter", "Inference requests that reached the runtime."),
         ("failures_total", "counter", "Inference requests the runtime failed."),
         ("rejected_total", "counter", "Inference requests refused by validation (client mistakes)."),
-        ("nonfinite_total", "counter", "Successful responses holding NaN or Inf."),
+        ("nonfinite_total", "counter", "Checked responses found holding NaN or Inf."),
+        ("finite_checked_total", "counter", "Successful responses checked for NaN/Inf (all while on probation "
+                                            f"and the first {FINITE_FIRST}, then one in {FINITE_EVERY})."),
         ("latency_seconds", "histogram", "Runtime latency of successful inference requests."),
     ]}
     quant = Metric(f"{p}_latency_recent_seconds", "summary", f"Latency quantiles over the last {RECENT} requests.")
     for s in stats:
         lab = {"model": s.model, "version": s.version}
         with s._lock:
-            counts = (s.requests, s.errors, s.rejected, s.nonfinite)
+            counts = (s.requests, s.errors, s.rejected, s.nonfinite, s.finite_checked)
             buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s._recent())
-        for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total"), counts):
+        for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total",
+                               "finite_checked_total"), counts):
             fams[key].samples.append(("", lab, value))
         running = 0
         for bound, count in zip((*BUCKETS, math.inf), buckets):

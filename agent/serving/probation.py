@@ -52,6 +52,8 @@ class Probation:
         snap = self.stats.snapshot()
         self._base = (snap["requests"], snap["errors"], snap["nonfinite"])
         self._started = clock()
+        self.stats.watch(True)  # every response of this version is checked for NaN/Inf until the verdict
+        self._watching = True
         self._stop = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,6 +137,9 @@ class Probation:
 
     def _finish(self, verdict: Verdict, callback: bool) -> None:
         self.verdict = verdict
+        if self._watching:
+            self._watching = False
+            self.stats.watch(False)
         try:
             if callback and verdict.state == TROUBLE and self.on_trouble:
                 self.on_trouble(verdict.reason)

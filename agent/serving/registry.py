@@ -11,7 +11,7 @@ import numpy as np
 
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.memory import trim_heap
-from agent.serving.metrics import ModelStats
+from agent.serving.metrics import FINITE_EVERY, FINITE_FIRST, ModelStats
 
 MAKE_BEFORE_BREAK = "make-before-break"
 STOP_THEN_START = "stop-then-start"
@@ -28,7 +28,7 @@ class ModelEntry:
     session: Any  # agent.providers.base.ProviderSession
     meta: dict
     stats: ModelStats
-    checks: tuple = ()  # (input name, dtype name, shape with None for dynamic dims)
+    checks: tuple = ()  # per input: (name, dtype, rank, ((axis, size) of static dims), full shape or None if dynamic)
     output_names: tuple[str, ...] = ()
     inflight: int = 0
     retired: bool = False
@@ -70,7 +70,8 @@ def _np_dtype(name: str) -> Any:
 
 
 def _checks(session: Any) -> tuple:
-    """Per input: (name, numpy dtype, rank, ((axis, size) for static dims)), precomputed for the hot path."""
+    """Per input: (name, numpy dtype, rank, ((axis, size) for static dims), the whole shape when every dim is
+    static else None), precomputed for the hot path."""
     try:
         specs = list(session.inputs)
         outs = tuple(o.name for o in session.outputs)
@@ -80,16 +81,23 @@ def _checks(session: Any) -> tuple:
     for spec in specs:
         dims = tuple(_dim(d) for d in spec.shape)
         dtype = "object" if spec.dtype in ("str", "string", "bytes") else spec.dtype
-        checks.append((spec.name, _np_dtype(dtype), len(dims), tuple((i, d) for i, d in enumerate(dims) if d is not None)))
+        static = tuple((i, d) for i, d in enumerate(dims) if d is not None)
+        checks.append((spec.name, _np_dtype(dtype), len(dims), static, dims if None not in dims else None))
     return tuple(checks), outs
 
 
 def _validate(entry: ModelEntry, feeds: Any) -> None:
     """Reject feeds whose names, dtypes or shapes do not match the session's TensorSpecs (hot path: lean)."""
     if type(feeds) is dict and len(feeds) == len(entry.checks):
-        for name, dtype, rank, static in entry.checks:  # fast path: exact dtype object, all static dims equal
+        for name, dtype, rank, static, full in entry.checks:  # fast path: exact dtype object, all static dims equal
             arr = feeds.get(name)
-            if type(arr) is not np.ndarray or arr.dtype is not dtype or len(arr.shape) != rank:
+            if type(arr) is not np.ndarray or arr.dtype is not dtype:
+                break
+            if full is not None:  # every dimension static: one tuple comparison
+                if arr.shape != full:
+                    break
+                continue
+            if len(arr.shape) != rank:
                 break
             for i, size in static:
                 if arr.shape[i] != size:
@@ -107,7 +115,7 @@ def _validate_slow(entry: ModelEntry, feeds: Any) -> None:
         raise BadRequest("feeds must be a mapping of input name to array")
     if len(feeds) != len(entry.checks):
         _names_error(entry, feeds)
-    for name, dtype, rank, static in entry.checks:
+    for name, dtype, rank, static, _ in entry.checks:
         arr = feeds.get(name)
         if arr is None:
             _names_error(entry, feeds)
@@ -155,9 +163,14 @@ def _nonfinite(outputs: dict) -> bool:
 class ModelRegistry:
     """Serves several models at once; activate() hot-swaps one without failing in-flight or new requests."""
 
-    def __init__(self, *, drain_timeout: float = 30.0, check_finite: bool = True) -> None:
+    def __init__(self, *, drain_timeout: float = 30.0, check_finite: bool = True, finite_every: int = FINITE_EVERY) -> None:
+        """check_finite: look for NaN/Inf in outputs: every response while a probation watches a version and
+        for its first FINITE_FIRST responses, then one in `finite_every` (1: every response)."""
+        if int(finite_every) < 1:
+            raise BadRequest(f"finite_every must be at least 1, got {finite_every}")
         self.drain_timeout = drain_timeout
         self.check_finite = check_finite
+        self.finite_every = int(finite_every)
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
         self._activating = threading.Lock()
@@ -235,7 +248,8 @@ class ModelRegistry:
         checks, outs = _checks(session)
         with self._lock:
             per = self._stats.setdefault(name, {})
-            stats = per.pop(version, None) or ModelStats(name, version)
+            stats = per.pop(version, None) or ModelStats(name, version, lock=self._lock)
+            stats.finite_every = self.finite_every
             per[version] = stats  # most recent last
             serving = self._entries.get(name)
             while len(per) > STATS_VERSIONS_KEPT:
@@ -268,8 +282,13 @@ class ModelRegistry:
             entry.inflight += 1
             return entry
 
-    def _release(self, entry: ModelEntry) -> None:
+    def _release(self, entry: ModelEntry, elapsed: float | None = None, ok: bool = True,
+                 nonfinite: bool | None = None) -> None:
+        """The request is done with the entry; its accounting (when it reached the runtime) is recorded under
+        the same lock acquisition (the entry's stats share the registry's lock)."""
         with self._lock:
+            if elapsed is not None:
+                entry.stats.record_locked(elapsed, ok, nonfinite)
             entry.inflight -= 1
             if not (entry.retired and entry.inflight == 0):
                 return
@@ -281,7 +300,15 @@ class ModelRegistry:
     def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
         """Run one request on the serving version; returns (version, outputs by name).
         Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
-        entry = self._acquire(name, version)
+        with self._lock:  # _acquire's fast path, inline: this runs on every request
+            entry = self._entries.get(name)
+            if entry is not None and (version is None or str(version) == entry.version):
+                entry.inflight += 1
+            else:
+                entry = None
+        if entry is None:
+            entry = self._acquire(name, version)  # raises the right NotFound / ModelUnavailable (or a race won)
+        elapsed, ok, nonfinite = None, False, None
         try:
             try:
                 _validate(entry, feeds)
@@ -296,13 +323,17 @@ class ModelRegistry:
             try:
                 result = entry.session.run(feeds, list(outputs) if outputs is not None else None)
             except Exception as exc:  # the runtime's own failure, after validation passed
-                entry.stats.record(time.perf_counter() - t0, ok=False)
+                elapsed = time.perf_counter() - t0
                 raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}") from exc
             elapsed = time.perf_counter() - t0
-            entry.stats.record(elapsed, nonfinite=self.check_finite and _nonfinite(result))
+            ok = True
+            stats = entry.stats
+            n = stats.requests  # stats.check_finite(), inline (an unlocked read: a race moves the sample by one)
+            if self.check_finite and (stats.watchers or n < FINITE_FIRST or not n % stats.finite_every):
+                nonfinite = _nonfinite(result)
             return entry.version, result
         finally:
-            self._release(entry)
+            self._release(entry, elapsed, ok, nonfinite)
 
     # ---- introspection ----------------------------------------------------------------------------
     def entry(self, name: str, version: Any = None) -> ModelEntry:

@@ -25,6 +25,7 @@ OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
+MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LOWAT_MIN = 64 * 1024  # bodies with at least this much left to read wait for it in one wake-up ...
 LOWAT_MAX = 4 * 1024 * 1024  # ... up to this much at a time (Linux grows the receive buffer to fit)
 # SO_RCVLOWAT body reads save ~100 us per 1 MB request, but one unexplained stall was seen while developing
@@ -229,16 +230,30 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
 
     def _write(self, resp: Response) -> None:
         self.oip._count(resp.status)
-        body = resp.body
+        parts, length = resp.buffers()
         extra = "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items()) if resp.headers else ""
         if resp.status == 401:
             extra += 'WWW-Authenticate: Bearer realm="edge-agent"\r\n'
         if self.close_connection:
             extra += "Connection: close\r\n"
         head = (f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
-                f"Content-Type: {resp.content_type}\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode("latin-1")
-        if len(body) <= 65536:
-            self.connection.sendall(head + body)  # one segment: no Nagle/delayed-ACK interplay
-        else:
-            self.connection.sendall(head)  # no copy of a large body just to glue the head on
-            self.connection.sendall(body)
+                f"Content-Type: {resp.content_type}\r\nContent-Length: {length}\r\n{extra}\r\n").encode("latin-1")
+        send_all(self.connection, [head, *parts], len(head) + length)
+
+
+def send_all(sock: socket.socket, parts: list, total: int) -> None:
+    """Send buffers in order with one sendmsg (one segment when they fit: no Nagle/delayed-ACK interplay, and
+    no copy to glue them together); a partial send goes on from where it stopped."""
+    if len(parts) > MAX_IOV:
+        parts = [b"".join(parts)]
+    sent = sock.sendmsg(parts)
+    if sent >= total:
+        return
+    for part in parts:
+        view = memoryview(part)
+        if sent >= view.nbytes:
+            sent -= view.nbytes
+            continue
+        view = view.cast("B")
+        sock.sendall(view[sent:])
+        sent = 0

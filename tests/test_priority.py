@@ -1,0 +1,107 @@
+"""run_lowered: the build thread runs below serving priority; threads it leaves behind get their priority back."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.util import priority
+from agent.util.priority import run_lowered
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _nice(tid: int | None = None) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid or threading.get_native_id())
+
+
+def _nice_or_none(tid: int) -> int | None:
+    try:
+        return _nice(tid)
+    except OSError:
+        return None
+
+
+def test_runs_lowered_and_restores_threads_it_started():
+    base = _nice()
+    stop, started = threading.Event(), {}
+
+    def build():
+        t = threading.Thread(target=stop.wait, daemon=True)  # a runtime pool thread outliving the build
+        t.start()
+        started["tid"], started["nice"] = t.native_id, _nice(t.native_id)
+        return _nice()
+
+    try:
+        seen, how = run_lowered(build, 7)
+        assert seen == min(19, base + 7) and started["nice"] == seen  # inherited the low priority ...
+        assert _nice(started["tid"]) == base  # ... and got it back after the build
+        assert how == "nice +7"
+    finally:
+        stop.set()
+
+
+def test_zero_runs_inline_and_errors_propagate():
+    tid = threading.get_native_id()
+    assert run_lowered(threading.get_native_id, 0) == (tid, "serving priority")
+    with pytest.raises(ZeroDivisionError):
+        run_lowered(lambda: 1 / 0, 5)
+
+
+def test_ort_intra_op_pool_gets_serving_priority_back(tmp_path):
+    """A real session with an intra-op pool of 2 threads, built at nice +10: no thread keeps the low priority."""
+    import onnx
+
+    from agent.providers import get
+    from agent.samples import cnn_model
+
+    path = tmp_path / "cnn.onnx"
+    onnx.save(cnn_model(), str(path))
+    base, before = _nice(), priority._threads()
+    session, how = run_lowered(lambda: get("cpu").open_session(path, options={"intra_op_num_threads": 2}), 10)
+    try:
+        deadline = time.monotonic() + 5
+        while True:  # the joined build thread itself may take a moment to leave /proc/self/task
+            new = priority._threads() - before
+            lowered = {tid for tid in new if _nice_or_none(tid) not in (None, base)}
+            if not lowered or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(new) >= 1, "ORT started no pool thread: the test proves nothing"
+        assert lowered == set() and how == "nice +10"
+    finally:
+        session.close()
+
+
+def _as_nobody(rlimit_nice: int) -> str:
+    code = ("import resource, os, threading; from agent.util.priority import run_lowered;"  # imported while root
+            f"resource.setrlimit(resource.RLIMIT_NICE, ({rlimit_nice}, {rlimit_nice})); os.setgid(65534); os.setuid(65534);"
+            "print(run_lowered(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), 10))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")
+def test_unprivileged_without_rlimit_nice_builds_at_serving_priority_and_says_why():
+    out = _as_nobody(0)
+    assert out.startswith("(0, \"cannot restore a thread's priority (Permission denied)") and "LimitNICE=+0" in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")
+def test_unprivileged_with_limitnice_builds_lowered():
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NICE)[1] < 20:
+        try:
+            subprocess.run([sys.executable, "-c", "import resource; resource.setrlimit(resource.RLIMIT_NICE, (20, 20))"],
+                           check=True, capture_output=True, timeout=30)
+        except subprocess.CalledProcessError:
+            pytest.skip("this sandbox may not raise RLIMIT_NICE (no CAP_SYS_RESOURCE)")
+    assert _as_nobody(20) == "(10, 'nice +10')"  # what the unit's LimitNICE=+0 grants
