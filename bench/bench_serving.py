@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.providers import get  # noqa: E402
 from agent.samples import cnn_model  # noqa: E402
-from agent.serving.memory import limit_malloc_arenas  # noqa: E402
+from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas  # noqa: E402
 from agent.serving.metrics import FINITE_FIRST  # noqa: E402
 from agent.serving.registry import ModelRegistry  # noqa: E402
 from agent.serving.server import OIPServer  # noqa: E402
@@ -402,24 +402,31 @@ def main(argv=None) -> int:
     ap.add_argument("--build-nice", type=int, default=10,
                     help="build new sessions this many nice levels below serving, as the daemon does (serving."
                          "build_nice, default 10; 0: at serving priority)")
-    ap.add_argument("--malloc-arenas", type=int, default=2, help="glibc arena cap (0: leave the default)")
+    ap.add_argument("--malloc-arenas", type=int, default=2,
+                    help="glibc arena cap, with the daemon's fixed mmap threshold (0: leave glibc's defaults)")
+    ap.add_argument("--parts", default="1,2,3", help="which of the three benchmarks to run (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.malloc_arenas:
-        limit_malloc_arenas(args.malloc_arenas)  # what the daemon does at start, before serving threads exist
+    if args.malloc_arenas:  # what the daemon does at start, before serving threads exist
+        limit_malloc_arenas(args.malloc_arenas)
+        fix_mmap_threshold(MMAP_THRESHOLD)
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         d = Path(tmp)
         models = {k: calibrate(d, k, args.target_ms) for k in ("cnn", "matmul")}
         report = {"cpus": os.cpu_count(), "malloc_arenas": args.malloc_arenas or "default", "inprocess": {},
                   "http": {}}
+        parts = {p.strip() for p in args.parts.split(",")}
         for kind, model in models.items():
-            log(f"(1) in-process registry.infer vs session.run: {model} ...")
-            report["inprocess"][kind] = bench_inprocess(d, model)
-            log(f"(2) HTTP binary vs session.run: {model} ...")
-            report["http"][kind] = bench_http(d, model)
-        log(f"(3) {args.swaps} swaps under {args.clients} clients: {models[args.swap_model]} ...")
-        report["swaps"] = bench_swaps(d, models[args.swap_model], args.swaps, args.clients, quiet_s=args.quiet_s,
-                                     nice=args.build_nice)
+            if "1" in parts:
+                log(f"(1) in-process registry.infer vs session.run: {model} ...")
+                report["inprocess"][kind] = bench_inprocess(d, model)
+            if "2" in parts:
+                log(f"(2) HTTP binary vs session.run: {model} ...")
+                report["http"][kind] = bench_http(d, model)
+        if "3" in parts:
+            log(f"(3) {args.swaps} swaps under {args.clients} clients: {models[args.swap_model]} ...")
+            report["swaps"] = bench_swaps(d, models[args.swap_model], args.swaps, args.clients,
+                                          quiet_s=args.quiet_s, nice=args.build_nice)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -433,7 +440,9 @@ def main(argv=None) -> int:
         print(f"(2) HTTP binary {kind} ({h['input_bytes'] // 1024} KB in): raw {h['raw_ms']:.3f} ms, "
               f"HTTP {h['served_ms']:.3f} ms -> {h['ratio']:.3f}x (+{h['overhead_us']:.0f} us; goal <= 1.5x); "
               f"through http.client {c['ratio']:.3f}x (+{c['overhead_us']:.0f} us)")
-    s = report["swaps"]
+    s = report.get("swaps")
+    if s is None:
+        return 0
     print(f"(3) {s['swaps']} swaps in {s['swap_s']:.1f} s, {args.clients} clients, {s['model']}: {s['requests']} requests, "
           f"{s['failed']} failed (goal 0); p99 steady {s['steady_p99_ms']:.2f} ms, during swaps {s['swap_p99_ms']:.2f} ms "
           f"-> {s['p99_ratio']:.2f} (goal <= 1.5); RSS {s['rss_after_1_mb']:.1f} -> {s['rss_after_n_mb']:.1f} MB -> "

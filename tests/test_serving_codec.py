@@ -81,3 +81,24 @@ def test_send_all_finishes_partial_sends_in_order():
     t.join(30)
     a.close(), b.close()
     assert bytes(got) == expect
+
+
+def test_cached_request_plan_decodes_every_kind_of_binary_input():
+    import json
+    import struct
+
+    from agent.serving.codec import decode_request
+
+    tensors = {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([True, False, True]),
+               "e": np.zeros((0, 2), np.int64), "s": np.array(["hé", "", "x"], dtype=object)}
+    blobs = {k: (b"".join(struct.pack("<I", len(x.encode())) + x.encode() for x in v) if v.dtype == object
+                 else v.tobytes()) for k, v in tensors.items()}
+    types = {"f": "FP32", "b": "BOOL", "e": "INT64", "s": "BYTES"}
+    head = json.dumps({"inputs": [{"name": k, "shape": list(v.shape), "datatype": types[k],
+                                   "parameters": {"binary_data_size": len(blobs[k])}} for k, v in tensors.items()]}).encode()
+    body = head + b"".join(blobs.values())
+    for _ in range(2):  # the first request makes the plan, the second uses it
+        req = decode_request(memoryview(bytearray(body)), len(head))
+        for k, v in tensors.items():
+            assert req.inputs[k].shape == v.shape and req.inputs[k].dtype == v.dtype
+            assert req.inputs[k].tolist() == v.tolist()

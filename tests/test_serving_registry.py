@@ -213,3 +213,43 @@ def test_finite_checks_every_response_first_and_on_probation_then_sampled(tmp_pa
     assert r.stats("log")["finite_checked"] == FINITE_FIRST + 20
     with pytest.raises(BadRequest):
         ModelRegistry(finite_every=0)
+
+
+def test_swaps_race_lock_free_holds_without_a_failure_or_a_leak(tmp_path):
+    """8 threads infer while 150 swaps retire sessions: every request succeeds on the version that took it
+    (y = x + version: a closed or mixed-up session would fail or answer wrong), every retired session closes."""
+    sessions = [open_session(tiny_model(float(v)), tmp_path, f"t{v}.onnx") for v in range(2)]
+    reg_ = ModelRegistry(drain_timeout=30)
+    entries = []
+    reg_.activate("m", "0", sessions[0])
+    entries.append(reg_._entries["m"])
+    stop, bad, done = threading.Event(), [], [0] * 8
+
+    def client(i):
+        while not stop.is_set():
+            try:
+                version, out = reg_.infer("m", x4(1.0))
+                if not np.allclose(out["y"], 1.0 + int(version) % 2):
+                    bad.append(f"version {version} answered {out['y']}")
+            except Exception as exc:  # noqa: BLE001 - any failure is the bug under test
+                bad.append(repr(exc))
+            done[i] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        for v in range(1, 151):
+            fresh = open_session(tiny_model(float(v % 2)), tmp_path, f"t{v % 2}.onnx")
+            info = reg_.activate("m", str(v), fresh)
+            entries.append(reg_._entries["m"])
+            assert info["drained"], info
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert bad == [] and sum(done) > 150
+    assert all(e.closed and not e.holds for e in entries[:-1]) and not entries[-1].closed
+    for s in sessions:
+        s.close()
+    reg_.close()

@@ -74,13 +74,14 @@ def run(config_path):
     """
     from agent.app import DeviceAgent
     from agent.sdnotify import SdNotifier
-    from agent.serving.memory import limit_malloc_arenas
+    from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas
 
     cfg = load_config(config_path)
     for warning in cfg.warnings:
         click.echo(f"warning: {warning}", err=True)
     # before any thread exists: serving threads share 2 glibc arenas, so RSS stays flat across hot swaps
     arenas = limit_malloc_arenas(MALLOC_ARENAS)
+    mmap_fixed = fix_mmap_threshold(MMAP_THRESHOLD)  # large blocks (weights, buffers) go back to the OS on release
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -93,7 +94,8 @@ def run(config_path):
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: _reload(agent, config_path, log))
     agent.start()
-    log({"event": "memory", "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)"})
+    log({"event": "memory", "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)",
+         "mmap_threshold": MMAP_THRESHOLD if mmap_fixed else "unchanged (no glibc mallopt)"})
     try:
         while not stop.wait(1.0):
             pass

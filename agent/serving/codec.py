@@ -225,10 +225,16 @@ def decode_request(body: bytes | memoryview, header_length: int | None) -> Infer
                 _PLANS.clear()
             _PLANS[key] = plan
     layout, inputs, outputs, binary_map, binary_default, rid = plan
-    if layout is not None:  # all inputs binary: views into this body
-        inputs = {name: _binary_tensor(name, binary[offset : offset + size], dtype, shape, count)
-                  for name, (dtype, shape, count, offset, size) in layout}
-    return InferRequest(inputs=inputs, outputs=None if outputs is None else list(outputs), binary=dict(binary_map),
+    if layout is not None:  # all inputs binary: views into this body (sizes were checked when the plan was made)
+        inputs = {}
+        for name, (dtype, shape, count, offset, size, wire) in layout:
+            if wire is None:  # BYTES: length-prefixed elements, parsed per request
+                inputs[name] = _parse_bytes(name, binary[offset : offset + size], count).reshape(shape)
+                continue
+            arr = np.frombuffer(binary, dtype=wire, count=count, offset=offset)
+            inputs[name] = arr.reshape(shape) if dtype != np.bool_ else (arr.view(np.uint8) != 0).reshape(shape)
+    # the plan's output list and binary map are shared between requests: read-only downstream
+    return InferRequest(inputs=inputs, outputs=None if outputs is None else list(outputs), binary=binary_map,
                         binary_default=binary_default, id=rid)
 
 
@@ -256,7 +262,8 @@ def _plan(head: bytes | memoryview, binary: memoryview) -> tuple:
             dtype, shape, count, start, size = got
             got = _binary_tensor(name, binary[start : start + size], dtype, shape, count)  # validates the size
             if layout is not None:
-                layout.append((name, (dtype, shape, count, start, size)))
+                wire = None if dtype == object else dtype if _LITTLE or dtype.itemsize == 1 else dtype.newbyteorder("<")
+                layout.append((name, (dtype, shape, count, start, size, wire)))
         else:
             layout = None
         inputs[name] = got

@@ -79,9 +79,13 @@ class Router:
         self.registry = registry
         self.collectors = collectors
         self.extra_metrics = extra_metrics
+        self._infer_paths: dict[str, tuple[str, str | None]] = {}
 
     def route(self, method: str, path: str, body: bytes | memoryview, header_length: int | None, ready: bool) -> Response:
         path = path.split("?", 1)[0]
+        hit = self._infer_paths.get(path)  # infer paths seen before: no regex, no unquoting
+        if hit is not None and method == "POST":
+            return self.infer(hit[0], hit[1], body, header_length)
         if path in ("/v2", "/v2/"):
             self._only(method, "GET")
             return json_response(200, {"name": SERVER_NAME, "version": agent.__version__, "extensions": EXTENSIONS})
@@ -102,6 +106,9 @@ class Router:
         name, version, rest = unquote(m["m"]), (unquote(m["v"]) if m["v"] else None), m["rest"]
         if rest == "/infer":
             self._only(method, "POST")
+            if len(self._infer_paths) >= 1024:  # bounded: clients may invent paths
+                self._infer_paths.clear()
+            self._infer_paths[path] = (name, version)
             return self.infer(name, version, body, header_length)
         self._only(method, "GET")
         entry = self.registry.entry(name, version)

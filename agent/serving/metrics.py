@@ -13,6 +13,7 @@ BUCKETS: tuple[float, ...] = (
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 RECENT = 4096  # latency samples kept for percentiles (FACTS: 662 needed to claim a p99)
+PENDING = 256  # plain latencies appended lock-free before they are folded into the counters
 FINITE_FIRST = 1000  # a version's first responses are all checked for NaN/Inf ...
 FINITE_EVERY = 16  # ... then one in this many, except while a probation watches it (then every response)
 
@@ -26,7 +27,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 class ModelStats:
-    """Counters and latencies of one (model, version). record() is thread-safe and cheap."""
+    """Counters and latencies of one (model, version). record() and add() are thread-safe and cheap."""
 
     def __init__(self, model: str, version: str, lock: threading.Lock | None = None) -> None:
         """lock: the registry's own lock, so that a request's accounting and its in-flight release share one
@@ -44,12 +45,16 @@ class ModelStats:
         self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
         self._seen = 0  # successful latencies recorded so far
         self._lock = lock or threading.Lock()
+        # Latencies of plain successful requests, appended without the lock by add() (array.append and
+        # del a[:n] are single C calls under the GIL: nothing is lost) and folded into the counters above by
+        # the next reader, or every PENDING requests.
+        self._pending = array("d")
 
     def check_finite(self) -> bool:
         """Should the response about to be recorded be checked for NaN/Inf? Every one while watched and for a
         version's first FINITE_FIRST, then one in finite_every (hot path: an unlocked read; a race only moves
         the sample by one request)."""
-        n = self.requests
+        n = self.requests + len(self._pending)
         return bool(self.watchers) or n < FINITE_FIRST or not n % self.finite_every
 
     def watch(self, on: bool = True) -> None:
@@ -62,8 +67,34 @@ class ModelStats:
         with self._lock:
             self.record_locked(seconds, ok, nonfinite)
 
+    def add(self, seconds: float) -> None:
+        """record(seconds) of a successful request whose outputs were not checked: the hot path, no lock."""
+        pending = self._pending
+        pending.append(seconds)
+        if len(pending) >= PENDING:
+            with self._lock:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Move pending latencies into the counters (call with the lock held)."""
+        pending = self._pending
+        n = len(pending)
+        if not n:
+            return
+        values = pending[:n]
+        del pending[:n]  # appends made meanwhile stay
+        self.requests += n
+        self.latency_sum += sum(values)
+        buckets, ring, seen = self.buckets, self._ring, self._seen
+        for v in values:
+            buckets[bisect.bisect_left(BUCKETS, v)] += 1
+            ring[seen % RECENT] = v
+            seen += 1
+        self._seen = seen
+
     def record_locked(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
         """record() for a caller that already holds this object's lock."""
+        self._fold()
         self.requests += 1
         if not ok:
             self.errors += 1
@@ -84,6 +115,7 @@ class ModelStats:
     def latencies(self, last: int | None = None) -> list[float]:
         """The most recent successful latencies in seconds (all kept ones when last is None)."""
         with self._lock:
+            self._fold()
             values = self._recent()
         return values if last is None else values[max(0, len(values) - last):]
 
@@ -98,6 +130,7 @@ class ModelStats:
     def snapshot(self) -> dict:
         """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
         with self._lock:
+            self._fold()
             counts = {"requests": self.requests, "errors": self.errors, "rejected": self.rejected,
                       "nonfinite": self.nonfinite, "finite_checked": self.finite_checked}
             lat = sorted(self._recent())
@@ -160,6 +193,7 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
     for s in stats:
         lab = {"model": s.model, "version": s.version}
         with s._lock:
+            s._fold()
             counts = (s.requests, s.errors, s.rejected, s.nonfinite, s.finite_checked)
             buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s._recent())
         for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -30,11 +31,15 @@ class ModelEntry:
     stats: ModelStats
     checks: tuple = ()  # per input: (name, dtype, rank, ((axis, size) of static dims), full shape or None if dynamic)
     output_names: tuple[str, ...] = ()
-    inflight: int = 0
+    holds: deque = field(default_factory=deque)  # one item per request in flight (append/pop are atomic)
     retired: bool = False
     close_when_idle: bool = False
     closed: bool = False
     close_error: str | None = field(default=None, repr=False)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.holds)
 
     @property
     def inputs(self) -> list:
@@ -258,10 +263,14 @@ class ModelRegistry:
         return ModelEntry(name, version, session, dict(meta or {}), stats, checks, outs)
 
     def _retire(self, entry: ModelEntry, timeout: float) -> dict:
+        """Wait (up to timeout) for the requests holding a swapped-out entry, then close its session; past the
+        timeout the last request out closes it. Pairs with the lock-free hold in infer(): `retired` is set
+        before `holds` is read here, and a request reads `retired` after adding its hold, so either this wait
+        sees the hold or the request sees `retired` and lets go before touching the session."""
         t0 = time.monotonic()
         with self._lock:
             entry.retired = True
-            drained = self._drained.wait_for(lambda: entry.inflight == 0, timeout)
+            drained = self._drained.wait_for(lambda: not entry.holds, timeout)
             if not drained:
                 entry.close_when_idle = True  # the last request out closes it
         if drained:
@@ -271,6 +280,8 @@ class ModelRegistry:
 
     # ---- serving ----------------------------------------------------------------------------------
     def _acquire(self, name: str, version: Any) -> ModelEntry:
+        """Hold the serving entry of name (and version), or raise NotFound / ModelUnavailable (locked path;
+        an entry in the table is never retired while the lock is held)."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
@@ -279,35 +290,48 @@ class ModelRegistry:
                 raise NotFound(f"model {name!r} is not loaded")
             if version is not None and str(version) != entry.version:
                 raise NotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
-            entry.inflight += 1
+            entry.holds.append(None)
             return entry
+
+    def _hold(self, name: str, version: Any) -> ModelEntry:
+        """Hold the serving entry without the lock (every request does this): add the hold, then check that the
+        entry was not retired meanwhile (see _retire); if it was, let go and take the locked path."""
+        entry = self._entries.get(name)
+        if entry is None or (version is not None and str(version) != entry.version):
+            return self._acquire(name, version)
+        entry.holds.append(None)
+        if entry.retired:
+            self._let_go(entry)
+            return self._acquire(name, version)
+        return entry
+
+    def _let_go(self, entry: ModelEntry) -> None:
+        entry.holds.pop()
+        if not entry.retired:
+            return
+        with self._lock:  # a swapped-out entry: its retirement waits for the last hold
+            if entry.holds:
+                return
+            self._drained.notify_all()
+            close, entry.close_when_idle = entry.close_when_idle, False  # one closer only
+        if close:
+            entry.close()
 
     def _release(self, entry: ModelEntry, elapsed: float | None = None, ok: bool = True,
                  nonfinite: bool | None = None) -> None:
-        """The request is done with the entry; its accounting (when it reached the runtime) is recorded under
-        the same lock acquisition (the entry's stats share the registry's lock)."""
-        with self._lock:
-            if elapsed is not None:
-                entry.stats.record_locked(elapsed, ok, nonfinite)
-            entry.inflight -= 1
-            if not (entry.retired and entry.inflight == 0):
-                return
-            self._drained.notify_all()
-            close = entry.close_when_idle
-        if close:
-            entry.close()
+        """The request is done with the entry. Its accounting, when it reached the runtime: a plain success is
+        appended lock-free (ModelStats.add); errors and checked outputs are recorded under the stats' lock."""
+        if elapsed is not None:
+            if ok and nonfinite is None:
+                entry.stats.add(elapsed)  # the common case: no lock
+            else:
+                entry.stats.record(elapsed, ok, nonfinite)
+        self._let_go(entry)
 
     def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
         """Run one request on the serving version; returns (version, outputs by name).
         Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
-        with self._lock:  # _acquire's fast path, inline: this runs on every request
-            entry = self._entries.get(name)
-            if entry is not None and (version is None or str(version) == entry.version):
-                entry.inflight += 1
-            else:
-                entry = None
-        if entry is None:
-            entry = self._acquire(name, version)  # raises the right NotFound / ModelUnavailable (or a race won)
+        entry = self._hold(name, version)
         elapsed, ok, nonfinite = None, False, None
         try:
             try:
@@ -328,7 +352,7 @@ class ModelRegistry:
             elapsed = time.perf_counter() - t0
             ok = True
             stats = entry.stats
-            n = stats.requests  # stats.check_finite(), inline (an unlocked read: a race moves the sample by one)
+            n = stats.requests + len(stats._pending)  # stats.check_finite(), inline (a race moves the sample by one)
             if self.check_finite and (stats.watchers or n < FINITE_FIRST or not n % stats.finite_every):
                 nonfinite = _nonfinite(result)
             return entry.version, result

@@ -79,25 +79,45 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         self._dispatch(*request)
 
     def _head(self) -> tuple[str, str, dict] | None:
-        line = self.rfile.readline(MAX_LINE + 1)
-        while line in (b"\r\n", b"\n"):  # tolerate stray CRLF between requests (RFC 9112 2.2)
-            line = self.rfile.readline(MAX_LINE + 1)
-        if not line:
-            return None
-        if len(line) > MAX_LINE:
-            raise _Framing(414, "request line too long")
-        parts = line.decode("latin-1").split()
+        block = self._buffered_head()
+        if block is not None:  # the whole head arrived with the first read: split it at once
+            lines = block.decode("latin-1").split("\r\n")
+            line, rest = lines[0], lines[1:]
+            if len(rest) > MAX_HEADERS:
+                raise _Framing(431, f"more than {MAX_HEADERS} header lines")
+        else:
+            raw = self.rfile.readline(MAX_LINE + 1)
+            while raw in (b"\r\n", b"\n"):  # tolerate stray CRLF between requests (RFC 9112 2.2)
+                raw = self.rfile.readline(MAX_LINE + 1)
+            if not raw:
+                return None
+            if len(raw) > MAX_LINE:
+                raise _Framing(414, "request line too long")
+            line, rest = raw.decode("latin-1"), None
+        parts = line.split()
         if len(parts) != 3 or not parts[1].startswith("/"):
-            raise _Framing(400, f"malformed request line {line[:80].decode('latin-1').strip()!r}")
+            raise _Framing(400, f"malformed request line {line[:80].strip()!r}")
         method, target, version = parts
         if version not in ("HTTP/1.1", "HTTP/1.0"):
             raise _Framing(400, f"unsupported protocol {version[:20]!r}; use HTTP/1.1")
-        headers = self._headers()
+        headers = self._headers() if rest is None else _parse_headers(rest)
         conn = headers.get("connection", "").lower()
         self.close_connection = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive") or method == "HEAD"
         if headers.get("expect", "").lower() == "100-continue" and version == "HTTP/1.1":
             self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return method, target, headers
+
+    def _buffered_head(self) -> bytes | None:
+        """The request line and header lines, consumed, when all of them sit in the read buffer with plain
+        CRLF endings and no line over MAX_LINE; None leaves everything to the line-by-line parser."""
+        data = self.rfile.peek(1)
+        end = data.find(b"\r\n\r\n")
+        if (end <= 0 or end > MAX_LINE or data[0] in b"\r\n"
+                or data.count(b"\n", 0, end) != data.count(b"\r\n", 0, end)):
+            return None
+        block = data[:end]
+        self.rfile.read(end + 4)
+        return block
 
     def _headers(self) -> dict[str, str]:
         headers: dict[str, str] = {}
@@ -107,14 +127,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
                 return headers
             if len(line) > MAX_LINE:
                 raise _Framing(431, "header line too long")
-            key, sep, value = line.decode("latin-1").partition(":")
-            key = key.strip().lower()
-            if not sep or not key or " " in key:
-                raise _Framing(400, f"malformed header line {line[:80].decode('latin-1').strip()!r}")
-            value = value.strip()
-            if key == "content-length" and headers.get(key, value) != value:
-                raise _Framing(400, "conflicting Content-Length headers")
-            headers[key] = value
+            _header(headers, line.decode("latin-1"))
         raise _Framing(431, f"more than {MAX_HEADERS} header lines")
 
     def _dispatch(self, method: str, target: str, headers: dict) -> None:
@@ -239,6 +252,25 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         head = (f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
                 f"Content-Type: {resp.content_type}\r\nContent-Length: {length}\r\n{extra}\r\n").encode("latin-1")
         send_all(self.connection, [head, *parts], len(head) + length)
+
+
+def _header(headers: dict[str, str], line: str) -> None:
+    """Add one header line (without or with its line ending) to headers; _Framing if it is malformed."""
+    key, sep, value = line.partition(":")
+    key = key.strip().lower()
+    if not sep or not key or " " in key:
+        raise _Framing(400, f"malformed header line {line[:80].strip()!r}")
+    value = value.strip()
+    if key == "content-length" and headers.get(key, value) != value:
+        raise _Framing(400, "conflicting Content-Length headers")
+    headers[key] = value
+
+
+def _parse_headers(lines: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for line in lines:
+        _header(headers, line)
+    return headers
 
 
 def send_all(sock: socket.socket, parts: list, total: int) -> None:
