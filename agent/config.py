@@ -299,7 +299,7 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
     port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
     token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
     return ServingConfig(host=host, port=port, token_file=token,
-                         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 1, 7 * 86400),
+                         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
                          build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
                          finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every",
                                                       1, 1_000_000))

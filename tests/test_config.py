@@ -41,7 +41,8 @@ def full(files) -> dict:
                  "tls": {"ca": files["ca.pem"], "cert": files["cert.pem"], "key": files["key.pem"]},
                  "topic_prefix": "acme/edge"},
         "trust": {"public_keys": [files["fleet.pub"]]},
-        "serving": {"host": "0.0.0.0", "port": 9000, "token_file": files["token"]},
+        "serving": {"host": "0.0.0.0", "port": 9000, "token_file": files["token"], "probation_s": 30, "build_nice": 5,
+                    "finite_check_every": 4},
         "inbox": "/srv/inbox", "telemetry": {"interval_s": 15},
     }
 
@@ -55,6 +56,7 @@ def test_full_config_resolves(tmp_path, files):
     assert (cfg.mqtt.host, cfg.mqtt.port, cfg.mqtt.topic_prefix) == ("broker.example", 8884, "acme/edge")
     assert cfg.mqtt.tls.ca == Path(files["ca.pem"]) and cfg.mqtt.password() == "secret"
     assert cfg.serving.token() == "secret" and cfg.serving.port == 9000
+    assert (cfg.serving.probation_s, cfg.serving.build_nice, cfg.serving.finite_check_every) == (30.0, 5, 4)
     assert cfg.inbox == Path("/srv/inbox") and cfg.telemetry.interval_s == 15.0
     assert cfg.warnings == ()
     with pytest.raises(AttributeError):
@@ -69,6 +71,7 @@ def test_empty_file_is_local_mode_with_defaults(tmp_path):
     assert cfg.mode == "local" and cfg.mqtt is None
     assert cfg.state_dir == Path("/var/lib/edge-agent") and cfg.inbox == Path("/var/lib/edge-agent/inbox")
     assert (cfg.serving.host, cfg.serving.port, cfg.serving.token_file) == ("127.0.0.1", 8080, None)
+    assert (cfg.serving.probation_s, cfg.serving.build_nice, cfg.serving.finite_check_every) == (60.0, 10, 16)
     assert cfg.target == "auto" and cfg.telemetry.interval_s == 60.0
     assert cfg.device_id == "edge-0123456789ab"
 
@@ -114,6 +117,9 @@ BAD = [
     ("serving.port", "8080", "serving.port: expected an integer 0-65535, got '8080'"),
     ("serving.port", 70000, "serving.port: expected an integer 0-65535, got 70000"),
     ("serving.token_file", 3, "serving.token_file: expected a non-empty string, got 3"),
+    ("serving.probation_s", 0, "serving.probation_s: expected a number"),
+    ("serving.build_nice", 20, "serving.build_nice: expected an integer 0-19, got 20"),
+    ("serving.finite_check_every", 0, "serving.finite_check_every: expected an integer 1-1000000, got 0"),
     ("inbox", [], "inbox: expected a non-empty string, got a list"),
     ("telemetry", 5, "telemetry: expected a mapping, got 5"),
     ("telemetry.interval_s", -1, "telemetry.interval_s: expected a number of seconds 0-86400, got -1"),

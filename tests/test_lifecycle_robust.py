@@ -90,10 +90,13 @@ def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
         swap = dep.data["swap"]
         assert swap["mode"] in ("make-before-break", "stop-then-start") and "MemAvailable" in swap["why"]
         assert (" < 2 x" in swap["why"]) == (swap["mode"] == "stop-then-start")
+        if swap["mode"] == "make-before-break":  # built below serving priority (serving.build_nice, default 10)
+            assert swap["build"] == "nice +10", swap
         assert a.status()["deployments"]["tiny"]["swap"] == swap["mode"]
         a.step_config.swap = "stop-then-start"  # forced by configuration beats the rule
         dep = deploy(a, "2")
-        assert dep.data["swap"] == {"mode": "stop-then-start", "why": "stop-then-start (set by configuration)"}
+        assert dep.data["swap"] == {"mode": "stop-then-start", "why": "stop-then-start (set by configuration)",
+                                    "build": "serving priority (stop-then-start)"}
         assert infer(a.url) == ("2", [2.0] * 4)
     finally:
         a.stop()
@@ -163,3 +166,20 @@ def test_a_status_probe_holding_the_lock_briefly_does_not_fail_the_daemon_start(
         assert control.daemon_running(state) and control.holder_pid(state) == os.getpid()
     finally:
         lock.release()
+
+
+def test_serving_config_sets_probation_build_priority_and_finite_sampling(tmp_path):
+    from agent.lifecycle.steps import StepConfig
+
+    serving = {"host": "127.0.0.1", "port": 0, "probation_s": 0.5, "build_nice": 3, "finite_check_every": 2}
+    cfg = load_config(write_config(tmp_path, extra={"serving": serving}))
+    a = DeviceAgent(cfg, step_config=StepConfig(providers=["cpu"], qualify_options=fast().qualify_options)).start()
+    try:
+        assert (a.step_config.probation_s, a.step_config.build_nice, a.registry.finite_every) == (0.5, 3, 2)
+        dep = deploy(a, "1")
+        assert dep.state.value == "committed", dep.reason
+        if dep.data["swap"]["mode"] == "make-before-break":
+            assert dep.data["swap"]["build"] == "nice +3"
+        assert dep.data["probation"]["elapsed_s"] < 30  # the 0.5 s window, not the 60 s default
+    finally:
+        a.stop()
