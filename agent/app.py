@@ -279,7 +279,8 @@ class DeviceAgent:
                           "serving": self.registry.models().get(dep.model), **({} if ok else {"error": dep.reason})}
             else:
                 dep = self.orchestrator.cancel(req["model"])
-                result = {"ok": dep is not None, **({"deployment": dep.summary()} if dep else
+                result = {"ok": dep is not None, "model": dep.model if dep else req["model"],
+                          **({"deployment": dep.summary()} if dep else
                                                      {"error": f"nothing in flight for {req['model']!r}"})}
         except EdgeAgentError as exc:
             result = {"ok": False, "error": str(exc)}

@@ -132,3 +132,45 @@ def test_sighup_reloads_the_serving_token(tmp_path):
         assert infer(d.url, token="second") == ("1", [1.0] * 4)
     finally:
         assert d.terminate() == 0, d.tail()
+
+
+def test_cancel_online_and_offline(tmp_path):
+    cfg = write_config(tmp_path)
+    state = tmp_path / "state"
+
+    def in_probation(d, version):
+        def check():
+            dep = ((d.status() or {}).get("deployments") or {}).get("tiny") or {}
+            return dep if dep.get("version") == version and dep.get("state") == "probation" else None
+        return wait_for(check, 120, f"version {version} on probation", d.proc)
+
+    d = Daemon(cfg, state, env={"EDGE_AGENT_PROBATION_S": "600"})  # long enough that only a cancel ends it
+    try:
+        d.wait_ready()
+        drop(state, "1")
+        in_probation(d, "1")
+        out = cli("cancel", "tiny", "--config", str(cfg))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("tiny: deployment ") and "(version 1) cancelled in state" in out.stdout
+        dep = wait_for(lambda: ((d.status() or {}).get("deployments") or {}).get("tiny", {}).get("result"), 60,
+                       "cancel result", d.proc)
+        assert dep == "rolled_back"
+        out = cli("cancel", "tiny", "--config", str(cfg))  # nothing in flight any more
+        assert out.returncode == 1 and out.stderr.strip() == "error: cancel of tiny failed: nothing in flight for 'tiny'"
+        drop(state, "2")
+        in_probation(d, "2")
+    finally:
+        assert d.terminate() == 0, d.tail()  # stops with version 2 journaled on probation
+
+    out = cli("cancel", "tiny", "--config", str(cfg), "--json")  # offline: journaled, nothing resumes
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["ok"] and doc["deployment"]["version"] == "2"
+    assert doc["deployment"]["state"] == "rolled_back"
+    assert check_state_dir(state) == []
+    d = Daemon(cfg, state)
+    try:
+        d.wait_ready()
+        status = json.loads(cli("status", "--config", str(cfg), "--json").stdout)
+        assert not status["in_flight"] and status["deployments"]["tiny"]["result"] == "rolled_back"
+    finally:
+        assert d.terminate() == 0, d.tail()

@@ -71,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("agent.cli.daemon:run", "Run the device daemon."),
     "status": ("agent.cli.daemon:status", "Show local models, versions, providers and deployments."),
     "rollback": ("agent.cli.daemon:rollback", "Roll a model back to its previous committed version."),
+    "cancel": ("agent.cli.daemon:cancel", "Cancel a model's in-flight deployment, in any state."),
     "config": ("agent.cli.config:config", "Check agent configuration files."),
 }
 

@@ -215,3 +215,35 @@ def rollback(name, config_path, as_json, timeout):
                    f"serving version {result.get('serving')}")
     else:
         click.echo(f"{name}: rolled back; serving version {result.get('serving')}")
+
+
+@click.command("cancel")
+@click.argument("target", metavar="NAME|DEPLOYMENT_ID")
+@CONFIG_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the running daemon.")
+def cancel(target, config_path, as_json, timeout):
+    """Cancel the in-flight deployment of a model (or one deployment by id), in any state.
+
+    Before the swap it ends failed and the serving version stays; after it (probation) the previous version is
+    swapped back. With the daemon stopped, the journal records the cancel and the next start resumes nothing.
+    """
+    from agent.errors import LifecycleError
+    from agent.lifecycle import control
+
+    cfg = load_config(config_path, check_files=False)
+    if control.daemon_running(cfg.state_dir):
+        result = control.request(cfg.state_dir, "cancel", timeout=timeout, model=target)
+    else:
+        result = control.offline_cancel(cfg.state_dir, target)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        if not result.get("ok"):
+            sys.exit(1)
+        return
+    if not result.get("ok"):
+        raise LifecycleError(f"cancel of {target} failed: {result.get('error')}")
+    dep = result.get("deployment") or {}
+    click.echo(f"{result.get('model', target)}: deployment {dep.get('id')} (version {dep.get('version')}) cancelled in state "
+               f"{dep.get('state')}")
+

@@ -145,3 +145,21 @@ def offline_rollback(state_dir: str | os.PathLike, model: str) -> dict[str, Any]
         slots.swap(model)
         journal.apply(dep, Event.SWAPPED, reason="rolled back while the daemon was stopped")
         return {"ok": True, "deployment": dep.summary(), "model": model, "version": dep.version}
+
+
+def offline_cancel(state_dir: str | os.PathLike, target: str) -> dict[str, Any]:
+    """Cancel while no daemon runs: every in-flight deployment of a model (or the one with this id) takes the
+    table's cancel transition and is journaled; the slots were never changed by an uncommitted deployment, so
+    the next start serves the committed version and resumes nothing."""
+    from agent.lifecycle.journal import Journal
+    from agent.lifecycle.states import Event
+
+    with StateLock(state_dir):
+        journal = Journal(state_dir)
+        hits = [d for d in journal.in_flight() if target in (d.model, d.id)]
+        if not hits:
+            return {"ok": False, "error": f"nothing in flight for {target!r}"}
+        for dep in hits:
+            journal.apply(dep, Event.CANCEL, reason="cancelled by operator while the daemon was stopped")
+        return {"ok": True, "model": hits[-1].model, "deployment": hits[-1].summary(),
+                "cancelled": [d.summary() for d in hits]}
