@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -375,3 +376,78 @@ def test_connection_cap_answers_503_and_recovers(registry):
                 pass
             threading.Event().wait(0.05)
         assert recovered
+
+
+def _identity_model():
+    import onnx
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",
+                                            [vi("x", TensorProto.FLOAT, ["n"])], [vi("y", TensorProto.FLOAT, ["n"])]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def _metric(srv, use):
+    text = call(srv, "GET", "/metrics")[1].decode()
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith(f'edge_agent_http_body_bytes{{use="{use}"}}')))
+
+
+def test_request_body_budget_answers_503_and_frees_on_completion(tmp_path):
+    reg = ModelRegistry()
+    gated = GatedSession(open_session(_identity_model(), tmp_path, "id.onnx"))
+    reg.activate("big", "1", gated)
+    reg.activate("tiny", "1", open_session(tiny_model(1.0), tmp_path, "tiny.onnx"))
+    srv = OIPServer(reg, port=0, max_body_bytes=2 << 20, body_budget_bytes=3 << 20).start()
+    x = np.arange(400_000, dtype=np.float32)  # 1.6 MB: two do not fit in 3 MiB
+    head = json.dumps({"inputs": [{"name": "x", "shape": [x.size], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    headers = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
+    first = {}
+    t = threading.Thread(target=lambda: first.update(r=call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(),
+                                                            headers)))
+    try:
+        t.start()
+        assert gated.entered.wait(30)
+        assert _metric(srv, "handling") == len(head) + x.nbytes
+        r, body = call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(), headers)
+        assert r.status == 503 and r.getheader("Retry-After") == "1" and r.getheader("Connection") == "close"
+        assert "budget" in json.loads(body)["error"]
+        r, body = call(srv, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK))  # small bodies still served
+        assert r.status == 200
+        gated.gate.set()
+        t.join(30)
+        assert first["r"][0].status == 200
+        r, body = call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(), headers)  # room again
+        assert r.status == 200 and json.loads(body)["outputs"][0]["shape"] == [x.size]
+        assert _metric(srv, "handling") == 0
+        assert _metric(srv, "kept") == 0  # a 1.6 MB buffer is over a quarter of the budget: not kept
+    finally:
+        gated.gate.set()
+        srv.shutdown(10)
+        reg.close()
+
+
+def test_kept_read_buffers_are_counted_and_released_with_the_connection(registry):
+    srv = OIPServer(registry, port=0).start()
+    try:
+        x = np.zeros((200, 3, 32, 32), np.float32)  # 2.4 MB into the cnn (dynamic batch)
+        head = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                                       "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        r, _ = call(srv, "POST", "/v2/models/cnn/infer", head + x.tobytes(),
+                    {"Inference-Header-Content-Length": str(len(head))}, conn=conn)
+        assert r.status == 200
+        kept = _metric(srv, "kept")
+        assert kept >= x.nbytes
+        conn.close()
+        deadline = time.monotonic() + 10
+        while _metric(srv, "kept") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _metric(srv, "kept") == 0
+    finally:
+        srv.shutdown(10)

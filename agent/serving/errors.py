@@ -42,6 +42,12 @@ class ModelUnavailable(ServingError):
     status = 503
 
 
+class ServerBusy(ServingError):
+    """The server cannot take this request now (request body memory budget full): retry shortly."""
+
+    status = 503
+
+
 class InferenceFailed(ServingError):
     """The runtime raised after the request passed validation: a server-side failure."""
 

@@ -14,9 +14,10 @@ from typing import Callable, Iterable
 from agent.errors import ServingError
 from agent.serving.handlers import Router
 from agent.serving.metrics import Metric
-from agent.serving.wire import ConnectionHandler
+from agent.serving.wire import BUDGETED_BODY, ConnectionHandler
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request bodies held at once, all connections together
 _BUSY_BODY = b'{"error":"too many open connections"}'
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
          b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
@@ -57,10 +58,17 @@ class OIPServer:
 
     def __init__(self, registry, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
                  max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float = 60.0, max_connections: int = 256,
+                 body_budget_bytes: int = DEFAULT_BODY_BUDGET,
                  collectors: Iterable[Callable[[], Iterable[Metric]]] = ()):
+        """body_budget_bytes bounds the memory of request bodies over all connections: bodies being read or
+        served, plus the read buffers connections keep for reuse (at most a quarter of it). A large body that
+        does not fit gets 503 (retry) without being read, instead of 256 connections x 64 MiB."""
         self.registry = registry
         self.token = token or None
         self.max_body_bytes = int(max_body_bytes)
+        self.body_budget_bytes = max(int(body_budget_bytes), self.max_body_bytes)
+        self._body_used = 0  # bytes of large bodies being handled
+        self._kept = 0  # bytes of read buffers connections keep between requests
         self.request_timeout = request_timeout
         self.max_connections = max_connections
         self.accepting = True
@@ -149,6 +157,33 @@ class OIPServer:
         with self._lock:
             self._conns.discard(conn)
 
+    def _reserve(self, n: int) -> bool:
+        """Room for a body of n bytes within the budget? (small bodies always fit and are not counted)"""
+        if n < BUDGETED_BODY:
+            return True
+        with self._lock:
+            if self._body_used + self._kept + n > self.body_budget_bytes and self._body_used:
+                return False
+            self._body_used += n
+            return True
+
+    def _unreserve(self, n: int) -> None:
+        if n >= BUDGETED_BODY:
+            with self._lock:
+                self._body_used -= n
+
+    def _keep_buffer(self, old: int, new: int) -> bool:
+        """May a connection swap its kept buffer of `old` bytes for one of `new` bytes? (a quarter of the budget)"""
+        with self._lock:
+            if self._kept - old + new > self.body_budget_bytes // 4:
+                return False
+            self._kept += new - old
+            return True
+
+    def _drop_buffer(self, size: int) -> None:
+        with self._lock:
+            self._kept -= size
+
     def _count(self, status: int) -> None:
         with self._lock:
             self._codes[status] = self._codes.get(status, 0) + 1
@@ -156,10 +191,12 @@ class OIPServer:
     def _http_metrics(self) -> list[Metric]:
         with self._lock:
             codes = sorted(self._codes.items())
-            inflight, conns = self._inflight, len(self._conns)
+            inflight, conns, used, kept = self._inflight, len(self._conns), self._body_used, self._kept
         return [
             Metric("edge_agent_http_responses_total", "counter", "HTTP responses by status code.",
                    [("", {"code": str(c)}, n) for c, n in codes]),
             Metric("edge_agent_http_inflight_requests", "gauge", "Requests being handled.", [("", {}, inflight)]),
             Metric("edge_agent_http_open_connections", "gauge", "Open client connections.", [("", {}, conns)]),
+            Metric("edge_agent_http_body_bytes", "gauge", "Memory held for request bodies (being handled, kept "
+                   "for reuse by connections).", [("", {"use": "handling"}, used), ("", {"use": "kept"}, kept)]),
         ]

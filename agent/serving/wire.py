@@ -15,7 +15,8 @@ from http import HTTPStatus
 
 import agent
 from agent.errors import ServingError
-from agent.serving.errors import BadRequest, LengthRequired, PayloadTooLarge, Unauthorized, status_of
+from agent.serving.errors import (BadRequest, LengthRequired, PayloadTooLarge, ServerBusy, Unauthorized,
+                                  status_of)
 from agent.serving.handlers import Response, error_response, header_length
 
 KEEP_BUFFER_BYTES = 16 * 1024 * 1024  # larger bodies get a buffer of their own, dropped after the request
@@ -25,6 +26,7 @@ OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
+BUDGETED_BODY = 1024 * 1024  # bodies from here up count against the server's body budget (small ones cannot add up)
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LOWAT_MIN = 64 * 1024  # bodies with at least this much left to read wait for it in one wake-up ...
 LOWAT_MAX = 4 * 1024 * 1024  # ... up to this much at a time (Linux grows the receive buffer to fit)
@@ -57,7 +59,16 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         super().setup()
         self._buf = bytearray()  # reused for every body on this connection: no per-request allocation
         self._addr = 0
+        self._reserved = 0  # bytes of the body being handled, counted against the server's budget
         self.close_connection = False
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self._buf:
+                self.oip._drop_buffer(len(self._buf))
+                self._buf = bytearray()
 
     def handle(self) -> None:
         try:
@@ -144,10 +155,15 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
                 resp = oip._router.route(method, target, body, header_length(raw_len), oip.accepting)
             except ServingError as exc:
                 resp = error_response(status_of(exc), str(exc))
+                if isinstance(exc, ServerBusy):
+                    resp.headers["Retry-After"] = "1"
             except Exception as exc:  # noqa: BLE001 - a bug: answer 500, keep serving
                 resp = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
             self._write(resp)
         finally:
+            if self._reserved:
+                oip._unreserve(self._reserved)
+                self._reserved = 0
             oip._leave()
 
     def _authorize(self, target: str, headers: dict) -> None:
@@ -180,6 +196,11 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
             raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
         if not n:
             return b""
+        if not self.oip._reserve(n):
+            self.close_connection = True  # the body is not read: the connection cannot be reused
+            raise ServerBusy(f"request bodies in flight fill the server's budget of "
+                             f"{self.oip.body_budget_bytes} bytes; retry shortly")
+        self._reserved = n if n >= BUDGETED_BODY else 0
         if headers.get("content-encoding", "identity") == "identity":
             return self._read(n, align_at)
         return self._decompress(self._read(n), headers)
@@ -189,7 +210,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         tensors start) is 64-byte aligned: ONNX Runtime copies misaligned inputs before running."""
         if n + ALIGN > len(self._buf):
             buf = bytearray(n + ALIGN)
-            if n + ALIGN <= KEEP_BUFFER_BYTES:
+            if n + ALIGN <= KEEP_BUFFER_BYTES and self.oip._keep_buffer(len(self._buf), len(buf)):
                 self._buf, self._addr = buf, _address(buf)
             pad = (-(_address(buf) + align_at)) % ALIGN
         else:
