@@ -451,3 +451,13 @@ def test_kept_read_buffers_are_counted_and_released_with_the_connection(registry
         assert _metric(srv, "kept") == 0
     finally:
         srv.shutdown(10)
+
+
+def test_refused_large_body_still_gets_its_answer(server):
+    """413 without reading an 8 MB body: the server discards it after answering, so the client, still sending
+    when the answer goes out, reads the 413 instead of a broken pipe or a reset."""
+    for _ in range(3):
+        r, body = call(server, "POST", "/v2/models/tiny/infer", b"\0" * (8 << 20),
+                       {"Content-Type": "application/octet-stream"})
+        assert r.status == 413 and "exceeds the limit" in json.loads(body)["error"]
+    assert call(server, "GET", "/v2/health/live")[0].status == 200

@@ -10,6 +10,7 @@ import ctypes
 import hmac
 import socket
 import socketserver
+import time
 import zlib
 from http import HTTPStatus
 
@@ -28,6 +29,8 @@ SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
 BUDGETED_BODY = 1024 * 1024  # bodies from here up count against the server's body budget (small ones cannot add up)
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
+LINGER_BYTES = 64 * 1024 * 1024  # of a refused body, discarded so that its client can read the answer ...
+LINGER_S = 5.0  # ... within this time
 LOWAT_MIN = 64 * 1024  # bodies with at least this much left to read wait for it in one wake-up ...
 LOWAT_MAX = 4 * 1024 * 1024  # ... up to this much at a time (Linux grows the receive buffer to fit)
 # SO_RCVLOWAT body reads save ~100 us per 1 MB request, but one unexplained stall was seen while developing
@@ -60,6 +63,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         self._buf = bytearray()  # reused for every body on this connection: no per-request allocation
         self._addr = 0
         self._reserved = 0  # bytes of the body being handled, counted against the server's budget
+        self._unread = 0  # bytes of a refused request's body left on the wire
         self.close_connection = False
 
     def finish(self) -> None:
@@ -87,7 +91,27 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         if request is None:
             self.close_connection = True
             return
+        self._unread = 0
         self._dispatch(*request)
+        if self._unread:
+            self._linger(self._unread)
+
+    def _linger(self, n: int) -> None:
+        """A refused request's body (413, 503) was not read, and the client is likely still sending it: after the
+        answer, take up to n bytes off the wire into a small scratch buffer (LINGER_BYTES, LINGER_S at most)
+        so that the client gets to read the answer instead of a connection reset, then close."""
+        sock = self.connection
+        try:
+            sock.shutdown(socket.SHUT_WR)  # the answer is on its way; nothing more will be written
+            sock.settimeout(LINGER_S)
+            deadline, scratch, left = time.monotonic() + LINGER_S, bytearray(65536), min(n, LINGER_BYTES)
+            while left > 0 and time.monotonic() < deadline:
+                k = sock.recv_into(scratch, min(left, len(scratch)))
+                if not k:
+                    break
+                left -= k
+        except OSError:
+            pass
 
     def _head(self) -> tuple[str, str, dict] | None:
         block = self._buffered_head()
@@ -193,11 +217,13 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         n = self._length(method, headers)
         if n > self.oip.max_body_bytes:
             self.close_connection = True  # the body is not read: the connection cannot be reused
+            self._unread = n
             raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
         if not n:
             return b""
         if not self.oip._reserve(n):
             self.close_connection = True  # the body is not read: the connection cannot be reused
+            self._unread = n
             raise ServerBusy(f"request bodies in flight fill the server's budget of "
                              f"{self.oip.body_budget_bytes} bytes; retry shortly")
         self._reserved = n if n >= BUDGETED_BODY else 0
