@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
 _TASKS = "/proc/self/task"
+SETTLE_S = 0.5  # after a build, threads that appear within this time are checked too
 _restorable: tuple[bool, str] | None = None
 
 
@@ -61,6 +63,25 @@ def can_restore() -> tuple[bool, str]:
     return _restorable
 
 
+def _restore(old: set, base: int, settle_s: float = SETTLE_S) -> int:
+    """Set every thread not in `old` back to `base`, rescanning for settle_s: runtimes also start workers
+    asynchronously (TBB's thread creation), and a worker started by a still-lowered thread is lowered too.
+    Returns how many threads could not be restored."""
+    failed: set[int] = set()
+    deadline = time.monotonic() + settle_s
+    while True:
+        for tid in _threads() - old - failed:
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) != base:
+                    os.setpriority(os.PRIO_PROCESS, tid, base)
+            except OSError:  # the thread ended meanwhile, or the restore was refused
+                if tid in _threads():
+                    failed.add(tid)
+        if time.monotonic() >= deadline:
+            return len(failed)
+        time.sleep(0.02)
+
+
 def run_lowered(fn: Callable[[], T], nice: int) -> tuple[T, str]:
     """Run fn() in a thread `nice` levels below the caller; returns (fn's result, how it ran). fn's exception
     is re-raised here. Threads started during fn and still alive get the caller's priority back."""
@@ -81,17 +102,16 @@ def run_lowered(fn: Callable[[], T], nice: int) -> tuple[T, str]:
             box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = exc
+        finally:  # back to serving priority before exiting: runtime thread-exit hooks (TBB) may take a while
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, base)
+            except OSError:
+                pass
 
     t = threading.Thread(target=work, name="build-lowered")
     t.start()
     t.join()
-    failed = 0
-    for tid in _threads() - before - {box.get("tid")}:
-        try:
-            if os.getpriority(os.PRIO_PROCESS, tid) != base:
-                os.setpriority(os.PRIO_PROCESS, tid, base)
-        except OSError:  # the thread ended meanwhile, or the restore was refused
-            failed += tid in _threads()
+    failed = _restore(before, base)
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     note = f"nice +{nice}" + (f"; {failed} runtime thread(s) kept the lower priority" if failed else "")
