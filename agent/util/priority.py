@@ -17,7 +17,8 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 _TASKS = "/proc/self/task"
-SETTLE_S = 0.5  # after a build, threads that appear within this time are checked too
+SETTLE_S = 0.5  # after a build, threads that appear within this time are checked too ...
+QUIET_S = 0.1  # ... until none has needed a restore for this long
 _restorable: tuple[bool, str] | None = None
 
 
@@ -68,16 +69,19 @@ def _restore(old: set, base: int, settle_s: float = SETTLE_S) -> int:
     asynchronously (TBB's thread creation), and a worker started by a still-lowered thread is lowered too.
     Returns how many threads could not be restored."""
     failed: set[int] = set()
-    deadline = time.monotonic() + settle_s
+    start = time.monotonic()
     while True:
+        lowered = 0
         for tid in _threads() - old - failed:
             try:
                 if os.getpriority(os.PRIO_PROCESS, tid) != base:
+                    lowered += 1
                     os.setpriority(os.PRIO_PROCESS, tid, base)
             except OSError:  # the thread ended meanwhile, or the restore was refused
                 if tid in _threads():
                     failed.add(tid)
-        if time.monotonic() >= deadline:
+        elapsed = time.monotonic() - start
+        if elapsed >= settle_s or (not lowered and elapsed >= QUIET_S):  # quiet for QUIET_S: nothing more coming
             return len(failed)
         time.sleep(0.02)
 
