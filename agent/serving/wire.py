@@ -31,11 +31,6 @@ BUDGETED_BODY = 1024 * 1024  # bodies from here up count against the server's bo
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LINGER_BYTES = 64 * 1024 * 1024  # of a refused body, discarded so that its client can read the answer ...
 LINGER_S = 5.0  # ... within this time
-LOWAT_MIN = 64 * 1024  # bodies with at least this much left to read wait for it in one wake-up ...
-LOWAT_MAX = 4 * 1024 * 1024  # ... up to this much at a time (Linux grows the receive buffer to fit)
-# SO_RCVLOWAT body reads save ~100 us per 1 MB request, but one unexplained stall was seen while developing
-# them: off until that is understood (a stall would cost a client request_timeout).
-_LOWAT = False
 
 
 def _address(buf: bytearray) -> int:
@@ -242,7 +237,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         else:
             buf, pad = self._buf, (-(self._addr + align_at)) % ALIGN
         view = memoryview(buf)[pad : pad + n]
-        got = self._recv_waiting(view, n) if _LOWAT and n >= LOWAT_MIN else 0
+        got = 0
         while got < n:
             k = self.rfile.readinto(view[got:])
             if not k:
@@ -250,25 +245,6 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
                 raise BadRequest(f"request body ended after {got} of {n} bytes")
             got += k
         return view
-
-    def _recv_waiting(self, view: memoryview, n: int) -> int:
-        """Large bodies: SO_RCVLOWAT makes the kernel wake us once the rest has arrived instead of once per
-        segment (each wake-up is a cross-CPU interrupt; measured: 1 MB in 150 us instead of 250 us)."""
-        sock = self.connection
-        got = self.rfile.readinto1(view)  # the buffered start of the body, or one read of what is due
-        try:
-            while 0 < got and n - got >= LOWAT_MIN:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(n - got, LOWAT_MAX))
-                k = sock.recv_into(view[got:])
-                if not k:
-                    break
-                got += k
-        finally:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
-            except OSError:
-                self.close_connection = True
-        return got
 
     def _decompress(self, body: memoryview, headers: dict) -> memoryview | bytes:
         enc = headers.get("content-encoding", "identity").strip().lower()
