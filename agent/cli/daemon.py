@@ -189,24 +189,18 @@ def rollback(name, config_path, as_json, timeout):
     daemon (new session built and warmed, then swapped in); otherwise the slots are swapped on disk and the
     next start serves the previous version.
     """
-    from agent.errors import LifecycleError
     from agent.lifecycle import control
     from agent.lifecycle.journal import check_name
 
     cfg = load_config(config_path, check_files=False)
     check_name("model name", name)
-    if control.daemon_running(cfg.state_dir):
-        result = control.request(cfg.state_dir, "rollback", timeout=timeout, model=name)
-    else:
-        result = control.offline_rollback(cfg.state_dir, name)
-        result["applied"] = "on disk; the daemon serves it when it starts"
-    if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
-        if not result.get("ok"):
-            sys.exit(1)
+
+    def offline() -> dict:
+        return {**control.offline_rollback(cfg.state_dir, name), "applied": "on disk; the daemon serves it when it starts"}
+
+    result = _control_op(cfg.state_dir, "rollback", name, timeout, offline, as_json)
+    if result is None:
         return
-    if not result.get("ok"):
-        raise LifecycleError(f"rollback of {name} failed: {result.get('error')}")
     dep = result.get("deployment") or {}
     if result.get("applied"):
         click.echo(f"{name}: rolled back to version {dep.get('version')}; {result['applied']}")
@@ -228,22 +222,34 @@ def cancel(target, config_path, as_json, timeout):
     Before the swap it ends failed and the serving version stays; after it (probation) the previous version is
     swapped back. With the daemon stopped, the journal records the cancel and the next start resumes nothing.
     """
-    from agent.errors import LifecycleError
     from agent.lifecycle import control
 
     cfg = load_config(config_path, check_files=False)
-    if control.daemon_running(cfg.state_dir):
-        result = control.request(cfg.state_dir, "cancel", timeout=timeout, model=target)
+    result = _control_op(cfg.state_dir, "cancel", target, timeout, lambda: control.offline_cancel(cfg.state_dir, target),
+                         as_json)
+    if result is None:
+        return
+    dep = result.get("deployment") or {}
+    click.echo(f"{result.get('model', target)}: deployment {dep.get('id')} (version {dep.get('version')}) cancelled in state "
+               f"{dep.get('state')}")
+
+
+def _control_op(state_dir, op: str, target: str, timeout: float, offline, as_json: bool) -> dict | None:
+    """Run a control op in the running daemon (control directory) or, with none running, offline(). With
+    --json the result is printed (exit 1 unless ok) and None returned; otherwise a failure raises."""
+    from agent.errors import LifecycleError
+    from agent.lifecycle import control
+
+    if control.daemon_running(state_dir):
+        result = control.request(state_dir, op, timeout=timeout, model=target)
     else:
-        result = control.offline_cancel(cfg.state_dir, target)
+        result = offline()
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         if not result.get("ok"):
             sys.exit(1)
-        return
+        return None
     if not result.get("ok"):
-        raise LifecycleError(f"cancel of {target} failed: {result.get('error')}")
-    dep = result.get("deployment") or {}
-    click.echo(f"{result.get('model', target)}: deployment {dep.get('id')} (version {dep.get('version')}) cancelled in state "
-               f"{dep.get('state')}")
+        raise LifecycleError(f"{op} of {target} failed: {result.get('error')}")
+    return result
 
