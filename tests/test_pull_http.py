@@ -14,11 +14,11 @@ from test_pull import make_artifact
 CHUNK = 16 * 1024
 
 
-class CuttingServer:
-    """Honours `Range: bytes=N-`; the first response is cut after `cut` bytes (a dropped connection)."""
+class _BlobServer:
+    """A threaded HTTP/1.1 server on loopback whose GET answers come from the subclass's get(handler)."""
 
-    def __init__(self, data: bytes, cut: int, corrupt_at: int | None = None):
-        self.data, self.cut, self.corrupt_at, self.ranges = data, cut, corrupt_at, []
+    def __init__(self, data: bytes):
+        self.data, self.ranges = data, []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -29,31 +29,45 @@ class CuttingServer:
                 pass
 
             def do_GET(self):
-                rng = self.headers.get("Range", "bytes=0-")
-                outer.ranges.append(rng)
-                start = int(rng[6:].split("-")[0])
-                body = bytearray(outer.data[start:])
-                if outer.corrupt_at is not None and outer.corrupt_at >= start:
-                    body[outer.corrupt_at - start] ^= 1
-                self.send_response(206)
-                self.send_header("Content-Range", f"bytes {start}-{len(outer.data) - 1}/{len(outer.data)}")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if len(outer.ranges) == 1:
-                    self.wfile.write(bytes(body[:outer.cut]))
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.wfile.write(bytes(body))
+                outer.get(self)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/blob"
 
+    def get(self, handler: BaseHTTPRequestHandler) -> None:
+        raise NotImplementedError
+
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class CuttingServer(_BlobServer):
+    """Honours `Range: bytes=N-`; the first response is cut after `cut` bytes (a dropped connection)."""
+
+    def __init__(self, data: bytes, cut: int, corrupt_at: int | None = None):
+        self.cut, self.corrupt_at = cut, corrupt_at
+        super().__init__(data)
+
+    def get(self, handler: BaseHTTPRequestHandler) -> None:
+        rng = handler.headers.get("Range", "bytes=0-")
+        self.ranges.append(rng)
+        start = int(rng[6:].split("-")[0])
+        body = bytearray(self.data[start:])
+        if self.corrupt_at is not None and self.corrupt_at >= start:
+            body[self.corrupt_at - start] ^= 1
+        handler.send_response(206)
+        handler.send_header("Content-Range", f"bytes {start}-{len(self.data) - 1}/{len(self.data)}")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        if len(self.ranges) == 1:
+            handler.wfile.write(bytes(body[:self.cut]))
+            handler.wfile.flush()
+            handler.close_connection = True
+            return
+        handler.wfile.write(bytes(body))
 
 
 def test_cut_connection_resumes_with_a_range_request(tmp_path):
@@ -128,42 +142,26 @@ def test_fetch_falls_back_from_a_dead_mqtt_source_to_http_and_keeps_progress(mos
         fetch_artifact(Manifest.from_dict(dict(d, sources=[{"type": "mqtt"}])), ContentStore(tmp_path / "d2"))
 
 
-class FlakyCdn:
+class FlakyCdn(_BlobServer):
     """A CDN that sends the first `cut` bytes of the blob, drops the connection, then answers 404 (gone)."""
 
     def __init__(self, data: bytes, cut: int):
-        self.data, self.cut, self.ranges = data, cut, []
-        outer = self
+        self.cut = cut
+        super().__init__(data)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                outer.ranges.append(self.headers.get("Range"))
-                if len(outer.ranges) > 1:
-                    self.send_response(404)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(outer.data)))
-                self.end_headers()
-                self.wfile.write(outer.data[:outer.cut])
-                self.wfile.flush()
-                self.close_connection = True
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/blob"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def get(self, handler: BaseHTTPRequestHandler) -> None:
+        self.ranges.append(handler.headers.get("Range"))
+        if len(self.ranges) > 1:
+            handler.send_response(404)
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(self.data)))
+        handler.end_headers()
+        handler.wfile.write(self.data[:self.cut])
+        handler.wfile.flush()
+        handler.close_connection = True
 
 
 def test_fetch_follows_the_manifest_order_cdn_first_then_mqtt_for_the_rest(mosquitto, tmp_path):
