@@ -29,9 +29,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 class ModelStats:
     """Counters and latencies of one (model, version). record() and add() are thread-safe and cheap."""
 
-    def __init__(self, model: str, version: str, lock: threading.Lock | None = None) -> None:
-        """lock: the registry's own lock, so that a request's accounting and its in-flight release share one
-        acquisition (record_locked); a private lock otherwise."""
+    def __init__(self, model: str, version: str) -> None:
         self.model, self.version = model, version
         self.requests = 0  # requests that reached the runtime
         self.errors = 0  # runtime failures
@@ -44,7 +42,7 @@ class ModelStats:
         self.buckets = [0] * (len(BUCKETS) + 1)
         self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
         self._seen = 0  # successful latencies recorded so far
-        self._lock = lock or threading.Lock()
+        self._lock = threading.Lock()
         # Latencies of plain successful requests, appended without the lock by add() (array.append and
         # del a[:n] are single C calls under the GIL: nothing is lost) and folded into the counters above by
         # the next reader, or every PENDING requests.
@@ -65,7 +63,16 @@ class ModelStats:
     def record(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
         """One request that reached the runtime; nonfinite is None when its outputs were not checked."""
         with self._lock:
-            self.record_locked(seconds, ok, nonfinite)
+            if not ok:
+                self.requests += 1
+                self.errors += 1
+                return
+            if nonfinite is not None:
+                self.finite_checked += 1
+                if nonfinite:
+                    self.nonfinite += 1
+            self._pending.append(seconds)
+            self._fold()  # counts it, with its latency, after the ones added before it
 
     def add(self, seconds: float) -> None:
         """record(seconds) of a successful request whose outputs were not checked: the hot path, no lock."""
@@ -76,7 +83,7 @@ class ModelStats:
                 self._fold()
 
     def _fold(self) -> None:
-        """Move pending latencies into the counters (call with the lock held)."""
+        """Count pending successful requests and their latencies (call with the lock held)."""
         pending = self._pending
         n = len(pending)
         if not n:
@@ -91,22 +98,6 @@ class ModelStats:
             ring[seen % RECENT] = v
             seen += 1
         self._seen = seen
-
-    def record_locked(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
-        """record() for a caller that already holds this object's lock."""
-        self._fold()
-        self.requests += 1
-        if not ok:
-            self.errors += 1
-            return
-        if nonfinite is not None:
-            self.finite_checked += 1
-            if nonfinite:
-                self.nonfinite += 1
-        self.latency_sum += seconds
-        self.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-        self._ring[self._seen % RECENT] = seconds
-        self._seen += 1
 
     def reject(self) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import numpy as np
 
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.memory import trim_heap
-from agent.serving.metrics import FINITE_EVERY, FINITE_FIRST, ModelStats
+from agent.serving.metrics import FINITE_EVERY, ModelStats
 
 MAKE_BEFORE_BREAK = "make-before-break"
 STOP_THEN_START = "stop-then-start"
@@ -36,10 +36,6 @@ class ModelEntry:
     close_when_idle: bool = False
     closed: bool = False
     close_error: str | None = field(default=None, repr=False)
-
-    @property
-    def inflight(self) -> int:
-        return len(self.holds)
 
     @property
     def inputs(self) -> list:
@@ -253,7 +249,7 @@ class ModelRegistry:
         checks, outs = _checks(session)
         with self._lock:
             per = self._stats.setdefault(name, {})
-            stats = per.pop(version, None) or ModelStats(name, version, lock=self._lock)
+            stats = per.pop(version, None) or ModelStats(name, version)
             stats.finite_every = self.finite_every
             per[version] = stats  # most recent last
             serving = self._entries.get(name)
@@ -351,9 +347,7 @@ class ModelRegistry:
                 raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}") from exc
             elapsed = time.perf_counter() - t0
             ok = True
-            stats = entry.stats
-            n = stats.requests + len(stats._pending)  # stats.check_finite(), inline (a race moves the sample by one)
-            if self.check_finite and (stats.watchers or n < FINITE_FIRST or not n % stats.finite_every):
+            if self.check_finite and entry.stats.check_finite():
                 nonfinite = _nonfinite(result)
             return entry.version, result
         finally:
