@@ -342,11 +342,11 @@ def _encode_general(model: str, version: str, outputs: dict[str, np.ndarray], re
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if req.binary.get(name, req.binary_default):
-            size = arr.nbytes if head_only else None
-            if size is None:
-                blob = _binary_blob(arr, datatype)
-                size = len(blob)
-                blobs.append(blob)
+            if head_only:  # the caller sends the array itself: its bytes are the wire bytes (_wire_ready)
+                size = arr.nbytes
+            else:
+                blobs.append(_binary_blob(arr, datatype))
+                size = len(blobs[-1])
             entry["parameters"] = {"binary_data_size": size}
         else:
             entry["data"] = _json_data(arr, datatype)

@@ -14,10 +14,11 @@ from typing import Callable, Iterable
 from agent.errors import ServingError
 from agent.serving.handlers import Router
 from agent.serving.metrics import Metric
-from agent.serving.wire import BUDGETED_BODY, ConnectionHandler
+from agent.serving.wire import ConnectionHandler
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request bodies held at once, all connections together
+BUDGETED_BODY = 1024 * 1024  # bodies from this size up count against the budget (small ones cannot add up)
 _BUSY_BODY = b'{"error":"too many open connections"}'
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
          b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
@@ -157,20 +158,20 @@ class OIPServer:
         with self._lock:
             self._conns.discard(conn)
 
-    def _reserve(self, n: int) -> bool:
-        """Room for a body of n bytes within the budget? (small bodies always fit and are not counted)"""
+    def _reserve(self, n: int) -> int | None:
+        """Reserve room for a body of n bytes: the bytes counted against the budget (0 for a small body, which
+        always fits), or None when it does not fit."""
         if n < BUDGETED_BODY:
-            return True
+            return 0
         with self._lock:
             if self._body_used + self._kept + n > self.body_budget_bytes and self._body_used:
-                return False
+                return None
             self._body_used += n
-            return True
+            return n
 
     def _unreserve(self, n: int) -> None:
-        if n >= BUDGETED_BODY:
-            with self._lock:
-                self._body_used -= n
+        with self._lock:
+            self._body_used -= n
 
     def _keep_buffer(self, old: int, new: int) -> bool:
         """May a connection swap its kept buffer of `old` bytes for one of `new` bytes? (a quarter of the budget)"""

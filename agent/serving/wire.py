@@ -27,7 +27,6 @@ OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
-BUDGETED_BODY = 1024 * 1024  # bodies from here up count against the server's body budget (small ones cannot add up)
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LINGER_BYTES = 64 * 1024 * 1024  # of a refused body, discarded so that its client can read the answer ...
 LINGER_S = 5.0  # ... within this time
@@ -216,12 +215,13 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
             raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {self.oip.max_body_bytes} bytes")
         if not n:
             return b""
-        if not self.oip._reserve(n):
+        reserved = self.oip._reserve(n)
+        if reserved is None:
             self.close_connection = True  # the body is not read: the connection cannot be reused
             self._unread = n
             raise ServerBusy(f"request bodies in flight fill the server's budget of "
                              f"{self.oip.body_budget_bytes} bytes; retry shortly")
-        self._reserved = n if n >= BUDGETED_BODY else 0
+        self._reserved = reserved
         if headers.get("content-encoding", "identity") == "identity":
             return self._read(n, align_at)
         return self._decompress(self._read(n), headers)
