@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from agent.config import ServingConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal
@@ -27,8 +28,8 @@ ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "req
 class StepConfig:
     """Tunables of the lifecycle actions (tests shorten probation and the latency budget)."""
 
-    probation_s: float | None = None  # None: 60 s (the daemon fills it from serving.probation_s)
-    build_nice: int | None = None  # new versions build this many nice levels below serving (None: 10)
+    probation_s: float | None = None  # None: ServingConfig's default (the daemon fills in serving.probation_s)
+    build_nice: int | None = None  # new versions build this many nice levels below serving (None: as probation_s)
     providers: list[str] | None = None  # qualify only these (default: the target's preference order)
     qualify_options: dict[str, Any] = field(default_factory=dict)  # e.g. {"latency_budget_s": 1.0}
     swap: str | None = None  # make-before-break | stop-then-start (forced; default: the target's rule below)
@@ -143,7 +144,7 @@ class Steps:
                 return Event.SWAPPED, {"swap": {**swap, "build": done.get("build_priority")}}
             entry = self.entry(dep)
             swap = self._report_swap(entry, ctx)
-            done = self._serve(dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, 10))
+            done = self._serve(dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, ServingConfig.build_nice))
         return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}}
 
     def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
@@ -164,7 +165,7 @@ class Steps:
         from agent.serving.probation import TROUBLE, Probation
 
         p99 = (dep.data.get("selected") or {}).get("latency_ms", {}).get("p99")
-        window = _or(self.config.probation_s, 60.0)
+        window = _or(self.config.probation_s, ServingConfig.probation_s)
         watch = Probation(self.registry, dep.model, dep.version, p99, window=window).start()
         try:
             while not watch.done:

@@ -191,8 +191,7 @@ class OrtSession(ProviderSession):
         self._ep = ep_name
         self._profile_dir = profile_dir
         self._assignment: Assignment | None = None
-        self._ran = threading.Event()
-        self._ran_once = False
+        self._ran = False  # has run() succeeded once (the profiling trace needs a run)
         self.provider = provider
         self.precision = precision
         self.device = device
@@ -222,9 +221,7 @@ class OrtSession(ProviderSession):
                 values = sess.run(names, feeds)
         except Exception as exc:  # noqa: BLE001
             raise ProviderError(f"{self.provider}: inference failed: {_msg(exc)}") from exc
-        if not self._ran_once:  # Event.set() takes a lock and notifies: once, not on every request
-            self._ran_once = True
-            self._ran.set()
+        self._ran = True
         return dict(zip(names, values))
 
     def assignment(self) -> Assignment:
@@ -236,7 +233,7 @@ class OrtSession(ProviderSession):
         return self._assignment
 
     def _profiled_assignment(self) -> Assignment:
-        if not self._ran.is_set():
+        if not self._ran:
             self.run(zero_feeds(self.inputs))
         path = self._sess.end_profiling()
         try:

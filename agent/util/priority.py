@@ -100,7 +100,6 @@ def run_lowered(fn: Callable[[], T], nice: int) -> tuple[T, str]:
 
     def work() -> None:
         tid = threading.get_native_id()
-        box["tid"] = tid
         try:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, base + nice))
             box["value"] = fn()
