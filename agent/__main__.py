@@ -1,4 +1,5 @@
 """`python -m agent` runs the CLI."""
+
 from agent.cli import main
 
 main()

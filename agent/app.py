@@ -4,13 +4,15 @@ No global state: several DeviceAgents can run in one process (the fleet simulato
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
 belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
@@ -28,9 +30,20 @@ EventSink = Callable[[dict[str, Any]], None]
 class DeviceAgent:
     """Owns one device's daemon parts. start() returns once committed models serve; stop() drains and exits."""
 
-    def __init__(self, config, *, profile=None, sysroot: str | Path | None = None, serve_http: bool = True,
-                 step_config: StepConfig | None = None, on_event: EventSink | None = None, notifier=None,
-                 use_lock: bool = True, providers: list[str] | None = None, qualifier: Qualifier | None = None):
+    def __init__(
+        self,
+        config,
+        *,
+        profile=None,
+        sysroot: str | Path | None = None,
+        serve_http: bool = True,
+        step_config: StepConfig | None = None,
+        on_event: EventSink | None = None,
+        notifier=None,
+        use_lock: bool = True,
+        providers: list[str] | None = None,
+        qualifier: Qualifier | None = None,
+    ):
         """`providers`: the providers known to be available here, in target order (skips the background probe;
         the fleet simulator passes its device class's). `qualifier`: wraps each qualification measurement
         (see lifecycle.steps.Qualifier; the simulator shares one result among identical devices)."""
@@ -69,8 +82,14 @@ class DeviceAgent:
         try:
             self._build()
             self._start_probe()
-            self._emit({"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode,
-                        "target": self.target.name if self.target else None})
+            self._emit(
+                {
+                    "event": "starting",
+                    "state_dir": str(self.state_dir),
+                    "mode": self.config.mode,
+                    "target": self.target.name if self.target else None,
+                }
+            )
             if self.notifier is not None:
                 self.notifier.extend_timeout(300)  # restoring big models (compiling) may take a while
             self.orchestrator.start()  # serve committed slots, then resume in-flight deployments
@@ -105,12 +124,19 @@ class DeviceAgent:
         if self.step_config.build_nice is None:
             self.step_config.build_nice = serving.build_nice
         self.registry = ModelRegistry(finite_every=serving.finite_check_every)
-        self.steps = Steps(self.state_dir, self.store, self.registry, profile=self.profile,
-                           target_name=self.target.name if self.target else None, config=self.step_config)
+        self.steps = Steps(
+            self.state_dir,
+            self.store,
+            self.registry,
+            profile=self.profile,
+            target_name=self.target.name if self.target else None,
+            config=self.step_config,
+        )
         self.steps.qualifier = self.qualifier
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
-        self.orchestrator = Orchestrator(self.state_dir, self.steps, deadlines=deadlines,
-                                         listeners=[self._on_transition])
+        self.orchestrator = Orchestrator(
+            self.state_dir, self.steps, deadlines=deadlines, listeners=[self._on_transition]
+        )
         self._start_telemetry()
 
     def stop(self, drain_timeout: float = 10.0) -> None:
@@ -153,14 +179,20 @@ class DeviceAgent:
                 lock.release()
             self._unlocked.set()
             return
-        self._emit({"event": "warning", "reason": f"{len(left)} thread(s) still finishing after the drain timeout "
-                    f"({', '.join(t.name for t in left)}); state_dir stays locked until they end"})
+        self._emit(
+            {
+                "event": "warning",
+                "reason": f"{len(left)} thread(s) still finishing after the drain timeout "
+                f"({', '.join(t.name for t in left)}); state_dir stays locked until they end",
+            }
+        )
 
         def release_when_done() -> None:
             for t in left:
                 t.join()
             lock.release()
             self._unlocked.set()
+
         threading.Thread(target=release_when_done, name=f"unlock-{self.config.device_id}", daemon=True).start()
 
     def stopped(self, timeout: float | None = None) -> bool:
@@ -207,8 +239,13 @@ class DeviceAgent:
         except ImportError:
             return
         reg = self.registry
-        self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=str(self.sysroot or "/"),
-                                   stats=lambda: registry_stats(reg), device_id=self.config.device_id)
+        self.telemetry = Telemetry(
+            self.state_dir,
+            profile=self.profile,
+            root=str(self.sysroot or "/"),
+            stats=lambda: registry_stats(reg),
+            device_id=self.config.device_id,
+        )
         if self.health_source is None:
             self.health_source = self.telemetry.collect
 
@@ -246,11 +283,13 @@ class DeviceAgent:
                 if version_dir.name.startswith(".") or not version_dir.is_dir() or str(version_dir) in claimed:
                     continue
                 if not (NAME_RE.match(model_dir.name) and NAME_RE.match(version_dir.name)):
-                    self._warn_once(str(version_dir), "inbox entry ignored: model and version directory names "
-                                    "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+                    self._warn_once(
+                        str(version_dir),
+                        "inbox entry ignored: model and version directory names "
+                        "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}",
+                    )
                     continue
-                self.orchestrator.submit(model_dir.name, version_dir.name,
-                                         {"kind": "inbox", "path": str(version_dir)})
+                self.orchestrator.submit(model_dir.name, version_dir.name, {"kind": "inbox", "path": str(version_dir)})
 
     def _warn_once(self, key: str, reason: str) -> None:
         if key not in self._inbox_warned:
@@ -262,8 +301,9 @@ class DeviceAgent:
             if req_id in self._control_busy:
                 continue
             self._control_busy.add(req_id)
-            threading.Thread(target=self._serve_control, args=(req_id, req), daemon=True,
-                             name=f"control-{req_id}").start()
+            threading.Thread(
+                target=self._serve_control, args=(req_id, req), daemon=True, name=f"control-{req_id}"
+            ).start()
 
     def _serve_control(self, req_id: str, req: dict[str, Any] | None) -> None:
         try:
@@ -273,15 +313,23 @@ class DeviceAgent:
                 result = {"ok": False, "error": f"request older than {control.MAX_AGE_S:.0f}s: not executed"}
             elif req["op"] == "rollback":
                 dep = self.orchestrator.rollback(req["model"], wait=120)
-                ok = dep.state is State.COMMITTED or (dep.source.get("kind") != "rollback"
-                                                       and dep.state is State.ROLLED_BACK)
-                result = {"ok": ok, "deployment": dep.summary(), "model": dep.model,
-                          "serving": self.registry.models().get(dep.model), **({} if ok else {"error": dep.reason})}
+                ok = dep.state is State.COMMITTED or (
+                    dep.source.get("kind") != "rollback" and dep.state is State.ROLLED_BACK
+                )
+                result = {
+                    "ok": ok,
+                    "deployment": dep.summary(),
+                    "model": dep.model,
+                    "serving": self.registry.models().get(dep.model),
+                    **({} if ok else {"error": dep.reason}),
+                }
             else:
                 dep = self.orchestrator.cancel(req["model"])
-                result = {"ok": dep is not None, "model": dep.model if dep else req["model"],
-                          **({"deployment": dep.summary()} if dep else
-                                                     {"error": f"nothing in flight for {req['model']!r}"})}
+                result = {
+                    "ok": dep is not None,
+                    "model": dep.model if dep else req["model"],
+                    **({"deployment": dep.summary()} if dep else {"error": f"nothing in flight for {req['model']!r}"}),
+                }
         except EdgeAgentError as exc:
             result = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - answered, never raised into a thread
@@ -307,13 +355,24 @@ class DeviceAgent:
 
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        extra = {"mode": self.config.mode, "serving": {"url": self.url}, "pid": _pid(),
-                 "providers_source": self._providers_source,
-                 "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()}}
+        extra = {
+            "mode": self.config.mode,
+            "serving": {"url": self.url},
+            "pid": _pid(),
+            "providers_source": self._providers_source,
+            "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
+        }
         return build_status(
-            self.state_dir, device_id=self.config.device_id, groups=self.config.groups,
-            target=self.target.name if self.target else None, hardware=hardware_summary(self.profile),
-            providers=self._providers(), registry=self.registry, unavailable=self.steps.unavailable, extra=extra)
+            self.state_dir,
+            device_id=self.config.device_id,
+            groups=self.config.groups,
+            target=self.target.name if self.target else None,
+            hardware=hardware_summary(self.profile),
+            providers=self._providers(),
+            registry=self.registry,
+            unavailable=self.steps.unavailable,
+            extra=extra,
+        )
 
     def _providers(self) -> list[str]:
         """Providers available on this device, in the target's preference order."""
@@ -331,7 +390,9 @@ class DeviceAgent:
             last = read_json(status_path(self.state_dir)) or {}
         except ValueError:
             last = {}
-        if isinstance(last.get("providers"), list) and last.get("target") == (self.target.name if self.target else None):
+        if isinstance(last.get("providers"), list) and last.get("target") == (
+            self.target.name if self.target else None
+        ):
             self._available, self._providers_source = [str(p) for p in last["providers"]], "last probe"
         self._probe = ProviderProbe(self.profile, self.target.name if self.target else None)
         threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()

@@ -1,4 +1,5 @@
 """The agent configuration (agent.yaml): frozen dataclasses, validated once, errors naming the key path."""
+
 from __future__ import annotations
 
 import difflib
@@ -121,7 +122,6 @@ def _jsonable(obj: Any) -> Any:
 
 from agent.device_id import default_device_id  # noqa: E402,F401 - part of this module's API
 
-
 # ---------------------------------------------------------------- loading
 
 
@@ -148,8 +148,9 @@ def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check
     return check_config_files(cfg) if check_files else cfg
 
 
-def parse_config(data: Any, *, base_dir: str | os.PathLike = ".", root: str | os.PathLike = "/",
-                 source: Path | None = None) -> AgentConfig:
+def parse_config(
+    data: Any, *, base_dir: str | os.PathLike = ".", root: str | os.PathLike = "/", source: Path | None = None
+) -> AgentConfig:
     """Validate an already-parsed mapping. Relative paths resolve against `base_dir`. No file I/O except the
     default device id (read under `root` only when device_id is not set)."""
     v = _Validator(Path(base_dir))
@@ -164,15 +165,26 @@ def parse_config(data: Any, *, base_dir: str | os.PathLike = ".", root: str | os
     serving = _serving(v, top.get("serving"))
     warnings = []
     if serving.token_file is None and serving.host not in ("127.0.0.1", "::1", "localhost"):
-        warnings.append(f"serving.host: {serving.host} is not loopback and no serving.token_file is set: "
-                        "anyone on the network can run inference")
+        warnings.append(
+            f"serving.host: {serving.host} is not loopback and no serving.token_file is set: "
+            "anyone on the network can run inference"
+        )
     if mqtt is not None and not trust.public_keys:
         warnings.append("trust.public_keys: empty: every manifest from the broker will be rejected")
     return AgentConfig(
-        device_id=device_id, device_id_source=id_source,
-        groups=_groups(v, top.get("groups")), state_dir=state_dir,
-        target=_target(v, top.get("target", "auto")), mqtt=mqtt, trust=trust, serving=serving,
-        inbox=inbox, telemetry=_telemetry(v, top.get("telemetry")), source=source, warnings=tuple(warnings))
+        device_id=device_id,
+        device_id_source=id_source,
+        groups=_groups(v, top.get("groups")),
+        state_dir=state_dir,
+        target=_target(v, top.get("target", "auto")),
+        mqtt=mqtt,
+        trust=trust,
+        serving=serving,
+        inbox=inbox,
+        telemetry=_telemetry(v, top.get("telemetry")),
+        source=source,
+        warnings=tuple(warnings),
+    )
 
 
 def check_config_files(cfg: AgentConfig) -> AgentConfig:
@@ -230,16 +242,20 @@ def _device_id(v: "_Validator", top: dict, root) -> tuple[str, str]:
         return v.name(top["device_id"], "device_id"), "config"
     found = default_device_id(root)
     if found is None:
-        raise ConfigError("device_id: not set and no stable id found (/proc/device-tree/serial-number, "
-                          "/proc/cpuinfo Serial, /etc/machine-id); set device_id in the config")
+        raise ConfigError(
+            "device_id: not set and no stable id found (/proc/device-tree/serial-number, "
+            "/proc/cpuinfo Serial, /etc/machine-id); set device_id in the config"
+        )
     return found
 
 
 def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
     m = v.mapping(raw, "mqtt", ("url", "username", "password_file", "tls", "topic_prefix"))
     if m.get("url") is None:
-        raise ConfigError("mqtt.url: required when an mqtt section is present (e.g. mqtt://broker:1883); "
-                          "remove the mqtt section for local inbox mode")
+        raise ConfigError(
+            "mqtt.url: required when an mqtt section is present (e.g. mqtt://broker:1883); "
+            "remove the mqtt section for local inbox mode"
+        )
     url = v.string(m["url"], "mqtt.url")
     parts = urlsplit(url)
     if parts.scheme not in MQTT_PORTS or not parts.netloc:
@@ -261,10 +277,13 @@ def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
         raise ConfigError("mqtt.password_file: set without mqtt.username")
     prefix = v.string(m.get("topic_prefix", "edge"), "mqtt.topic_prefix")
     if not all(NAME_RE.match(seg) for seg in prefix.split("/")):
-        raise ConfigError(f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
-                          f"no empty levels), got {prefix!r}")
-    return MqttConfig(url=url, host=parts.hostname, port=port, tls=tls, username=user, password_file=pw,
-                      topic_prefix=prefix)
+        raise ConfigError(
+            f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
+            f"no empty levels), got {prefix!r}"
+        )
+    return MqttConfig(
+        url=url, host=parts.hostname, port=port, tls=tls, username=user, password_file=pw, topic_prefix=prefix
+    )
 
 
 def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
@@ -273,7 +292,9 @@ def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
     if scheme != "mqtts":
         return None
     t = v.mapping(raw if raw is not None else {}, "mqtt.tls", ("ca", "cert", "key"))
-    tls = TlsConfig(**{k: v.path(t[k], f"mqtt.tls.{k}") if t.get(k) is not None else None for k in ("ca", "cert", "key")})
+    tls = TlsConfig(
+        **{k: v.path(t[k], f"mqtt.tls.{k}") if t.get(k) is not None else None for k in ("ca", "cert", "key")}
+    )
     if (tls.cert is None) != (tls.key is None):
         missing = "key" if tls.key is None else "cert"
         raise ConfigError(f"mqtt.tls.{missing}: a client certificate needs both mqtt.tls.cert and mqtt.tls.key")
@@ -291,18 +312,24 @@ def _trust(v: "_Validator", raw: Any) -> TrustConfig:
 
 
 def _serving(v: "_Validator", raw: Any) -> ServingConfig:
-    s = v.mapping(raw if raw is not None else {}, "serving",
-                  ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"))
+    s = v.mapping(
+        raw if raw is not None else {},
+        "serving",
+        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"),
+    )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
         raise ConfigError(f"serving.host: expected a host name or IP address, got {host!r}")
     port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
     token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
-    return ServingConfig(host=host, port=port, token_file=token,
-                         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
-                         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
-                         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every",
-                                                      1, 1_000_000))
+    return ServingConfig(
+        host=host,
+        port=port,
+        token_file=token,
+        probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
+        build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
+        finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every", 1, 1_000_000),
+    )
 
 
 def _telemetry(v: "_Validator", raw: Any) -> TelemetryConfig:
@@ -326,7 +353,9 @@ def _target(v: "_Validator", raw: Any) -> str:
     if known and name not in known:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"target: unknown target {name!r}{hint}; expected 'auto' or one of: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"target: unknown target {name!r}{hint}; expected 'auto' or one of: {', '.join(sorted(known))}"
+        )
     return name
 
 
@@ -379,8 +408,9 @@ class _Validator:
             raw = str(raw)
         s = self.string(raw, key)
         if not NAME_RE.match(s):
-            raise ConfigError(f"{key}: expected 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit, "
-                              f"got {s!r}")
+            raise ConfigError(
+                f"{key}: expected 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit, got {s!r}"
+            )
         return s
 
     def integer(self, raw: Any, key: str, lo: int, hi: int) -> int:

@@ -1,4 +1,5 @@
 """The stable default device id: board serial, else /etc/machine-id; never random per start."""
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ Package layout written by write_package():
     DIR/test_data_set_0/input_0.pb      golden inputs (TensorProto)
     DIR/test_data_set_0/output_0.pb     golden outputs, computed by onnx's reference evaluator
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +36,10 @@ def cnn_model(seed: int = 0, classes: int = 10, size: int = 32):
     b2 = (rng.standard_normal(16) * 0.1).astype(np.float32)
     wf = (rng.standard_normal((16, classes)) * 0.5).astype(np.float32)
     bf = (rng.standard_normal(classes) * 0.1).astype(np.float32)
-    inits = [numpy_helper.from_array(a, n) for a, n in [(w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"), (wf, "wf"), (bf, "bf")]]
+    inits = [
+        numpy_helper.from_array(a, n)
+        for a, n in [(w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"), (wf, "wf"), (bf, "bf")]
+    ]
     nodes = [
         helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -123,9 +127,8 @@ def write_package(
 ) -> Path:
     """Write a model package directory (model.onnx, model.yaml, test_data_set_0) and return its path."""
     onnx = _onnx()
-    from onnx import numpy_helper
-
     import yaml
+    from onnx import numpy_helper
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -182,6 +185,8 @@ def sample_ml_package(directory: str | Path, *, name: str = "sample-ml", version
     return write_package(directory, ml_model(), name=name, version=version)
 
 
-def sample_tiny_package(directory: str | Path, *, name: str = "tiny", version: str = "1", bias: float | None = None) -> Path:
+def sample_tiny_package(
+    directory: str | Path, *, name: str = "tiny", version: str = "1", bias: float | None = None
+) -> Path:
     b = float(version) if bias is None and str(version).replace(".", "", 1).isdigit() else (bias or 1.0)
     return write_package(directory, tiny_model(b), name=name, version=version)

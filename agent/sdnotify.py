@@ -11,13 +11,14 @@ Usage from the daemon's main loop (never from a helper thread: a wedged main loo
 
 Every send is best effort: it returns False instead of raising (systemd gone, socket full).
 """
+
 from __future__ import annotations
 
 import os
 import socket
 import threading
 import time
-from typing import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 _ENV_KEYS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 

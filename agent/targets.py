@@ -1,11 +1,13 @@
 """Target profiles: load and validate targets/*.yaml, match a HardwareProfile to the most specific one."""
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -18,10 +20,22 @@ if TYPE_CHECKING:  # pragma: no cover
 ENV_DIR = "EDGE_AGENT_TARGETS_DIR"
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 PRECISION_ALIASES = {
-    None: "fp32", "fp32": "fp32", "f32": "fp32", "float32": "fp32", "float": "fp32",
-    "fp16": "fp16", "f16": "fp16", "float16": "fp16", "half": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "int8": "int8", "i8": "int8", "u8": "int8", "uint8": "int8", "qdq": "int8",
+    None: "fp32",
+    "fp32": "fp32",
+    "f32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "fp16": "fp16",
+    "f16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "int8": "int8",
+    "i8": "int8",
+    "u8": "int8",
+    "uint8": "int8",
+    "qdq": "int8",
 }
 SWAPS = ("make-before-break", "stop-then-start")
 TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features"}
@@ -29,11 +43,29 @@ MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor",
 TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
 # Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
 CPU_FEATURES = {
-    "avx2": "avx2", "avx512f": "avx512f", "avx512_bf16": "avx512_bf16", "avx512_vnni": "avx512_vnni",
-    "avx_vnni": "avx_vnni", "avx512_fp16": "avx512_fp16", "amx_tile": "amx", "amx_bf16": "amx_bf16",
-    "amx_int8": "amx_int8", "asimd": "neon", "neon": "neon", "asimdhp": "fp16", "FEAT_FP16": "fp16",
-    "asimddp": "dotprod", "FEAT_DotProd": "dotprod", "i8mm": "i8mm", "FEAT_I8MM": "i8mm", "bf16": "bf16",
-    "FEAT_BF16": "bf16", "sve": "sve", "sve2": "sve2", "sme": "sme", "FEAT_SME": "sme",
+    "avx2": "avx2",
+    "avx512f": "avx512f",
+    "avx512_bf16": "avx512_bf16",
+    "avx512_vnni": "avx512_vnni",
+    "avx_vnni": "avx_vnni",
+    "avx512_fp16": "avx512_fp16",
+    "amx_tile": "amx",
+    "amx_bf16": "amx_bf16",
+    "amx_int8": "amx_int8",
+    "asimd": "neon",
+    "neon": "neon",
+    "asimdhp": "fp16",
+    "FEAT_FP16": "fp16",
+    "asimddp": "dotprod",
+    "FEAT_DotProd": "dotprod",
+    "i8mm": "i8mm",
+    "FEAT_I8MM": "i8mm",
+    "bf16": "bf16",
+    "FEAT_BF16": "bf16",
+    "sve": "sve",
+    "sve2": "sve2",
+    "sme": "sme",
+    "FEAT_SME": "sme",
 }
 HARDWARE_FEATURES = frozenset(CPU_FEATURES.values()) | {"gpu", "npu", "dsp", "tpu"}
 
@@ -119,11 +151,15 @@ class Target:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "description": self.description,
+            "name": self.name,
+            "description": self.description,
             "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
-            "tolerances": {prov: {prec: t.to_dict() for prec, t in by.items()}
-                           for prov, by in self.tolerances.table.items()},
-            "serving": dict(self.serving), "features": sorted(self.features), "match": dict(self.match_rules),
+            "tolerances": {
+                prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()
+            },
+            "serving": dict(self.serving),
+            "features": sorted(self.features),
+            "match": dict(self.match_rules),
         }
 
 
@@ -192,8 +228,9 @@ def match(profile: HardwareProfile, targets: Mapping[str, Target] | None = None)
     hits = [t for t in targets.values() if rule_matches(t.match_rules, profile)]
     if hits:
         return sorted(hits, key=lambda t: (-t.priority, t.name))[0]
-    fallbacks = sorted((t for t in targets.values() if t.match_rules.get("fallback")),
-                       key=lambda t: (t.priority, t.name))
+    fallbacks = sorted(
+        (t for t in targets.values() if t.match_rules.get("fallback")), key=lambda t: (t.priority, t.name)
+    )
     if not fallbacks:
         raise ConfigError("no target matches and no target is marked 'match: {fallback: true}'")
     return fallbacks[0]
@@ -211,6 +248,7 @@ def features_for(profile: HardwareProfile, target: Target) -> frozenset[str]:
 
 
 # ---- validation: every error names the file and the key path ----
+
 
 def _fail(path: Path, key: str, why: str) -> ConfigError:
     return ConfigError(f"{path.name}: {key}: {why}")
@@ -240,7 +278,9 @@ def _parse_match(path: Path, raw: Any) -> dict[str, Any]:
                 raise _fail(path, "match.fallback", "expected true or false")
             rules[key] = value
         elif key == "accelerators":
-            ok = isinstance(value, list) and all(isinstance(a, dict) and a and set(a) <= {"kind", "vendor"} for a in value)
+            ok = isinstance(value, list) and all(
+                isinstance(a, dict) and a and set(a) <= {"kind", "vendor"} for a in value
+            )
             if not ok:
                 raise _fail(path, "match.accelerators", "expected a list of {kind, vendor} mappings")
             rules[key] = value
@@ -345,7 +385,12 @@ def parse_target(path: Path) -> Target:
     if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
         raise _fail(path, "features", "expected a list of strings")
     return Target(
-        name=name, description=raw["description"].strip(), providers=_parse_providers(path, raw.get("providers")),
-        tolerances=_parse_tolerances(path, raw.get("tolerances")), serving=_parse_serving(path, raw.get("serving")),
-        features=frozenset(features), match_rules=_parse_match(path, raw.get("match") or {}), path=str(path),
+        name=name,
+        description=raw["description"].strip(),
+        providers=_parse_providers(path, raw.get("providers")),
+        tolerances=_parse_tolerances(path, raw.get("tolerances")),
+        serving=_parse_serving(path, raw.get("serving")),
+        features=frozenset(features),
+        match_rules=_parse_match(path, raw.get("match") or {}),
+        path=str(path),
     )

@@ -8,6 +8,7 @@ before and after with the fleet idle; the artifact server's count of chunk bytes
     .venv/bin/python bench/bench_fleet_converge.py [--devices 200] [--size-mb 1] [--json]
 Not run by the test suite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,13 @@ def heavy_model(size_mb: float, seed: int = 0):
 
     n = max(16, int((size_mb * 1024 * 1024 / 4) ** 0.5))
     w = np.random.default_rng(seed).standard_normal((n, n)).astype(np.float32) / n
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "bench_matmul",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
-                              [numpy_helper.from_array(w, "w")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "bench_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [numpy_helper.from_array(w, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -76,8 +80,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--size-mb", type=float, default=1.0)
     ap.add_argument("--canary", default="1")
     ap.add_argument("--wave-size", default="25%")
-    ap.add_argument("--source", choices=["mqtt", "http"], default="mqtt",
-                    help="where devices fetch the artifact: MQTT chunks, or an HTTP server (a CDN stand-in)")
+    ap.add_argument(
+        "--source",
+        choices=["mqtt", "http"],
+        default="mqtt",
+        help="where devices fetch the artifact: MQTT chunks, or an HTTP server (a CDN stand-in)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -101,20 +109,37 @@ def main(argv=None) -> dict:
         httpd = serve_http(ContentStore(tmp / "store"), "127.0.0.1:0") if args.source == "http" else None
         http_url = f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/{{sha256}}" if httpd else None
         sysbytes = SysBytes(broker.url)
-        sim = Simulator(args.devices, broker=cfg, trust=[str(pub)], groups=["bench"], id_prefix="b",
-                        sysroots=[str(ROOT / "tests/fixtures/sysroots" / c) for c in CLASSES],
-                        state_dir=str(tmp / "fleet"), probation_s=1.0)
+        sim = Simulator(
+            args.devices,
+            broker=cfg,
+            trust=[str(pub)],
+            groups=["bench"],
+            id_prefix="b",
+            sysroots=[str(ROOT / "tests/fixtures/sysroots" / c) for c in CLASSES],
+            state_dir=str(tmp / "fleet"),
+            probation_s=1.0,
+        )
         t0 = time.monotonic()
         sim.start()
         say(f"{args.devices} devices up in {time.monotonic() - t0:.1f} s")
         pkg = write_package(tmp / "pkg", heavy_model(args.size_mb), name="heavy", version="1")
         try:
             before = sysbytes.settled()
-            spec = RolloutSpec("heavy", "1", group="bench", canary=args.canary, wave_size=args.wave_size,
-                               deadline_s=1800).validate()
+            spec = RolloutSpec(
+                "heavy", "1", group="bench", canary=args.canary, wave_size=args.wave_size, deadline_s=1800
+            ).validate()
             t0 = time.monotonic()
-            summary = run_rollout(pkg, spec, key_file=key, store=tmp / "store", broker=cfg, wait=True, tick_s=0.5,
-                                  http_url=http_url, http_only=httpd is not None)
+            summary = run_rollout(
+                pkg,
+                spec,
+                key_file=key,
+                store=tmp / "store",
+                broker=cfg,
+                wait=True,
+                tick_s=0.5,
+                http_url=http_url,
+                http_only=httpd is not None,
+            )
             converge_s = time.monotonic() - t0
             after = sysbytes.settled()
         finally:
@@ -127,11 +152,19 @@ def main(argv=None) -> dict:
         size = _artifact_size(tmp / "store")
         egress = after - before
         doc = {
-            "devices": args.devices, "artifact_bytes": size, "converge_s": round(converge_s, 2),
-            "state": summary["state"], "counts": summary["counts"], "broker_egress_bytes": egress,
-            "egress_ratio": round(egress / (args.devices * size), 4), "goal_ratio": 1.05,
-            "artifact_server": served, "chunk_ratio": round(served.get("bytes", 0) / (args.devices * size), 4),
-            "qualification": stats["qualification"], "canary": args.canary, "wave_size": args.wave_size,
+            "devices": args.devices,
+            "artifact_bytes": size,
+            "converge_s": round(converge_s, 2),
+            "state": summary["state"],
+            "counts": summary["counts"],
+            "broker_egress_bytes": egress,
+            "egress_ratio": round(egress / (args.devices * size), 4),
+            "goal_ratio": 1.05,
+            "artifact_server": served,
+            "chunk_ratio": round(served.get("bytes", 0) / (args.devices * size), 4),
+            "qualification": stats["qualification"],
+            "canary": args.canary,
+            "wave_size": args.wave_size,
             "source": args.source,
         }
     print(json.dumps(doc, indent=None if args.json else 2))

@@ -4,6 +4,7 @@ against a bare in-process loop over the same ONNX node cases on the same provide
 
     .venv/bin/python bench/bench_harness_overhead.py [--provider cpu|openvino] [--cases GLOB]...
 """
+
 from __future__ import annotations
 
 import argparse

@@ -14,6 +14,7 @@ The broker runs with `set_tcp_nodelay true`, as scripts/mosquitto/mosquitto.conf
 PUBACKs are small, and Nagle's algorithm holds small writes up to 40 ms); the clients always set TCP_NODELAY.
 --broker-nagle measures a broker left at Mosquitto's default (`set_tcp_nodelay false`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,6 +83,7 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
     print("ready", flush=True)
     sys.stdin.readline()
     t0, cpu0 = time.time(), cpu_s()
+
     def cb(event, done=0, total=1, **_):
         print(event, done, flush=True)
         if event == "chunk" and done >= total // 2:
@@ -93,15 +95,23 @@ def child_pull(url: str, store: str, manifest_file: str, window: int, progress: 
     stop.set()
     stats = dict(puller.stats, cpu_s=cpu_s() - cpu0)
     stats["window"] = puller.window
-    print("done", t0, time.time(), base // 1024, max(peak[0], proc.memory_info().rss) // 1024,
-          json.dumps(stats, separators=(",", ":")), flush=True)
+    print(
+        "done",
+        t0,
+        time.time(),
+        base // 1024,
+        max(peak[0], proc.memory_info().rss) // 1024,
+        json.dumps(stats, separators=(",", ":")),
+        flush=True,
+    )
     link.stop()
 
 
 # --- parent ------------------------------------------------------------------------------------------
 def spawn(*args):
-    return subprocess.Popen([sys.executable, __file__, *map(str, args)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, __file__, *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
 
 
 def expect(proc, word):
@@ -126,7 +136,7 @@ def raw_paho(url: str, data: bytes, chunk: int) -> float:
     t0 = time.time()
     view = memoryview(data)
     for i in range(count):
-        pub.publish("bench/raw", bytes(view[i * chunk:(i + 1) * chunk]), qos=1)
+        pub.publish("bench/raw", bytes(view[i * chunk : (i + 1) * chunk]), qos=1)
     t1, cpu = map(float, expect(sub, "done"))
     pub.loop_stop()
     sub.wait(30)
@@ -141,8 +151,9 @@ def make(tmp: Path, size: int, chunk: int):
     data = os.urandom(size)
     sha = cp.put_bytes(data)
     _, n, hashes = hash_file(cp.path(sha), chunk)
-    m = Manifest.create(name="bench", version="1", sha256=sha, size=n, chunk_size=chunk, chunks=hashes,
-                        devices=["bench-dev"])
+    m = Manifest.create(
+        name="bench", version="1", sha256=sha, size=n, chunk_size=chunk, chunks=hashes, devices=["bench-dev"]
+    )
     mf = tmp / f"m-{size}.json"
     mf.write_text(json.dumps(m.to_dict()))
     return cp, m, data, mf
@@ -183,16 +194,23 @@ def main() -> int:
     ap.add_argument("--chunk-size", type=int, default=256 * 1024)
     ap.add_argument("--window", type=int, default=0, help="chunks in flight (default: 16 MiB worth)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--broker-nagle", action="store_true",
-                    help="set_tcp_nodelay false (Mosquitto's own default) instead of the shipped config's true")
+    ap.add_argument(
+        "--broker-nagle",
+        action="store_true",
+        help="set_tcp_nodelay false (Mosquitto's own default) instead of the shipped config's true",
+    )
     args = ap.parse_args()
+    from brokers import Mosquitto
+
     from agent.fleet.artifact_server import ArtifactServer
     from agent.transport.mqtt import BrokerConfig
-    from brokers import Mosquitto
 
     chunk, size = args.chunk_size, args.size_mb << 20
     conf = "set_tcp_nodelay false" if args.broker_nagle else ""  # tests/brokers.py sets it true, as shipped
-    with tempfile.TemporaryDirectory() as td, Mosquitto(Path(td) / "broker", persistence=False, extra_conf=conf) as broker:
+    with (
+        tempfile.TemporaryDirectory() as td,
+        Mosquitto(Path(td) / "broker", persistence=False, extra_conf=conf) as broker,
+    ):
         tmp = Path(td)
         cp, m, data, mf = make(tmp, size, chunk)
         server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
@@ -207,13 +225,17 @@ def main() -> int:
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         raw_s, pull_s = med(raws), med(pulls)
         ratio = raw_s / pull_s
-        print(f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
-              f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}: raw {[round(size / x / 1e6) for x in raws]}, "
-              f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {stats['window']} "
-              f"chunks, chunk round trip {stats.get('rtt_ms')} ms, timeout {stats.get('timeout_ms')} ms, "
-              f"broker nodelay {not args.broker_nagle}]")
-        print(f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
-              f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)")
+        print(
+            f"throughput: raw paho {size / raw_s / 1e6:.0f} MB/s, pull {size / pull_s / 1e6:.0f} MB/s "
+            f"-> {ratio:.2f}x (goal >= 0.8x)  [median of {args.rounds}: raw {[round(size / x / 1e6) for x in raws]}, "
+            f"pull {[round(size / x / 1e6) for x in pulls]} MB/s; {args.size_mb} MB, chunk {chunk}, window {stats['window']} "
+            f"chunks, chunk round trip {stats.get('rtt_ms')} ms, timeout {stats.get('timeout_ms')} ms, "
+            f"broker nodelay {not args.broker_nagle}]"
+        )
+        print(
+            f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
+            f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)"
+        )
 
         before, skipped = server.stats["bytes"], server.stats["cancelled"] + server.stats["superseded"]
         killed_at = pull_once(broker.url, tmp / "dev2", mf, args.window, kill=True)
@@ -222,12 +244,14 @@ def main() -> int:
         refetched = stats["requested"] * chunk - (size - on_disk)
         overhead = server.stats["bytes"] - before - size
         resent = max(0, refetched)
-        print(f"resent: killed after {killed_at} bytes were reported written; {on_disk} verified bytes on disk; "
-              f"the restart requested {stats['requested']} of {stats['chunks']} chunks -> {resent} bytes "
-              f"downloaded twice = {100 * resent / size:.2f} % (goal <= 1 %); server-side overhead incl. the "
-              f"chunks in flight when the process died: {overhead} bytes = {100 * overhead / size:.2f} % "
-              f"(answers the server skipped for a dead or re-asking device: "
-              f"{server.stats['cancelled'] + server.stats['superseded'] - skipped})")
+        print(
+            f"resent: killed after {killed_at} bytes were reported written; {on_disk} verified bytes on disk; "
+            f"the restart requested {stats['requested']} of {stats['chunks']} chunks -> {resent} bytes "
+            f"downloaded twice = {100 * resent / size:.2f} % (goal <= 1 %); server-side overhead incl. the "
+            f"chunks in flight when the process died: {overhead} bytes = {100 * overhead / size:.2f} % "
+            f"(answers the server skipped for a dead or re-asking device: "
+            f"{server.stats['cancelled'] + server.stats['superseded'] - skipped})"
+        )
         del data
 
         cp2, m2, data2, mf2 = make(tmp, args.rss_size_mb << 20, chunk)

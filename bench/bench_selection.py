@@ -7,6 +7,7 @@ other) for many more runs than qualify does, in alternating rounds. Agreement is
 
     .venv/bin/python bench/bench_selection.py [--budget 2] [--runs 300] [--models light_resnet50 ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,17 @@ from pathlib import Path
 import numpy as np
 
 
-def time_variant(model_path: str, provider: str, options: dict, precision, feeds: dict, golden: dict,
-                 tolerances: dict, runs: int, cap_s: float) -> dict:
+def time_variant(
+    model_path: str,
+    provider: str,
+    options: dict,
+    precision,
+    feeds: dict,
+    golden: dict,
+    tolerances: dict,
+    runs: int,
+    cap_s: float,
+) -> dict:
     """Runs in a child (one runtime per process, as in serving): accuracy, then a plain timing loop."""
     from agent.errors import EdgeAgentError
     from agent.providers import get
@@ -39,7 +49,12 @@ def time_variant(model_path: str, provider: str, options: dict, precision, feeds
         t0 = time.perf_counter()
         sess.run(feeds)
         samples.append((time.perf_counter() - t0) * 1e3)
-    return {"ok": not bad, "reason": "; ".join(bad)[:80], "p50": float(np.percentile(samples, 50)), "runs": len(samples)}
+    return {
+        "ok": not bad,
+        "reason": "; ".join(bad)[:80],
+        "p50": float(np.percentile(samples, 50)),
+        "runs": len(samples),
+    }
 
 
 def exhaustive(pkg, variants, target, runs: int, cap_s: float, rounds: int) -> dict[str, dict]:
@@ -54,17 +69,28 @@ def exhaustive(pkg, variants, target, runs: int, cap_s: float, rounds: int) -> d
     per: dict[str, list[dict]] = {v.key: [] for v in variants}
     for _ in range(rounds):
         for v in variants:
-            kwargs = {"model_path": str(pkg.model_path), "provider": v.provider, "options": v.options,
-                      "precision": v.precision, "feeds": feeds, "golden": golden,
-                      "tolerances": tolerances_for(target, pkg, v.provider), "runs": runs, "cap_s": cap_s}
+            kwargs = {
+                "model_path": str(pkg.model_path),
+                "provider": v.provider,
+                "options": v.options,
+                "precision": v.precision,
+                "feeds": feeds,
+                "golden": golden,
+                "tolerances": tolerances_for(target, pkg, v.provider),
+                "runs": runs,
+                "cap_s": cap_s,
+            }
             with IsolatedWorker(env=env) as w:
                 res = w.call("bench_selection:time_variant", kwargs, timeout=cap_s * 4 + 120)
             per[v.key].append(res.value if res.ok else {"ok": False, "reason": res.error[:80], "p50": None})
     out = {}
     for key, rs in per.items():
         p50s = [r["p50"] for r in rs if r.get("p50") is not None]
-        out[key] = {"ok": all(r["ok"] for r in rs), "p50": float(np.median(p50s)) if p50s else None,
-                    "reason": rs[0].get("reason", "")}
+        out[key] = {
+            "ok": all(r["ok"] for r in rs),
+            "p50": float(np.median(p50s)) if p50s else None,
+            "reason": rs[0].get("reason", ""),
+        }
     return out
 
 
@@ -103,12 +129,15 @@ def main() -> None:
         exact += pick == best
         close = pick == best or (pick in passing and best and passing[pick]["p50"] <= passing[best]["p50"] * 1.05)
         near += bool(close)
-        cells = "  ".join(f"{k}={v['p50']:.3g}ms{'' if v['ok'] else '(x)'}" if v["p50"] else f"{k}=n/a(x)"
-                          for k, v in ex.items())
+        cells = "  ".join(
+            f"{k}={v['p50']:.3g}ms{'' if v['ok'] else '(x)'}" if v["p50"] else f"{k}=n/a(x)" for k, v in ex.items()
+        )
         verdict = "AGREE" if same_provider else ("within 5%" if close else "DISAGREE")
         print(f"{pkg.name:22s} selected {str(pick):14s} exhaustive-best {str(best):14s} {verdict:9s} | {cells}")
-    print(f"agreement: provider {agree}/{total}; exact variant {exact}/{total}; "
-          f"selected within 5% of the exhaustive best p50: {near}/{total}")
+    print(
+        f"agreement: provider {agree}/{total}; exact variant {exact}/{total}; "
+        f"selected within 5% of the exhaustive best p50: {near}/{total}"
+    )
     print("(x) = outside tolerance against the golden outputs")
 
 

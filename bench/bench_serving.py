@@ -20,6 +20,7 @@ http.client are printed beside it (that client's own parsing costs ~150-250 us p
 (3) builds each new session the way the daemon does (agent.util.priority.run_lowered at serving.build_nice,
 default 10: the compile yields to serving; --build-nice 0 builds at serving priority).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -70,11 +71,19 @@ def matmul_model(layers: int, seed: int = 0, width: int = 512, rows: int = 8):
     for i in range(layers):
         w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
+        ]
         prev = f"r{i}"
     nodes.append(helper.make_node("Identity", [prev], ["probabilities"]))
-    graph = helper.make_graph(nodes, "matmul_chain", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [rows, width])],
-                              [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [rows, width])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "matmul_chain",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [rows, width])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [rows, width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -153,7 +162,12 @@ def paired(raw_once, other_once, pairs: int, seed: int = 0) -> dict:
         raws.append(r)
         diffs.append(o - r)
     raw, diff = statistics.median(raws), statistics.median(diffs)
-    return {"raw_ms": raw * 1e3, "served_ms": (raw + diff) * 1e3, "overhead_us": diff * 1e6, "ratio": (raw + diff) / raw}
+    return {
+        "raw_ms": raw * 1e3,
+        "served_ms": (raw + diff) * 1e3,
+        "overhead_us": diff * 1e6,
+        "ratio": (raw + diff) / raw,
+    }
 
 
 def _timed(fn) -> Callable[[], float]:
@@ -185,11 +199,23 @@ def bench_inprocess(directory: Path, model: Model, pairs: int = 2000) -> dict:
 # ---- HTTP clients (in a child process) -----------------------------------------------------------
 def _request(model: Model) -> tuple[bytes, dict]:
     x = model.feeds()["input"]
-    head = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                   "parameters": {"binary_data_size": x.nbytes}}],
-                       "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}]}).encode()
-    return head + x.tobytes(), {"Inference-Header-Content-Length": str(len(head)),
-                                "Content-Type": "application/octet-stream"}
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + x.tobytes(), {
+        "Inference-Header-Content-Length": str(len(head)),
+        "Content-Type": "application/octet-stream",
+    }
 
 
 class _LeanClient:
@@ -200,8 +226,11 @@ class _LeanClient:
         self.port = port
         body, headers = _request(model)
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.parts = [f"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
-                      f"{head}\r\n".encode(), body]
+        self.parts = [
+            f"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {len(body)}\r\n"
+            f"{head}\r\n".encode(),
+            body,
+        ]
         self.buf = bytearray(1 << 20)
         self.sock = self._connect()
 
@@ -224,7 +253,7 @@ class _LeanClient:
                 break
         head = bytes(self.buf[:end]).lower()
         at = head.index(b"content-length:") + 15
-        length = int(head[at:head.index(b"\r\n", at) if b"\r\n" in head[at:] else len(head)])
+        length = int(head[at : head.index(b"\r\n", at) if b"\r\n" in head[at:] else len(head)])
         need = end + 4 + length
         if need > len(self.buf):
             self.buf.extend(bytes(need - len(self.buf)))
@@ -337,6 +366,7 @@ def rss_mb() -> float:
 
 def _build(model: Model, directory: Path, seed: int, nice: int):
     """Open and warm a session as the daemon does: in a thread `nice` levels below serving (run_lowered)."""
+
     def work():
         session = model.open(directory, seed=seed)
         session.run(model.feeds())
@@ -345,8 +375,16 @@ def _build(model: Model, directory: Path, seed: int, nice: int):
     return run_lowered(work, nice)[0]
 
 
-def bench_swaps(directory: Path, model: Model, swaps: int, clients: int, rounds: int = 10, quiet_s: float = 0.5,
-                nice: int = 0, rss_window_s: float = 2.0) -> dict:
+def bench_swaps(
+    directory: Path,
+    model: Model,
+    swaps: int,
+    clients: int,
+    rounds: int = 10,
+    quiet_s: float = 0.5,
+    nice: int = 0,
+    rss_window_s: float = 2.0,
+) -> dict:
     """Swap 1, then `rounds` x (quiet_s without swaps, a batch of swaps), then a last quiet window: steady and
     swap windows interleave in time. RSS is read at the end of the quiet window after swap 1 and after the last
     swap, both with the serving session warmed by the same load."""
@@ -384,12 +422,23 @@ def bench_swaps(directory: Path, model: Model, swaps: int, clients: int, rounds:
         return [lat for t, lat, ok in samples if ok and any(a <= t < b for a, b in windows)]
 
     calm, busy = within(steady), within(swapping)
-    return {"model": str(model), "swaps": len(results), "build_nice": nice, "requests": len(samples),
-            "failed": sum(1 for *_, ok in samples if not ok), "steady_requests": len(calm), "swap_requests": len(busy),
-            "steady_p99_ms": pct(calm, 99) * 1e3, "swap_p99_ms": pct(busy, 99) * 1e3,
-            "p99_ratio": pct(busy, 99) / pct(calm, 99), "swap_s": sum(b - a for a, b in swapping),
-            "rss_after_1_mb": rss[1], "rss_after_n_mb": rss[swaps], "rss_ratio": rss[swaps] / rss[1],
-            "undrained": sum(1 for r in results if not r["drained"])}
+    return {
+        "model": str(model),
+        "swaps": len(results),
+        "build_nice": nice,
+        "requests": len(samples),
+        "failed": sum(1 for *_, ok in samples if not ok),
+        "steady_requests": len(calm),
+        "swap_requests": len(busy),
+        "steady_p99_ms": pct(calm, 99) * 1e3,
+        "swap_p99_ms": pct(busy, 99) * 1e3,
+        "p99_ratio": pct(busy, 99) / pct(calm, 99),
+        "swap_s": sum(b - a for a, b in swapping),
+        "rss_after_1_mb": rss[1],
+        "rss_after_n_mb": rss[swaps],
+        "rss_ratio": rss[swaps] / rss[1],
+        "undrained": sum(1 for r in results if not r["drained"]),
+    }
 
 
 def main(argv=None) -> int:
@@ -399,11 +448,19 @@ def main(argv=None) -> int:
     ap.add_argument("--target-ms", type=float, default=1.0)
     ap.add_argument("--quiet-s", type=float, default=0.5, help="steady window before each round of swaps")
     ap.add_argument("--swap-model", choices=["cnn", "matmul"], default="cnn")
-    ap.add_argument("--build-nice", type=int, default=10,
-                    help="build new sessions this many nice levels below serving, as the daemon does (serving."
-                         "build_nice, default 10; 0: at serving priority)")
-    ap.add_argument("--malloc-arenas", type=int, default=2,
-                    help="glibc arena cap, with the daemon's fixed mmap threshold (0: leave glibc's defaults)")
+    ap.add_argument(
+        "--build-nice",
+        type=int,
+        default=10,
+        help="build new sessions this many nice levels below serving, as the daemon does (serving."
+        "build_nice, default 10; 0: at serving priority)",
+    )
+    ap.add_argument(
+        "--malloc-arenas",
+        type=int,
+        default=2,
+        help="glibc arena cap, with the daemon's fixed mmap threshold (0: leave glibc's defaults)",
+    )
     ap.add_argument("--parts", default="1,2,3", help="which of the three benchmarks to run (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -413,8 +470,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         d = Path(tmp)
         models = {k: calibrate(d, k, args.target_ms) for k in ("cnn", "matmul")}
-        report = {"cpus": os.cpu_count(), "malloc_arenas": args.malloc_arenas or "default", "inprocess": {},
-                  "http": {}}
+        report = {"cpus": os.cpu_count(), "malloc_arenas": args.malloc_arenas or "default", "inprocess": {}, "http": {}}
         parts = {p.strip() for p in args.parts.split(",")}
         for kind, model in models.items():
             if "1" in parts:
@@ -425,28 +481,38 @@ def main(argv=None) -> int:
                 report["http"][kind] = bench_http(d, model)
         if "3" in parts:
             log(f"(3) {args.swaps} swaps under {args.clients} clients: {models[args.swap_model]} ...")
-            report["swaps"] = bench_swaps(d, models[args.swap_model], args.swaps, args.clients,
-                                          quiet_s=args.quiet_s, nice=args.build_nice)
+            report["swaps"] = bench_swaps(
+                d, models[args.swap_model], args.swaps, args.clients, quiet_s=args.quiet_s, nice=args.build_nice
+            )
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{report['cpus']} CPUs, malloc arenas {report['malloc_arenas']}, build nice {args.build_nice}; models sized to ~{args.target_ms} ms: " + ", ".join(map(str, models.values())))
+    print(
+        f"{report['cpus']} CPUs, malloc arenas {report['malloc_arenas']}, build nice {args.build_nice}; models sized to ~{args.target_ms} ms: "
+        + ", ".join(map(str, models.values()))
+    )
     for kind, a in report["inprocess"].items():
-        print(f"(1) in-process {kind}: raw {a['raw_ms']:.3f} ms, registry {a['served_ms']:.3f} ms -> "
-              f"{a['ratio']:.3f}x (+{a['overhead_us']:.1f} us; goal <= 1.03x); on probation (every response "
-              f"checked for NaN/Inf) {a['probation_ratio']:.3f}x (+{a['probation_overhead_us']:.1f} us)")
+        print(
+            f"(1) in-process {kind}: raw {a['raw_ms']:.3f} ms, registry {a['served_ms']:.3f} ms -> "
+            f"{a['ratio']:.3f}x (+{a['overhead_us']:.1f} us; goal <= 1.03x); on probation (every response "
+            f"checked for NaN/Inf) {a['probation_ratio']:.3f}x (+{a['probation_overhead_us']:.1f} us)"
+        )
     for kind, h in report["http"].items():
         c = h["http_client"]
-        print(f"(2) HTTP binary {kind} ({h['input_bytes'] // 1024} KB in): raw {h['raw_ms']:.3f} ms, "
-              f"HTTP {h['served_ms']:.3f} ms -> {h['ratio']:.3f}x (+{h['overhead_us']:.0f} us; goal <= 1.5x); "
-              f"through http.client {c['ratio']:.3f}x (+{c['overhead_us']:.0f} us)")
+        print(
+            f"(2) HTTP binary {kind} ({h['input_bytes'] // 1024} KB in): raw {h['raw_ms']:.3f} ms, "
+            f"HTTP {h['served_ms']:.3f} ms -> {h['ratio']:.3f}x (+{h['overhead_us']:.0f} us; goal <= 1.5x); "
+            f"through http.client {c['ratio']:.3f}x (+{c['overhead_us']:.0f} us)"
+        )
     s = report.get("swaps")
     if s is None:
         return 0
-    print(f"(3) {s['swaps']} swaps in {s['swap_s']:.1f} s, {args.clients} clients, {s['model']}: {s['requests']} requests, "
-          f"{s['failed']} failed (goal 0); p99 steady {s['steady_p99_ms']:.2f} ms, during swaps {s['swap_p99_ms']:.2f} ms "
-          f"-> {s['p99_ratio']:.2f} (goal <= 1.5); RSS {s['rss_after_1_mb']:.1f} -> {s['rss_after_n_mb']:.1f} MB -> "
-          f"{s['rss_ratio']:.3f} (goal <= 1.05)")
+    print(
+        f"(3) {s['swaps']} swaps in {s['swap_s']:.1f} s, {args.clients} clients, {s['model']}: {s['requests']} requests, "
+        f"{s['failed']} failed (goal 0); p99 steady {s['steady_p99_ms']:.2f} ms, during swaps {s['swap_p99_ms']:.2f} ms "
+        f"-> {s['p99_ratio']:.2f} (goal <= 1.5); RSS {s['rss_after_1_mb']:.1f} -> {s['rss_after_n_mb']:.1f} MB -> "
+        f"{s['rss_ratio']:.3f} (goal <= 1.05)"
+    )
     return 0
 
 

@@ -5,6 +5,7 @@ profile confirms) has every named feature; provider variants that are unavailabl
 probe's reason. Options: --provider NAME (repeatable), --target NAME, --node-case GLOB (repeatable),
 --models-dir DIR, --budget SECONDS.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,9 @@ import pytest
 
 def pytest_addoption(parser):
     group = parser.getgroup("edge-agent hardware suite")
-    group.addoption("--provider", action="append", default=[], help="provider to test (repeatable); default: all available")
+    group.addoption(
+        "--provider", action="append", default=[], help="provider to test (repeatable); default: all available"
+    )
     group.addoption("--target", default=None, help="target name instead of the matched one")
     group.addoption("--node-case", action="append", default=[], help="only node cases matching this glob (repeatable)")
     group.addoption("--models-dir", default=None, help="also qualify every package in this directory")

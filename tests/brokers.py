@@ -1,8 +1,9 @@
 """Real brokers for tests: a private Mosquitto or NATS (MQTT gateway) on a free loopback port.
 
-    with Mosquitto(tmp_path) as broker:  broker.url == "mqtt://127.0.0.1:PORT"
-    broker.restart() keeps the port (and persistence, when enabled) across a stop/start.
+with Mosquitto(tmp_path) as broker:  broker.url == "mqtt://127.0.0.1:PORT"
+broker.restart() keeps the port (and persistence, when enabled) across a stop/start.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,9 @@ class _Broker:
         raise NotImplementedError
 
     def start(self) -> "_Broker":
-        self.proc = subprocess.Popen(self._argv(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self._argv(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         _wait_port(self.port, self.proc, self.log)
         return self
 
@@ -92,7 +95,14 @@ class _Broker:
 class Mosquitto(_Broker):
     """Mosquitto 2.x with anonymous access (or a caller-supplied config body), persistence in workdir."""
 
-    def __init__(self, workdir: Path, port: int | None = None, extra_conf: str = "", anonymous: bool = True, persistence: bool = True):
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        extra_conf: str = "",
+        anonymous: bool = True,
+        persistence: bool = True,
+    ):
         super().__init__(workdir, port)
         self.extra_conf = extra_conf
         self.anonymous = anonymous

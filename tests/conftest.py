@@ -1,4 +1,5 @@
 """Shared fixtures: real brokers on free ports, generated model packages."""
+
 from __future__ import annotations
 
 import sys

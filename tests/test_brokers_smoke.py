@@ -1,4 +1,5 @@
 """The test brokers start and move a message (guards every MQTT integration test)."""
+
 import threading
 
 import paho.mqtt.client as mqtt

@@ -1,4 +1,5 @@
 """`edge-agent profile`: JSON, human summary, one-line errors; `edge-agent --help` lists it."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,14 @@ SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 def test_profile_json_on_a_sysroot():
@@ -59,12 +66,16 @@ def test_profile_this_machine_json():
 def test_missing_sysroot_is_one_line_error(tmp_path):
     res = run_cli("profile", "--sysroot", str(tmp_path / "nope"))
     assert res.returncode != 0 and res.stdout == ""
-    assert res.stderr.strip().splitlines() == [f"error: --sysroot {tmp_path / 'nope'}: no such directory or capture tarball"]
+    assert res.stderr.strip().splitlines() == [
+        f"error: --sysroot {tmp_path / 'nope'}: no such directory or capture tarball"
+    ]
 
 
 def test_broken_targets_dir_is_reported_not_raised(tmp_path):
     (tmp_path / "x.yaml").write_text("name: y\n")
-    res = run_cli("profile", "--sysroot", str(SYSROOTS / "rpi4-4gb"), "--json", env={"EDGE_AGENT_TARGETS_DIR": str(tmp_path)})
+    res = run_cli(
+        "profile", "--sysroot", str(SYSROOTS / "rpi4-4gb"), "--json", env={"EDGE_AGENT_TARGETS_DIR": str(tmp_path)}
+    )
     d = json.loads(res.stdout)
     assert res.returncode == 0 and d["target"] is None and any("x.yaml: name:" in n for n in d["notes"])
 
@@ -93,16 +104,26 @@ def test_profile_reads_a_capture_tarball(tmp_path):
 def test_help_of_profile_providers_and_config_gives_examples():
     for args in (["profile", "--help"], ["providers", "--help"], ["config", "--help"], ["config", "check", "--help"]):
         res = run_cli(*args)
-        assert res.returncode == 0 and "Examples:" in res.stdout and "edge-agent " in res.stdout.split("Examples:")[1], args
+        assert (
+            res.returncode == 0 and "Examples:" in res.stdout and "edge-agent " in res.stdout.split("Examples:")[1]
+        ), args
 
 
 def test_unseen_captures_profile_through_the_cli():
     """Devices added in the quality pass, read the way a user does: arch, board, cores, accelerators, target."""
-    want = {"jetson-agx-orin-64gb-jp61": ("aarch64", "NVIDIA Jetson AGX Orin Developer Kit", 12, {"gpu", "npu"}, "jetson-orin"),
-            "intel-lunarlake-npu": ("x86_64", "ThinkPad X1 Carbon Gen 13", 8, {"gpu", "npu"}, "intel-x86_64"),
-            "rpi-cm4-coral": ("aarch64", "Raspberry Pi Compute Module 4 Rev 1.1", 4, {"tpu"}, "raspberry-pi-4"),
-            "apple-m3-max": ("aarch64", "Mac15,9", 16, {"gpu", "npu"}, "apple-silicon"),
-            "ampere-altra-cax31": ("aarch64", "vServer", 8, set(), "generic-aarch64")}
+    want = {
+        "jetson-agx-orin-64gb-jp61": (
+            "aarch64",
+            "NVIDIA Jetson AGX Orin Developer Kit",
+            12,
+            {"gpu", "npu"},
+            "jetson-orin",
+        ),
+        "intel-lunarlake-npu": ("x86_64", "ThinkPad X1 Carbon Gen 13", 8, {"gpu", "npu"}, "intel-x86_64"),
+        "rpi-cm4-coral": ("aarch64", "Raspberry Pi Compute Module 4 Rev 1.1", 4, {"tpu"}, "raspberry-pi-4"),
+        "apple-m3-max": ("aarch64", "Mac15,9", 16, {"gpu", "npu"}, "apple-silicon"),
+        "ampere-altra-cax31": ("aarch64", "vServer", 8, set(), "generic-aarch64"),
+    }
     from click.testing import CliRunner
 
     from agent.cli.profile import profile

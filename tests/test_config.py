@@ -1,4 +1,5 @@
 """agent.config: every key validated with its path in the error; defaults; stable device id; the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,28 @@ def write(tmp_path, data) -> Path:
 
 def full(files) -> dict:
     return {
-        "device_id": "pi-1", "groups": ["lab", "kitchen"], "state_dir": "state", "target": "auto",
-        "mqtt": {"url": "mqtts://broker.example:8884", "username": "pi-1", "password_file": files["pw"],
-                 "tls": {"ca": files["ca.pem"], "cert": files["cert.pem"], "key": files["key.pem"]},
-                 "topic_prefix": "acme/edge"},
+        "device_id": "pi-1",
+        "groups": ["lab", "kitchen"],
+        "state_dir": "state",
+        "target": "auto",
+        "mqtt": {
+            "url": "mqtts://broker.example:8884",
+            "username": "pi-1",
+            "password_file": files["pw"],
+            "tls": {"ca": files["ca.pem"], "cert": files["cert.pem"], "key": files["key.pem"]},
+            "topic_prefix": "acme/edge",
+        },
         "trust": {"public_keys": [files["fleet.pub"]]},
-        "serving": {"host": "0.0.0.0", "port": 9000, "token_file": files["token"], "probation_s": 30, "build_nice": 5,
-                    "finite_check_every": 4},
-        "inbox": "/srv/inbox", "telemetry": {"interval_s": 15},
+        "serving": {
+            "host": "0.0.0.0",
+            "port": 9000,
+            "token_file": files["token"],
+            "probation_s": 30,
+            "build_nice": 5,
+            "finite_check_every": 4,
+        },
+        "inbox": "/srv/inbox",
+        "telemetry": {"interval_s": 15},
     }
 
 
@@ -148,8 +163,9 @@ def test_each_key_rejects_bad_values(tmp_path, files, monkeypatch, key, value, m
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("key", ["mqtt.password_file", "mqtt.tls.ca", "mqtt.tls.cert", "mqtt.tls.key",
-                                 "serving.token_file"])
+@pytest.mark.parametrize(
+    "key", ["mqtt.password_file", "mqtt.tls.ca", "mqtt.tls.cert", "mqtt.tls.key", "serving.token_file"]
+)
 def test_missing_credential_file_named_by_key(tmp_path, files, key):
     data = full(files)
     _set(data, key, str(tmp_path / "nope"))

@@ -1,4 +1,5 @@
 """Conformance: node-suite counts agree with a direct ORT CPU loop; crashes stay local; reports are complete."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,11 @@ from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.qualify.isolate import FAULT_ENV
 from agent.targets import get_target
 
-PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2,
-                                                                  flags=("avx2", "avx512f", "avx512_bf16")))
+PROFILE = HardwareProfile(
+    arch="x86_64",
+    os="Linux",
+    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
+)
 SUBSET = ["test_a*", "test_*bfloat16*"]  # passes, mismatches, session errors; bfloat16 feeds
 
 
@@ -47,8 +51,13 @@ def test_a_crashing_case_errors_alone_and_the_run_continues(monkeypatch):
 @pytest.fixture(scope="module")
 def node_report(tmp_path_factory):
     target = get_target("generic-x86_64")
-    report = run_conformance("onnx-node", ["cpu", "openvino", "tensorrt"], profile=PROFILE, target=target,
-                             patterns=["test_relu*", "test_softmax_*", "test_matmul_*"])
+    report = run_conformance(
+        "onnx-node",
+        ["cpu", "openvino", "tensorrt"],
+        profile=PROFILE,
+        target=target,
+        patterns=["test_relu*", "test_softmax_*", "test_matmul_*"],
+    )
     out = tmp_path_factory.mktemp("report")
     return report, write_all(report, out)
 
@@ -93,8 +102,9 @@ def test_models_suite_qualifies_light_models_and_samples(tmp_path):
     user = tmp_path / "mine"
     samples.sample_tiny_package(user / "tiny", version="2")
     target = get_target("generic-x86_64")
-    report = run_conformance("models", ["cpu"], profile=PROFILE, target=target, models_dir=user,
-                             light=["light_squeezenet"], budget_s=0.1)
+    report = run_conformance(
+        "models", ["cpu"], profile=PROFILE, target=target, models_dir=user, light=["light_squeezenet"], budget_s=0.1
+    )
     cases = {(c["case"], c["provider"]): c for c in report.cases}
     for model in ("light_squeezenet", "sample-cnn", "sample-ml", "tiny"):
         assert cases[(model, "cpu")]["status"] == "passed", cases[(model, "cpu")]["reason"]
@@ -106,8 +116,26 @@ def test_models_suite_qualifies_light_models_and_samples(tmp_path):
 
 def test_conformance_cli(tmp_path):
     out = tmp_path / "rep"
-    p = subprocess.run([sys.executable, "-m", "agent", "conformance", "--suite", "onnx-node", "--provider", "cpu",
-                        "-k", "test_relu*", "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "conformance",
+            "--suite",
+            "onnx-node",
+            "--provider",
+            "cpu",
+            "-k",
+            "test_relu*",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert doc["providers"]["cpu"]["total"] == len(load_cases(["test_relu*"])) and doc["providers"]["cpu"]["passed"] > 0

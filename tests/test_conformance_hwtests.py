@@ -1,4 +1,5 @@
 """hwtests/ is a real pytest suite: run a small slice of it the way a device would."""
+
 from __future__ import annotations
 
 import re
@@ -10,9 +11,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_hwtests_node_slice_runs_and_skips_by_feature():
-    p = subprocess.run([sys.executable, "-m", "pytest", "hwtests", "-q", "-p", "no:cacheprovider", "--provider", "cpu",
-                        "--node-case", "test_relu*", "--node-case", "test_adagrad", "-k", "node_case or tensorrt", "-rs"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "hwtests",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--provider",
+            "cpu",
+            "--node-case",
+            "test_relu*",
+            "--node-case",
+            "test_adagrad",
+            "-k",
+            "node_case or tensorrt",
+            "-rs",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = p.stdout + p.stderr
     assert "passed" in out, out
     m = re.search(r"(\d+) failed, (\d+) passed", out)

@@ -1,11 +1,13 @@
 """`edge-agent status` and `edge-agent rollback` against a running daemon (control directory) and offline."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 
-from agent.lifecycle.fsck import check_state_dir
 from test_daemon_support import EXE, ROOT, Daemon, drop, infer, wait_for, write_config
+
+from agent.lifecycle.fsck import check_state_dir
 
 
 def cli(*args, timeout=120):
@@ -41,7 +43,11 @@ def test_status_and_rollback_online_and_offline(tmp_path):
         assert infer(d.url) == ("1", [1.0] * 4)  # took effect in the running daemon, no restart
 
         out = cli("rollback", "nosuch", "--config", str(cfg))
-        assert out.returncode == 1 and out.stderr.strip() == "error: rollback of nosuch failed: model 'nosuch' has no previous version to roll back to"
+        assert (
+            out.returncode == 1
+            and out.stderr.strip()
+            == "error: rollback of nosuch failed: model 'nosuch' has no previous version to roll back to"
+        )
         assert "Traceback" not in out.stderr
     finally:
         assert d.terminate() == 0, d.tail()
@@ -100,7 +106,7 @@ def test_daemon_speaks_sd_notify(tmp_path):
     try:
         while True:
             rest += sock.recv(4096).decode().splitlines()
-    except socket.timeout:
+    except TimeoutError:
         pass
     assert "STOPPING=1" in rest
     sock.close()
@@ -125,6 +131,7 @@ def test_sighup_reloads_the_serving_token(tmp_path):
         token.write_text("second\n")
         d.proc.send_signal(signal.SIGHUP)
         from test_daemon_support import wait_for
+
         wait_for(lambda: "reloaded applied=serving.token_file" in d.tail(), 60, "reload")
         with pytest.raises(urllib.error.HTTPError) as err:
             infer(d.url, token="first")
@@ -142,6 +149,7 @@ def test_cancel_online_and_offline(tmp_path):
         def check():
             dep = ((d.status() or {}).get("deployments") or {}).get("tiny") or {}
             return dep if dep.get("version") == version and dep.get("state") == "probation" else None
+
         return wait_for(check, 120, f"version {version} on probation", d.proc)
 
     d = Daemon(cfg, state, env={"EDGE_AGENT_PROBATION_S": "600"})  # long enough that only a cancel ends it
@@ -152,11 +160,17 @@ def test_cancel_online_and_offline(tmp_path):
         out = cli("cancel", "tiny", "--config", str(cfg))
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("tiny: deployment ") and "(version 1) cancelled in state" in out.stdout
-        dep = wait_for(lambda: ((d.status() or {}).get("deployments") or {}).get("tiny", {}).get("result"), 60,
-                       "cancel result", d.proc)
+        dep = wait_for(
+            lambda: ((d.status() or {}).get("deployments") or {}).get("tiny", {}).get("result"),
+            60,
+            "cancel result",
+            d.proc,
+        )
         assert dep == "rolled_back"
         out = cli("cancel", "tiny", "--config", str(cfg))  # nothing in flight any more
-        assert out.returncode == 1 and out.stderr.strip() == "error: cancel of tiny failed: nothing in flight for 'tiny'"
+        assert (
+            out.returncode == 1 and out.stderr.strip() == "error: cancel of tiny failed: nothing in flight for 'tiny'"
+        )
         drop(state, "2")
         in_probation(d, "2")
     finally:

@@ -1,15 +1,16 @@
 """SIGKILL the daemon right after it journals each lifecycle state; a restart must serve a verified model
 with a consistent journal, every time (the Done-when of issue 5)."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
+from test_daemon_support import Daemon, drop, infer, wait_for, write_config
 
 from agent.lifecycle.fsck import check_state_dir
 from agent.lifecycle.journal import Journal
 from agent.lifecycle.slots import ModelSlots
-from test_daemon_support import Daemon, drop, infer, wait_for, write_config
 
 # state journaled when the daemon dies -> version serving after the restart and the deployment's end state
 EXPECT = {
@@ -101,11 +102,20 @@ def test_sigkill_right_after_a_rollback_during_probation(committed_v1, tmp_path)
     crashing = Daemon(cfg, state_dir, env={"EDGE_AGENT_TEST_CRASH_AT": "rolled_back", "EDGE_AGENT_PROBATION_S": "300"})
     crashing.wait_ready()
     drop(state_dir, "2")
-    wait_for(lambda: ((crashing.status() or {}).get("models", {}).get("tiny", {}).get("state") == "probation"),
-             120, "version 2 in probation", crashing.proc)
+    wait_for(
+        lambda: (crashing.status() or {}).get("models", {}).get("tiny", {}).get("state") == "probation",
+        120,
+        "version 2 in probation",
+        crashing.proc,
+    )
     assert infer(crashing.url) == ("2", [2.0] * 4)
-    out = subprocess.run(EXE + ["rollback", "tiny", "--config", str(cfg), "--timeout", "20"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        EXE + ["rollback", "tiny", "--config", str(cfg), "--timeout", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0  # the daemon died (hook) before it could answer
     assert crashing.proc.wait(60) == -9, crashing.tail()
     d = Daemon(cfg, state_dir)

@@ -1,5 +1,6 @@
 """docs/daemon.md stays true to the code: the transition and recovery tables are the generated ones, and every
 environment knob, state_dir entry and reloadable key the code knows is documented."""
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,19 @@ def test_knobs_layout_and_reloadable_keys_are_documented():
 
     for var in set(re.findall(r"EDGE_AGENT_[A-Z_]+", daemon.__doc__)) | {"EDGE_AGENT_TEST_CRASH_AT"}:
         assert f"`{var}`" in text, var
-    for entry in ("blobs/", "staging/", "deployments/", "models/", "packages/", "decisions/", "tmp/", "control/",
-                  "cache/", "agent.lock", "status.json"):
+    for entry in (
+        "blobs/",
+        "staging/",
+        "deployments/",
+        "models/",
+        "packages/",
+        "decisions/",
+        "tmp/",
+        "control/",
+        "cache/",
+        "agent.lock",
+        "status.json",
+    ):
         assert entry in text, entry
     for key in RELOADABLE:
         assert f"`{key}`" in text, key

@@ -1,19 +1,39 @@
 """MQTT mode end to end: a real Mosquitto, `edge-agent fleet serve`, the daemon, `edge-agent fleet push --wait`."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 
+from test_daemon_support import EXE, ROOT, Daemon, infer, wait_for, write_config
+
 from agent.artifacts.keys import generate
 from agent.samples import sample_tiny_package
-from test_daemon_support import EXE, ROOT, Daemon, infer, wait_for, write_config
 
 
 def _push(tmp_path, broker, keyfile, version, *extra):
     pkg = sample_tiny_package(tmp_path / f"pkg-{version}", version=version)
-    cmd = EXE + ["fleet", "push", str(pkg), "--name", "tiny", "--version", version, "--device", "dev-1",
-                 "--key", str(keyfile), "--store", str(tmp_path / "cp-store"), "--broker", broker.url,
-                 "--wait", "120", "--json", *extra]
+    cmd = EXE + [
+        "fleet",
+        "push",
+        str(pkg),
+        "--name",
+        "tiny",
+        "--version",
+        version,
+        "--device",
+        "dev-1",
+        "--key",
+        str(keyfile),
+        "--store",
+        str(tmp_path / "cp-store"),
+        "--broker",
+        broker.url,
+        "--wait",
+        "120",
+        "--json",
+        *extra,
+    ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
     return out.returncode, (json.loads(out.stdout) if out.stdout.strip() else {}), out.stderr
 
@@ -22,8 +42,12 @@ def test_push_wait_deploys_rejects_untrusted_and_rolls_back(tmp_path, mosquitto)
     keyfile, pubfile, _ = generate(tmp_path / "keys")
     cfg = write_config(tmp_path / "dev", mqtt={"url": mosquitto.url}, extra={"trust": {"public_keys": [str(pubfile)]}})
     (tmp_path / "cp-store").mkdir()
-    server = subprocess.Popen(EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     d = Daemon(cfg, tmp_path / "dev" / "state")
     try:
         d.wait_ready()
@@ -34,8 +58,10 @@ def test_push_wait_deploys_rejects_untrusted_and_rolls_back(tmp_path, mosquitto)
         rc, doc, err = _push(tmp_path, mosquitto, keyfile, "2")
         assert rc == 0 and doc["devices"]["dev-1"]["result"] == "committed", (err, d.tail())
         assert infer(d.url) == ("2", [2.0] * 4)
-        status = wait_for(lambda: (d.status() or {}).get("models", {}).get("tiny", {}).get("version") == "2"
-                          and d.status(), what="status v2")
+        status = wait_for(
+            lambda: (d.status() or {}).get("models", {}).get("tiny", {}).get("version") == "2" and d.status(),
+            what="status v2",
+        )
         assert status["models"]["tiny"]["provider"] == "cpu" and status["mode"] == "mqtt"
 
         # signed by a key the device does not trust: rejected before download, version 2 keeps serving

@@ -1,4 +1,5 @@
 """Helpers for the daemon tests: config files, packages dropped into the inbox, a daemon subprocess, HTTP."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def write_config(directory: Path, *, mqtt: dict | None = None, extra: dict | Non
     import yaml
 
     directory.mkdir(parents=True, exist_ok=True)
-    cfg = {"device_id": "dev-1", "state_dir": str(directory / "state"), "target": "generic-x86_64",
-           "serving": {"host": "127.0.0.1", "port": 0}, "telemetry": {"interval_s": 0}}
+    cfg = {
+        "device_id": "dev-1",
+        "state_dir": str(directory / "state"),
+        "target": "generic-x86_64",
+        "serving": {"host": "127.0.0.1", "port": 0},
+        "telemetry": {"interval_s": 0},
+    }
     if mqtt:
         cfg["mqtt"] = mqtt
     cfg.update(extra or {})
@@ -68,8 +74,9 @@ class Daemon:
         if "EDGE_AGENT_TEST_CRASH_AT" not in (env or {}):
             full.pop("EDGE_AGENT_TEST_CRASH_AT", None)  # never inherit the crash hook
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(EXE + ["run", "--config", str(config)], cwd=ROOT, env=full,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                EXE + ["run", "--config", str(config)], cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT
+            )
 
     def status(self) -> dict | None:
         try:
@@ -91,6 +98,7 @@ class Daemon:
             dep = (doc.get("deployments") or {}).get("tiny") or {}
             ok = dep.get("version") == version and (dep.get("result") is not None or not terminal)
             return dep if ok and not doc.get("in_flight") else None
+
         return wait_for(done, timeout, f"deployment of version {version}", self.proc)
 
     def terminate(self, timeout: float = 60.0) -> int:
@@ -117,8 +125,9 @@ def infer(url: str, value: float = 0.0, model: str = "tiny", token: str | None =
 def fast(probation_s: float = 0.3):
     from agent.lifecycle.steps import StepConfig
 
-    return StepConfig(probation_s=probation_s, providers=["cpu"],
-                      qualify_options={"latency_budget_s": 0.1, "isolate": False})
+    return StepConfig(
+        probation_s=probation_s, providers=["cpu"], qualify_options={"latency_budget_s": 0.1, "isolate": False}
+    )
 
 
 def running_agent(tmp_path):
@@ -141,6 +150,5 @@ def deploy(agent, version: str, writer=None, name: str = "tiny"):
     def ended():
         done = [d for d in agent.orchestrator.journal.all() if d.model == name and d.version == version]
         return done[-1] if done and done[-1].terminal else None
+
     return wait_for(ended, 120, f"{name} {version}")
-
-

@@ -1,5 +1,6 @@
 """`edge-agent keys|fleet push|serve|status` end to end: real broker, real CLI processes, and small devices
 built from the real device-side pieces (DeviceLink, receive, ChunkPuller, ContentStore)."""
+
 import json
 import queue
 import subprocess
@@ -51,12 +52,25 @@ class MiniDevice(threading.Thread):
             m = receive(ev.envelope, self.trusted, installed, device_id=self.link.device_id, groups=self.link.groups)
         except ManifestRejected as exc:
             self.deployments[ev.model] = rejection_record(exc)
-            self.link.publish_event({"model": ev.model, "version": exc.version, "state": "rejected", "reason": exc.reason})
+            self.link.publish_event(
+                {"model": ev.model, "version": exc.version, "state": "rejected", "reason": exc.reason}
+            )
         else:
             ChunkPuller(self.link, self.store, stall_timeout=60).pull(m)
-            self.models[m.name] = {"version": m.version, "sha256": m.artifact.sha256, "provider": "cpu", "state": "committed"}
-            self.deployments[m.name] = {"id": f"{m.name}-{m.version}", "version": m.version, "state": "committed",
-                                        "result": "committed", "reason": "", "ts": time.time()}
+            self.models[m.name] = {
+                "version": m.version,
+                "sha256": m.artifact.sha256,
+                "provider": "cpu",
+                "state": "committed",
+            }
+            self.deployments[m.name] = {
+                "id": f"{m.name}-{m.version}",
+                "version": m.version,
+                "state": "committed",
+                "result": "committed",
+                "reason": "",
+                "ts": time.time(),
+            }
         self.link.publish_status({"models": self.models, "deployments": self.deployments})
 
     def stop(self):
@@ -73,8 +87,9 @@ def fleet(mosquitto, tmp_path):
     assert (kdir / "fleet.key").stat().st_mode & 0o777 == 0o600
     _, pub2, _ = keys.generate(tmp_path / "other")
     store = tmp_path / "cp-store"
-    serve = subprocess.Popen(CLI + ["fleet", "serve", "--store", str(store), "--broker", mosquitto.url],
-                             stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        CLI + ["fleet", "serve", "--store", str(store), "--broker", mosquitto.url], stderr=subprocess.PIPE, text=True
+    )
     assert "serving" in serve.stderr.readline()
     good = MiniDevice(mosquitto.url, "pi-1", ["lab"], keys.trusted_keys([kdir / "fleet.pub"]), tmp_path / "d1")
     stranger = MiniDevice(mosquitto.url, "pi-2", ["lab"], keys.trusted_keys([pub2]), tmp_path / "d2")
@@ -89,8 +104,26 @@ def fleet(mosquitto, tmp_path):
 
 def test_push_wait_succeeds_and_status_shows_the_model(fleet):
     pkg = sample_tiny_package(fleet["tmp"] / "tiny", version="2")
-    out = run_cli("fleet", "push", pkg, "--name", "tiny", "--version", "2", "--device", "pi-1", "--key", fleet["key"],
-                  "--store", fleet["store"], "--broker", fleet["broker"], "--wait", 90, "--json")
+    out = run_cli(
+        "fleet",
+        "push",
+        pkg,
+        "--name",
+        "tiny",
+        "--version",
+        "2",
+        "--device",
+        "pi-1",
+        "--key",
+        fleet["key"],
+        "--store",
+        fleet["store"],
+        "--broker",
+        fleet["broker"],
+        "--wait",
+        90,
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["ok"] and doc["devices"]["pi-1"]["result"] == "committed" and doc["format"] == "tar.gz"
@@ -100,8 +133,23 @@ def test_push_wait_succeeds_and_status_shows_the_model(fleet):
     assert rows["pi-1"]["online"] and rows["pi-1"]["models"]["tiny"]["version"] == "2"
     assert rows["pi-1"]["models"]["tiny"]["state"] == "committed"
     # versions are monotonic: pushing an older one without --rollback is refused before publishing
-    older = run_cli("fleet", "push", pkg, "--name", "tiny", "--version", "1", "--device", "pi-1", "--key", fleet["key"],
-                    "--store", fleet["store"], "--broker", fleet["broker"])
+    older = run_cli(
+        "fleet",
+        "push",
+        pkg,
+        "--name",
+        "tiny",
+        "--version",
+        "1",
+        "--device",
+        "pi-1",
+        "--key",
+        fleet["key"],
+        "--store",
+        fleet["store"],
+        "--broker",
+        fleet["broker"],
+    )
     assert older.returncode != 0 and "use --rollback" in older.stderr and "Traceback" not in older.stderr
 
 
@@ -109,8 +157,25 @@ def test_group_push_reports_each_devices_rejection(fleet):
     onnx = fleet["tmp"] / "model.onnx"
     pkg = sample_tiny_package(fleet["tmp"] / "tiny3", version="3")
     onnx.write_bytes((pkg / "model.onnx").read_bytes())
-    out = run_cli("fleet", "push", onnx, "--name", "tiny", "--version", "3", "--group", "lab", "--key", fleet["key"],
-                  "--store", fleet["store"], "--broker", fleet["broker"], "--wait", 90)
+    out = run_cli(
+        "fleet",
+        "push",
+        onnx,
+        "--name",
+        "tiny",
+        "--version",
+        "3",
+        "--group",
+        "lab",
+        "--key",
+        fleet["key"],
+        "--store",
+        fleet["store"],
+        "--broker",
+        fleet["broker"],
+        "--wait",
+        90,
+    )
     assert out.returncode != 0
     assert "pi-2: rejected" in out.stderr and "does not trust" in out.stderr and "Traceback" not in out.stderr
     assert "pi-1: committed" in out.stdout
@@ -123,11 +188,40 @@ def test_bad_input_is_one_clear_line(fleet, tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"not a model")
     for args in (["--device", "../x"], ["--device", "pi-1", "--group", "lab"], []):
-        out = run_cli("fleet", "push", bad, "--name", "m", "--version", "1", *args, "--key", fleet["key"],
-                      "--store", fleet["store"], "--broker", fleet["broker"])
+        out = run_cli(
+            "fleet",
+            "push",
+            bad,
+            "--name",
+            "m",
+            "--version",
+            "1",
+            *args,
+            "--key",
+            fleet["key"],
+            "--store",
+            fleet["store"],
+            "--broker",
+            fleet["broker"],
+        )
         assert out.returncode != 0 and out.stderr.strip().startswith("error:"), out.stderr
-    out = run_cli("fleet", "push", bad, "--name", "m", "--version", "1", "--device", "pi-1", "--key", fleet["key"],
-                  "--store", fleet["store"], "--broker", fleet["broker"])
+    out = run_cli(
+        "fleet",
+        "push",
+        bad,
+        "--name",
+        "m",
+        "--version",
+        "1",
+        "--device",
+        "pi-1",
+        "--key",
+        fleet["key"],
+        "--store",
+        fleet["store"],
+        "--broker",
+        fleet["broker"],
+    )
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode != 0 and last.startswith("error:") and "not a valid ONNX model" in last
     assert "Traceback" not in out.stderr

@@ -1,5 +1,6 @@
 """Property-based fuzz: arbitrary JSON, mutated envelopes and random chunk payloads never crash the parsers
 and nothing is accepted that should not be."""
+
 import json
 
 import pytest
@@ -16,15 +17,25 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @pytest.fixture(scope="module")
 def signer(tmp_path_factory):
     key_path, pub_path, _ = keys.generate(tmp_path_factory.mktemp("k"))
     priv = keys.load_private_key(key_path)
-    good = Manifest.create(name="m", version="5", sha256="c" * 64, size=2048, chunk_size=1024, chunks=["d" * 64] * 2,
-                           devices=["pi-1"], ttl_s=3600, now=NOW)
+    good = Manifest.create(
+        name="m",
+        version="5",
+        sha256="c" * 64,
+        size=2048,
+        chunk_size=1024,
+        chunks=["d" * 64] * 2,
+        devices=["pi-1"],
+        ttl_s=3600,
+        now=NOW,
+    )
     return priv, keys.trusted_keys([pub_path]), good
 
 
@@ -92,18 +103,31 @@ def test_chunk_wire_parsers_never_crash(payload):
 
 
 @SETTINGS
-@given(indices=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=chunks.MAX_INDICES),
-       chunk_size=st.integers(1, 2**32 - 1), sha=st.binary(min_size=32, max_size=32))
+@given(
+    indices=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=chunks.MAX_INDICES),
+    chunk_size=st.integers(1, 2**32 - 1),
+    sha=st.binary(min_size=32, max_size=32),
+)
 def test_chunk_request_roundtrip(indices, chunk_size, sha):
     req = chunks.decode_request(chunks.encode_request(sha.hex(), chunk_size, indices))
     assert (req.sha256, req.chunk_size, list(req.indices)) == (sha.hex(), chunk_size, indices)
 
 
 @SETTINGS
-@given(msgs=st.lists(st.tuples(st.sampled_from(["device", "group:a", "group:b"]), st.sampled_from(["m", "n"]),
-                               st.one_of(st.binary(max_size=60), json_values.map(lambda v: json.dumps(v).encode()),
-                                         st.sampled_from([b'{"manifest":{"version":"2"}}', b'{"manifest":{"version":"10"}}']))),
-                     max_size=30))
+@given(
+    msgs=st.lists(
+        st.tuples(
+            st.sampled_from(["device", "group:a", "group:b"]),
+            st.sampled_from(["m", "n"]),
+            st.one_of(
+                st.binary(max_size=60),
+                json_values.map(lambda v: json.dumps(v).encode()),
+                st.sampled_from([b'{"manifest":{"version":"2"}}', b'{"manifest":{"version":"10"}}']),
+            ),
+        ),
+        max_size=30,
+    )
+)
 def test_desired_state_resolution_never_crashes_and_device_wins(msgs):
     """Any sequence of retained payloads: events come out, and the final winner follows the rules."""
     import queue

@@ -1,4 +1,5 @@
 """scripts/capture-sysroot.sh: run it here, then profile the tarball it wrote; it must agree with the live profile."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,7 +20,9 @@ def test_capture_round_trip(tmp_path):
     with tarfile.open(out) as tar:
         names = tar.getnames()
         assert all(not m.issym() and not m.islnk() for m in tar.getmembers())
-        tar.extractall(tmp_path / "root", filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(tmp_path / "root")
+        tar.extractall(tmp_path / "root", filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(
+            tmp_path / "root"
+        )
     assert "./proc/cpuinfo" in names and "./.captures/info.txt" in names
     live, captured = detect("/"), detect(tmp_path / "root")
     for field in ("arch", "os", "memory_bytes", "soc", "accelerators", "target"):

@@ -1,4 +1,5 @@
 """The per-concern readers: Pi revision and throttle decoding, L4T -> JetPack, cpuinfo, sysroot safety."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,19 @@ def write(root: Path, rel: str, data: str | bytes) -> None:
     p.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
-@pytest.mark.parametrize("code, model, soc, gib", [
-    ("c03114", "Raspberry Pi 4B", "BCM2711", 4), ("d04170", "Raspberry Pi 5", "BCM2712", 8),
-    ("c04170", "Raspberry Pi 5", "BCM2712", 4), ("e04171", "Raspberry Pi 5", "BCM2712", 16),
-    ("a020d3", "Raspberry Pi 3B+", "BCM2837", 1), ("902120", "Raspberry Pi Zero 2 W", "BCM2837", 0.5),
-    ("c03130", "Raspberry Pi 400", "BCM2711", 4), ("b03140", "Raspberry Pi CM4", "BCM2711", 2),
-])
+@pytest.mark.parametrize(
+    "code, model, soc, gib",
+    [
+        ("c03114", "Raspberry Pi 4B", "BCM2711", 4),
+        ("d04170", "Raspberry Pi 5", "BCM2712", 8),
+        ("c04170", "Raspberry Pi 5", "BCM2712", 4),
+        ("e04171", "Raspberry Pi 5", "BCM2712", 16),
+        ("a020d3", "Raspberry Pi 3B+", "BCM2837", 1),
+        ("902120", "Raspberry Pi Zero 2 W", "BCM2837", 0.5),
+        ("c03130", "Raspberry Pi 400", "BCM2711", 4),
+        ("b03140", "Raspberry Pi CM4", "BCM2711", 2),
+    ],
+)
 def test_pi_revision_codes(code, model, soc, gib):
     rev = decode_pi_revision(code)
     assert (rev.model, rev.soc, rev.memory_bytes) == (model, soc, int(gib * (1 << 30)))
@@ -57,13 +65,16 @@ def test_throttled_bits():
     assert decode_throttled("hello") is None
 
 
-@pytest.mark.parametrize("line, l4t, jetpack", [
-    ("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: x", "36.4.3", "6.2"),
-    ("# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, DATE: x", "35.4.1", "5.1.2"),
-    ("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t210ref, EABI: aarch64, DATE: x", "32.7.1", "4.6.1"),
-    ("# R36 (release), REVISION: 9.0, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x", "36.9.0", "6.x"),
-    ("# R38 (release), REVISION: 2.0, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x", "38.2.0", "7.0"),
-])
+@pytest.mark.parametrize(
+    "line, l4t, jetpack",
+    [
+        ("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: x", "36.4.3", "6.2"),
+        ("# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64, DATE: x", "35.4.1", "5.1.2"),
+        ("# R32 (release), REVISION: 7.1, GCID: 29818004, BOARD: t210ref, EABI: aarch64, DATE: x", "32.7.1", "4.6.1"),
+        ("# R36 (release), REVISION: 9.0, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x", "36.9.0", "6.x"),
+        ("# R38 (release), REVISION: 2.0, GCID: 1, BOARD: generic, EABI: aarch64, DATE: x", "38.2.0", "7.0"),
+    ],
+)
 def test_l4t_to_jetpack(tmp_path, line, l4t, jetpack):
     write(tmp_path, "etc/nv_tegra_release", line + "\n")
     sr = Sysroot(tmp_path)
@@ -78,9 +89,13 @@ def test_nv_tegra_release_without_header_is_a_note(tmp_path):
 
 
 def test_armv7_cpuinfo_is_not_called_aarch64(tmp_path):
-    write(tmp_path, "proc/cpuinfo", "processor\t: 0\nmodel name\t: ARMv7 Processor rev 4 (v7l)\n"
-          "Features\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm crc32\n"
-          "CPU implementer\t: 0x41\nCPU architecture: 7\nCPU part\t: 0xd08\n")
+    write(
+        tmp_path,
+        "proc/cpuinfo",
+        "processor\t: 0\nmodel name\t: ARMv7 Processor rev 4 (v7l)\n"
+        "Features\t: half thumb fastmult vfp edsp neon vfpv3 tls vfpv4 idiva idivt vfpd32 lpae evtstrm crc32\n"
+        "CPU implementer\t: 0x41\nCPU architecture: 7\nCPU part\t: 0xd08\n",
+    )
     sr = Sysroot(tmp_path)
     cpu, arch, _ = read_cpu(sr)
     assert arch is None and cpu.cores == 1 and cpu.model == "Cortex-A72"
@@ -142,7 +157,9 @@ def test_rosetta_is_reported(tmp_path):
 
 def test_sysctl_parser_accepts_both_separators():
     assert parse_sysctl("hw.ncpu: 8\nkern.osproductversion = 15.1\njunk line\n") == {
-        "hw.ncpu": "8", "kern.osproductversion": "15.1"}
+        "hw.ncpu": "8",
+        "kern.osproductversion": "15.1",
+    }
 
 
 def test_decode_clean():
@@ -156,8 +173,14 @@ def test_not_a_directory_is_a_note(tmp_path):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cpuinfo=st.binary(max_size=300), meminfo=st.binary(max_size=100), compat=st.binary(max_size=60),
-       throttled=st.binary(max_size=12), temp=st.binary(max_size=12), sysctl=st.one_of(st.none(), st.binary(max_size=200)))
+@given(
+    cpuinfo=st.binary(max_size=300),
+    meminfo=st.binary(max_size=100),
+    compat=st.binary(max_size=60),
+    throttled=st.binary(max_size=12),
+    temp=st.binary(max_size=12),
+    sysctl=st.one_of(st.none(), st.binary(max_size=200)),
+)
 def test_arbitrary_bytes_never_raise(cpuinfo, meminfo, compat, throttled, temp, sysctl):
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
@@ -190,8 +213,11 @@ def test_npu_without_device_node_is_explained(tmp_path):
 
 
 def test_coral_usb_and_pcie(tmp_path):
-    write(tmp_path, "proc/cpuinfo", "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\n"
-          "CPU architecture: 8\nCPU part\t: 0xd03\n")
+    write(
+        tmp_path,
+        "proc/cpuinfo",
+        "processor\t: 0\nFeatures\t: fp asimd\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU part\t: 0xd03\n",
+    )
     write(tmp_path, "sys/bus/usb/devices/2-1/idVendor", "18d1\n")
     write(tmp_path, "sys/bus/usb/devices/2-1/idProduct", "9302\n")
     write(tmp_path, "dev/apex_0", b"")

@@ -1,4 +1,5 @@
 """Start-up stays light: importing agent, the CLI, --help, profile and config check load no runtime and no numpy."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ for args in (["profile", "--json"], ["profile", "--help"], ["providers", "--help
     res = CliRunner().invoke(agent.cli.cli, args)
     assert res.exit_code == 0, (args, res.output)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in %r)))
-""" % (str(ROOT / "systemd" / "agent.yaml"), HEAVY)
+""" % (str(ROOT / "systemd" / "agent.yaml"), HEAVY)  # noqa: UP031
 
 
 def test_imports_do_not_load_runtimes():

@@ -1,8 +1,8 @@
 """Local inbox mode: only renamed-in <name>/<version>/ directories with safe names become deployments."""
+
 from __future__ import annotations
 
 import pytest
-
 from test_daemon_support import deploy, running_agent, wait_for
 
 

@@ -1,4 +1,5 @@
 """scripts/install.sh --root: a tree systemd-analyze verify accepts, idempotent, device-aware, uninstallable."""
+
 from __future__ import annotations
 
 import shutil
@@ -19,8 +20,12 @@ WANTS = "etc/systemd/system/multi-user.target.wants/edge-agent.service"
 
 
 def install(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["bash", str(SCRIPT), "--root", str(root), "--venv-dir", str(VENV), *args],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", str(SCRIPT), "--root", str(root), "--venv-dir", str(VENV), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check:
         assert r.returncode == 0, r.stdout + r.stderr
     return r
@@ -34,8 +39,11 @@ def verify(unit: Path) -> str:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<dir/link>")
-            for p in sorted(root.rglob("*")) if "/src/" not in str(p)}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"<dir/link>")
+        for p in sorted(root.rglob("*"))
+        if "/src/" not in str(p)
+    }
 
 
 def sysroot(root: Path, files: dict[str, str]) -> Path:
@@ -48,8 +56,15 @@ def sysroot(root: Path, files: dict[str, str]) -> Path:
 def test_tree_verifies_and_config_loads(tmp_path):
     root = tmp_path / "root"
     out = install(root).stdout
-    for rel in (UNIT, DROPIN, "etc/edge-agent/agent.yaml", "var/lib/edge-agent", "var/cache/edge-agent",
-                "opt/edge-agent/src/agent/config.py", "opt/edge-agent/src/targets/generic-x86_64.yaml"):
+    for rel in (
+        UNIT,
+        DROPIN,
+        "etc/edge-agent/agent.yaml",
+        "var/lib/edge-agent",
+        "var/cache/edge-agent",
+        "opt/edge-agent/src/agent/config.py",
+        "opt/edge-agent/src/targets/generic-x86_64.yaml",
+    ):
         assert (root / rel).exists(), rel
     assert (root / WANTS).is_symlink() and str((root / WANTS).readlink()) == "/" + UNIT
     unit = (root / UNIT).read_text()
@@ -68,11 +83,14 @@ def test_tree_verifies_and_config_loads(tmp_path):
 
 
 def test_pi_sysroot_gets_its_id_target_and_groups(tmp_path):
-    root = sysroot(tmp_path / "pi", {
-        "proc/device-tree/model": "Raspberry Pi 4 Model B Rev 1.4\0",
-        "proc/cpuinfo": "processor\t: 0\nCPU implementer\t: 0x41\nRevision\t: c03114\nSerial\t\t: 10000000abcdef01\n",
-        "etc/group": "root:x:0:\nvideo:x:44:\nrender:x:105:\n",
-    })
+    root = sysroot(
+        tmp_path / "pi",
+        {
+            "proc/device-tree/model": "Raspberry Pi 4 Model B Rev 1.4\0",
+            "proc/cpuinfo": "processor\t: 0\nCPU implementer\t: 0x41\nRevision\t: c03114\nSerial\t\t: 10000000abcdef01\n",
+            "etc/group": "root:x:0:\nvideo:x:44:\nrender:x:105:\n",
+        },
+    )
     out = install(root).stdout
     assert "target: raspberry-pi-4 (detected); runtime: cpu" in out
     assert default_device_id(root) == ("edge-10000000abcdef01", "/proc/cpuinfo Serial")
@@ -84,11 +102,21 @@ def test_pi_sysroot_gets_its_id_target_and_groups(tmp_path):
 
 
 def test_jetson_and_intel_pick_their_runtime(tmp_path):
-    jet = sysroot(tmp_path / "jet", {"proc/device-tree/compatible": "nvidia,p3768-0000+p3767-0005\0nvidia,tegra234\0",
-                                     "etc/nv_tegra_release": "# R36 (release), REVISION: 4.3\n"})
+    jet = sysroot(
+        tmp_path / "jet",
+        {
+            "proc/device-tree/compatible": "nvidia,p3768-0000+p3767-0005\0nvidia,tegra234\0",
+            "etc/nv_tegra_release": "# R36 (release), REVISION: 4.3\n",
+        },
+    )
     assert "target: jetson-orin (detected); runtime: jetson" in install(jet).stdout
-    jp5 = sysroot(tmp_path / "jp5", {"proc/device-tree/compatible": "nvidia,p3701-0000\0nvidia,tegra234\0",
-                                     "etc/nv_tegra_release": "# R35 (release), REVISION: 5.0\n"})
+    jp5 = sysroot(
+        tmp_path / "jp5",
+        {
+            "proc/device-tree/compatible": "nvidia,p3701-0000\0nvidia,tegra234\0",
+            "etc/nv_tegra_release": "# R35 (release), REVISION: 5.0\n",
+        },
+    )
     out = install(jp5).stdout
     assert "not JetPack 6" in out and "runtime: cpu" in out
     intel = sysroot(tmp_path / "nuc", {"proc/cpuinfo": "vendor_id\t: GenuineIntel\nflags\t: avx2 avx_vnni\n"})
@@ -139,23 +167,36 @@ def test_unit_hardening_exposure(tmp_path):
     version = int(subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()[1])
     unit = ROOT / "systemd/edge-agent.service"
     text = unit.read_text()
-    for directive in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
-                      "CapabilityBoundingSet=\n", "DevicePolicy=closed", "SystemCallFilter=@system-service",
-                      "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK", "User=edge-agent"):
+    for directive in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "CapabilityBoundingSet=\n",
+        "DevicePolicy=closed",
+        "SystemCallFilter=@system-service",
+        "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+        "User=edge-agent",
+    ):
         assert directive in text, directive
     if version >= 250:  # older analyzers have no --offline; the directives above are still checked
-        r = subprocess.run([exe, "security", "--offline=yes", "--threshold=20", str(unit)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [exe, "security", "--offline=yes", "--threshold=20", str(unit)], capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr
         assert "Overall exposure level for edge-agent.service: 1." in r.stdout
 
 
-@pytest.mark.parametrize("files", [
-    {"proc/device-tree/serial-number": "1423a0b7c9d8\0"},  # short Jetson-style serial
-    {"proc/device-tree/serial-number": "QCS6490-00A1-B2C3-D4E5-F6071829\0"},  # long, punctuated
-    {"proc/cpuinfo": "Serial\t\t: 10000000abcdef01\n"},
-    {"proc/cpuinfo": "Serial\t\t: 0000000000000000\n", "etc/machine-id": "0123456789ABCDEF0123456789abcdef\n"},
-], ids=["dt-short", "dt-long", "cpuinfo", "machine-id"])
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"proc/device-tree/serial-number": "1423a0b7c9d8\0"},  # short Jetson-style serial
+        {"proc/device-tree/serial-number": "QCS6490-00A1-B2C3-D4E5-F6071829\0"},  # long, punctuated
+        {"proc/cpuinfo": "Serial\t\t: 10000000abcdef01\n"},
+        {"proc/cpuinfo": "Serial\t\t: 0000000000000000\n", "etc/machine-id": "0123456789ABCDEF0123456789abcdef\n"},
+    ],
+    ids=["dt-short", "dt-long", "cpuinfo", "machine-id"],
+)
 def test_shell_device_id_matches_the_agent(tmp_path, files):
     root = sysroot(tmp_path / "dev", files)
     out = install(root, "--dry-run").stdout

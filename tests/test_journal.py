@@ -1,4 +1,5 @@
 """The deployment journal: atomic records, legal histories, robust loading."""
+
 from __future__ import annotations
 
 import json
@@ -93,6 +94,7 @@ def test_a_failed_write_leaves_the_record_as_it_was(tmp_path, monkeypatch):
 
     def disk_full(*a, **k):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(jmod, "atomic_write_json", disk_full)
     with pytest.raises(OSError):
         j.apply(dep, Event.ACCEPT)

@@ -1,4 +1,5 @@
 """Lifecycle actions on real files: reproducible inbox packing, verification of .tar.gz and bare .onnx blobs."""
+
 from __future__ import annotations
 
 import pytest

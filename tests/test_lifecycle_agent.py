@@ -1,18 +1,19 @@
 """DeviceAgent in-process, local inbox mode: bad packages fail and the old model keeps serving; probation
 trouble rolls back; newer versions supersede; cancel and rollback; several agents in one process."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import pytest
+from test_daemon_support import deploy, drop, fast, infer, running_agent, wait_for, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle.fsck import check_state_dir
 from agent.samples import write_package
-from test_daemon_support import deploy, drop, fast, infer, running_agent, wait_for, write_config
 
 
 @pytest.fixture
@@ -28,7 +29,9 @@ def _rewrite(pb_name: str, array: np.ndarray, version: str):
     def writer(d):
         sample_tiny_package(d, version=version)
         (d / "test_data_set_0" / pb_name).write_bytes(
-            numpy_helper.from_array(array, "x" if pb_name.startswith("input") else "y").SerializeToString())
+            numpy_helper.from_array(array, "x" if pb_name.startswith("input") else "y").SerializeToString()
+        )
+
     return writer
 
 
@@ -60,19 +63,30 @@ def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
         drop(a.state_dir, "1")
         wait_for(lambda: a.registry.models().get("tiny") == "1" and not a.orchestrator.in_flight(), 120, "v1")
         a.step_config.probation_s = 120  # long enough that only trouble can end it
-        graph = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "sqrt",
-                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        graph = helper.make_graph(
+            [helper.make_node("Sqrt", ["x"], ["y"])],
+            "sqrt",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
-        drop(a.state_dir, "2", writer=lambda d: write_package(d, model, name="tiny", version="2",
-                                                                feeds={"x": np.full((1, 4), 4.0, np.float32)}))
+        drop(
+            a.state_dir,
+            "2",
+            writer=lambda d: write_package(
+                d, model, name="tiny", version="2", feeds={"x": np.full((1, 4), 4.0, np.float32)}
+            ),
+        )
         wait_for(lambda: a.status()["models"]["tiny"]["state"] == "probation", 120, "v2 in probation")
         assert a.status()["models"]["tiny"]["version"] == "2"
         assert infer(a.url, 4.0) == ("2", [2.0] * 4)
         infer(a.url, -1.0)  # sqrt(-1): NaN in the response -> probation trouble
-        dep = wait_for(lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal),
-                                    None), 60, "rollback")
+        dep = wait_for(
+            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal), None),
+            60,
+            "rollback",
+        )
         assert dep.state.value == "rolled_back" and "NaN" in dep.reason
         wait_for(lambda: a.registry.models().get("tiny") == "1", 60, "v1 back")  # journaled first, then swapped
         assert infer(a.url) == ("1", [1.0] * 4)
@@ -85,8 +99,9 @@ def test_newer_version_supersedes_and_rollback_is_instant(agent):
     assert deploy(agent, "1").state.value == "committed"
     drop(agent.state_dir, "2")
     drop(agent.state_dir, "3")  # same scan: 3 supersedes 2, whatever state 2 reached
-    dep3 = wait_for(lambda: next((d for d in agent.orchestrator.journal.all() if d.version == "3" and d.terminal),
-                                 None), 120, "v3")
+    dep3 = wait_for(
+        lambda: next((d for d in agent.orchestrator.journal.all() if d.version == "3" and d.terminal), None), 120, "v3"
+    )
     dep2 = next(d for d in agent.orchestrator.journal.all() if d.version == "2")
     assert dep3.state.value == "committed", dep3.reason
     assert dep2.state.value in ("failed", "rolled_back") and "superseded by version 3" in dep2.reason
@@ -108,6 +123,7 @@ def test_cancel_in_flight_and_rollback_without_previous(agent):
         if rec.get("state") == "qualifying" and "progress" not in rec and not seen.is_set():
             seen.set()
             agent.orchestrator.cancel("tiny", "cancelled by test")
+
     agent.orchestrator.listeners.append(cancel_when_qualifying)
     dep = deploy(agent, "1")
     assert dep.state.value == "failed" and dep.reason == "cancelled by test"
@@ -116,15 +132,22 @@ def test_cancel_in_flight_and_rollback_without_previous(agent):
 
 
 def test_two_agents_in_one_process(tmp_path):
-    agents = [DeviceAgent(load_config(write_config(tmp_path / f"d{i}", extra={"device_id": f"dev-{i}"})),
-                          step_config=fast()).start() for i in range(2)]
+    agents = [
+        DeviceAgent(
+            load_config(write_config(tmp_path / f"d{i}", extra={"device_id": f"dev-{i}"})), step_config=fast()
+        ).start()
+        for i in range(2)
+    ]
     try:
         assert agents[0].url != agents[1].url
         for i, a in enumerate(agents):
             drop(a.state_dir, str(i + 1))
         for i, a in enumerate(agents):
-            wait_for(lambda a=a, v=str(i + 1): a.registry.models().get("tiny") == v and not a.orchestrator.in_flight(),
-                     120, "both agents")
+            wait_for(
+                lambda a=a, v=str(i + 1): a.registry.models().get("tiny") == v and not a.orchestrator.in_flight(),
+                120,
+                "both agents",
+            )
             assert infer(a.url) == (str(i + 1), [float(i + 1)] * 4)
         with pytest.raises(LifecycleError, match="in use by another edge-agent"):
             DeviceAgent(agents[0].config).start()
@@ -200,6 +223,7 @@ def test_rollbacks_under_concurrent_load_fail_no_request(agent):
                 seen.append(version)
             except Exception as exc:  # noqa: BLE001 - every failure counts
                 failures.append(repr(exc))
+
     clients = [threading.Thread(target=client) for _ in range(4)]
     for t in clients:
         t.start()
@@ -224,8 +248,14 @@ def test_control_requests_malformed_or_stale_are_answered_not_executed(agent):
     atomic_write_json(ctl / "1-old.req.json", {"op": "rollback", "model": "tiny", "ts": 1.0})
     (ctl / "2-bad.req.json").write_text("{not json")
     atomic_write_json(ctl / "3-op.req.json", {"op": "format-disk", "model": "tiny", "ts": 9e9})
-    answers = wait_for(lambda: all((ctl / f"{i}.done.json").exists() for i in ("1-old", "2-bad", "3-op"))
-                       and [read_json(ctl / f"{i}.done.json") for i in ("1-old", "2-bad", "3-op")], 30, "answers")
+    answers = wait_for(
+        lambda: (
+            all((ctl / f"{i}.done.json").exists() for i in ("1-old", "2-bad", "3-op"))
+            and [read_json(ctl / f"{i}.done.json") for i in ("1-old", "2-bad", "3-op")]
+        ),
+        30,
+        "answers",
+    )
     assert [a["ok"] for a in answers] == [False, False, False]
     assert "not executed" in answers[0]["error"] and "malformed" in answers[1]["error"]
     assert agent.orchestrator.journal.all() == []

@@ -1,18 +1,19 @@
 """Robustness of the daemon's lifecycle: a worker never dies with its deployment in flight, stop() never hands
 the state_dir over while a writer lives, the swap mode is chosen and journaled, the status lists the providers
 available here, and the qualifier hook replaces the measurement without subclassing."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
+from test_daemon_support import deploy, drop, fast, infer, wait_for, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle import control
 from agent.lifecycle.fsck import check_state_dir
-from test_daemon_support import deploy, drop, fast, infer, wait_for, write_config
 
 
 def _agent(tmp_path, **kw):
@@ -31,6 +32,7 @@ def test_a_journal_write_that_fails_fails_the_deployment_and_the_worker_goes_on(
             hits.append(path)
             raise FileNotFoundError(2, "No such file or directory", f"{path}.tmp")
         return real(path, obj, *a, **k)
+
     monkeypatch.setattr(jmod, "atomic_write_json", vanishing_temp)
     a = _agent(tmp_path).start()
     try:
@@ -56,6 +58,7 @@ def test_stop_keeps_the_state_dir_locked_while_a_left_behind_worker_runs(tmp_pat
         entered.set()
         release.wait(120)
         return measure()
+
     a = _agent(tmp_path, qualifier=stuck).start()
     try:
         drop(a.state_dir, "1")
@@ -95,8 +98,11 @@ def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
         assert a.status()["deployments"]["tiny"]["swap"] == swap["mode"]
         a.step_config.swap = "stop-then-start"  # forced by configuration beats the rule
         dep = deploy(a, "2")
-        assert dep.data["swap"] == {"mode": "stop-then-start", "why": "stop-then-start (set by configuration)",
-                                    "build": "serving priority (stop-then-start)"}
+        assert dep.data["swap"] == {
+            "mode": "stop-then-start",
+            "why": "stop-then-start (set by configuration)",
+            "build": "serving priority (stop-then-start)",
+        }
         assert infer(a.url) == ("2", [2.0] * 4)
     finally:
         a.stop()
@@ -138,6 +144,7 @@ def test_the_qualifier_hook_wraps_the_real_measurement(tmp_path):
         decision = measure()
         seen.append((dep.version, decision["selected"]))
         return decision
+
     a = _agent(tmp_path, qualifier=qualifier).start()
     try:
         assert deploy(a, "1").state.value == "committed"

@@ -1,4 +1,5 @@
 """The lifecycle table: complete, closed, and every path ends in a terminal state."""
+
 from __future__ import annotations
 
 import pytest

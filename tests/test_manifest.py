@@ -1,12 +1,19 @@
 """Signed manifests: every rejection rule fires before a download, and a good manifest round-trips."""
+
 import base64
 import json
 
 import pytest
 
 from agent.artifacts import keys
-from agent.artifacts.manifest import (Manifest, ManifestRejected, canonical_json, compare_versions, receive,
-                                      rejection_record)
+from agent.artifacts.manifest import (
+    Manifest,
+    ManifestRejected,
+    canonical_json,
+    compare_versions,
+    receive,
+    rejection_record,
+)
 from agent.errors import ManifestError
 
 NOW = 1_800_000_000
@@ -14,9 +21,20 @@ CHUNK = 1024
 
 
 def make(version="2", devices=("pi-1",), groups=(), rollback=False, size=3000, ttl=3600, name="resnet", **kw):
-    return Manifest.create(name=name, version=version, sha256="a" * 64, size=size, chunk_size=CHUNK,
-                           chunks=["b" * 64] * -(-size // CHUNK), devices=devices, groups=groups,
-                           rollback=rollback, ttl_s=ttl, now=NOW, **kw)
+    return Manifest.create(
+        name=name,
+        version=version,
+        sha256="a" * 64,
+        size=size,
+        chunk_size=CHUNK,
+        chunks=["b" * 64] * -(-size // CHUNK),
+        devices=devices,
+        groups=groups,
+        rollback=rollback,
+        ttl_s=ttl,
+        now=NOW,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +105,9 @@ def test_downgrade_and_signed_rollback(keypair):
 
 
 def test_versions_compare_numerically():
-    assert compare_versions("10", "9") == 1 and compare_versions("1.0", "1") == 0 and compare_versions("1.2", "1.10") == -1
+    assert (
+        compare_versions("10", "9") == 1 and compare_versions("1.0", "1") == 0 and compare_versions("1.2", "1.10") == -1
+    )
     for bad in ("", "1.", "v1", "1..2", "-1", "1.a", None, 3):
         with pytest.raises(ManifestError):
             compare_versions(bad, "1")
@@ -98,8 +118,13 @@ def test_path_traversal_and_unsafe_names(keypair, name):
     priv, trusted, _ = keypair
     d = make().to_dict()
     d["name"] = name
-    env = json.dumps({"manifest": d, "signature": base64.b64encode(priv.sign(canonical_json(d))).decode(),
-                      "key_id": keys.key_id(priv.public_key())})
+    env = json.dumps(
+        {
+            "manifest": d,
+            "signature": base64.b64encode(priv.sign(canonical_json(d))).decode(),
+            "key_id": keys.key_id(priv.public_key()),
+        }
+    )
     assert code_of(lambda: receive(env, trusted, now=NOW)) == "invalid-name"
     with pytest.raises(ManifestError):
         make(name=name)
@@ -120,33 +145,51 @@ def test_oversize_and_no_space(keypair):
     assert receive(env, trusted, now=NOW, max_artifact_bytes=10 * CHUNK, free_bytes=10 * CHUNK)
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda d: d.pop("expires_at"),
-    lambda d: d.update(extra=1),
-    lambda d: d["artifact"].update(size=99999),  # chunk count no longer matches
-    lambda d: d["artifact"].update(sha256="A" * 64),
-    lambda d: d["artifact"].update(chunk_size=10),
-    lambda d: d["artifact"].update(format="zip"),
-    lambda d: d.update(sources=[{"type": "ftp", "url": "ftp://x"}]),
-    lambda d: d.update(sources=[]),
-    lambda d: d.update(targeting={"devices": [], "groups": []}),
-    lambda d: d.update(rollback="yes"),
-    lambda d: d.update(version="2.x"),
-    lambda d: d.update(issued_at=d["expires_at"]),
-    lambda d: d.update(schema=2),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.pop("expires_at"),
+        lambda d: d.update(extra=1),
+        lambda d: d["artifact"].update(size=99999),  # chunk count no longer matches
+        lambda d: d["artifact"].update(sha256="A" * 64),
+        lambda d: d["artifact"].update(chunk_size=10),
+        lambda d: d["artifact"].update(format="zip"),
+        lambda d: d.update(sources=[{"type": "ftp", "url": "ftp://x"}]),
+        lambda d: d.update(sources=[]),
+        lambda d: d.update(targeting={"devices": [], "groups": []}),
+        lambda d: d.update(rollback="yes"),
+        lambda d: d.update(version="2.x"),
+        lambda d: d.update(issued_at=d["expires_at"]),
+        lambda d: d.update(schema=2),
+    ],
+)
 def test_malformed_but_validly_signed(keypair, mutate):
     priv, trusted, _ = keypair
     d = make().to_dict()
     mutate(d)
-    env = json.dumps({"manifest": d, "signature": base64.b64encode(priv.sign(canonical_json(d))).decode(),
-                      "key_id": keys.key_id(priv.public_key())})
+    env = json.dumps(
+        {
+            "manifest": d,
+            "signature": base64.b64encode(priv.sign(canonical_json(d))).decode(),
+            "key_id": keys.key_id(priv.public_key()),
+        }
+    )
     assert code_of(lambda: receive(env, trusted, now=NOW)) in ("malformed", "invalid-name")
 
 
-@pytest.mark.parametrize("raw", [b"", b"not json", b"[]", b'{"manifest": 1}', b"\xff\xfe", b'{"a": NaN}',
-                                 b'{"manifest":{},"signature":"!!","key_id":"0123456789abcdef"}',
-                                 b'{"manifest":{},"signature":"AAAA","key_id":"0123456789abcdef"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"manifest": 1}',
+        b"\xff\xfe",
+        b'{"a": NaN}',
+        b'{"manifest":{},"signature":"!!","key_id":"0123456789abcdef"}',
+        b'{"manifest":{},"signature":"AAAA","key_id":"0123456789abcdef"}',
+    ],
+)
 def test_malformed_envelopes(keypair, raw):
     _, trusted, _ = keypair
     assert code_of(lambda: receive(raw, trusted, now=NOW)) in ("malformed", "unsigned", "untrusted-key")

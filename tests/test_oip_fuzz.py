@@ -1,4 +1,5 @@
 """Hypothesis fuzz of infer request bodies: never a 5xx, always {"error": ...} on 4xx, the server stays up."""
+
 from __future__ import annotations
 
 import http.client
@@ -7,11 +8,11 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_serving_support import identity_all_types_model, open_session
 
 from agent.samples import tiny_model
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
-from test_serving_support import identity_all_types_model, open_session
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +27,34 @@ def server(tmp_path_factory):
     reg.close()
 
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                    st.text(max_size=8))
-json_values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
-                                                           st.dictionaries(st.text(max_size=6), kids, max_size=4)),
-                           max_leaves=20)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=8)
+)
+json_values = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=6), kids, max_size=4)),
+    max_leaves=20,
+)
 datatypes = st.sampled_from(["FP32", "FP16", "FP64", "INT64", "UINT8", "BOOL", "BYTES", "BF16", "INT4", "", 7])
 tensor = st.fixed_dictionaries(
-    {"name": st.sampled_from(["x", "in_BYTES", "in_UINT8", "y", ""]), "datatype": datatypes,
-     "shape": st.one_of(st.lists(st.integers(-2, 6), max_size=3), json_values)},
-    optional={"data": st.one_of(json_values, st.lists(st.floats(allow_nan=False, width=32), max_size=8)),
-              "parameters": st.one_of(json_values, st.fixed_dictionaries(
-                  {"binary_data_size": st.one_of(st.integers(-4, 40), json_values)}))})
+    {
+        "name": st.sampled_from(["x", "in_BYTES", "in_UINT8", "y", ""]),
+        "datatype": datatypes,
+        "shape": st.one_of(st.lists(st.integers(-2, 6), max_size=3), json_values),
+    },
+    optional={
+        "data": st.one_of(json_values, st.lists(st.floats(allow_nan=False, width=32), max_size=8)),
+        "parameters": st.one_of(
+            json_values, st.fixed_dictionaries({"binary_data_size": st.one_of(st.integers(-4, 40), json_values)})
+        ),
+    },
+)
 documents = st.one_of(
     json_values,
-    st.fixed_dictionaries({"inputs": st.lists(tensor, max_size=3)},
-                          optional={"outputs": json_values, "parameters": json_values, "id": json_values}),
+    st.fixed_dictionaries(
+        {"inputs": st.lists(tensor, max_size=3)},
+        optional={"outputs": json_values, "parameters": json_values, "id": json_values},
+    ),
 )
 
 
@@ -51,10 +64,15 @@ def _post(conn, path, body, headers):
     return r, r.read()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
-@given(doc=documents, tail=st.binary(max_size=40), header_len=st.one_of(st.none(), st.integers(-3, 400)),
-       model=st.sampled_from(["tiny", "ids", "nope"]))
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    doc=documents,
+    tail=st.binary(max_size=40),
+    header_len=st.one_of(st.none(), st.integers(-3, 400)),
+    model=st.sampled_from(["tiny", "ids", "nope"]),
+)
 def test_fuzzed_infer_bodies_never_5xx(server, doc, tail, header_len, model):
     head = json.dumps(doc).encode()
     body = head + tail if header_len is not None else head

@@ -1,4 +1,5 @@
 """OIPServer over raw HTTP: every endpoint, all datatypes, client mistakes -> 4xx JSON, auth, metrics, drain."""
+
 from __future__ import annotations
 
 import gzip
@@ -11,12 +12,12 @@ import time
 
 import numpy as np
 import pytest
+from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
 
 from agent.samples import cnn_model, tiny_model
 from agent.serving.metrics import gauge
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
-from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_server_and_model_metadata(server):
 
 
 def test_json_infer_carries_model_version(server):
-    r, body = call(server, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK) )
+    r, body = call(server, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK))
     doc = json.loads(body)
     assert r.status == 200 and doc["model_version"] == "1" and doc["model_name"] == "tiny"
     assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [2.0, 3.0, 4.0, 5.0]}]
@@ -101,7 +102,9 @@ def test_every_datatype_round_trips_as_json(server):
 
 
 def _binary_request(inputs, blobs, outputs=None, binary_out=True):
-    head = json.dumps({"inputs": inputs, "outputs": outputs or [], "parameters": {"binary_data_output": binary_out}}).encode()
+    head = json.dumps(
+        {"inputs": inputs, "outputs": outputs or [], "parameters": {"binary_data_output": binary_out}}
+    ).encode()
     return head + b"".join(blobs), {"Inference-Header-Content-Length": str(len(head))}
 
 
@@ -135,19 +138,26 @@ def test_every_datatype_round_trips_as_binary(server):
 
 
 def test_gzip_request_body(server):
-    r, body = call(server, "POST", "/v2/models/tiny/infer", gzip.compress(infer_doc(TINY_OK)),
-                   {"Content-Encoding": "gzip"})
+    r, body = call(
+        server, "POST", "/v2/models/tiny/infer", gzip.compress(infer_doc(TINY_OK)), {"Content-Encoding": "gzip"}
+    )
     assert r.status == 200 and json.loads(body)["outputs"][0]["data"] == [2.0, 3.0, 4.0, 5.0]
 
 
 def _bytes_input(tail: bytes):
-    head = json.dumps({"inputs": [{"name": "in_BYTES", "shape": [1], "datatype": "BYTES",
-                                   "parameters": {"binary_data_size": len(tail)}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "in_BYTES", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": len(tail)}}
+            ]
+        }
+    ).encode()
     return head + tail, {"Inference-Header-Content-Length": str(len(head))}
 
 
-BAD_BINARY_HEAD = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
-                                          "parameters": {"binary_data_size": 16}}]}).encode()
+BAD_BINARY_HEAD = json.dumps(
+    {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+).encode()
 CASES = [
     ("POST", "/v2/models/tiny/infer", b"{not json", {}, 400, "malformed JSON"),
     ("POST", "/v2/models/tiny/infer", b"[1, 2]", {}, 400, "JSON object"),
@@ -163,16 +173,46 @@ CASES = [
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "shape": [1, -4]}]), {}, 400, "non-negative"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": [[1, 2], [3]]}]), {}, 400, "regular array"),
     ("POST", "/v2/models/tiny/infer", infer_doc(TINY_OK, [{"name": "nope"}]), {}, 400, "no output"),
-    ("POST", "/v2/models/ids/infer", infer_doc([{"name": "in_UINT8", "shape": [1], "datatype": "UINT8", "data": [300]}]),
-     {}, 400, "out of range"),
-    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 12, {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
-     400, "runs past the end"),
-    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 20, {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
-     400, "not claimed"),
-    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 16, {"Inference-Header-Content-Length": "99999"},
-     400, "outside the body"),
-    ("POST", "/v2/models/tiny/infer", BAD_BINARY_HEAD + b"\0" * 16, {"Inference-Header-Content-Length": "ten"},
-     400, "integer"),
+    (
+        "POST",
+        "/v2/models/ids/infer",
+        infer_doc([{"name": "in_UINT8", "shape": [1], "datatype": "UINT8", "data": [300]}]),
+        {},
+        400,
+        "out of range",
+    ),
+    (
+        "POST",
+        "/v2/models/tiny/infer",
+        BAD_BINARY_HEAD + b"\0" * 12,
+        {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
+        400,
+        "runs past the end",
+    ),
+    (
+        "POST",
+        "/v2/models/tiny/infer",
+        BAD_BINARY_HEAD + b"\0" * 20,
+        {"Inference-Header-Content-Length": str(len(BAD_BINARY_HEAD))},
+        400,
+        "not claimed",
+    ),
+    (
+        "POST",
+        "/v2/models/tiny/infer",
+        BAD_BINARY_HEAD + b"\0" * 16,
+        {"Inference-Header-Content-Length": "99999"},
+        400,
+        "outside the body",
+    ),
+    (
+        "POST",
+        "/v2/models/tiny/infer",
+        BAD_BINARY_HEAD + b"\0" * 16,
+        {"Inference-Header-Content-Length": "ten"},
+        400,
+        "integer",
+    ),
     ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x09\0\0\0ab"), 400, "claims 9 bytes"),
     ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x02\0\0\0\xff\xfe"), 400, "not UTF-8"),
     ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x01\0\0\0ab"), 400, "left over"),
@@ -208,16 +248,22 @@ def raw(srv, payload: bytes) -> bytes:
             chunks.append(b)
 
 
-@pytest.mark.parametrize("payload, status", [
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n", 413),
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411),
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 411),
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\"in", 400),
-    (b"garbage\r\n\r\n", 400),
-    (b"GET /v2 HTTP/2.0\r\n\r\n", 400),
-    (b"BREW /v2 HTTP/1.1\r\nConnection: close\r\n\r\n", 405),
-])
+@pytest.mark.parametrize(
+    "payload, status",
+    [
+        (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n", 413),
+        (
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            411,
+        ),
+        (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 411),
+        (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+        (b'POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{"in', 400),
+        (b"garbage\r\n\r\n", 400),
+        (b"GET /v2 HTTP/2.0\r\n\r\n", 400),
+        (b"BREW /v2 HTTP/1.1\r\nConnection: close\r\n\r\n", 405),
+    ],
+)
 def test_broken_http_gets_4xx_and_the_server_survives(server, payload, status):
     if payload.endswith(b'{"in'):  # a short body: the client gives up half way
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
@@ -242,8 +288,10 @@ def test_metrics_text_and_collector_hook(server):
     assert r.status == 200 and r.getheader("Content-Type").startswith("text/plain; version=0.0.4")
     lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     assert int(lines['edge_agent_inference_requests_total{model="tiny",version="1"}']) >= 3
-    assert lines['edge_agent_inference_latency_seconds_bucket{model="tiny",version="1",le="+Inf"}'] == \
-        lines['edge_agent_inference_latency_seconds_count{model="tiny",version="1"}']
+    assert (
+        lines['edge_agent_inference_latency_seconds_bucket{model="tiny",version="1",le="+Inf"}']
+        == lines['edge_agent_inference_latency_seconds_count{model="tiny",version="1"}']
+    )
     assert int(lines['edge_agent_inference_rejected_total{model="tiny",version="1"}']) >= 0
     assert lines['edge_agent_model_loaded{model="cnn",version="3"}'] == "1"
     assert lines["edge_agent_cpu_temperature_celsius"] == "51.5"
@@ -256,7 +304,10 @@ def test_bearer_token(registry):
         r, body = call(srv, "GET", "/v2/models/tiny")
         assert r.status == 401 and "bearer token" in json.loads(body)["error"]
         assert r.getheader("WWW-Authenticate").startswith("Bearer")
-        assert call(srv, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK), {"Authorization": "Bearer nope"})[0].status == 401
+        assert (
+            call(srv, "POST", "/v2/models/tiny/infer", infer_doc(TINY_OK), {"Authorization": "Bearer nope"})[0].status
+            == 401
+        )
         assert call(srv, "GET", "/metrics")[0].status == 401
         assert call(srv, "GET", "/v2/health/ready")[0].status == 200  # probes stay open
         ok = {"Authorization": "Bearer s3cret"}
@@ -316,8 +367,10 @@ def recv_response(s: socket.socket) -> bytes:
 def test_expect_100_continue_and_http10(server):
     body = infer_doc(TINY_OK)
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
-        s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                  b"Content-Length: %d\r\n\r\n" % len(body))
+        s.sendall(
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
         assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         s.sendall(body)
         reply = recv_response(s)
@@ -328,13 +381,20 @@ def test_expect_100_continue_and_http10(server):
     assert reply.startswith(b"HTTP/1.1 200 ") and b"Connection: close" in reply
 
 
-@pytest.mark.parametrize("payload, status, fragment", [
-    (b"POST /v2/models/tiny/infer HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n{}{}", 400, "conflicting"),
-    (b"GET /v2 HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", 431, "too long"),
-    (b"GET /v2 HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431, "header lines"),
-    (b"GET /v2 HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header"),
-    (b"GET http://x/v2 HTTP/1.1\r\n\r\n", 400, "malformed request line"),
-])
+@pytest.mark.parametrize(
+    "payload, status, fragment",
+    [
+        (
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n{}{}",
+            400,
+            "conflicting",
+        ),
+        (b"GET /v2 HTTP/1.1\r\nX: " + b"a" * 20000 + b"\r\n\r\n", 431, "too long"),
+        (b"GET /v2 HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431, "header lines"),
+        (b"GET /v2 HTTP/1.1\r\nno colon here\r\n\r\n", 400, "malformed header"),
+        (b"GET http://x/v2 HTTP/1.1\r\n\r\n", 400, "malformed request line"),
+    ],
+)
 def test_header_abuse_gets_4xx(server, payload, status, fragment):
     head, _, body = raw(server, payload).partition(b"\r\n\r\n")
     assert head.split(b" ")[1] == str(status).encode() and b"Connection: close" in head
@@ -383,9 +443,15 @@ def _identity_model():
     from onnx import TensorProto, helper
 
     vi = helper.make_tensor_value_info
-    m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "id",
-                                            [vi("x", TensorProto.FLOAT, ["n"])], [vi("y", TensorProto.FLOAT, ["n"])]),
-                          opset_imports=[helper.make_opsetid("", 17)])
+    m = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])],
+            "id",
+            [vi("x", TensorProto.FLOAT, ["n"])],
+            [vi("y", TensorProto.FLOAT, ["n"])],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
@@ -393,8 +459,13 @@ def _identity_model():
 
 def _metric(srv, use):
     text = call(srv, "GET", "/metrics")[1].decode()
-    return float(next(line.split()[-1] for line in text.splitlines()
-                      if line.startswith(f'edge_agent_http_body_bytes{{use="{use}"}}')))
+    return float(
+        next(
+            line.split()[-1]
+            for line in text.splitlines()
+            if line.startswith(f'edge_agent_http_body_bytes{{use="{use}"}}')
+        )
+    )
 
 
 def test_request_body_budget_answers_503_and_frees_on_completion(tmp_path):
@@ -404,12 +475,14 @@ def test_request_body_budget_answers_503_and_frees_on_completion(tmp_path):
     reg.activate("tiny", "1", open_session(tiny_model(1.0), tmp_path, "tiny.onnx"))
     srv = OIPServer(reg, port=0, max_body_bytes=2 << 20, body_budget_bytes=3 << 20).start()
     x = np.arange(400_000, dtype=np.float32)  # 1.6 MB: two do not fit in 3 MiB
-    head = json.dumps({"inputs": [{"name": "x", "shape": [x.size], "datatype": "FP32",
-                                   "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    head = json.dumps(
+        {"inputs": [{"name": "x", "shape": [x.size], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}}]}
+    ).encode()
     headers = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
     first = {}
-    t = threading.Thread(target=lambda: first.update(r=call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(),
-                                                            headers)))
+    t = threading.Thread(
+        target=lambda: first.update(r=call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(), headers))
+    )
     try:
         t.start()
         assert gated.entered.wait(30)
@@ -436,11 +509,27 @@ def test_kept_read_buffers_are_counted_and_released_with_the_connection(registry
     srv = OIPServer(registry, port=0).start()
     try:
         x = np.zeros((200, 3, 32, 32), np.float32)  # 2.4 MB into the cnn (dynamic batch)
-        head = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
-                                       "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+        head = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": list(x.shape),
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": x.nbytes},
+                    }
+                ]
+            }
+        ).encode()
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
-        r, _ = call(srv, "POST", "/v2/models/cnn/infer", head + x.tobytes(),
-                    {"Inference-Header-Content-Length": str(len(head))}, conn=conn)
+        r, _ = call(
+            srv,
+            "POST",
+            "/v2/models/cnn/infer",
+            head + x.tobytes(),
+            {"Inference-Header-Content-Length": str(len(head))},
+            conn=conn,
+        )
         assert r.status == 200
         kept = _metric(srv, "kept")
         assert kept >= x.nbytes
@@ -457,7 +546,8 @@ def test_refused_large_body_still_gets_its_answer(server):
     """413 without reading an 8 MB body: the server discards it after answering, so the client, still sending
     when the answer goes out, reads the 413 instead of a broken pipe or a reset."""
     for _ in range(3):
-        r, body = call(server, "POST", "/v2/models/tiny/infer", b"\0" * (8 << 20),
-                       {"Content-Type": "application/octet-stream"})
+        r, body = call(
+            server, "POST", "/v2/models/tiny/infer", b"\0" * (8 << 20), {"Content-Type": "application/octet-stream"}
+        )
         assert r.status == 413 and "exceeds the limit" in json.loads(body)["error"]
     assert call(server, "GET", "/v2/health/live")[0].status == 200

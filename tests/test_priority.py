@@ -1,16 +1,15 @@
 """run_lowered: the build thread runs below serving priority; threads it leaves behind get their priority back."""
+
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from agent.util import priority
 from agent.util.priority import run_lowered
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +87,14 @@ def test_runtime_thread_pools_get_serving_priority_back(tmp_path, provider, opti
     streams and the TBB workers it starts, some of them late): no thread they start keeps the low priority."""
     import json
 
-    out = subprocess.run([sys.executable, "-c", _BUILD, provider, json.dumps(options), str(tmp_path / "cnn.onnx")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD, provider, json.dumps(options), str(tmp_path / "cnn.onnx")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["how"] == "nice +10" and doc["new"], f"{provider} started no thread: the test proves nothing"
@@ -97,11 +102,19 @@ def test_runtime_thread_pools_get_serving_priority_back(tmp_path, provider, opti
 
 
 def _as_nobody(rlimit_nice: int) -> str:
-    code = ("import resource, os, threading; from agent.util.priority import run_lowered;"  # imported while root
-            f"resource.setrlimit(resource.RLIMIT_NICE, ({rlimit_nice}, {rlimit_nice})); os.setgid(65534); os.setuid(65534);"
-            "print(run_lowered(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), 10))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import resource, os, threading; from agent.util.priority import run_lowered;"  # imported while root
+        f"resource.setrlimit(resource.RLIMIT_NICE, ({rlimit_nice}, {rlimit_nice})); os.setgid(65534); os.setuid(65534);"
+        "print(run_lowered(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), 10))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -118,8 +131,12 @@ def test_unprivileged_with_limitnice_builds_lowered():
 
     if resource.getrlimit(resource.RLIMIT_NICE)[1] < 20:
         try:
-            subprocess.run([sys.executable, "-c", "import resource; resource.setrlimit(resource.RLIMIT_NICE, (20, 20))"],
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                [sys.executable, "-c", "import resource; resource.setrlimit(resource.RLIMIT_NICE, (20, 20))"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         except subprocess.CalledProcessError:
             pytest.skip("this sandbox may not raise RLIMIT_NICE (no CAP_SYS_RESOURCE)")
     assert _as_nobody(20) == "(10, 'nice +10')"  # what the unit's LimitNICE=+0 grants

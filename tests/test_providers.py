@@ -1,4 +1,5 @@
 """Real sessions on the providers this machine has: cpu (ONNX Runtime) and openvino (native)."""
+
 from __future__ import annotations
 
 import threading
@@ -9,16 +10,22 @@ import pytest
 
 from agent import samples
 from agent.errors import ProviderError
-from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.hardware import detect
+from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.providers import get
 from agent.providers._common import has_bf16
 
-AMD_BF16 = HardwareProfile(arch="x86_64", os="Debian GNU/Linux 12 (bookworm)",
-                           cpu=CpuInfo(vendor="AuthenticAMD", model="AMD EPYC 9R14", cores=2,
-                                       flags=("sse4_2", "avx2", "avx512f", "avx512_bf16")))
-AVX2_ONLY = HardwareProfile(arch="x86_64", cpu=CpuInfo(vendor="GenuineIntel", model="Intel(R) Core(TM) i5-8259U",
-                                                       cores=8, flags=("sse4_2", "avx2")))
+AMD_BF16 = HardwareProfile(
+    arch="x86_64",
+    os="Debian GNU/Linux 12 (bookworm)",
+    cpu=CpuInfo(
+        vendor="AuthenticAMD", model="AMD EPYC 9R14", cores=2, flags=("sse4_2", "avx2", "avx512f", "avx512_bf16")
+    ),
+)
+AVX2_ONLY = HardwareProfile(
+    arch="x86_64",
+    cpu=CpuInfo(vendor="GenuineIntel", model="Intel(R) Core(TM) i5-8259U", cores=8, flags=("sse4_2", "avx2")),
+)
 
 
 HOST_BF16 = has_bf16(detect("/"))
@@ -31,8 +38,13 @@ def models(tmp_path_factory):
     onnx.save(cnn, d / "cnn.onnx")
     onnx.save(ml, d / "ml.onnx")
     feeds = samples.seeded_feeds(cnn)
-    return {"cnn": d / "cnn.onnx", "ml": d / "ml.onnx", "feeds": feeds,
-            "golden": samples.reference_outputs(cnn, feeds)[0], "dir": d}
+    return {
+        "cnn": d / "cnn.onnx",
+        "ml": d / "ml.onnx",
+        "feeds": feeds,
+        "golden": samples.reference_outputs(cnn, feeds)[0],
+        "dir": d,
+    }
 
 
 @pytest.mark.parametrize("name", ["cpu", "openvino"])
@@ -144,8 +156,9 @@ def test_bad_options_and_precisions_are_clear_errors(models):
 
 
 def test_cpu_session_options_apply(models):
-    sess = get("cpu").open_session(models["cnn"], options={"intra_op_num_threads": 1,
-                                                          "graph_optimization_level": "disable"})
+    sess = get("cpu").open_session(
+        models["cnn"], options={"intra_op_num_threads": 1, "graph_optimization_level": "disable"}
+    )
     out = sess.run(models["feeds"])["probabilities"]
     np.testing.assert_allclose(out, models["golden"], atol=1e-5)
     # with optimisations off, every ONNX node stays a node
@@ -217,11 +230,21 @@ def test_ort_openvino_passes_everything_through_load_config(tmp_path):
     from agent.providers.ort_openvino import OrtOpenVINOProvider
 
     prov = OrtOpenVINOProvider()
-    ep, used = prov.ep_options({"devices": ["GPU"], "performance_hint": "LATENCY",
-                                "load_config": {"GPU": {"NUM_STREAMS": "2"}}}, None, tmp_path / "c", "GPU")
+    ep, used = prov.ep_options(
+        {"devices": ["GPU"], "performance_hint": "LATENCY", "load_config": {"GPU": {"NUM_STREAMS": "2"}}},
+        None,
+        tmp_path / "c",
+        "GPU",
+    )
     assert used == "f32"
-    assert json.loads(ep["load_config"]) == {"GPU": {"NUM_STREAMS": "2", "PERFORMANCE_HINT": "LATENCY",
-                                                     "INFERENCE_PRECISION_HINT": "f32", "CACHE_DIR": str(tmp_path / "c")}}
+    assert json.loads(ep["load_config"]) == {
+        "GPU": {
+            "NUM_STREAMS": "2",
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": "f32",
+            "CACHE_DIR": str(tmp_path / "c"),
+        }
+    }
     plugin_ep, dev = prov.finalize(ep, ["a plugin device"], None)
     assert dev == "GPU" and "device_type" not in plugin_ep
     bundled_ep, _ = prov.finalize(ep, None, None)

@@ -1,4 +1,5 @@
 """ChunkPuller over real brokers: windowed pull, several servers, tampering, stalls, missing artifacts, disk."""
+
 import os
 import queue
 import threading
@@ -22,8 +23,9 @@ def make_artifact(root, size: int, chunk_size: int = CHUNK, devices=("pi-1",)):
     data = os.urandom(size)
     sha = cp.put_bytes(data)
     _, n, hashes = hash_file(cp.path(sha), chunk_size)
-    m = Manifest.create(name="model", version="1", sha256=sha, size=n, chunk_size=chunk_size, chunks=hashes,
-                        devices=list(devices))
+    m = Manifest.create(
+        name="model", version="1", sha256=sha, size=n, chunk_size=chunk_size, chunks=hashes, devices=list(devices)
+    )
     return cp, m, data
 
 
@@ -87,7 +89,10 @@ def test_tampered_chunks_are_refused_and_nothing_lands(mosquitto, tmp_path):
 def test_a_good_server_wins_over_a_tampering_one(nats_mqtt, tmp_path):
     """MQTT 3.1.1 (NATS): every server answers each request; bad answers are dropped, good ones kept."""
     cp, m, data = make_artifact(tmp_path / "cp", 8 * CHUNK)
-    servers = [TamperingServer(cp, BrokerConfig(nats_mqtt.url)).start(), ArtifactServer(cp, BrokerConfig(nats_mqtt.url)).start()]
+    servers = [
+        TamperingServer(cp, BrokerConfig(nats_mqtt.url)).start(),
+        ArtifactServer(cp, BrokerConfig(nats_mqtt.url)).start(),
+    ]
     dev = DeviceLink(nats_mqtt.url, "pi-1").start(wait=15)
     try:
         store = ContentStore(tmp_path / "dev")

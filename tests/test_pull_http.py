@@ -1,15 +1,16 @@
 """HttpPuller against real HTTP servers on loopback: Range resume after a cut, tampering, our blob server."""
+
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from test_pull import make_artifact
 
 from agent.artifacts.http import HttpPuller
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 from agent.fleet.artifact_server import serve_http
-from test_pull import make_artifact
 
 CHUNK = 16 * 1024
 
@@ -63,7 +64,7 @@ class CuttingServer(_BlobServer):
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         if len(self.ranges) == 1:
-            handler.wfile.write(bytes(body[:self.cut]))
+            handler.wfile.write(bytes(body[: self.cut]))
             handler.wfile.flush()
             handler.close_connection = True
             return
@@ -104,7 +105,9 @@ def test_our_blob_server_serves_ranges_and_the_puller_uses_it(tmp_path):
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert resp.status == 206 and resp.read() == data[10:20]
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(urllib.request.Request(base + m.artifact.sha256, headers={"Range": f"bytes={len(data)}-"}), timeout=10)
+            urllib.request.urlopen(
+                urllib.request.Request(base + m.artifact.sha256, headers={"Range": f"bytes={len(data)}-"}), timeout=10
+            )
         assert err.value.code == 416
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(base + "../../etc/passwd", timeout=10)
@@ -118,7 +121,9 @@ def test_unreachable_http_source_stalls_with_a_reason(tmp_path):
 
     _, m, _ = make_artifact(tmp_path / "cp", 2 * CHUNK, CHUNK)
     with pytest.raises(ArtifactError, match="stalled.*refused"):
-        HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=1, retry_delay=0.1).pull(m, f"http://127.0.0.1:{free_port()}/x")
+        HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=1, retry_delay=0.1).pull(
+            m, f"http://127.0.0.1:{free_port()}/x"
+        )
 
 
 def test_fetch_falls_back_from_a_dead_mqtt_source_to_http_and_keeps_progress(mosquitto, tmp_path):
@@ -159,7 +164,7 @@ class FlakyCdn(_BlobServer):
         handler.send_response(200)
         handler.send_header("Content-Length", str(len(self.data)))
         handler.end_headers()
-        handler.wfile.write(self.data[:self.cut])
+        handler.wfile.write(self.data[: self.cut])
         handler.wfile.flush()
         handler.close_connection = True
 
@@ -182,8 +187,9 @@ def test_fetch_follows_the_manifest_order_cdn_first_then_mqtt_for_the_rest(mosqu
     dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
     events = []
     try:
-        path = fetch_artifact(m, ContentStore(tmp_path / "dev"), link=dev, stall_timeout=30,
-                              progress=lambda e, **f: events.append((e, f)))
+        path = fetch_artifact(
+            m, ContentStore(tmp_path / "dev"), link=dev, stall_timeout=30, progress=lambda e, **f: events.append((e, f))
+        )
         assert path.read_bytes() == data
     finally:
         dev.stop()

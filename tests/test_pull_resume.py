@@ -1,4 +1,5 @@
 """Kill the device mid-pull (SIGKILL of a real child process): the restart fetches only missing chunks."""
+
 import json
 import os
 import signal
@@ -6,13 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_pull import make_artifact
+
 from agent.artifacts.manifest import Manifest
 from agent.artifacts.pull import ChunkPuller
 from agent.artifacts.store import ContentStore
 from agent.fleet.artifact_server import ArtifactServer
 from agent.transport.device import DeviceLink
 from agent.transport.mqtt import BrokerConfig
-from test_pull import make_artifact
 
 CHUNK = 64 * 1024
 WINDOW = 4
@@ -39,11 +41,16 @@ def test_resume_after_sigkill_fetches_only_missing_chunks(mosquitto, tmp_path):
     server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
     store_dir = tmp_path / "dev"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m.json")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m.json")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         for line in proc.stdout:
-            event, done = line.split()[0], int(line.split()[1]) if len(line.split()) > 1 else 0
+            event = line.split()[0]
             assert event != "finished", "the child finished before it could be killed"
             if event == "paused":
                 proc.send_signal(signal.SIGKILL)

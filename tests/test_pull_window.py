@@ -1,6 +1,9 @@
 """Adaptive request timeout: the estimator and window on a virtual clock, then a lost answer on a real broker."""
+
 import collections
 import threading
+
+from test_pull import make_artifact
 
 from agent.artifacts.pull import ChunkPuller
 from agent.artifacts.store import ContentStore
@@ -8,7 +11,6 @@ from agent.artifacts.window import InFlight, RttEstimator
 from agent.fleet.artifact_server import ArtifactServer
 from agent.transport.device import DeviceLink
 from agent.transport.mqtt import BrokerConfig
-from test_pull import make_artifact
 
 
 def test_timeout_follows_round_trips_within_bounds_and_backs_off():

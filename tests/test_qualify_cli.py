@@ -1,4 +1,5 @@
 """`edge-agent qualify` as a user runs it: pinned JSON, human table with reasons, clean errors."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,19 @@ def edge_agent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_qualify_json_is_the_pinned_document(cnn_package, tmp_path):
     saved = tmp_path / "decision.json"
-    p = edge_agent("qualify", str(cnn_package), "--provider", "cpu", "--provider", "openvino", "--json",
-                   "--budget", "0.2", "--save", str(saved))
+    p = edge_agent(
+        "qualify",
+        str(cnn_package),
+        "--provider",
+        "cpu",
+        "--provider",
+        "openvino",
+        "--json",
+        "--budget",
+        "0.2",
+        "--save",
+        str(saved),
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert {"sha256", "name", "version", "path"} <= set(doc["model"])

@@ -1,4 +1,5 @@
 """The qualification harness end to end: real ORT CPU and OpenVINO sessions, each row in a child process."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,11 @@ from agent.qualify.isolate import FAULT_ENV, IsolatedWorker, run_isolated
 from agent.targets import get_target
 
 # This machine's CPU class: x86_64 with avx512_bf16, where OpenVINO defaults to bf16 and f32 is offered.
-PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2,
-                                                                  flags=("avx2", "avx512f", "avx512_bf16")))
+PROFILE = HardwareProfile(
+    arch="x86_64",
+    os="Linux",
+    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
+)
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 120}
 
 
@@ -27,8 +31,15 @@ def target():
 
 def test_cnn_gets_cpu_and_openvino_rows_and_a_reasoned_choice(cnn_package, target, tmp_path):
     events = []
-    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], cache_dir=tmp_path / "cache",
-                progress=lambda e, **f: events.append((e, f)), **FAST)
+    d = qualify(
+        cnn_package,
+        PROFILE,
+        target,
+        providers=["openvino", "cpu"],
+        cache_dir=tmp_path / "cache",
+        progress=lambda e, **f: events.append((e, f)),
+        **FAST,
+    )
     by = {r.key: r for r in d.results}
     assert {"cpu", "openvino"} <= set(by)
     for r in (by["cpu"], by["openvino"]):
@@ -58,15 +69,22 @@ def test_ml_ops_fail_on_openvino_with_the_op_named(ml_package, target):
 
 def test_default_precision_failing_accuracy_requalifies_at_f32(tmp_path, target):
     strict = {"max_abs": 0.0, "max_rel": 1e-7, "min_cosine": 1.0}
-    pkg = samples.write_package(tmp_path / "p", samples.cnn_model(), name="strict",
-                                extra_yaml={"tolerances": {"openvino": strict,
-                                                           "openvino:f32": {"max_abs": 1e-4, "max_rel": 1e-3, "min_cosine": 0.999}}})
+    pkg = samples.write_package(
+        tmp_path / "p",
+        samples.cnn_model(),
+        name="strict",
+        extra_yaml={
+            "tolerances": {"openvino": strict, "openvino:f32": {"max_abs": 1e-4, "max_rel": 1e-3, "min_cosine": 0.999}}
+        },
+    )
     d = qualify(pkg, PROFILE, target, providers=["openvino"], **FAST)
     first = d.results[0]
     if first.precision == "f32":  # a CPU without bf16/AMX (e.g. AVX2 only): the default already is f32
         assert [r.key for r in d.results] == ["openvino"]  # no second row: nothing to fall back to
-        pytest.skip("the f32 fallback needs a CPU where OpenVINO defaults to bf16 (avx512_bf16 or AMX); "
-                    "this one defaults to f32")
+        pytest.skip(
+            "the f32 fallback needs a CPU where OpenVINO defaults to bf16 (avx512_bf16 or AMX); "
+            "this one defaults to f32"
+        )
     assert first.status == "failed" and first.stage == "accuracy" and "max_rel" in first.reason
     assert [r.key for r in d.results] == ["openvino", "openvino:f32"]
     f32 = d.results[1]
@@ -122,8 +140,9 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
 
     monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)  # treat any two passing rows as a close call
     events = []
-    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"],
-                progress=lambda e, **f: events.append(e), **FAST)
+    d = qualify(
+        cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=lambda e, **f: events.append(e), **FAST
+    )
     passed = [r for r in d.results if r.status == "passed"]
     assert len(passed) == 2 and events.count("confirm") == 2
     for r in passed:

@@ -1,4 +1,5 @@
 """Pure parts of qualification: accuracy metrics and tolerances, latency statistics, selection, cache keys."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,8 +60,10 @@ def test_nonfinite_positions_must_match():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=1, max_size=40),
-       st.floats(0, 1e-2, allow_nan=False))
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=1, max_size=40),
+    st.floats(0, 1e-2, allow_nan=False),
+)
 def test_metrics_properties(values, noise):
     ref = np.array(values, np.float32)
     got = ref + np.float32(noise)

@@ -1,4 +1,5 @@
 """Model packages: directory, .tar.gz (safe extraction), bare .onnx, checker rejection, model.yaml validation."""
+
 from __future__ import annotations
 
 import hashlib
@@ -59,12 +60,15 @@ def _tar_with(tmp_path, name: str, *, link: str | None = None, data: bytes = b"x
     return archive
 
 
-@pytest.mark.parametrize("name,link,needle", [
-    ("../escape.onnx", None, "escapes the package"),
-    ("/abs/model.onnx", None, "escapes the package"),
-    ("pkg/model.onnx", "../../etc/passwd", "points outside"),
-    ("pkg/model.onnx", "/etc/passwd", "points outside"),
-])
+@pytest.mark.parametrize(
+    "name,link,needle",
+    [
+        ("../escape.onnx", None, "escapes the package"),
+        ("/abs/model.onnx", None, "escapes the package"),
+        ("pkg/model.onnx", "../../etc/passwd", "points outside"),
+        ("pkg/model.onnx", "/etc/passwd", "points outside"),
+    ],
+)
 def test_unsafe_archives_rejected(tmp_path, name, link, needle):
     archive = _tar_with(tmp_path, name, link=link)
     with pytest.raises(ModelError, match=needle):
@@ -95,9 +99,12 @@ def test_corrupt_and_missing(tmp_path):
 
 
 def test_checker_reason_is_carried(tmp_path):
-    graph = helper.make_graph([helper.make_node("Relu", ["undefined_input"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["undefined_input"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "broken.onnx"
     path.write_bytes(model.SerializeToString())
@@ -107,25 +114,33 @@ def test_checker_reason_is_carried(tmp_path):
 
 def test_shape_inference_failure_rejected(tmp_path):
     # Add of [2] and [3] cannot broadcast: strict shape inference refuses it.
-    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "g",
-                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
-                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [3]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
     path = tmp_path / "shapes.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     with pytest.raises(ModelError, match="checker"):
         load_package(path)
 
 
-@pytest.mark.parametrize("yaml_text,needle", [
-    ("name: x\nbogus: 1\n", "bogus: unknown key"),
-    ("name: x\ndynamic_dims: {batch: 0}\n", "dynamic_dims.batch"),
-    ("name: x\ntolerances: {max_rel: fast}\n", "tolerances.max_rel"),
-    ("name: x\ntolerances: {openvino: {max_rel: -1}}\n", "tolerances.openvino.max_rel"),
-    ("name: x\ntolerances: {openvino: {wobble: 1}}\n", "tolerances.openvino.wobble"),
-    ("- a list\n", "mapping"),
-    ("name: [unclosed\n", "invalid YAML"),
-])
+@pytest.mark.parametrize(
+    "yaml_text,needle",
+    [
+        ("name: x\nbogus: 1\n", "bogus: unknown key"),
+        ("name: x\ndynamic_dims: {batch: 0}\n", "dynamic_dims.batch"),
+        ("name: x\ntolerances: {max_rel: fast}\n", "tolerances.max_rel"),
+        ("name: x\ntolerances: {openvino: {max_rel: -1}}\n", "tolerances.openvino.max_rel"),
+        ("name: x\ntolerances: {openvino: {wobble: 1}}\n", "tolerances.openvino.wobble"),
+        ("- a list\n", "mapping"),
+        ("name: [unclosed\n", "invalid YAML"),
+    ],
+)
 def test_model_yaml_errors_name_the_key(cnn_package, yaml_text, needle):
     (cnn_package / "model.yaml").write_text(yaml_text)
     with pytest.raises(ModelError, match=needle.replace("[", r"\[")):
@@ -133,9 +148,17 @@ def test_model_yaml_errors_name_the_key(cnn_package, yaml_text, needle):
 
 
 def test_model_yaml_dynamic_dims_and_tolerances(tmp_path):
-    d = samples.write_package(tmp_path / "p", samples.cnn_model(), name="c", golden=False,
-                              extra_yaml={"dynamic_dims": {"batch": 3}, "tolerances": {"max_rel": 0.5,
-                                          "openvino:bf16": {"max_rel": 0.1}}, "required_providers": ["cpu"]})
+    d = samples.write_package(
+        tmp_path / "p",
+        samples.cnn_model(),
+        name="c",
+        golden=False,
+        extra_yaml={
+            "dynamic_dims": {"batch": 3},
+            "tolerances": {"max_rel": 0.5, "openvino:bf16": {"max_rel": 0.1}},
+            "required_providers": ["cpu"],
+        },
+    )
     pkg = load_package(d)
     feeds, golden, desc = package_inputs(pkg)
     assert feeds["input"].shape == (3, 3, 32, 32) and golden is None and "batch=3" in desc

@@ -1,4 +1,5 @@
 """Recovery table: where each journaled state resumes after a restart."""
+
 from __future__ import annotations
 
 import pytest

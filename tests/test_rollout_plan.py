@@ -1,4 +1,5 @@
 """Rollout planning and the engine's decisions, driven by retained-status documents (no broker needed)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,15 @@ from agent.fleet.rollout_plan import Count, RolloutSpec, parse_count, plan, spli
 
 
 def _status(dev, target, providers, groups=("lab",), version=None, online=True):
-    doc = {"device_id": dev, "online": online, "groups": list(groups), "target": target, "providers": providers,
-           "models": {}, "deployments": {}}
+    doc = {
+        "device_id": dev,
+        "online": online,
+        "groups": list(groups),
+        "target": target,
+        "providers": providers,
+        "models": {},
+        "deployments": {},
+    }
     if version:
         doc["models"]["m"] = {"version": version, "state": "committed", "provider": providers[0]}
     return doc
@@ -150,7 +158,9 @@ def test_engine_rolls_back_devices_that_took_the_version_and_resumes_from_disk(t
     eng2.step()  # 2 failed of 6 attempted > 20%: halt, roll back what took the version
     assert eng2.state["cohorts"]["all"]["state"] == rs.ROLLING_BACK
     took = [*first, wave1[0]]
-    assert all(fleet2.desired[d]["manifest"]["version"] == "1" and fleet2.desired[d]["manifest"]["rollback"] for d in took)
+    assert all(
+        fleet2.desired[d]["manifest"]["version"] == "1" and fleet2.desired[d]["manifest"]["rollback"] for d in took
+    )
     for dev in took:
         fleet2.report(dev, "1")
     assert eng2.step()

@@ -7,6 +7,7 @@ qualification measures an accuracy failure on every device that only has `cpu` (
 an aarch64 class on this x86 host keeps only the cpu provider), while x86 classes select openvino and pass.
 The failure is measured, not injected; only the threshold is unusually strict.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from brokers import Mosquitto
 
 from agent.artifacts.keys import generate
-from agent.cli.fleet_rollout import render_rollouts
 from agent.artifacts.store import ContentStore
+from agent.cli.fleet_rollout import render_rollouts
 from agent.fleet import rollout_state as rs
 from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.rollout_plan import RolloutSpec
@@ -52,9 +52,17 @@ def fleet(tmp_path_factory):
         server = ArtifactServer(ContentStore(store), cfg).start()
         sims = []
         try:
+
             def simulator(n, group, classes, prefix):
-                sim = Simulator(n, broker=cfg, trust=[str(pub)], groups=[group], id_prefix=prefix,
-                                sysroots=[str(SYSROOTS / c) for c in classes], state_dir=str(tmp / prefix))
+                sim = Simulator(
+                    n,
+                    broker=cfg,
+                    trust=[str(pub)],
+                    groups=[group],
+                    id_prefix=prefix,
+                    sysroots=[str(SYSROOTS / c) for c in classes],
+                    state_dir=str(tmp / prefix),
+                )
                 sims.append(sim.start())
                 return sim
 
@@ -77,8 +85,13 @@ def _roll(fleet, package, name, version, group, **kw):
 
 
 def _package(tmp, name, version, model=None, extra=None):
-    return write_package(tmp / f"{name}-{version}", model if model is not None else tiny_model(float(version)),
-                         name=name, version=version, extra_yaml=extra)
+    return write_package(
+        tmp / f"{name}-{version}",
+        model if model is not None else tiny_model(float(version)),
+        name=name,
+        version=version,
+        extra_yaml=extra,
+    )
 
 
 def _results(summary):
@@ -91,8 +104,9 @@ def _model(sim, dev, name):
 
 def test_good_model_reaches_20_mixed_devices_cohort_by_cohort_in_waves(fleet):
     sim = fleet.simulator(20, "mixed", MIXED, "mx")
-    summary = _roll(fleet, _package(fleet.tmp, "good", "1"), "good", "1", "mixed", cohort_by="target",
-                    canary="1", wave_size="50%")
+    summary = _roll(
+        fleet, _package(fleet.tmp, "good", "1"), "good", "1", "mixed", cohort_by="target", canary="1", wave_size="50%"
+    )
     assert summary["state"] == "completed", json.dumps(summary, indent=1)
     assert len(summary["devices"]) == 20 and summary["counts"] == {"succeeded": 20}
     assert len(summary["cohorts"]) == 6  # one per hardware class: cohorts are real
@@ -113,13 +127,14 @@ def test_good_model_reaches_20_mixed_devices_cohort_by_cohort_in_waves(fleet):
     assert stats["measured"] + stats["reused"] == 20 and stats["measured"] <= 6
     progress = _retained(fleet, "edge/rollouts/good-1")  # what `fleet status` shows for rollouts
     assert progress["state"] == "completed" and progress["counts"] == {"succeeded": 20}
-    for key, cohort in progress["cohorts"].items():
+    for cohort in progress["cohorts"].values():
         assert cohort["waves"][0]["kind"] == "canary"
         assert sum(w["size"] for w in cohort["waves"]) == sum(w["counts"].get("succeeded", 0) for w in cohort["waves"])
     text = render_rollouts([progress], finished=True)
     some = sorted(sim.agents)[0]  # nothing to go back to: the rollback is refused for that device, with why
-    back = run_rollback("good", device=some, group=None, version=None, key_file=fleet.key, store=fleet.store,
-                        broker=fleet.cfg)
+    back = run_rollback(
+        "good", device=some, group=None, version=None, key_file=fleet.key, store=fleet.store, broker=fleet.cfg
+    )
     (row,) = back["devices"]
     assert row["result"] == "skipped" and row["reason"].startswith("no version to return to")
     assert "rollout good-1: good -> 1 (completed; 20 devices" in text and "canary 0: 1 ok/0 failed" in text
@@ -158,16 +173,39 @@ def test_accuracy_failure_halts_its_cohort_at_the_canary_only(fleet, pair, tmp_p
         assert all(d.version != "2" for d in deps if d.model == "cohort")
         assert _model(pair, dev, "cohort")["version"] == "1"
     assert _model(pair, canary, "cohort")["version"] == "1"  # the failed canary keeps serving version 1
-    canary_deps = [(d.version, d.state.value) for d in pair.agents[canary].orchestrator.journal.all() if d.model == "cohort"]
+    canary_deps = [
+        (d.version, d.state.value) for d in pair.agents[canary].orchestrator.journal.all() if d.model == "cohort"
+    ]
     assert canary_deps == [("1", "committed"), ("2", "failed")]  # its old desired state came back: no redeploy
     for dev in x86:
         assert res[dev]["result"] == "succeeded"
         assert _model(pair, dev, "cohort")["provider"] == "openvino"
 
     # Manual rollback through the CLI: one x86 device back to version 1, signed as a rollback.
-    out = subprocess.run([sys.executable, "-m", "agent", "fleet", "rollback", "cohort", "--device", x86[0],
-                          "--key", str(fleet.key), "--store", str(fleet.store), "--broker", fleet.broker.url,
-                          "--wait", str(WAIT_S), "--json"], capture_output=True, text=True, timeout=WAIT_S + 60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "fleet",
+            "rollback",
+            "cohort",
+            "--device",
+            x86[0],
+            "--key",
+            str(fleet.key),
+            "--store",
+            str(fleet.store),
+            "--broker",
+            fleet.broker.url,
+            "--wait",
+            str(WAIT_S),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S + 60,
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     row = json.loads(out.stdout)["devices"][0]
     assert row == {"device_id": x86[0], "version": "1", "result": "rolled_back", "reason": row["reason"]}
@@ -196,9 +234,34 @@ def test_halted_rollout_rolls_back_every_device_that_took_the_version(fleet, pai
 
 def test_control_plane_killed_mid_rollout_resumes_where_it_was(fleet, pair, tmp_path):
     pkg = _package(tmp_path, "resume", "1", cnn_model(seed=7))
-    argv = [sys.executable, "-m", "agent", "fleet", "rollout", str(pkg), "--name", "resume", "--version", "1",
-            "--group", "pair", "--canary", "1", "--wave-size", "2", "--deadline", str(WAIT_S),
-            "--key", str(fleet.key), "--store", str(fleet.store), "--broker", fleet.broker.url, "--wait", "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "fleet",
+        "rollout",
+        str(pkg),
+        "--name",
+        "resume",
+        "--version",
+        "1",
+        "--group",
+        "pair",
+        "--canary",
+        "1",
+        "--wave-size",
+        "2",
+        "--deadline",
+        str(WAIT_S),
+        "--key",
+        str(fleet.key),
+        "--store",
+        str(fleet.store),
+        "--broker",
+        fleet.broker.url,
+        "--wait",
+        "--json",
+    ]
     path = rs.state_path(fleet.store, "resume-1")
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:

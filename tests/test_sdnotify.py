@@ -1,4 +1,5 @@
 """agent.sdnotify against a real unix datagram socket bound by the test (path and abstract namespace)."""
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ def drain(sock) -> list[dict[str, str]]:
     sock.setblocking(False)
     try:
         while True:
-            out.append(dict(l.split("=", 1) for l in sock.recv(4096).decode().splitlines()))
+            out.append(dict(kv.split("=", 1) for kv in sock.recv(4096).decode().splitlines()))
     except BlockingIOError:
         pass
     finally:

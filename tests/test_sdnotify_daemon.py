@@ -1,5 +1,6 @@
 """`edge-agent run` under a test-bound NOTIFY_SOCKET: READY once serving, WATCHDOG from the main loop, STATUS,
 and on SIGTERM: STOPPING=1, in-flight HTTP requests finish with 200, clean exit 0."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from brokers import free_port
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ class NotifyListener:
         while not self.closed:
             try:
                 data = self.sock.recv(4096)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -107,15 +107,23 @@ def daemon(tmp_path):
     (inbox / "tiny").mkdir(parents=True)
     (tmp_path / "pkg").rename(inbox / "tiny" / "1")
     conf = tmp_path / "agent.yaml"
-    conf.write_text(f"device_id: sd-test\nstate_dir: {tmp_path / 'state'}\ninbox: {inbox}\n"
-                    f"serving: {{host: 127.0.0.1, port: {port}}}\n")
+    conf.write_text(
+        f"device_id: sd-test\nstate_dir: {tmp_path / 'state'}\ninbox: {inbox}\n"
+        f"serving: {{host: 127.0.0.1, port: {port}}}\n"
+    )
     listener = NotifyListener()
-    env = dict(os.environ, NOTIFY_SOCKET=listener.path, WATCHDOG_USEC="1000000",
-               EDGE_AGENT_QUALIFY_PROVIDERS="cpu", EDGE_AGENT_PROBATION_S="1")
+    env = dict(
+        os.environ,
+        NOTIFY_SOCKET=listener.path,
+        WATCHDOG_USEC="1000000",
+        EDGE_AGENT_QUALIFY_PROVIDERS="cpu",
+        EDGE_AGENT_PROBATION_S="1",
+    )
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "agent", "run", "--config", str(conf)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent", "run", "--config", str(conf)], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         yield proc, listener, f"http://127.0.0.1:{port}", log
     finally:
@@ -144,7 +152,7 @@ def test_ready_watchdog_and_sigterm_drain(daemon):
 
     def reloaded(ms):
         marks = [i for i, m in enumerate(ms) if "RELOADING" in m]
-        return len(marks) > reloads and any(m.get("READY") == "1" for m in ms[marks[-1]:])
+        return len(marks) > reloads and any(m.get("READY") == "1" for m in ms[marks[-1] :])
 
     msgs = sd.wait_for(reloaded, 60, "RELOADING=1 then READY=1")
     reloading = [m for m in msgs if "RELOADING" in m][-1]
@@ -155,13 +163,17 @@ def test_ready_watchdog_and_sigterm_drain(daemon):
         time.sleep(0.1)
 
     # Requests in flight: headers and half the body sent, so the server is inside each of them.
-    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
-                                   "data": [1.0, 2.0, 3.0, 4.0]}]}).encode()
+    body = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
+    ).encode()
     conns = []
     for _ in range(3):
         s = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=60)
-        s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:10])
+        s.sendall(
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
         conns.append(s)
     deadline = time.monotonic() + 60
     while inflight(base) < len(conns) + 1:  # + the /metrics request itself

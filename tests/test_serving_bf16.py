@@ -1,4 +1,5 @@
 """BF16 tensors end to end: onnxruntime's Python API has no numpy bfloat16, the server still serves such models."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,12 @@ from agent.serving.server import OIPServer
 
 
 def cast_model(src: int, dst: int):
-    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=dst)], "cast",
-                              [helper.make_tensor_value_info("x", src, [1, 3])],
-                              [helper.make_tensor_value_info("y", dst, [1, 3])])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=dst)],
+        "cast",
+        [helper.make_tensor_value_info("x", src, [1, 3])],
+        [helper.make_tensor_value_info("y", dst, [1, 3])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     return model
@@ -29,8 +33,10 @@ def cast_model(src: int, dst: int):
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("bf16")
     reg = ModelRegistry()
-    for name, src, dst in (("bf16-in", TensorProto.BFLOAT16, TensorProto.FLOAT),
-                           ("bf16-out", TensorProto.FLOAT, TensorProto.BFLOAT16)):
+    for name, src, dst in (
+        ("bf16-in", TensorProto.BFLOAT16, TensorProto.FLOAT),
+        ("bf16-out", TensorProto.FLOAT, TensorProto.BFLOAT16),
+    ):
         onnx.save(cast_model(src, dst), d / f"{name}.onnx")
         reg.activate(name, "1", get("cpu").open_session(d / f"{name}.onnx"))
     srv = OIPServer(reg, port=0).start()
@@ -49,12 +55,14 @@ def post(srv, model: str, doc: dict) -> tuple[int, dict]:
 
 
 def test_bf16_input_and_output_in_json(server):
-    status, doc = post(server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "BF16",
-                                                        "data": [1.5, -2.0, 3.0]}]})
+    status, doc = post(
+        server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "BF16", "data": [1.5, -2.0, 3.0]}]}
+    )
     assert status == 200, doc
     assert doc["outputs"][0]["datatype"] == "FP32" and doc["outputs"][0]["data"] == [1.5, -2.0, 3.0]
-    status, doc = post(server, "bf16-out", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32",
-                                                         "data": [1.5, 0.1, 3.0]}]})
+    status, doc = post(
+        server, "bf16-out", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.5, 0.1, 3.0]}]}
+    )
     assert status == 200, doc
     out = doc["outputs"][0]
     assert out["datatype"] == "BF16"
@@ -73,6 +81,7 @@ def test_bf16_output_binary_through_tritonclient(server):
 
 
 def test_wrong_dtype_for_a_bf16_input_is_a_400(server):
-    status, doc = post(server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32",
-                                                        "data": [1, 2, 3]}]})
+    status, doc = post(
+        server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    )
     assert status == 400 and "bfloat16" in doc["error"]

@@ -1,5 +1,6 @@
 """Response encoding: the zero-copy fast path sends exactly the bytes of the general encoder; send_all delivers
 every buffer in order even when the kernel takes them in several pieces."""
+
 from __future__ import annotations
 
 import socket
@@ -42,16 +43,21 @@ def test_cached_header_follows_shape_version_and_id():
     assert a[0] == b[0] and _flat(b[1:]) == np.ones((2, 3), np.float32).tobytes()
     c, _, _ = encode_response("m", "1", {"y": np.zeros((4, 3), np.float32)}, req)
     d, _, _ = encode_response("m", "2", {"y": np.zeros((2, 3), np.float32)}, req)
-    e, _, _ = encode_response("m", "1", {"y": np.zeros((2, 3), np.float32)}, InferRequest({}, binary_default=True, id="x"))
+    e, _, _ = encode_response(
+        "m", "1", {"y": np.zeros((2, 3), np.float32)}, InferRequest({}, binary_default=True, id="x")
+    )
     assert b'"shape":[4,3]' in c[0] and b'"model_version":"2"' in d[0] and b'"id":"x"' in e[0]
 
 
-@pytest.mark.parametrize("value, binary", [
-    (np.arange(6, dtype=np.float32).reshape(2, 3).T, True),  # not C-contiguous: copied by the general path
-    (np.arange(3, dtype=">f4"), True),  # big-endian: swapped to the wire's little-endian
-    (np.array(["a", "bc"], dtype=object), True),  # BYTES: length-prefixed elements
-    (np.arange(3, dtype=np.float32), False),  # JSON data
-])
+@pytest.mark.parametrize(
+    "value, binary",
+    [
+        (np.arange(6, dtype=np.float32).reshape(2, 3).T, True),  # not C-contiguous: copied by the general path
+        (np.arange(3, dtype=">f4"), True),  # big-endian: swapped to the wire's little-endian
+        (np.array(["a", "bc"], dtype=object), True),  # BYTES: length-prefixed elements
+        (np.arange(3, dtype=np.float32), False),  # JSON data
+    ],
+)
 def test_other_outputs_take_the_general_encoder(value, binary):
     req = InferRequest(inputs={}, binary_default=binary)
     parts, total, head_len = encode_response("m", "1", {"y": value}, req)
@@ -89,13 +95,30 @@ def test_cached_request_plan_decodes_every_kind_of_binary_input():
 
     from agent.serving.codec import decode_request
 
-    tensors = {"f": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([True, False, True]),
-               "e": np.zeros((0, 2), np.int64), "s": np.array(["hé", "", "x"], dtype=object)}
-    blobs = {k: (b"".join(struct.pack("<I", len(x.encode())) + x.encode() for x in v) if v.dtype == object
-                 else v.tobytes()) for k, v in tensors.items()}
+    tensors = {
+        "f": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([True, False, True]),
+        "e": np.zeros((0, 2), np.int64),
+        "s": np.array(["hé", "", "x"], dtype=object),
+    }
+    blobs = {
+        k: (b"".join(struct.pack("<I", len(x.encode())) + x.encode() for x in v) if v.dtype == object else v.tobytes())
+        for k, v in tensors.items()
+    }
     types = {"f": "FP32", "b": "BOOL", "e": "INT64", "s": "BYTES"}
-    head = json.dumps({"inputs": [{"name": k, "shape": list(v.shape), "datatype": types[k],
-                                   "parameters": {"binary_data_size": len(blobs[k])}} for k, v in tensors.items()]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": k,
+                    "shape": list(v.shape),
+                    "datatype": types[k],
+                    "parameters": {"binary_data_size": len(blobs[k])},
+                }
+                for k, v in tensors.items()
+            ]
+        }
+    ).encode()
     body = head + b"".join(blobs.values())
     for _ in range(2):  # the first request makes the plan, the second uses it
         req = decode_request(memoryview(bytearray(body)), len(head))

@@ -1,4 +1,5 @@
 """The memory-aware swap choice (targets' swap_when_memory_short) and MemAvailable from captured sysroots."""
+
 from __future__ import annotations
 
 from pathlib import Path

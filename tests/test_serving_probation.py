@@ -1,16 +1,17 @@
 """Probation: NaN outputs, runtime errors and slow latency trip it; a clean window passes (real sessions)."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import pytest
+from test_serving_support import log_model, open_session, reshape_model, x4
 
 from agent.samples import tiny_model
 from agent.serving.errors import InferenceFailed
 from agent.serving.probation import PASSED, STOPPED, SUPERSEDED, TROUBLE, WATCHING, Probation, Thresholds
 from agent.serving.registry import ModelRegistry
-from test_serving_support import log_model, open_session, reshape_model, x4
 
 
 class Clock:
@@ -60,8 +61,17 @@ def test_clean_window_passes_and_calls_on_pass(tmp_path):
     r = _registry(tmp_path, tiny_model(2.0))
     passed = threading.Event()
     clock = Clock()
-    p = Probation(r, "m", "2", baseline_latency_ms=1000.0, window=5, on_pass=lambda v: passed.set(),
-                  on_trouble=lambda reason: pytest.fail(reason), interval=0.01, clock=clock).start()
+    p = Probation(
+        r,
+        "m",
+        "2",
+        baseline_latency_ms=1000.0,
+        window=5,
+        on_pass=lambda v: passed.set(),
+        on_trouble=lambda reason: pytest.fail(reason),
+        interval=0.01,
+        clock=clock,
+    ).start()
     for _ in range(100):
         r.infer("m", x4())
     clock.now = 5.0

@@ -1,16 +1,17 @@
 """ModelRegistry: validation, stats, make-before-break drain, stop-then-start, deactivate (real cpu sessions)."""
+
 from __future__ import annotations
 
 import threading
 
 import numpy as np
 import pytest
+from test_serving_support import GatedSession, log_model, open_session, reshape_model, x4
 
 from agent.errors import ServingError
 from agent.samples import cnn_model, tiny_model
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.registry import ModelRegistry
-from test_serving_support import GatedSession, log_model, open_session, reshape_model, x4
 
 
 @pytest.fixture
@@ -30,19 +31,23 @@ def test_infer_returns_version_and_outputs(reg):
 
 
 def test_dynamic_batch_dim_accepted_and_outputs_selectable(reg):
-    version, out = reg.infer("cnn", {"input": np.zeros((3, 3, 32, 32), np.float32)}, version="7",
-                             outputs=["probabilities"])
+    version, out = reg.infer(
+        "cnn", {"input": np.zeros((3, 3, 32, 32), np.float32)}, version="7", outputs=["probabilities"]
+    )
     assert version == "7" and out["probabilities"].shape == (3, 10)
 
 
-@pytest.mark.parametrize("feeds, fragment", [
-    ({"x": np.zeros((1, 5), np.float32)}, "shape [1, 5]"),
-    ({"x": np.zeros((4,), np.float32)}, "shape [4]"),
-    ({"x": np.zeros((1, 4), np.float64)}, "dtype float64"),
-    ({"z": np.zeros((1, 4), np.float32)}, "unknown input(s) ['z']"),
-    ({}, "missing input(s) ['x']"),
-    ({"x": [[0.0] * 4]}, "numpy array"),
-])
+@pytest.mark.parametrize(
+    "feeds, fragment",
+    [
+        ({"x": np.zeros((1, 5), np.float32)}, "shape [1, 5]"),
+        ({"x": np.zeros((4,), np.float32)}, "shape [4]"),
+        ({"x": np.zeros((1, 4), np.float64)}, "dtype float64"),
+        ({"z": np.zeros((1, 4), np.float32)}, "unknown input(s) ['z']"),
+        ({}, "missing input(s) ['x']"),
+        ({"x": [[0.0] * 4]}, "numpy array"),
+    ],
+)
 def test_bad_feeds_rejected_before_the_runtime(reg, feeds, fragment):
     before = reg.stats("tiny")
     with pytest.raises(BadRequest) as info:
@@ -101,8 +106,11 @@ def test_make_before_break_drains_the_in_flight_request(tmp_path):
     swap_done = {}
     new = open_session(tiny_model(2.0), tmp_path, "v2.onnx")
     swapped = threading.Event()
-    s = threading.Thread(target=lambda: swap_done.update(
-        r.activate("m", "2", new, progress=lambda e, **f: swapped.set() if e == "swapped" else None)))
+    s = threading.Thread(
+        target=lambda: swap_done.update(
+            r.activate("m", "2", new, progress=lambda e, **f: swapped.set() if e == "swapped" else None)
+        )
+    )
     s.start()
     # the new version serves while the old request is still in flight, and the old session stays open
     assert swapped.wait(30)
@@ -178,11 +186,16 @@ def test_deactivate_and_unknown_swap_mode(reg):
 def test_activate_reports_progress(tmp_path):
     r = ModelRegistry()
     events = []
-    first = r.activate("m", "1", open_session(tiny_model(1.0), tmp_path, "a.onnx"),
-                       progress=lambda e, **f: events.append((e, f)))
+    first = r.activate(
+        "m", "1", open_session(tiny_model(1.0), tmp_path, "a.onnx"), progress=lambda e, **f: events.append((e, f))
+    )
     assert first["previous"] is None and first["drained"] is True
-    r.activate("m", "2", lambda: open_session(tiny_model(2.0), tmp_path, "b.onnx"),
-               progress=lambda e, **f: events.append((e, f)))
+    r.activate(
+        "m",
+        "2",
+        lambda: open_session(tiny_model(2.0), tmp_path, "b.onnx"),
+        progress=lambda e, **f: events.append((e, f)),
+    )
     assert [e for e, _ in events] == ["swapped", "building", "swapped", "released"]
     assert events[-1][1] == {"model": "m", "version": "1", "drained": True}
 

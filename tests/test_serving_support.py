@@ -1,4 +1,5 @@
 """Shared helpers for the serving tests: real cpu-provider sessions of generated models (no tests here)."""
+
 from __future__ import annotations
 
 import threading
@@ -14,9 +15,18 @@ from agent.providers.base import ProviderSession
 OPSET = [helper.make_opsetid("", 17)]
 # ONNX element type per KServe datatype (BF16 is left out: ORT's Python API cannot take bfloat16 numpy arrays).
 ALL_TYPES = {
-    "BOOL": TensorProto.BOOL, "UINT8": TensorProto.UINT8, "UINT16": TensorProto.UINT16, "UINT32": TensorProto.UINT32,
-    "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8, "INT16": TensorProto.INT16, "INT32": TensorProto.INT32,
-    "INT64": TensorProto.INT64, "FP16": TensorProto.FLOAT16, "FP32": TensorProto.FLOAT, "FP64": TensorProto.DOUBLE,
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
     "BYTES": TensorProto.STRING,
 }
 
@@ -39,24 +49,31 @@ def open_session(model, directory: Path, name: str = "model.onnx") -> ProviderSe
 def identity_all_types_model():
     """in_<TYPE> -> Identity -> out_<TYPE> for every KServe datatype ORT can take, dynamic length."""
     vi = helper.make_tensor_value_info
-    return _model([helper.make_node("Identity", [f"in_{k}"], [f"out_{k}"]) for k in ALL_TYPES],
-                  [vi(f"in_{k}", t, ["n"]) for k, t in ALL_TYPES.items()],
-                  [vi(f"out_{k}", t, ["n"]) for k, t in ALL_TYPES.items()])
+    return _model(
+        [helper.make_node("Identity", [f"in_{k}"], [f"out_{k}"]) for k in ALL_TYPES],
+        [vi(f"in_{k}", t, ["n"]) for k, t in ALL_TYPES.items()],
+        [vi(f"out_{k}", t, ["n"]) for k, t in ALL_TYPES.items()],
+    )
 
 
 def log_model():
     """y = Log(x): negative inputs give NaN, zero gives -Inf."""
     vi = helper.make_tensor_value_info
-    return _model([helper.make_node("Log", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [1, 4])],
-                  [vi("y", TensorProto.FLOAT, [1, 4])])
+    return _model(
+        [helper.make_node("Log", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [1, 4])],
+        [vi("y", TensorProto.FLOAT, [1, 4])],
+    )
 
 
 def reshape_model():
     """y = Reshape(x, shape): the runtime fails when `shape` does not fit x (a real runtime error)."""
     vi = helper.make_tensor_value_info
-    return _model([helper.make_node("Reshape", ["x", "shape"], ["y"])],
-                  [vi("x", TensorProto.FLOAT, [1, 4]), vi("shape", TensorProto.INT64, [2])],
-                  [vi("y", TensorProto.FLOAT, ["a", "b"])])
+    return _model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [1, 4]), vi("shape", TensorProto.INT64, [2])],
+        [vi("y", TensorProto.FLOAT, ["a", "b"])],
+    )
 
 
 class GatedSession(ProviderSession):

@@ -1,4 +1,5 @@
 """ContentStore and Staging: content addressing, atomic commits, bitmap persistence and recovery."""
+
 import hashlib
 import os
 
@@ -13,9 +14,16 @@ CHUNK = 4096
 
 
 def artifact_of(data: bytes):
-    chunks = [hashlib.sha256(data[i:i + CHUNK]).hexdigest() for i in range(0, len(data), CHUNK)]
-    return Manifest.create(name="m", version="1", sha256=hashlib.sha256(data).hexdigest(), size=len(data),
-                           chunk_size=CHUNK, chunks=chunks, devices=["d"]).artifact
+    chunks = [hashlib.sha256(data[i : i + CHUNK]).hexdigest() for i in range(0, len(data), CHUNK)]
+    return Manifest.create(
+        name="m",
+        version="1",
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        chunk_size=CHUNK,
+        chunks=chunks,
+        devices=["d"],
+    ).artifact
 
 
 def test_put_file_is_content_addressed(tmp_path):
@@ -48,17 +56,17 @@ def test_staging_resumes_from_bitmap_and_recovers_unrecorded_chunks(tmp_path):
     st.lookahead = 2
     for i in (0, 1, 2):
         st.note_requested(i)
-        assert st.write(i, data[i * CHUNK:(i + 1) * CHUNK])
+        assert st.write(i, data[i * CHUNK : (i + 1) * CHUNK])
     st.persist()  # durable: chunks 0-2
     st.note_requested(4)
-    assert st.write(4, data[4 * CHUNK:5 * CHUNK])  # written, never persisted in the bitmap (a crash now)
+    assert st.write(4, data[4 * CHUNK : 5 * CHUNK])  # written, never persisted in the bitmap (a crash now)
     assert not st.write(5, b"x" * CHUNK)  # tampered chunk: refused, nothing written
     os.close(st._fd)
     st._fd = None  # simulate the kill: no final persist
     again = Staging(store, art).open()
     assert again.recovered == 1 and again.missing() == [3, 5, 6, 7, 8, 9, 10]
     for i in again.missing():
-        assert again.write(i, data[i * CHUNK:(i + 1) * CHUNK])
+        assert again.write(i, data[i * CHUNK : (i + 1) * CHUNK])
     path = again.finish()
     assert path.read_bytes() == data and not store.bitmap_path(art.sha256).exists()
     assert not store.part_path(art.sha256).exists()

@@ -1,4 +1,5 @@
 """Hot swap under continuous HTTP load: zero failed requests, and model_version switches exactly at the swap."""
+
 from __future__ import annotations
 
 import http.client
@@ -6,11 +7,11 @@ import json
 import threading
 
 import numpy as np
+from test_serving_support import open_session
 
 from agent.samples import tiny_model
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
-from test_serving_support import open_session
 
 CLIENTS = 4
 SWAPS = 24
@@ -59,7 +60,9 @@ def test_swaps_under_load_fail_nothing_and_switch_exactly(tmp_path):
     logs = [[] for _ in range(CLIENTS)]
     errors: list = []
     stop = threading.Event()
-    threads = [threading.Thread(target=_client, args=(srv.port, k, state, logs[k], errors, stop)) for k in range(CLIENTS)]
+    threads = [
+        threading.Thread(target=_client, args=(srv.port, k, state, logs[k], errors, stop)) for k in range(CLIENTS)
+    ]
     for t in threads:
         t.start()
     swaps = []

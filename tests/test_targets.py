@@ -1,4 +1,5 @@
 """Target profiles: every pinned YAML loads and validates; matching, tolerances, features, errors."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,18 @@ from agent.targets import Tolerance, features_for, get_target, load_targets, mat
 
 TARGETS = Path(__file__).resolve().parent.parent / "targets"
 SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
-PINNED = {"raspberry-pi-4", "raspberry-pi-5", "jetson-orin", "jetson-xavier", "jetson-nano", "intel-x86_64",
-          "qualcomm-snapdragon", "apple-silicon", "generic-aarch64", "generic-x86_64"}
+PINNED = {
+    "raspberry-pi-4",
+    "raspberry-pi-5",
+    "jetson-orin",
+    "jetson-xavier",
+    "jetson-nano",
+    "intel-x86_64",
+    "qualcomm-snapdragon",
+    "apple-silicon",
+    "generic-aarch64",
+    "generic-x86_64",
+}
 
 
 def test_pinned_targets_load():
@@ -31,14 +42,17 @@ def test_pinned_targets_load():
             assert 0 < tol.max_rel <= 0.1 and 0.9 <= tol.min_cosine <= 1 and 0.9 <= tol.top1_agreement <= 1
 
 
-@pytest.mark.parametrize("name, first, options", [
-    ("jetson-orin", "tensorrt", {"trt_fp16_enable": True, "trt_engine_cache_enable": True}),
-    ("intel-x86_64", "openvino", {"devices": ["NPU", "GPU", "CPU"]}),
-    ("generic-x86_64", "openvino", {"devices": ["CPU"]}),
-    ("raspberry-pi-5", "xnnpack", {}),
-    ("qualcomm-snapdragon", "qnn", {"backend_type": "htp"}),
-    ("apple-silicon", "coreml", {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL"}),
-])
+@pytest.mark.parametrize(
+    "name, first, options",
+    [
+        ("jetson-orin", "tensorrt", {"trt_fp16_enable": True, "trt_engine_cache_enable": True}),
+        ("intel-x86_64", "openvino", {"devices": ["NPU", "GPU", "CPU"]}),
+        ("generic-x86_64", "openvino", {"devices": ["CPU"]}),
+        ("raspberry-pi-5", "xnnpack", {}),
+        ("qualcomm-snapdragon", "qnn", {"backend_type": "htp"}),
+        ("apple-silicon", "coreml", {"ModelFormat": "MLProgram", "MLComputeUnits": "ALL"}),
+    ],
+)
 def test_provider_preferences(name, first, options):
     t = get_target(name)
     assert t.providers[0].name == first
@@ -88,19 +102,31 @@ def test_match_rules_and_fallbacks():
     assert match(profile(arch="x86_64", cpu=CpuInfo(vendor="AMD"))).name == "generic-x86_64"
     assert match(profile(arch="x86_64", cpu=CpuInfo(vendor="Intel"))).name == "intel-x86_64"
     assert match(profile(arch="aarch64", soc="rk3588")).name == "generic-aarch64"
-    assert match(profile(arch="aarch64", software={"dt_compatible": ["thundercomm,rubikpi3", "qcom,qcs6490"]})).name \
+    assert (
+        match(profile(arch="aarch64", software={"dt_compatible": ["thundercomm,rubikpi3", "qcom,qcs6490"]})).name
         == "qualcomm-snapdragon"
+    )
     assert match(profile(arch="aarch64", os="macOS 15.1")).name == "apple-silicon"
     assert match(profile(arch="x86_64", os="macOS 13.6", cpu=CpuInfo(vendor="Intel"))).name == "intel-x86_64"
     assert match(profile()).name.startswith("generic-")
 
 
-@pytest.mark.parametrize("sysroot, expected", [
-    ("rpi4-4gb", "raspberry-pi-4"), ("rpi5-8gb", "raspberry-pi-5"), ("rpi5-hailo8l", "raspberry-pi-5"),
-    ("jetson-nano-jp4", "jetson-nano"), ("jetson-orin-nano-jp6", "jetson-orin"), ("jetson-agx-xavier-jp5", "jetson-xavier"),
-    ("intel-nuc-meteorlake", "intel-x86_64"), ("intel-avx2-only", "intel-x86_64"), ("amd-epyc-x86", "generic-x86_64"),
-    ("qualcomm-qcs6490", "qualcomm-snapdragon"), ("apple-m2", "apple-silicon"),
-])
+@pytest.mark.parametrize(
+    "sysroot, expected",
+    [
+        ("rpi4-4gb", "raspberry-pi-4"),
+        ("rpi5-8gb", "raspberry-pi-5"),
+        ("rpi5-hailo8l", "raspberry-pi-5"),
+        ("jetson-nano-jp4", "jetson-nano"),
+        ("jetson-orin-nano-jp6", "jetson-orin"),
+        ("jetson-agx-xavier-jp5", "jetson-xavier"),
+        ("intel-nuc-meteorlake", "intel-x86_64"),
+        ("intel-avx2-only", "intel-x86_64"),
+        ("amd-epyc-x86", "generic-x86_64"),
+        ("qualcomm-qcs6490", "qualcomm-snapdragon"),
+        ("apple-m2", "apple-silicon"),
+    ],
+)
 def test_match_fixture(sysroot, expected):
     assert match(detect(SYSROOTS / sysroot)).name == expected
 
@@ -139,18 +165,21 @@ def edit(d: Path, name: str, change) -> None:
     path.write_text(yaml.safe_dump(doc))
 
 
-@pytest.mark.parametrize("change, key", [
-    (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[3].name"),
-    (lambda d: d["tolerances"]["default"].pop("bf16"), "tolerances.default.bf16"),
-    (lambda d: d["tolerances"]["default"]["fp32"].update(min_cosine=1.5), "tolerances.default.fp32.min_cosine"),
-    (lambda d: d["tolerances"].update(tensorrt={"fp8": {"max_rel": 0.1}}), "tolerances.tensorrt.fp8"),
-    (lambda d: d["serving"].update(swap="hot"), "serving.swap"),
-    (lambda d: d["match"].update(arch="riscv64"), "match.arch"),
-    (lambda d: d["match"].update(colour="green"), "match.colour"),
-    (lambda d: d.update(name="rpi"), "name"),
-    (lambda d: d.update(extra=1), "extra"),
-    (lambda d: d["providers"][0].update(options=[1]), "providers[0].options"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[3].name"),
+        (lambda d: d["tolerances"]["default"].pop("bf16"), "tolerances.default.bf16"),
+        (lambda d: d["tolerances"]["default"]["fp32"].update(min_cosine=1.5), "tolerances.default.fp32.min_cosine"),
+        (lambda d: d["tolerances"].update(tensorrt={"fp8": {"max_rel": 0.1}}), "tolerances.tensorrt.fp8"),
+        (lambda d: d["serving"].update(swap="hot"), "serving.swap"),
+        (lambda d: d["match"].update(arch="riscv64"), "match.arch"),
+        (lambda d: d["match"].update(colour="green"), "match.colour"),
+        (lambda d: d.update(name="rpi"), "name"),
+        (lambda d: d.update(extra=1), "extra"),
+        (lambda d: d["providers"][0].update(options=[1]), "providers[0].options"),
+    ],
+)
 def test_bad_yaml_names_file_and_key(target_dir, change, key):
     edit(target_dir, "raspberry-pi-4", change)
     with pytest.raises(ConfigError) as err:

@@ -1,4 +1,5 @@
 """agent.telemetry: health documents from sysroots (Pi, Jetson) and the host, real serving stats, /metrics."""
+
 from __future__ import annotations
 
 import json
@@ -19,26 +20,32 @@ def tree(root: Path, files: dict[str, str]) -> Path:
 
 @pytest.fixture
 def pi_root(tmp_path):
-    return tree(tmp_path / "pi", {
-        "sys/class/thermal/thermal_zone0/type": "cpu-thermal\n",
-        "sys/class/thermal/thermal_zone0/temp": "81300\n",
-        "sys/devices/platform/soc/soc:firmware/get_throttled": "50005\n",
-    })
+    return tree(
+        tmp_path / "pi",
+        {
+            "sys/class/thermal/thermal_zone0/type": "cpu-thermal\n",
+            "sys/class/thermal/thermal_zone0/temp": "81300\n",
+            "sys/devices/platform/soc/soc:firmware/get_throttled": "50005\n",
+        },
+    )
 
 
 @pytest.fixture
 def jetson_root(tmp_path):
     gpu = "sys/class/devfreq/17000000.gpu"
-    return tree(tmp_path / "jetson", {
-        f"{gpu}/device/of_node/name": "ga10b\0",
-        f"{gpu}/device/load": "734\n",
-        f"{gpu}/cur_freq": "918000000\n",
-        "sys/class/devfreq/15340000.vic/device/of_node/name": "vic\0",
-        "sys/class/thermal/thermal_zone0/type": "cpu-thermal\n",
-        "sys/class/thermal/thermal_zone0/temp": "47500\n",
-        "sys/class/thermal/thermal_zone1/type": "gpu-thermal\n",
-        "sys/class/thermal/thermal_zone1/temp": "45000\n",
-    })
+    return tree(
+        tmp_path / "jetson",
+        {
+            f"{gpu}/device/of_node/name": "ga10b\0",
+            f"{gpu}/device/load": "734\n",
+            f"{gpu}/cur_freq": "918000000\n",
+            "sys/class/devfreq/15340000.vic/device/of_node/name": "vic\0",
+            "sys/class/thermal/thermal_zone0/type": "cpu-thermal\n",
+            "sys/class/thermal/thermal_zone0/temp": "47500\n",
+            "sys/class/thermal/thermal_zone1/type": "gpu-thermal\n",
+            "sys/class/thermal/thermal_zone1/temp": "45000\n",
+        },
+    )
 
 
 def test_pi_throttling_and_temperature(pi_root):
@@ -62,18 +69,22 @@ def test_jetson_gpu_load(jetson_root):
     # the GPU named by the hardware profile is used directly
     from agent.hardware.profile import Accelerator, HardwareProfile
 
-    prof = HardwareProfile(accelerators=(Accelerator("gpu", "nvidia", "NVIDIA Ampere GPU (ga10b)",
-                                                     "/sys/class/devfreq/17000000.gpu"),))
+    prof = HardwareProfile(
+        accelerators=(Accelerator("gpu", "nvidia", "NVIDIA Ampere GPU (ga10b)", "/sys/class/devfreq/17000000.gpu"),)
+    )
     assert collect(prof, None, jetson_root)["gpu"]["load_percent"] == 73.4
 
 
 def test_garbled_sysfs_is_ignored_not_fatal(tmp_path):
-    root = tree(tmp_path / "bad", {
-        "sys/class/devfreq/x.gpu/device/of_node/name": "gpu\0",
-        "sys/class/devfreq/x.gpu/device/load": "busy\n",
-        "sys/class/thermal/thermal_zone0/temp": "hot\n",
-        "sys/devices/platform/soc/soc:firmware/get_throttled": "zz\n",
-    })
+    root = tree(
+        tmp_path / "bad",
+        {
+            "sys/class/devfreq/x.gpu/device/of_node/name": "gpu\0",
+            "sys/class/devfreq/x.gpu/device/load": "busy\n",
+            "sys/class/thermal/thermal_zone0/temp": "hot\n",
+            "sys/devices/platform/soc/soc:firmware/get_throttled": "zz\n",
+        },
+    )
     h = collect(None, None, root)
     assert h["gpu"] is None and h["throttling"] is None and h["temperatures_c"] == {}
 

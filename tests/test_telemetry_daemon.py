@@ -1,5 +1,6 @@
 """Telemetry as the daemon wires it (agent.app.DeviceAgent): a retained health message on a real Mosquitto every
 telemetry.interval_s, and the same system figures as gauges on the real /metrics."""
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,15 @@ pytestmark = pytest.mark.slow
 def test_health_message_and_metrics(mosquitto, tmp_path):
     from agent.app import DeviceAgent
 
-    cfg = parse_config({"device_id": "tele-1", "state_dir": str(tmp_path / "state"),
-                        "mqtt": {"url": mosquitto.url}, "serving": {"port": 0},
-                        "telemetry": {"interval_s": 0.5}})
+    cfg = parse_config(
+        {
+            "device_id": "tele-1",
+            "state_dir": str(tmp_path / "state"),
+            "mqtt": {"url": mosquitto.url},
+            "serving": {"port": 0},
+            "telemetry": {"interval_s": 0.5},
+        }
+    )
     agent = DeviceAgent(cfg)
     got, seen = [], threading.Event()
 

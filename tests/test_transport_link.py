@@ -1,15 +1,16 @@
 """DeviceLink and MqttLink against real brokers (Mosquitto: MQTT 5; NATS: MQTT 3.1.1)."""
+
 import json
 import queue
 import time
 
 import pytest
+from brokers import free_port
 
 from agent.errors import TransportError
 from agent.transport.device import ConnectionEvent, DesiredState, DeviceLink
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics
-from brokers import free_port
 
 T = Topics()
 
@@ -77,8 +78,13 @@ def test_status_is_retained_and_lwt_marks_offline(any_broker):
     doc = seen.get(timeout=60)
     assert doc == {"device_id": "pi-1", "online": False, "groups": ["lab"]}
     # A restarted device's will is its last status snapshot: a crash keeps its groups and models visible.
-    last = {"device_id": "pi-1", "groups": ["lab"], "target": "raspberry-pi-5",
-            "models": {"m": {"version": "1", "state": "committed"}}, "ts": 1.0}
+    last = {
+        "device_id": "pi-1",
+        "groups": ["lab"],
+        "target": "raspberry-pi-5",
+        "models": {"m": {"version": "1", "state": "committed"}},
+        "ts": 1.0,
+    }
     dev = DeviceLink(any_broker.url, "pi-1", groups=["lab"], last_status=last).start(wait=15)
     dev.stop(graceful=False)
     doc = seen.get(timeout=60)

@@ -1,4 +1,5 @@
 """Topic tree: every builder parses back, and ids that could escape the tree are refused."""
+
 import pytest
 
 from agent.errors import TransportError

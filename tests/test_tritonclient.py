@@ -1,15 +1,16 @@
 """Unmodified tritonclient.http against OIPServer: health, metadata, config, binary and JSON infer, errors."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tritonclient.http as th
+from test_serving_support import ALL_TYPES, identity_all_types_model, open_session
 from tritonclient.utils import InferenceServerException
 
 from agent.samples import cnn_model, tiny_model
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
-from test_serving_support import ALL_TYPES, identity_all_types_model, open_session
 
 
 @pytest.fixture(scope="module")
@@ -96,14 +97,17 @@ def _tiny_input(shape=(1, 4), dtype="FP32", name="x"):
     return i
 
 
-@pytest.mark.parametrize("kwargs, status, fragment", [
-    ({"model_name": "nope"}, "404", "not loaded"),
-    ({"model_name": "tiny", "model_version": "9"}, "404", "version 9"),
-    ({"model_name": "tiny", "inputs": [_tiny_input(name="z")]}, "400", "unknown input"),
-    ({"model_name": "tiny", "inputs": [_tiny_input(shape=(2, 4))]}, "400", "shape [2, 4]"),
-    ({"model_name": "tiny", "inputs": [_tiny_input(dtype="FP64")]}, "400", "dtype float64"),
-    ({"model_name": "tiny", "headers": {}}, "401", "bearer token"),
-])
+@pytest.mark.parametrize(
+    "kwargs, status, fragment",
+    [
+        ({"model_name": "nope"}, "404", "not loaded"),
+        ({"model_name": "tiny", "model_version": "9"}, "404", "version 9"),
+        ({"model_name": "tiny", "inputs": [_tiny_input(name="z")]}, "400", "unknown input"),
+        ({"model_name": "tiny", "inputs": [_tiny_input(shape=(2, 4))]}, "400", "shape [2, 4]"),
+        ({"model_name": "tiny", "inputs": [_tiny_input(dtype="FP64")]}, "400", "dtype float64"),
+        ({"model_name": "tiny", "headers": {}}, "401", "bearer token"),
+    ],
+)
 def test_errors_raise_inference_server_exception(client, kwargs, status, fragment):
     kwargs = {"inputs": [_tiny_input()], "headers": auth(), **kwargs}
     with pytest.raises(InferenceServerException) as info:

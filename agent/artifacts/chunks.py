@@ -6,6 +6,7 @@ response (server -> {p}/devices/{device_id}/artifacts):
     b"EAC1" | sha256 (32 raw bytes) | chunk_size u32 | index u32 | status u8 | body
     status 0 = ok (body = chunk bytes), 1 = not found, 2 = bad request (body = UTF-8 reason)
 """
+
 from __future__ import annotations
 
 import struct
@@ -95,4 +96,4 @@ def decode_response(data: bytes) -> ChunkResponse:
         raise ArtifactError("not a chunk response (bad magic)")
     if status not in (OK, NOT_FOUND, BAD_REQUEST):
         raise ArtifactError(f"chunk response has unknown status {status}")
-    return ChunkResponse(sha.hex(), chunk_size, index, status, memoryview(data)[_RESP.size:])
+    return ChunkResponse(sha.hex(), chunk_size, index, status, memoryview(data)[_RESP.size :])

@@ -5,10 +5,11 @@ first, and the MQTT channel is the fallback (and the other way round). Every htt
 first. The MQTT and HTTP pullers share the staging file and bitmap, so a pull that stalls or fails on one
 source continues on the next from where it stopped.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agent.artifacts.manifest import Manifest, Source
 from agent.artifacts.store import ContentStore
@@ -24,9 +25,18 @@ def ordered_sources(manifest: Manifest, order=None) -> list[Source]:
     return sorted((s for s in sources if s.type in rank), key=lambda s: rank[s.type])  # stable within a kind
 
 
-def fetch_artifact(manifest: Manifest, store: ContentStore, *, link=None, progress: Callable[..., None] | None = None,
-                   order=None, stall_timeout: float = 30.0, window: int | None = None, reserve_bytes: int = 0,
-                   ca: str | None = None) -> Path:
+def fetch_artifact(
+    manifest: Manifest,
+    store: ContentStore,
+    *,
+    link=None,
+    progress: Callable[..., None] | None = None,
+    order=None,
+    stall_timeout: float = 30.0,
+    window: int | None = None,
+    reserve_bytes: int = 0,
+    ca: str | None = None,
+) -> Path:
     """Return the blob path; ArtifactError naming every source's failure when none delivered."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
@@ -46,14 +56,25 @@ def fetch_artifact(manifest: Manifest, store: ContentStore, *, link=None, progre
     raise ArtifactError("; ".join(errors) or f"{manifest.name} {manifest.version} names no usable source")
 
 
-def _pull(src: Source, manifest: Manifest, store: ContentStore, link, progress, stall_timeout: float,
-          window: int | None, reserve_bytes: int, ca: str | None) -> Path:
+def _pull(
+    src: Source,
+    manifest: Manifest,
+    store: ContentStore,
+    link,
+    progress,
+    stall_timeout: float,
+    window: int | None,
+    reserve_bytes: int,
+    ca: str | None,
+) -> Path:
     if src.type == "mqtt":
         from agent.artifacts.pull import ChunkPuller
 
-        return ChunkPuller(link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes,
-                           progress=progress).pull(manifest)
+        return ChunkPuller(
+            link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes, progress=progress
+        ).pull(manifest)
     from agent.artifacts.http import HttpPuller
 
-    return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes,
-                      progress=progress).pull(manifest, src.url)
+    return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes, progress=progress).pull(
+        manifest, src.url
+    )

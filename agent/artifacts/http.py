@@ -3,14 +3,15 @@
 The same staging file and bitmap as the MQTT puller: a cut connection or a restart resumes at the first
 missing chunk; every chunk is checked against the manifest; the whole file is checked before the move.
 """
+
 from __future__ import annotations
 
 import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agent.artifacts.manifest import Manifest
 from agent.artifacts.pull import check_space
@@ -20,8 +21,16 @@ from agent.errors import ArtifactError
 
 
 class HttpPuller:
-    def __init__(self, store: ContentStore, *, stall_timeout: float = 30.0, ca: str | None = None,
-                 reserve_bytes: int = 0, retry_delay: float = 0.5, progress: Callable[..., None] | None = None):
+    def __init__(
+        self,
+        store: ContentStore,
+        *,
+        stall_timeout: float = 30.0,
+        ca: str | None = None,
+        reserve_bytes: int = 0,
+        retry_delay: float = 0.5,
+        progress: Callable[..., None] | None = None,
+    ):
         self.store, self.stall_timeout, self.reserve_bytes = store, stall_timeout, reserve_bytes
         self.retry_delay, self.progress = retry_delay, progress
         self._ctx = ssl.create_default_context(cafile=ca) if ca else None
@@ -38,7 +47,9 @@ class HttpPuller:
             return self.store.path(a.sha256)
         staging = Staging(self.store, a).open()
         try:
-            check_space(self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}")
+            check_space(
+                self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}"
+            )
             self.stats = {"resumed_bytes": staging.bytes_have(), "requests": 0, "received_bytes": 0}
             self._loop(manifest, staging, url)
             return staging.finish()
@@ -56,8 +67,10 @@ class HttpPuller:
             if staging.bytes_have() > before:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress >= self.stall_timeout:
-                raise ArtifactError(f"download of {manifest.name} {manifest.version} from {url} stalled at "
-                                    f"{staging.bytes_have()}/{manifest.artifact.size} bytes: {last_error or 'no data'}")
+                raise ArtifactError(
+                    f"download of {manifest.name} {manifest.version} from {url} stalled at "
+                    f"{staging.bytes_have()}/{manifest.artifact.size} bytes: {last_error or 'no data'}"
+                )
             if not staging.done:
                 time.sleep(self.retry_delay)
 
@@ -87,15 +100,22 @@ class HttpPuller:
                     return  # connection cut: the caller resumes with a new Range request
                 if not staging.have[index]:
                     if not staging.write(index, data):
-                        raise ArtifactError(f"chunk {index} from {url} does not match the manifest's sha256: "
-                                            "corrupt or tampered source; nothing was installed")
+                        raise ArtifactError(
+                            f"chunk {index} from {url} does not match the manifest's sha256: "
+                            "corrupt or tampered source; nothing was installed"
+                        )
                     self._report(manifest, staging)
                 index += 1
 
     def _report(self, manifest: Manifest, staging: Staging) -> None:
         if self.progress:
-            self.progress("chunk", model=manifest.name, version=manifest.version, done=staging.bytes_have(),
-                          total=manifest.artifact.size)
+            self.progress(
+                "chunk",
+                model=manifest.name,
+                version=manifest.version,
+                done=staging.bytes_have(),
+                total=manifest.artifact.size,
+            )
 
 
 def _read_exact(resp, n: int) -> bytes:

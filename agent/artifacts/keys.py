@@ -1,4 +1,5 @@
 """Ed25519 fleet keys: generate, load (PEM or raw base64), key ids, trusted-key sets."""
+
 from __future__ import annotations
 
 import base64

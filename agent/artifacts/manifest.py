@@ -3,6 +3,7 @@
 A device calls `receive(envelope_bytes, trusted_keys, installed_version)` before downloading a byte; it returns
 a verified `Manifest` or raises `ManifestRejected` (a ManifestError) whose `code` and message say why.
 """
+
 from __future__ import annotations
 
 import base64
@@ -11,8 +12,9 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from agent.errors import ManifestError
 from agent.transport.topics import is_valid_name
@@ -26,8 +28,18 @@ MAX_ENVELOPE_BYTES = 4 * 1024 * 1024
 VERSION_RE = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9}){0,7}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEX16 = re.compile(r"^[0-9a-f]{16}$")
-MANIFEST_KEYS = {"schema", "name", "version", "artifact", "sources", "targeting", "qualification",
-                 "issued_at", "expires_at", "rollback"}
+MANIFEST_KEYS = {
+    "schema",
+    "name",
+    "version",
+    "artifact",
+    "sources",
+    "targeting",
+    "qualification",
+    "issued_at",
+    "expires_at",
+    "rollback",
+}
 ARTIFACT_KEYS = {"sha256", "size", "chunk_size", "chunks", "format"}
 
 
@@ -103,17 +115,45 @@ class Manifest:
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, *, name: str, version: str, sha256: str, size: int, chunk_size: int, chunks, fmt: str = "onnx",
-               sources=({"type": "mqtt"},), devices=(), groups=(), qualification=None, ttl_s: int = 30 * 86400,
-               rollback: bool = False, now: float | None = None) -> "Manifest":
+    def create(
+        cls,
+        *,
+        name: str,
+        version: str,
+        sha256: str,
+        size: int,
+        chunk_size: int,
+        chunks,
+        fmt: str = "onnx",
+        sources=({"type": "mqtt"},),
+        devices=(),
+        groups=(),
+        qualification=None,
+        ttl_s: int = 30 * 86400,
+        rollback: bool = False,
+        now: float | None = None,
+    ) -> "Manifest":
         issued = int(time.time() if now is None else now)
-        return cls.from_dict({
-            "schema": SCHEMA, "name": name, "version": str(version),
-            "artifact": {"sha256": sha256, "size": size, "chunk_size": chunk_size, "chunks": list(chunks), "format": fmt},
-            "sources": [s.to_dict() if isinstance(s, Source) else dict(s) for s in sources],
-            "targeting": {"devices": list(devices), "groups": list(groups)},
-            "qualification": dict(qualification or {}), "issued_at": issued, "expires_at": issued + int(ttl_s),
-            "rollback": bool(rollback)})
+        return cls.from_dict(
+            {
+                "schema": SCHEMA,
+                "name": name,
+                "version": str(version),
+                "artifact": {
+                    "sha256": sha256,
+                    "size": size,
+                    "chunk_size": chunk_size,
+                    "chunks": list(chunks),
+                    "format": fmt,
+                },
+                "sources": [s.to_dict() if isinstance(s, Source) else dict(s) for s in sources],
+                "targeting": {"devices": list(devices), "groups": list(groups)},
+                "qualification": dict(qualification or {}),
+                "issued_at": issued,
+                "expires_at": issued + int(ttl_s),
+                "rollback": bool(rollback),
+            }
+        )
 
     @classmethod
     def from_dict(cls, d: object, key_id: str | None = None) -> "Manifest":
@@ -122,13 +162,24 @@ class Manifest:
 
     def to_dict(self) -> dict:
         a = self.artifact
-        return {"schema": SCHEMA, "name": self.name, "version": self.version,
-                "artifact": {"sha256": a.sha256, "size": a.size, "chunk_size": a.chunk_size,
-                             "chunks": list(a.chunks), "format": a.format},
-                "sources": [s.to_dict() for s in self.sources],
-                "targeting": {"devices": list(self.devices), "groups": list(self.groups)},
-                "qualification": dict(self.qualification), "issued_at": self.issued_at,
-                "expires_at": self.expires_at, "rollback": self.rollback}
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "version": self.version,
+            "artifact": {
+                "sha256": a.sha256,
+                "size": a.size,
+                "chunk_size": a.chunk_size,
+                "chunks": list(a.chunks),
+                "format": a.format,
+            },
+            "sources": [s.to_dict() for s in self.sources],
+            "targeting": {"devices": list(self.devices), "groups": list(self.groups)},
+            "qualification": dict(self.qualification),
+            "issued_at": self.issued_at,
+            "expires_at": self.expires_at,
+            "rollback": self.rollback,
+        }
 
     def canonical(self) -> bytes:
         return canonical_json(self.to_dict())
@@ -138,8 +189,11 @@ class Manifest:
         from agent.artifacts.keys import key_id
 
         sig = private_key.sign(self.canonical())
-        env = {"manifest": self.to_dict(), "signature": base64.b64encode(sig).decode(),
-               "key_id": key_id(private_key.public_key())}
+        env = {
+            "manifest": self.to_dict(),
+            "signature": base64.b64encode(sig).decode(),
+            "key_id": key_id(private_key.public_key()),
+        }
         return json.dumps(env, sort_keys=True, separators=(",", ":")).encode()
 
     # --- queries --------------------------------------------------------------------------------
@@ -195,11 +249,19 @@ def _parse_sources(s: object, whole: object) -> tuple[Source, ...]:
     for src in s:
         if isinstance(src, dict) and src == {"type": "mqtt"}:
             out.append(Source("mqtt"))
-        elif (isinstance(src, dict) and set(src) == {"type", "url"} and src["type"] == "http"
-              and isinstance(src["url"], str) and re.fullmatch(r"https?://[^\s]{1,2000}", src["url"])):
+        elif (
+            isinstance(src, dict)
+            and set(src) == {"type", "url"}
+            and src["type"] == "http"
+            and isinstance(src["url"], str)
+            and re.fullmatch(r"https?://[^\s]{1,2000}", src["url"])
+        ):
             out.append(Source("http", src["url"]))
         else:
-            raise _bad(f"unknown source {str(src)[:100]}: use {{'type': 'mqtt'}} or {{'type': 'http', 'url': 'https://...'}}", whole)
+            raise _bad(
+                f"unknown source {str(src)[:100]}: use {{'type': 'mqtt'}} or {{'type': 'http', 'url': 'https://...'}}",
+                whole,
+            )
     return tuple(out)
 
 
@@ -229,7 +291,9 @@ def _parse_manifest(d: object, key_id: str | None) -> Manifest:
     if d["schema"] != SCHEMA or isinstance(d["schema"], bool):
         raise _bad(f"unsupported manifest schema {str(d['schema'])[:20]} (this agent reads schema {SCHEMA})", d)
     if not is_valid_name(d["name"]):
-        raise ManifestRejected("invalid-name", f"model name {str(d['name'])[:80]!r} is not a safe name (path traversal?)")
+        raise ManifestRejected(
+            "invalid-name", f"model name {str(d['name'])[:80]!r} is not a safe name (path traversal?)"
+        )
     try:
         parse_version(d["version"])
     except ManifestError as exc:
@@ -245,8 +309,19 @@ def _parse_manifest(d: object, key_id: str | None) -> Manifest:
         raise _bad("expires_at must be after issued_at", d)
     if not isinstance(d["rollback"], bool):
         raise _bad("rollback must be true or false", d)
-    return Manifest(d["name"], d["version"], artifact, sources, devices, groups, dict(d["qualification"]),
-                    issued, expires, d["rollback"], key_id)
+    return Manifest(
+        d["name"],
+        d["version"],
+        artifact,
+        sources,
+        devices,
+        groups,
+        dict(d["qualification"]),
+        issued,
+        expires,
+        d["rollback"],
+        key_id,
+    )
 
 
 def parse_envelope(data: bytes | str) -> tuple[dict, bytes, str]:
@@ -271,7 +346,9 @@ def parse_envelope(data: bytes | str) -> tuple[dict, bytes, str]:
     except (binascii.Error, ValueError):
         raise ManifestRejected("malformed", "signature is not base64", *_names(env["manifest"])) from None
     if len(raw) != 64 or not _HEX16.fullmatch(kid):
-        raise ManifestRejected("malformed", "signature must be 64 bytes and key_id 16 hex digits", *_names(env["manifest"]))
+        raise ManifestRejected(
+            "malformed", "signature must be 64 bytes and key_id 16 hex digits", *_names(env["manifest"])
+        )
     return env["manifest"], raw, kid
 
 
@@ -286,9 +363,17 @@ def _names(m: object) -> tuple[str | None, str | None]:
     return (n[:64] if isinstance(n, str) else None), (v[:32] if isinstance(v, str) else None)
 
 
-def receive(envelope: bytes | str, trusted_keys: Mapping[str, object], installed_version: str | None = None, *,
-            device_id: str | None = None, groups=(), now: float | None = None,
-            max_artifact_bytes: int | None = None, free_bytes: int | None = None) -> Manifest:
+def receive(
+    envelope: bytes | str,
+    trusted_keys: Mapping[str, object],
+    installed_version: str | None = None,
+    *,
+    device_id: str | None = None,
+    groups=(),
+    now: float | None = None,
+    max_artifact_bytes: int | None = None,
+    free_bytes: int | None = None,
+) -> Manifest:
     """Verify an envelope before any download; return the Manifest or raise ManifestRejected.
 
     Checks, in order: JSON shape, signature present, key trusted, signature valid, schema and names,
@@ -298,39 +383,72 @@ def receive(envelope: bytes | str, trusted_keys: Mapping[str, object], installed
     model, version = _names(d)
     pub = (trusted_keys or {}).get(kid)
     if pub is None:
-        raise ManifestRejected("untrusted-key", f"signed by key {kid}, which this device does not trust", model, version)
+        raise ManifestRejected(
+            "untrusted-key", f"signed by key {kid}, which this device does not trust", model, version
+        )
     from cryptography.exceptions import InvalidSignature
 
     try:
         pub.verify(sig, canonical_json(d))
     except InvalidSignature:
-        raise ManifestRejected("bad-signature", f"signature does not match the manifest (key {kid})", model, version) from None
+        raise ManifestRejected(
+            "bad-signature", f"signature does not match the manifest (key {kid})", model, version
+        ) from None
     except (TypeError, ValueError) as exc:
         raise ManifestRejected("malformed", f"manifest cannot be canonicalised: {exc}", model, version) from None
     m = _parse_manifest(d, kid)
-    return check_policy(m, installed_version, device_id=device_id, groups=groups, now=now,
-                        max_artifact_bytes=max_artifact_bytes, free_bytes=free_bytes)
+    return check_policy(
+        m,
+        installed_version,
+        device_id=device_id,
+        groups=groups,
+        now=now,
+        max_artifact_bytes=max_artifact_bytes,
+        free_bytes=free_bytes,
+    )
 
 
-def check_policy(m: Manifest, installed_version: str | None = None, *, device_id: str | None = None, groups=(),
-                 now: float | None = None, max_artifact_bytes: int | None = None,
-                 free_bytes: int | None = None) -> Manifest:
+def check_policy(
+    m: Manifest,
+    installed_version: str | None = None,
+    *,
+    device_id: str | None = None,
+    groups=(),
+    now: float | None = None,
+    max_artifact_bytes: int | None = None,
+    free_bytes: int | None = None,
+) -> Manifest:
     """The device-side rules that do not need the signature: expiry, targeting, downgrade, size."""
     now = time.time() if now is None else now
     if now >= m.expires_at:
-        raise ManifestRejected("expired", f"expired at {_iso(m.expires_at)} (device time {_iso(now)})", m.name, m.version)
+        raise ManifestRejected(
+            "expired", f"expired at {_iso(m.expires_at)} (device time {_iso(now)})", m.name, m.version
+        )
     if device_id is not None and not m.targets(device_id, groups):
-        raise ManifestRejected("not-targeted", f"targets devices {list(m.devices)} and groups {list(m.groups)}, "
-                                               f"not {device_id} (groups {list(groups)})", m.name, m.version)
+        raise ManifestRejected(
+            "not-targeted",
+            f"targets devices {list(m.devices)} and groups {list(m.groups)}, not {device_id} (groups {list(groups)})",
+            m.name,
+            m.version,
+        )
     if installed_version is not None and compare_versions(m.version, installed_version) <= 0 and not m.rollback:
-        raise ManifestRejected("downgrade", f"version {m.version} is not newer than installed {installed_version} "
-                                            "(push a signed rollback to go back)", m.name, m.version)
+        raise ManifestRejected(
+            "downgrade",
+            f"version {m.version} is not newer than installed {installed_version} (push a signed rollback to go back)",
+            m.name,
+            m.version,
+        )
     if max_artifact_bytes is not None and m.artifact.size > max_artifact_bytes:
-        raise ManifestRejected("too-large", f"artifact is {m.artifact.size} bytes, above the limit of "
-                                            f"{max_artifact_bytes}", m.name, m.version)
+        raise ManifestRejected(
+            "too-large",
+            f"artifact is {m.artifact.size} bytes, above the limit of {max_artifact_bytes}",
+            m.name,
+            m.version,
+        )
     if free_bytes is not None and m.artifact.size > free_bytes:
-        raise ManifestRejected("no-space", f"artifact is {m.artifact.size} bytes but only {free_bytes} are free",
-                               m.name, m.version)
+        raise ManifestRejected(
+            "no-space", f"artifact is {m.artifact.size} bytes but only {free_bytes} are free", m.name, m.version
+        )
     return m
 
 
@@ -340,6 +458,12 @@ def _iso(ts: float) -> str:
 
 def rejection_record(exc: ManifestRejected, deployment_id: str | None = None, ts: float | None = None) -> dict:
     """The status document's deployments[model] entry for a rejection (what `fleet status` shows)."""
-    return {"id": deployment_id or f"{exc.model or 'unknown'}-{exc.version or '?'}-rejected",
-            "version": exc.version, "state": "rejected", "result": "rejected", "reason": exc.reason,
-            "code": exc.code, "ts": time.time() if ts is None else ts}
+    return {
+        "id": deployment_id or f"{exc.model or 'unknown'}-{exc.version or '?'}-rejected",
+        "version": exc.version,
+        "state": "rejected",
+        "result": "rejected",
+        "reason": exc.reason,
+        "code": exc.code,
+        "ts": time.time() if ts is None else ts,
+    }

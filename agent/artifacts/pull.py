@@ -7,12 +7,13 @@ move into blobs/. Memory is bounded by window x chunk_size. Only chunks older th
 (agent.artifacts.window) are asked for again. A pull with no progress for `stall_timeout` raises
 ArtifactError with the reason; it never hangs.
 """
+
 from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agent.artifacts import chunks
 from agent.artifacts.manifest import Manifest
@@ -30,18 +31,31 @@ MIN_REQUEST_TIMEOUT, MAX_REQUEST_TIMEOUT = 0.5, 20.0  # bounds of the adaptive p
 def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str) -> None:
     free = store.free_bytes()
     if needed + reserve_bytes > free:
-        raise ArtifactError(f"not enough disk for {what}: needs {needed} bytes (+{reserve_bytes} reserve), "
-                            f"{free} free under {store.root}")
+        raise ArtifactError(
+            f"not enough disk for {what}: needs {needed} bytes (+{reserve_bytes} reserve), "
+            f"{free} free under {store.root}"
+        )
 
 
 class ChunkPuller:
     """Pull artifacts through a DeviceLink (anything with chunk_channel(sha) -> ChunkChannel)."""
 
-    def __init__(self, link, store: ContentStore, *, window: int | None = None,
-                 window_bytes: int = DEFAULT_WINDOW_BYTES, request_timeout: float = 5.0,
-                 stall_timeout: float = 30.0, max_bad: int = 3, reserve_bytes: int = 0,
-                 progress: Progress | None = None, min_request_timeout: float = MIN_REQUEST_TIMEOUT,
-                 max_request_timeout: float = MAX_REQUEST_TIMEOUT, refill: int | None = None):
+    def __init__(
+        self,
+        link,
+        store: ContentStore,
+        *,
+        window: int | None = None,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        request_timeout: float = 5.0,
+        stall_timeout: float = 30.0,
+        max_bad: int = 3,
+        reserve_bytes: int = 0,
+        progress: Progress | None = None,
+        min_request_timeout: float = MIN_REQUEST_TIMEOUT,
+        max_request_timeout: float = MAX_REQUEST_TIMEOUT,
+        refill: int | None = None,
+    ):
         """request_timeout: how long a chunk may take before any round trip was measured; then the timeout
         adapts to the measured round trips within [min_request_timeout, max_request_timeout] (never more than
         half the stall timeout). window: chunks in flight (default: what fits in window_bytes, at least 4).
@@ -65,9 +79,20 @@ class ChunkPuller:
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
-            check_space(self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}")
-            self.stats = {"chunks": a.count, "resumed": a.count - len(staging.missing()), "recovered": staging.recovered,
-                          "requested": 0, "received": 0, "duplicates": 0, "bad": 0, "not_found": 0, "retries": 0}
+            check_space(
+                self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}"
+            )
+            self.stats = {
+                "chunks": a.count,
+                "resumed": a.count - len(staging.missing()),
+                "recovered": staging.recovered,
+                "requested": 0,
+                "received": 0,
+                "duplicates": 0,
+                "bad": 0,
+                "not_found": 0,
+                "retries": 0,
+            }
             with self.link.chunk_channel(a.sha256) as channel:
                 self._loop(manifest, staging, channel)
             self._report("verify", manifest, staging)
@@ -100,8 +125,11 @@ class ChunkPuller:
                 missing.extendleft(reversed(due))
             if now - last_progress >= self.stall_timeout:
                 raise ArtifactError(self._stall_reason(manifest, staging, channel, self._not_found))
-        self.stats.update(rtt_ms=round(1000 * (flight.rtt.srtt or 0.0), 1), timeout_ms=round(1000 * flight.rtt.timeout),
-                          window=self.window)
+        self.stats.update(
+            rtt_ms=round(1000 * (flight.rtt.srtt or 0.0), 1),
+            timeout_ms=round(1000 * flight.rtt.timeout),
+            window=self.window,
+        )
 
     def _take(self, resp, staging: Staging, flight: InFlight, bad, missing, now: float) -> bool:
         """Handle one answer; True when it wrote a new chunk (verified, pwritten straight from the payload)."""
@@ -131,7 +159,7 @@ class ChunkPuller:
             if not staging.have[i] and i not in flight:
                 batch.append(i)
         for at in range(0, len(batch), chunks.MAX_INDICES):
-            part = batch[at:at + chunks.MAX_INDICES]
+            part = batch[at : at + chunks.MAX_INDICES]
             channel.request(chunk_size, part)
             flight.add(part, now)
             staging.note_requested(max(part))
@@ -141,8 +169,10 @@ class ChunkPuller:
         self.stats["bad"] += 1
         bad[index] += 1
         if bad[index] >= self.max_bad:
-            raise ArtifactError(f"chunk {index} failed its sha256 check {bad[index]} times: the artifact source is "
-                                "corrupt or tampered with; nothing was installed")
+            raise ArtifactError(
+                f"chunk {index} failed its sha256 check {bad[index]} times: the artifact source is "
+                "corrupt or tampered with; nothing was installed"
+            )
         flight.drop(index)
         missing.appendleft(index)
 
@@ -152,8 +182,10 @@ class ChunkPuller:
         if not_found:
             return f"download stalled ({where}): artifact servers answered '{not_found}'"
         link = "connected" if getattr(channel, "connected", True) else "not connected to the broker"
-        return (f"download stalled ({where}): no chunk for {self.stall_timeout:.0f} s ({link}); is an artifact "
-                f"server (edge-agent fleet serve) running?")
+        return (
+            f"download stalled ({where}): no chunk for {self.stall_timeout:.0f} s ({link}); is an artifact "
+            f"server (edge-agent fleet serve) running?"
+        )
 
     def _report(self, event: str, manifest: Manifest, staging: Staging) -> None:
         if self.progress is None:
@@ -162,5 +194,10 @@ class ChunkPuller:
             n = self.stats["received"]
             if n % max(1, manifest.artifact.count // 100) and not staging.done:
                 return
-        self.progress(event, model=manifest.name, version=manifest.version, done=staging.bytes_have(),
-                      total=manifest.artifact.size)
+        self.progress(
+            event,
+            model=manifest.name,
+            version=manifest.version,
+            done=staging.bytes_have(),
+            total=manifest.artifact.size,
+        )

@@ -6,6 +6,7 @@ prefix of the .part as it grows, so the whole-file sha256 is ready (read back fr
 moments after the last chunk. Chunks written after the last persist are not lost on a crash: on resume,
 unmarked chunks are re-hashed from the .part and kept when they match the manifest.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,8 +26,13 @@ RECOVER_GAP = 256  # more than any automatic window: unwritten chunks in a row t
 class Staging:
     """Owns <sha>.part and <sha>.bitmap for one artifact while it downloads."""
 
-    def __init__(self, store: ContentStore, artifact: Artifact, persist_interval_s: float = 0.5,
-                 persist_bytes: int = 8 * 1024 * 1024):
+    def __init__(
+        self,
+        store: ContentStore,
+        artifact: Artifact,
+        persist_interval_s: float = 0.5,
+        persist_bytes: int = 8 * 1024 * 1024,
+    ):
         self.store, self.artifact = store, artifact
         self.part = store.part_path(artifact.sha256)
         self.bitmap_file = store.bitmap_path(artifact.sha256)
@@ -63,8 +69,12 @@ class Staging:
     def _load_bitmap(self) -> None:
         a = self.artifact
         saved = read_json(self.bitmap_file) if self.bitmap_file.exists() else None
-        if isinstance(saved, dict) and saved.get("sha256") == a.sha256 and saved.get("chunk_size") == a.chunk_size \
-                and saved.get("count") == a.count:
+        if (
+            isinstance(saved, dict)
+            and saved.get("sha256") == a.sha256
+            and saved.get("chunk_size") == a.chunk_size
+            and saved.get("count") == a.count
+        ):
             try:
                 bits = base64.b64decode(saved.get("have", ""))
                 self.have = bytearray((bits[i >> 3] >> (i & 7)) & 1 for i in range(a.count))
@@ -158,10 +168,17 @@ class Staging:
             for i, h in enumerate(snapshot):
                 if h:
                     bits[i >> 3] |= 1 << (i & 7)
-            atomic_write_json(self.bitmap_file, {
-                "sha256": self.artifact.sha256, "chunk_size": self.artifact.chunk_size, "count": self.artifact.count,
-                "have": base64.b64encode(bytes(bits)).decode(),
-                "requested_upto": min(self.artifact.count, self.requested_upto + self.lookahead)}, mode=0o600)
+            atomic_write_json(
+                self.bitmap_file,
+                {
+                    "sha256": self.artifact.sha256,
+                    "chunk_size": self.artifact.chunk_size,
+                    "count": self.artifact.count,
+                    "have": base64.b64encode(bytes(bits)).decode(),
+                    "requested_upto": min(self.artifact.count, self.requested_upto + self.lookahead),
+                },
+                mode=0o600,
+            )
 
     # --- background: hash the growing prefix, persist the bitmap --------------------------------
     def _background(self) -> None:

@@ -3,6 +3,7 @@
 A blob only ever appears by an atomic rename after its full sha256 was checked: nothing half-written is
 ever visible under blobs/.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -154,8 +155,10 @@ class ContentStore:
             actual, size, _ = hash_file(part)
         if actual != sha256 or size != expected_size:
             self.discard(sha256)
-            raise ArtifactError(f"assembled artifact has sha256 {actual[:16]}... ({size} bytes), manifest says "
-                                f"{sha256[:16]}... ({expected_size} bytes): discarded")
+            raise ArtifactError(
+                f"assembled artifact has sha256 {actual[:16]}... ({size} bytes), manifest says "
+                f"{sha256[:16]}... ({expected_size} bytes): discarded"
+            )
         os.chmod(part, 0o644)
         atomic_move(part, self.path(sha256))
         _unlink(self.bitmap_path(sha256))

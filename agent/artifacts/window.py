@@ -7,6 +7,7 @@ timeout until a fresh sample arrives (backoff). A loaded server therefore stretc
 instead of drawing a storm of duplicate requests, and only chunks older than the timeout are asked for again,
 never the whole window. Pure logic with an injected clock: the puller passes `now`.
 """
+
 from __future__ import annotations
 
 
@@ -99,4 +100,3 @@ class InFlight:
         for sent in self._sent.values():
             return sent + self.rtt.timeout
         return None
-

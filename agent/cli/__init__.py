@@ -3,6 +3,7 @@
 Subcommands live one module per command (agent/cli/<name>.py) and are imported lazily, so
 `edge-agent --help` and `edge-agent profile` never import onnxruntime, openvino or paho.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -65,7 +66,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("agent.cli.profile:profile", "Show this device's hardware profile and matching target."),
     "providers": ("agent.cli.providers:providers", "Rank execution providers for this device and explain each."),
     "qualify": ("agent.cli.qualify:qualify", "Measure a model on each provider and select the best."),
-    "conformance": ("agent.cli.conformance:conformance", "Run the hardware conformance suite; write JSON, HTML, JUnit."),
+    "conformance": (
+        "agent.cli.conformance:conformance",
+        "Run the hardware conformance suite; write JSON, HTML, JUnit.",
+    ),
     "keys": ("agent.cli.keys:keys", "Manage fleet signing keys."),
     "fleet": ("agent.cli.fleet:fleet", "Control plane: push, rollout, serve artifacts, fleet status."),
     "run": ("agent.cli.daemon:run", "Run the device daemon."),

@@ -1,4 +1,5 @@
 """`edge-agent config`: check a config file, show the stable default device id."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,10 @@ def device_id(root, as_json):
     """Print the stable default device id (board serial, else /etc/machine-id) and its source."""
     found = default_device_id(root)
     if found is None:
-        raise ConfigError(f"device_id: no stable id under {root} (/proc/device-tree/serial-number, "
-                          "/proc/cpuinfo Serial, /etc/machine-id); set device_id in the config")
+        raise ConfigError(
+            f"device_id: no stable id under {root} (/proc/device-tree/serial-number, "
+            "/proc/cpuinfo Serial, /etc/machine-id); set device_id in the config"
+        )
     if as_json:
         click.echo(json.dumps({"device_id": found[0], "source": found[1]}))
     else:

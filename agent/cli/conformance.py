@@ -1,4 +1,5 @@
 """`edge-agent conformance`: run the hardware conformance suites and write report.json, junit.xml, report.html."""
+
 from __future__ import annotations
 
 import json
@@ -39,18 +40,48 @@ class _Progress:
 
 @click.command("conformance")
 @click.option("--suite", type=click.Choice(["onnx-node", "models", "all"]), default="all", show_default=True)
-@click.option("--provider", "providers", multiple=True, metavar="NAME",
-              help="Providers to test (repeatable). Default: every available provider, every precision variant.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="conformance-report", show_default=True,
-              help="Directory for report.json, junit.xml and report.html.")
-@click.option("-k", "--case", "patterns", multiple=True, metavar="GLOB",
-              help="Only node cases whose name matches (shell glob, repeatable), e.g. 'test_conv*'.")
-@click.option("--models-dir", type=click.Path(exists=True, file_okay=False),
-              help="Also qualify every package in DIR (models suite).")
-@click.option("--budget", type=click.FloatRange(0.1, 600), default=2.0, show_default=True,
-              help="Seconds of timed runs per model and provider (models suite).")
-@click.option("--case-timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
-              help="Deadline per node case; a hang errors the case and the run continues.")
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    metavar="NAME",
+    help="Providers to test (repeatable). Default: every available provider, every precision variant.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="conformance-report",
+    show_default=True,
+    help="Directory for report.json, junit.xml and report.html.",
+)
+@click.option(
+    "-k",
+    "--case",
+    "patterns",
+    multiple=True,
+    metavar="GLOB",
+    help="Only node cases whose name matches (shell glob, repeatable), e.g. 'test_conv*'.",
+)
+@click.option(
+    "--models-dir",
+    type=click.Path(exists=True, file_okay=False),
+    help="Also qualify every package in DIR (models suite).",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(0.1, 600),
+    default=2.0,
+    show_default=True,
+    help="Seconds of timed runs per model and provider (models suite).",
+)
+@click.option(
+    "--case-timeout",
+    type=click.FloatRange(1, 3600),
+    default=60.0,
+    show_default=True,
+    help="Deadline per node case; a hang errors the case and the run continues.",
+)
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the provider counts as JSON.")
 def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_timeout, target_name, as_json):
@@ -66,16 +97,32 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
 
     profile = detect("/")
     target = get_target(target_name) if target_name else match(profile)
-    report = run_conformance(suite, list(providers) or None, profile=profile, target=target,
-                             models_dir=Path(models_dir) if models_dir else None, patterns=list(patterns) or None,
-                             budget_s=budget, case_timeout=case_timeout, progress=_Progress())
+    report = run_conformance(
+        suite,
+        list(providers) or None,
+        profile=profile,
+        target=target,
+        models_dir=Path(models_dir) if models_dir else None,
+        patterns=list(patterns) or None,
+        budget_s=budget,
+        case_timeout=case_timeout,
+        progress=_Progress(),
+    )
     paths = write_all(report, Path(out_dir))
     counts = report.counts()
     if as_json:
         ran = sorted({c["suite"] for c in report.cases})
-        click.echo(json.dumps({"providers": counts, "suites": {s: report.counts(s) for s in ran},
-                               "precision_differences": report.precision_differences(),
-                               "files": {k: str(v) for k, v in paths.items()}}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "providers": counts,
+                    "suites": {s: report.counts(s) for s in ran},
+                    "precision_differences": report.precision_differences(),
+                    "files": {k: str(v) for k, v in paths.items()},
+                },
+                indent=2,
+            )
+        )
         return
     ran = sorted({c["suite"] for c in report.cases})
     for suite_name in ran:
@@ -83,9 +130,11 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
             click.echo(f"[{suite_name}]")
         click.echo(_table(report.counts(suite_name), report.variants))
     for base, d in report.precision_differences().items():
-        click.echo(f"{base}: {d['default_precision']} passes {d['passed_default']}/{d['cases']} node cases, "
-                   f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "
-                   f"({d['fail_only_at_default']} fail only at {d['default_precision']})")
+        click.echo(
+            f"{base}: {d['default_precision']} passes {d['passed_default']}/{d['cases']} node cases, "
+            f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "
+            f"({d['fail_only_at_default']} fail only at {d['default_precision']})"
+        )
     for name, why in report.meta.get("unavailable_providers", {}).items():
         click.echo(f"not run: {name}: {why}")
     click.echo(f"wrote {paths['json']}, {paths['junit']}, {paths['html']}")
@@ -93,7 +142,13 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
 
 def _table(counts: dict, variants: dict) -> str:
     head = ("PROVIDER", "PRECISION", "PASSED", "FAILED", "ERRORED", "SKIPPED", "TOTAL")
-    rows = [head] + [(k, str((variants.get(k) or {}).get("precision") or "-"), *(str(c[s]) for s in
-                     ("passed", "failed", "errored", "skipped", "total"))) for k, c in counts.items()]
+    rows = [head] + [
+        (
+            k,
+            str((variants.get(k) or {}).get("precision") or "-"),
+            *(str(c[s]) for s in ("passed", "failed", "errored", "skipped", "total")),
+        )
+        for k, c in counts.items()
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -7,6 +7,7 @@ Test/tuning knobs read by `run` (environment):
   EDGE_AGENT_QUALIFY_ISOLATE    0: rows run inside the (already separate) qualification process
   EDGE_AGENT_TEST_CRASH_AT      test only: SIGKILL the daemon right after journaling this state
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from agent.config import DEFAULT_PATH, load_config
 from agent.errors import ConfigError
 
 MALLOC_ARENAS = 2
-CONFIG_OPTION = click.option("--config", "config_path", type=click.Path(dir_okay=False), default=str(DEFAULT_PATH),
-                             show_default=True, help="Agent configuration file.")
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=str(DEFAULT_PATH),
+    show_default=True,
+    help="Agent configuration file.",
+)
 
 
 def step_config_from_env(env=os.environ):
@@ -94,8 +101,13 @@ def run(config_path):
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: _reload(agent, config_path, log))
     agent.start()
-    log({"event": "memory", "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)",
-         "mmap_threshold": MMAP_THRESHOLD if mmap_fixed else "unchanged (no glibc mallopt)"})
+    log(
+        {
+            "event": "memory",
+            "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)",
+            "mmap_threshold": MMAP_THRESHOLD if mmap_fixed else "unchanged (no glibc mallopt)",
+        }
+    )
     try:
         while not stop.wait(1.0):
             pass
@@ -108,8 +120,13 @@ def run(config_path):
 def _reload(agent, config_path, log) -> None:
     try:
         result = agent.reload(load_config(config_path))
-        log({"event": "reloaded", "applied": ",".join(result["applied"]) or "nothing changed",
-             "needs_restart": ",".join(result["needs_restart"]) or None})
+        log(
+            {
+                "event": "reloaded",
+                "applied": ",".join(result["applied"]) or "nothing changed",
+                "needs_restart": ",".join(result["needs_restart"]) or None,
+            }
+        )
     except ConfigError as exc:
         log({"event": "error", "reason": f"reload failed, keeping the running config: {exc}"})
 
@@ -131,10 +148,18 @@ def status(config_path, as_json):
         doc = saved
     else:
         known = saved or {}
-        doc = build_status(cfg.state_dir, device_id=cfg.device_id, groups=cfg.groups,
-                           target=known.get("target"), hardware=known.get("hardware"),
-                           providers=known.get("providers")) if cfg.state_dir.is_dir() else {
-            "device_id": cfg.device_id, "models": {}, "deployments": {}, "recent_deployments": []}
+        doc = (
+            build_status(
+                cfg.state_dir,
+                device_id=cfg.device_id,
+                groups=cfg.groups,
+                target=known.get("target"),
+                hardware=known.get("hardware"),
+                providers=known.get("providers"),
+            )
+            if cfg.state_dir.is_dir()
+            else {"device_id": cfg.device_id, "models": {}, "deployments": {}, "recent_deployments": []}
+        )
         doc["online"] = False
     doc["daemon"] = {"running": running, "pid": holder_pid(cfg.state_dir) if running else None}
     doc["problems"] = check_state_dir(cfg.state_dir, rehash=False) if cfg.state_dir.is_dir() else []
@@ -147,15 +172,19 @@ def status(config_path, as_json):
 def _print_status(doc: dict) -> None:
     d = doc["daemon"]
     url = (doc.get("serving") or {}).get("url")
-    click.echo(f"device {doc.get('device_id')}  target {doc.get('target') or '?'}  daemon "
-               + (f"running (pid {d['pid']})" + (f", serving {url}" if url else "") if d["running"] else "stopped"))
+    click.echo(
+        f"device {doc.get('device_id')}  target {doc.get('target') or '?'}  daemon "
+        + (f"running (pid {d['pid']})" + (f", serving {url}" if url else "") if d["running"] else "stopped")
+    )
     models = doc.get("models") or {}
     if not models:
         click.echo("no models committed")
     else:
         rows = [("MODEL", "VERSION", "STATE", "PROVIDER", "PRECISION", "SHA256")]
-        rows += [(n, m.get("version"), m.get("state"), m.get("provider"), m.get("precision"),
-                  (m.get("sha256") or "")[:12]) for n, m in sorted(models.items())]
+        rows += [
+            (n, m.get("version"), m.get("state"), m.get("provider"), m.get("precision"), (m.get("sha256") or "")[:12])
+            for n, m in sorted(models.items())
+        ]
         _table(rows)
         for n, m in sorted(models.items()):
             if m.get("reason"):
@@ -196,7 +225,10 @@ def rollback(name, config_path, as_json, timeout):
     check_name("model name", name)
 
     def offline() -> dict:
-        return {**control.offline_rollback(cfg.state_dir, name), "applied": "on disk; the daemon serves it when it starts"}
+        return {
+            **control.offline_rollback(cfg.state_dir, name),
+            "applied": "on disk; the daemon serves it when it starts",
+        }
 
     result = _control_op(cfg.state_dir, "rollback", name, timeout, offline, as_json)
     if result is None:
@@ -205,8 +237,10 @@ def rollback(name, config_path, as_json, timeout):
     if result.get("applied"):
         click.echo(f"{name}: rolled back to version {dep.get('version')}; {result['applied']}")
     elif dep.get("state") == "rolled_back":
-        click.echo(f"{name}: version {dep.get('version')} was in {dep.get('reason') or 'probation'}; aborted, "
-                   f"serving version {result.get('serving')}")
+        click.echo(
+            f"{name}: version {dep.get('version')} was in {dep.get('reason') or 'probation'}; aborted, "
+            f"serving version {result.get('serving')}"
+        )
     else:
         click.echo(f"{name}: rolled back; serving version {result.get('serving')}")
 
@@ -225,13 +259,16 @@ def cancel(target, config_path, as_json, timeout):
     from agent.lifecycle import control
 
     cfg = load_config(config_path, check_files=False)
-    result = _control_op(cfg.state_dir, "cancel", target, timeout, lambda: control.offline_cancel(cfg.state_dir, target),
-                         as_json)
+    result = _control_op(
+        cfg.state_dir, "cancel", target, timeout, lambda: control.offline_cancel(cfg.state_dir, target), as_json
+    )
     if result is None:
         return
     dep = result.get("deployment") or {}
-    click.echo(f"{result.get('model', target)}: deployment {dep.get('id')} (version {dep.get('version')}) cancelled in state "
-               f"{dep.get('state')}")
+    click.echo(
+        f"{result.get('model', target)}: deployment {dep.get('id')} (version {dep.get('version')}) cancelled in state "
+        f"{dep.get('state')}"
+    )
 
 
 def _control_op(state_dir, op: str, target: str, timeout: float, offline, as_json: bool) -> dict | None:
@@ -252,4 +289,3 @@ def _control_op(state_dir, op: str, target: str, timeout: float, offline, as_jso
     if not result.get("ok"):
         raise LifecycleError(f"{op} of {target} failed: {result.get('error')}")
     return result
-

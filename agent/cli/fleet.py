@@ -1,4 +1,5 @@
 """`edge-agent fleet`: control plane (push, serve, status here; rollout/rollback/simulate in fleet_rollout)."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,14 @@ def broker_config(kw: dict):
                 password = fh.read().strip()
         except OSError as exc:
             raise ConfigError(f"--password-file: cannot read {kw['password_file']}: {exc.strerror}") from None
-    return BrokerConfig(kw["broker"], username=kw.get("username"), password=password, ca=kw.get("ca_file"),
-                        cert=kw.get("cert_file"), key=kw.get("cert_key_file"))
+    return BrokerConfig(
+        kw["broker"],
+        username=kw.get("username"),
+        password=password,
+        ca=kw.get("ca_file"),
+        cert=kw.get("cert_file"),
+        key=kw.get("cert_key_file"),
+    )
 
 
 def _progress(event: str, **f) -> None:
@@ -85,7 +92,9 @@ def _load_overrides(path):
 @click.option("--version", "version", required=True, help="Dotted integers, newer than what devices run.")
 @click.option("--device", "devices", multiple=True, metavar="ID", help="Target device (repeatable).")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Target group (repeatable).")
-@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key).")
+@click.option(
+    "--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key)."
+)
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
 @broker_options
 @click.option("--wait", type=float, metavar="SECONDS", help="Wait until every targeted device runs this version.")
@@ -93,18 +102,51 @@ def _load_overrides(path):
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
 @click.option("--rollback", is_flag=True, help="Sign as a rollback (allows an older version).")
-@click.option("--qualification", "qualification_file", type=click.Path(dir_okay=False, exists=True),
-              help="YAML/JSON file of qualification overrides carried in the manifest.")
+@click.option(
+    "--qualification",
+    "qualification_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="YAML/JSON file of qualification overrides carried in the manifest.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def push(package, name, version, devices, groups, key_file, store, wait, http_url, chunk_size, ttl_s, rollback,
-         qualification_file, as_json, **kw):
+def push(
+    package,
+    name,
+    version,
+    devices,
+    groups,
+    key_file,
+    store,
+    wait,
+    http_url,
+    chunk_size,
+    ttl_s,
+    rollback,
+    qualification_file,
+    as_json,
+    **kw,
+):
     """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
     from agent.fleet.push import push as do_push
 
-    doc = do_push(package, name=name, version=version, key_file=key_file, store=store, broker=broker_config(kw),
-                  prefix=kw["prefix"], devices=devices, groups=groups, http_url=http_url, chunk_size=chunk_size,
-                  ttl_s=ttl_s, rollback=rollback, qualification=_load_overrides(qualification_file), wait=wait,
-                  progress=_progress)
+    doc = do_push(
+        package,
+        name=name,
+        version=version,
+        key_file=key_file,
+        store=store,
+        broker=broker_config(kw),
+        prefix=kw["prefix"],
+        devices=devices,
+        groups=groups,
+        http_url=http_url,
+        chunk_size=chunk_size,
+        ttl_s=ttl_s,
+        rollback=rollback,
+        qualification=_load_overrides(qualification_file),
+        wait=wait,
+        progress=_progress,
+    )
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -112,7 +154,11 @@ def push(package, name, version, devices, groups, key_file, store, wait, http_ur
         for dev, r in sorted((doc.get("devices") or {}).items()):
             click.echo(f"  {dev}: {r['result']}" + (f" - {r['reason']}" if r.get("reason") else ""))
     if not doc["ok"]:
-        bad = [f"{d}: {r['result']} ({r['reason']})" for d, r in sorted(doc["devices"].items()) if r["result"] != "committed"]
+        bad = [
+            f"{d}: {r['result']} ({r['reason']})"
+            for d, r in sorted(doc["devices"].items())
+            if r["result"] != "committed"
+        ]
         raise click.exceptions.Exit(1) if as_json else _fail("; ".join(bad))
 
 
@@ -137,7 +183,10 @@ def serve(store, workers, http_bind, **kw):
     mode = "shared subscription (MQTT 5)" if server.shared else "every server answers (MQTT 3.1.1)"
     click.echo(f"serving {store} on {server.link.broker.redacted()}: {mode}", err=True)
     if httpd:
-        click.echo(f"serving blobs on http://{httpd.server_address[0]}:{httpd.server_address[1]}/blobs/sha256/<sha256>", err=True)
+        click.echo(
+            f"serving blobs on http://{httpd.server_address[0]}:{httpd.server_address[1]}/blobs/sha256/<sha256>",
+            err=True,
+        )
     stop = threading.Event()
     try:
         server.serve_forever(stop)
@@ -171,8 +220,13 @@ def status(as_json, **kw):
         return
     click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'MODELS':<40} LAST DEPLOYMENT")
     for r in doc["devices"]:
-        models = ", ".join(f"{m} {v.get('version')} {v.get('provider') or '-'} {v.get('state') or ''}".strip()
-                           for m, v in sorted(r["models"].items())) or "-"
+        models = (
+            ", ".join(
+                f"{m} {v.get('version')} {v.get('provider') or '-'} {v.get('state') or ''}".strip()
+                for m, v in sorted(r["models"].items())
+            )
+            or "-"
+        )
         last = r["last_deployment"]
         dep = "-"
         if last:

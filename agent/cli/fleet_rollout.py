@@ -1,4 +1,5 @@
 """`edge-agent fleet rollout | rollback | simulate`: cohort-aware canary rollouts, signed rollbacks, the simulator."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,9 @@ from agent.cli.fleet import broker_options
 
 def _render_progress(event: str, **f) -> None:
     if event == "wave_started":
-        click.echo(f"rollout: cohort {f['cohort']}: {f['kind']} {f['wave']} started on {f['devices']} device(s)", err=True)
+        click.echo(
+            f"rollout: cohort {f['cohort']}: {f['kind']} {f['wave']} started on {f['devices']} device(s)", err=True
+        )
     elif event == "device":
         reason = f" ({f['reason']})" if f.get("reason") else ""
         click.echo(f"rollout: {f['device_id']}: {f['result']}{reason}", err=True)
@@ -30,8 +33,10 @@ def _render_progress(event: str, **f) -> None:
 
 
 def render_summary(doc: dict) -> str:
-    lines = [f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
-             f"counts: {json.dumps(doc['counts'], sort_keys=True)}"]
+    lines = [
+        f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
+        f"counts: {json.dumps(doc['counts'], sort_keys=True)}"
+    ]
     for key, c in doc["cohorts"].items():
         waves = ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"])
         lines.append(f"  cohort {key:<24} {c['state']:<12} {waves} succeeded")
@@ -49,40 +54,105 @@ def render_summary(doc: dict) -> str:
 @click.option("--version", "version", required=True, help="New version (dotted integers, higher than installed).")
 @click.option("--group", help="Roll out to the devices of this group (from their retained status).")
 @click.option("--all", "all_devices", is_flag=True, help="Roll out to every device that has a retained status.")
-@click.option("--cohort-by", type=click.Choice(["target", "provider"]),
-              help="Split devices into cohorts by hardware target or primary provider; each has its own canary.")
+@click.option(
+    "--cohort-by",
+    type=click.Choice(["target", "provider"]),
+    help="Split devices into cohorts by hardware target or primary provider; each has its own canary.",
+)
 @click.option("--canary", default="1", show_default=True, metavar="N|P%", help="Canary size per cohort (0: none).")
-@click.option("--wave-size", default="25%", show_default=True, metavar="N|P%", help="Devices per wave after the canary.")
-@click.option("--max-failures", default="0%", show_default=True, metavar="P%",
-              help="Halt (the cohort) and roll back once failures pass this share of the devices attempted.")
-@click.option("--deadline", type=click.FloatRange(1, 7 * 86400), default=600.0, show_default=True,
-              help="Seconds a wave may take; devices silent past it count as failed.")
-@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key).")
-@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state.")
-@click.option("--http-url", metavar="URL", help="Also offer the artifact over HTTP(S) at URL (e.g. a CDN); {sha256} is substituted.")
-@click.option("--chunk-size", type=click.IntRange(1024, 8 * 1024 * 1024), default=256 * 1024, show_default=True,
-              help="Bytes per chunk (and per chunk hash in the manifest).")
-@click.option("--http-only", is_flag=True, help="Offer the artifact only at --http-url (keeps artifact bytes off the broker).")
+@click.option(
+    "--wave-size", default="25%", show_default=True, metavar="N|P%", help="Devices per wave after the canary."
+)
+@click.option(
+    "--max-failures",
+    default="0%",
+    show_default=True,
+    metavar="P%",
+    help="Halt (the cohort) and roll back once failures pass this share of the devices attempted.",
+)
+@click.option(
+    "--deadline",
+    type=click.FloatRange(1, 7 * 86400),
+    default=600.0,
+    show_default=True,
+    help="Seconds a wave may take; devices silent past it count as failed.",
+)
+@click.option(
+    "--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key)."
+)
+@click.option(
+    "--store", required=True, type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state."
+)
+@click.option(
+    "--http-url",
+    metavar="URL",
+    help="Also offer the artifact over HTTP(S) at URL (e.g. a CDN); {sha256} is substituted.",
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(1024, 8 * 1024 * 1024),
+    default=256 * 1024,
+    show_default=True,
+    help="Bytes per chunk (and per chunk hash in the manifest).",
+)
+@click.option(
+    "--http-only", is_flag=True, help="Offer the artifact only at --http-url (keeps artifact bytes off the broker)."
+)
 @click.option("--wait", is_flag=True, help="Drive the rollout to its end; without it, advance it once and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @broker_options
-def rollout(package, name, version, group, all_devices, cohort_by, canary, wave_size, max_failures, deadline,
-            key_file, store, chunk_size, http_url, http_only, wait, as_json, **broker_kw):
+def rollout(
+    package,
+    name,
+    version,
+    group,
+    all_devices,
+    cohort_by,
+    canary,
+    wave_size,
+    max_failures,
+    deadline,
+    key_file,
+    store,
+    chunk_size,
+    http_url,
+    http_only,
+    wait,
+    as_json,
+    **broker_kw,
+):
     """Roll PACKAGE out as NAME VERSION: canary first (per cohort), then waves that must each pass before the
     next; a cohort whose failures pass --max-failures halts and every device that took the version is rolled
     back with signed rollback manifests. State lives in STORE/rollouts/: run the same command again to
     resume. Exits 0 when completed (or still running without --wait), 1 when halted or partial."""
-    from agent.fleet.rollout_run import run_rollout
     from agent.fleet.rollout_plan import RolloutSpec
+    from agent.fleet.rollout_run import run_rollout
 
     if bool(group) == bool(all_devices):
         raise click.UsageError("give exactly one of --group G or --all")
-    spec = RolloutSpec(name, version, group=group, cohort_by=cohort_by, canary=canary, wave_size=wave_size,
-                       max_failures=max_failures, deadline_s=deadline).validate()
-    summary = run_rollout(package, spec, key_file=key_file, store=store, broker=_broker(broker_kw),
-                          prefix=broker_kw["prefix"], http_url=http_url, http_only=http_only, wait=wait,
-                          chunk_size=chunk_size,
-                          progress=_render_progress)
+    spec = RolloutSpec(
+        name,
+        version,
+        group=group,
+        cohort_by=cohort_by,
+        canary=canary,
+        wave_size=wave_size,
+        max_failures=max_failures,
+        deadline_s=deadline,
+    ).validate()
+    summary = run_rollout(
+        package,
+        spec,
+        key_file=key_file,
+        store=store,
+        broker=_broker(broker_kw),
+        prefix=broker_kw["prefix"],
+        http_url=http_url,
+        http_only=http_only,
+        wait=wait,
+        chunk_size=chunk_size,
+        progress=_render_progress,
+    )
     click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else render_summary(summary))
     if summary["state"] in ("halted", "partial"):
         sys.exit(1)
@@ -92,9 +162,13 @@ def rollout(package, name, version, group, all_devices, cohort_by, canary, wave_
 @click.argument("name")
 @click.option("--device", "device_id", help="Roll back this device.")
 @click.option("--group", help="Roll back every device of this group.")
-@click.option("--version", "version", help="Version to return to (default: each device's version before the last rollout).")
+@click.option(
+    "--version", "version", help="Version to return to (default: each device's version before the last rollout)."
+)
 @click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key.")
-@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts).")
+@click.option(
+    "--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts)."
+)
 @click.option("--wait", type=click.FloatRange(0, 86400), default=0, help="Seconds to wait for devices to confirm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON.")
 @broker_options
@@ -105,8 +179,17 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 
     if bool(device_id) == bool(group):
         raise click.UsageError("give exactly one of --device ID or --group G")
-    result = run_rollback(name, device=device_id, group=group, version=version, key_file=key_file, store=store,
-                          broker=_broker(broker_kw), prefix=broker_kw["prefix"], wait_s=wait)
+    result = run_rollback(
+        name,
+        device=device_id,
+        group=group,
+        version=version,
+        key_file=key_file,
+        store=store,
+        broker=_broker(broker_kw),
+        prefix=broker_kw["prefix"],
+        wait_s=wait,
+    )
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
@@ -118,23 +201,59 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 
 @click.command("simulate")
 @click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
-@click.option("--trust", "trust_file", required=True, type=click.Path(exists=True, dir_okay=False),
-              help="Fleet public key the devices trust (fleet.pub).")
+@click.option(
+    "--trust",
+    "trust_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Fleet public key the devices trust (fleet.pub).",
+)
 @click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
-@click.option("--sysroots", help="Comma-separated captured sysroots: directories, or names under "
-              "tests/fixtures/sysroots (default: every capture there).")
-@click.option("--state-dir", type=click.Path(file_okay=False), help="Where device state lives (default: a temp dir, removed on exit).")
+@click.option(
+    "--sysroots",
+    help="Comma-separated captured sysroots: directories, or names under "
+    "tests/fixtures/sysroots (default: every capture there).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="Where device state lives (default: a temp dir, removed on exit).",
+)
 @click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
-@click.option("--probation", "probation_s", type=click.FloatRange(0, 3600), default=2.0, show_default=True,
-              help="Seconds of probation after each swap before a device commits.")
-@click.option("--latency-budget", "latency_budget_s", type=click.FloatRange(0.05, 60), default=0.3, show_default=True,
-              help="Seconds of timed runs per provider during qualification.")
+@click.option(
+    "--probation",
+    "probation_s",
+    type=click.FloatRange(0, 3600),
+    default=2.0,
+    show_default=True,
+    help="Seconds of probation after each swap before a device commits.",
+)
+@click.option(
+    "--latency-budget",
+    "latency_budget_s",
+    type=click.FloatRange(0.05, 60),
+    default=0.3,
+    show_default=True,
+    help="Seconds of timed runs per provider during qualification.",
+)
 @click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
 @click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
 @broker_options
-def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probation_s, latency_budget_s,
-             no_shared_qualification, serve_http, as_json, **broker_kw):
+def simulate(
+    count,
+    trust_file,
+    groups,
+    sysroots,
+    state_dir,
+    id_prefix,
+    probation_s,
+    latency_budget_s,
+    no_shared_qualification,
+    serve_http,
+    as_json,
+    **broker_kw,
+):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
     profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
     devices share one measurement per (model sha256, target, provider set), and the output says so."""
@@ -143,10 +262,20 @@ def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probatio
     from agent.fleet.sim_classes import resolve_sysroots
     from agent.fleet.simulator import Simulator
 
-    sim = Simulator(count, broker=_broker(broker_kw), prefix=broker_kw["prefix"], trust=[trust_file],
-                    groups=list(groups) or ["sim"], sysroots=resolve_sysroots(sysroots), state_dir=state_dir,
-                    id_prefix=id_prefix, probation_s=probation_s, latency_budget_s=latency_budget_s,
-                    share_qualification=not no_shared_qualification, serve_http=serve_http)
+    sim = Simulator(
+        count,
+        broker=_broker(broker_kw),
+        prefix=broker_kw["prefix"],
+        trust=[trust_file],
+        groups=list(groups) or ["sim"],
+        sysroots=resolve_sysroots(sysroots),
+        state_dir=state_dir,
+        id_prefix=id_prefix,
+        probation_s=probation_s,
+        latency_budget_s=latency_budget_s,
+        share_qualification=not no_shared_qualification,
+        serve_http=serve_http,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -160,13 +289,17 @@ def simulate(count, trust_file, groups, sysroots, state_dir, id_prefix, probatio
     finally:
         stats = sim.stats()
         sim.stop()
-        click.echo(json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {_render_stats(stats)}")
+        click.echo(
+            json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {_render_stats(stats)}"
+        )
 
 
 def _render_stats(stats: dict) -> str:
     q = stats["qualification"]
-    return (f"{stats['devices']} devices; qualifications measured {q['measured']}, reused {q['reused']} "
-            f"(shared per model sha256, target and provider set); transitions {stats['transitions']}")
+    return (
+        f"{stats['devices']} devices; qualifications measured {q['measured']}, reused {q['reused']} "
+        f"(shared per model sha256, target and provider set); transitions {stats['transitions']}"
+    )
 
 
 def _sim_progress(event: str, **f) -> None:
@@ -179,8 +312,10 @@ def _sim_progress(event: str, **f) -> None:
 def _render_layout(layout: dict) -> str:
     lines = [f"simulate: {layout['devices']} devices on {layout['broker']} (state {layout['state_dir']}); Ctrl-C stops"]
     for cls, n in sorted(layout["classes"].items()):
-        lines.append(f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
-                     f"{', '.join(layout['providers'][cls])}")
+        lines.append(
+            f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
+            f"{', '.join(layout['providers'][cls])}"
+        )
         for provider, why in sorted(layout["dropped"].get(cls, {}).items()):
             lines.append(f"  {'':<28} {'':>13} not {provider}: {why}")
     for dev, url in sorted(layout.get("http", {}).items()):
@@ -195,15 +330,19 @@ def render_rollouts(docs: list[dict], finished: bool = False) -> str:
     done = [d for d in docs if isinstance(d, dict) and d.get("state") != "running"]
     lines = []
     for d in active + (done if finished else []):
-        lines.append(f"rollout {d.get('rollout_id')}: {d.get('model')} -> {d.get('version')} ({d.get('state')}; "
-                     f"{d.get('devices')} devices; {json.dumps(d.get('counts', {}), sort_keys=True)})")
+        lines.append(
+            f"rollout {d.get('rollout_id')}: {d.get('model')} -> {d.get('version')} ({d.get('state')}; "
+            f"{d.get('devices')} devices; {json.dumps(d.get('counts', {}), sort_keys=True)})"
+        )
         for key, c in sorted((d.get("cohorts") or {}).items()):
             waves = []
             for w in c.get("waves", []):
                 n = w.get("counts", {})
                 busy = n.get("in_progress", 0) + n.get("rollback_pending", 0)
-                waves.append(f"{w.get('kind')} {w.get('index')}: {n.get('succeeded', 0)} ok/{n.get('failed', 0)} "
-                             f"failed/{busy} busy of {w.get('size')}")
+                waves.append(
+                    f"{w.get('kind')} {w.get('index')}: {n.get('succeeded', 0)} ok/{n.get('failed', 0)} "
+                    f"failed/{busy} busy of {w.get('size')}"
+                )
             reason = f" - {c['reason']}" if c.get("reason") else ""
             lines.append(f"  {key}: {c.get('state')}, wave {c.get('wave')}/{c.get('waves_total')}{reason}")
             lines += [f"    {w}" for w in waves]

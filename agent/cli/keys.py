@@ -1,4 +1,5 @@
 """`edge-agent keys`: fleet signing keys (Ed25519)."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ def keys():
 
 
 @keys.command()
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for fleet.key and fleet.pub.")
+@click.option(
+    "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory for fleet.key and fleet.pub."
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing key pair.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def generate(out_dir, force, as_json):

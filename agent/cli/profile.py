@@ -1,4 +1,5 @@
 """`edge-agent profile`: show what this device is (or a captured sysroot) and which target it matches."""
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,13 @@ GIB = 1 << 30
 
 
 @click.command("profile")
-@click.option("--sysroot", metavar="DIR", default=None,
-              help="Profile a captured device tree (a directory, or the .tar.gz that scripts/capture-sysroot.sh "
-                   "writes) instead of this machine.")
+@click.option(
+    "--sysroot",
+    metavar="DIR",
+    default=None,
+    help="Profile a captured device tree (a directory, or the .tar.gz that scripts/capture-sysroot.sh "
+    "writes) instead of this machine.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (the pinned keys).")
 def profile(sysroot: str | None, as_json: bool) -> None:
     """Show this device's hardware profile and matching target.
@@ -51,7 +56,9 @@ def detect_profile(sysroot: str | None):
         with tempfile.TemporaryDirectory(prefix="edge-agent-sysroot-") as tmp:
             return detect(unpack_capture(sysroot, tmp))
     if os.path.lexists(sysroot):
-        raise ConfigError(f"--sysroot {sysroot}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)")
+        raise ConfigError(
+            f"--sysroot {sysroot}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)"
+        )
     raise ConfigError(f"--sysroot {sysroot}: no such directory or capture tarball")
 
 

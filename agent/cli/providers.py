@@ -1,4 +1,5 @@
 """`edge-agent providers`: rank the execution providers for this device (or a capture) and explain each."""
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,31 @@ def _versions(versions: dict) -> str:
 
 
 @click.command("providers")
-@click.option("--sysroot", metavar="DIR", default=None,
-              help="Read the hardware from a captured root filesystem (a directory, or the .tar.gz that "
-                   "scripts/capture-sysroot.sh writes) instead of this host (the runtimes are still this host's).")
-@click.option("--target", "target_name", default=None, metavar="NAME",
-              help="Rank for this target instead of the one matched from the hardware.")
-@click.option("--verify", is_flag=True,
-              help="Also open a real session on each available provider and run a generated model through it.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of {name, available, reason, remedy, devices, options, versions, preferred}.")
+@click.option(
+    "--sysroot",
+    metavar="DIR",
+    default=None,
+    help="Read the hardware from a captured root filesystem (a directory, or the .tar.gz that "
+    "scripts/capture-sysroot.sh writes) instead of this host (the runtimes are still this host's).",
+)
+@click.option(
+    "--target",
+    "target_name",
+    default=None,
+    metavar="NAME",
+    help="Rank for this target instead of the one matched from the hardware.",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Also open a real session on each available provider and run a generated model through it.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print a JSON list of {name, available, reason, remedy, devices, options, versions, preferred}.",
+)
 def providers(sysroot, target_name, verify, as_json):
     """Rank execution providers in the target's preference order and say why each is or is not usable.
 
@@ -116,5 +133,11 @@ def _print_table(results, target_name: str | None, sysroot: str | None, checks: 
         if r.name in checks:
             c = checks[r.name]
             cov = "unknown" if c.get("coverage") is None else f"{c['coverage']:.0%}"
-            click.echo(f"{pad}session: " + (f"ok on {c['device']}, precision {c['precision']}, compile {c['compile_ms']} ms, "
-                                            f"coverage {cov}" if c["ok"] else f"FAILED: {c['error']}"))
+            click.echo(
+                f"{pad}session: "
+                + (
+                    f"ok on {c['device']}, precision {c['precision']}, compile {c['compile_ms']} ms, coverage {cov}"
+                    if c["ok"]
+                    else f"FAILED: {c['error']}"
+                )
+            )

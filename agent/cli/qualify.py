@@ -1,4 +1,5 @@
 """`edge-agent qualify PACKAGE`: measure a model on each provider, select one, show the evidence."""
+
 from __future__ import annotations
 
 import json
@@ -39,16 +40,33 @@ def _resolve_target(profile, name):
 
 @click.command("qualify")
 @click.argument("package", type=click.Path())
-@click.option("--provider", "providers", multiple=True, metavar="NAME",
-              help="Qualify only these providers (repeatable). Default: the target's preference order.")
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    metavar="NAME",
+    help="Qualify only these providers (repeatable). Default: the target's preference order.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the decision record as JSON.")
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
-@click.option("--sysroot", type=click.Path(exists=True, file_okay=False), help="Detect hardware under DIR instead of /.")
+@click.option(
+    "--sysroot", type=click.Path(exists=True, file_okay=False), help="Detect hardware under DIR instead of /."
+)
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Build compiled caches under DIR.")
-@click.option("--budget", type=click.FloatRange(0.1, 600), default=5.0, show_default=True,
-              help="Seconds of timed runs per provider (p99 needs 662 runs).")
-@click.option("--timeout", type=click.FloatRange(1, 7200), default=600.0, show_default=True,
-              help="Deadline per provider row; a hung runtime becomes an error row.")
+@click.option(
+    "--budget",
+    type=click.FloatRange(0.1, 600),
+    default=5.0,
+    show_default=True,
+    help="Seconds of timed runs per provider (p99 needs 662 runs).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(1, 7200),
+    default=600.0,
+    show_default=True,
+    help="Deadline per provider row; a hung runtime becomes an error row.",
+)
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the decision JSON to FILE (atomically).")
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
@@ -62,8 +80,16 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         pkg = load_package(package, extract_to=tmp)
         profile = detect(sysroot or "/")
         target = _resolve_target(profile, target_name)
-        decision = run_qualify(pkg, profile, target, providers=list(providers) or None, cache_dir=cache_dir,
-                               progress=_progress, latency_budget_s=budget, row_timeout_s=timeout)
+        decision = run_qualify(
+            pkg,
+            profile,
+            target,
+            providers=list(providers) or None,
+            cache_dir=cache_dir,
+            progress=_progress,
+            latency_budget_s=budget,
+            row_timeout_s=timeout,
+        )
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json
@@ -84,10 +110,26 @@ def _fmt(v, spec=".3g", suffix="") -> str:
 def render(doc: dict) -> str:
     """The human view: model line, a table of rows, the decision and why each loser lost."""
     m = doc["model"]
-    lines = [f"model {m['name']} v{m['version']}  sha256 {m['sha256'][:16]}  target {doc.get('target') or '?'}",
-             f"inputs {doc.get('inputs')}; reference {doc.get('reference')}", ""]
-    head = ("PROVIDER", "PRECISION", "STATUS", "COVER", "MAX_REL", "COSINE", "TOP1", "P50ms", "P90ms", "P99ms", "RUNS",
-            "COMPILE_s", "RSS+MB")
+    lines = [
+        f"model {m['name']} v{m['version']}  sha256 {m['sha256'][:16]}  target {doc.get('target') or '?'}",
+        f"inputs {doc.get('inputs')}; reference {doc.get('reference')}",
+        "",
+    ]
+    head = (
+        "PROVIDER",
+        "PRECISION",
+        "STATUS",
+        "COVER",
+        "MAX_REL",
+        "COSINE",
+        "TOP1",
+        "P50ms",
+        "P90ms",
+        "P99ms",
+        "RUNS",
+        "COMPILE_s",
+        "RSS+MB",
+    )
     table = [head] + [_row_cells(r) for r in doc["results"]]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
@@ -106,9 +148,18 @@ def render(doc: dict) -> str:
 def _row_cells(r: dict) -> tuple:
     acc, lat = r.get("accuracy") or {}, r.get("latency_ms") or {}
     sup = lat.get("supported") or {}
-    return (r["key"], r.get("precision") or "-", r["status"], _fmt(r.get("coverage"), ".0%"), _fmt(acc.get("max_rel"), ".2g"),
-            _fmt(acc.get("cosine"), ".6f"), _fmt(acc.get("top1_agreement"), ".2f"), _fmt(lat.get("p50")),
-            _fmt(lat.get("p90")) + ("" if sup.get("p90", True) else "*"),
-            _fmt(lat.get("p99")) + ("" if sup.get("p99", True) else "*"), lat.get("runs", "-"),
-            _fmt(r.get("compile_s"), ".3f"), _fmt(r.get("rss_growth_mb"), ".1f"))
-
+    return (
+        r["key"],
+        r.get("precision") or "-",
+        r["status"],
+        _fmt(r.get("coverage"), ".0%"),
+        _fmt(acc.get("max_rel"), ".2g"),
+        _fmt(acc.get("cosine"), ".6f"),
+        _fmt(acc.get("top1_agreement"), ".2f"),
+        _fmt(lat.get("p50")),
+        _fmt(lat.get("p90")) + ("" if sup.get("p90", True) else "*"),
+        _fmt(lat.get("p99")) + ("" if sup.get("p99", True) else "*"),
+        lat.get("runs", "-"),
+        _fmt(r.get("compile_s"), ".3f"),
+        _fmt(r.get("rss_growth_mb"), ".1f"),
+    )

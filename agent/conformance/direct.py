@@ -1,5 +1,6 @@
 """A plain in-process ONNX Runtime CPU loop over node cases: the independent baseline that the conformance
 runner's counts are checked against (tests) and timed against (bench). Uses no provider code."""
+
 from __future__ import annotations
 
 import ctypes
@@ -41,13 +42,18 @@ def _run(ort: Any, sess: Any, names: list[str], feeds: dict[str, Any]) -> list[A
     """sess.run, or OrtValues when bfloat16 is involved (numpy has no bfloat16; ml_dtypes arrays are not
     accepted by sess.run)."""
     bf16 = any(isinstance(v, np.ndarray) and v.dtype.name == "bfloat16" for v in feeds.values()) or any(
-        "bfloat16" in o.type for o in sess.get_outputs())
+        "bfloat16" in o.type for o in sess.get_outputs()
+    )
     if not bf16:
         return sess.run(names, feeds)
-    values = {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.ascontiguousarray(v).view(np.uint16),
-                                                                 onnx_element_type=_ONNX_BFLOAT16)
-              if v.dtype.name == "bfloat16" else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
-              for k, v in feeds.items()}
+    values = {
+        k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            np.ascontiguousarray(v).view(np.uint16), onnx_element_type=_ONNX_BFLOAT16
+        )
+        if v.dtype.name == "bfloat16"
+        else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+        for k, v in feeds.items()
+    }
     return [_numpy(v) for v in sess.run_with_ort_values(names, values)]
 
 

@@ -1,4 +1,5 @@
 """Self-contained HTML report (inline CSS + SVG, no scripts, no network): pass matrix, latency, accuracy drift."""
+
 from __future__ import annotations
 
 import math
@@ -20,19 +21,30 @@ PALETTE = ["#0969da", "#8250df", "#bf3989", "#1a7f37", "#bc4c00", "#57606a", "#0
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>edge-agent conformance</title>"
-             f"<style>{CSS}</style></head><body>", _header(doc), _summary(doc), _precision(doc),
-             _matrix(doc), _latency(doc), _drift(doc), _failures(doc), "</body></html>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>edge-agent conformance</title>"
+        f"<style>{CSS}</style></head><body>",
+        _header(doc),
+        _summary(doc),
+        _precision(doc),
+        _matrix(doc),
+        _latency(doc),
+        _drift(doc),
+        _failures(doc),
+        "</body></html>",
+    ]
     return "\n".join(p for p in parts if p)
 
 
 def _header(doc: dict[str, Any]) -> str:
     hw = doc.get("hardware") or {}
     vers = ", ".join(f"{escape(str(k))} {escape(str(v))}" for k, v in sorted((doc.get("versions") or {}).items()))
-    return (f"<h1>edge-agent conformance: {escape(str(doc.get('suite')))}</h1><p>target <b>{escape(str(doc.get('target')))}</b>"
-            f" &middot; {escape(str(hw.get('arch')))} &middot; {escape(str(hw.get('cpu')))} &middot; {escape(str(doc.get('created_iso', '')))}"
-            f"</p><p class='note'>{vers}. Node cases are judged with onnx's own tolerances "
-            f"(rtol {doc.get('node_rtol', 1e-3)}, atol {doc.get('node_atol', 1e-7)}).</p>")
+    return (
+        f"<h1>edge-agent conformance: {escape(str(doc.get('suite')))}</h1><p>target <b>{escape(str(doc.get('target')))}</b>"
+        f" &middot; {escape(str(hw.get('arch')))} &middot; {escape(str(hw.get('cpu')))} &middot; {escape(str(doc.get('created_iso', '')))}"
+        f"</p><p class='note'>{vers}. Node cases are judged with onnx's own tolerances "
+        f"(rtol {doc.get('node_rtol', 1e-3)}, atol {doc.get('node_atol', 1e-7)}).</p>"
+    )
 
 
 def _summary(doc: dict[str, Any]) -> str:
@@ -42,12 +54,16 @@ def _summary(doc: dict[str, Any]) -> str:
         bar = _stacked_bar(c)
         note = "" if info.get("available", True) else f"unavailable: {escape(str(info.get('reason')))}"
         cells = "".join(f"<td class='num {s}'>{c[s]}</td>" for s in ("passed", "failed", "errored", "skipped"))
-        rows.append(f"<tr><td><b>{escape(key)}</b></td><td>{escape(str(info.get('precision') or '-'))}</td>{cells}"
-                    f"<td class='num'>{c['total']}</td><td>{bar}</td><td class='note'>{note}</td></tr>")
-    return ("<h2>Summary by provider</h2><table><tr><th>provider</th><th>precision</th><th>passed</th><th>failed</th>"
-            "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th></th></tr>" + "".join(rows) + "</table>"
-            "<p class='note'>failed = ran but outputs differ beyond tolerance; errored = could not run (session refused, "
-            "unsupported op, crash, timeout); skipped = provider unavailable or feature missing.</p>")
+        rows.append(
+            f"<tr><td><b>{escape(key)}</b></td><td>{escape(str(info.get('precision') or '-'))}</td>{cells}"
+            f"<td class='num'>{c['total']}</td><td>{bar}</td><td class='note'>{note}</td></tr>"
+        )
+    return (
+        "<h2>Summary by provider</h2><table><tr><th>provider</th><th>precision</th><th>passed</th><th>failed</th>"
+        "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th></th></tr>" + "".join(rows) + "</table>"
+        "<p class='note'>failed = ran but outputs differ beyond tolerance; errored = could not run (session refused, "
+        "unsupported op, crash, timeout); skipped = provider unavailable or feature missing.</p>"
+    )
 
 
 def _stacked_bar(c: dict[str, int], width: int = 240) -> str:
@@ -56,7 +72,9 @@ def _stacked_bar(c: dict[str, int], width: int = 240) -> str:
     for s in ("passed", "failed", "errored", "skipped"):
         w = width * c.get(s, 0) / total
         if w > 0:
-            rects.append(f"<rect x='{x:.1f}' y='0' width='{w:.1f}' height='14' fill='{COLORS[s]}'><title>{s}: {c[s]}</title></rect>")
+            rects.append(
+                f"<rect x='{x:.1f}' y='0' width='{w:.1f}' height='14' fill='{COLORS[s]}'><title>{s}: {c[s]}</title></rect>"
+            )
         x += w
     return f"<svg width='{width}' height='14' role='img'>{''.join(rects)}</svg>"
 
@@ -67,13 +85,17 @@ def _precision(doc: dict[str, Any]) -> str:
         return ""
     out = ["<h2>Precision: runtime default vs f32</h2>"]
     for base, d in diffs.items():
-        out.append(f"<p><b>{escape(base)}</b> at its default precision <b>{escape(str(d['default_precision']))}</b> passes "
-                   f"{d['passed_default']} of {d['cases']} node cases; at <b>{escape(str(d['variant_precision']))}</b> "
-                   f"({escape(d['variant'])}) {d['passed_variant']}. {d['fail_only_at_default']} cases fail only at the "
-                   f"default precision, {d['fail_only_at_variant']} only at {escape(str(d['variant_precision']))}.</p>")
+        out.append(
+            f"<p><b>{escape(base)}</b> at its default precision <b>{escape(str(d['default_precision']))}</b> passes "
+            f"{d['passed_default']} of {d['cases']} node cases; at <b>{escape(str(d['variant_precision']))}</b> "
+            f"({escape(d['variant'])}) {d['passed_variant']}. {d['fail_only_at_default']} cases fail only at the "
+            f"default precision, {d['fail_only_at_variant']} only at {escape(str(d['variant_precision']))}.</p>"
+        )
         if d["examples_fail_only_at_default"]:
             names = ", ".join(f"<code>{escape(n)}</code>" for n in d["examples_fail_only_at_default"])
-            out.append(f"<details><summary>cases that fail only at {escape(str(d['default_precision']))}</summary>{names}</details>")
+            out.append(
+                f"<details><summary>cases that fail only at {escape(str(d['default_precision']))}</summary>{names}</details>"
+            )
     return "".join(out)
 
 
@@ -99,14 +121,20 @@ def _matrix(doc: dict[str, Any]) -> str:
         for j, k in enumerate(keys):
             ok, n = cells[op].get(k, [0, 0])
             fill = "#eee" if n == 0 else _ratio_color(ok / n)
-            svg.append(f"<rect x='{left + j * cw}' y='{y}' width='{cw - 2}' height='{rh - 1}' fill='{fill}'>"
-                       f"<title>{escape(op)} on {escape(k)}: {ok}/{n} passed</title></rect>")
+            svg.append(
+                f"<rect x='{left + j * cw}' y='{y}' width='{cw - 2}' height='{rh - 1}' fill='{fill}'>"
+                f"<title>{escape(op)} on {escape(k)}: {ok}/{n} passed</title></rect>"
+            )
             if n:
-                svg.append(f"<text x='{left + j * cw + cw / 2 - 1}' y='{y + 10}' text-anchor='middle' "
-                           f"font-size='9' fill='#fff'>{ok}/{n}</text>")
+                svg.append(
+                    f"<text x='{left + j * cw + cw / 2 - 1}' y='{y + 10}' text-anchor='middle' "
+                    f"font-size='9' fill='#fff'>{ok}/{n}</text>"
+                )
     svg.append("</svg>")
-    return (f"<h2>Pass matrix by operator and provider ({len(ops)} operators)</h2><p class='note'>green = every case of "
-            "the operator passed, red = none, amber in between, grey = not run. Hover for counts.</p>" + "".join(svg))
+    return (
+        f"<h2>Pass matrix by operator and provider ({len(ops)} operators)</h2><p class='note'>green = every case of "
+        "the operator passed, red = none, amber in between, grey = not run. Hover for counts.</p>" + "".join(svg)
+    )
 
 
 def _ratio_color(r: float) -> str:
@@ -122,8 +150,13 @@ def _log_x(v: float, lo: float, hi: float, width: float) -> float:
     return width * (math.log10(v) - math.log10(lo)) / max(math.log10(hi) - math.log10(lo), 1e-9)
 
 
-def _bars(title: str, note: str, groups: list[tuple[str, list[tuple[str, float | None, float | None, str]]]],
-          unit: str, marker_label: str = "") -> str:
+def _bars(
+    title: str,
+    note: str,
+    groups: list[tuple[str, list[tuple[str, float | None, float | None, str]]]],
+    unit: str,
+    marker_label: str = "",
+) -> str:
     """Horizontal log-scale bars: per group, per provider (label, value, marker/whisker, color)."""
     vals = [v for _, rows in groups for _, v, m, _ in rows for v in (v, m) if v]
     if not vals:
@@ -136,8 +169,10 @@ def _bars(title: str, note: str, groups: list[tuple[str, list[tuple[str, float |
     e = lo
     while e <= hi * 1.0001:
         x = left + _log_x(e, lo, hi, width)
-        svg.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{n_rows * rh + 4}' stroke='#eee'/>"
-                   f"<text x='{x:.1f}' y='{n_rows * rh + 18}' text-anchor='middle'>{e:g}{unit}</text>")
+        svg.append(
+            f"<line x1='{x:.1f}' x2='{x:.1f}' y1='0' y2='{n_rows * rh + 4}' stroke='#eee'/>"
+            f"<text x='{x:.1f}' y='{n_rows * rh + 18}' text-anchor='middle'>{e:g}{unit}</text>"
+        )
         e *= 10
     y = 0
     for name, rows in groups:
@@ -147,12 +182,16 @@ def _bars(title: str, note: str, groups: list[tuple[str, list[tuple[str, float |
             svg.append(f"<text x='{left - 6}' y='{y + 10}' text-anchor='end'>{escape(label)}</text>")
             if v is not None:
                 w = max(_log_x(v, lo, hi, width), 1)
-                svg.append(f"<rect x='{left}' y='{y + 1}' width='{w:.1f}' height='{rh - 3}' fill='{color}'>"
-                           f"<title>{escape(label)}: {v:.4g}{unit}</title></rect>")
+                svg.append(
+                    f"<rect x='{left}' y='{y + 1}' width='{w:.1f}' height='{rh - 3}' fill='{color}'>"
+                    f"<title>{escape(label)}: {v:.4g}{unit}</title></rect>"
+                )
             if m is not None:
                 x = left + _log_x(m, lo, hi, width)
-                svg.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{y}' y2='{y + rh - 1}' stroke='#000' stroke-width='2'>"
-                           f"<title>{escape(marker_label)} {m:.4g}{unit}</title></line>")
+                svg.append(
+                    f"<line x1='{x:.1f}' x2='{x:.1f}' y1='{y}' y2='{y + rh - 1}' stroke='#000' stroke-width='2'>"
+                    f"<title>{escape(marker_label)} {m:.4g}{unit}</title></line>"
+                )
             y += rh
     svg.append("</svg>")
     return f"<h2>{escape(title)}</h2><p class='note'>{note}</p>" + "".join(svg)
@@ -165,21 +204,50 @@ def _color_map(doc: dict[str, Any]) -> dict[str, str]:
 
 def _latency(doc: dict[str, Any]) -> str:
     colors = _color_map(doc)
-    groups = [(m["model"], [(r["provider"], r["p50"], r["p99"], colors[r["provider"]]) for r in m["rows"] if r["p50"]])
-              for m in doc.get("models", [])]
-    return _bars("Latency per model and provider", "bar = p50, black tick = p99 (log scale). Selected provider per "
-                 "model is listed in the table below.", [g for g in groups if g[1]], " ms", "p99")
+    groups = [
+        (m["model"], [(r["provider"], r["p50"], r["p99"], colors[r["provider"]]) for r in m["rows"] if r["p50"]])
+        for m in doc.get("models", [])
+    ]
+    return _bars(
+        "Latency per model and provider",
+        "bar = p50, black tick = p99 (log scale). Selected provider per model is listed in the table below.",
+        [g for g in groups if g[1]],
+        " ms",
+        "p99",
+    )
 
 
 def _drift(doc: dict[str, Any]) -> str:
     colors = _color_map(doc)
-    groups = [(m["model"], [(r["provider"], max(r["max_rel"], 1e-9) if r["max_rel"] is not None else None,
-                             r.get("tolerance_max_rel"), colors[r["provider"]]) for r in m["rows"] if r["max_rel"] is not None])
-              for m in doc.get("models", [])]
-    chart = _bars("Accuracy drift per model and provider", "bar = max_rel (max error / max |reference|, log scale, "
-                  "floored at 1e-9); black tick = the tolerance's max_rel.", [g for g in groups if g[1]], "", "tolerance")
-    rows = "".join(f"<tr><td>{escape(m['model'])}</td><td><b>{escape(str(m['selected']))}</b></td>"
-                   f"<td class='note'>{escape(str(m['reason']))}</td></tr>" for m in doc.get("models", []))
+    groups = [
+        (
+            m["model"],
+            [
+                (
+                    r["provider"],
+                    max(r["max_rel"], 1e-9) if r["max_rel"] is not None else None,
+                    r.get("tolerance_max_rel"),
+                    colors[r["provider"]],
+                )
+                for r in m["rows"]
+                if r["max_rel"] is not None
+            ],
+        )
+        for m in doc.get("models", [])
+    ]
+    chart = _bars(
+        "Accuracy drift per model and provider",
+        "bar = max_rel (max error / max |reference|, log scale, "
+        "floored at 1e-9); black tick = the tolerance's max_rel.",
+        [g for g in groups if g[1]],
+        "",
+        "tolerance",
+    )
+    rows = "".join(
+        f"<tr><td>{escape(m['model'])}</td><td><b>{escape(str(m['selected']))}</b></td>"
+        f"<td class='note'>{escape(str(m['reason']))}</td></tr>"
+        for m in doc.get("models", [])
+    )
     table = f"<table><tr><th>model</th><th>selected</th><th>why</th></tr>{rows}</table>" if rows else ""
     return chart + table
 
@@ -188,9 +256,13 @@ def _failures(doc: dict[str, Any], limit: int = 800) -> str:
     bad = [c for c in doc.get("cases", []) if c["status"] in ("failed", "errored")]
     if not bad:
         return "<h2>Failures</h2><p>none</p>"
-    rows = "".join(f"<tr><td>{escape(c['suite'])}</td><td>{escape(c['case'])}</td><td>{escape(c['provider'])}</td>"
-                   f"<td class='{c['status']}'>{c['status']}</td><td class='note'>{escape(str(c.get('reason', ''))[:300])}</td></tr>"
-                   for c in bad[:limit])
+    rows = "".join(
+        f"<tr><td>{escape(c['suite'])}</td><td>{escape(c['case'])}</td><td>{escape(c['provider'])}</td>"
+        f"<td class='{c['status']}'>{c['status']}</td><td class='note'>{escape(str(c.get('reason', ''))[:300])}</td></tr>"
+        for c in bad[:limit]
+    )
     more = f"<p class='note'>{len(bad) - limit} more in report.json</p>" if len(bad) > limit else ""
-    return (f"<h2>Failures and errors ({len(bad)})</h2><details><summary>show</summary><table><tr><th>suite</th><th>case</th>"
-            f"<th>provider</th><th>status</th><th>reason</th></tr>{rows}</table>{more}</details>")
+    return (
+        f"<h2>Failures and errors ({len(bad)})</h2><details><summary>show</summary><table><tr><th>suite</th><th>case</th>"
+        f"<th>provider</th><th>status</th><th>reason</th></tr>{rows}</table>{more}</details>"
+    )

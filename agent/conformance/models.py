@@ -1,4 +1,5 @@
 """The models suite: onnx's light_* architectures, agent.samples models and user packages, qualified."""
+
 from __future__ import annotations
 
 import shutil
@@ -68,9 +69,17 @@ def user_packages(directory: Path) -> list[Path]:
     return found
 
 
-def run_models(packages: list[Path], profile: Any, target: Any, providers: list[str] | None, *,
-               budget_s: float = 2.0, progress: Callable[..., None] | None = None, cache_dir: Path | None = None,
-               workdir: Path | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_models(
+    packages: list[Path],
+    profile: Any,
+    target: Any,
+    providers: list[str] | None,
+    *,
+    budget_s: float = 2.0,
+    progress: Callable[..., None] | None = None,
+    cache_dir: Path | None = None,
+    workdir: Path | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(cases, model records) for the report: one case per (model, provider row)."""
     from agent.qualify.harness import qualify
     from agent.qualify.package import load_package
@@ -81,11 +90,28 @@ def run_models(packages: list[Path], profile: Any, target: Any, providers: list[
             progress("model", index=i + 1, total=len(packages), model=path.name)
         try:
             pkg = load_package(path, extract_to=(workdir / f"{i}") if workdir else None)
-            decision = qualify(pkg, profile, target, providers=providers, latency_budget_s=budget_s,
-                               cache_dir=cache_dir, all_precisions=True, progress=progress)
+            decision = qualify(
+                pkg,
+                profile,
+                target,
+                providers=providers,
+                latency_budget_s=budget_s,
+                cache_dir=cache_dir,
+                all_precisions=True,
+                progress=progress,
+            )
         except ModelError as exc:
-            cases.append({"suite": "models", "case": path.name, "op": None, "provider": "-", "status": "errored",
-                          "reason": str(exc), "precision": None})
+            cases.append(
+                {
+                    "suite": "models",
+                    "case": path.name,
+                    "op": None,
+                    "provider": "-",
+                    "status": "errored",
+                    "reason": str(exc),
+                    "precision": None,
+                }
+            )
             continue
         doc = decision.to_dict()
         records.append(_record(path.name, doc))
@@ -96,9 +122,18 @@ def run_models(packages: list[Path], profile: Any, target: Any, providers: list[
 def _cases(model: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in doc["results"]:
-        out.append({"suite": "models", "case": model, "op": None, "provider": r["key"], "precision": r.get("precision"),
-                    "status": _STATUS.get(r["status"], "errored"), "reason": r.get("reason", ""),
-                    "time_s": r.get("wall_s") or 0.0})
+        out.append(
+            {
+                "suite": "models",
+                "case": model,
+                "op": None,
+                "provider": r["key"],
+                "precision": r.get("precision"),
+                "status": _STATUS.get(r["status"], "errored"),
+                "reason": r.get("reason", ""),
+                "time_s": r.get("wall_s") or 0.0,
+            }
+        )
     return out
 
 
@@ -106,9 +141,25 @@ def _record(model: str, doc: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for r in doc["results"]:
         lat, acc = r.get("latency_ms") or {}, r.get("accuracy") or {}
-        rows.append({"provider": r["key"], "precision": r.get("precision"), "status": r["status"],
-                     "p50": lat.get("p50"), "p90": lat.get("p90"), "p99": lat.get("p99"), "runs": lat.get("runs"),
-                     "max_rel": acc.get("max_rel"), "cosine": acc.get("cosine"),
-                     "tolerance_max_rel": (acc.get("tolerance") or {}).get("max_rel"), "coverage": r.get("coverage")})
-    return {"model": model, "sha256": doc["model"]["sha256"], "selected": doc.get("selected_key"),
-            "reason": doc.get("reason"), "rows": rows}
+        rows.append(
+            {
+                "provider": r["key"],
+                "precision": r.get("precision"),
+                "status": r["status"],
+                "p50": lat.get("p50"),
+                "p90": lat.get("p90"),
+                "p99": lat.get("p99"),
+                "runs": lat.get("runs"),
+                "max_rel": acc.get("max_rel"),
+                "cosine": acc.get("cosine"),
+                "tolerance_max_rel": (acc.get("tolerance") or {}).get("max_rel"),
+                "coverage": r.get("coverage"),
+            }
+        )
+    return {
+        "model": model,
+        "sha256": doc["model"]["sha256"],
+        "selected": doc.get("selected_key"),
+        "reason": doc.get("reason"),
+        "rows": rows,
+    }

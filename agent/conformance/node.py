@@ -5,6 +5,7 @@ from disk) and are judged with onnx's own Runner.assert_similar_outputs and per-
 rtol=1e-3, atol=1e-7). Every case runs in an isolated worker; a crash or hang errors that case, a fresh
 worker continues with the next one.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -31,9 +32,14 @@ class NodeCase:
 
     def task(self) -> dict[str, Any]:
         return {
-            "name": self.name, "model_bytes": self.model.SerializeToString(), "inputs": self.inputs,
-            "outputs": self.outputs, "input_names": [i.name for i in self.model.graph.input],
-            "output_names": [o.name for o in self.model.graph.output], "rtol": self.rtol, "atol": self.atol,
+            "name": self.name,
+            "model_bytes": self.model.SerializeToString(),
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "input_names": [i.name for i in self.model.graph.input],
+            "output_names": [o.name for o in self.model.graph.output],
+            "rtol": self.rtol,
+            "atol": self.atol,
         }
 
 
@@ -54,9 +60,15 @@ def load_cases(patterns: Iterable[str] | None = None) -> list[NodeCase]:
 
 def _case(c: Any, base_ops: dict[str, str]) -> NodeCase:
     inputs, outputs = c.data_sets[0]
-    return NodeCase(name=c.name, op=op_of(c.name, c.model, base_ops), model=c.model,
-                    inputs=[_norm(x) for x in inputs], outputs=[_norm(x) for x in outputs],
-                    rtol=float(c.rtol), atol=float(c.atol))
+    return NodeCase(
+        name=c.name,
+        op=op_of(c.name, c.model, base_ops),
+        model=c.model,
+        inputs=[_norm(x) for x in inputs],
+        outputs=[_norm(x) for x in outputs],
+        rtol=float(c.rtol),
+        atol=float(c.atol),
+    )
 
 
 def op_of(name: str, model: Any, base_ops: dict[str, str]) -> str:
@@ -93,14 +105,29 @@ class CaseResult:
     time_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"suite": "onnx-node", "case": self.case, "op": self.op, "provider": self.provider,
-                "precision": self.precision, "status": self.status, "reason": self.reason,
-                "time_s": round(self.time_s, 4)}
+        return {
+            "suite": "onnx-node",
+            "case": self.case,
+            "op": self.op,
+            "provider": self.provider,
+            "precision": self.precision,
+            "status": self.status,
+            "reason": self.reason,
+            "time_s": round(self.time_s, 4),
+        }
 
 
-def run_variant(cases: list[NodeCase], provider: str, precision: str | None, options: dict[str, Any] | None = None,
-                *, key: str | None = None, timeout: float = CASE_TIMEOUT_S,
-                progress: Callable[..., None] | None = None, worker: IsolatedWorker | None = None) -> list[CaseResult]:
+def run_variant(
+    cases: list[NodeCase],
+    provider: str,
+    precision: str | None,
+    options: dict[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    timeout: float = CASE_TIMEOUT_S,
+    progress: Callable[..., None] | None = None,
+    worker: IsolatedWorker | None = None,
+) -> list[CaseResult]:
     """Run every case on one (provider, precision); never raises for a case."""
     key = key or (f"{provider}:{precision}" if precision else provider)
     own = worker is None
@@ -110,16 +137,22 @@ def run_variant(cases: list[NodeCase], provider: str, precision: str | None, opt
         for i, case in enumerate(cases):
             results.append(run_one(worker, case, provider, precision, options or {}, key, timeout))
             if progress is not None:
-                progress("case", provider=key, index=i + 1, total=len(cases), case=case.name,
-                         status=results[-1].status)
+                progress("case", provider=key, index=i + 1, total=len(cases), case=case.name, status=results[-1].status)
     finally:
         if own:
             worker.close()
     return results
 
 
-def run_one(worker: IsolatedWorker, case: NodeCase, provider: str, precision: str | None, options: dict[str, Any],
-            key: str, timeout: float = CASE_TIMEOUT_S) -> CaseResult:
+def run_one(
+    worker: IsolatedWorker,
+    case: NodeCase,
+    provider: str,
+    precision: str | None,
+    options: dict[str, Any],
+    key: str,
+    timeout: float = CASE_TIMEOUT_S,
+) -> CaseResult:
     t0 = time.monotonic()
     kwargs = {"provider": provider, "precision": precision, "options": options, **case.task()}
     res = worker.call("agent.conformance.nodetask:run_case", kwargs, timeout=timeout, tag=f"{key}/{case.name}")

@@ -1,4 +1,5 @@
 """Child-side work for one ONNX node test case on one provider (runs inside agent.qualify.worker)."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,20 @@ def _tmpdir() -> str:
     return _TMP[0]
 
 
-def run_case(*, provider: str, precision: str | None, options: dict[str, Any], name: str, model_bytes: bytes,
-             inputs: list[Any], outputs: list[Any], input_names: list[str], output_names: list[str],
-             rtol: float, atol: float) -> tuple[str, str, str | None]:
+def run_case(
+    *,
+    provider: str,
+    precision: str | None,
+    options: dict[str, Any],
+    name: str,
+    model_bytes: bytes,
+    inputs: list[Any],
+    outputs: list[Any],
+    input_names: list[str],
+    output_names: list[str],
+    rtol: float,
+    atol: float,
+) -> tuple[str, str, str | None]:
     """(status, reason, runtime precision): passed | failed (outputs differ) | errored (could not run)."""
     from agent.providers import get
 
@@ -67,5 +79,9 @@ def compare(outputs: list[Any], expected: list[Any], rtol: float, atol: float) -
 
 def _summary(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    keep = [ln for ln in lines if ln.startswith(("Mismatched", "Max absolute", "Max relative", "Output", "(shapes", "x and y"))]
+    keep = [
+        ln
+        for ln in lines
+        if ln.startswith(("Mismatched", "Max absolute", "Max relative", "Output", "(shapes", "x and y"))
+    ]
     return "; ".join(keep or lines[:2])[:300]

@@ -1,4 +1,5 @@
 """The conformance report: counts per provider, every case, bf16-vs-f32 differences; JSON and JUnit writers."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -43,11 +44,17 @@ class Report:
             worse = [n for n in common if b[n] == "passed" and a[n] != "passed"]
             better = [n for n in common if a[n] == "passed" and b[n] != "passed"]
             out[base] = {
-                "default": base, "default_precision": self.variants[base].get("precision"), "variant": key,
-                "variant_precision": info.get("precision"), "cases": len(common),
-                "passed_default": sum(a[n] == "passed" for n in common), "passed_variant": sum(b[n] == "passed" for n in common),
-                "fail_only_at_default": len(worse), "fail_only_at_variant": len(better),
-                "examples_fail_only_at_default": worse[:40], "examples_fail_only_at_variant": better[:40],
+                "default": base,
+                "default_precision": self.variants[base].get("precision"),
+                "variant": key,
+                "variant_precision": info.get("precision"),
+                "cases": len(common),
+                "passed_default": sum(a[n] == "passed" for n in common),
+                "passed_variant": sum(b[n] == "passed" for n in common),
+                "fail_only_at_default": len(worse),
+                "fail_only_at_variant": len(better),
+                "examples_fail_only_at_default": worse[:40],
+                "examples_fail_only_at_variant": better[:40],
             }
         return out
 
@@ -77,12 +84,20 @@ def junit_xml(report: Report) -> bytes:
         groups[(c["suite"], c["provider"])].append(c)
     for (suite, provider), cases in sorted(groups.items()):
         counts = Counter(c["status"] for c in cases)
-        ts = ET.SubElement(root, "testsuite", name=f"{suite}.{provider}", tests=str(len(cases)),
-                           failures=str(counts["failed"]), errors=str(counts["errored"]), skipped=str(counts["skipped"]),
-                           time=f"{sum(c.get('time_s') or 0 for c in cases):.3f}")
+        ts = ET.SubElement(
+            root,
+            "testsuite",
+            name=f"{suite}.{provider}",
+            tests=str(len(cases)),
+            failures=str(counts["failed"]),
+            errors=str(counts["errored"]),
+            skipped=str(counts["skipped"]),
+            time=f"{sum(c.get('time_s') or 0 for c in cases):.3f}",
+        )
         for c in cases:
-            tc = ET.SubElement(ts, "testcase", classname=f"{suite}.{provider}", name=c["case"],
-                               time=f"{c.get('time_s') or 0:.4f}")
+            tc = ET.SubElement(
+                ts, "testcase", classname=f"{suite}.{provider}", name=c["case"], time=f"{c.get('time_s') or 0:.4f}"
+            )
             tag = {"failed": "failure", "errored": "error", "skipped": "skipped"}.get(c["status"])
             if tag:
                 ET.SubElement(tc, tag, message=_clean(c.get("reason") or c["status"]))

@@ -1,4 +1,5 @@
 """Conformance orchestration: pick provider variants, run the node and models suites, build the Report."""
+
 from __future__ import annotations
 
 import tempfile
@@ -26,8 +27,13 @@ class Variant:
     reason: str = ""
 
     def info(self, runtime_precision: str | None = None) -> dict[str, Any]:
-        return {"provider": self.provider, "precision": runtime_precision or self.precision,
-                "requested_precision": self.precision, "available": self.available, "reason": self.reason}
+        return {
+            "provider": self.provider,
+            "precision": runtime_precision or self.precision,
+            "requested_precision": self.precision,
+            "available": self.available,
+            "reason": self.reason,
+        }
 
 
 def variants_for(providers: list[str] | None, profile: Any, target: Any) -> tuple[list[Variant], dict[str, str]]:
@@ -58,10 +64,19 @@ def variants_for(providers: list[str] | None, profile: Any, target: Any) -> tupl
     return out, left_out
 
 
-def run_conformance(suite: str = "all", providers: list[str] | None = None, *, profile: Any = None, target: Any = None,
-                    models_dir: Path | None = None, patterns: list[str] | None = None, budget_s: float = 2.0,
-                    case_timeout: float = node.CASE_TIMEOUT_S, light: list[str] | None = None,
-                    progress: Callable[..., None] | None = None) -> Report:
+def run_conformance(
+    suite: str = "all",
+    providers: list[str] | None = None,
+    *,
+    profile: Any = None,
+    target: Any = None,
+    models_dir: Path | None = None,
+    patterns: list[str] | None = None,
+    budget_s: float = 2.0,
+    case_timeout: float = node.CASE_TIMEOUT_S,
+    light: list[str] | None = None,
+    progress: Callable[..., None] | None = None,
+) -> Report:
     """Run the chosen suite(s); the report lists every case. Raises only for bad arguments."""
     if suite not in SUITES:
         raise ProviderError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
@@ -95,10 +110,18 @@ def _meta(profile: Any, target: Any, left_out: dict[str, str]) -> dict[str, Any]
 
     now = time.time()
     return {
-        "created": now, "created_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-        "target": getattr(target, "name", None), "versions": runtime_versions(profile),
-        "hardware": {"arch": profile.arch, "cpu": profile.cpu.model, "board": profile.board.model if profile.board else None},
-        "unavailable_providers": left_out, "node_rtol": 1e-3, "node_atol": 1e-7,
+        "created": now,
+        "created_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "target": getattr(target, "name", None),
+        "versions": runtime_versions(profile),
+        "hardware": {
+            "arch": profile.arch,
+            "cpu": profile.cpu.model,
+            "board": profile.board.model if profile.board else None,
+        },
+        "unavailable_providers": left_out,
+        "node_rtol": 1e-3,
+        "node_atol": 1e-7,
     }
 
 
@@ -113,8 +136,9 @@ def _node_suite(report: Report, variants: list[Variant], patterns, case_timeout,
         if not v.available:
             report.cases += [node.CaseResult(c.name, c.op, v.key, "skipped", v.reason).to_dict() for c in cases]
             continue
-        results = node.run_variant(cases, v.provider, v.precision, v.options, key=v.key, timeout=case_timeout,
-                                   progress=progress)
+        results = node.run_variant(
+            cases, v.provider, v.precision, v.options, key=v.key, timeout=case_timeout, progress=progress
+        )
         precs = {r.precision for r in results if r.precision}
         if len(precs) == 1:
             report.variants[v.key]["precision"] = precs.pop()
@@ -130,10 +154,19 @@ def _models_suite(report, variants, profile, target, models_dir, budget_s, light
         names = list(dict.fromkeys(v.provider for v in variants))
         if progress:
             progress("suite", suite="models", stage=f"{len(packages)} models on {', '.join(names)}")
-        cases, records = models_suite.run_models(packages, profile, target, names, budget_s=budget_s,
-                                                 progress=progress, workdir=work / "extracted")
+        cases, records = models_suite.run_models(
+            packages, profile, target, names, budget_s=budget_s, progress=progress, workdir=work / "extracted"
+        )
     report.cases += cases
     report.models += records
     for c in cases:  # f32 rows exist only where the default precision failed accuracy; name them anyway
-        report.variants.setdefault(c["provider"], {"provider": c["provider"].split(":")[0], "precision": c.get("precision"),
-                                                   "requested_precision": None, "available": True, "reason": ""})
+        report.variants.setdefault(
+            c["provider"],
+            {
+                "provider": c["provider"].split(":")[0],
+                "precision": c.get("precision"),
+                "requested_precision": None,
+                "available": True,
+                "reason": "",
+            },
+        )

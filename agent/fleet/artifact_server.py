@@ -7,6 +7,7 @@ Nothing is sent twice for nothing: a chunk already sent to a device after its re
 (a re-request that overtook a busy server), and a device whose will (`online: false`) arrived stops being
 answered for requests it made before it died (a SIGKILLed or disconnected device does not drain the server).
 """
+
 from __future__ import annotations
 
 import collections
@@ -15,11 +16,11 @@ import os
 import queue
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from agent.artifacts import chunks
-from agent.artifacts.store import ContentStore
 from agent.artifacts.manifest import MAX_CHUNK
+from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
@@ -29,8 +30,17 @@ SENT_MEMORY = 65536  # (device, chunk) pairs remembered to skip re-requests alre
 
 
 class ArtifactServer:
-    def __init__(self, store: ContentStore, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, *, workers: int = 2,
-                 max_outstanding: int = 32, progress: Callable[..., None] | None = None, client_id: str | None = None):
+    def __init__(
+        self,
+        store: ContentStore,
+        broker: BrokerConfig,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        workers: int = 2,
+        max_outstanding: int = 32,
+        progress: Callable[..., None] | None = None,
+        client_id: str | None = None,
+    ):
         self.store, self.topics = store, Topics(prefix)
         self.link = MqttLink(broker, client_id=client_id, max_inflight=max_outstanding, max_queued=100000)
         self.workers, self.max_outstanding, self.progress = workers, max_outstanding, progress
@@ -146,8 +156,13 @@ class ArtifactServer:
         fd = self._fd(req.sha256)
         if fd is None:
             self.stats["not_found"] += 1
-            return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.NOT_FOUND,
-                                          f"artifact {req.sha256[:16]} is not in this server's store".encode())
+            return chunks.encode_response(
+                req.sha256,
+                req.chunk_size,
+                index,
+                chunks.NOT_FOUND,
+                f"artifact {req.sha256[:16]} is not in this server's store".encode(),
+            )
         data = os.pread(fd, req.chunk_size, index * req.chunk_size)
         if not data:
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")
@@ -191,7 +206,12 @@ def _http_handler(store: ContentStore):
 
         def _serve(self, body: bool) -> None:
             parts = self.path.split("?")[0].strip("/").split("/")
-            if len(parts) != 3 or parts[:2] != ["blobs", "sha256"] or not _is_hex64(parts[2]) or not store.has(parts[2]):
+            if (
+                len(parts) != 3
+                or parts[:2] != ["blobs", "sha256"]
+                or not _is_hex64(parts[2])
+                or not store.has(parts[2])
+            ):
                 return self._error(404, "no such blob")
             path = store.path(parts[2])
             size = path.stat().st_size

@@ -1,13 +1,14 @@
 """fleet push: store a package as a content-addressed artifact, publish its signed retained desired state,
 and optionally wait until every targeted device reports that version committed (or says why not)."""
+
 from __future__ import annotations
 
 import gzip
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
 from agent.artifacts.store import ContentStore, hash_file
@@ -22,8 +23,11 @@ DEFAULT_TTL_S = 30 * 86400
 
 def _tar_dir(directory: Path, out: Path) -> None:
     """A reproducible tar.gz of a package directory (sorted, mtime 0, no owners, regular files and dirs only)."""
-    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        open(out, "wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for path in sorted(directory.rglob("*")):
             rel = path.relative_to(directory).as_posix()
             if path.is_symlink():
@@ -86,17 +90,37 @@ def _check_monotonic(watch: FleetWatch, topics: list[str], manifest: Manifest, t
         except (ManifestError, KeyError, TypeError):
             continue  # an unreadable old desired state is simply replaced
         if cmp < 0 and not manifest.rollback:
-            raise ManifestError(f"{topic} already holds version {old_version}; {manifest.version} is older "
-                                "(use --rollback to publish a signed rollback)")
+            raise ManifestError(
+                f"{topic} already holds version {old_version}; {manifest.version} is older "
+                "(use --rollback to publish a signed rollback)"
+            )
         if cmp == 0 and old.get("artifact", {}).get("sha256") != manifest.artifact.sha256:
-            raise ManifestError(f"{topic} already holds version {old_version} with a different artifact; "
-                                "versions are immutable: bump --version")
+            raise ManifestError(
+                f"{topic} already holds version {old_version} with a different artifact; "
+                "versions are immutable: bump --version"
+            )
 
 
-def push(package, *, name: str, version: str, key_file, store, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX,
-         devices=(), groups=(), http_url: str | None = None, chunk_size: int = DEFAULT_CHUNK,
-         ttl_s: int = DEFAULT_TTL_S, rollback: bool = False, qualification: dict | None = None,
-         wait: float | None = None, validate: bool = True, progress: Callable[..., None] | None = None) -> dict:
+def push(
+    package,
+    *,
+    name: str,
+    version: str,
+    key_file,
+    store,
+    broker: BrokerConfig,
+    prefix: str = DEFAULT_PREFIX,
+    devices=(),
+    groups=(),
+    http_url: str | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    ttl_s: int = DEFAULT_TTL_S,
+    rollback: bool = False,
+    qualification: dict | None = None,
+    wait: float | None = None,
+    validate: bool = True,
+    progress: Callable[..., None] | None = None,
+) -> dict:
     """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed."""
     from agent.artifacts.keys import key_id, load_private_key
 
@@ -113,16 +137,39 @@ def push(package, *, name: str, version: str, key_file, store, broker: BrokerCon
     key = load_private_key(key_file)
     progress("store", package=str(package))
     art = store_package(package, store, chunk_size, validate=validate)
-    sources = [{"type": "mqtt"}] + ([{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else [])
-    manifest = Manifest.create(name=name, version=version, sha256=art["sha256"], size=art["size"],
-                               chunk_size=chunk_size, chunks=art["chunks"], fmt=art["format"], sources=sources,
-                               devices=devices, groups=groups, qualification=qualification, ttl_s=ttl_s,
-                               rollback=rollback)
+    sources = [{"type": "mqtt"}] + (
+        [{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else []
+    )
+    manifest = Manifest.create(
+        name=name,
+        version=version,
+        sha256=art["sha256"],
+        size=art["size"],
+        chunk_size=chunk_size,
+        chunks=art["chunks"],
+        fmt=art["format"],
+        sources=sources,
+        devices=devices,
+        groups=groups,
+        qualification=qualification,
+        ttl_s=ttl_s,
+        rollback=rollback,
+    )
     envelope = manifest.sign(key)
     topics = _targets(prefix, name, devices, groups)
-    doc = {"name": name, "version": version, "sha256": art["sha256"], "size": art["size"], "format": art["format"],
-           "key_id": key_id(key.public_key()), "targets": {"devices": devices, "groups": groups}, "topics": topics,
-           "expires_at": manifest.expires_at, "rollback": rollback, "waited": wait is not None}
+    doc = {
+        "name": name,
+        "version": version,
+        "sha256": art["sha256"],
+        "size": art["size"],
+        "format": art["format"],
+        "key_id": key_id(key.public_key()),
+        "targets": {"devices": devices, "groups": groups},
+        "topics": topics,
+        "expires_at": manifest.expires_at,
+        "rollback": rollback,
+        "waited": wait is not None,
+    }
     with FleetWatch(broker, prefix, events=wait is not None) as watch:
         _check_monotonic(watch, topics, manifest, 15.0)
         baseline = {dev: _dep_key(d, name) for dev, d in watch.status.items()}
@@ -164,16 +211,22 @@ def _same(a, b) -> bool:
         return False
 
 
-def wait_for_devices(watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict,
-                     progress) -> dict[str, dict]:
+def wait_for_devices(
+    watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict, progress
+) -> dict[str, dict]:
     """Wait until each targeted device is committed or has failed; pending devices time out with their state."""
     results: dict[str, dict] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
     deadline = time.monotonic() + timeout
     while True:
         for kind, dev, doc in watch.drain(timeout=0.5):
             member = dev in results or set(groups) & set((watch.status.get(dev) or {}).get("groups") or [])
-            if kind == "events" and member and doc.get("model") == name and _same(doc.get("version"), version) \
-                    and doc.get("state") in TERMINAL_BAD:
+            if (
+                kind == "events"
+                and member
+                and doc.get("model") == name
+                and _same(doc.get("version"), version)
+                and doc.get("state") in TERMINAL_BAD
+            ):
                 results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
                 progress("device", device_id=dev, **results[dev])
         for dev, status in watch.status.items():
@@ -192,6 +245,8 @@ def wait_for_devices(watch: FleetWatch, name: str, version: str, devices, groups
             for d in pending:
                 results[d] = {"result": "timeout", "reason": f"timed out after {timeout:g} s ({results[d]['reason']})"}
             if not results:
-                results = {f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}
-                           for g in groups}
+                results = {
+                    f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}
+                    for g in groups
+                }
             return results

@@ -6,10 +6,12 @@ The engine talks to the fleet through two small interfaces so it stays testable 
   issuer: envelope(device_id, version, rollback) -> signed envelope dict (deterministic: same bytes every time)
 agent.fleet.rollout_mqtt provides both on top of the MQTT transport and the signed-manifest code.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
@@ -22,8 +24,14 @@ def _noop(event: str, **fields: Any) -> None:
     return None
 
 
-def open_rollout(store, spec: RolloutSpec, statuses: dict[str, dict], manifest_info: dict, now: float | None = None,
-                 extras: Callable[[dict], dict] | None = None):
+def open_rollout(
+    store,
+    spec: RolloutSpec,
+    statuses: dict[str, dict],
+    manifest_info: dict,
+    now: float | None = None,
+    extras: Callable[[dict], dict] | None = None,
+):
     """Load the persisted rollout for (name, version), or plan and persist a new one. Returns (state, resumed).
 
     `extras(planned)` may add persisted fields to a new rollout (the signed-manifest bases, warnings)."""
@@ -38,8 +46,10 @@ def open_rollout(store, spec: RolloutSpec, statuses: dict[str, dict], manifest_i
                 f"(saved vs asked: {diff}); publish a new --version instead"
             )
         if state["artifact"].get("sha256") != manifest_info.get("sha256"):
-            raise ConfigError(f"rollout {rid} was started with artifact {state['artifact'].get('sha256')}, "
-                              f"this package is {manifest_info.get('sha256')}; publish a new --version instead")
+            raise ConfigError(
+                f"rollout {rid} was started with artifact {state['artifact'].get('sha256')}, "
+                f"this package is {manifest_info.get('sha256')}; publish a new --version instead"
+            )
         return state, True
     planned = plan(spec, statuses)
     more = extras(planned) if extras else {}  # may annotate planned devices too
@@ -106,7 +116,9 @@ class RolloutEngine:
             changed |= self._observe(key, statuses)
             failed, attempted, first = self._failures(key)
             if over_budget(failed, attempted, self.spec.failure_budget):
-                self._halt(key, f"{failed} of {attempted} devices failed (max {self.spec.max_failures}); first: {first}")
+                self._halt(
+                    key, f"{failed} of {attempted} devices failed (max {self.spec.max_failures}); first: {first}"
+                )
                 return True
             if any(self.state["devices"][d]["result"] == rs.IN_PROGRESS for d in cohort["waves"][wave]):
                 return changed
@@ -163,7 +175,7 @@ class RolloutEngine:
     def _halt(self, key: str, reason: str) -> None:
         cohort, now = self.state["cohorts"][key], self.clock()
         cohort.update(state=rs.ROLLING_BACK, reason=reason, rollback_started=now)
-        for dev, d in self.state["devices"].items():
+        for d in self.state["devices"].values():
             if d["cohort"] != key:
                 continue
             if d["result"] == rs.PENDING:
@@ -207,7 +219,10 @@ class RolloutEngine:
             return rs.ROLLBACK_FAILED, d["rollback_unavailable"]
         if prev is None:
             if rs.holds(doc, name, new) or d.get("took"):
-                return rs.ROLLBACK_FAILED, f"no previous version to return to: {new} stays installed; desired state cleared"
+                return (
+                    rs.ROLLBACK_FAILED,
+                    f"no previous version to return to: {new} stays installed; desired state cleared",
+                )
             return rs.CANCELLED, "cohort halted before it installed; desired state cleared"
         result, reason = rs.observe(doc, name, prev)
         if result == rs.FAILED:
@@ -225,7 +240,9 @@ class RolloutEngine:
             return False
         final = rs.COMPLETED if states == {rs.COMPLETED} else rs.HALTED if states == {rs.HALTED} else rs.PARTIAL
         self.state["state"] = final
-        self.progress("rollout_finished", rollout_id=self.state["rollout_id"], state=final, counts=rs.totals(self.state))
+        self.progress(
+            "rollout_finished", rollout_id=self.state["rollout_id"], state=final, counts=rs.totals(self.state)
+        )
         return True
 
     def _publish_forward(self, dev: str) -> None:
@@ -244,8 +261,10 @@ class RolloutEngine:
         d = self.state["devices"][dev]
         env = None if d["previous_version"] is None else self.issuer.envelope(dev, d["previous_version"], rollback=True)
         if env is None and d["previous_version"] is not None:
-            d["rollback_unavailable"] = (f"cannot sign a rollback to {d['previous_version']}: its artifact is not in "
-                                         "the control plane's store; desired state cleared")
+            d["rollback_unavailable"] = (
+                f"cannot sign a rollback to {d['previous_version']}: its artifact is not in "
+                "the control plane's store; desired state cleared"
+            )
         self.link.publish_desired(dev, self.spec.name, env)
 
     def _save(self) -> None:

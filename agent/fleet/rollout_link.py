@@ -1,5 +1,6 @@
 """The rollout engine's view of the fleet over MQTT (retained status in, retained desired state out) and its
 manifest issuer (per-device signed envelopes, byte-identical on every republish)."""
+
 from __future__ import annotations
 
 import json
@@ -99,10 +100,28 @@ class ManifestIssuer:
         return self._cache[k]
 
 
-def base_manifest(name: str, version: str, artifact: dict, sources: list[dict], ttl_s: int, now: float,
-                  qualification: dict | None = None) -> dict:
+def base_manifest(
+    name: str,
+    version: str,
+    artifact: dict,
+    sources: list[dict],
+    ttl_s: int,
+    now: float,
+    qualification: dict | None = None,
+) -> dict:
     """The manifest dict a rollout persists (targeting is filled per device when signing)."""
-    m = Manifest.create(name=name, version=version, sha256=artifact["sha256"], size=artifact["size"],
-                        chunk_size=artifact["chunk_size"], chunks=artifact["chunks"], fmt=artifact.get("format", "onnx"),
-                        sources=sources, devices=["placeholder"], qualification=qualification, ttl_s=ttl_s, now=now)
+    m = Manifest.create(
+        name=name,
+        version=version,
+        sha256=artifact["sha256"],
+        size=artifact["size"],
+        chunk_size=artifact["chunk_size"],
+        chunks=artifact["chunks"],
+        fmt=artifact.get("format", "onnx"),
+        sources=sources,
+        devices=["placeholder"],
+        qualification=qualification,
+        ttl_s=ttl_s,
+        now=now,
+    )
     return m.to_dict()

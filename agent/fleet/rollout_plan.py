@@ -1,10 +1,12 @@
 """Rollout planning (pure): device selection from retained status, cohorts, canary and wave split, thresholds."""
+
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from agent.errors import ConfigError
 
@@ -111,8 +113,13 @@ class RolloutSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "version": self.version, "group": self.group, "cohort_by": self.cohort_by,
-            "canary": self.canary, "wave_size": self.wave_size, "max_failures": self.max_failures,
+            "name": self.name,
+            "version": self.version,
+            "group": self.group,
+            "cohort_by": self.cohort_by,
+            "canary": self.canary,
+            "wave_size": self.wave_size,
+            "max_failures": self.max_failures,
             "deadline_s": self.deadline_s,
         }
 
@@ -186,7 +193,9 @@ def plan(spec: RolloutSpec, statuses: dict[str, dict]) -> dict[str, Any]:
     selected = select_devices(statuses, spec.group)
     if not selected:
         where = f"group {spec.group!r}" if spec.group else "the fleet"
-        raise ConfigError(f"no devices in {where}: no retained status found (are the devices online and in that group?)")
+        raise ConfigError(
+            f"no devices in {where}: no retained status found (are the devices online and in that group?)"
+        )
     canary = parse_count(spec.canary, "--canary")
     wave = parse_count(spec.wave_size, "--wave-size", allow_zero=False)
     members: dict[str, list[str]] = {}
@@ -198,8 +207,12 @@ def plan(spec: RolloutSpec, statuses: dict[str, dict]) -> dict[str, Any]:
         cohorts[key] = {"waves": waves, "canary": bool(canary.of(len(members[key]), canary.value > 0))}
         for w, ids in enumerate(waves):
             for dev in ids:
-                devices[dev] = {"cohort": key, "wave": w, "previous_version": current_version(statuses[dev], spec.name),
-                                "previous_sha256": current_sha(statuses[dev], spec.name)}
+                devices[dev] = {
+                    "cohort": key,
+                    "wave": w,
+                    "previous_version": current_version(statuses[dev], spec.name),
+                    "previous_sha256": current_sha(statuses[dev], spec.name),
+                }
     return {"cohorts": cohorts, "devices": devices}
 
 

@@ -1,9 +1,11 @@
 """Composition of a rollout or a manual rollback: key, artifact in the store, fleet link, engine, summary."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
@@ -47,8 +49,9 @@ def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> l
     return src
 
 
-def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress,
-                     link: FleetLink | None = None):
+def _manifest_extras(
+    spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress, link: FleetLink | None = None
+):
     """Persist every manifest the rollout may sign (the new version, each previous version to roll back to)
     and each device's desired state before the rollout (restored as it was on devices that never change)."""
 
@@ -64,8 +67,10 @@ def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dic
                 continue
             found = stored_artifact(store, sha, chunk_size=artifact["chunk_size"]) if sha else None
             if found is None:
-                warnings.append(f"{dev}: version {prev} ({(sha or 'sha256 unknown')[:16]}) is not in {store}; "
-                                "that device cannot be rolled back automatically")
+                warnings.append(
+                    f"{dev}: version {prev} ({(sha or 'sha256 unknown')[:16]}) is not in {store}; "
+                    "that device cannot be rolled back automatically"
+                )
                 continue
             manifests[prev] = base_manifest(spec.name, prev, found, [{"type": "mqtt"}], MANIFEST_TTL_S, now)
         for w in warnings:
@@ -75,10 +80,22 @@ def _manifest_extras(spec: RolloutSpec, store, artifact: dict, sources: list[dic
     return extras
 
 
-def run_rollout(package, spec: RolloutSpec, *, key_file, store, broker, prefix: str = "edge",
-                http_url: str | None = None, http_only: bool = False, wait: bool = True,
-                progress: Callable[..., None] | None = None, stop=None, tick_s: float = 1.0,
-                chunk_size: int = DEFAULT_CHUNK) -> dict[str, Any]:
+def run_rollout(
+    package,
+    spec: RolloutSpec,
+    *,
+    key_file,
+    store,
+    broker,
+    prefix: str = "edge",
+    http_url: str | None = None,
+    http_only: bool = False,
+    wait: bool = True,
+    progress: Callable[..., None] | None = None,
+    stop=None,
+    tick_s: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> dict[str, Any]:
     """Start or resume the rollout of `package` described by `spec`; returns the summary document."""
     from agent.artifacts.keys import load_private_key
 
@@ -90,8 +107,13 @@ def run_rollout(package, spec: RolloutSpec, *, key_file, store, broker, prefix: 
     sources = _sources(artifact, http_url, http_only)
     with FleetLink(broker, prefix) as link:
         extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
-        state, resumed = open_rollout(store, spec, link.statuses(), {"sha256": artifact["sha256"],
-                                      "size": artifact["size"], "format": artifact.get("format")}, extras=extras)
+        state, resumed = open_rollout(
+            store,
+            spec,
+            link.statuses(),
+            {"sha256": artifact["sha256"], "size": artifact["size"], "format": artifact.get("format")},
+            extras=extras,
+        )
         if resumed:
             progress("resumed", rollout_id=state["rollout_id"], path=str(rs.state_path(store, state["rollout_id"])))
         engine = RolloutEngine(store, state, link, ManifestIssuer(key, state["manifests"]), progress)
@@ -117,8 +139,18 @@ def _manifest_for(store, name: str, version: str) -> dict | None:
     return None
 
 
-def run_rollback(name: str, *, device: str | None, group: str | None, version: str | None, key_file, store, broker,
-                 prefix: str = "edge", wait_s: float = 0.0) -> dict[str, Any]:
+def run_rollback(
+    name: str,
+    *,
+    device: str | None,
+    group: str | None,
+    version: str | None,
+    key_file,
+    store,
+    broker,
+    prefix: str = "edge",
+    wait_s: float = 0.0,
+) -> dict[str, Any]:
     """Publish signed rollback manifests for `name` on one device or a group; optionally wait for confirmation."""
     from agent.artifacts.keys import load_private_key
 
@@ -133,13 +165,21 @@ def run_rollback(name: str, *, device: str | None, group: str | None, version: s
         if not targets:
             raise ConfigError(f"no devices in group {group!r}: no retained status found")
         for dev in targets:
-            ver, base = (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)
+            ver, base = (
+                (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)
+            )
             row = {"device_id": dev, "version": ver}
             if ver is None:
-                row.update(result="skipped", reason=f"no version to return to: no rollout recorded in {store} "
-                                                     f"saw an earlier {name} on this device (pass --version)")
+                row.update(
+                    result="skipped",
+                    reason=f"no version to return to: no rollout recorded in {store} "
+                    f"saw an earlier {name} on this device (pass --version)",
+                )
             elif base is None:
-                row.update(result="skipped", reason=f"no manifest for {name} {ver} in {store}: it was never rolled out from here")
+                row.update(
+                    result="skipped",
+                    reason=f"no manifest for {name} {ver} in {store}: it was never rolled out from here",
+                )
             else:
                 now = int(time.time())  # a rollback is a new decision: fresh issue time and expiry
                 manifests[ver] = {**base, "issued_at": now, "expires_at": now + MANIFEST_TTL_S}

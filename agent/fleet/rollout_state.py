@@ -1,4 +1,5 @@
 """Persisted rollout state (atomic JSON under STORE/rollouts/) and how devices' retained status maps to results."""
+
 from __future__ import annotations
 
 import time
@@ -32,16 +33,32 @@ def state_path(store: str | Path, rid: str) -> Path:
 
 def new_state(rid: str, spec: RolloutSpec, planned: dict[str, Any], manifest_info: dict[str, Any], now: float) -> dict:
     cohorts = {
-        key: {"state": RUNNING, "wave": 0, "waves": c["waves"], "canary": c["canary"], "wave_started": {},
-              "reason": None, "rollback_started": None}
+        key: {
+            "state": RUNNING,
+            "wave": 0,
+            "waves": c["waves"],
+            "canary": c["canary"],
+            "wave_started": {},
+            "reason": None,
+            "rollback_started": None,
+        }
         for key, c in planned["cohorts"].items()
     }
     devices = {
         dev: {**d, "result": PENDING, "reason": None, "published": None, "finished": None}
         for dev, d in planned["devices"].items()
     }
-    return {"format": FORMAT, "rollout_id": rid, "spec": spec.to_dict(), "state": RUNNING, "created": now,
-            "updated": now, "artifact": manifest_info, "cohorts": cohorts, "devices": devices}
+    return {
+        "format": FORMAT,
+        "rollout_id": rid,
+        "spec": spec.to_dict(),
+        "state": RUNNING,
+        "created": now,
+        "updated": now,
+        "artifact": manifest_info,
+        "cohorts": cohorts,
+        "devices": devices,
+    }
 
 
 def load_state(store: str | Path, rid: str) -> dict | None:
@@ -100,8 +117,15 @@ def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:
             r = state["devices"][dev]["result"]
             counts[r] = counts.get(r, 0) + 1
         kind = "canary" if i == 0 and cohort["canary"] else "wave"
-        rows.append({"index": i, "kind": kind, "size": len(ids), "started": cohort["wave_started"].get(str(i)),
-                     "counts": counts})
+        rows.append(
+            {
+                "index": i,
+                "kind": kind,
+                "size": len(ids),
+                "started": cohort["wave_started"].get(str(i)),
+                "counts": counts,
+            }
+        )
     return rows
 
 
@@ -116,12 +140,24 @@ def progress_doc(state: dict) -> dict[str, Any]:
     """The retained p/rollouts/{id} document: where every cohort and wave stands."""
     spec = state["spec"]
     return {
-        "rollout_id": state["rollout_id"], "model": spec["name"], "version": spec["version"],
-        "group": spec["group"], "cohort_by": spec["cohort_by"], "state": state["state"],
-        "created": state["created"], "ts": time.time(), "devices": len(state["devices"]), "counts": totals(state),
+        "rollout_id": state["rollout_id"],
+        "model": spec["name"],
+        "version": spec["version"],
+        "group": spec["group"],
+        "cohort_by": spec["cohort_by"],
+        "state": state["state"],
+        "created": state["created"],
+        "ts": time.time(),
+        "devices": len(state["devices"]),
+        "counts": totals(state),
         "cohorts": {
-            key: {"state": c["state"], "wave": c["wave"], "waves_total": len(c["waves"]), "reason": c["reason"],
-                  "waves": wave_counts(state, key)}
+            key: {
+                "state": c["state"],
+                "wave": c["wave"],
+                "waves_total": len(c["waves"]),
+                "reason": c["reason"],
+                "waves": wave_counts(state, key),
+            }
             for key, c in state["cohorts"].items()
         },
     }
@@ -131,8 +167,14 @@ def summary(state: dict) -> dict[str, Any]:
     """The summary JSON: the progress document plus every device with its result and reason."""
     doc = progress_doc(state)
     doc["devices"] = [
-        {"device_id": dev, "cohort": d["cohort"], "wave": d["wave"], "result": d["result"], "reason": d["reason"],
-         "previous_version": d["previous_version"]}
+        {
+            "device_id": dev,
+            "cohort": d["cohort"],
+            "wave": d["wave"],
+            "result": d["result"],
+            "reason": d["reason"],
+            "previous_version": d["previous_version"],
+        }
         for dev, d in sorted(state["devices"].items())
     ]
     return doc

@@ -1,13 +1,15 @@
 """Simulated device classes: captured sysroots -> hardware profile, target, and the providers this host can
 really run on that hardware's behalf; plus the per-process qualification cache identical devices share."""
+
 from __future__ import annotations
 
 import os
 import platform
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import ConfigError
 
@@ -54,8 +56,14 @@ class DeviceClass:
     why: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"class": self.name, "sysroot": self.sysroot, "target": self.target, "arch": self.profile.arch,
-                "providers": list(self.providers), "dropped": dict(self.why)}
+        return {
+            "class": self.name,
+            "sysroot": self.sysroot,
+            "target": self.target,
+            "arch": self.profile.arch,
+            "providers": list(self.providers),
+            "dropped": dict(self.why),
+        }
 
 
 def simulated_providers(profile, target) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -100,8 +108,10 @@ def load_classes(sysroots: list[str], strict: bool = True) -> list[DeviceClass]:
         profile = detect(root, use_host_tools=False)
         if profile.arch is None:
             if strict:
-                raise ConfigError(f"--sysroots: no CPU architecture readable under {root} (proc/cpuinfo, "
-                                  "uname captures): not a captured device")
+                raise ConfigError(
+                    f"--sysroots: no CPU architecture readable under {root} (proc/cpuinfo, "
+                    "uname captures): not a captured device"
+                )
             continue
         target = match(profile)
         providers, why = simulated_providers(profile, target)

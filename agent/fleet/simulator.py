@@ -1,5 +1,6 @@
 """The fleet simulator: N real DeviceAgents in one process, each with its own MQTT client, state directory and
 hardware profile from a captured sysroot, qualifying what they receive for real (shared per-class cache)."""
+
 from __future__ import annotations
 
 import copy
@@ -7,8 +8,9 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet.sim_classes import DeviceClass, QualificationCache, discover_sysroots, load_classes
@@ -19,10 +21,22 @@ __all__ = ["Simulator", "discover_sysroots"]
 class Simulator:
     """Start/stop a simulated fleet. Device ids: {id_prefix}-{class}-{n}; classes assigned round-robin."""
 
-    def __init__(self, count: int, *, broker, prefix: str = "edge", trust: list[str], groups: list[str],
-                 sysroots: list[str] | None = None, state_dir: str | None = None, id_prefix: str = "sim",
-                 probation_s: float = 2.0, latency_budget_s: float = 0.3, share_qualification: bool = True,
-                 serve_http: bool = False):
+    def __init__(
+        self,
+        count: int,
+        *,
+        broker,
+        prefix: str = "edge",
+        trust: list[str],
+        groups: list[str],
+        sysroots: list[str] | None = None,
+        state_dir: str | None = None,
+        id_prefix: str = "sim",
+        probation_s: float = 2.0,
+        latency_budget_s: float = 0.3,
+        share_qualification: bool = True,
+        serve_http: bool = False,
+    ):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
         self.count, self.broker, self.prefix, self.trust, self.groups = count, broker, prefix, trust, groups
@@ -75,8 +89,10 @@ class Simulator:
                 if not missing:
                     return
                 if time.monotonic() > deadline:
-                    raise TransportError(f"{len(missing)} simulated devices have no retained status on the broker "
-                                         f"after {timeout:g} s (first: {missing[0]})")
+                    raise TransportError(
+                        f"{len(missing)} simulated devices have no retained status on the broker "
+                        f"after {timeout:g} s (first: {missing[0]})"
+                    )
                 watch.drain(timeout=0.5)
 
     def start_device(self, device_id: str, cls: DeviceClass):
@@ -86,11 +102,21 @@ class Simulator:
         from agent.lifecycle.steps import StepConfig
 
         cfg = parse_config(self._config_dict(device_id, cls))
-        steps = StepConfig(probation_s=self.probation_s, providers=list(cls.providers),
-                           qualify_options={"latency_budget_s": self.latency_budget_s})
+        steps = StepConfig(
+            probation_s=self.probation_s,
+            providers=list(cls.providers),
+            qualify_options={"latency_budget_s": self.latency_budget_s},
+        )
         qualifier = self._shared_qualifier(device_id, cls) if self.cache is not None else None
-        agent = DeviceAgent(cfg, profile=cls.profile, serve_http=self.serve_http, step_config=steps,
-                            on_event=self._on_event, providers=list(cls.providers), qualifier=qualifier)
+        agent = DeviceAgent(
+            cfg,
+            profile=cls.profile,
+            serve_http=self.serve_http,
+            step_config=steps,
+            on_event=self._on_event,
+            providers=list(cls.providers),
+            qualifier=qualifier,
+        )
         agent.start()
         with self._lock:
             self.agents[device_id], self.device_class[device_id] = agent, cls
@@ -134,11 +160,19 @@ class Simulator:
                 pw.chmod(0o600)
             mqtt["password_file"] = str(pw)
         if tls:
-            mqtt["tls"] = {k: v for k, v in (("ca", self.broker.ca), ("cert", self.broker.cert),
-                                              ("key", self.broker.key)) if v}
-        return {"device_id": device_id, "groups": list(self.groups), "state_dir": str(self.state_dir / device_id),
-                "target": cls.target, "mqtt": mqtt, "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
-                "telemetry": {"interval_s": 0}, "serving": {"host": "127.0.0.1", "port": 0}}
+            mqtt["tls"] = {
+                k: v for k, v in (("ca", self.broker.ca), ("cert", self.broker.cert), ("key", self.broker.key)) if v
+            }
+        return {
+            "device_id": device_id,
+            "groups": list(self.groups),
+            "state_dir": str(self.state_dir / device_id),
+            "target": cls.target,
+            "mqtt": mqtt,
+            "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
+            "telemetry": {"interval_s": 0},
+            "serving": {"host": "127.0.0.1", "port": 0},
+        }
 
     def _shared_qualifier(self, device_id: str, cls: DeviceClass):
         """DeviceAgent's qualifier hook: identical devices (same artifact, target, providers) share one real
@@ -152,6 +186,7 @@ class Simulator:
                 self._progress("qualify_cache", device_id=device_id, key=f"{key[0][:12]}/{key[1]}", first=first)
 
             return copy.deepcopy(self.cache.get(key, device_id, measure, on_reuse=reused))
+
         return qualifier
 
     def _on_event(self, record: dict[str, Any]) -> None:
@@ -165,11 +200,16 @@ class Simulator:
         classes: dict[str, int] = {}
         for cls in self.device_class.values():
             classes[cls.name] = classes.get(cls.name, 0) + 1
-        return {"devices": len(self.agents), "broker": self.broker.redacted(), "state_dir": str(self.state_dir),
-                "classes": classes, "targets": {c.name: c.target for c in self.classes},
-                "providers": {c.name: list(c.providers) for c in self.classes},
-                "dropped": {c.name: c.why for c in self.classes},
-                "http": {dev: a.url for dev, a in self.agents.items()} if self.serve_http else {}}
+        return {
+            "devices": len(self.agents),
+            "broker": self.broker.redacted(),
+            "state_dir": str(self.state_dir),
+            "classes": classes,
+            "targets": {c.name: c.target for c in self.classes},
+            "providers": {c.name: list(c.providers) for c in self.classes},
+            "dropped": {c.name: c.why for c in self.classes},
+            "http": {dev: a.url for dev, a in self.agents.items()} if self.serve_http else {},
+        }
 
     def stats(self) -> dict[str, Any]:
         cache = self.cache.stats() if self.cache is not None else {"measured": None, "reused": 0}

@@ -1,4 +1,5 @@
 """Fleet status from retained status topics: a watcher (live map of device documents) and the table rows."""
+
 from __future__ import annotations
 
 import json
@@ -108,11 +109,19 @@ def device_row(device_id: str, doc: dict) -> dict:
         if isinstance(dep, dict) and (last is None or (dep.get("ts") or 0) >= (last.get("ts") or 0)):
             last = dict(dep, model=model)
     return {
-        "device_id": device_id, "online": bool(doc.get("online", False)), "ts": doc.get("ts"),
-        "groups": doc.get("groups", []), "target": doc.get("target"), "agent_version": doc.get("agent_version"),
-        "models": {m: {k: v.get(k) for k in ("version", "provider", "precision", "state", "sha256")}
-                   for m, v in models.items() if isinstance(v, dict)},
-        "deployments": deployments, "last_deployment": last,
+        "device_id": device_id,
+        "online": bool(doc.get("online", False)),
+        "ts": doc.get("ts"),
+        "groups": doc.get("groups", []),
+        "target": doc.get("target"),
+        "agent_version": doc.get("agent_version"),
+        "models": {
+            m: {k: v.get(k) for k in ("version", "provider", "precision", "state", "sha256")}
+            for m, v in models.items()
+            if isinstance(v, dict)
+        },
+        "deployments": deployments,
+        "last_deployment": last,
     }
 
 

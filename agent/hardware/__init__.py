@@ -1,4 +1,5 @@
 """Hardware discovery: detect(root) -> HardwareProfile, by pure reads under a root directory."""
+
 from agent.hardware import detect as _detect_module  # loaded now so the name below stays the function
 from agent.hardware.profile import Accelerator, Board, CpuInfo, HardwareProfile
 

@@ -1,4 +1,5 @@
 """CPU and memory: /proc/cpuinfo (x86 and Arm formats) and /proc/meminfo, and the arch they imply."""
+
 from __future__ import annotations
 
 import re
@@ -10,17 +11,38 @@ from agent.hardware.sysroot import Sysroot
 X86_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon", "CentaurHauls": "Centaur"}
 ARM_IMPLEMENTERS = {0x41: "ARM", 0x4E: "NVIDIA", 0x51: "Qualcomm", 0x61: "Apple", 0x48: "HiSilicon", 0xC0: "Ampere"}
 ARM_PARTS = {
-    (0x41, 0xD03): "Cortex-A53", (0x41, 0xD04): "Cortex-A35", (0x41, 0xD05): "Cortex-A55",
-    (0x41, 0xD07): "Cortex-A57", (0x41, 0xD08): "Cortex-A72", (0x41, 0xD09): "Cortex-A73",
-    (0x41, 0xD0A): "Cortex-A75", (0x41, 0xD0B): "Cortex-A76", (0x41, 0xD0C): "Neoverse-N1",
-    (0x41, 0xD0D): "Cortex-A77", (0x41, 0xD40): "Neoverse-V1", (0x41, 0xD41): "Cortex-A78",
-    (0x41, 0xD42): "Cortex-A78AE", (0x41, 0xD44): "Cortex-X1", (0x41, 0xD46): "Cortex-A510",
-    (0x41, 0xD47): "Cortex-A710", (0x41, 0xD48): "Cortex-X2", (0x41, 0xD49): "Neoverse-N2",
-    (0x41, 0xD4B): "Cortex-A78C", (0x41, 0xD4F): "Neoverse-V2", (0x41, 0xD80): "Cortex-A520",
-    (0x41, 0xD81): "Cortex-A720", (0x41, 0xD82): "Cortex-X4", (0x4E, 0x004): "Carmel",
-    (0x4E, 0x003): "Denver 2", (0x51, 0x800): "Kryo 2xx Gold", (0x51, 0x801): "Kryo 2xx Silver",
-    (0x51, 0x802): "Kryo 3xx Gold", (0x51, 0x803): "Kryo 3xx Silver", (0x51, 0x804): "Kryo 4xx Gold",
-    (0x51, 0x805): "Kryo 4xx Silver", (0x51, 0x001): "Oryon",
+    (0x41, 0xD03): "Cortex-A53",
+    (0x41, 0xD04): "Cortex-A35",
+    (0x41, 0xD05): "Cortex-A55",
+    (0x41, 0xD07): "Cortex-A57",
+    (0x41, 0xD08): "Cortex-A72",
+    (0x41, 0xD09): "Cortex-A73",
+    (0x41, 0xD0A): "Cortex-A75",
+    (0x41, 0xD0B): "Cortex-A76",
+    (0x41, 0xD0C): "Neoverse-N1",
+    (0x41, 0xD0D): "Cortex-A77",
+    (0x41, 0xD40): "Neoverse-V1",
+    (0x41, 0xD41): "Cortex-A78",
+    (0x41, 0xD42): "Cortex-A78AE",
+    (0x41, 0xD44): "Cortex-X1",
+    (0x41, 0xD46): "Cortex-A510",
+    (0x41, 0xD47): "Cortex-A710",
+    (0x41, 0xD48): "Cortex-X2",
+    (0x41, 0xD49): "Neoverse-N2",
+    (0x41, 0xD4B): "Cortex-A78C",
+    (0x41, 0xD4F): "Neoverse-V2",
+    (0x41, 0xD80): "Cortex-A520",
+    (0x41, 0xD81): "Cortex-A720",
+    (0x41, 0xD82): "Cortex-X4",
+    (0x4E, 0x004): "Carmel",
+    (0x4E, 0x003): "Denver 2",
+    (0x51, 0x800): "Kryo 2xx Gold",
+    (0x51, 0x801): "Kryo 2xx Silver",
+    (0x51, 0x802): "Kryo 3xx Gold",
+    (0x51, 0x803): "Kryo 3xx Silver",
+    (0x51, 0x804): "Kryo 4xx Gold",
+    (0x51, 0x805): "Kryo 4xx Silver",
+    (0x51, 0x001): "Oryon",
 }
 ARM64_MARKERS = {"asimd", "fp", "aes", "crc32", "atomics"}
 
@@ -55,8 +77,12 @@ def read_cpu(sr: Sysroot) -> tuple[CpuInfo, str | None, dict[str, str]]:
     first = procs[0]
     flags = _flags(procs)
     if "vendor_id" in first or "flags" in first:  # x86; Arm kernels say "Features" and "CPU implementer"
-        cpu = CpuInfo(vendor=X86_VENDORS.get(first.get("vendor_id", ""), first.get("vendor_id") or None),
-                      model=_squash(first.get("model name")), cores=len(procs), flags=flags)
+        cpu = CpuInfo(
+            vendor=X86_VENDORS.get(first.get("vendor_id", ""), first.get("vendor_id") or None),
+            model=_squash(first.get("model name")),
+            cores=len(procs),
+            flags=flags,
+        )
         return cpu, _x86_arch(sr, flags), extra
     vendor, model = _arm_identity(procs)
     return CpuInfo(vendor=vendor, model=model, cores=len(procs), flags=flags), _arm_arch(sr, first, flags), extra

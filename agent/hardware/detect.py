@@ -1,5 +1,6 @@
 """detect(root) -> HardwareProfile: composes the per-concern readers; never raises, never reads the host
 when root is not '/'."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,16 @@ from agent.hardware.sysroot import Sysroot
 from agent.hardware.thermal import read_throttling
 
 # SoCs that only run 64-bit Arm userspace in practice: lets a capture without cpuinfo still name its arch.
-AARCH64_SOCS = ("nvidia,tegra194", "nvidia,tegra234", "nvidia,tegra264", "brcm,bcm2712", "qcom,qcm6490",
-                "qcom,qcs6490", "qcom,qcs8550", "qcom,sa8775p")
+AARCH64_SOCS = (
+    "nvidia,tegra194",
+    "nvidia,tegra234",
+    "nvidia,tegra264",
+    "brcm,bcm2712",
+    "qcom,qcm6490",
+    "qcom,qcs6490",
+    "qcom,qcs8550",
+    "qcom,sa8775p",
+)
 HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
@@ -76,9 +85,14 @@ def _linux_fields(sr: Sysroot) -> dict[str, Any]:
     software = _software(sr, pi, dt)
     soc0 = read_soc0(sr) if sr.exists("sys/devices/soc0") else {}
     return {
-        "arch": arch, "os": os_name(read_os_release(sr)), "cpu": cpu, "memory_bytes": memory,
-        "board": _board(sr, dt, pi, extra, software), "soc": _soc(dt, pi, soc0),
-        "accelerators": _accelerators(sr, dt, software), "software": software,
+        "arch": arch,
+        "os": os_name(read_os_release(sr)),
+        "cpu": cpu,
+        "memory_bytes": memory,
+        "board": _board(sr, dt, pi, extra, software),
+        "soc": _soc(dt, pi, soc0),
+        "accelerators": _accelerators(sr, dt, software),
+        "software": software,
         "throttling": read_throttling(sr),
     }
 

@@ -1,4 +1,5 @@
 """Device tree (model, compatible) and Raspberry Pi revision-code decoding."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,16 +7,45 @@ from dataclasses import dataclass
 from agent.hardware.sysroot import Sysroot
 
 DT_VENDORS = {
-    "raspberrypi": "Raspberry Pi", "nvidia": "NVIDIA", "qcom": "Qualcomm", "rockchip": "Rockchip",
-    "amlogic": "Amlogic", "fsl": "NXP", "nxp": "NXP", "ti": "Texas Instruments", "mediatek": "MediaTek",
-    "allwinner": "Allwinner", "radxa": "Radxa", "hardkernel": "Hardkernel", "thundercomm": "Thundercomm",
+    "raspberrypi": "Raspberry Pi",
+    "nvidia": "NVIDIA",
+    "qcom": "Qualcomm",
+    "rockchip": "Rockchip",
+    "amlogic": "Amlogic",
+    "fsl": "NXP",
+    "nxp": "NXP",
+    "ti": "Texas Instruments",
+    "mediatek": "MediaTek",
+    "allwinner": "Allwinner",
+    "radxa": "Radxa",
+    "hardkernel": "Hardkernel",
+    "thundercomm": "Thundercomm",
 }
 PI_MEMORY = {0: 256 << 20, 1: 512 << 20, 2: 1 << 30, 3: 2 << 30, 4: 4 << 30, 5: 8 << 30, 6: 16 << 30}
 PI_SOC = {0: "BCM2835", 1: "BCM2836", 2: "BCM2837", 3: "BCM2711", 4: "BCM2712"}
 PI_TYPE = {
-    0x00: "A", 0x01: "B", 0x02: "A+", 0x03: "B+", 0x04: "2B", 0x06: "CM1", 0x08: "3B", 0x09: "Zero",
-    0x0A: "CM3", 0x0C: "Zero W", 0x0D: "3B+", 0x0E: "3A+", 0x10: "CM3+", 0x11: "4B", 0x12: "Zero 2 W",
-    0x13: "400", 0x14: "CM4", 0x15: "CM4S", 0x17: "5", 0x18: "CM5", 0x19: "500", 0x1A: "CM5 Lite",
+    0x00: "A",
+    0x01: "B",
+    0x02: "A+",
+    0x03: "B+",
+    0x04: "2B",
+    0x06: "CM1",
+    0x08: "3B",
+    0x09: "Zero",
+    0x0A: "CM3",
+    0x0C: "Zero W",
+    0x0D: "3B+",
+    0x0E: "3A+",
+    0x10: "CM3+",
+    0x11: "4B",
+    0x12: "Zero 2 W",
+    0x13: "400",
+    0x14: "CM4",
+    0x15: "CM4S",
+    0x17: "5",
+    0x18: "CM5",
+    0x19: "500",
+    0x1A: "CM5 Lite",
 }
 PI_MAKER = {0: "Sony UK", 1: "Egoman", 2: "Embest", 3: "Sony Japan", 4: "Embest", 5: "Stadium"}
 
@@ -76,5 +106,11 @@ def decode_pi_revision(code: str) -> PiRevision | None:
     soc, kind, rev = (value >> 12) & 0xF, (value >> 4) & 0xFF, value & 0xF
     if mem not in PI_MEMORY or soc not in PI_SOC or kind not in PI_TYPE:
         return None
-    return PiRevision(code=code.lower(), model=f"Raspberry Pi {PI_TYPE[kind]}", soc=PI_SOC[soc],
-                      memory_bytes=PI_MEMORY[mem], manufacturer=PI_MAKER.get(maker), revision=f"1.{rev}")
+    return PiRevision(
+        code=code.lower(),
+        model=f"Raspberry Pi {PI_TYPE[kind]}",
+        soc=PI_SOC[soc],
+        memory_bytes=PI_MEMORY[mem],
+        manufacturer=PI_MAKER.get(maker),
+        revision=f"1.{rev}",
+    )

@@ -1,4 +1,5 @@
 """NVIDIA Jetson: /etc/nv_tegra_release (L4T -> JetPack), module identity, devfreq GPU and DLA cores."""
+
 from __future__ import annotations
 
 import re
@@ -9,22 +10,49 @@ from agent.hardware.sysroot import Sysroot
 
 # L4T release -> JetPack release (NVIDIA's JetPack archive). Unlisted releases fall back to the major line.
 L4T_TO_JETPACK = {
-    "32.4.3": "4.4", "32.4.4": "4.4.1", "32.5.0": "4.5", "32.5.1": "4.5.1", "32.5.2": "4.5.1",
-    "32.6.1": "4.6", "32.7.1": "4.6.1", "32.7.2": "4.6.2", "32.7.3": "4.6.3", "32.7.4": "4.6.4",
-    "32.7.5": "4.6.5", "32.7.6": "4.6.6", "35.1.0": "5.0.2", "35.2.1": "5.1", "35.3.1": "5.1.1",
-    "35.4.1": "5.1.2", "35.5.0": "5.1.3", "35.6.0": "5.1.4", "35.6.1": "5.1.5", "36.2.0": "6.0 DP",
-    "36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2", "36.4.4": "6.2.1", "38.2.0": "7.0",
+    "32.4.3": "4.4",
+    "32.4.4": "4.4.1",
+    "32.5.0": "4.5",
+    "32.5.1": "4.5.1",
+    "32.5.2": "4.5.1",
+    "32.6.1": "4.6",
+    "32.7.1": "4.6.1",
+    "32.7.2": "4.6.2",
+    "32.7.3": "4.6.3",
+    "32.7.4": "4.6.4",
+    "32.7.5": "4.6.5",
+    "32.7.6": "4.6.6",
+    "35.1.0": "5.0.2",
+    "35.2.1": "5.1",
+    "35.3.1": "5.1.1",
+    "35.4.1": "5.1.2",
+    "35.5.0": "5.1.3",
+    "35.6.0": "5.1.4",
+    "35.6.1": "5.1.5",
+    "36.2.0": "6.0 DP",
+    "36.3.0": "6.0",
+    "36.4.0": "6.1",
+    "36.4.3": "6.2",
+    "36.4.4": "6.2.1",
+    "38.2.0": "7.0",
 }
 L4T_MAJOR_TO_JETPACK = {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}
 GPU_ARCH = {"gm20b": "Maxwell", "gp10b": "Pascal", "gv11b": "Volta", "ga10b": "Ampere", "gb10b": "Blackwell"}
 SOC_GPU = {"tegra210": "gm20b", "tegra186": "gp10b", "tegra194": "gv11b", "tegra234": "ga10b", "tegra264": "gb10b"}
 # Carrier/module part numbers in `compatible` -> (module name, NVDLA cores).
 MODULES = {
-    "p3448": ("Jetson Nano", 0), "p3701-0000": ("Jetson AGX Orin 32GB", 2), "p3701-0004": ("Jetson AGX Orin 32GB", 2),
-    "p3701-0005": ("Jetson AGX Orin 64GB", 2), "p3767-0000": ("Jetson Orin NX 16GB", 2),
-    "p3767-0001": ("Jetson Orin NX 8GB", 1), "p3767-0003": ("Jetson Orin Nano 8GB", 0),
-    "p3767-0004": ("Jetson Orin Nano 4GB", 0), "p3767-0005": ("Jetson Orin Nano 8GB", 0),
-    "p2888": ("Jetson AGX Xavier", 2), "p2972": ("Jetson AGX Xavier", 2), "p3668": ("Jetson Xavier NX", 2),
+    "p3448": ("Jetson Nano", 0),
+    "p3701-0000": ("Jetson AGX Orin 32GB", 2),
+    "p3701-0004": ("Jetson AGX Orin 32GB", 2),
+    "p3701-0005": ("Jetson AGX Orin 64GB", 2),
+    "p3767-0000": ("Jetson Orin NX 16GB", 2),
+    "p3767-0001": ("Jetson Orin NX 8GB", 1),
+    "p3767-0003": ("Jetson Orin Nano 8GB", 0),
+    "p3767-0004": ("Jetson Orin Nano 4GB", 0),
+    "p3767-0005": ("Jetson Orin Nano 8GB", 0),
+    "p2888": ("Jetson AGX Xavier", 2),
+    "p2972": ("Jetson AGX Xavier", 2),
+    "p3668": ("Jetson Xavier NX", 2),
     "p3310": ("Jetson TX2", 0),
     "p3636": ("Jetson TX2 NX", 0),
 }

@@ -1,4 +1,5 @@
 """macOS: sysctl keys (live, or captured in ROOT/.captures/sysctl.txt) -> profile fields, Rosetta aware."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,10 +10,22 @@ from agent.hardware.sysroot import Sysroot
 
 SYSCTL_CAPTURE = ".captures/sysctl.txt"
 SYSCTL_KEYS = (
-    "machdep.cpu.brand_string", "hw.ncpu", "hw.logicalcpu", "hw.memsize", "hw.model", "hw.optional.arm64",
-    "hw.optional.x86_64", "sysctl.proc_translated", "kern.osproductversion", "kern.osrelease",
-    "hw.optional.neon", "hw.optional.arm.FEAT_FP16", "hw.optional.arm.FEAT_DotProd", "hw.optional.arm.FEAT_I8MM",
-    "hw.optional.arm.FEAT_BF16", "hw.optional.arm.FEAT_SME",
+    "machdep.cpu.brand_string",
+    "hw.ncpu",
+    "hw.logicalcpu",
+    "hw.memsize",
+    "hw.model",
+    "hw.optional.arm64",
+    "hw.optional.x86_64",
+    "sysctl.proc_translated",
+    "kern.osproductversion",
+    "kern.osrelease",
+    "hw.optional.neon",
+    "hw.optional.arm.FEAT_FP16",
+    "hw.optional.arm.FEAT_DotProd",
+    "hw.optional.arm.FEAT_I8MM",
+    "hw.optional.arm.FEAT_BF16",
+    "hw.optional.arm.FEAT_SME",
 )
 
 
@@ -67,22 +80,34 @@ def macos_fields(sr: Sysroot, values: dict[str, str]) -> dict[str, Any]:
         arch = None
         sr.note("sysctl: neither hw.optional.arm64 nor an Intel CPU; arch unknown")
     if translated:
-        sr.note("this process runs under Rosetta 2 (sysctl.proc_translated=1): the machine is Apple Silicon but "
-                "Python is x86_64, so Core ML and arm64 wheels are unusable; install an arm64 Python")
+        sr.note(
+            "this process runs under Rosetta 2 (sysctl.proc_translated=1): the machine is Apple Silicon but "
+            "Python is x86_64, so Core ML and arm64 wheels are unusable; install an arm64 Python"
+        )
     flags = tuple(k.rsplit(".", 1)[1] for k in SYSCTL_KEYS if k.startswith("hw.optional.") and _int(values, k) == 1)
-    cpu = CpuInfo(vendor="Apple" if apple else ("Intel" if brand and "Intel" in brand else None), model=brand,
-                  cores=_int(values, "hw.logicalcpu") or _int(values, "hw.ncpu"), flags=flags)
+    cpu = CpuInfo(
+        vendor="Apple" if apple else ("Intel" if brand and "Intel" in brand else None),
+        model=brand,
+        cores=_int(values, "hw.logicalcpu") or _int(values, "hw.ncpu"),
+        flags=flags,
+    )
     version = values.get("kern.osproductversion")
     software: dict[str, Any] = {"rosetta": translated}
     if version:
         software["macos"] = version
     accels = []
     if apple:
-        accels = [Accelerator(kind="gpu", vendor="apple", name=f"{brand or 'Apple'} GPU", device=None),
-                  Accelerator(kind="npu", vendor="apple", name="Apple Neural Engine", device=None)]
+        accels = [
+            Accelerator(kind="gpu", vendor="apple", name=f"{brand or 'Apple'} GPU", device=None),
+            Accelerator(kind="npu", vendor="apple", name="Apple Neural Engine", device=None),
+        ]
     return {
-        "arch": arch, "os": f"macOS {version}" if version else "macOS", "cpu": cpu,
+        "arch": arch,
+        "os": f"macOS {version}" if version else "macOS",
+        "cpu": cpu,
         "memory_bytes": _int(values, "hw.memsize"),
         "board": Board(vendor="Apple", model=values.get("hw.model") or None),
-        "soc": brand if apple else None, "accelerators": tuple(accels), "software": software,
+        "soc": brand if apple else None,
+        "accelerators": tuple(accels),
+        "software": software,
     }

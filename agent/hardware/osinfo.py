@@ -1,12 +1,22 @@
 """Operating system and firmware identity: /etc/os-release and DMI (/sys/class/dmi/id)."""
+
 from __future__ import annotations
 
 import shlex
 
 from agent.hardware.sysroot import Sysroot
 
-DMI_PLACEHOLDERS = {"", "to be filled by o.e.m.", "default string", "system product name", "not applicable",
-                    "none", "unknown", "system manufacturer", "o.e.m."}
+DMI_PLACEHOLDERS = {
+    "",
+    "to be filled by o.e.m.",
+    "default string",
+    "system product name",
+    "not applicable",
+    "none",
+    "unknown",
+    "system manufacturer",
+    "o.e.m.",
+}
 
 
 def parse_os_release(text: str) -> dict[str, str]:
@@ -48,6 +58,7 @@ def os_name(fields: dict[str, str]) -> str | None:
 
 def read_dmi(sr: Sysroot) -> tuple[str | None, str | None]:
     """(vendor, model) of an x86 machine from DMI, skipping BIOS placeholders."""
+
     def get(key: str) -> str | None:
         value = sr.read_text(f"sys/class/dmi/id/{key}", what="expected a DMI string")
         return value if value and value.lower() not in DMI_PLACEHOLDERS else None

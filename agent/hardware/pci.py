@@ -1,4 +1,5 @@
 """PCI/USB/DRM/accel accelerators: Intel iGPU and NPU, AMD/NVIDIA GPUs, Hailo, Coral."""
+
 from __future__ import annotations
 
 from agent.hardware.profile import Accelerator
@@ -6,12 +7,21 @@ from agent.hardware.sysroot import Sysroot
 
 GPU_VENDORS = {"0x8086": "intel", "0x1002": "amd", "0x10de": "nvidia"}
 GPU_NAMES = {
-    "0x7d55": "Intel Arc Graphics (Meteor Lake)", "0x7dd5": "Intel Graphics (Meteor Lake)",
-    "0x7d45": "Intel Graphics (Meteor Lake)", "0x7d51": "Intel Arc Graphics (Arrow Lake)",
-    "0x64a0": "Intel Arc 140V (Lunar Lake)", "0xa7a0": "Intel Iris Xe (Raptor Lake)", "0x46a6": "Intel Iris Xe (Alder Lake)",
-    "0x46d1": "Intel UHD Graphics (Alder Lake-N)", "0x9a49": "Intel Iris Xe (Tiger Lake)", "0x3e92": "Intel UHD Graphics 630",
-    "0x3e91": "Intel UHD Graphics 630", "0x5917": "Intel UHD Graphics 620", "0x56a0": "Intel Arc A770",
-    "0x56a1": "Intel Arc A750", "0xe20b": "Intel Arc B580",
+    "0x7d55": "Intel Arc Graphics (Meteor Lake)",
+    "0x7dd5": "Intel Graphics (Meteor Lake)",
+    "0x7d45": "Intel Graphics (Meteor Lake)",
+    "0x7d51": "Intel Arc Graphics (Arrow Lake)",
+    "0x64a0": "Intel Arc 140V (Lunar Lake)",
+    "0xa7a0": "Intel Iris Xe (Raptor Lake)",
+    "0x46a6": "Intel Iris Xe (Alder Lake)",
+    "0x46d1": "Intel UHD Graphics (Alder Lake-N)",
+    "0x9a49": "Intel Iris Xe (Tiger Lake)",
+    "0x3e92": "Intel UHD Graphics 630",
+    "0x3e91": "Intel UHD Graphics 630",
+    "0x5917": "Intel UHD Graphics 620",
+    "0x56a0": "Intel Arc A770",
+    "0x56a1": "Intel Arc A750",
+    "0xe20b": "Intel Arc B580",
 }
 INTEL_NPUS = {"0x7d1d": "Meteor Lake", "0xad1d": "Arrow Lake", "0x643e": "Lunar Lake", "0xb03e": "Panther Lake"}
 PCI_ACCELERATORS = {
@@ -68,8 +78,11 @@ def accel_npus(sr: Sysroot) -> list[Accelerator]:
             if not sr.exists(f"dev/accel/{node}"):
                 sr.note(f"{name}: no /dev/accel/{node} node (container without the device, or missing udev rules)")
         elif vendor is not None:
-            out.append(Accelerator(kind="npu", vendor=f"pci-{vendor}", name=f"NPU {vendor}:{device}",
-                                   device=f"/dev/accel/{node}"))
+            out.append(
+                Accelerator(
+                    kind="npu", vendor=f"pci-{vendor}", name=f"NPU {vendor}:{device}", device=f"/dev/accel/{node}"
+                )
+            )
     if not entries:
         for node in sr.glob("dev/accel/accel*"):
             sr.note(f"/{node} exists but /sys/class/accel has no entry for it; vendor unknown")
@@ -90,13 +103,15 @@ def pci_accelerators(sr: Sysroot) -> list[Accelerator]:
     if "/dev/hailo0" not in found and sr.exists("dev/hailo0"):
         found["/dev/hailo0"] = Accelerator(kind="npu", vendor="hailo", name="Hailo", device="/dev/hailo0")
     for node in sr.glob("dev/apex_*"):
-        found.setdefault("/" + node, Accelerator(kind="tpu", vendor="google", name="Coral Edge TPU (PCIe)",
-                                                 device="/" + node))
+        found.setdefault(
+            "/" + node, Accelerator(kind="tpu", vendor="google", name="Coral Edge TPU (PCIe)", device="/" + node)
+        )
     for entry in sr.glob("sys/bus/usb/devices/*"):
         vid = sr.read_text(f"{entry}/idVendor") if sr.exists(f"{entry}/idVendor") else None
         pid = sr.read_text(f"{entry}/idProduct") if vid else None
         if (vid, pid) in USB_ACCELERATORS:
             kind, vendor, name = USB_ACCELERATORS[(vid, pid)]
-            found.setdefault("usb:" + entry, Accelerator(kind=kind, vendor=vendor, name=name,
-                                                         device=f"usb:{vid}:{pid}"))
+            found.setdefault(
+                "usb:" + entry, Accelerator(kind=kind, vendor=vendor, name=name, device=f"usb:{vid}:{pid}")
+            )
     return list(found.values())

@@ -1,4 +1,5 @@
 """The HardwareProfile data model: what this device is. JSON keys are pinned (issue 2)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

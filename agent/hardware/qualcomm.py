@@ -1,4 +1,5 @@
 """Qualcomm: FastRPC DSP nodes (/dev/fastrpc-*, /dev/adsprpc-smd), /sys/devices/soc0 and the Adreno GPU."""
+
 from __future__ import annotations
 
 from agent.hardware.profile import Accelerator
@@ -23,8 +24,10 @@ def qualcomm_accelerators(sr: Sysroot) -> list[Accelerator]:
     elif sr.exists("dev/adsprpc-smd"):
         out.append(Accelerator("dsp", "qualcomm", "Hexagon DSP (legacy adsprpc)", "/dev/adsprpc-smd"))
     elif sr.exists("dev/fastrpc-adsp"):
-        sr.note("/dev/fastrpc-adsp present but no /dev/fastrpc-cdsp: only the audio DSP is exposed; "
-                "QNN's HTP backend needs the cDSP")
+        sr.note(
+            "/dev/fastrpc-adsp present but no /dev/fastrpc-cdsp: only the audio DSP is exposed; "
+            "QNN's HTP backend needs the cDSP"
+        )
     gpu = sr.read_text("sys/class/kgsl/kgsl-3d0/gpu_model", what="expected an Adreno model name")
     if gpu:
         name = " ".join(gpu.replace("Adreno", "Adreno ").split())

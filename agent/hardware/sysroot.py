@@ -1,4 +1,5 @@
 """Safe, never-raising reads of files under a root directory, with notes for what was not understood."""
+
 from __future__ import annotations
 
 import os
@@ -123,7 +124,9 @@ def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
                 m.mode = 0o755 if m.isdir() else 0o644
             tar.extractall(dest, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     except (tarfile.TarError, EOFError):
-        raise ConfigError(f"{archive}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)") from None
+        raise ConfigError(
+            f"{archive}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{archive}: cannot unpack: {exc.strerror or exc}") from None
     return dest

@@ -1,4 +1,5 @@
 """Thermal zones and the Raspberry Pi firmware's get_throttled bits."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -6,8 +7,14 @@ from typing import Any
 from agent.hardware.sysroot import Sysroot
 
 THROTTLE_BITS = {
-    0: "under_voltage", 1: "freq_capped", 2: "throttled", 3: "soft_temp_limit",
-    16: "under_voltage_occurred", 17: "freq_capped_occurred", 18: "throttled_occurred", 19: "soft_temp_limit_occurred",
+    0: "under_voltage",
+    1: "freq_capped",
+    2: "throttled",
+    3: "soft_temp_limit",
+    16: "under_voltage_occurred",
+    17: "freq_capped_occurred",
+    18: "throttled_occurred",
+    19: "soft_temp_limit_occurred",
 }
 # Zones that are not sensors: Jetson's PMIC-Die always reads 100 C (a fixed trip placeholder).
 PLACEHOLDER_ZONES = {"PMIC-Die"}

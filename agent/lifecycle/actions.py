@@ -1,4 +1,5 @@
 """What each lifecycle state does: fetch into the store, verify, activate (build + warm + swap), restore."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,9 +9,10 @@ import shutil
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.util.atomic import fsync_dir
@@ -161,7 +163,7 @@ def warm_feeds(session) -> dict[str, Any]:
     for spec in session.inputs:
         shape = [d if isinstance(d, int) and d >= 0 else 1 for d in spec.shape]
         dtype = np.dtype(spec.dtype) if spec.dtype not in ("str", "string", "bytes") else np.dtype(object)
-        feeds[spec.name] = np.zeros(shape, dtype=dtype) if dtype != object else np.full(shape, "", dtype=object)
+        feeds[spec.name] = np.zeros(shape, dtype=dtype) if dtype.kind != "O" else np.full(shape, "", dtype=object)
     return feeds
 
 
@@ -175,8 +177,12 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
     provider = get(entry["provider"])
     with lock or _NullLock():  # session creation is not thread-safe in every ORT version
         session = provider.open_session(
-            model_path, options=entry.get("options") or {}, precision=entry.get("requested_precision"),
-            device=entry.get("device"), cache_dir=entry.get("cache_dir"))
+            model_path,
+            options=entry.get("options") or {},
+            precision=entry.get("requested_precision"),
+            device=entry.get("device"),
+            cache_dir=entry.get("cache_dir"),
+        )
     try:
         feeds = warm_feeds(session)
         for _ in range(WARM_RUNS):
@@ -195,8 +201,15 @@ class _NullLock:
         return False
 
 
-def activate(registry, name: str, entry: dict[str, Any], *, swap: str | None = None,
-             lock: threading.Lock | None = None, build_nice: int = 0) -> dict[str, Any]:
+def activate(
+    registry,
+    name: str,
+    entry: dict[str, Any],
+    *,
+    swap: str | None = None,
+    lock: threading.Lock | None = None,
+    build_nice: int = 0,
+) -> dict[str, Any]:
     """Make-before-break (or the target's stop-then-start): build + warm, then swap atomically.
     Make-before-break builds `build_nice` levels below serving (the old version serves meanwhile);
     stop-then-start builds at serving priority (nothing serves the model meanwhile)."""

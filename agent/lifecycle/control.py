@@ -3,6 +3,7 @@
 A request is `control/<id>.req.json` ({"op": "rollback", "model": NAME}), written atomically by the CLI;
 the daemon's loop answers with `control/<id>.done.json` ({"ok": bool, ...}) and deletes the request.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -42,8 +43,9 @@ class StateLock:
                     continue
                 os.close(fd)
                 holder = holder_pid(self.path.parent)
-                raise LifecycleError(f"state_dir {self.path.parent} is in use by another edge-agent "
-                                     f"(pid {holder or 'unknown'})") from None
+                raise LifecycleError(
+                    f"state_dir {self.path.parent} is in use by another edge-agent (pid {holder or 'unknown'})"
+                ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
@@ -161,5 +163,9 @@ def offline_cancel(state_dir: str | os.PathLike, target: str) -> dict[str, Any]:
             return {"ok": False, "error": f"nothing in flight for {target!r}"}
         for dep in hits:
             journal.apply(dep, Event.CANCEL, reason="cancelled by operator while the daemon was stopped")
-        return {"ok": True, "model": hits[-1].model, "deployment": hits[-1].summary(),
-                "cancelled": [d.summary() for d in hits]}
+        return {
+            "ok": True,
+            "model": hits[-1].model,
+            "deployment": hits[-1].summary(),
+            "cancelled": [d.summary() for d in hits],
+        }

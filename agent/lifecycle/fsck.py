@@ -1,4 +1,5 @@
 """Consistency check of a state_dir: legal journal histories, slots pointing at verified blobs."""
+
 from __future__ import annotations
 
 import json

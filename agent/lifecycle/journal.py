@@ -1,4 +1,5 @@
 """The deployment journal: one JSON file per deployment, replaced atomically before each action."""
+
 from __future__ import annotations
 
 import copy
@@ -55,9 +56,17 @@ class Deployment:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "model": self.model, "version": self.version, "state": self.state.value,
-            "result": self.result, "reason": self.reason, "source": self.source, "created": self.created,
-            "updated": self.updated, "attempts": dict(self.attempts), "history": list(self.history),
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "state": self.state.value,
+            "result": self.result,
+            "reason": self.reason,
+            "source": self.source,
+            "created": self.created,
+            "updated": self.updated,
+            "attempts": dict(self.attempts),
+            "history": list(self.history),
             "data": dict(self.data),
         }
 
@@ -65,9 +74,16 @@ class Deployment:
     def from_dict(cls, d: dict[str, Any]) -> "Deployment":
         try:
             return cls(
-                id=d["id"], model=d["model"], version=str(d["version"]), state=State(d["state"]),
-                source=dict(d.get("source") or {}), created=float(d["created"]), updated=float(d["updated"]),
-                reason=d.get("reason"), attempts=dict(d.get("attempts") or {}), history=list(d.get("history") or []),
+                id=d["id"],
+                model=d["model"],
+                version=str(d["version"]),
+                state=State(d["state"]),
+                source=dict(d.get("source") or {}),
+                created=float(d["created"]),
+                updated=float(d["updated"]),
+                reason=d.get("reason"),
+                attempts=dict(d.get("attempts") or {}),
+                history=list(d.get("history") or []),
                 data=dict(d.get("data") or {}),
             )
         except (KeyError, ValueError, TypeError) as exc:
@@ -75,8 +91,14 @@ class Deployment:
 
     def summary(self) -> dict[str, Any]:
         """The pinned per-deployment fields of the status document."""
-        out = {"id": self.id, "version": self.version, "state": self.state.value, "result": self.result,
-               "reason": self.reason, "ts": self.updated}
+        out = {
+            "id": self.id,
+            "version": self.version,
+            "state": self.state.value,
+            "result": self.result,
+            "reason": self.reason,
+            "ts": self.updated,
+        }
         if isinstance(self.data.get("swap"), dict):
             out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
         return out
@@ -120,8 +142,7 @@ class Journal:
     def save(self, dep: Deployment) -> None:
         with self._write_lock:
             if self._closed:
-                raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): "
-                                     f"{dep.id} not written")
+                raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): {dep.id} not written")
             dep.updated = time.time()
             atomic_write_json(self.path(dep.id), dep.to_dict())
 

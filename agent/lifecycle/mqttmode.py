@@ -1,4 +1,5 @@
 """MQTT mode of the daemon: desired state in (signed manifests), artifact pull, events and retained status out."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,9 +24,17 @@ class MqttMode:
         self.agent = agent
         self.keys = trusted_keys(list(cfg.trust.public_keys))
         self.link = DeviceLink(
-            m.url, cfg.device_id, groups=cfg.groups, prefix=m.topic_prefix, username=m.username,
-            password=m.password(), ca=_s(tls.ca) if tls else None, cert=_s(tls.cert) if tls else None,
-            key=_s(tls.key) if tls else None, last_status=_last_status(agent.state_dir))
+            m.url,
+            cfg.device_id,
+            groups=cfg.groups,
+            prefix=m.topic_prefix,
+            username=m.username,
+            password=m.password(),
+            ca=_s(tls.ca) if tls else None,
+            cert=_s(tls.cert) if tls else None,
+            key=_s(tls.key) if tls else None,
+            last_status=_last_status(agent.state_dir),
+        )
         agent.steps.check_manifest = self.check_manifest
         agent.steps.fetch_manifest = self.fetch_manifest
 
@@ -61,8 +70,11 @@ class MqttMode:
     def _desired(self, model: str, envelope: bytes, source: str) -> None:
         version = _unverified_version(envelope)
         digest = hashlib.sha256(envelope).hexdigest()
-        self.agent.orchestrator.submit(model, version, {
-            "kind": "manifest", "envelope": envelope.decode("utf-8", "replace"), "digest": digest, "from": source})
+        self.agent.orchestrator.submit(
+            model,
+            version,
+            {"kind": "manifest", "envelope": envelope.decode("utf-8", "replace"), "digest": digest, "from": source},
+        )
 
     # ---- lifecycle actions ---------------------------------------------------------------------
     def check_manifest(self, dep: Deployment) -> None:
@@ -71,9 +83,14 @@ class MqttMode:
 
         committed = self.agent.steps.slots.committed(dep.model) or {}
         try:
-            m = receive(dep.source["envelope"].encode(), self.keys, committed.get("version"),
-                        device_id=self.agent.config.device_id, groups=self.agent.config.groups,
-                        free_bytes=self.agent.store.free_bytes())
+            m = receive(
+                dep.source["envelope"].encode(),
+                self.keys,
+                committed.get("version"),
+                device_id=self.agent.config.device_id,
+                groups=self.agent.config.groups,
+                free_bytes=self.agent.store.free_bytes(),
+            )
         except ManifestRejected as exc:
             raise act.Rejected(f"{exc.code}: {exc.reason}") from None
         except EdgeAgentError as exc:
@@ -97,8 +114,7 @@ class MqttMode:
             ctx.report(event, **fields)
 
         tls = self.agent.config.mqtt.tls
-        fetch_artifact(m, self.agent.store, link=self.link, progress=progress,
-                       ca=_s(tls.ca) if tls else None)
+        fetch_artifact(m, self.agent.store, link=self.link, progress=progress, ca=_s(tls.ca) if tls else None)
         if not self.agent.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
         return {"sha256": m.artifact.sha256, "size": m.artifact.size}

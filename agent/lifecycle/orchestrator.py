@@ -1,4 +1,5 @@
 """The Orchestrator drives deployments through the table: one worker per model, deadlines, cancel, supersede."""
+
 from __future__ import annotations
 
 import os
@@ -6,8 +7,9 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
@@ -20,8 +22,12 @@ from agent.lifecycle.table import next_state
 
 CRASH_ENV = "EDGE_AGENT_TEST_CRASH_AT"  # test-only: SIGKILL the process right after journaling this state
 DEADLINES_S: dict[State, float] = {
-    State.RECEIVED: 60, State.DOWNLOADING: 3600, State.VERIFYING: 600, State.QUALIFYING: 1800,
-    State.ACTIVATING: 900, State.PROBATION: 3600,
+    State.RECEIVED: 60,
+    State.DOWNLOADING: 3600,
+    State.VERIFYING: 600,
+    State.QUALIFYING: 1800,
+    State.ACTIVATING: 900,
+    State.PROBATION: 3600,
 }
 Listener = Callable[[dict[str, Any]], None]
 JOURNAL_RETRIES = 3
@@ -40,8 +46,15 @@ class _Worker:
 class Orchestrator:
     """Owns the journal and slots of one state_dir; safe to run several instances in one process."""
 
-    def __init__(self, state_dir: str | os.PathLike, steps: Steps, *, deadlines: dict[State, float] | None = None,
-                 listeners: list[Listener] | None = None, crash_at: str | None = None):
+    def __init__(
+        self,
+        state_dir: str | os.PathLike,
+        steps: Steps,
+        *,
+        deadlines: dict[State, float] | None = None,
+        listeners: list[Listener] | None = None,
+        crash_at: str | None = None,
+    ):
         self.state_dir = Path(state_dir)
         self.journal: Journal = steps.journal  # one writer object per state_dir (close() covers the steps too)
         self.slots: ModelSlots = steps.slots
@@ -159,8 +172,9 @@ class Orchestrator:
             self._cancel(w, w.current, Event.SUPERSEDE, f"superseded by version {dep.version} ({dep.id})")
         w.pending = dep
         if w.thread is None or not w.thread.is_alive():
-            w.thread = threading.Thread(target=self._run_worker, args=(dep.model, w),
-                                        name=f"deploy-{dep.model}", daemon=True)
+            w.thread = threading.Thread(
+                target=self._run_worker, args=(dep.model, w), name=f"deploy-{dep.model}", daemon=True
+            )
             w.thread.start()
 
     def _finish_unstarted(self, dep: Deployment, reason: str) -> None:
@@ -229,10 +243,19 @@ class Orchestrator:
             except Exception as again:  # noqa: BLE001 - retried, then reported
                 last = again
                 time.sleep(0.2 * (attempt + 1))
-        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
-                       "state": dep.state.value, "reason": reason, "progress": "stalled",
-                       "error": f"cannot journal the failure: {type(last).__name__}: {last}; "
-                                "recovery resumes this deployment on the next start", "ts": time.time()})
+        self._publish(
+            {
+                "deployment_id": dep.id,
+                "model": dep.model,
+                "version": dep.version,
+                "state": dep.state.value,
+                "reason": reason,
+                "progress": "stalled",
+                "error": f"cannot journal the failure: {type(last).__name__}: {last}; "
+                "recovery resumes this deployment on the next start",
+                "ts": time.time(),
+            }
+        )
 
     def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
         try:
@@ -272,12 +295,29 @@ class Orchestrator:
             self._idle.notify_all()
 
     def _notify(self, dep: Deployment) -> None:
-        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version,
-                       "state": dep.state.value, "reason": dep.reason, "ts": dep.updated})
+        self._publish(
+            {
+                "deployment_id": dep.id,
+                "model": dep.model,
+                "version": dep.version,
+                "state": dep.state.value,
+                "reason": dep.reason,
+                "ts": dep.updated,
+            }
+        )
 
     def _progress(self, dep: Deployment, event: str, **fields: Any) -> None:
-        self._publish({"deployment_id": dep.id, "model": dep.model, "version": dep.version, "state": dep.state.value,
-                       "progress": event, **fields, "ts": time.time()})
+        self._publish(
+            {
+                "deployment_id": dep.id,
+                "model": dep.model,
+                "version": dep.version,
+                "state": dep.state.value,
+                "progress": event,
+                **fields,
+                "ts": time.time(),
+            }
+        )
 
     def _publish(self, record: dict[str, Any]) -> None:
         """Listeners run on one reporter thread, in order, never under the orchestrator's lock."""

@@ -1,5 +1,6 @@
 """Which providers are usable here, probed in a child process (`python -m agent.lifecycle.probe`) so native
 runtime threads never live in the daemon only for a status line, and a crashing probe cannot take it down."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ class ProviderProbe:
         """Names of the available providers, in the target's preference order."""
         if self._stopped:
             return []
-        self._proc = subprocess.Popen([sys.executable, "-m", "agent.lifecycle.probe"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.lifecycle.probe"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             out, err = self._proc.communicate(pickle.dumps((self.profile, self.target_name)), timeout=timeout)
         except subprocess.TimeoutExpired:

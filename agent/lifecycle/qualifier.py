@@ -1,5 +1,6 @@
 """Runs the qualification engine for one deployment in a child process (`python -m agent.lifecycle.qualifier`)
 that can be cancelled or timed out; results and progress come back over a pipe."""
+
 from __future__ import annotations
 
 import os
@@ -17,19 +18,31 @@ from agent.lifecycle.actions import StepContext
 POLL_S = 0.2
 
 
-def run_qualification(package_dir: str, profile: Any, target_name: str | None, cache_root: str,
-                      ctx: StepContext, *, providers: list[str] | None = None,
-                      options: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None
-                      ) -> dict[str, Any]:
+def run_qualification(
+    package_dir: str,
+    profile: Any,
+    target_name: str | None,
+    cache_root: str,
+    ctx: StepContext,
+    *,
+    providers: list[str] | None = None,
+    options: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """harness.qualify in a child process; returns Decision.to_dict(). Cancellation/deadline kill the child.
     `overrides` (a manifest's `qualification`): `providers` replaces the candidate list, `tolerance` /
     `tolerances` refine the package's tolerances."""
     args = (package_dir, profile, target_name, cache_root, providers, dict(options or {}), dict(overrides or {}))
     rfd, wfd = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "agent.lifecycle.qualifier", str(wfd), str(os.getpid())],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                pass_fds=(wfd,), close_fds=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.lifecycle.qualifier", str(wfd), str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(wfd,),
+            close_fds=True,
+        )
     except OSError as exc:
         os.close(rfd)
         raise LifecycleError(f"cannot start the qualification process: {exc}") from None
@@ -103,7 +116,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(conn, package_dir, profile, target_name, cache_root, providers, options, overrides) -> None:  # pragma: no cover
+def _child(
+    conn, package_dir, profile, target_name, cache_root, providers, options, overrides
+) -> None:  # pragma: no cover
     try:
         from agent.qualify.harness import qualify
         from agent.qualify.package import load_package
@@ -119,8 +134,9 @@ def _child(conn, package_dir, profile, target_name, cache_root, providers, optio
         def progress(event: str, **fields: Any) -> None:
             conn.send(("progress", {"event": event, **_plain(fields)}))
 
-        decision = qualify(pkg, profile, target, providers=providers, cache_dir=cache_root, progress=progress,
-                           **options)
+        decision = qualify(
+            pkg, profile, target, providers=providers, cache_dir=cache_root, progress=progress, **options
+        )
         conn.send(("result", decision.to_dict()))
     except EdgeAgentError as exc:
         conn.send(("error", str(exc)))
@@ -140,7 +156,6 @@ def main(argv: list[str]) -> None:  # pragma: no cover - runs in the child
     _child(conn, *args)
     sys.stdout.flush()
     os._exit(0)
-
 
 
 def _target(name: str | None, profile: Any):

@@ -1,4 +1,5 @@
 """RESUME: where each journaled state continues after a restart, and the start-up recovery pass."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,10 @@ RESUME: dict[State, tuple[Event, str]] = {
     State.VERIFYING: (Event.RESUME, "verify the stored artifact again"),
     State.QUALIFYING: (Event.RESUME, "restart qualification (its child process died with the daemon)"),
     State.ACTIVATING: (Event.INTERRUPTED, "serve the committed slot: the interrupted activation is rolled back"),
-    State.PROBATION: (Event.INTERRUPTED, "serve the committed slot: a crash during probation counts against the new model"),
+    State.PROBATION: (
+        Event.INTERRUPTED,
+        "serve the committed slot: a crash during probation counts against the new model",
+    ),
 }
 MAX_ATTEMPTS = 3  # entries into one state before recovery gives up (breaks crash loops)
 

@@ -1,4 +1,5 @@
 """A/B model slots: per model name a committed and a previous entry, pointing at content-addressed blobs."""
+
 from __future__ import annotations
 
 import os
@@ -94,4 +95,7 @@ def gc(state_dir: str | os.PathLike, store, keep: set[str]) -> dict[str, int]:
             if d.name not in keep and not d.name.startswith("."):  # dot names: unpacking in progress
                 shutil.rmtree(d, ignore_errors=True)
                 removed_dirs += 1
-    return {"blobs": removed_blobs if isinstance(removed_blobs, int) else len(removed_blobs or []), "dirs": removed_dirs}
+    return {
+        "blobs": removed_blobs if isinstance(removed_blobs, int) else len(removed_blobs or []),
+        "dirs": removed_dirs,
+    }

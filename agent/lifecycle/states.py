@@ -1,4 +1,5 @@
 """Lifecycle states and events of one deployment; persisted values equal their names."""
+
 from __future__ import annotations
 
 from enum import Enum

@@ -1,4 +1,5 @@
 """The device status document (pinned fields of docs/architecture.md) built from slots, journal and registry."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,9 @@ from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import State
 
 
-def models_block(slots: ModelSlots, journal: Journal, registry=None, unavailable: dict[str, str] | None = None
-                 ) -> dict[str, Any]:
+def models_block(
+    slots: ModelSlots, journal: Journal, registry=None, unavailable: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Per model: what serves (version, sha256, provider, precision) and its state."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
@@ -22,15 +24,25 @@ def models_block(slots: ModelSlots, journal: Journal, registry=None, unavailable
         c = s["committed"]
         if not c:
             continue
-        out[name] = {"version": c["version"], "sha256": c["sha256"], "provider": c.get("provider"),
-                     "precision": c.get("precision"), "state": State.COMMITTED.value,
-                     "previous": (s["previous"] or {}).get("version")}
+        out[name] = {
+            "version": c["version"],
+            "sha256": c["sha256"],
+            "provider": c.get("provider"),
+            "precision": c.get("precision"),
+            "state": State.COMMITTED.value,
+            "previous": (s["previous"] or {}).get("version"),
+        }
     for name, dep in in_flight.items():
         if dep.state in (State.ACTIVATING, State.PROBATION) and serving.get(name) == dep.version:
             sel = dep.data.get("selected") or {}
-            out[name] = {**out.get(name, {}), "version": dep.version, "sha256": dep.data.get("sha256"),
-                         "provider": sel.get("provider"), "precision": sel.get("precision"),
-                         "state": dep.state.value}
+            out[name] = {
+                **out.get(name, {}),
+                "version": dep.version,
+                "sha256": dep.data.get("sha256"),
+                "provider": sel.get("provider"),
+                "precision": sel.get("precision"),
+                "state": dep.state.value,
+            }
     if registry is not None:
         for name, info in out.items():
             if name not in serving:
@@ -56,14 +68,29 @@ def deployments_block(journal: Journal) -> dict[str, Any]:
     return {name: dep.summary() for name, dep in journal.latest_per_model().items()}
 
 
-def build_status(state_dir: str | os.PathLike, *, device_id: str, groups=(), target: str | None = None,
-                 hardware: dict[str, Any] | None = None, providers: list[str] | None = None, registry=None,
-                 unavailable: dict[str, str] | None = None, recent: int = 10, extra: dict | None = None
-                 ) -> dict[str, Any]:
+def build_status(
+    state_dir: str | os.PathLike,
+    *,
+    device_id: str,
+    groups=(),
+    target: str | None = None,
+    hardware: dict[str, Any] | None = None,
+    providers: list[str] | None = None,
+    registry=None,
+    unavailable: dict[str, str] | None = None,
+    recent: int = 10,
+    extra: dict | None = None,
+) -> dict[str, Any]:
     slots, journal = ModelSlots(state_dir), Journal(state_dir)
     doc = {
-        "device_id": device_id, "online": True, "ts": time.time(), "agent_version": __version__,
-        "groups": list(groups), "target": target, "hardware": hardware or {}, "providers": list(providers or []),
+        "device_id": device_id,
+        "online": True,
+        "ts": time.time(),
+        "agent_version": __version__,
+        "groups": list(groups),
+        "target": target,
+        "hardware": hardware or {},
+        "providers": list(providers or []),
         "models": models_block(slots, journal, registry, unavailable),
         "deployments": deployments_block(journal),
         "recent_deployments": [{"model": d.model, **d.summary()} for d in journal.recent(recent)],
@@ -77,8 +104,11 @@ def hardware_summary(profile: Any) -> dict[str, Any]:
     if profile is None:
         return {}
     board = getattr(profile, "board", None)
-    return {"arch": profile.arch, "board": getattr(board, "model", None) if board else None,
-            "accelerators": [a.vendor for a in getattr(profile, "accelerators", ())]}
+    return {
+        "arch": profile.arch,
+        "board": getattr(board, "model", None) if board else None,
+        "accelerators": [a.vendor for a in getattr(profile, "accelerators", ())],
+    }
 
 
 def status_path(state_dir: str | os.PathLike) -> Path:

@@ -1,11 +1,13 @@
 """Steps: the action of each lifecycle state for one device (store, slots, registry, qualification)."""
+
 from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from agent.config import ServingConfig
 from agent.errors import EdgeAgentError, LifecycleError
@@ -20,8 +22,22 @@ Measure = Callable[[], dict[str, Any]]
 # (deployment, context, measure) -> Decision.to_dict(); measure() runs the real qualification child process
 Qualifier = Callable[[Deployment, act.StepContext, Measure], dict[str, Any]]
 
-ENTRY_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "requested_precision", "options",
-              "device", "cache_dir", "versions", "package_dir", "model_path", "latency_ms", "deployment_id")
+ENTRY_KEYS = (
+    "version",
+    "sha256",
+    "model_sha256",
+    "provider",
+    "precision",
+    "requested_precision",
+    "options",
+    "device",
+    "cache_dir",
+    "versions",
+    "package_dir",
+    "model_path",
+    "latency_ms",
+    "deployment_id",
+)
 
 
 @dataclass
@@ -41,8 +57,17 @@ class StepConfig:
 class Steps:
     """Runs one state's action and names the event it ends with. Also restores serving from the slots."""
 
-    def __init__(self, state_dir: Path, store, registry, *, profile: Any = None, target_name: str | None = None,
-                 config: StepConfig | None = None, journal: Journal | None = None):
+    def __init__(
+        self,
+        state_dir: Path,
+        store,
+        registry,
+        *,
+        profile: Any = None,
+        target_name: str | None = None,
+        config: StepConfig | None = None,
+        journal: Journal | None = None,
+    ):
         self.state_dir = Path(state_dir)
         self.store, self.registry, self.profile, self.target_name = store, registry, profile, target_name
         self.config = config or StepConfig()
@@ -68,9 +93,12 @@ class Steps:
     # ---- dispatch ------------------------------------------------------------------------------
     def run(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         handler = {
-            State.RECEIVED: self.on_received, State.DOWNLOADING: self.on_downloading,
-            State.VERIFYING: self.on_verifying, State.QUALIFYING: self.on_qualifying,
-            State.ACTIVATING: self.on_activating, State.PROBATION: self.on_probation,
+            State.RECEIVED: self.on_received,
+            State.DOWNLOADING: self.on_downloading,
+            State.VERIFYING: self.on_verifying,
+            State.QUALIFYING: self.on_qualifying,
+            State.ACTIVATING: self.on_activating,
+            State.PROBATION: self.on_probation,
         }.get(dep.state)
         if handler is None:
             raise LifecycleError(f"no action for state {dep.state.value}")
@@ -112,9 +140,17 @@ class Steps:
         cache_root = str(self.state_dir / "cache")
 
         def measure() -> dict[str, Any]:
-            return run_qualification(dep.data["package_dir"], self.profile, self.target_name, cache_root, ctx,
-                                     providers=self.config.providers, options=self.config.qualify_options,
-                                     overrides=(dep.data.get("manifest") or {}).get("qualification"))
+            return run_qualification(
+                dep.data["package_dir"],
+                self.profile,
+                self.target_name,
+                cache_root,
+                ctx,
+                providers=self.config.providers,
+                options=self.config.qualify_options,
+                overrides=(dep.data.get("manifest") or {}).get("qualification"),
+            )
+
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
         summary = _summary(decision)
@@ -122,9 +158,13 @@ class Steps:
             raise LifecycleError(f"no provider passed qualification: {summary['why']}")
         row = _selected_row(decision)
         selected = {
-            "provider": decision["selected"], "precision": row.get("precision"),
-            "requested_precision": row.get("requested_precision"), "options": row.get("options") or {},
-            "device": row.get("device"), "cache_dir": row.get("cache_dir"), "latency_ms": row.get("latency_ms") or {},
+            "provider": decision["selected"],
+            "precision": row.get("precision"),
+            "requested_precision": row.get("requested_precision"),
+            "options": row.get("options") or {},
+            "device": row.get("device"),
+            "cache_dir": row.get("cache_dir"),
+            "latency_ms": row.get("latency_ms") or {},
             "versions": row.get("versions") or {},
         }
         return Event.QUALIFIED, {"decision": summary, "selected": selected}
@@ -144,7 +184,9 @@ class Steps:
                 return Event.SWAPPED, {"swap": {**swap, "build": done.get("build_priority")}}
             entry = self.entry(dep)
             swap = self._report_swap(entry, ctx)
-            done = self._serve(dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, ServingConfig.build_nice))
+            done = self._serve(
+                dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, ServingConfig.build_nice)
+            )
         return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}}
 
     def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
@@ -200,8 +242,9 @@ class Steps:
             act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
         if swap is None:
             swap = self.swap_mode(entry)[0]
-        result = act.activate(self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock,
-                              build_nice=nice)
+        result = act.activate(
+            self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock, build_nice=nice
+        )
         self.unavailable.pop(name, None)
         return result
 
@@ -245,8 +288,15 @@ class Steps:
         """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""
         why = f"committed version {entry['version']} cannot be served on {entry.get('provider')}: {exc}"
         if entry.get("provider") != "cpu":
-            cpu = {**entry, "provider": "cpu", "options": {}, "requested_precision": None, "device": None,
-                   "cache_dir": None, "precision": None}
+            cpu = {
+                **entry,
+                "provider": "cpu",
+                "options": {},
+                "requested_precision": None,
+                "device": None,
+                "cache_dir": None,
+                "precision": None,
+            }
             try:
                 self._serve(name, cpu)
                 self.unavailable[name] = f"degraded: {why}; serving on cpu (not qualified) until the next deployment"
@@ -289,8 +339,11 @@ def _model_bytes(entry: dict[str, Any]) -> int:
         return 0
     root = Path(path).parent
     try:  # the graph and its external weights; golden test data does not load into the session
-        return sum(p.stat().st_size for p in root.rglob("*")
-                   if p.is_file() and not any(part.startswith("test_data") for part in p.relative_to(root).parts))
+        return sum(
+            p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith("test_data") for part in p.relative_to(root).parts)
+        )
     except OSError:
         return 0
 
@@ -311,13 +364,24 @@ def _selected_row(decision: dict[str, Any]) -> dict[str, Any]:
 
 
 def _summary(decision: dict[str, Any]) -> dict[str, Any]:
-    rows = [{"provider": r.get("provider"), "precision": r.get("precision"), "status": r.get("status"),
-             "reason": r.get("reason"), "p50_ms": (r.get("latency_ms") or {}).get("p50")}
-            for r in decision.get("results", [])]
+    rows = [
+        {
+            "provider": r.get("provider"),
+            "precision": r.get("precision"),
+            "status": r.get("status"),
+            "reason": r.get("reason"),
+            "p50_ms": (r.get("latency_ms") or {}).get("p50"),
+        }
+        for r in decision.get("results", [])
+    ]
     why = "; ".join(f"{r['provider']}: {r['status']} ({r['reason']})" for r in rows) or "no candidate provider"
-    return {"selected": decision.get("selected"), "selected_precision": decision.get("selected_precision"),
-            "reason": decision.get("reason"), "rows": rows, "why": why if not decision.get("selected") else
-            decision.get("reason")}
+    return {
+        "selected": decision.get("selected"),
+        "selected_precision": decision.get("selected_precision"),
+        "reason": decision.get("reason"),
+        "rows": rows,
+        "why": why if not decision.get("selected") else decision.get("reason"),
+    }
 
 
 def _or(value, default):

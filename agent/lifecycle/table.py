@@ -1,4 +1,5 @@
 """TRANSITIONS: every legal (state, event) -> state of a deployment, on one screen."""
+
 from __future__ import annotations
 
 from agent.errors import LifecycleError
@@ -7,8 +8,12 @@ from agent.lifecycle.states import State as S
 
 _ABORT_BEFORE_SWAP = {E.FAIL: S.FAILED, E.TIMEOUT: S.FAILED, E.CANCEL: S.FAILED, E.SUPERSEDE: S.FAILED}
 _ABORT_AFTER_SWAP = {
-    E.FAIL: S.ROLLED_BACK, E.TIMEOUT: S.ROLLED_BACK, E.CANCEL: S.ROLLED_BACK,
-    E.SUPERSEDE: S.ROLLED_BACK, E.INTERRUPTED: S.ROLLED_BACK, E.FOUND_COMMITTED: S.COMMITTED,
+    E.FAIL: S.ROLLED_BACK,
+    E.TIMEOUT: S.ROLLED_BACK,
+    E.CANCEL: S.ROLLED_BACK,
+    E.SUPERSEDE: S.ROLLED_BACK,
+    E.INTERRUPTED: S.ROLLED_BACK,
+    E.FOUND_COMMITTED: S.COMMITTED,
 }
 
 TRANSITIONS: dict[tuple[S, E], S] = {
@@ -33,7 +38,9 @@ TRANSITIONS: dict[tuple[S, E], S] = {
     (S.ACTIVATING, E.INTERRUPTED): S.ROLLED_BACK,
     (S.ACTIVATING, E.FOUND_COMMITTED): S.COMMITTED,
     # aborts: nothing swapped yet -> failed; new model possibly serving -> rolled back to committed
-    **{(s, e): t for s in (S.RECEIVED, S.DOWNLOADING, S.VERIFYING, S.QUALIFYING) for e, t in _ABORT_BEFORE_SWAP.items()},
+    **{
+        (s, e): t for s in (S.RECEIVED, S.DOWNLOADING, S.VERIFYING, S.QUALIFYING) for e, t in _ABORT_BEFORE_SWAP.items()
+    },
     **{(S.ACTIVATING, e): S.FAILED for e in (E.FAIL, E.TIMEOUT, E.CANCEL, E.SUPERSEDE)},
     **{(S.PROBATION, e): t for e, t in _ABORT_AFTER_SWAP.items()},
 }

@@ -2,6 +2,7 @@
 
 Importing this module never imports a runtime; a broken runtime cannot break start-up.
 """
+
 from __future__ import annotations
 
 import importlib

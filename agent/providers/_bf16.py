@@ -1,4 +1,5 @@
 """bfloat16 tensors through onnxruntime's Python API, which has no numpy type for them: OrtValues in and out."""
+
 from __future__ import annotations
 
 import ctypes

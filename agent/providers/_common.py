@@ -1,4 +1,5 @@
 """Helpers shared by provider modules: the session-creation lock, cached runtime imports, profile facts."""
+
 from __future__ import annotations
 
 import importlib
@@ -106,10 +107,18 @@ def jetson_gpu_remedy(profile: "HardwareProfile", ep: str) -> str:
     jp = jetpack(profile) or ""
     major = jp.split(".")[0]
     if major == "4":
-        return (f"JetPack {jp} (Jetson Nano class) only has old onnxruntime-gpu builds (<= 1.11, Python 3.6/3.8) "
-                f"from NVIDIA's Jetson Zoo, which this agent cannot use: run the cpu provider, or move to an Orin")
+        return (
+            f"JetPack {jp} (Jetson Nano class) only has old onnxruntime-gpu builds (<= 1.11, Python 3.6/3.8) "
+            f"from NVIDIA's Jetson Zoo, which this agent cannot use: run the cpu provider, or move to an Orin"
+        )
     index = {"5": ("JetPack 5", "CUDA 11.4, Python 3.8"), "7": ("JetPack 7", "CUDA 13, Python 3.12")}.get(
-        major, ("JetPack 6", "pip install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; "
-                             "CUDA 12.6, Python 3.10"))
-    return (f"install the onnxruntime-gpu wheel for {index[0]} (this board: JetPack {jp or 'unknown'}) from the "
-            f"Jetson AI Lab index ({index[1]}); {'TensorRT and CUDA come' if ep == 'TensorRT' else 'CUDA comes'} with JetPack")
+        major,
+        (
+            "JetPack 6",
+            "pip install onnxruntime-gpu --index-url https://pypi.jetson-ai-lab.io/jp6/cu126; CUDA 12.6, Python 3.10",
+        ),
+    )
+    return (
+        f"install the onnxruntime-gpu wheel for {index[0]} (this board: JetPack {jp or 'unknown'}) from the "
+        f"Jetson AI Lab index ({index[1]}); {'TensorRT and CUDA come' if ep == 'TensorRT' else 'CUDA comes'} with JetPack"
+    )

@@ -1,4 +1,5 @@
 """ONNX Runtime plumbing for ORT-based providers: EP discovery, plugin libraries, sessions, assignment."""
+
 from __future__ import annotations
 
 import glob
@@ -19,16 +20,36 @@ from agent.providers._common import SESSION_LOCK, try_import
 from agent.providers.base import Assignment, ProviderSession, TensorSpec
 
 _ORT_DTYPES = {
-    "float": "float32", "float16": "float16", "double": "float64", "bfloat16": "bfloat16",
-    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "bool": "bool", "string": "object",
+    "float": "float32",
+    "float16": "float16",
+    "double": "float64",
+    "bfloat16": "bfloat16",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "string": "object",
 }
 # SessionOptions attributes a provider's `options` may set (everything else goes to the EP).
-_SESSION_ATTRS = {"intra_op_num_threads": int, "inter_op_num_threads": int, "enable_mem_pattern": bool,
-                  "enable_cpu_mem_arena": bool, "log_severity_level": int}
-_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-               "layout": "ORT_ENABLE_LAYOUT", "all": "ORT_ENABLE_ALL"}
+_SESSION_ATTRS = {
+    "intra_op_num_threads": int,
+    "inter_op_num_threads": int,
+    "enable_mem_pattern": bool,
+    "enable_cpu_mem_arena": bool,
+    "log_severity_level": int,
+}
+_OPT_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
 _PLUGINS: dict[str, tuple[list[Any], str | None]] = {}
 _PLUGIN_LOCK = threading.Lock()
 
@@ -63,8 +84,11 @@ def _register(package: str, ep_name: str) -> tuple[list[Any], str | None]:
     mod, err = try_import(package)
     if mod is None:
         dist = package.replace("_", "-")
-        return [], (f"{dist} is not installed" if err and err.startswith("ModuleNotFoundError")
-                    else f"{dist} cannot be imported: {err}")
+        return [], (
+            f"{dist} is not installed"
+            if err and err.startswith("ModuleNotFoundError")
+            else f"{dist} cannot be imported: {err}"
+        )
     if not hasattr(mod, "get_library_path"):
         return [], f"{package} has no get_library_path(): not a plugin EP package this agent knows"
     rt, err = ort_or_reason()
@@ -81,7 +105,7 @@ def _register(package: str, ep_name: str) -> tuple[list[Any], str | None]:
 
 
 def dtype_name(ort_type: str) -> str:
-    inner = ort_type[len("tensor("):-1] if ort_type.startswith("tensor(") else ort_type
+    inner = ort_type[len("tensor(") : -1] if ort_type.startswith("tensor(") else ort_type
     return _ORT_DTYPES.get(inner, inner)
 
 
@@ -167,8 +191,15 @@ def open_ort_session(
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
             raise ProviderError(f"{provider}: onnxruntime could not create a session: {_msg(exc)}") from exc
     compile_s = time.perf_counter() - started
-    return OrtSession(sess, provider=provider, ep_name=ep_name, precision=precision, device=device,
-                      compile_s=compile_s, profile_dir=profile_dir)
+    return OrtSession(
+        sess,
+        provider=provider,
+        ep_name=ep_name,
+        precision=precision,
+        device=device,
+        compile_s=compile_s,
+        profile_dir=profile_dir,
+    )
 
 
 def _opt_str(value: Any) -> str:
@@ -185,8 +216,17 @@ def _msg(exc: BaseException) -> str:
 class OrtSession(ProviderSession):
     """An onnxruntime InferenceSession behind the provider contract (InferenceSession.run is thread-safe)."""
 
-    def __init__(self, sess, *, provider: str, ep_name: str, precision: str | None, device: str | None,
-                 compile_s: float, profile_dir: str | None):
+    def __init__(
+        self,
+        sess,
+        *,
+        provider: str,
+        ep_name: str,
+        precision: str | None,
+        device: str | None,
+        compile_s: float,
+        profile_dir: str | None,
+    ):
         self._sess = sess
         self._ep = ep_name
         self._profile_dir = profile_dir
@@ -258,8 +298,13 @@ def graph_assignment(sess, ep_name: str) -> Assignment:
         else:
             other.update(n.op_type for n in nodes)
     total = on + sum(other.values())
-    return Assignment(nodes_total=total, nodes_on_provider=on, fallback_ops=tuple(sorted(other)),
-                      method="ort-graph-assignment", devices=(ep_name,))
+    return Assignment(
+        nodes_total=total,
+        nodes_on_provider=on,
+        fallback_ops=tuple(sorted(other)),
+        method="ort-graph-assignment",
+        devices=(ep_name,),
+    )
 
 
 def profiled_assignment(events: list[dict[str, Any]], ep_name: str) -> Assignment:
@@ -272,8 +317,13 @@ def profiled_assignment(events: list[dict[str, Any]], ep_name: str) -> Assignmen
             seen[node] = (args["provider"], args.get("op_name", "?"))
     on = sum(1 for p, _ in seen.values() if p == ep_name)
     other = sorted({op for p, op in seen.values() if p != ep_name})
-    return Assignment(nodes_total=len(seen) or None, nodes_on_provider=on if seen else None,
-                      fallback_ops=tuple(other), method="ort-profiling", devices=(ep_name,))
+    return Assignment(
+        nodes_total=len(seen) or None,
+        nodes_on_provider=on if seen else None,
+        fallback_ops=tuple(other),
+        method="ort-profiling",
+        devices=(ep_name,),
+    )
 
 
 def zero_feeds(specs: list[TensorSpec]) -> dict[str, np.ndarray]:

@@ -1,4 +1,5 @@
 """A base for accelerator providers that are ONNX Runtime execution providers (cuda, tensorrt, coreml, qnn, ...)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,11 +40,14 @@ class OrtEpProvider(Provider):
         rt, err = _ort.ort_or_reason()
         if rt is None:
             return None, f"onnxruntime cannot be imported: {err}"
-        return None, (f"{self.label} EP not in this onnxruntime build (onnxruntime {rt.__version__} has "
-                      f"{', '.join(_ort.available_providers())})")
+        return None, (
+            f"{self.label} EP not in this onnxruntime build (onnxruntime {rt.__version__} has "
+            f"{', '.join(_ort.available_providers())})"
+        )
 
-    def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
-                   device: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def ep_options(
+        self, options: dict[str, Any], precision: str | None, cache_dir: Path | None, device: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         """EP provider options for a session and the precision they imply."""
         if precision not in (None, self.precision_default):
             raise ProviderError(f"{self.name}: precision {precision!r} is not supported")
@@ -63,11 +67,19 @@ class OrtEpProvider(Provider):
         if why:
             return unavailable(self.name, why, self.runtime_remedy(profile), options=opts, versions=versions)
         names = tuple(dict.fromkeys(_device_type(d) for d in devs)) if devs else self.devices
-        return ProbeResult(name=self.name, available=True, reason=self.available_reason(profile), remedy=None,
-                           devices=names, options=opts, versions=versions)
+        return ProbeResult(
+            name=self.name,
+            available=True,
+            reason=self.available_reason(profile),
+            remedy=None,
+            devices=names,
+            options=opts,
+            versions=versions,
+        )
 
-    def finalize(self, ep_options: dict[str, Any], ep_devices: list[Any] | None,
-                 device: str | None) -> tuple[dict[str, Any], str | None]:
+    def finalize(
+        self, ep_options: dict[str, Any], ep_devices: list[Any] | None, device: str | None
+    ) -> tuple[dict[str, Any], str | None]:
         """Last look at the EP options once it is known whether a plugin (ep_devices) is used; the device."""
         return ep_options, device
 
@@ -78,9 +90,15 @@ class OrtEpProvider(Provider):
         rt, _ = _ort.ort_or_reason()
         return {"onnxruntime": rt.__version__} if rt is not None else {}
 
-    def open_session(self, model_path: str | Path, *, options: dict[str, Any] | None = None,
-                     precision: str | None = None, device: str | None = None,
-                     cache_dir: str | Path | None = None) -> ProviderSession:
+    def open_session(
+        self,
+        model_path: str | Path,
+        *,
+        options: dict[str, Any] | None = None,
+        precision: str | None = None,
+        device: str | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> ProviderSession:
         devs, why = self.runtime_devices(host_profile())
         if why:
             raise ProviderError(f"{self.name}: {why}")
@@ -97,9 +115,17 @@ class OrtEpProvider(Provider):
             devs = [d for d in devs if _device_type(d) == device.upper()]
             if not devs:
                 raise ProviderError(f"{self.name}: no {device} device from the {self.label} EP")
-        return _ort.open_ort_session(model_path, provider=self.name, ep_name=self.ep_name, ep_options=ep,
-                                     attrs=attrs, config=config, ep_devices=devs, precision=used,
-                                     device=device or (self.devices[0] if self.devices else None))
+        return _ort.open_ort_session(
+            model_path,
+            provider=self.name,
+            ep_name=self.ep_name,
+            ep_options=ep,
+            attrs=attrs,
+            config=config,
+            ep_devices=devs,
+            precision=used,
+            device=device or (self.devices[0] if self.devices else None),
+        )
 
 
 def host_profile() -> "HardwareProfile":
@@ -117,8 +143,10 @@ def host_profile() -> "HardwareProfile":
                     break
     except OSError:
         pass
-    return HardwareProfile(arch=platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64"),
-                           cpu=CpuInfo(vendor=vendor))
+    return HardwareProfile(
+        arch=platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64"),
+        cpu=CpuInfo(vendor=vendor),
+    )
 
 
 def _truthy(value: Any) -> bool:

@@ -3,6 +3,7 @@
 Every provider module (one per file) defines one subclass of Provider. Providers never import
 qualify or serving; qualify and serving only talk to providers through this contract.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

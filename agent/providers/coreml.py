@@ -1,4 +1,5 @@
 """The `coreml` provider: ONNX Runtime's Core ML EP on Apple Silicon (inside the macOS arm64 onnxruntime wheel)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,17 +31,22 @@ class CoreMLProvider(OrtEpProvider):
         if not is_macos(profile):
             return ("Core ML needs macOS on Apple Silicon; this profile is not macOS", "use cpu")
         if _rosetta(profile):
-            return ("this Python runs under Rosetta (x86_64): no Core ML EP in x86_64 macOS wheels since onnxruntime 1.24",
-                    "install a native arm64 Python and pip install onnxruntime")
+            return (
+                "this Python runs under Rosetta (x86_64): no Core ML EP in x86_64 macOS wheels since onnxruntime 1.24",
+                "install a native arm64 Python and pip install onnxruntime",
+            )
         if profile.arch != "aarch64":
             return (f"Core ML EP needs Apple Silicon (arm64); this profile is {profile.arch}", "use cpu")
         return None
 
     def runtime_remedy(self, profile: "HardwareProfile") -> str:
-        return "pip install onnxruntime with a native arm64 Python on macOS 14+ (the macOS arm64 wheel includes Core ML)"
+        return (
+            "pip install onnxruntime with a native arm64 Python on macOS 14+ (the macOS arm64 wheel includes Core ML)"
+        )
 
-    def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
-                   device: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def ep_options(
+        self, options: dict[str, Any], precision: str | None, cache_dir: Path | None, device: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         opts = dict(options)
         opts.setdefault("ModelFormat", "MLProgram")
         units = str(opts.setdefault("MLComputeUnits", "ALL"))

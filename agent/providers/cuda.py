@@ -1,4 +1,5 @@
 """The `cuda` provider: ONNX Runtime's CUDA EP (onnxruntime-gpu; Jetson AI Lab wheels on JetPack)."""
+
 from __future__ import annotations
 
 from agent.providers.tensorrt import NvidiaGpuProvider

@@ -1,4 +1,5 @@
 """The `openvino` provider: the native OpenVINO runtime (devices CPU, GPU, NPU), precision made explicit."""
+
 from __future__ import annotations
 
 import queue
@@ -11,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.errors import ProviderError
-from agent.providers._common import (SESSION_LOCK, has_arm_fp16, has_bf16, probe_guard, try_import,
-                                     unavailable)
+from agent.providers._common import SESSION_LOCK, has_arm_fp16, has_bf16, probe_guard, try_import, unavailable
 from agent.providers.base import Assignment, ProbeResult, Provider, ProviderSession, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,8 +71,11 @@ class OpenVINOProvider(Provider):
 
     def _probe(self, profile: "HardwareProfile", options: dict[str, Any] | None) -> ProbeResult:
         if profile.arch not in ("x86_64", "aarch64"):
-            return unavailable(self.name, f"OpenVINO needs an x86_64 or aarch64 CPU; this profile's arch is {profile.arch or 'unknown'}",
-                               "use the cpu provider")
+            return unavailable(
+                self.name,
+                f"OpenVINO needs an x86_64 or aarch64 CPU; this profile's arch is {profile.arch or 'unknown'}",
+                "use the cpu provider",
+            )
         ov, err = try_import("openvino")
         if ov is None:
             return unavailable(self.name, f"the openvino runtime is not installed ({err})", "pip install openvino")
@@ -83,9 +86,13 @@ class OpenVINOProvider(Provider):
         if wanted:
             devices = [d for d in wanted if d in devices]
             if not devices:
-                return unavailable(self.name, f"none of the target's OpenVINO devices ({', '.join(wanted)}) is in this "
-                                   f"profile (it has {', '.join(profile_devices(profile))})",
-                                   "add CPU to the target's openvino devices, or use cpu", options=dict(options or {}))
+                return unavailable(
+                    self.name,
+                    f"none of the target's OpenVINO devices ({', '.join(wanted)}) is in this "
+                    f"profile (it has {', '.join(profile_devices(profile))})",
+                    "add CPU to the target's openvino devices, or use cpu",
+                    options=dict(options or {}),
+                )
         why = f"openvino {version}; devices {', '.join(devices)}"
         if has_bf16(profile):
             why += "; CPU default precision bf16 (f32 on request)"
@@ -93,16 +100,28 @@ class OpenVINOProvider(Provider):
             why += "; CPU default precision f16 (f32 on request)"
         if set(devices) - set(host):
             why += f" (the runtime on this host sees {', '.join(host) or 'no device'})"
-        return ProbeResult(name=self.name, available=True, reason=why, devices=tuple(devices),
-                           options=dict(options or {}), versions={"openvino": version})
+        return ProbeResult(
+            name=self.name,
+            available=True,
+            reason=why,
+            devices=tuple(devices),
+            options=dict(options or {}),
+            versions={"openvino": version},
+        )
 
     def precisions(self, profile: "HardwareProfile") -> list[str | None]:
         reduced = has_bf16(profile) or has_arm_fp16(profile) or profile.has_accelerator("gpu", "intel")
         return [None, "f32"] if reduced else [None]  # GPU plugin defaults to f16, bf16/fp16 CPUs to bf16/f16
 
-    def open_session(self, model_path: str | Path, *, options: dict[str, Any] | None = None,
-                     precision: str | None = None, device: str | None = None,
-                     cache_dir: str | Path | None = None) -> ProviderSession:
+    def open_session(
+        self,
+        model_path: str | Path,
+        *,
+        options: dict[str, Any] | None = None,
+        precision: str | None = None,
+        device: str | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> ProviderSession:
         path = Path(model_path)
         if not path.is_file():
             raise ProviderError(f"openvino: model file not found: {path}")
@@ -175,7 +194,9 @@ def _check_device(core, device: str) -> None:
         return
     seen = list(core.available_devices)
     if device not in seen and base not in {d.split(".")[0] for d in seen}:
-        raise ProviderError(f"openvino: device {device} is not available here; OpenVINO sees: {', '.join(seen) or 'none'}")
+        raise ProviderError(
+            f"openvino: device {device} is not available here; OpenVINO sees: {', '.join(seen) or 'none'}"
+        )
 
 
 def _prop(value: Any) -> str:
@@ -188,10 +209,15 @@ def _compile_error(exc: BaseException, what: str) -> ProviderError:
     text = str(exc)
     ops = unsupported_ops(text)
     if ops:
-        return ProviderError(f"openvino: unsupported operator(s) {', '.join(ops)}: OpenVINO's ONNX frontend has no "
-                             f"conversion rule for them; use a provider that runs them, e.g. cpu")
-    lines = [ln.strip() for ln in text.splitlines()
-             if ln.strip() and not ln.startswith(("Exception from", "Check '", "FrontEnd API failed"))]
+        return ProviderError(
+            f"openvino: unsupported operator(s) {', '.join(ops)}: OpenVINO's ONNX frontend has no "
+            f"conversion rule for them; use a provider that runs them, e.g. cpu"
+        )
+    lines = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ln.strip() and not ln.startswith(("Exception from", "Check '", "FrontEnd API failed"))
+    ]
     return ProviderError(f"openvino: {what}: {' '.join(lines) or type(exc).__name__}")
 
 
@@ -236,8 +262,9 @@ class OpenVINOSession(ProviderSession):
         if unknown and unknown <= self._folded and set(self._in_index) <= set(feeds):
             feeds, unknown = {k: v for k, v in feeds.items() if k in self._in_index}, set()
         if unknown:
-            raise ProviderError(f"openvino: unknown input(s) {', '.join(sorted(unknown))}; "
-                                f"model inputs: {', '.join(self._in_index)}")
+            raise ProviderError(
+                f"openvino: unknown input(s) {', '.join(sorted(unknown))}; model inputs: {', '.join(self._in_index)}"
+            )
         try:
             req = self._pool.get_nowait()
         except queue.Empty:
@@ -263,13 +290,19 @@ class OpenVINOSession(ProviderSession):
     def _measure(self) -> Assignment:
         """OpenVINO compiles the whole graph or fails: every ONNX node runs on EXECUTION_DEVICES."""
         devices = tuple(str(d) for d in self._compiled.get_property("EXECUTION_DEVICES"))
-        exec_nodes = [op for op in self._compiled.get_runtime_model().get_ordered_ops()
-                      if op.get_type_name() not in _SKIP_EXEC]
+        exec_nodes = [
+            op for op in self._compiled.get_runtime_model().get_ordered_ops() if op.get_type_name() not in _SKIP_EXEC
+        ]
         total = _onnx_node_count(self._model_path)
         if total is None:
             total = len(exec_nodes)
-        return Assignment(nodes_total=total, nodes_on_provider=total if exec_nodes or not total else 0,
-                          fallback_ops=(), method="openvino-exec-graph", devices=devices)
+        return Assignment(
+            nodes_total=total,
+            nodes_on_provider=total if exec_nodes or not total else 0,
+            fallback_ops=(),
+            method="openvino-exec-graph",
+            devices=devices,
+        )
 
     def runtime_precisions(self) -> dict[str, int]:
         """Executable nodes per runtime precision from the exec graph (e.g. {'bf16': 9, 'f32': 6})."""

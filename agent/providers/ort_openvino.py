@@ -1,4 +1,5 @@
 """The `ort-openvino` provider: ONNX Runtime's OpenVINO EP, as the onnxruntime-ep-openvino plugin or a bundled build."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PLUGIN = "onnxruntime_ep_openvino"
 EP = "OpenVINOExecutionProvider"
-REMEDY_NON_INTEL = ("use the native `openvino` provider (runs on AMD and ARM CPUs), or install the bundled "
-                    "onnxruntime-openvino build in a venv without onnxruntime (it conflicts with it; forces FP32 on CPU)")
+REMEDY_NON_INTEL = (
+    "use the native `openvino` provider (runs on AMD and ARM CPUs), or install the bundled "
+    "onnxruntime-openvino build in a venv without onnxruntime (it conflicts with it; forces FP32 on CPU)"
+)
 _OV_KEYS = {"performance_hint", "num_streams", "inference_num_threads", "enable_cpu_pinning"}
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 
@@ -30,16 +33,20 @@ class OrtOpenVINOProvider(OrtEpProvider):
 
     def hardware_problem(self, profile: "HardwareProfile") -> tuple[str, str] | None:
         if profile.arch not in ("x86_64", None):
-            return (f"the OpenVINO EP for onnxruntime ships for x86_64 Linux and Windows only; this is {profile.arch}",
-                    "use the native `openvino` provider, which has ARM64 builds, or cpu")
+            return (
+                f"the OpenVINO EP for onnxruntime ships for x86_64 Linux and Windows only; this is {profile.arch}",
+                "use the native `openvino` provider, which has ARM64 builds, or cpu",
+            )
         return None
 
     def runtime_remedy(self, profile: "HardwareProfile") -> str:
         if profile.cpu.vendor and not is_intel_cpu(profile):
             return REMEDY_NON_INTEL
         if dist_version("onnxruntime-ep-openvino"):
-            return ("the plugin enumerates the devices of the host it runs on: run the agent on the Intel device itself, "
-                    "or use the native `openvino` provider")
+            return (
+                "the plugin enumerates the devices of the host it runs on: run the agent on the Intel device itself, "
+                "or use the native `openvino` provider"
+            )
         return "pip install onnxruntime-ep-openvino (plugin for onnxruntime >= 1.23), or use the native `openvino` provider"
 
     def runtime_devices(self, profile: "HardwareProfile") -> tuple[list[Any] | None, str | None]:
@@ -47,15 +54,21 @@ class OrtOpenVINOProvider(OrtEpProvider):
             return None, None
         devs, err = _ort.register_plugin(PLUGIN, EP)
         if err:
-            return None, f"OpenVINO EP not in this onnxruntime install: {err}, and this is not the onnxruntime-openvino build"
+            return (
+                None,
+                f"OpenVINO EP not in this onnxruntime install: {err}, and this is not the onnxruntime-openvino build",
+            )
         if devs:
             return devs, None
         vendor = cpu_vendor(profile)
         if vendor and not is_intel_cpu(profile):
-            return None, (f"onnxruntime-ep-openvino enumerates Intel devices only (vendor 0x8086); "
-                          f"this CPU is {vendor}")
-        return None, ("onnxruntime-ep-openvino registered but enumerated no device on this host "
-                      "(it lists Intel devices only, vendor 0x8086)")
+            return None, (
+                f"onnxruntime-ep-openvino enumerates Intel devices only (vendor 0x8086); this CPU is {vendor}"
+            )
+        return None, (
+            "onnxruntime-ep-openvino registered but enumerated no device on this host "
+            "(it lists Intel devices only, vendor 0x8086)"
+        )
 
     def available_reason(self, profile: "HardwareProfile") -> str:
         if EP in _ort.available_providers():
@@ -69,8 +82,9 @@ class OrtOpenVINOProvider(OrtEpProvider):
             v["onnxruntime-ep-openvino"] = plugin
         return v
 
-    def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
-                   device: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def ep_options(
+        self, options: dict[str, Any], precision: str | None, cache_dir: Path | None, device: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         """The plugin ignores precision/cache_dir/num_streams options: everything goes through load_config."""
         opts = dict(options)
         preferred = opts.pop("devices", None) or []
@@ -97,8 +111,9 @@ class OrtOpenVINOProvider(OrtEpProvider):
         ep["device_type"] = device
         return ep, used
 
-    def finalize(self, ep_options: dict[str, Any], ep_devices: list[Any] | None,
-                 device: str | None) -> tuple[dict[str, Any], str | None]:
+    def finalize(
+        self, ep_options: dict[str, Any], ep_devices: list[Any] | None, device: str | None
+    ) -> tuple[dict[str, Any], str | None]:
         """The plugin picks its device from the OrtEpDevice; only the bundled build takes device_type."""
         ep = dict(ep_options)
         chosen = ep.pop("device_type")

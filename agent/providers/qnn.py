@@ -1,4 +1,5 @@
 """The `qnn` provider: Qualcomm's QNN EP (onnxruntime-qnn plugin) on the Hexagon NPU (HTP)."""
+
 from __future__ import annotations
 
 import sys
@@ -26,15 +27,19 @@ class QnnProvider(OrtEpProvider):
 
     def hardware_problem(self, profile: "HardwareProfile") -> tuple[str, str] | None:
         if not (profile.has_accelerator("dsp", "qualcomm") or profile.has_accelerator("npu", "qualcomm")):
-            return ("no Qualcomm Hexagon DSP/NPU in this profile (looked for /dev/fastrpc-cdsp)",
-                    "on a Qualcomm board, load the fastrpc/cdsp driver so /dev/fastrpc-cdsp exists; elsewhere use cpu")
+            return (
+                "no Qualcomm Hexagon DSP/NPU in this profile (looked for /dev/fastrpc-cdsp)",
+                "on a Qualcomm board, load the fastrpc/cdsp driver so /dev/fastrpc-cdsp exists; elsewhere use cpu",
+            )
         if profile.arch != "aarch64":
             return (f"QNN on Linux needs aarch64; this profile is {profile.arch or 'of unknown arch'}", "use cpu")
         return None
 
     def runtime_remedy(self, profile: "HardwareProfile") -> str:
-        return ("pip install onnxruntime-qnn (plugin EP, Linux aarch64 wheels for Python 3.11-3.13, needs onnxruntime "
-                f">= 1.24.2; this is Python {sys.version_info.major}.{sys.version_info.minor}) and make libcdsprpc.so loadable")
+        return (
+            "pip install onnxruntime-qnn (plugin EP, Linux aarch64 wheels for Python 3.11-3.13, needs onnxruntime "
+            f">= 1.24.2; this is Python {sys.version_info.major}.{sys.version_info.minor}) and make libcdsprpc.so loadable"
+        )
 
     def runtime_devices(self, profile: "HardwareProfile") -> tuple[list[Any] | None, str | None]:
         if EP in _ort.available_providers():  # provider-bridge build (onnxruntime-qnn 1.x)
@@ -43,7 +48,10 @@ class QnnProvider(OrtEpProvider):
         if err:
             return None, f"QNN EP not in this onnxruntime install: {err}"
         if not devs:
-            return None, "onnxruntime-qnn registered but found no Qualcomm NPU on this host (is /dev/fastrpc-cdsp accessible?)"
+            return (
+                None,
+                "onnxruntime-qnn registered but found no Qualcomm NPU on this host (is /dev/fastrpc-cdsp accessible?)",
+            )
         return devs, None
 
     def _versions(self) -> dict[str, str]:
@@ -52,8 +60,9 @@ class QnnProvider(OrtEpProvider):
             v["onnxruntime-qnn"] = dist_version("onnxruntime-qnn")
         return v
 
-    def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
-                   device: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def ep_options(
+        self, options: dict[str, Any], precision: str | None, cache_dir: Path | None, device: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         if precision not in (None, "f16", "fp16"):
             raise ProviderError(f"qnn: precision {precision!r} is not supported; the HTP computes float models in f16")
         opts = dict(options)

@@ -1,8 +1,10 @@
 """Ranking: probe every provider in a target's preference order (its options merged in), then the rest."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from agent.providers import PROVIDER_NAMES, REGISTRY, get
 from agent.providers.base import ProbeResult
@@ -26,8 +28,9 @@ def preferences(target: Any) -> list[tuple[str, dict[str, Any]]]:
     return prefs
 
 
-def rank(profile: "HardwareProfile", target: Any = None,
-         progress: Callable[..., None] | None = None) -> list[ProbeResult]:
+def rank(
+    profile: "HardwareProfile", target: Any = None, progress: Callable[..., None] | None = None
+) -> list[ProbeResult]:
     """Probe results in the target's order (preferred=True), then every other known provider (preferred=False)."""
     prefs = preferences(target)
     tname = getattr(target, "name", None) or "this"
@@ -37,19 +40,35 @@ def rank(profile: "HardwareProfile", target: Any = None,
     return results
 
 
-def _probe(name: str, profile: "HardwareProfile", options: dict[str, Any], preferred: bool, tname: str,
-           progress: Callable[..., None] | None) -> ProbeResult:
+def _probe(
+    name: str,
+    profile: "HardwareProfile",
+    options: dict[str, Any],
+    preferred: bool,
+    tname: str,
+    progress: Callable[..., None] | None,
+) -> ProbeResult:
     if progress:
         progress("probe", provider=name)
     if name not in REGISTRY:
-        return ProbeResult(name=name, available=False, reason=f"unknown provider {name!r} in the {tname} target",
-                           remedy=f"fix the target file; known providers: {', '.join(PROVIDER_NAMES)}",
-                           options=options, preferred=preferred)
+        return ProbeResult(
+            name=name,
+            available=False,
+            reason=f"unknown provider {name!r} in the {tname} target",
+            remedy=f"fix the target file; known providers: {', '.join(PROVIDER_NAMES)}",
+            options=options,
+            preferred=preferred,
+        )
     try:
         res = get(name).probe(profile, options)
     except Exception as exc:  # noqa: BLE001 - a provider module that fails to import must not break ranking
-        res = ProbeResult(name=name, available=False, reason=f"provider module failed to load: {type(exc).__name__}: {exc}",
-                          remedy="reinstall edge-agent", options=options)
+        res = ProbeResult(
+            name=name,
+            available=False,
+            reason=f"provider module failed to load: {type(exc).__name__}: {exc}",
+            remedy="reinstall edge-agent",
+            options=options,
+        )
     return dataclasses.replace(res, preferred=preferred)
 
 
@@ -64,8 +83,14 @@ def smoke_test(result: ProbeResult, model_path: str, feeds: dict, expected: dict
         got = sess.run(feeds)
         a = sess.assignment()
         bad = [k for k, v in expected.items() if not np.allclose(got.get(k), v, atol=1e-2, rtol=1e-2)]
-        out = {"ok": not bad, "precision": sess.precision, "device": sess.device, "coverage": a.coverage,
-               "compile_ms": round(sess.compile_s * 1e3, 1), "error": f"wrong output(s): {', '.join(bad)}" if bad else None}
+        out = {
+            "ok": not bad,
+            "precision": sess.precision,
+            "device": sess.device,
+            "coverage": a.coverage,
+            "compile_ms": round(sess.compile_s * 1e3, 1),
+            "error": f"wrong output(s): {', '.join(bad)}" if bad else None,
+        }
         sess.close()
         return out
     except EdgeAgentError as exc:

@@ -1,4 +1,5 @@
 """The `tensorrt` provider: ONNX Runtime's TensorRT EP (onnxruntime-gpu; Jetson AI Lab wheels on JetPack)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,8 +17,7 @@ def nvidia_problem(profile: "HardwareProfile", label: str) -> tuple[str, str] | 
     """Shared by tensorrt and cuda: is there an NVIDIA GPU in this profile?"""
     if profile.has_accelerator("gpu", "nvidia"):
         return None
-    return (f"no NVIDIA GPU in this profile ({label} needs a Jetson or a discrete NVIDIA GPU)",
-            _alternatives(profile))
+    return (f"no NVIDIA GPU in this profile ({label} needs a Jetson or a discrete NVIDIA GPU)", _alternatives(profile))
 
 
 def _alternatives(profile: "HardwareProfile") -> str:
@@ -60,8 +60,9 @@ class TensorRTProvider(NvidiaGpuProvider):
     def precisions(self, profile: "HardwareProfile") -> list[str | None]:
         return [None, "f16"]
 
-    def ep_options(self, options: dict[str, Any], precision: str | None, cache_dir: Path | None,
-                   device: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def ep_options(
+        self, options: dict[str, Any], precision: str | None, cache_dir: Path | None, device: str | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         opts = dict(options)
         if precision not in (None, "f32", "fp32", "f16", "fp16"):
             raise ProviderError(f"tensorrt: unknown precision {precision!r}; use f32 or f16 (int8 needs calibration)")
@@ -71,6 +72,10 @@ class TensorRTProvider(NvidiaGpuProvider):
             engines, timing = cache_dir / "trt-engines", cache_dir / "trt-timing"
             engines.mkdir(parents=True, exist_ok=True)
             timing.mkdir(parents=True, exist_ok=True)
-            opts.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(engines),
-                        trt_timing_cache_enable=True, trt_timing_cache_path=str(timing))
+            opts.update(
+                trt_engine_cache_enable=True,
+                trt_engine_cache_path=str(engines),
+                trt_timing_cache_enable=True,
+                trt_timing_cache_path=str(timing),
+            )
         return opts, "f16" if _on(opts.get("trt_fp16_enable", False)) else "f32"

@@ -1,4 +1,5 @@
 """The `xnnpack` provider: ONNX Runtime's XNNPACK EP, only in mobile packages and custom builds."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -26,5 +27,6 @@ class XnnpackProvider(OrtEpProvider):
         return devs, why
 
     def runtime_remedy(self, profile: "HardwareProfile") -> str:
-        return ("build onnxruntime from source with --use_xnnpack (or use the Android/iOS packages), or use cpu"
-                + (": the aarch64 wheel already has KleidiAI kernels" if profile.arch == "aarch64" else ""))
+        return "build onnxruntime from source with --use_xnnpack (or use the Android/iOS packages), or use cpu" + (
+            ": the aarch64 wheel already has KleidiAI kernels" if profile.arch == "aarch64" else ""
+        )

@@ -5,6 +5,7 @@ reference is all zeros), so it stays meaningful when single values are near zero
 relative error. Classifier-shaped outputs ([N, C] floats, C >= 2) also get top-1 agreement (argmax equal,
 fraction of rows) and top-5 agreement (mean overlap of the two top-5 sets).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -148,8 +149,10 @@ def _float_violations(m: dict[str, Any], tol: Tolerance) -> list[str]:
     if tol.max_abs is not None or tol.max_rel is not None:
         bound = (tol.max_abs or 0.0) + (tol.max_rel or 0.0) * m.get("scale", 0.0)
         if m["max_abs"] > bound:
-            out.append(f"max_rel {_g(m['max_rel'])} > {_g(tol.max_rel or 0.0)} "
-                       f"(max error {_g(m['max_abs'])}, allowed {_g(bound)})")
+            out.append(
+                f"max_rel {_g(m['max_rel'])} > {_g(tol.max_rel or 0.0)} "
+                f"(max error {_g(m['max_abs'])}, allowed {_g(bound)})"
+            )
     if tol.min_cosine is not None and m["cosine"] < tol.min_cosine:
         out.append(f"cosine {m['cosine']:.6f} < {tol.min_cosine}")
     if tol.top1_agreement is not None and m.get("top1_agreement", 1.0) < tol.top1_agreement:

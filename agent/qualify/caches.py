@@ -4,6 +4,7 @@ Qualification builds the caches (OpenVINO CACHE_DIR, TensorRT engine/timing cach
 serving side reuses the same directory. A runtime or driver upgrade changes the key, so a stale compiled
 blob is never loaded (ORT does not invalidate TensorRT engines on upgrades by itself).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -1,4 +1,5 @@
 """Qualification rows and the decision record (the pinned `qualify --json` document)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

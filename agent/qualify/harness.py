@@ -1,4 +1,5 @@
 """The qualification harness: one row per (provider, precision), each in a child process; then selection."""
+
 from __future__ import annotations
 
 import time
@@ -20,10 +21,19 @@ CLOSE_CALL = 0.25  # the two fastest rows within 25% of each other get a confirm
 _PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
 
 
-def qualify(package: ModelPackage | str | Path, profile: Any, target: Any = None, providers: list[str] | None = None,
-            cache_dir: str | Path | None = None, progress: Callable[..., None] | None = None, isolate: bool = True,
-            *, latency_budget_s: float = LATENCY_BUDGET_S, row_timeout_s: float = ROW_TIMEOUT_S,
-            all_precisions: bool = False) -> Decision:
+def qualify(
+    package: ModelPackage | str | Path,
+    profile: Any,
+    target: Any = None,
+    providers: list[str] | None = None,
+    cache_dir: str | Path | None = None,
+    progress: Callable[..., None] | None = None,
+    isolate: bool = True,
+    *,
+    latency_budget_s: float = LATENCY_BUDGET_S,
+    row_timeout_s: float = ROW_TIMEOUT_S,
+    all_precisions: bool = False,
+) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
     A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
@@ -40,11 +50,21 @@ def qualify(package: ModelPackage | str | Path, profile: Any, target: Any = None
     winner, why, losers = select.choose(rows, select.preference_of(target))
     run.say("selected", provider=winner.provider if winner else None, reason=why)
     return Decision(
-        model=pkg.to_dict(), results=rows, selected=winner.provider if winner else None,
-        selected_precision=winner.precision if winner else None, selected_key=winner.key if winner else None,
-        reason=why, losers=losers, noise_rule=select.NOISE_RULE, target=getattr(target, "name", None),
-        versions=run.versions, reference=run.ref_desc, inputs=run.inputs_desc, timestamp=time.time(),
-        hardware=_hw(profile))
+        model=pkg.to_dict(),
+        results=rows,
+        selected=winner.provider if winner else None,
+        selected_precision=winner.precision if winner else None,
+        selected_key=winner.key if winner else None,
+        reason=why,
+        losers=losers,
+        noise_rule=select.NOISE_RULE,
+        target=getattr(target, "name", None),
+        versions=run.versions,
+        reference=run.ref_desc,
+        inputs=run.inputs_desc,
+        timestamp=time.time(),
+        hardware=_hw(profile),
+    )
 
 
 def _match_target(profile: Any) -> Any:
@@ -73,8 +93,13 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
 def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
-    res = run_isolated("agent.qualify.rowtask:reference_outputs", {"model_path": str(pkg.model_path), "feeds": feeds},
-                       timeout=timeout, isolate=isolate, tag="reference")
+    res = run_isolated(
+        "agent.qualify.rowtask:reference_outputs",
+        {"model_path": str(pkg.model_path), "feeds": feeds},
+        timeout=timeout,
+        isolate=isolate,
+        tag="reference",
+    )
     if res.ok:
         return res.value[0], res.value[1], ""
     return None, "none", f"no reference outputs: {res.error}"
@@ -120,13 +145,21 @@ class _Run:
         if not probe.available:
             remedy = f" (fix: {probe.remedy})" if probe.remedy else ""
             self.say("row", provider=name, status="unavailable", reason=probe.reason)
-            return [Row(provider=name, status="unavailable", reason=f"{probe.reason}{remedy}", stage="probe",
-                        options=options, versions=dict(probe.versions))]
+            return [
+                Row(
+                    provider=name,
+                    status="unavailable",
+                    reason=f"{probe.reason}{remedy}",
+                    stage="probe",
+                    options=options,
+                    versions=dict(probe.versions),
+                )
+            ]
         options = _options(self.target, name, probe)
         row_versions = {**self.versions, **probe.versions}
         cdir = caches.cache_dir_for(self.cache_root, self.pkg.sha256, name, row_versions) if self.cache_root else None
         rows: list[Row] = []
-        for device in (list(probe.devices) if len(probe.devices) > 1 else [None]):
+        for device in list(probe.devices) if len(probe.devices) > 1 else [None]:
             rows.extend(self._precision_rows(prov, name, device, options, cdir, row_versions))
         return rows
 
@@ -139,36 +172,70 @@ class _Run:
             rerun = partial(self._run_row, name, precision, device, options, cdir, row_versions)
             row = rerun()
             self._rerun[row.key] = rerun
-            self.say("row", provider=name, device=device, precision=row.precision or precision, status=row.status,
-                     reason=row.reason)
+            self.say(
+                "row",
+                provider=name,
+                device=device,
+                precision=row.precision or precision,
+                status=row.status,
+                reason=row.reason,
+            )
             rows.append(row)
         return rows
 
     def _run_row(self, name, precision, device, options, cdir, row_versions) -> Row:
         if self.reference is None:
-            return Row(provider=name, status="error", reason=self.ref_error, stage="accuracy",
-                       requested_precision=precision, requested_device=device)
+            return Row(
+                provider=name,
+                status="error",
+                reason=self.ref_error,
+                stage="accuracy",
+                requested_precision=precision,
+                requested_device=device,
+            )
         kwargs = {
-            "model_path": str(self.pkg.model_path), "provider": name, "options": options, "precision": precision,
-            "device": device, "cache_dir": str(cdir) if cdir else None, "feeds": self.feeds,
-            "reference": self.reference, "tolerances": tolerances_for(self.target, self.pkg, name),
-            "budget_s": self.budget, "batch": batch_size(self.feeds),
+            "model_path": str(self.pkg.model_path),
+            "provider": name,
+            "options": options,
+            "precision": precision,
+            "device": device,
+            "cache_dir": str(cdir) if cdir else None,
+            "feeds": self.feeds,
+            "reference": self.reference,
+            "tolerances": tolerances_for(self.target, self.pkg, name),
+            "budget_s": self.budget,
+            "batch": batch_size(self.feeds),
         }
-        res = run_isolated("agent.qualify.rowtask:measure_row", kwargs, timeout=self.timeout, isolate=self.isolate,
-                           tag=f"{name}:{precision}" if precision else name, progress=self.say)
+        res = run_isolated(
+            "agent.qualify.rowtask:measure_row",
+            kwargs,
+            timeout=self.timeout,
+            isolate=self.isolate,
+            tag=f"{name}:{precision}" if precision else name,
+            progress=self.say,
+        )
         if res.ok:
             row = Row.from_dict(res.value)
         else:
-            row = Row(provider=name, status="error", reason=f"{name}: {res.error}", stage="isolation",
-                      requested_precision=precision, requested_device=device, options=options)
+            row = Row(
+                provider=name,
+                status="error",
+                reason=f"{name}: {res.error}",
+                stage="isolation",
+                requested_precision=precision,
+                requested_device=device,
+                options=options,
+            )
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
         return row
 
     def confirm_close_call(self, rows: list[Row]) -> None:
         """Re-measure the two fastest passing rows (reverse order) when within CLOSE_CALL; merge samples."""
-        passing = sorted((r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
-                         key=lambda r: r.latency_ms["p50"])
+        passing = sorted(
+            (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
+            key=lambda r: r.latency_ms["p50"],
+        )
         if len(passing) < 2 or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL):
             return
         for row in (passing[1], passing[0]):
@@ -178,8 +245,10 @@ class _Run:
                 continue
             merged = row.latency_ms["samples_ms"] + again.latency_ms["samples_ms"]
             warm = row.latency_ms.get("warmup_runs", 0) + again.latency_ms.get("warmup_runs", 0)
-            row.latency_ms = {**latency.summarize(merged, warmup_runs=warm, batch=row.latency_ms.get("batch", 1)),
-                              "rounds": 2}
+            row.latency_ms = {
+                **latency.summarize(merged, warmup_runs=warm, batch=row.latency_ms.get("batch", 1)),
+                "rounds": 2,
+            }
             row.throughput_ips = row.latency_ms.get("throughput_ips")
 
 

@@ -1,4 +1,5 @@
 """Identical inputs for every provider: golden test_data_set_N if present, else seeded feeds from the specs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,10 +33,15 @@ def load_tensor(path: Path) -> tuple[str, Any]:
 
 
 def _has_values(t) -> bool:
-    return any(len(getattr(t, f)) for f in ("float_data", "int32_data", "int64_data", "double_data", "string_data", "uint64_data"))
+    return any(
+        len(getattr(t, f))
+        for f in ("float_data", "int32_data", "int64_data", "double_data", "string_data", "uint64_data")
+    )
 
 
-def load_dataset(ds: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> tuple[dict[str, Any], dict[str, Any]]:
+def load_dataset(
+    ds: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Feeds and expected outputs from one test_data_set_N dir; unnamed tensors map by index."""
     feeds = _load_indexed(ds, "input", inputs)
     expected = _load_indexed(ds, "output", outputs)
@@ -45,7 +51,10 @@ def load_dataset(ds: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]) 
 
 
 def _load_indexed(ds: Path, prefix: str, specs: list[TensorSpec]) -> dict[str, Any]:
-    files = sorted(ds.glob(f"{prefix}_*.pb"), key=lambda p: int(p.stem.rsplit("_", 1)[-1]) if p.stem.rsplit("_", 1)[-1].isdigit() else 0)
+    files = sorted(
+        ds.glob(f"{prefix}_*.pb"),
+        key=lambda p: int(p.stem.rsplit("_", 1)[-1]) if p.stem.rsplit("_", 1)[-1].isdigit() else 0,
+    )
     out: dict[str, Any] = {}
     names = [s.name for s in specs]
     for i, f in enumerate(files):
@@ -65,7 +74,9 @@ def resolve_shape(spec: TensorSpec, dynamic_dims: dict[str, int], input_shapes: 
     return [d if isinstance(d, int) and d > 0 else int(dynamic_dims.get(str(d), DEFAULT_DYNAMIC)) for d in spec.shape]
 
 
-def seeded_feeds(specs: list[TensorSpec], *, dynamic_dims=None, input_shapes=None, seed: int = 0) -> dict[str, np.ndarray]:
+def seeded_feeds(
+    specs: list[TensorSpec], *, dynamic_dims=None, input_shapes=None, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Deterministic inputs that respect dtypes and shapes (floats ~ N(0,1), ints in [0, 10), bools)."""
     rng = np.random.default_rng(seed)
     feeds = {}

@@ -5,6 +5,7 @@ pickles over a socketpair (stdout is left to the runtimes, which print there), s
 last line explains a crash. An IsolatedWorker serves many calls and restarts after a crash; run_isolated()
 is the one-shot form used per provider row.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -73,8 +74,15 @@ class IsolatedWorker:
         child.close()
         self._conn = Connection(parent.detach())
 
-    def call(self, func: str, kwargs: dict[str, Any], *, timeout: float, tag: str = "",
-             progress: Callable[..., None] | None = None) -> IsolatedResult:
+    def call(
+        self,
+        func: str,
+        kwargs: dict[str, Any],
+        *,
+        timeout: float,
+        tag: str = "",
+        progress: Callable[..., None] | None = None,
+    ) -> IsolatedResult:
         """Run `module:function(**kwargs)` in the child. Never raises for child failures."""
         if self._proc is None or self._proc.poll() is not None:
             self.restarts += 1 if self._starts else 0
@@ -92,8 +100,12 @@ class IsolatedWorker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._kill()
-                return IsolatedResult(False, error=f"timed out after {timeout:.0f} s (child killed)", kind="timeout",
-                                      wall_s=time.monotonic() - t0)
+                return IsolatedResult(
+                    False,
+                    error=f"timed out after {timeout:.0f} s (child killed)",
+                    kind="timeout",
+                    wall_s=time.monotonic() - t0,
+                )
             try:
                 ready = self._conn.poll(min(remaining, 0.5))
                 msg = self._conn.recv() if ready else None
@@ -163,15 +175,24 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def run_isolated(func: str, kwargs: dict[str, Any], *, timeout: float, isolate: bool = True, tag: str = "",
-                 progress: Callable[..., None] | None = None) -> IsolatedResult:
+def run_isolated(
+    func: str,
+    kwargs: dict[str, Any],
+    *,
+    timeout: float,
+    isolate: bool = True,
+    tag: str = "",
+    progress: Callable[..., None] | None = None,
+) -> IsolatedResult:
     """One call in a fresh child (or in-process when isolate=False, for debugging and tests)."""
     if not isolate:
         t0 = time.monotonic()
         try:
             return IsolatedResult(True, value=resolve(func)(**kwargs), wall_s=time.monotonic() - t0)
         except Exception as exc:  # noqa: BLE001 - same contract as the child
-            return IsolatedResult(False, error=f"{type(exc).__name__}: {exc}", kind="exception", wall_s=time.monotonic() - t0)
+            return IsolatedResult(
+                False, error=f"{type(exc).__name__}: {exc}", kind="exception", wall_s=time.monotonic() - t0
+            )
     with IsolatedWorker() as worker:
         return worker.call(func, kwargs, timeout=timeout, tag=tag, progress=progress)
 

@@ -5,6 +5,7 @@ p99 >= 662. Runs continue until 662 samples or the time budget is spent, but nev
 the hard limit (3x budget, at least 2 s) is hit. The p50 gets a bootstrap 95% confidence interval used to decide
 near-ties during selection.
 """
+
 from __future__ import annotations
 
 import time
@@ -58,11 +59,19 @@ def _warm_up(run_once: Callable[[], Any], warmup_s: float) -> int:
     return n
 
 
-def summarize(samples: list[float], *, warmup_runs: int = 0, total_s: float | None = None, batch: int = 1) -> dict[str, Any]:
+def summarize(
+    samples: list[float], *, warmup_runs: int = 0, total_s: float | None = None, batch: int = 1
+) -> dict[str, Any]:
     arr = np.asarray(samples, dtype=np.float64)
     n = int(arr.size)
     if n == 0:
-        return {"runs": 0, "p50": None, "p90": None, "p99": None, "supported": {"p50": False, "p90": False, "p99": False}}
+        return {
+            "runs": 0,
+            "p50": None,
+            "p90": None,
+            "p99": None,
+            "supported": {"p50": False, "p90": False, "p99": False},
+        }
     total_s = float(arr.sum() / 1e3) if total_s is None else total_s
     lo, hi = bootstrap_ci(arr, 50.0)
     return {

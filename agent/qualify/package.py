@@ -1,4 +1,5 @@
 """Model packages: directory, .tar.gz (safe extraction) or bare .onnx; checker, shape inference, model.yaml."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,16 @@ from agent.providers.base import TensorSpec
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000
-_META_KEYS = {"name", "version", "task", "dynamic_dims", "input_shapes", "tolerances", "required_providers", "description"}
+_META_KEYS = {
+    "name",
+    "version",
+    "task",
+    "dynamic_dims",
+    "input_shapes",
+    "tolerances",
+    "required_providers",
+    "description",
+}
 
 
 @dataclass
@@ -74,7 +84,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_package(path: str | Path, *, extract_to: str | Path | None = None, max_bytes: int = MAX_EXTRACT_BYTES) -> ModelPackage:
+def load_package(
+    path: str | Path, *, extract_to: str | Path | None = None, max_bytes: int = MAX_EXTRACT_BYTES
+) -> ModelPackage:
     """Load and validate a package. Raises ModelError with the checker's reason on bad input."""
     source = Path(path)
     if not source.exists():

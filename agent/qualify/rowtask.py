@@ -1,4 +1,5 @@
 """The work done inside the child for one (provider, precision) row: compatibility, accuracy, latency."""
+
 from __future__ import annotations
 
 import re
@@ -22,19 +23,36 @@ def _peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
-def measure_row(*, model_path: str, provider: str, options: dict[str, Any], precision: str | None,
-                device: str | None, cache_dir: str | None, feeds: dict[str, Any], reference: dict[str, Any],
-                tolerances: dict[str | None, dict[str, Any]], budget_s: float, batch: int = 1) -> dict[str, Any]:
+def measure_row(
+    *,
+    model_path: str,
+    provider: str,
+    options: dict[str, Any],
+    precision: str | None,
+    device: str | None,
+    cache_dir: str | None,
+    feeds: dict[str, Any],
+    reference: dict[str, Any],
+    tolerances: dict[str | None, dict[str, Any]],
+    budget_s: float,
+    batch: int = 1,
+) -> dict[str, Any]:
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions."""
     from agent.providers import get
 
-    row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device,
-                           "options": options, "cache_dir": cache_dir}
+    row: dict[str, Any] = {
+        "provider": provider,
+        "requested_precision": precision,
+        "requested_device": device,
+        "options": options,
+        "cache_dir": cache_dir,
+    }
     rss0 = _rss_mb()
     emit("session", provider=provider, precision=precision)
     try:
-        sess = get(provider).open_session(model_path, options=options, precision=precision, device=device,
-                                          cache_dir=cache_dir)
+        sess = get(provider).open_session(
+            model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
+        )
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
         return _fail(row, "compatibility", f"session creation failed: {exc}")
@@ -55,8 +73,12 @@ def measure_row(*, model_path: str, provider: str, options: dict[str, Any], prec
     row["rss_growth_mb"] = round(max(_peak_rss_mb(), _rss_mb()) - rss0, 1)
     sess.close()
     if problems:
-        return _fail(row, "accuracy", f"accuracy: {'; '.join(problems)} on {provider}"
-                     + (f" ({row['precision']})" if row.get("precision") else ""))
+        return _fail(
+            row,
+            "accuracy",
+            f"accuracy: {'; '.join(problems)} on {provider}"
+            + (f" ({row['precision']})" if row.get("precision") else ""),
+        )
     row.update(status="passed", reason=_passed_reason(row))
     return row
 
@@ -125,4 +147,3 @@ def reference_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[s
     except Exception as exc:  # noqa: BLE001
         raise EdgeAgentError(f"no reference: ORT CPU failed ({first_error}); onnx reference failed ({exc})") from exc
     return dict(zip([o.name for o in model.graph.output], values)), "onnx-reference-evaluator"
-

@@ -4,6 +4,7 @@ Noise rule: a passing row B is a near-tie of the fastest row A when B's p50 is w
 two p50 bootstrap 95% confidence intervals overlap. Among A and its near-ties the provider that comes
 first in the target's preference order wins (then lower p50, then lower p99).
 """
+
 from __future__ import annotations
 
 from typing import Any

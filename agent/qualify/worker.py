@@ -1,4 +1,5 @@
 """Child-process entry point for isolate.py: `python -m agent.qualify.worker FD` serves calls until told to exit."""
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,12 @@ def serve(conn: Connection) -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the parent as a row, never raised there
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
-            conn.send(("error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}"))
+            conn.send(
+                (
+                    "error",
+                    f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}{where}",
+                )
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Open Inference Protocol tensor encoding: KServe v2 datatypes, JSON tensors and the binary data extension."""
+
 from __future__ import annotations
 
 import json
@@ -139,7 +140,9 @@ def _parse_bytes(name: str, blob: memoryview, count: int) -> np.ndarray:
         try:
             arr[i] = str(blob[pos : pos + n], "utf-8")
         except UnicodeDecodeError:
-            raise BadRequest(f"input {name!r}: BYTES element {i} is not UTF-8 (ONNX string tensors carry text)") from None
+            raise BadRequest(
+                f"input {name!r}: BYTES element {i} is not UTF-8 (ONNX string tensors carry text)"
+            ) from None
         pos += n
     if pos != end:
         raise BadRequest(f"input {name!r}: {end - pos} bytes left over after {count} BYTES elements")
@@ -147,7 +150,7 @@ def _parse_bytes(name: str, blob: memoryview, count: int) -> np.ndarray:
 
 
 def _binary_tensor(name: str, blob: memoryview, dtype: np.dtype, shape: tuple[int, ...], count: int) -> np.ndarray:
-    if dtype == object:
+    if dtype.kind == "O":
         return _parse_bytes(name, blob, count).reshape(shape)
     if len(blob) != count * dtype.itemsize:
         raise BadRequest(
@@ -183,7 +186,7 @@ def _input(spec: Any, i: int, binary: memoryview, offset: int) -> tuple[str, np.
     if "data" not in spec:
         raise BadRequest(f"input {name!r}: needs 'data' or parameters.binary_data_size")
     data = spec["data"]
-    flat = _json_bytes(name, data, count) if dtype == object else _json_numeric(name, data, dtype, count)
+    flat = _json_bytes(name, data, count) if dtype.kind == "O" else _json_numeric(name, data, dtype, count)
     return name, flat.reshape(shape), offset
 
 
@@ -234,8 +237,13 @@ def decode_request(body: bytes | memoryview, header_length: int | None) -> Infer
             arr = np.frombuffer(binary, dtype=wire, count=count, offset=offset)
             inputs[name] = arr.reshape(shape) if dtype != np.bool_ else (arr.view(np.uint8) != 0).reshape(shape)
     # the plan's output list and binary map are shared between requests: read-only downstream
-    return InferRequest(inputs=inputs, outputs=None if outputs is None else list(outputs), binary=binary_map,
-                        binary_default=binary_default, id=rid)
+    return InferRequest(
+        inputs=inputs,
+        outputs=None if outputs is None else list(outputs),
+        binary=binary_map,
+        binary_default=binary_default,
+        id=rid,
+    )
 
 
 def _plan(head: bytes | memoryview, binary: memoryview) -> tuple:
@@ -262,7 +270,9 @@ def _plan(head: bytes | memoryview, binary: memoryview) -> tuple:
             dtype, shape, count, start, size = got
             got = _binary_tensor(name, binary[start : start + size], dtype, shape, count)  # validates the size
             if layout is not None:
-                wire = None if dtype == object else dtype if _LITTLE or dtype.itemsize == 1 else dtype.newbyteorder("<")
+                wire = (
+                    None if dtype.kind == "O" else dtype if _LITTLE or dtype.itemsize == 1 else dtype.newbyteorder("<")
+                )
                 layout.append((name, (dtype, shape, count, start, size, wire)))
         else:
             layout = None
@@ -273,11 +283,20 @@ def _plan(head: bytes | memoryview, binary: memoryview) -> tuple:
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
     rid = doc.get("id")
-    req = InferRequest(inputs={}, binary_default=bool(params.get("binary_data_output", False)),
-                       id=rid if isinstance(rid, str) else None)
+    req = InferRequest(
+        inputs={},
+        binary_default=bool(params.get("binary_data_output", False)),
+        id=rid if isinstance(rid, str) else None,
+    )
     _outputs(doc.get("outputs"), req)
-    return (tuple(layout) if layout is not None else None, inputs,
-            None if req.outputs is None else tuple(req.outputs), req.binary, req.binary_default, req.id)
+    return (
+        tuple(layout) if layout is not None else None,
+        inputs,
+        None if req.outputs is None else tuple(req.outputs),
+        req.binary,
+        req.binary_default,
+        req.id,
+    )
 
 
 def _binary_blob(arr: np.ndarray, datatype: str) -> bytes:
@@ -288,7 +307,9 @@ def _binary_blob(arr: np.ndarray, datatype: str) -> bytes:
             parts.append(struct.pack("<I", len(b)))
             parts.append(b)
         return b"".join(parts)
-    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype).tobytes()
+    return np.ascontiguousarray(
+        arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype
+    ).tobytes()
 
 
 def _json_data(arr: np.ndarray, datatype: str) -> list:
@@ -310,8 +331,9 @@ def _wire_ready(arr: np.ndarray) -> bool:
     return arr.flags.c_contiguous and dtype.kind in "biuf" and (dtype.itemsize == 1 or (_LITTLE and dtype.isnative))
 
 
-def encode_response(model: str, version: str, outputs: dict[str, np.ndarray],
-                    req: InferRequest) -> tuple[list, int, int | None]:
+def encode_response(
+    model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest
+) -> tuple[list, int, int | None]:
     """Response body as buffers to send in order (binary outputs go out from the arrays' own memory, no copy),
     its total length, and its JSON header length (None when the body is plain JSON)."""
     layout = []
@@ -334,8 +356,9 @@ def encode_response(model: str, version: str, outputs: dict[str, np.ndarray],
     return parts, total, len(head)
 
 
-def _encode_general(model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest,
-                    head_only: bool = False) -> tuple:
+def _encode_general(
+    model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest, head_only: bool = False
+) -> tuple:
     entries, blobs = [], []
     for name, value in outputs.items():
         arr = np.asarray(value)

@@ -1,4 +1,5 @@
 """ServingError subclasses, each carrying the HTTP status the OIP server answers with."""
+
 from __future__ import annotations
 
 from agent.errors import ServingError

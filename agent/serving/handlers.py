@@ -1,10 +1,12 @@
 """Open Inference Protocol (KServe v2) routes: path + body in, (status, body, headers) out; no sockets here."""
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import unquote
 
 import agent
@@ -53,8 +55,13 @@ def _scalars(meta: dict) -> dict:
 
 
 def model_metadata(entry) -> dict:
-    doc = {"name": entry.name, "versions": [entry.version], "platform": entry.meta.get("platform", "onnxruntime_onnx"),
-           "inputs": _tensors(entry.inputs), "outputs": _tensors(entry.outputs)}
+    doc = {
+        "name": entry.name,
+        "versions": [entry.version],
+        "platform": entry.meta.get("platform", "onnxruntime_onnx"),
+        "inputs": _tensors(entry.inputs),
+        "outputs": _tensors(entry.outputs),
+    }
     params = _scalars(entry.meta)
     if params:
         doc["parameters"] = params
@@ -65,11 +72,19 @@ def model_config(entry) -> dict:
     """Enough of Triton's model config for perf_analyzer: no batching dimension, explicit dims."""
 
     def io(specs: list) -> list[dict]:
-        return [{"name": s.name, "data_type": codec.config_type(codec.datatype_of(s.dtype)), "dims": _dims(s.shape)}
-                for s in specs]
+        return [
+            {"name": s.name, "data_type": codec.config_type(codec.datatype_of(s.dtype)), "dims": _dims(s.shape)}
+            for s in specs
+        ]
 
-    return {"name": entry.name, "platform": entry.meta.get("platform", "onnxruntime_onnx"), "backend": "onnxruntime",
-            "max_batch_size": 0, "input": io(entry.inputs), "output": io(entry.outputs)}
+    return {
+        "name": entry.name,
+        "platform": entry.meta.get("platform", "onnxruntime_onnx"),
+        "backend": "onnxruntime",
+        "max_batch_size": 0,
+        "input": io(entry.inputs),
+        "output": io(entry.outputs),
+    }
 
 
 class Router:
@@ -81,7 +96,9 @@ class Router:
         self.extra_metrics = extra_metrics
         self._infer_paths: dict[str, tuple[str, str | None]] = {}
 
-    def route(self, method: str, path: str, body: bytes | memoryview, header_length: int | None, ready: bool) -> Response:
+    def route(
+        self, method: str, path: str, body: bytes | memoryview, header_length: int | None, ready: bool
+    ) -> Response:
         path = path.split("?", 1)[0]
         hit = self._infer_paths.get(path)  # infer paths seen before: no regex, no unquoting
         if hit is not None and method == "POST":
@@ -130,8 +147,14 @@ class Router:
         parts, length, head_len = codec.encode_response(name, served, outputs, req)
         if head_len is None:
             return Response(200, b"", parts=parts, length=length)
-        return Response(200, b"", "application/octet-stream", {"Inference-Header-Content-Length": str(head_len)},
-                        parts=parts, length=length)
+        return Response(
+            200,
+            b"",
+            "application/octet-stream",
+            {"Inference-Header-Content-Length": str(head_len)},
+            parts=parts,
+            length=length,
+        )
 
     def metrics(self) -> str:
         families = model_families(self.registry.all_stats(), self.registry.models()) + list(self.extra_metrics())
@@ -141,8 +164,14 @@ class Router:
                 families.extend(collect())
             except Exception:  # noqa: BLE001 - a broken collector must not break the scrape
                 failed += 1
-        families.append(Metric("edge_agent_metrics_collector_errors", "gauge",
-                               "Collectors that raised during this scrape.", [("", {}, failed)]))
+        families.append(
+            Metric(
+                "edge_agent_metrics_collector_errors",
+                "gauge",
+                "Collectors that raised during this scrape.",
+                [("", {}, failed)],
+            )
+        )
         return render(families)
 
 

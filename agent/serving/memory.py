@@ -5,6 +5,7 @@ memory in per-thread arenas and RSS creeps up swap after swap (measured here: +1
 8 threads, flat with 2 arenas, a fixed mmap threshold and a trim after each close). The calls are no-ops
 where glibc is absent.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -73,8 +74,9 @@ def choose_swap(serving: dict, model_need_bytes: int, available_bytes: int | Non
     if available_bytes is None:
         return mode, f"target swap mode {mode} (MemAvailable unknown)"
     if available_bytes < 2 * need:
-        return short, (f"MemAvailable {_size(available_bytes)} < 2 x the model's {_size(need)}: "
-                       f"{short} instead of {mode}")
+        return short, (
+            f"MemAvailable {_size(available_bytes)} < 2 x the model's {_size(need)}: {short} instead of {mode}"
+        )
     return mode, f"MemAvailable {_size(available_bytes)} >= 2 x the model's {_size(need)}: {mode}"
 
 

@@ -1,16 +1,33 @@
 """Per-model serving statistics (counters, latency histogram, percentiles) and Prometheus text exposition."""
+
 from __future__ import annotations
 
 import bisect
 import math
 import threading
 from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 # Latency buckets in seconds: edge models run from microseconds to seconds.
 BUCKETS: tuple[float, ...] = (
-    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 RECENT = 4096  # latency samples kept for percentiles (FACTS: 662 needed to claim a p99)
 PENDING = 256  # plain latencies appended lock-free before they are folded into the counters
@@ -108,7 +125,7 @@ class ModelStats:
         with self._lock:
             self._fold()
             values = self._recent()
-        return values if last is None else values[max(0, len(values) - last):]
+        return values if last is None else values[max(0, len(values) - last) :]
 
     def _recent(self) -> list[float]:
         """Kept latencies, oldest first (call with the lock held)."""
@@ -122,8 +139,13 @@ class ModelStats:
         """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
         with self._lock:
             self._fold()
-            counts = {"requests": self.requests, "errors": self.errors, "rejected": self.rejected,
-                      "nonfinite": self.nonfinite, "finite_checked": self.finite_checked}
+            counts = {
+                "requests": self.requests,
+                "errors": self.errors,
+                "rejected": self.rejected,
+                "nonfinite": self.nonfinite,
+                "finite_checked": self.finite_checked,
+            }
             lat = sorted(self._recent())
         ms = {f"p{q}_ms": (None if v is None else v * 1000.0) for q in (50, 90, 99) for v in [percentile(lat, q)]}
         return {"model": self.model, "version": self.version, **counts, **ms, "latency_samples": len(lat)}
@@ -164,22 +186,31 @@ def render(families: Iterable[Metric]) -> str:
         lines.append(f"# TYPE {fam.name} {fam.kind}")
         for suffix, labels, value in fam.samples:
             lab = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(f"{fam.name}{suffix}{{{lab}}} {_number(value)}" if lab else f"{fam.name}{suffix} {_number(value)}")
+            lines.append(
+                f"{fam.name}{suffix}{{{lab}}} {_number(value)}" if lab else f"{fam.name}{suffix} {_number(value)}"
+            )
     return "\n".join(lines) + "\n"
 
 
 def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[Metric]:
     """Metric families for every (model, version) seen; loaded maps model -> serving version."""
     p = "edge_agent_inference"
-    fams = {k: Metric(f"{p}_{k}", kind, text) for k, kind, text in [
-        ("requests_total", "counter", "Inference requests that reached the runtime."),
-        ("failures_total", "counter", "Inference requests the runtime failed."),
-        ("rejected_total", "counter", "Inference requests refused by validation (client mistakes)."),
-        ("nonfinite_total", "counter", "Checked responses found holding NaN or Inf."),
-        ("finite_checked_total", "counter", "Successful responses checked for NaN/Inf (all while on probation "
-                                            f"and the first {FINITE_FIRST}, then one in {FINITE_EVERY})."),
-        ("latency_seconds", "histogram", "Runtime latency of successful inference requests."),
-    ]}
+    fams = {
+        k: Metric(f"{p}_{k}", kind, text)
+        for k, kind, text in [
+            ("requests_total", "counter", "Inference requests that reached the runtime."),
+            ("failures_total", "counter", "Inference requests the runtime failed."),
+            ("rejected_total", "counter", "Inference requests refused by validation (client mistakes)."),
+            ("nonfinite_total", "counter", "Checked responses found holding NaN or Inf."),
+            (
+                "finite_checked_total",
+                "counter",
+                "Successful responses checked for NaN/Inf (all while on probation "
+                f"and the first {FINITE_FIRST}, then one in {FINITE_EVERY}).",
+            ),
+            ("latency_seconds", "histogram", "Runtime latency of successful inference requests."),
+        ]
+    }
     quant = Metric(f"{p}_latency_recent_seconds", "summary", f"Latency quantiles over the last {RECENT} requests.")
     for s in stats:
         lab = {"model": s.model, "version": s.version}
@@ -187,8 +218,9 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
             s._fold()
             counts = (s.requests, s.errors, s.rejected, s.nonfinite, s.finite_checked)
             buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s._recent())
-        for key, value in zip(("requests_total", "failures_total", "rejected_total", "nonfinite_total",
-                               "finite_checked_total"), counts):
+        for key, value in zip(
+            ("requests_total", "failures_total", "rejected_total", "nonfinite_total", "finite_checked_total"), counts
+        ):
             fams[key].samples.append(("", lab, value))
         running = 0
         for bound, count in zip((*BUCKETS, math.inf), buckets):

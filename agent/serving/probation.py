@@ -1,11 +1,12 @@
 """Probation: after a swap, watch one (model, version) for errors, NaN/Inf outputs and latency against
 the qualified numbers; call on_trouble(reason) at the first sign of trouble, on_pass(verdict) at the end."""
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from agent.serving.metrics import percentile
 
@@ -37,10 +38,20 @@ class Probation:
     """Watches registry stats of (name, version) from construction on. Pure logic in evaluate();
     start() runs it on a timer thread until the window ends or trouble shows."""
 
-    def __init__(self, registry, name: str, version, baseline_latency_ms: float | None, window: float = 60.0,
-                 thresholds: Thresholds | None = None, on_trouble: Callable[[str], None] | None = None,
-                 on_pass: Callable[[Verdict], None] | None = None, *, interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        registry,
+        name: str,
+        version,
+        baseline_latency_ms: float | None,
+        window: float = 60.0,
+        thresholds: Thresholds | None = None,
+        on_trouble: Callable[[str], None] | None = None,
+        on_pass: Callable[[Verdict], None] | None = None,
+        *,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.registry, self.name, self.version = registry, name, str(version)
         self.baseline_ms = baseline_latency_ms
         self.window = float(window)
@@ -67,10 +78,16 @@ class Probation:
         errors = snap["errors"] - self._base[1]
         ok = requests - errors
         lat = sorted(self.stats.latencies(last=ok)) if ok > 0 else []
-        return {"requests": requests, "errors": errors, "nonfinite": snap["nonfinite"] - self._base[2],
-                "latency_samples": len(lat),
-                "p90_ms": _ms(percentile(lat, 90)), "p99_ms": _ms(percentile(lat, 99)),
-                "baseline_p99_ms": self.baseline_ms, "elapsed_s": round(self.clock() - self._started, 3)}
+        return {
+            "requests": requests,
+            "errors": errors,
+            "nonfinite": snap["nonfinite"] - self._base[2],
+            "latency_samples": len(lat),
+            "p90_ms": _ms(percentile(lat, 90)),
+            "p99_ms": _ms(percentile(lat, 99)),
+            "baseline_p99_ms": self.baseline_ms,
+            "elapsed_s": round(self.clock() - self._started, 3),
+        }
 
     def evaluate(self) -> Verdict:
         """Judge what has been seen so far; does not call back."""
@@ -78,21 +95,30 @@ class Probation:
         if self.registry.models().get(self.name) != self.version:
             return Verdict(SUPERSEDED, f"{self.name} is no longer serving version {self.version}", f)
         if f["errors"] > t.max_errors:
-            return Verdict(TROUBLE, f"probation: {f['errors']} failed requests of {f['requests']} "
-                                    f"(limit {t.max_errors})", f)
+            return Verdict(
+                TROUBLE, f"probation: {f['errors']} failed requests of {f['requests']} (limit {t.max_errors})", f
+            )
         if f["nonfinite"] > t.max_nonfinite:
-            return Verdict(TROUBLE, f"probation: {f['nonfinite']} responses with NaN/Inf outputs of {f['requests']} "
-                                    f"(limit {t.max_nonfinite})", f)
+            return Verdict(
+                TROUBLE,
+                f"probation: {f['nonfinite']} responses with NaN/Inf outputs of {f['requests']} "
+                f"(limit {t.max_nonfinite})",
+                f,
+            )
         slow = self._latency_trouble(f)
         if slow:
             return Verdict(TROUBLE, slow, f)
         if f["elapsed_s"] < self.window:
             return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet", f)
         if f["requests"] < t.min_requests:
-            return Verdict(TROUBLE, f"probation: only {f['requests']} requests in {self.window:g} s "
-                                    f"(need {t.min_requests} to judge)", f)
-        return Verdict(PASSED, f"probation passed: {f['requests']} requests, no errors, no NaN/Inf, "
-                               f"latency within limits", f)
+            return Verdict(
+                TROUBLE,
+                f"probation: only {f['requests']} requests in {self.window:g} s (need {t.min_requests} to judge)",
+                f,
+            )
+        return Verdict(
+            PASSED, f"probation passed: {f['requests']} requests, no errors, no NaN/Inf, latency within limits", f
+        )
 
     def _latency_trouble(self, f: dict) -> str | None:
         t, n = self.thresholds, f["latency_samples"]
@@ -101,8 +127,10 @@ class Probation:
         q, value = ("p99", f["p99_ms"]) if n >= t.p99_samples else ("p90", f["p90_ms"])
         limit = self.baseline_ms * t.latency_factor + t.latency_slack_ms
         if value > limit:
-            return (f"probation: {q} latency {value:.3f} ms over {n} requests > {limit:.3f} ms "
-                    f"({t.latency_factor:g} x qualified p99 {self.baseline_ms:.3f} ms + {t.latency_slack_ms:g} ms)")
+            return (
+                f"probation: {q} latency {value:.3f} ms over {n} requests > {limit:.3f} ms "
+                f"({t.latency_factor:g} x qualified p99 {self.baseline_ms:.3f} ms + {t.latency_slack_ms:g} ms)"
+            )
         return None
 
     # ---- timer thread ---------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """The model registry: which session serves each model, atomic hot swap with drain, validated infer, stats."""
+
 from __future__ import annotations
 
 import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -164,7 +166,9 @@ def _nonfinite(outputs: dict) -> bool:
 class ModelRegistry:
     """Serves several models at once; activate() hot-swaps one without failing in-flight or new requests."""
 
-    def __init__(self, *, drain_timeout: float = 30.0, check_finite: bool = True, finite_every: int = FINITE_EVERY) -> None:
+    def __init__(
+        self, *, drain_timeout: float = 30.0, check_finite: bool = True, finite_every: int = FINITE_EVERY
+    ) -> None:
         """check_finite: look for NaN/Inf in outputs: every response while a probation watches a version and
         for its first FINITE_FIRST responses, then one in `finite_every` (1: every response)."""
         if int(finite_every) < 1:
@@ -180,9 +184,17 @@ class ModelRegistry:
         self._stats: dict[str, dict[str, ModelStats]] = {}
 
     # ---- activation -------------------------------------------------------------------------------
-    def activate(self, name: str, version: Any, session: Any, meta: dict | None = None, *,
-                 swap: str = MAKE_BEFORE_BREAK, drain_timeout: float | None = None,
-                 progress: Callable[..., None] | None = None) -> dict:
+    def activate(
+        self,
+        name: str,
+        version: Any,
+        session: Any,
+        meta: dict | None = None,
+        *,
+        swap: str = MAKE_BEFORE_BREAK,
+        drain_timeout: float | None = None,
+        progress: Callable[..., None] | None = None,
+    ) -> dict:
         """Serve `session` as `name`/`version`. `session` may be a zero-argument factory; with
         stop-then-start the old session is drained and closed before the factory runs.
         Returns {"model", "version", "swap", "previous", "drained", "drain_s", "close_error"};
@@ -202,8 +214,16 @@ class ModelRegistry:
             report("swapped", model=name, version=version, previous=old.version if old else None)
             if old is not None:
                 old_info = self._release_old(old, timeout, report)
-        return {"model": name, "version": version, "swap": swap, "previous": None, "drained": True, "drain_s": 0.0,
-                "close_error": None, **old_info}
+        return {
+            "model": name,
+            "version": version,
+            "swap": swap,
+            "previous": None,
+            "drained": True,
+            "drain_s": 0.0,
+            "close_error": None,
+            **old_info,
+        }
 
     def _stop(self, name: str, timeout: float, report: Callable[..., None]) -> dict:
         """Stop-then-start, first half: unpublish, drain and close the old session; requests get 503 meanwhile."""
@@ -212,7 +232,9 @@ class ModelRegistry:
             self._loading.add(name)
         return self._release_old(old, timeout, report) if old else {}
 
-    def _build(self, name: str, version: str, session: Any, meta: dict | None, report: Callable[..., None]) -> ModelEntry:
+    def _build(
+        self, name: str, version: str, session: Any, meta: dict | None, report: Callable[..., None]
+    ) -> ModelEntry:
         try:
             if not hasattr(session, "run") and callable(session):
                 report("building", model=name, version=version)
@@ -271,8 +293,12 @@ class ModelRegistry:
                 entry.close_when_idle = True  # the last request out closes it
         if drained:
             entry.close()
-        return {"previous": entry.version, "drained": drained, "drain_s": round(time.monotonic() - t0, 6),
-                "close_error": entry.close_error}
+        return {
+            "previous": entry.version,
+            "drained": drained,
+            "drain_s": round(time.monotonic() - t0, 6),
+            "close_error": entry.close_error,
+        }
 
     # ---- serving ----------------------------------------------------------------------------------
     def _acquire(self, name: str, version: Any) -> ModelEntry:
@@ -313,8 +339,9 @@ class ModelRegistry:
         if close:
             entry.close()
 
-    def _release(self, entry: ModelEntry, elapsed: float | None = None, ok: bool = True,
-                 nonfinite: bool | None = None) -> None:
+    def _release(
+        self, entry: ModelEntry, elapsed: float | None = None, ok: bool = True, nonfinite: bool | None = None
+    ) -> None:
         """The request is done with the entry. Its accounting, when it reached the runtime: a plain success is
         appended lock-free (ModelStats.add); errors and checked outputs are recorded under the stats' lock."""
         if elapsed is not None:
@@ -335,7 +362,9 @@ class ModelRegistry:
                 if outputs is not None:
                     unknown = [o for o in outputs if o not in entry.output_names]
                     if unknown:
-                        raise BadRequest(f"model {name!r} has no output(s) {unknown}; outputs: {list(entry.output_names)}")
+                        raise BadRequest(
+                            f"model {name!r} has no output(s) {unknown}; outputs: {list(entry.output_names)}"
+                        )
             except BadRequest:
                 entry.stats.reject()
                 raise
@@ -401,4 +430,3 @@ class ModelRegistry:
     def all_stats(self) -> list[ModelStats]:
         with self._lock:
             return [s for per in self._stats.values() for s in per.values()]
-

@@ -4,12 +4,13 @@ Authentication: with a token, every endpoint except /v2/health/live and /v2/heal
 `Authorization: Bearer <token>`; the health probes stay open so that supervisors can probe without
 credentials (they reveal nothing but liveness). Loopback is the default bind address.
 """
+
 from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable, Iterable
 from http.server import ThreadingHTTPServer
-from typing import Callable, Iterable
 
 from agent.errors import ServingError
 from agent.serving.handlers import Router
@@ -20,8 +21,10 @@ DEFAULT_MAX_BODY = 64 * 1024 * 1024
 DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request bodies held at once, all connections together
 BUDGETED_BODY = 1024 * 1024  # bodies from this size up count against the budget (small ones cannot add up)
 _BUSY_BODY = b'{"error":"too many open connections"}'
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-         b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -57,10 +60,19 @@ class OIPServer:
     """KServe v2 REST server over a ModelRegistry. port=0 picks a free port (see .port); `collectors`
     (or add_metrics_collector) add Metric families to /metrics; shutdown(drain_timeout) drains."""
 
-    def __init__(self, registry, host: str = "127.0.0.1", port: int = 8080, token: str | None = None, *,
-                 max_body_bytes: int = DEFAULT_MAX_BODY, request_timeout: float = 60.0, max_connections: int = 256,
-                 body_budget_bytes: int = DEFAULT_BODY_BUDGET,
-                 collectors: Iterable[Callable[[], Iterable[Metric]]] = ()):
+    def __init__(
+        self,
+        registry,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        token: str | None = None,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        request_timeout: float = 60.0,
+        max_connections: int = 256,
+        body_budget_bytes: int = DEFAULT_BODY_BUDGET,
+        collectors: Iterable[Callable[[], Iterable[Metric]]] = (),
+    ):
         """body_budget_bytes bounds the memory of request bodies over all connections: bodies being read or
         served, plus the read buffers connections keep for reuse (at most a quarter of it). A large body that
         does not fit gets 503 (retry) without being read, instead of 256 connections x 64 MiB."""
@@ -94,8 +106,9 @@ class OIPServer:
 
     def start(self) -> "OIPServer":
         """Serve in a background thread; returns self."""
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name=f"oip-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name=f"oip-{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -194,10 +207,18 @@ class OIPServer:
             codes = sorted(self._codes.items())
             inflight, conns, used, kept = self._inflight, len(self._conns), self._body_used, self._kept
         return [
-            Metric("edge_agent_http_responses_total", "counter", "HTTP responses by status code.",
-                   [("", {"code": str(c)}, n) for c, n in codes]),
+            Metric(
+                "edge_agent_http_responses_total",
+                "counter",
+                "HTTP responses by status code.",
+                [("", {"code": str(c)}, n) for c, n in codes],
+            ),
             Metric("edge_agent_http_inflight_requests", "gauge", "Requests being handled.", [("", {}, inflight)]),
             Metric("edge_agent_http_open_connections", "gauge", "Open client connections.", [("", {}, conns)]),
-            Metric("edge_agent_http_body_bytes", "gauge", "Memory held for request bodies (being handled, kept "
-                   "for reuse by connections).", [("", {"use": "handling"}, used), ("", {"use": "kept"}, kept)]),
+            Metric(
+                "edge_agent_http_body_bytes",
+                "gauge",
+                "Memory held for request bodies (being handled, kept for reuse by connections).",
+                [("", {"use": "handling"}, used), ("", {"use": "kept"}, kept)],
+            ),
         ]

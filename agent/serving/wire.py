@@ -4,6 +4,7 @@ The stdlib BaseHTTPRequestHandler parses headers through the email package (tens
 request) and answers some client mistakes with 5xx; this parser does neither. Keep-alive is the default,
 Expect: 100-continue is honoured (curl sends it for bodies over 1 KB), chunked bodies are refused (411).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,8 +17,7 @@ from http import HTTPStatus
 
 import agent
 from agent.errors import ServingError
-from agent.serving.errors import (BadRequest, LengthRequired, PayloadTooLarge, ServerBusy, Unauthorized,
-                                  status_of)
+from agent.serving.errors import BadRequest, LengthRequired, PayloadTooLarge, ServerBusy, Unauthorized, status_of
 from agent.serving.handlers import Response, error_response, header_length
 
 KEEP_BUFFER_BYTES = 16 * 1024 * 1024  # larger bodies get a buffer of their own, dropped after the request
@@ -141,8 +141,7 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         CRLF endings and no line over MAX_LINE; None leaves everything to the line-by-line parser."""
         data = self.rfile.peek(1)
         end = data.find(b"\r\n\r\n")
-        if (end <= 0 or end > MAX_LINE or data[0] in b"\r\n"
-                or data.count(b"\n", 0, end) != data.count(b"\r\n", 0, end)):
+        if end <= 0 or end > MAX_LINE or data[0] in b"\r\n" or data.count(b"\n", 0, end) != data.count(b"\r\n", 0, end):
             return None
         block = data[:end]
         self.rfile.read(end + 4)
@@ -219,8 +218,10 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
         if reserved is None:
             self.close_connection = True  # the body is not read: the connection cannot be reused
             self._unread = n
-            raise ServerBusy(f"request bodies in flight fill the server's budget of "
-                             f"{self.oip.body_budget_bytes} bytes; retry shortly")
+            raise ServerBusy(
+                f"request bodies in flight fill the server's budget of "
+                f"{self.oip.body_budget_bytes} bytes; retry shortly"
+            )
         self._reserved = reserved
         if headers.get("content-encoding", "identity") == "identity":
             return self._read(n, align_at)
@@ -272,8 +273,10 @@ class ConnectionHandler(socketserver.StreamRequestHandler):
             extra += 'WWW-Authenticate: Bearer realm="edge-agent"\r\n'
         if self.close_connection:
             extra += "Connection: close\r\n"
-        head = (f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
-                f"Content-Type: {resp.content_type}\r\nContent-Length: {length}\r\n{extra}\r\n").encode("latin-1")
+        head = (
+            f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
+            f"Content-Type: {resp.content_type}\r\nContent-Length: {length}\r\n{extra}\r\n"
+        ).encode("latin-1")
         send_all(self.connection, [head, *parts], len(head) + length)
 
 

@@ -1,12 +1,13 @@
 """DeviceLink: the device's side of the protocol (desired state in, status/events/health out, chunk channel).
 
-    link = DeviceLink("mqtt://broker:1883", "pi-1", groups=["lab"])
-    link.start()
-    ev = link.events.get(timeout=1)      # DesiredState or ConnectionEvent; raises queue.Empty
-    link.publish_status({...})           # retained; republished on every reconnect
-    with link.chunk_channel(sha) as ch:  # used by artifacts.pull.ChunkPuller
-        ch.request(chunk_size, [0, 1, 2]); resp = ch.get(timeout=5)
+link = DeviceLink("mqtt://broker:1883", "pi-1", groups=["lab"])
+link.start()
+ev = link.events.get(timeout=1)      # DesiredState or ConnectionEvent; raises queue.Empty
+link.publish_status({...})           # retained; republished on every reconnect
+with link.chunk_channel(sha) as ch:  # used by artifacts.pull.ChunkPuller
+    ch.request(chunk_size, [0, 1, 2]); resp = ch.get(timeout=5)
 """
+
 from __future__ import annotations
 
 import collections
@@ -126,8 +127,11 @@ class DesiredEvents:
     def _winner(cands: dict[str, tuple[bytes, str]]):
         """Among groups the highest version wins; the device's own desired state beats the best group's unless
         the group's was issued later (a group push after a per-device rollout must still reach the device)."""
-        groups = sorted(((k, v) for k, v in cands.items() if k != "device"),
-                        key=lambda kv: (_version_key(kv[1][0]), kv[0]), reverse=True)
+        groups = sorted(
+            ((k, v) for k, v in cands.items() if k != "device"),
+            key=lambda kv: (_version_key(kv[1][0]), kv[0]),
+            reverse=True,
+        )
         best = (groups[0][1][0], groups[0][0], groups[0][1][1]) if groups else None
         if "device" in cands and (best is None or _issued_at(cands["device"][0]) >= _issued_at(best[0])):
             return cands["device"][0], "device", cands["device"][1]
@@ -178,21 +182,49 @@ class ChunkChannel:
 class DeviceLink:
     """The device's MQTT presence: LWT, retained status, desired-state events and the chunk channel."""
 
-    def __init__(self, url: str | BrokerConfig, device_id: str, groups=(), prefix: str = DEFAULT_PREFIX, *,
-                 username: str | None = None, password: str | None = None, ca: str | None = None,
-                 cert: str | None = None, key: str | None = None, protocol: str = "auto", keepalive: int = 30,
-                 last_status: dict | None = None):
+    def __init__(
+        self,
+        url: str | BrokerConfig,
+        device_id: str,
+        groups=(),
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        protocol: str = "auto",
+        keepalive: int = 30,
+        last_status: dict | None = None,
+    ):
         self.device_id = check_name(device_id, "device id")
         self.groups = tuple(check_name(g, "group") for g in groups)
         self.topics = Topics(prefix)
-        broker = url if isinstance(url, BrokerConfig) else BrokerConfig(
-            url, username=username, password=password, ca=ca, cert=cert, key=key, protocol=protocol, keepalive=keepalive)
+        broker = (
+            url
+            if isinstance(url, BrokerConfig)
+            else BrokerConfig(
+                url,
+                username=username,
+                password=password,
+                ca=ca,
+                cert=cert,
+                key=key,
+                protocol=protocol,
+                keepalive=keepalive,
+            )
+        )
         self.events = DesiredEvents()
         self._channels: dict[str, ChunkChannel] = {}
         self._last_status: bytes | None = None
         will = self._will_payload(last_status)
-        self._mqtt = MqttLink(broker, client_id=f"edge-dev-{self.device_id}",
-                              will=(self.topics.status(self.device_id), will, 1, True), on_connection=self._on_connection)
+        self._mqtt = MqttLink(
+            broker,
+            client_id=f"edge-dev-{self.device_id}",
+            will=(self.topics.status(self.device_id), will, 1, True),
+            on_connection=self._on_connection,
+        )
         self._mqtt.subscribe(self.topics.device_desired_filter(self.device_id), self._on_desired, qos=1)
         for g in self.groups:
             self._mqtt.subscribe(self.topics.group_desired_filter(g), self._on_desired, qos=1)
@@ -219,7 +251,9 @@ class DeviceLink:
             doc = json.loads(self._last_status) if self._last_status else {"device_id": self.device_id}
             doc.update(online=False, ts=time.time())
             try:
-                self._mqtt.publish(self.topics.status(self.device_id), json.dumps(doc).encode(), 1, True).wait_for_publish(timeout)
+                self._mqtt.publish(
+                    self.topics.status(self.device_id), json.dumps(doc).encode(), 1, True
+                ).wait_for_publish(timeout)
             except (TransportError, RuntimeError, ValueError):
                 pass
         self._mqtt.stop(disconnect=graceful)

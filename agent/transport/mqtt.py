@@ -4,14 +4,15 @@ Rules kept here (FACTS.md): CallbackAPIVersion.VERSION2; callbacks only hand dat
 (which must only enqueue); the subscription list is ours and replayed in on_connect; CONNACK is checked before
 we call ourselves connected; the outgoing queue is bounded.
 """
+
 from __future__ import annotations
 
 import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent.errors import TransportError
@@ -62,9 +63,16 @@ class BrokerConfig:
 class MqttLink:
     """One MQTT connection that survives broker restarts: subscriptions are replayed on every connect."""
 
-    def __init__(self, broker: BrokerConfig, client_id: str | None = None, *,
-                 will: tuple[str, bytes, int, bool] | None = None, max_queued: int = 10000, max_inflight: int = 20,
-                 on_connection: Callable[[bool, str], None] | None = None):
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        client_id: str | None = None,
+        *,
+        will: tuple[str, bytes, int, bool] | None = None,
+        max_queued: int = 10000,
+        max_inflight: int = 20,
+        on_connection: Callable[[bool, str], None] | None = None,
+    ):
         self.broker = broker
         self.host, self.port, self.tls, proto = broker.endpoint()
         self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
@@ -264,7 +272,7 @@ class MqttLink:
                         tls.settimeout(2)
                         try:
                             tls.recv(1)  # TLS 1.3: a refused client certificate arrives as an alert here
-                        except (socket.timeout, TimeoutError):
+                        except TimeoutError:
                             pass
         except ssl.SSLError as exc:
             return f"TLS handshake failed: {exc.reason or exc}"

@@ -1,4 +1,5 @@
 """The MQTT topic tree: pure build/parse of every topic under a prefix, and validation of ids."""
+
 from __future__ import annotations
 
 import re
@@ -109,7 +110,7 @@ class Topics:
         head = self.prefix + "/"
         if not isinstance(topic, str) or not topic.startswith(head):
             return None
-        parts = topic[len(head):].split("/")
+        parts = topic[len(head) :].split("/")
         if not all(is_valid_name(p) for p in parts[1:] if p not in ("desired", "req")):
             return None
         if parts[0] == "devices" and len(parts) == 4 and parts[2] == "desired":

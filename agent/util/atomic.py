@@ -1,4 +1,5 @@
 """Crash-safe file writes: temp file in the same directory, fsync, os.replace, fsync the directory."""
+
 from __future__ import annotations
 
 import json

@@ -8,12 +8,14 @@ OpenVINO/TBB workers) would keep the low priority forever: every thread that app
 back afterwards. Lowering a nice value needs CAP_SYS_NICE or RLIMIT_NICE (systemd: LimitNICE=+0), so the
 build runs at low priority only where that restore is known to work, and says why not otherwise.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 _TASKS = "/proc/self/task"
@@ -54,8 +56,10 @@ def can_restore() -> tuple[bool, str]:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, base + 1))
             os.setpriority(os.PRIO_PROCESS, tid, base)
         except OSError as exc:
-            box["why"] = (f"cannot restore a thread's priority ({exc.strerror}): building at serving priority; "
-                          "grant CAP_SYS_NICE or RLIMIT_NICE (systemd: LimitNICE=+0)")
+            box["why"] = (
+                f"cannot restore a thread's priority ({exc.strerror}): building at serving priority; "
+                "grant CAP_SYS_NICE or RLIMIT_NICE (systemd: LimitNICE=+0)"
+            )
 
     t = threading.Thread(target=probe, name="priority-probe")
     t.start()

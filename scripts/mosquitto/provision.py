@@ -12,6 +12,7 @@ The ACL: each device (MQTT user name = device id) reads only its own desired sta
 groups' desired state, and writes only its own status, events, health and artifact requests. The control-plane
 user may read and write everything under the prefix.
 """
+
 from __future__ import annotations
 
 import argparse
