@@ -27,9 +27,14 @@ echo "[test.sh] installing python packages"
 "$VENV/bin/python" -m pip install -q -e ".[test]"
 
 export PATH="$VENV/bin:/usr/sbin:/usr/local/sbin:$PATH"
+echo "[test.sh] ruff check + ruff format --check"
+"$VENV/bin/ruff" check --quiet .
+"$VENV/bin/ruff" format --check --quiet .
 echo "[test.sh] running pytest"
 set +e
-"$VENV/bin/python" -m pytest "$@"
+# Parallel by default (pytest-xdist, one worker per core, at least 2); pass -n 0 to run serially.
+workers="${EDGE_AGENT_TEST_WORKERS:-$(python3 -c 'import os; print(max(2, os.cpu_count() or 1))')}"
+"$VENV/bin/python" -m pytest -n "$workers" "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then echo "[test.sh] pytest collected no tests"; fi
