@@ -442,7 +442,7 @@ class DeviceAgent:
 
 
 def _detect(sysroot):
-    from agent.hardware import detect
+    from agent.targets import detect_device as detect
 
     return detect(root=str(sysroot) if sysroot else "/")
 
@@ -450,7 +450,7 @@ def _detect(sysroot):
 def _target(name: str, profile):
     from agent import targets
 
-    return targets.match(profile) if name in (None, "auto") else targets.get_target(name)
+    return targets.resolve(profile, name)
 
 
 def _with(cfg, **changes):

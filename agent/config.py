@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -14,10 +13,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from agent.errors import ConfigError
+from agent.names import is_valid_name
 
 DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 # Keys a running daemon applies on SIGHUP (agent.app.DeviceAgent.reload); any other change needs a restart.
 RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
@@ -276,7 +275,7 @@ def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
     if pw is not None and user is None:
         raise ConfigError("mqtt.password_file: set without mqtt.username")
     prefix = v.string(m.get("topic_prefix", "edge"), "mqtt.topic_prefix")
-    if not all(NAME_RE.match(seg) for seg in prefix.split("/")):
+    if not all(is_valid_name(seg) for seg in prefix.split("/")):
         raise ConfigError(
             f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
             f"no empty levels), got {prefix!r}"
@@ -407,7 +406,7 @@ class _Validator:
         if isinstance(raw, int) and not isinstance(raw, bool):
             raw = str(raw)
         s = self.string(raw, key)
-        if not NAME_RE.match(s):
+        if not is_valid_name(s):
             raise ConfigError(
                 f"{key}: expected 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit, got {s!r}"
             )

@@ -236,6 +236,33 @@ def match(profile: HardwareProfile, targets: Mapping[str, Target] | None = None)
     return fallbacks[0]
 
 
+def resolve(profile: HardwareProfile, name: str | None = None) -> Target:
+    """The target a device runs under: the one named (config `target`, --target), else the hardware's match.
+    None, "" and "auto" mean "match"."""
+    return match(profile) if name in (None, "", "auto") else get_target(str(name))
+
+
+def with_target(profile: HardwareProfile) -> HardwareProfile:
+    """The profile with `target` set to its match; a broken targets directory becomes a note, never an error."""
+    import dataclasses
+
+    try:
+        target = match(profile)
+    except Exception as exc:  # noqa: BLE001 - a bad targets directory must not break profiling
+        return dataclasses.replace(profile, notes=profile.notes + (f"targets: {exc}",))
+    notes = profile.notes
+    if profile.arch is None:
+        notes += (f"arch unknown: target {target.name} is a fallback guess",)
+    return dataclasses.replace(profile, target=target.name, notes=notes)
+
+
+def detect_device(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
+    """agent.hardware.detect(root) with the matching target filled in; never raises."""
+    from agent.hardware import detect
+
+    return with_target(detect(root, use_host_tools=use_host_tools))
+
+
 def features_for(profile: HardwareProfile, target: Target) -> frozenset[str]:
     """Features this device really has: the target's software features (cuda, tensorrt, ...) plus what the
     profile confirms (cpu flags, accelerator kinds and vendor-kind pairs such as 'intel-npu')."""

@@ -219,10 +219,10 @@ def rollback(name, config_path, as_json, timeout):
     next start serves the previous version.
     """
     from agent.lifecycle import control
-    from agent.lifecycle.journal import check_name
+    from agent.names import check_name
 
     cfg = load_config(config_path, check_files=False)
-    check_name("model name", name)
+    check_name(name, "model name", ConfigError)
 
     def offline() -> dict:
         return {

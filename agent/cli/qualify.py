@@ -33,9 +33,7 @@ def _progress(event: str, **f) -> None:
 def _resolve_target(profile, name):
     from agent import targets
 
-    if name:
-        return targets.get_target(name)
-    return targets.match(profile)
+    return targets.resolve(profile, name)
 
 
 @click.command("qualify")
@@ -72,13 +70,13 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
-    from agent.hardware import detect
     from agent.qualify.harness import qualify as run_qualify
     from agent.qualify.package import load_package
+    from agent.targets import detect_device
 
     with tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp:
         pkg = load_package(package, extract_to=tmp)
-        profile = detect(sysroot or "/")
+        profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
         decision = run_qualify(
             pkg,

@@ -1,5 +1,5 @@
 """detect(root) -> HardwareProfile: composes the per-concern readers; never raises, never reads the host
-when root is not '/'."""
+when root is not '/'. Pure reads: which target a profile matches is agent.targets' business (detect_device)."""
 
 from __future__ import annotations
 
@@ -44,27 +44,14 @@ def detect(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None)
     try:
         if not sr.root.is_dir():
             sr.note(f"{root}: not a directory; nothing could be read")
-            return _with_target(HardwareProfile(notes=tuple(sr.notes)))
+            return HardwareProfile(notes=tuple(sr.notes))
         host_tools = sr.is_host and (sys.platform == "darwin" if use_host_tools is None else use_host_tools)
         sysctl = read_sysctl(sr, host_tools)
         fields = macos_fields(sr, sysctl) if sysctl else _linux_fields(sr)
-        return _with_target(HardwareProfile(**fields, notes=tuple(sr.notes)))
+        return HardwareProfile(**fields, notes=tuple(sr.notes))
     except Exception as exc:  # noqa: BLE001 - detect() never raises; the note carries the bug report
         sr.note(f"internal error while profiling: {type(exc).__name__}: {exc}")
         return HardwareProfile(notes=tuple(sr.notes))
-
-
-def _with_target(profile: HardwareProfile) -> HardwareProfile:
-    try:
-        from agent.targets import match
-
-        target = match(profile)
-    except Exception as exc:  # noqa: BLE001 - a bad targets directory must not break profiling
-        return dataclasses.replace(profile, notes=profile.notes + (f"targets: {exc}",))
-    notes = profile.notes
-    if profile.arch is None:
-        notes += (f"arch unknown: target {target.name} is a fallback guess",)
-    return dataclasses.replace(profile, target=target.name, notes=notes)
 
 
 def _linux_fields(sr: Sysroot) -> dict[str, Any]:

@@ -161,7 +161,7 @@ def main(argv: list[str]) -> None:  # pragma: no cover - runs in the child
 def _target(name: str | None, profile: Any):
     from agent import targets
 
-    return targets.get_target(name) if name else targets.match(profile)
+    return targets.resolve(profile, name)
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
