@@ -53,7 +53,7 @@ def test_zero_runs_inline_and_errors_propagate():
 
 
 _BUILD = """
-import json, os, sys, threading, time
+import json, os, sys, threading
 import onnx
 from agent.lifecycle.actions import warm_feeds
 from agent.providers import get
@@ -70,7 +70,8 @@ def build():
     return s
 
 session, how = priority.run_lowered(build, 10)
-time.sleep(1.0)  # threads a runtime starts late (TBB) would show up lowered by now
+for _ in range(20):  # serving-like work after the build: workers a runtime starts on demand (TBB) exist now
+    session.run(warm_feeds(session))
 new = {}
 for tid in priority._threads() - before:
     try:
