@@ -321,7 +321,7 @@ def _parse_match(path: Path, raw: Any) -> dict[str, Any]:
 def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(path, "providers", "expected a non-empty list of {name, options}")
-    out = []
+    out: list[ProviderPref] = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
         if not isinstance(item, dict) or set(item) - {"name", "options"}:

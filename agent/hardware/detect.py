@@ -133,8 +133,9 @@ def _soc(dt: DeviceTree, pi, soc0: dict[str, str]) -> str | None:
             return chip.upper() if prefix == "brcm" else chip
     if soc0.get("machine"):
         return soc0["machine"]
-    if dt.chip("qcom"):
-        return dt.chip("qcom").upper()
+    qcom = dt.chip("qcom")
+    if qcom:
+        return qcom.upper()
     last = dt.compatible[-1] if dt.compatible else ""
     return last.split(",", 1)[1] if "," in last else None
 

@@ -122,7 +122,10 @@ def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
             members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and _safe_member(m.name)]
             for m in members:
                 m.mode = 0o755 if m.isdir() else 0o644
-            tar.extractall(dest, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12/3.11.4: refuse links and devices out of the tree
+                tar.extractall(dest, members=members, filter="data")
+            else:  # pragma: no cover - older interpreters; members are already limited to safe files and dirs
+                tar.extractall(dest, members=members)
     except (tarfile.TarError, EOFError):
         raise ConfigError(
             f"{archive}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)"
