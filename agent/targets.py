@@ -177,7 +177,7 @@ def default_directory() -> Path:
 _CACHE: dict[str, dict[str, Target]] = {}
 
 
-def load_targets(directory: str | os.PathLike | None = None) -> dict[str, Target]:
+def load_targets(directory: str | os.PathLike[str] | None = None) -> dict[str, Target]:
     """All targets in `directory` (default: see default_directory()), by name. Raises ConfigError."""
     d = Path(directory) if directory is not None else default_directory()
     if not d.is_dir():
@@ -197,7 +197,7 @@ def load_targets(directory: str | os.PathLike | None = None) -> dict[str, Target
     return dict(targets)
 
 
-def get_target(name: str, directory: str | os.PathLike | None = None) -> Target:
+def get_target(name: str, directory: str | os.PathLike[str] | None = None) -> Target:
     targets = load_targets(directory)
     if name not in targets:
         raise ConfigError(f"unknown target {name!r}; valid targets: {', '.join(sorted(targets))}")
@@ -256,7 +256,7 @@ def with_target(profile: HardwareProfile) -> HardwareProfile:
     return dataclasses.replace(profile, target=target.name, notes=notes)
 
 
-def detect_device(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
+def detect_device(root: str | os.PathLike[str] = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
     """agent.hardware.detect(root) with the matching target filled in; never raises."""
     from agent.hardware import detect
 

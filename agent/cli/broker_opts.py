@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from agent.errors import ConfigError
 
+if TYPE_CHECKING:
+    from agent.transport.mqtt import BrokerConfig
 
-def broker_options(f):
+
+def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--broker and the authentication/TLS options every fleet command takes."""
     opts = [
         click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
@@ -23,7 +29,7 @@ def broker_options(f):
     return f
 
 
-def broker_config(kw: dict):
+def broker_config(kw: dict[str, Any]) -> BrokerConfig:
     from agent.transport.mqtt import BrokerConfig
 
     password = None

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from agent.hardware import cpu as cpu_mod
-from agent.hardware.devicetree import DeviceTree, decode_pi_revision, read_device_tree
+from agent.hardware.devicetree import DeviceTree, PiRevision, decode_pi_revision, read_device_tree
 from agent.hardware.jetson import jetson_accelerators, module_of, read_l4t
 from agent.hardware.macos import macos_fields, read_sysctl
 from agent.hardware.osinfo import os_name, read_dmi, read_os_release
@@ -35,7 +35,7 @@ AARCH64_SOCS = (
 HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
-def detect(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
+def detect(root: str | os.PathLike[str] = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
     """Profile the device whose filesystem is at `root`. Host tools (sysctl) run only when root is '/'."""
     try:
         sr = Sysroot(root)
@@ -96,7 +96,7 @@ def _fallback_arch(sr: Sysroot, dt: DeviceTree) -> str | None:
     return None
 
 
-def _software(sr: Sysroot, pi, dt: DeviceTree) -> dict[str, Any]:
+def _software(sr: Sysroot, pi: PiRevision | None, dt: DeviceTree) -> dict[str, Any]:
     software: dict[str, Any] = dict(read_l4t(sr))
     if dt.compatible:
         software["dt_compatible"] = list(dt.compatible)
@@ -111,7 +111,9 @@ def _software(sr: Sysroot, pi, dt: DeviceTree) -> dict[str, Any]:
     return software
 
 
-def _board(sr: Sysroot, dt: DeviceTree, pi, extra: dict[str, str], software: dict[str, Any]) -> Board | None:
+def _board(
+    sr: Sysroot, dt: DeviceTree, pi: PiRevision | None, extra: dict[str, str], software: dict[str, Any]
+) -> Board | None:
     if pi is not None or dt.has("raspberrypi,"):
         model = dt.model or extra.get("model") or (f"{pi.model} Rev {pi.revision}" if pi else None)
         return Board(vendor="Raspberry Pi", model=model)
@@ -124,7 +126,7 @@ def _board(sr: Sysroot, dt: DeviceTree, pi, extra: dict[str, str], software: dic
     return Board(vendor=vendor, model=model) if vendor or model else None
 
 
-def _soc(dt: DeviceTree, pi, soc0: dict[str, str]) -> str | None:
+def _soc(dt: DeviceTree, pi: PiRevision | None, soc0: dict[str, str]) -> str | None:
     if pi is not None:
         return pi.soc
     for prefix in ("brcm", "nvidia"):

@@ -94,7 +94,7 @@ def read_power_mode(sr: Sysroot) -> str | None:
     conf = sr.read_text("etc/nvpmodel.conf", what="expected nvpmodel configuration text") or ""
     for mid, name in re.findall(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([\w.-]+)", conf):
         if int(mid) == mode:
-            return name
+            return str(name)
     return f"mode {mode}"
 
 

@@ -12,7 +12,7 @@ MAX_READ = 1 << 20  # no file the profile needs is larger; caps garbage and /dev
 class Sysroot:
     """Reads files below `root` only; every failure becomes None plus (for garbled data) a note."""
 
-    def __init__(self, root: str | os.PathLike = "/"):
+    def __init__(self, root: str | os.PathLike[str] = "/"):
         self.root = Path(root)
         self._real_root = os.path.realpath(self.root)
         self.is_host = self._real_root == os.path.realpath("/")
@@ -109,7 +109,7 @@ def decode_clean(data: bytes) -> str | None:
     return text.strip()
 
 
-def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+def unpack_capture(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Unpack a capture-sysroot.sh tarball into `dest` (regular files and directories only, no links, nothing
     outside dest); returns dest. Raises ConfigError if it is not a readable tar archive."""
     import tarfile
