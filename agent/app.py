@@ -123,6 +123,11 @@ class DeviceAgent:
             self.step_config.probation_s = serving.probation_s
         if self.step_config.build_nice is None:
             self.step_config.build_nice = serving.build_nice
+        if self.step_config.memory_max is None:
+            from agent.serving.memory import resolve_memory_max
+
+            target_serving = self.target.serving if self.target is not None else None
+            self.step_config.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
         self.registry = ModelRegistry(finite_every=serving.finite_check_every)
         self.steps = Steps(
             self.state_dir,

@@ -155,8 +155,23 @@ def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, 
     return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
 
 
-def warm_feeds(session) -> dict[str, Any]:
-    """Zero tensors matching the session's inputs (dynamic dimensions -> 1)."""
+def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
+    rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files).
+    Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
+    root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
+    if root is not None and root.is_dir():
+        from agent.providers.base import TensorSpec
+        from agent.qualify.inputs import plan_inputs
+        from agent.qualify.package import golden_datasets, read_meta
+
+        specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.get("input_specs") or []]
+        plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
+        return plan.warm_sets()
+    return [_zeros(session)]
+
+
+def _zeros(session) -> dict[str, Any]:
     import numpy as np
 
     feeds = {}
@@ -184,8 +199,8 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
             cache_dir=entry.get("cache_dir"),
         )
     try:
-        feeds = warm_feeds(session)
-        for _ in range(WARM_RUNS):
+        sets = warm_feeds(session, entry)
+        for feeds in sets + [sets[0]] * max(0, WARM_RUNS - len(sets)):
             session.run(feeds)
     except Exception as exc:
         session.close()
