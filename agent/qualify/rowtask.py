@@ -124,12 +124,13 @@ def _fail_run(row: dict[str, Any], rss0: int, memory_max: int | None, what: str,
     _record_memory(row, rss0)
     text = str(exc)
     if memory_max and any(m in text.lower() for m in _ALLOC_FAILED):
-        first = " ".join(text.split())[:200]
+        said = re.search(r"(failed to allocate[^\n]*?)(?:\.|$|\n)", text, re.IGNORECASE)
+        detail = said.group(1) if said else "an allocation was refused"
         return _fail(
             row,
             "memory",
             f"memory: the model needs more than serving.memory_max {size_text(memory_max)} allows on "
-            f"{row['provider']} ({what}: {first})",
+            f"{row['provider']} ({what}: {detail})",
         )
     return _fail(row, "compatibility", f"{what}: {exc}")
 

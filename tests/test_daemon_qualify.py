@@ -1,0 +1,146 @@
+"""The daemon keeps qualify's verdict: one qualification at a time, the declared shapes (warm-up replays them),
+guessed shapes refused with what to add, a model over serving.memory_max refused while the previous serves."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+
+import numpy as np
+from test_daemon_support import Daemon, drop, infer, wait_for, write_config
+from test_qualify_field import RANGE, hog_package, maxpool_model
+
+from agent.samples import sample_cnn_package, sample_ml_package, write_package
+
+
+def _relu_bare(directory):
+    """A model with symbolic dims and nothing in the package that says what they are."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "C"])],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    return write_package(directory, m, name="relu", golden=False)
+
+
+def _results(daemon: Daemon, names: list[str], timeout: float = 600.0) -> dict:
+    def done():
+        doc = daemon.status() or {}
+        deps = doc.get("deployments") or {}
+        if all((deps.get(n) or {}).get("result") for n in names) and not doc.get("in_flight"):
+            return deps
+        return None
+
+    return wait_for(done, timeout, f"deployments of {names}", daemon.proc)
+
+
+def _post(url: str, model: str, inputs: list[dict]) -> dict:
+    body = json.dumps({"inputs": inputs}).encode()
+    req = urllib.request.Request(
+        f"{url}/v2/models/{model}/infer", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _windows(log: str) -> list[tuple[str, str]]:
+    """(model, start|end) in log order, from the daemon's qualify_start / qualify_end progress lines."""
+    out = []
+    for line in log.splitlines():
+        m = re.search(r"\bmodel=(\S+).*progress=qualify_(start|end)", line)
+        if m:
+            out.append((m.group(1), m.group(2)))
+    return out
+
+
+def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shapes(tmp_path):
+    cfg = write_config(tmp_path)
+    state = tmp_path / "state"
+    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_ISOLATE": "1"})
+    writers = {
+        "pool": lambda p: write_package(
+            p, maxpool_model(), name="pool", golden=False, extra_yaml={"input_shapes": {"x": RANGE}}
+        ),
+        "relu": _relu_bare,
+        "cnn": lambda p: sample_cnn_package(p, name="cnn"),
+        "ml": lambda p: sample_ml_package(p, name="ml"),
+        "tiny": None,
+    }
+    try:
+        d.wait_ready()
+        for name, writer in writers.items():
+            drop(state, "1", name=name, writer=writer)
+        deps = _results(d, list(writers))
+        for name in ("pool", "cnn", "ml", "tiny"):
+            assert deps[name]["result"] == "committed", (name, deps[name], d.tail())
+        relu = deps["relu"]
+        assert relu["result"] == "failed" and "shapes guessed" in relu["reason"], relu
+        assert "input 'x': N=1, C=1" in relu["reason"] and "input_shapes" in relu["reason"]
+        assert ".py:" not in relu["reason"]
+
+        x = np.random.default_rng(3).standard_normal((1, 1, 32, 32)).astype(np.float32)
+        out = _post(
+            d.url, "pool", [{"name": "x", "shape": [1, 1, 32, 32], "datatype": "FP32", "data": x.ravel().tolist()}]
+        )
+        import onnxruntime as ort
+
+        want = ort.InferenceSession(maxpool_model().SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x}
+        )[0]
+        got = np.asarray(out["outputs"][0]["data"], np.float32).reshape(out["outputs"][0]["shape"])
+        assert got.shape == want.shape == (1, 1, 17, 17) and np.allclose(got, want)
+
+        log = d.log.read_text()
+        assert "process died" not in log
+        windows = _windows(log)
+        assert len(windows) == 2 * len(writers), windows
+        for i in range(0, len(windows), 2):  # start, end of the same model, never interleaved
+            assert windows[i][1] == "start" and windows[i + 1] == (windows[i][0], "end"), windows
+        spans = []
+        for f in (state / "deployments").glob("*.json"):
+            q = json.loads(f.read_text()).get("data", {}).get("qualification")
+            if q:
+                spans.append((q["started"], q["finished"]))
+        spans.sort()
+        assert len(spans) == 4  # the refused one journals no window (it failed in qualifying)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        decision = json.loads(next((state / "decisions").glob("*.json")).read_text())
+        row = decision["results"][0]
+        assert "contended" in row and "conditions" in row and "serving_rps" in row["conditions"]
+        assert isinstance(row["memory_peak_bytes"], int)
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+
+def _vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_serving(tmp_path):
+    cfg = write_config(tmp_path, extra={"serving": {"host": "127.0.0.1", "port": 0, "memory_max": "1G"}})
+    state = tmp_path / "state"
+    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_ISOLATE": "1"})
+    try:
+        d.wait_ready()
+        drop(state, "1")
+        assert d.wait_deployment("1")["result"] == "committed", d.tail()
+        drop(state, "2", writer=lambda p: hog_package(p, 4.0, name="tiny", version="2"))
+        dep = d.wait_deployment("2", timeout=600)
+        assert dep["result"] == "failed" and "memory" in dep["reason"] and "1.0 GiB" in dep["reason"], dep
+        assert infer(d.url, 1.0)[0] == "1"  # the previous version still serves
+        hwm = _vm_hwm(d.proc.pid)
+        assert hwm < 1.5 * (1 << 30), hwm
+        assert os.path.exists(state / "status.json")
+    finally:
+        assert d.terminate() == 0, d.tail()
