@@ -140,8 +140,10 @@ def unpack(store, sha: str, packages_root: Path) -> Path:
     return final
 
 
-def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, Any]:
-    """Re-hash the stored blob, unpack it and run the package checks (ONNX checker + shape inference)."""
+def verify(store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None) -> dict[str, Any]:
+    """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
+    (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
+    daemon never does."""
     if not store.has(sha):
         raise LifecycleError(f"artifact {sha[:12]} is not in the store")
     actual = sha256_file(store.path(sha))
@@ -149,6 +151,25 @@ def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, 
         raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
     ctx.check()
     root = unpack(store, sha, packages_root)
+    from agent.qualify.isolate import run_isolated
+
+    left = ctx.remaining()
+    res = run_isolated(
+        "agent.lifecycle.actions:check_package",
+        {"root": str(root)},
+        timeout=600.0 if left is None else left + 5.0,
+        tag="verify",
+        check=ctx.check,
+        memory_max=memory_max,
+    )
+    if not res.ok:
+        why = res.error.removeprefix("ModelError: ")
+        raise ModelError(why if res.kind == "exception" else f"package check: {why}")
+    return res.value
+
+
+def check_package(root: str) -> dict[str, Any]:
+    """The child's side of verify(): load_package's checks; where the model is and its digest."""
     from agent.qualify.package import load_package
 
     pkg = load_package(root)

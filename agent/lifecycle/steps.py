@@ -140,7 +140,9 @@ class Steps:
         return Event.FETCHED, {}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        return Event.VERIFIED, act.verify(self.store, dep.data["sha256"], self.packages, ctx)
+        return Event.VERIFIED, act.verify(
+            self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max
+        )
 
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
