@@ -377,6 +377,7 @@ class DeviceAgent:
             registry=self.registry,
             unavailable=self.steps.unavailable,
             extra=extra,
+            stale=self.steps.stale,
         )
 
     def _providers(self) -> list[str]:

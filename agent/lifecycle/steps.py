@@ -41,6 +41,7 @@ ENTRY_KEYS = (
     "deployment_id",
     "input_specs",
     "contended",
+    "requalified",
 )
 
 
@@ -86,6 +87,7 @@ class Steps:
         self.session_lock = threading.Lock()
         self.qualify_queue = QualificationQueue()  # one qualification at a time on this device
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
+        self.stale: dict[str, str] = {}  # model -> why its decision no longer matches this device's runtimes
         # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
         self.check_manifest: Callable[[Deployment], None] | None = None
         self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
@@ -118,6 +120,9 @@ class Steps:
             if self.check_manifest is None:
                 raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
             self.check_manifest(dep)
+        elif kind == "requalify":
+            if not self.store.has(dep.data.get("sha256") or ""):
+                raise LifecycleError("the committed artifact is no longer in the store: cannot re-qualify")
         elif kind == "inbox":
             if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
                 raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
@@ -179,6 +184,7 @@ class Steps:
         if guessed:
             raise LifecycleError(guessed)
         row = _selected_row(decision)
+        note = self._requalified_note(dep, decision)
         selected = {
             "provider": decision["selected"],
             "precision": row.get("precision"),
@@ -191,9 +197,37 @@ class Steps:
             "contended": bool(row.get("contended")),
             "memory_peak_bytes": row.get("memory_peak_bytes"),
             "input_specs": (decision.get("model") or {}).get("inputs") or [],
+            **({"requalified": note} if note else {}),
         }
         window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
         return Event.QUALIFIED, {"decision": summary, "selected": selected, "qualification": window}
+
+    def _requalified_note(self, dep: Deployment, decision: dict[str, Any]) -> str:
+        """For a drift re-qualification: what changed and, when the provider changes, why the old one lost."""
+        if dep.source.get("kind") != "requalify":
+            return ""
+        was = dep.source.get("provider")
+        note = f"re-qualified after {dep.source.get('drift') or 'a runtime change'}"
+        if was and decision.get("selected") != was:
+            lost = (decision.get("losers") or {}).get(was) or "no longer passes"
+            note += f": {was} -> {decision.get('selected')} ({was}: {lost})"
+        return note
+
+    def drifted(self) -> list[tuple[str, dict[str, Any], str]]:
+        """Start-up: committed models whose decision was made under other runtime/provider/driver versions,
+        as (name, committed entry, what changed); each is marked stale until re-qualified."""
+        from agent.qualify import caches
+
+        current = caches.runtime_versions(self.profile)
+        out = []
+        for name in self.slots.names():
+            entry = self.slots.get(name)["committed"]
+            drift = caches.version_drift((entry or {}).get("versions"), current) if entry else {}
+            if drift:
+                text = caches.drift_text(drift)
+                self.stale[name] = f"decided under other versions ({text}); re-qualifying in the background"
+                out.append((name, entry, text))
+        return out
 
     def serving_requests(self) -> int:
         """Requests served so far by every model here (the qualification child asks, to record the load)."""
@@ -253,13 +287,20 @@ class Steps:
             raise LifecycleError(watch.verdict.reason)
         with self.model_lock(dep.model):
             self.slots.commit(dep.model, self.entry(dep))
+            self.stale.pop(dep.model, None)
         self._gc()
         return Event.PASSED, {"probation": watch.verdict.figures}
 
     def finished(self, dep: Deployment) -> None:
-        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again."""
+        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again;
+        a failed re-qualification leaves the model serving, stale, with the reason."""
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
+        if dep.source.get("kind") == "requalify" and dep.state is not State.COMMITTED and dep.model in self.stale:
+            self.stale[dep.model] = (
+                f"decided under other versions ({dep.source.get('drift')}); re-qualification "
+                f"{dep.state.value}: {dep.reason}; still serving the old decision"
+            )
 
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:
