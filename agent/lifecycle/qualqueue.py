@@ -2,7 +2,8 @@
 
 Measurements on the same cores contaminate each other (latencies, the provider chosen, probation's baseline),
 so a device qualifies one package at a time. A waiting deployment keeps checking its StepContext: when a newer
-version of the same model supersedes it (or an operator cancels it) it leaves the queue at once.
+version of the same model supersedes it (or an operator cancels it) it leaves the queue at once. The state's
+deadline does not run while a deployment waits: it is moved on by the time spent in line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agent.lifecycle.actions import StepContext
+from agent.lifecycle.actions import Cancelled, StepContext
 
 POLL_S = 0.2
 
@@ -62,7 +63,8 @@ class QualificationQueue:
     def _wait(self, ticket: int, label: str, ctx: StepContext) -> None:
         reported = -1
         while True:
-            ctx.check()  # superseded or cancelled while queued: leave now
+            if ctx.cancel.is_set():  # superseded or cancelled while queued: leave now (the deadline waits)
+                raise Cancelled(ctx.cancel_event, ctx.cancel_reason)
             with self._cond:
                 if self._running is None and self._waiting[0] == ticket:
                     self._waiting.pop(0)

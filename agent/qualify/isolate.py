@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import IO, Any
 
 FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
 _CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
@@ -79,7 +79,7 @@ class IsolatedWorker:
         self.nice, self.memory_max, self.answers = max(0, int(nice)), memory_max, dict(answers or {})
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
-        self._stderr = None
+        self._stderr: IO[bytes] | None = None
         self.restarts = 0
         self._starts = 0
 
@@ -128,6 +128,7 @@ class IsolatedWorker:
             self._starts += 1
             self._start()
         t0 = time.monotonic()
+        assert self._conn is not None
         try:
             self._conn.send(("call", func, kwargs, tag))
         except (OSError, EOFError) as exc:
@@ -186,7 +187,7 @@ class IsolatedWorker:
             self._conn = None
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None and self._conn is not None:
             try:
                 self._conn.send(("exit",))
                 self._proc.wait(timeout=5)
@@ -208,6 +209,8 @@ class _Wait:
 
     def run(self) -> IsolatedResult:
         w = self.w
+        conn, proc = w._conn, w._proc
+        assert conn is not None and proc is not None  # call() started the worker
         period = WATCH_S if w.memory_max else 0.5
         while True:
             if self.check is not None:
@@ -221,19 +224,19 @@ class _Wait:
                 w._kill()
                 return self._result(False, error=over, kind="memory")
             try:
-                ready = w._conn.poll(min(remaining, period))
-                msg = w._conn.recv() if ready else None
+                ready = conn.poll(min(remaining, period))
+                msg = conn.recv() if ready else None
             except (EOFError, OSError):
                 return self._crashed()
             if msg is None:
-                if w._proc.poll() is not None and not w._conn.poll(0):
+                if proc.poll() is not None and not conn.poll(0):
                     return self._crashed()
                 continue
             if msg[0] == "progress":
                 if self.progress is not None:
                     self.progress(msg[1], **msg[2])
             elif msg[0] == "ask":
-                w._conn.send(("answer", w._answer(msg[1])))
+                conn.send(("answer", w._answer(msg[1])))
             elif msg[0] == "ok":
                 return self._result(True, value=msg[1])
             else:
