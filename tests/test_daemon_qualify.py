@@ -10,9 +10,11 @@ import urllib.request
 
 import numpy as np
 from test_daemon_support import Daemon, drop, infer, wait_for, write_config
-from test_qualify_field import RANGE, hog_package, maxpool_model
+from test_qualify_field import RANGE, hog_package, maxpool_model, scaled_model
 
-from agent.samples import sample_cnn_package, sample_ml_package, write_package
+from agent.samples import cnn_model, ml_model, sample_cnn_package, sample_ml_package, tiny_model, write_package
+
+DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
 def _relu_bare(directory):
@@ -50,6 +52,22 @@ def _post(url: str, model: str, inputs: list[dict]) -> dict:
         return json.loads(resp.read())
 
 
+def _same_as_onnxruntime(url: str, name: str, model, feeds: dict) -> None:
+    """What the daemon serves equals plain onnxruntime on the same input."""
+    import onnxruntime as ort
+
+    inputs = [
+        {"name": k, "shape": list(v.shape), "datatype": DATATYPES[v.dtype], "data": v.ravel().tolist()}
+        for k, v in feeds.items()
+    ]
+    out = _post(url, name, inputs)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    for o in out["outputs"]:
+        got = np.asarray(o["data"]).reshape(o["shape"])
+        assert got.shape == want[o["name"]].shape and np.allclose(got, want[o["name"]], rtol=1e-4, atol=1e-5), name
+
+
 def _windows(log: str) -> list[tuple[str, str]]:
     """(model, start|end) in log order, from the daemon's qualify_start / qualify_end progress lines."""
     out = []
@@ -71,6 +89,13 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
         "relu": _relu_bare,
         "cnn": lambda p: sample_cnn_package(p, name="cnn"),
         "ml": lambda p: sample_ml_package(p, name="ml"),
+        "scaled": lambda p: write_package(
+            p,
+            scaled_model(),
+            name="scaled",
+            golden=False,
+            extra_yaml={"input_shapes": {"x": [1, 160]}, "input_values": {"sr": 16000}},
+        ),
         "tiny": None,
     }
     try:
@@ -78,7 +103,7 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
         for name, writer in writers.items():
             drop(state, "1", name=name, writer=writer)
         deps = _results(d, list(writers))
-        for name in ("pool", "cnn", "ml", "tiny"):
+        for name in ("pool", "cnn", "ml", "scaled", "tiny"):
             assert deps[name]["result"] == "committed", (name, deps[name], d.tail())
         relu = deps["relu"]
         assert relu["result"] == "failed" and "shapes guessed" in relu["reason"], relu
@@ -96,6 +121,14 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
         )[0]
         got = np.asarray(out["outputs"][0]["data"], np.float32).reshape(out["outputs"][0]["shape"])
         assert got.shape == want.shape == (1, 1, 17, 17) and np.allclose(got, want)
+        rng = np.random.default_rng(5)
+        _same_as_onnxruntime(
+            d.url, "cnn", cnn_model(), {"input": rng.standard_normal((2, 3, 32, 32)).astype(np.float32)}
+        )
+        _same_as_onnxruntime(d.url, "ml", ml_model(), {"x": rng.standard_normal((1, 4)).astype(np.float32)})
+        _same_as_onnxruntime(d.url, "tiny", tiny_model(1.0), {"x": rng.standard_normal((1, 4)).astype(np.float32)})
+        x = rng.standard_normal((1, 160)).astype(np.float32)
+        _same_as_onnxruntime(d.url, "scaled", scaled_model(), {"x": x, "sr": np.array(16000, np.int64)})
 
         log = d.log.read_text()
         assert "process died" not in log
@@ -105,11 +138,15 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
             assert windows[i][1] == "start" and windows[i + 1] == (windows[i][0], "end"), windows
         spans = []
         for f in (state / "deployments").glob("*.json"):
-            q = json.loads(f.read_text()).get("data", {}).get("qualification")
+            data = json.loads(f.read_text()).get("data", {})
+            q = data.get("qualification")
             if q:
                 spans.append((q["started"], q["finished"]))
+                sel = data["selected"]  # a contended row is no baseline for probation
+                baseline = data["probation"]["baseline_p99_ms"]
+                assert baseline is None if sel["contended"] else baseline == sel["latency_ms"]["p99"], data
         spans.sort()
-        assert len(spans) == 4  # the refused one journals no window (it failed in qualifying)
+        assert len(spans) == 5  # the refused one journals no window (it failed in qualifying)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
         decision = json.loads(next((state / "decisions").glob("*.json")).read_text())
         row = decision["results"][0]

@@ -240,6 +240,17 @@ def test_a_worker_that_exits_0_without_a_result_reports_its_exit_and_stderr(monk
     assert "exited with code 0" in res.error and "test fault: leaving without a result" in res.error
 
 
+def test_a_result_sent_just_before_the_worker_exits_is_read(monkeypatch):
+    """The daemon's old runner lost this one ("qualification process died (exit status 0)")."""
+    monkeypatch.setenv(FAULT_ENV, "exit-after:done")
+    for _ in range(5):
+        with IsolatedWorker() as w:
+            res = w.call(
+                "agent.qualify.caches:runtime_key", {"provider": "cpu", "versions": {}}, timeout=60, tag="done"
+            )
+        assert res.ok and res.value.startswith("cpu-"), res.error
+
+
 def test_a_large_result_arrives_whole_and_the_child_runs_niced():
     with IsolatedWorker(nice=7) as w:
         big = w.call("numpy:ones", {"shape": (4 << 20,), "dtype": "uint8"}, timeout=60)

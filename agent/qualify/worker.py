@@ -15,7 +15,8 @@ from agent.qualify.isolate import FAULT_ENV, resolve
 
 
 def _inject_fault(tag: str) -> None:
-    """Test-only hook: EDGE_AGENT_TEST_WORKER_FAULT=abort|hang|exit0[:tag] makes this task crash, hang or exit."""
+    """Test-only hook: EDGE_AGENT_TEST_WORKER_FAULT=abort|hang|exit0[:tag] makes this task crash, hang or exit
+    without a result (exit-after[:tag]: the worker exits right after sending the result)."""
     spec = os.environ.get(FAULT_ENV, "")
     if not spec:
         return
@@ -45,6 +46,8 @@ def serve(conn: Connection) -> None:
         _inject_fault(tag)
         try:
             conn.send(("ok", resolve(func)(**kwargs)))
+            if os.environ.get(FAULT_ENV, "") in ("exit-after", f"exit-after:{tag}"):
+                os._exit(0)  # test-only: the result is on its way, the process is gone
         except Exception as exc:  # noqa: BLE001 - reported to the parent as a row, never raised there
             traceback.print_exc(file=sys.stderr)  # the source location stays in the worker's stderr, not the reason
             text = str(exc).strip()
