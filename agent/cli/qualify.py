@@ -156,6 +156,14 @@ def render(doc: dict) -> str:
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
+    busy = [r["key"] for r in doc["results"] if r.get("contended")]
+    if busy:
+        lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
+    if doc.get("assumed_shapes"):
+        dims = "; ".join(
+            f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in doc["assumed_shapes"].items()
+        )
+        lines.append(f"shapes assumed ({dims}): declare input_shapes in model.yaml")
     lines.append("")
     sel = doc.get("selected_key")
     lines.append(f"selected: {sel} - {doc['reason']}" if sel else f"selected: none - {doc['reason']}")

@@ -240,6 +240,11 @@ class _Run:
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
         row.assumed_shapes = self.plan.assumed
+        if self.plan.assumed and row.status != "passed":
+            dims = "; ".join(
+                f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in self.plan.assumed.items()
+            )
+            row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
         if isinstance(served0, int) and isinstance(served1, int):
             row.conditions["serving_rps"] = round(max(0, served1 - served0) / max(wall, 1e-6), 2)
         return row

@@ -7,7 +7,7 @@ import resource
 import sys
 from typing import Any
 
-from agent.errors import EdgeAgentError
+from agent.errors import EdgeAgentError, without_source_locations
 from agent.qualify import accuracy, conditions, latency
 from agent.qualify.isolate import child_progress as emit
 from agent.qualify.isolate import size_text
@@ -132,7 +132,8 @@ def _fail_run(row: dict[str, Any], rss0: int, memory_max: int | None, what: str,
             f"memory: the model needs more than serving.memory_max {size_text(memory_max)} allows on "
             f"{row['provider']} ({what}: {detail})",
         )
-    return _fail(row, "compatibility", f"{what}: {exc}")
+    own = f"{row['provider']}: {what}: "  # providers already say "<provider>: inference failed: ..."
+    return _fail(row, "compatibility", f"{what}: {text[len(own) :] if text.startswith(own) else text}")
 
 
 def _without_samples(lat: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +167,7 @@ def _record_assignment(row: dict[str, Any], sess) -> None:
 
 
 def _fail(row: dict[str, Any], stage: str, reason: str) -> dict[str, Any]:
-    row.update(status="failed", stage=stage, reason=reason)
+    row.update(status="failed", stage=stage, reason=without_source_locations(reason))
     return row
 
 

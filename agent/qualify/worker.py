@@ -10,6 +10,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from agent.errors import without_source_locations
 from agent.qualify import isolate
 from agent.qualify.isolate import FAULT_ENV, resolve
 
@@ -50,7 +51,7 @@ def serve(conn: Connection) -> None:
                 os._exit(0)  # test-only: the result is on its way, the process is gone
         except Exception as exc:  # noqa: BLE001 - reported to the parent as a row, never raised there
             traceback.print_exc(file=sys.stderr)  # the source location stays in the worker's stderr, not the reason
-            text = str(exc).strip()
+            text = without_source_locations(str(exc).strip())
             conn.send(("error", f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")))
 
 
