@@ -366,6 +366,7 @@ class DeviceAgent:
             "pid": _pid(),
             "providers_source": self._providers_source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
+            "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
         }
         return build_status(
             self.state_dir,
