@@ -152,6 +152,8 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
         row = decision["results"][0]
         assert "contended" in row and "conditions" in row and "serving_rps" in row["conditions"]
         assert isinstance(row["memory_peak_bytes"], int)
+        served_at = os.getpriority(os.PRIO_PROCESS, d.proc.pid)
+        assert row["conditions"]["nice"] == min(19, served_at + 10)  # serving.build_nice below the daemon
     finally:
         assert d.terminate() == 0, d.tail()
 

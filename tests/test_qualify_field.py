@@ -127,7 +127,7 @@ def test_declared_range_measures_opt_and_max_and_assumes_nothing(tmp_path):
     assert row.latency_ms["runs"] > 0 and row.latency_max_ms and row.latency_max_ms["runs"] > 0
     assert "samples_ms" not in row.to_dict()["latency_max_ms"]
     assert row.memory_peak_bytes is not None and row.memory_peak_bytes >= 0
-    assert set(row.conditions) >= {"loadavg", "cpu_count", "others_cpu_share", "throttled"}
+    assert set(row.conditions) >= {"loadavg", "nice", "cpu_count", "others_cpu_share", "throttled"}
     assert isinstance(row.contended, bool)
 
 
@@ -287,3 +287,23 @@ def test_check_cancels_a_running_call(monkeypatch):
         with pytest.raises(Stop):
             w.call("os:getpid", {}, timeout=120, tag="slow", check=check)
         assert w.call("os:getpid", {}, timeout=60).ok  # a fresh worker after the kill
+
+
+def test_qualify_cli_warns_once_and_takes_memory_max(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import onnx
+
+    path = tmp_path / "pool.onnx"
+    onnx.save(maxpool_model(), str(path))
+    run = [sys.executable, "-m", "agent", "qualify", str(path), "--provider", "cpu", "--budget", "0.2"]
+    p = subprocess.run([*run, "--json", "--memory-max", "2G"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 3, p.stderr  # nothing passes at the assumed 1x1
+    doc = json.loads(p.stdout)
+    assert doc["assumed_shapes"] == {"x": {"H": 1, "W": 1}} and doc["memory_max"] == 2 << 30
+    warnings = [ln for ln in p.stderr.splitlines() if ln.startswith("warning: shapes assumed (x: H=1, W=1)")]
+    assert len(warnings) == 1
+    bad = subprocess.run([*run, "--memory-max", "lots"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("error: --memory-max:"), bad.stderr

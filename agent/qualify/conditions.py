@@ -58,6 +58,7 @@ class Sampler:
         throttled = _throttled()
         return {
             "loadavg": load,
+            "nice": os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else None,
             "cpu_count": ncpu,
             "others_cpu_share": share,
             "throttled": throttled,
