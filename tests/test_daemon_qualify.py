@@ -183,3 +183,49 @@ def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_servi
         assert os.path.exists(state / "status.json")
     finally:
         assert d.terminate() == 0, d.tail()
+
+
+def test_a_newer_version_supersedes_one_waiting_in_the_queue(tmp_path):
+    import threading
+
+    from test_daemon_support import running_agent
+
+    from agent.lifecycle.actions import StepContext
+
+    gen = running_agent(tmp_path)
+    agent = next(gen)
+    hold, held = threading.Event(), threading.Event()
+
+    def occupy() -> None:  # someone else's qualification holds the device
+        with agent.steps.qualify_queue.turn("other", StepContext(None)):
+            held.set()
+            hold.wait(120)
+
+    t = threading.Thread(target=occupy)
+    t.start()
+    try:
+        held.wait(30)
+        drop(agent.state_dir, "1")
+        wait_for(
+            lambda: any(e.get("progress") == "queued" and e.get("version") == "1" for e in agent.events),
+            60,
+            "v1 queued",
+        )
+        assert agent.status()["qualification_queue"]["running"] == "other"
+        drop(agent.state_dir, "2")
+
+        def ended(version):
+            deps = [d for d in agent.orchestrator.journal.all() if d.version == version and d.terminal]
+            return deps[-1] if deps else None
+
+        v1 = wait_for(lambda: ended("1"), 60, "v1 superseded")
+        assert v1.state.value == "failed" and "superseded by version 2" in v1.reason
+        assert "qualification" not in v1.data  # it never measured
+        hold.set()
+        v2 = wait_for(lambda: ended("2"), 120, "v2 committed")
+        assert v2.state.value == "committed", v2.reason
+        assert [w["label"].split()[0:2] for w in agent.steps.qualify_queue.history] == [["other"], ["tiny", "2"]]
+    finally:
+        hold.set()
+        t.join(30)
+        next(gen, None)
