@@ -63,6 +63,7 @@ class ServingConfig:
     probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
     finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
+    memory_max: int | None = None  # bytes one model may use; None: the target's memory limit, else 80% MemTotal
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -314,7 +315,7 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
     s = v.mapping(
         raw if raw is not None else {},
         "serving",
-        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"),
+        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every", "memory_max"),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
@@ -328,7 +329,19 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every", 1, 1_000_000),
+        memory_max=_memory_max(s.get("memory_max")),
     )
+
+
+def _memory_max(raw: Any) -> int | None:
+    from agent.util.sizes import parse_size
+
+    if raw is None:
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise ConfigError(f"serving.memory_max: {exc}") from None
 
 
 def _telemetry(v: "_Validator", raw: Any) -> TelemetryConfig:

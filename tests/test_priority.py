@@ -66,7 +66,7 @@ base, before = os.getpriority(os.PRIO_PROCESS, 0), priority._threads()
 
 def build():
     s = get(provider).open_session(path, options=options)
-    s.run(warm_feeds(s))
+    s.run(warm_feeds(s)[0])
     return s
 
 session, how = priority.run_lowered(build, 10)

@@ -11,8 +11,8 @@ from typing import Any
 from agent.errors import ProviderError
 from agent.qualify import caches, latency, select
 from agent.qualify.decision import Decision, Row
-from agent.qualify.inputs import batch_size, package_inputs
-from agent.qualify.isolate import run_isolated
+from agent.qualify.inputs import batch_size, package_plan
+from agent.qualify.isolate import IsolatedResult, child_ask, run_isolated
 from agent.qualify.package import ModelPackage, load_package
 
 ROW_TIMEOUT_S = 600.0
@@ -33,16 +33,20 @@ def qualify(
     latency_budget_s: float = LATENCY_BUDGET_S,
     row_timeout_s: float = ROW_TIMEOUT_S,
     all_precisions: bool = False,
+    memory_max: int | None = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
     A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
     accuracy, or always with all_precisions=True (the conformance report). When the two fastest passing
     rows are within CLOSE_CALL of each other, both are measured again in reverse order and their samples
-    merged, so load drift during the first pass cannot decide alone."""
+    merged, so load drift during the first pass cannot decide alone. `memory_max` (bytes): what one model
+    may use; each row's worker is killed over it and a row whose peak exceeds it fails."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
+    run.memory_max = memory_max
+    run.start()
     rows: list[Row] = []
     for name in candidates(target, providers, pkg):
         rows.extend(run.provider_rows(name))
@@ -64,6 +68,8 @@ def qualify(
         inputs=run.inputs_desc,
         timestamp=time.time(),
         hardware=_hw(profile),
+        assumed_shapes=run.plan.assumed,
+        memory_max=memory_max,
     )
 
 
@@ -90,7 +96,7 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict | None, str, str]:
+def _reference(pkg, feeds, golden, isolate: bool, timeout: float, memory_max=None) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
     res = run_isolated(
@@ -99,6 +105,7 @@ def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict 
         timeout=timeout,
         isolate=isolate,
         tag="reference",
+        memory_max=memory_max,
     )
     if res.ok:
         return res.value[0], res.value[1], ""
@@ -131,10 +138,19 @@ class _Run:
         self.pkg, self.profile, self.target, self.cache_root = pkg, profile, target, cache_root
         self.say = progress or (lambda event, **f: None)
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
-        self.feeds, golden, self.inputs_desc = package_inputs(pkg)
-        self.reference, self.ref_desc, self.ref_error = _reference(pkg, self.feeds, golden, isolate, timeout)
+        self.plan = package_plan(pkg)
+        self.feeds, self.inputs_desc = self.plan.accuracy, self.plan.desc
+        self.memory_max: int | None = None
         self.versions = caches.runtime_versions(profile)
         self._rerun: dict[str, Callable[[], Row]] = {}
+
+    def start(self) -> None:
+        """Say which shapes were guessed, then get the reference outputs (golden, else ORT CPU fp32)."""
+        if self.plan.assumed:
+            self.say("warning", reason=assumed_warning(self.plan.assumed))
+        self.reference, self.ref_desc, self.ref_error = _reference(
+            self.pkg, self.feeds, self.plan.expected, self.isolate, self.timeout, self.memory_max
+        )
 
     def provider_rows(self, name: str) -> list[Row]:
         from agent.providers import get
@@ -204,8 +220,12 @@ class _Run:
             "reference": self.reference,
             "tolerances": tolerances_for(self.target, self.pkg, name),
             "budget_s": self.budget,
-            "batch": batch_size(self.feeds),
+            "batch": batch_size(self.plan.latency),
+            "latency_feeds": self.plan.latency if self.plan.latency is not self.feeds else None,
+            "max_feeds": self.plan.at_max,
+            "memory_max": self.memory_max,
         }
+        served0, t0 = child_ask("serving_requests"), time.monotonic()
         res = run_isolated(
             "agent.qualify.rowtask:measure_row",
             kwargs,
@@ -213,21 +233,20 @@ class _Run:
             isolate=self.isolate,
             tag=f"{name}:{precision}" if precision else name,
             progress=self.say,
+            memory_max=self.memory_max,
         )
-        if res.ok:
-            row = Row.from_dict(res.value)
-        else:
-            row = Row(
-                provider=name,
-                status="error",
-                reason=f"{name}: {res.error}",
-                stage="isolation",
-                requested_precision=precision,
-                requested_device=device,
-                options=options,
-            )
+        served1, wall = child_ask("serving_requests"), time.monotonic() - t0
+        row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
+        row.assumed_shapes = self.plan.assumed
+        if self.plan.assumed and row.status != "passed":
+            dims = "; ".join(
+                f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in self.plan.assumed.items()
+            )
+            row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
+        if isinstance(served0, int) and isinstance(served1, int):
+            row.conditions["serving_rps"] = round(max(0, served1 - served0) / max(wall, 1e-6), 2)
         return row
 
     def confirm_close_call(self, rows: list[Row]) -> None:
@@ -250,6 +269,30 @@ class _Run:
                 "rounds": 2,
             }
             row.throughput_ips = row.latency_ms.get("throughput_ips")
+
+
+def _broken_row(name: str, precision, device, options, res: IsolatedResult) -> Row:
+    """A row whose worker did not return one: killed over the memory limit, crashed, hung or raised."""
+    memory = res.kind == "memory"
+    return Row(
+        provider=name,
+        status="failed" if memory else "error",
+        reason=f"{res.error} on {name}" if memory else f"{name}: {res.error}",
+        stage="memory" if memory else "isolation",
+        requested_precision=precision,
+        requested_device=device,
+        options=options,
+        memory_peak_bytes=res.peak_rss_bytes if memory else None,
+    )
+
+
+def assumed_warning(assumed: dict[str, dict[str, int]]) -> str:
+    """One line naming every guessed dim and the value it got, and what to add to the package."""
+    dims = "; ".join(f"{name}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for name, ds in assumed.items())
+    return (
+        f"shapes assumed ({dims}): declare input_shapes or dynamic_dims in model.yaml, or ship a test_data_set_0; "
+        "the daemon refuses models measured on assumed shapes"
+    )
 
 
 def _hw(profile: Any) -> dict[str, Any]:
