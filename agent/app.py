@@ -16,7 +16,6 @@ from typing import Any
 
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
-from agent.lifecycle.journal import NAME_RE
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
 from agent.lifecycle.status import build_status, hardware_summary, status_path
@@ -63,7 +62,7 @@ class DeviceAgent:
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
         self._control_busy: set[str] = set()
-        self._inbox_warned: set[str] = set()
+        self._status_dirty = False  # a rejection changed the status document: written once per loop turn
         self._last_health = 0.0
         self.health_source: Callable[[], dict[str, Any]] | None = None
         self._known_providers = list(providers) if providers is not None else None
@@ -137,6 +136,20 @@ class DeviceAgent:
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self._on_transition]
         )
+        if self.config.mqtt is not None:  # the port exists before recovery: resumed downloads wait for it
+            from agent.lifecycle.mqttmode import MqttSource
+
+            self.link = MqttSource(
+                self.config,
+                self.state_dir,
+                self.store,
+                self.steps.slots,
+                submit=self.orchestrator.submit,
+                seen=self.orchestrator.seen,
+                on_connection=self._on_connection,
+                on_rejected=self._on_rejected,
+            )
+            self.steps.add_source(self.link)
         self._start_telemetry()
 
     def stop(self, drain_timeout: float = 10.0) -> None:
@@ -250,9 +263,29 @@ class DeviceAgent:
             self.health_source = self.telemetry.collect
 
     def _start_mqtt(self) -> None:
-        from agent.lifecycle.mqttmode import MqttMode
+        self.link.start()
 
-        self.link = MqttMode(self).start()
+    def _on_connection(self, connected: bool, reason: str) -> None:
+        self._emit({"event": "mqtt", "connected": connected, "reason": reason})
+        if connected:
+            self.orchestrator.source_up("manifest")
+            self.write_status()
+
+    def _on_rejected(self, record: dict[str, Any]) -> None:
+        """A desired state refused before the lifecycle saw it: logged, reported as an event, in status."""
+        self._emit({"event": "rejected", **record})
+        self.link.publish_event(
+            {
+                "deployment_id": None,
+                "model": record["model"],
+                "version": record.get("version"),
+                "state": "rejected",
+                "reason": record.get("reason"),
+                "code": record.get("code"),
+                "ts": record.get("ts"),
+            }
+        )
+        self._status_dirty = True
 
     # ---- the loop: inbox, control requests, MQTT desired state, watchdog, health -----------------
     def _loop(self) -> None:
@@ -273,28 +306,12 @@ class DeviceAgent:
             return
         with self.orchestrator.exclusive():
             claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
-            self._submit_inbox(Path(inbox), claimed)
-
-    def _submit_inbox(self, inbox: Path, claimed: set) -> None:
-        for model_dir in sorted(inbox.iterdir()):
-            if model_dir.name.startswith(".") or not model_dir.is_dir():
-                continue
-            for version_dir in sorted(model_dir.iterdir()):
-                if version_dir.name.startswith(".") or not version_dir.is_dir() or str(version_dir) in claimed:
-                    continue
-                if not (NAME_RE.match(model_dir.name) and NAME_RE.match(version_dir.name)):
-                    self._warn_once(
-                        str(version_dir),
-                        "inbox entry ignored: model and version directory names "
-                        "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}",
-                    )
-                    continue
-                self.orchestrator.submit(model_dir.name, version_dir.name, {"kind": "inbox", "path": str(version_dir)})
-
-    def _warn_once(self, key: str, reason: str) -> None:
-        if key not in self._inbox_warned:
-            self._inbox_warned.add(key)
-            self._emit({"event": "warning", "path": key, "reason": reason})
+            self.steps.sources["inbox"].scan(
+                Path(inbox),
+                claimed,
+                self.orchestrator.submit,
+                lambda path, reason: self._emit({"event": "warning", "path": path, "reason": reason}),
+            )
 
     def _scan_control(self) -> None:
         for req_id, req in control.pending(self.state_dir):
@@ -340,6 +357,9 @@ class DeviceAgent:
     def _poll_link(self) -> None:
         if self.link is not None:
             self.link.poll()
+            if self._status_dirty:
+                self._status_dirty = False
+                self.write_status()
 
     def _health(self) -> None:
         interval = self.config.telemetry.interval_s
@@ -362,6 +382,8 @@ class DeviceAgent:
             "providers_source": self._providers_source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
         }
+        if self.link is not None:
+            extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(
             self.state_dir,
             device_id=self.config.device_id,

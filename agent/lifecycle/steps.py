@@ -15,6 +15,7 @@ from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.slots import ModelSlots, gc
+from agent.lifecycle.sources import NEEDS_SOURCE, InboxSource
 from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
 
@@ -80,12 +81,20 @@ class Steps:
         _clean_leftovers(self.packages, self.staging)  # start-up: nothing is unpacking or packing yet
         self.session_lock = threading.Lock()
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
-        # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
-        self.check_manifest: Callable[[Deployment], None] | None = None
-        self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
+        # Deployment sources by source.kind (lifecycle.sources.DeploymentSource); MQTT mode adds "manifest".
+        self.sources: dict[str, Any] = {"inbox": InboxSource(store, self.journal, self.staging)}
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier: Qualifier | None = None
         self._model_locks: dict[str, threading.Lock] = {}
+
+    def add_source(self, source: Any) -> None:
+        self.sources[source.kind] = source
+
+    def source_ready(self, dep: Deployment) -> bool:
+        """May this deployment's next action run now? Only a state that talks to the source waits for it; a
+        kind without a source runs (and is refused with the reason)."""
+        src = self.sources.get(dep.source.get("kind"))
+        return dep.state.value not in NEEDS_SOURCE or src is None or src.ready()
 
     def model_lock(self, name: str) -> threading.Lock:
         return self._model_locks.setdefault(name, threading.Lock())
@@ -108,30 +117,23 @@ class Steps:
         kind = dep.source.get("kind")
         if kind == "rollback":
             return Event.ROLLBACK, {}
-        if kind == "manifest":
-            if self.check_manifest is None:
+        source = self.sources.get(kind)
+        if source is None:
+            if kind == "manifest":
                 raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
-            self.check_manifest(dep)
-        elif kind == "inbox":
-            if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
-                raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
-        else:
             raise act.Rejected(f"unknown deployment source {kind!r}")
+        source.check(dep)
         return Event.ACCEPT, {}
 
     def on_downloading(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         sha = dep.data.get("sha256")
         if sha and self.store.has(sha) and dep.data.get("fetched"):
             return Event.FETCHED, {}
-        if dep.source.get("kind") == "manifest":
-            got = self.fetch_manifest(dep, ctx)  # type: ignore[misc]
-            return Event.FETCHED, {**got, "fetched": True}
-        src = Path(dep.source["path"])
-        got = act.fetch_inbox(src, self.store, self.staging, ctx)
-        dep.data.update(got, fetched=True)
-        self.journal.save(dep)  # the blob is safe in the store before the inbox copy goes
-        shutil.rmtree(src, ignore_errors=True)
-        return Event.FETCHED, {}
+        source = self.sources.get(dep.source.get("kind"))
+        if source is None:
+            raise LifecycleError(f"no source {dep.source.get('kind')!r} configured to fetch from")
+        got = source.fetch(dep, ctx)
+        return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         return Event.VERIFIED, act.verify(self.store, dep.data["sha256"], self.packages, ctx)
@@ -225,9 +227,14 @@ class Steps:
         return Event.PASSED, {"probation": watch.verdict.figures}
 
     def finished(self, dep: Deployment) -> None:
-        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again."""
+        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again; old
+        terminal records beyond keep_deployments per model are compacted away (the journal stays bounded)."""
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
+        try:
+            self.journal.prune(self.config.keep_deployments)
+        except OSError:
+            pass  # compacted at the next end
 
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:

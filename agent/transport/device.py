@@ -36,6 +36,17 @@ class DesiredState:
 
 
 @dataclass(frozen=True)
+class RawDesired:
+    """One retained desired-state message as received (raw mode: the consumer verifies and resolves)."""
+
+    scope: str  # "device" or "group:<name>"
+    model: str
+    payload: bytes  # b"" = withdrawn
+    topic: str
+    kind: str = "raw_desired"
+
+
+@dataclass(frozen=True)
 class ConnectionEvent:
     connected: bool
     reason: str
@@ -59,9 +70,13 @@ def _issued_at(envelope: bytes) -> float:
 
 
 class DesiredEvents:
-    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group."""
+    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group.
 
-    def __init__(self):
+    raw=True: no resolution from unverified fields; a burst yields only the latest message per (scope, model),
+    as RawDesired, for a consumer that verifies before it resolves (lifecycle.mqttmode)."""
+
+    def __init__(self, raw: bool = False):
+        self.raw_mode = raw
         self.raw: "queue.Queue[tuple]" = queue.Queue()
         self._cands: dict[str, dict[str, tuple[bytes, str]]] = {}
         self._emitted: dict[str, tuple[bytes | None, str]] = {}
@@ -86,6 +101,9 @@ class DesiredEvents:
             return self._out.popleft()
 
     def _apply(self, items: list[tuple]) -> None:
+        if self.raw_mode:
+            self._apply_raw(items)
+            return
         changed: list[str] = []
         for item in items:
             if item[0] == "conn":
@@ -103,6 +121,19 @@ class DesiredEvents:
             event = self._resolve(model)
             if event is not None:
                 self._out.append(event)
+
+    def _apply_raw(self, items: list[tuple]) -> None:
+        latest: dict[tuple[str, str], RawDesired] = {}
+        for item in items:
+            if item[0] == "conn":
+                self._out.extend(latest.values())  # order kept around connection changes
+                latest.clear()
+                self._out.append(ConnectionEvent(item[1], item[2]))
+                continue
+            _, scope, model, payload, topic = item
+            latest.pop((scope, model), None)
+            latest[(scope, model)] = RawDesired(scope, model, bytes(payload or b""), topic)
+        self._out.extend(latest.values())
 
     def get_nowait(self):
         return self.get(block=False)
@@ -197,7 +228,10 @@ class DeviceLink:
         protocol: str = "auto",
         keepalive: int = 30,
         last_status: dict | None = None,
+        raw_desired: bool = False,
     ):
+        """raw_desired: deliver RawDesired messages (verified and resolved by the consumer) instead of
+        DesiredState resolved from unverified fields."""
         self.device_id = check_name(device_id, "device id")
         self.groups = tuple(check_name(g, "group") for g in groups)
         self.topics = Topics(prefix)
@@ -215,7 +249,7 @@ class DeviceLink:
                 keepalive=keepalive,
             )
         )
-        self.events = DesiredEvents()
+        self.events = DesiredEvents(raw=raw_desired)
         self._channels: dict[str, ChunkChannel] = {}
         self._last_status: bytes | None = None
         will = self._will_payload(last_status)
