@@ -77,7 +77,7 @@ def test_attacks_leave_a_version_in_probation_alone(tmp_path, mosquitto, plane):
         for n, how in enumerate(ATTACKS):
             version = f"{3 + n}"
             _attack(plane, tmp_path, how, version)
-            wait_for(lambda: _rejected(a, version, CODES[how]), 30, f"{how} v{version} reported rejected")
+            wait_for(lambda v=version, h=how: _rejected(a, v, CODES[h]), 30, f"{how} v{version} reported rejected")
             assert a.orchestrator.journal.load(v2.id).state.value in ("probation", "committed"), (how, _journal(a))
             assert a.registry.models() == {"tiny": "2"}
         # nothing unverified was journaled, nothing superseded: v2's probation runs to its end and commits
@@ -115,7 +115,7 @@ def test_a_hostile_group_envelope_never_blocks_device_pushes(tmp_path, mosquitto
         wait_for(lambda: _rejected(a, "9", CODES[how]), 30, "group envelope rejected")
         for version in ("1", "2"):
             plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, version), "tiny", version)))
-            wait_for(lambda: (version, "committed") in _journal(a), what=f"v{version} committed")
+            wait_for(lambda v=version: (v, "committed") in _journal(a), what=f"v{version} committed")
         assert a.registry.models() == {"tiny": "2"}
         assert _journal(a) == [("1", "committed"), ("2", "committed")]
     finally:

@@ -78,7 +78,7 @@ class Orchestrator:
         whose next action needs its source (a manifest still to check or download) waits until that source is
         up (source_up)."""
         self.steps.restore_all()
-        resumed = recover(self.journal, self.slots)
+        resumed = recover(self.journal, self.slots, self.steps.download_mark)
         with self._lock:
             for dep in resumed:
                 self._notify(dep)

@@ -96,6 +96,13 @@ class Steps:
         src = self.sources.get(dep.source.get("kind"))
         return dep.state.value not in NEEDS_SOURCE or src is None or src.ready()
 
+    def download_mark(self, dep: Deployment) -> int:
+        """Chunks of this deployment's artifact on disk (persisted bitmap): recovery's progress mark."""
+        from agent.artifacts.staging import persisted_chunks
+
+        sha = ((dep.data.get("manifest") or {}).get("artifact") or {}).get("sha256")
+        return persisted_chunks(self.store, sha) if sha else 0
+
     def model_lock(self, name: str) -> threading.Lock:
         return self._model_locks.setdefault(name, threading.Lock())
 
