@@ -148,6 +148,7 @@ class DeviceAgent:
                 seen=self.orchestrator.seen,
                 on_connection=self._on_connection,
                 on_rejected=self._on_rejected,
+                stall_s=self.step_config.stall_s,
             )
             self.steps.add_source(self.link)
         self._start_telemetry()

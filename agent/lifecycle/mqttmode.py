@@ -43,6 +43,7 @@ class MqttSource:
         seen: Callable[[str, str], bool],
         on_connection: Callable[[bool, str], None],
         on_rejected: Callable[[dict[str, Any]], None],
+        stall_s: float = 30.0,
     ):
         from agent.artifacts.keys import trusted_keys
         from agent.transport.device import DeviceLink
@@ -52,6 +53,7 @@ class MqttSource:
         self.config, self.store, self.slots = config, store, slots
         self.submit, self.seen = submit, seen
         self.on_connection, self.on_rejected = on_connection, on_rejected
+        self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
         self.book = DesiredBook(lambda: self.keys, config.device_id, config.groups)
         self.rejected: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
@@ -195,7 +197,7 @@ class MqttSource:
             ctx.report(event, **fields)
 
         def attempt() -> None:
-            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca)
+            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s)
 
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):

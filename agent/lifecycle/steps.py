@@ -53,6 +53,7 @@ class StepConfig:
     serving: dict[str, Any] = field(default_factory=dict)  # the target's serving hints (swap, swap_when_memory_short)
     keep_deployments: int = 20
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
+    stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
 
 
 class Steps:
