@@ -13,6 +13,7 @@ from pathlib import Path
 from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
+from agent.fleet.outcome import device_outcome, same_version
 from agent.fleet.status import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
@@ -192,23 +193,7 @@ def _dep_key(status: dict, name: str):
 
 def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[str, str]:
     """(result, reason) of one device for one pushed version: committed, failed/rejected/rolled_back, pending."""
-    model = (status.get("models") or {}).get(name)
-    if isinstance(model, dict) and _same(model.get("version"), version) and model.get("state") == "committed":
-        return "committed", ""
-    dep = (status.get("deployments") or {}).get(name)
-    if fresh and isinstance(dep, dict) and _same(dep.get("version"), version):
-        result = dep.get("result") or dep.get("state")
-        if result in TERMINAL_BAD:
-            return result, str(dep.get("reason") or result)
-        return "pending", f"state {dep.get('state')}"
-    return "pending", "online, not started" if status.get("online") else "offline"
-
-
-def _same(a, b) -> bool:
-    try:
-        return compare_versions(str(a), str(b)) == 0
-    except ManifestError:
-        return False
+    return device_outcome(status, name, version, fresh=fresh)
 
 
 def wait_for_devices(
@@ -224,7 +209,7 @@ def wait_for_devices(
                 kind == "events"
                 and member
                 and doc.get("model") == name
-                and _same(doc.get("version"), version)
+                and same_version(doc.get("version"), version)
                 and doc.get("state") in TERMINAL_BAD
             ):
                 results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
