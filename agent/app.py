@@ -132,6 +132,7 @@ class DeviceAgent:
             config=self.step_config,
         )
         self.steps.qualifier = self.qualifier
+        self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self._on_transition]
@@ -394,6 +395,7 @@ class DeviceAgent:
             providers=self._providers(),
             registry=self.registry,
             unavailable=self.steps.unavailable,
+            notes=self.steps.notes,
             extra=extra,
         )
 

@@ -33,8 +33,24 @@ class ModelSlots:
         return self.root / check_name("model name", name) / "slots.json"
 
     def get(self, name: str) -> dict[str, Any]:
-        data = read_json(self._file(name), default=None) or {}
+        """The two entries; LifecycleError naming the file when it is unreadable (truncated, not JSON)."""
+        path = self._file(name)
+        try:
+            data = read_json(path, default=None) or {}
+        except (ValueError, OSError) as exc:
+            raise LifecycleError(f"{path}: corrupt slots file: {exc}") from None
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), (dict, type(None))) for k in ("committed", "previous")
+        ):
+            raise LifecycleError(f"{path}: corrupt slots file: not a {{committed, previous}} object")
         return {"committed": data.get("committed"), "previous": data.get("previous")}
+
+    def write(self, name: str, slots: dict[str, Any]) -> None:
+        """Replace both entries (a rebuild from the journal)."""
+        with self._lock:
+            atomic_write_json(
+                self._file(name), {"committed": slots.get("committed"), "previous": slots.get("previous")}, mode=0o600
+            )
 
     def committed(self, name: str) -> dict[str, Any] | None:
         return self.get(name)["committed"]
@@ -92,7 +108,13 @@ def gc(state_dir: str | os.PathLike, store, keep: set[str]) -> dict[str, int]:
         if not base.is_dir():
             continue
         for d in base.iterdir():
-            if d.name not in keep and not d.name.startswith("."):  # dot names: unpacking in progress
+            if d.name.startswith("."):  # dot names: unpacking in progress
+                continue
+            if d.name.endswith(".files.json"):  # the verified-files record beside packages/<sha>/
+                if d.name[: -len(".files.json")] not in keep:
+                    d.unlink(missing_ok=True)
+                continue
+            if d.name not in keep:
                 shutil.rmtree(d, ignore_errors=True)
                 removed_dirs += 1
     return {

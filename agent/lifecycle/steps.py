@@ -12,6 +12,7 @@ from typing import Any
 from agent.config import ServingConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
+from agent.lifecycle import integrity, repair
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.slots import ModelSlots, gc
@@ -82,6 +83,8 @@ class Steps:
         _clean_leftovers(self.packages, self.staging)  # start-up: nothing is unpacking or packing yet
         self.session_lock = threading.Lock()
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
+        self.notes: dict[str, str] = {}  # model -> last repair or fallback at start-up (status shows it)
+        self.on_note: Callable[[str, str], None] | None = None
         # Deployment sources by source.kind (lifecycle.sources.DeploymentSource); MQTT mode adds "manifest".
         self.sources: dict[str, Any] = {"inbox": InboxSource(store, self.journal, self.staging)}
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
@@ -144,7 +147,9 @@ class Steps:
         return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        return Event.VERIFIED, act.verify(self.store, dep.data["sha256"], self.packages, ctx)
+        got = act.verify(self.store, dep.data["sha256"], self.packages, ctx)
+        integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
+        return Event.VERIFIED, got
 
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
@@ -240,8 +245,9 @@ class Steps:
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
         try:
-            self.journal.prune(self.config.keep_deployments)
-        except OSError:
+            keep = {e.get("deployment_id") for e in _slot_entries(self.slots) if e}
+            self.journal.prune(self.config.keep_deployments, keep_ids={k for k in keep if k})
+        except (OSError, LifecycleError):
             pass  # compacted at the next end
 
     # ---- serving from slots --------------------------------------------------------------------
@@ -253,8 +259,9 @@ class Steps:
     def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0) -> dict[str, Any]:
         """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
         rollbacks build at serving priority (getting back to a good model comes first)."""
-        if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
-            act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
+        note = repair.verify_unpacked(self.store, self.packages, entry)  # raises repair.Corrupt
+        if note:
+            self.note(name, note)
         if swap is None:
             swap = self.swap_mode(entry)[0]
         result = act.activate(
@@ -278,9 +285,21 @@ class Steps:
         return {**entry, "cache_dir": str(fresh), "versions": versions}
 
     def restore_all(self) -> None:
-        """Start-up: serve every committed slot (the previous one when the committed cannot load)."""
+        """Start-up: serve every committed slot, verified (the previous one when the committed cannot load);
+        an unreadable slots.json is rebuilt from the journal."""
         for name in self.slots.names():
+            try:
+                self.slots.get(name)
+            except LifecycleError as exc:
+                why = str(exc).split(": ", 1)[-1]
+                self.note(name, repair.rebuild_slots(self.slots, self.journal, name, self.entry, why))
             self.ensure_committed(name)
+
+    def note(self, name: str, reason: str) -> None:
+        """A repair or fallback worth telling: kept for the status document and handed to on_note (the log)."""
+        self.notes[name] = reason
+        if self.on_note is not None:
+            self.on_note(name, reason)
 
     def ensure_committed(self, name: str) -> None:
         """Make the registry serve the committed slot of `name` (after a failure or rollback)."""
@@ -296,8 +315,27 @@ class Steps:
                 return
             try:
                 self._serve(name, entry)
+            except repair.Corrupt as exc:
+                self._fall_back(name, slots, exc)
             except EdgeAgentError as exc:
                 self._serve_degraded(name, entry, exc)
+
+    def _fall_back(self, name: str, slots: dict[str, Any], exc: Exception) -> None:
+        """The committed entry's files are damaged beyond repair: serve the previous slot, which becomes the
+        committed one (the damaged version can simply be pushed again), with the reason."""
+        prev = slots["previous"]
+        if not prev:
+            self.unavailable[name] = f"committed {exc}; no previous version to fall back to"
+            self.note(name, self.unavailable[name])
+            return
+        try:
+            self._serve(name, prev)
+        except EdgeAgentError as again:
+            self.unavailable[name] = f"committed {exc}; previous version {prev['version']} failed too: {again}"
+            self.note(name, self.unavailable[name])
+            return
+        self.slots.swap(name)
+        self.note(name, f"committed {exc}; serving the previous version {prev['version']} instead")
 
     def _serve_degraded(self, name: str, entry: dict[str, Any], exc: Exception) -> None:
         """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""
@@ -340,11 +378,24 @@ class Steps:
                 gc(self.state_dir, self.store, keep)
         except (OSError, EdgeAgentError):
             pass  # garbage stays until the next commit
-        self.journal.prune(self.config.keep_deployments)
+        self.journal.prune(
+            self.config.keep_deployments, keep_ids={e.get("deployment_id") for e in _slot_entries(self.slots) if e}
+        )
         ids = {d.id for d in self.journal.all()}
         for p in (self.state_dir / "decisions").glob("*.json"):
             if p.stem not in ids:
                 p.unlink(missing_ok=True)
+
+
+def _slot_entries(slots: ModelSlots) -> list[dict[str, Any]]:
+    """Every committed/previous entry of the readable slot files."""
+    out = []
+    for name in slots.names():
+        try:
+            out += [e for e in slots.get(name).values() if e]
+        except LifecycleError:
+            continue
+    return out
 
 
 def _model_bytes(entry: dict[str, Any]) -> int:
