@@ -7,6 +7,7 @@ belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills i
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -62,6 +63,7 @@ class DeviceAgent:
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
         self._control_busy: set[str] = set()
+        self.disk_full: str | None = None  # why state files cannot be written (ENOSPC); reported, never fatal
         self._status_dirty = False  # a rejection changed the status document: written once per loop turn
         self._last_health = 0.0
         self.health_source: Callable[[], dict[str, Any]] | None = None
@@ -372,8 +374,12 @@ class DeviceAgent:
 
     def _health_doc(self) -> dict[str, Any]:
         if self.health_source is not None:
-            return self.health_source()
-        return {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
+            doc = dict(self.health_source())
+        else:
+            doc = {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
+        if self.disk_full is not None:
+            doc["disk_full"] = self.disk_full
+        return doc
 
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -384,6 +390,8 @@ class DeviceAgent:
             "providers_source": self._providers_source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
         }
+        if self.disk_full is not None:
+            extra["disk_full"] = self.disk_full
         if self.link is not None:
             extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(
@@ -439,12 +447,31 @@ class DeviceAgent:
             doc = self.status()
             if self._closed:
                 return doc  # stopped: the state_dir may belong to a successor already
-            atomic_write_json(status_path(self.state_dir), doc)
+            self._write_status_file(doc)
             if self.link is not None:
                 self.link.publish_status(doc)
             if self.notifier is not None:
                 self.notifier.status(self._one_line())
             return doc
+
+    def _write_status_file(self, doc: dict[str, Any]) -> None:
+        """status.json; a full disk degrades (keep serving, `disk_full` in status and health), never stops us."""
+        try:
+            atomic_write_json(status_path(self.state_dir), doc)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            first = self.disk_full is None
+            self.disk_full = f"{self.state_dir}: {exc.strerror} (status.json not written; serving goes on)"
+            doc["disk_full"] = self.disk_full
+            if first:
+                self._emit({"event": "warning", "reason": self.disk_full, "disk_full": True})
+            return
+        if self.disk_full is not None:
+            self.disk_full = None
+            doc.pop("disk_full", None)
+            atomic_write_json(status_path(self.state_dir), doc)
+            self._emit({"event": "disk_ok", "reason": "status.json written again"})
 
     def _one_line(self) -> str:
         models = self.registry.models() if self.registry is not None else {}

@@ -31,7 +31,7 @@ class StateLock:
 
     def acquire(self, grace_s: float = PROBE_GRACE_S) -> "StateLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         end = time.monotonic() + grace_s
         while True:
             try:
@@ -46,8 +46,11 @@ class StateLock:
                 raise LifecycleError(
                     f"state_dir {self.path.parent} is in use by another edge-agent (pid {holder or 'unknown'})"
                 ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # a full disk: the pid is informational, the flock is what counts
         self._fd = fd
         return self
 

@@ -81,7 +81,10 @@ def recover(journal: Journal, slots: ModelSlots, progress: Progress | None = Non
     for step in plan(journal, slots, progress):
         if step.fresh_attempts:
             step.deployment.attempts[step.deployment.state.value] = 0
-        journal.apply(step.deployment, step.event, reason=step.reason, **step.data)
+        try:
+            journal.apply(step.deployment, step.event, reason=step.reason, **step.data)
+        except OSError:
+            continue  # a full disk: it stays journaled as it was; the next start resumes it
         if not step.deployment.terminal:
             resumed.append(step.deployment)
     return resumed
