@@ -77,7 +77,10 @@ class DeviceAgent:
 
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> "DeviceAgent":
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        from agent.lifecycle.perms import harden
+
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        harden(self.state_dir)  # 0700 / 0600 whatever the umask it was created under
         if self.use_lock:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
@@ -118,7 +121,7 @@ class DeviceAgent:
         self.target = _target(self.config.target, self.profile)
         if self.target is not None and not self.step_config.serving:
             self.step_config.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
-        self.store = ContentStore(self.state_dir)
+        self.store = ContentStore(self.state_dir, file_mode=0o600)
         serving = self.config.serving
         if self.step_config.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
             self.step_config.probation_s = serving.probation_s
@@ -457,7 +460,7 @@ class DeviceAgent:
     def _write_status_file(self, doc: dict[str, Any]) -> None:
         """status.json; a full disk degrades (keep serving, `disk_full` in status and health), never stops us."""
         try:
-            atomic_write_json(status_path(self.state_dir), doc)
+            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -470,7 +473,7 @@ class DeviceAgent:
         if self.disk_full is not None:
             self.disk_full = None
             doc.pop("disk_full", None)
-            atomic_write_json(status_path(self.state_dir), doc)
+            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
             self._emit({"event": "disk_ok", "reason": "status.json written again"})
 
     def _one_line(self) -> str:

@@ -94,7 +94,7 @@ def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args
         raise LifecycleError(f"unknown control operation {op!r}")
     root = Path(state_dir) / "control"
     req_id = f"{time.time_ns()}-{secrets.token_hex(3)}"
-    atomic_write_json(root / f"{req_id}.req.json", {"op": op, "ts": time.time(), **args})
+    atomic_write_json(root / f"{req_id}.req.json", {"op": op, "ts": time.time(), **args}, mode=0o600)
     done = root / f"{req_id}.done.json"
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -130,7 +130,7 @@ def expired(req: dict[str, Any], now: float | None = None) -> bool:
 
 def answer(state_dir: str | os.PathLike, req_id: str, result: dict[str, Any]) -> None:
     root = Path(state_dir) / "control"
-    atomic_write_json(root / f"{req_id}.done.json", result)
+    atomic_write_json(root / f"{req_id}.done.json", result, mode=0o600)
     (root / f"{req_id}.req.json").unlink(missing_ok=True)
 
 

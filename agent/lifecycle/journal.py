@@ -144,7 +144,7 @@ class Journal:
             if self._closed:
                 raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): {dep.id} not written")
             dep.updated = time.time()
-            atomic_write_json(self.path(dep.id), dep.to_dict())
+            atomic_write_json(self.path(dep.id), dep.to_dict(), mode=0o600)
 
     def apply(self, dep: Deployment, event: str, reason: str | None = None, **data: Any) -> State:
         """Move `dep` along the table and persist it before the caller acts on the new state. When the write

@@ -69,7 +69,7 @@ class ModelSlots:
             old = cur["committed"]
             prev = old if old and old.get("sha256") != entry["sha256"] else cur["previous"]
             new = {"committed": {**entry, "ts": time.time()}, "previous": prev}
-            atomic_write_json(self._file(name), new)
+            atomic_write_json(self._file(name), new, mode=0o600)
             return new
 
     def swap(self, name: str) -> dict[str, Any]:
@@ -79,7 +79,7 @@ class ModelSlots:
             if not cur["previous"]:
                 raise LifecycleError(f"model {name!r} has no previous version to roll back to")
             new = {"committed": cur["previous"], "previous": cur["committed"]}
-            atomic_write_json(self._file(name), new)
+            atomic_write_json(self._file(name), new, mode=0o600)
             return new
 
     def referenced(self) -> set[str]:

@@ -14,6 +14,7 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle import integrity, repair
 from agent.lifecycle.journal import Deployment, Journal
+from agent.lifecycle.perms import harden
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.slots import ModelSlots, gc
 from agent.lifecycle.sources import NEEDS_SOURCE, InboxSource
@@ -167,7 +168,7 @@ class Steps:
             )
 
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
-        atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
+        atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
         summary = _summary(decision)
         if not decision.get("selected"):
             raise LifecycleError(f"no provider passed qualification: {summary['why']}")
@@ -244,6 +245,7 @@ class Steps:
         terminal records beyond keep_deployments per model are compacted away (the journal stays bounded)."""
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
+        harden(self.state_dir)
         try:
             keep = {e.get("deployment_id") for e in _slot_entries(self.slots) if e}
             self.journal.prune(self.config.keep_deployments, keep_ids={k for k in keep if k})
