@@ -45,7 +45,7 @@ class MqttSource:
         on_rejected: Callable[[dict[str, Any]], None],
         stall_s: float = 30.0,
     ):
-        from agent.artifacts.keys import trusted_keys
+        from agent.artifacts.keys import device_key, trusted_keys
         from agent.transport.device import DeviceLink
 
         m = config.mqtt
@@ -73,6 +73,7 @@ class MqttSource:
             key=_s(tls.key) if tls else None,
             last_status=_last_status(state_dir),
             raw_desired=True,
+            signer=device_key(state_dir),  # made on first start when `edge-agent keys device` was not run
         )
 
     def reload_keys(self, paths) -> None:

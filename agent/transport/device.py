@@ -229,9 +229,12 @@ class DeviceLink:
         keepalive: int = 30,
         last_status: dict | None = None,
         raw_desired: bool = False,
+        signer=None,
     ):
         """raw_desired: deliver RawDesired messages (verified and resolved by the consumer) instead of
-        DesiredState resolved from unverified fields."""
+        DesiredState resolved from unverified fields. signer: the device's Ed25519 key; status, events, health
+        and the LWT are signed with it (transport.signing)."""
+        self.signer = signer
         self.device_id = check_name(device_id, "device id")
         self.groups = tuple(check_name(g, "group") for g in groups)
         self.topics = Topics(prefix)
@@ -271,7 +274,14 @@ class DeviceLink:
         snap.update(device_id=self.device_id, online=False)
         snap.setdefault("groups", list(self.groups))
         snap.pop("ts", None)  # the broker publishes the will later; a stale ts would mislead
-        return json.dumps(snap, sort_keys=True).encode()
+        return self._encode(snap)
+
+    def _encode(self, doc: dict) -> bytes:
+        if self.signer is not None:
+            from agent.transport.signing import sign_doc
+
+            doc = sign_doc(doc, self.signer)
+        return json.dumps(doc, sort_keys=True).encode()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = None) -> "DeviceLink":
@@ -285,9 +295,9 @@ class DeviceLink:
             doc = json.loads(self._last_status) if self._last_status else {"device_id": self.device_id}
             doc.update(online=False, ts=time.time())
             try:
-                self._mqtt.publish(
-                    self.topics.status(self.device_id), json.dumps(doc).encode(), 1, True
-                ).wait_for_publish(timeout)
+                self._mqtt.publish(self.topics.status(self.device_id), self._encode(doc), 1, True).wait_for_publish(
+                    timeout
+                )
             except (TransportError, RuntimeError, ValueError):
                 pass
         self._mqtt.stop(disconnect=graceful)
@@ -305,19 +315,19 @@ class DeviceLink:
         doc = dict(doc, device_id=self.device_id, online=doc.get("online", True))
         doc.setdefault("ts", time.time())
         doc.setdefault("groups", list(self.groups))
-        self._last_status = json.dumps(doc, sort_keys=True).encode()
+        self._last_status = self._encode(doc)
         self._publish(self.topics.status(self.device_id), self._last_status, 1, True)
         self._mqtt.set_will(self.topics.status(self.device_id), self._will_payload(doc), 1, True)
 
     def publish_event(self, doc: dict) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
-        self._publish(self.topics.events(self.device_id), json.dumps(doc, sort_keys=True).encode(), 1, False)
+        self._publish(self.topics.events(self.device_id), self._encode(doc), 1, False)
 
     def publish_health(self, doc: dict) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
-        self._publish(self.topics.health(self.device_id), json.dumps(doc, sort_keys=True).encode(), 0, True)
+        self._publish(self.topics.health(self.device_id), self._encode(doc), 0, True)
 
     def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         try:
