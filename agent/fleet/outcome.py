@@ -40,7 +40,7 @@ def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) 
     if fresh and isinstance(dep, dict) and same_version(dep.get("version"), version):
         result = dep.get("result") or dep.get("state")
         if result in BAD_STATES or dep.get("state") in BAD_STATES:
-            state = dep.get("state") if dep.get("state") in BAD_STATES else result
+            state = str(dep.get("state") if dep.get("state") in BAD_STATES else result)
             return state, str(dep.get("reason") or state)
         return PENDING, f"state {dep.get('state')}"
     rejected = (status.get("rejected") or {}).get(name)
