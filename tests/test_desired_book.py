@@ -105,3 +105,15 @@ def test_transient_classification():
     assert not is_transient(ArtifactError("not enough disk for m 2: needs 10 bytes"))
     assert not is_transient(ArtifactError("http://x: HTTP 403 Forbidden"))
     assert not is_transient(ValueError("bug"))
+
+
+def test_a_flood_of_refused_topics_never_evicts_verified_desired_state(keys, monkeypatch):
+    from agent.lifecycle import desired
+
+    monkeypatch.setattr(desired, "MAX_MODELS", 8)
+    now = [time.time()]
+    book = _book(keys, lambda: now[0])
+    book.update("device", "m", _env(keys[0], "2", now[0]), "t/d")
+    for i in range(100):
+        book.update("device", f"x{i}", b"{junk", f"t/x{i}")
+    assert len(book.models()) <= 8 and book.resolve("m") is not None

@@ -63,8 +63,8 @@ class DesiredBook:
         """Record one message (b"" = withdrawn); returns the candidates it refused (to report)."""
         scopes = self._cands.setdefault(model, {})
         self._cands.move_to_end(model)
-        while len(self._cands) > MAX_MODELS:
-            self._cands.popitem(last=False)
+        if len(self._cands) > MAX_MODELS:
+            self._evict(keep=model)
         if not payload:
             scopes.pop(scope, None)
             return []
@@ -76,6 +76,15 @@ class DesiredBook:
         self._verify(cand, model)
         scopes[scope] = cand
         return [cand] if cand.rejection is not None else []
+
+    def _evict(self, keep: str) -> None:
+        """Over MAX_MODELS: drop the oldest model holding no verified candidate (a flood of refused topics never
+        pushes out real desired state), else the oldest."""
+        victim = next(
+            (m for m, sc in self._cands.items() if m != keep and not any(c.manifest for c in sc.values())),
+            next(m for m in self._cands if m != keep),
+        )
+        del self._cands[victim]
 
     def recheck(self) -> tuple[set[str], list[tuple[str, Candidate]]]:
         """Verify future-dated candidates again (RECHECK_S apart); returns (models whose outcome changed,
