@@ -117,3 +117,16 @@ def test_a_flood_of_refused_topics_never_evicts_verified_desired_state(keys, mon
     for i in range(100):
         book.update("device", f"x{i}", b"{junk", f"t/x{i}")
     assert len(book.models()) <= 8 and book.resolve("m") is not None
+
+
+def test_the_skew_bound_is_configurable(tmp_path):
+    from test_daemon_support import write_config
+
+    from agent.config import load_config
+    from agent.errors import ConfigError
+
+    cfg = load_config(write_config(tmp_path / "a", extra={"trust": {"public_keys": [], "max_skew_s": 10}}))
+    assert cfg.trust.max_skew_s == 10.0
+    assert load_config(write_config(tmp_path / "b")).trust.max_skew_s == MAX_SKEW_S
+    with pytest.raises(ConfigError, match="trust.max_skew_s"):
+        load_config(write_config(tmp_path / "c", extra={"trust": {"max_skew_s": -1}}))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from agent.artifacts.manifest import Manifest, ManifestRejected, compare_versions, parse_version, receive
 
-MAX_SKEW_S = 300.0  # an issue time further ahead of the device clock than this is refused as future-dated
+MAX_SKEW_S = 300.0  # default of trust.max_skew_s: an issue time further ahead of the device clock is refused
 RECHECK_S = 60.0  # future-dated candidates are verified again this often (the clocks may agree later)
 MAX_MODELS = 1024  # models with retained desired state tracked at once (a flood of topics cannot grow memory)
 

@@ -55,7 +55,7 @@ class MqttSource:
         self.on_connection, self.on_rejected = on_connection, on_rejected
         self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
-        self.book = DesiredBook(lambda: self.keys, config.device_id, config.groups)
+        self.book = DesiredBook(lambda: self.keys, config.device_id, config.groups, max_skew_s=config.trust.max_skew_s)
         self.rejected: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self._reported: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
         self._up = False
