@@ -63,6 +63,7 @@ class DeviceAgent:
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
         self._control_busy: set[str] = set()
+        self._retrying: dict[str, dict[str, Any]] = {}  # model -> last transient failure being retried
         self.disk_full: str | None = None  # why state files cannot be written (ENOSPC); reported, never fatal
         self._status_dirty = False  # a rejection changed the status document: written once per loop turn
         self._last_health = 0.0
@@ -395,6 +396,8 @@ class DeviceAgent:
         }
         if self.disk_full is not None:
             extra["disk_full"] = self.disk_full
+        if self._retrying:
+            extra["retrying"] = dict(self._retrying)
         if self.link is not None:
             extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(
@@ -482,8 +485,14 @@ class DeviceAgent:
 
     def _on_transition(self, record: dict[str, Any]) -> None:
         self._emit({"event": "progress" if "progress" in record else "transition", **record})
+        if record.get("progress") == "retry":  # a transient failure being retried: status keeps the reason
+            keep = ("deployment_id", "version", "attempt", "wait_s", "reason", "ts")
+            self._retrying[record["model"]] = {k: record.get(k) for k in keep}
+            self.write_status()
+            return
         if "progress" in record:
             return
+        self._retrying.pop(record.get("model"), None)
         if self.link is not None:
             self.link.publish_event(record)
         self.write_status()

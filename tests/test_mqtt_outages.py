@@ -44,7 +44,9 @@ def test_an_outage_mid_pull_recovers_without_a_new_push(tmp_path, mosquitto, wha
         else:
             server.stop()
         have = len(_on_disk(a.state_dir, m))
-        time.sleep(OUTAGE_S)  # the outage itself: nothing to wait for
+        retrying = wait_for(lambda: a.status().get("retrying", {}).get("tiny"), OUTAGE_S + 60, "a retry in status")
+        assert "stalled" in retrying["reason"] and retrying["attempt"] >= 1
+        time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - started)))  # the rest of the outage
         assert not a.store.has(m.artifact.sha256), "the pull finished during the outage"
         assert len(_on_disk(a.state_dir, m)) < m.artifact.count
         if what == "broker":
@@ -60,6 +62,7 @@ def test_an_outage_mid_pull_recovers_without_a_new_push(tmp_path, mosquitto, wha
         recovered = time.monotonic() - started
         assert [(d.version, d.state.value) for d in deps] == [("1", "committed")], deps[-1].reason
         assert len(a.orchestrator.journal.all()) == 1  # the same deployment, no new push
+        assert "retrying" not in a.status()  # over once it moved on
         retries = [e for e in events if e.get("progress") == "retry"]
         assert retries and all(e.get("reason") for e in retries), "each retry carries its reason"
         assert any("stalled" in e["reason"] for e in retries), retries[-1]
