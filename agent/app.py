@@ -7,6 +7,7 @@ belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills i
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -16,7 +17,6 @@ from typing import Any
 
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
-from agent.lifecycle.journal import NAME_RE
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
 from agent.lifecycle.status import build_status, hardware_summary, status_path
@@ -63,7 +63,9 @@ class DeviceAgent:
         self._thread: threading.Thread | None = None
         self._status_lock = threading.Lock()
         self._control_busy: set[str] = set()
-        self._inbox_warned: set[str] = set()
+        self._retrying: dict[str, dict[str, Any]] = {}  # model -> last transient failure being retried
+        self.disk_full: str | None = None  # why state files cannot be written (ENOSPC); reported, never fatal
+        self._status_dirty = False  # a rejection changed the status document: written once per loop turn
         self._last_health = 0.0
         self.health_source: Callable[[], dict[str, Any]] | None = None
         self._known_providers = list(providers) if providers is not None else None
@@ -76,7 +78,10 @@ class DeviceAgent:
 
     # ---- life ----------------------------------------------------------------------------------
     def start(self) -> "DeviceAgent":
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        from agent.lifecycle.perms import harden
+
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        harden(self.state_dir)  # 0700 / 0600 whatever the umask it was created under
         if self.use_lock:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
@@ -117,7 +122,7 @@ class DeviceAgent:
         self.target = _target(self.config.target, self.profile)
         if self.target is not None and not self.step_config.serving:
             self.step_config.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
-        self.store = ContentStore(self.state_dir)
+        self.store = ContentStore(self.state_dir, file_mode=0o600)
         serving = self.config.serving
         if self.step_config.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
             self.step_config.probation_s = serving.probation_s
@@ -138,10 +143,26 @@ class DeviceAgent:
             config=self.step_config,
         )
         self.steps.qualifier = self.qualifier
+        self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self._on_transition]
         )
+        if self.config.mqtt is not None:  # the port exists before recovery: resumed downloads wait for it
+            from agent.lifecycle.mqttmode import MqttSource
+
+            self.link = MqttSource(
+                self.config,
+                self.state_dir,
+                self.store,
+                self.steps.slots,
+                submit=self.orchestrator.submit,
+                seen=self.orchestrator.seen,
+                on_connection=self._on_connection,
+                on_rejected=self._on_rejected,
+                stall_s=self.step_config.stall_s,
+            )
+            self.steps.add_source(self.link)
         self._start_telemetry()
 
     def stop(self, drain_timeout: float = 10.0) -> None:
@@ -255,9 +276,29 @@ class DeviceAgent:
             self.health_source = self.telemetry.collect
 
     def _start_mqtt(self) -> None:
-        from agent.lifecycle.mqttmode import MqttMode
+        self.link.start()
 
-        self.link = MqttMode(self).start()
+    def _on_connection(self, connected: bool, reason: str) -> None:
+        self._emit({"event": "mqtt", "connected": connected, "reason": reason})
+        if connected:
+            self.orchestrator.source_up("manifest")
+            self.write_status()
+
+    def _on_rejected(self, record: dict[str, Any]) -> None:
+        """A desired state refused before the lifecycle saw it: logged, reported as an event, in status."""
+        self._emit({"event": "rejected", **record})
+        self.link.publish_event(
+            {
+                "deployment_id": None,
+                "model": record["model"],
+                "version": record.get("version"),
+                "state": "rejected",
+                "reason": record.get("reason"),
+                "code": record.get("code"),
+                "ts": record.get("ts"),
+            }
+        )
+        self._status_dirty = True
 
     # ---- the loop: inbox, control requests, MQTT desired state, watchdog, health -----------------
     def _loop(self) -> None:
@@ -278,28 +319,12 @@ class DeviceAgent:
             return
         with self.orchestrator.exclusive():
             claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
-            self._submit_inbox(Path(inbox), claimed)
-
-    def _submit_inbox(self, inbox: Path, claimed: set) -> None:
-        for model_dir in sorted(inbox.iterdir()):
-            if model_dir.name.startswith(".") or not model_dir.is_dir():
-                continue
-            for version_dir in sorted(model_dir.iterdir()):
-                if version_dir.name.startswith(".") or not version_dir.is_dir() or str(version_dir) in claimed:
-                    continue
-                if not (NAME_RE.match(model_dir.name) and NAME_RE.match(version_dir.name)):
-                    self._warn_once(
-                        str(version_dir),
-                        "inbox entry ignored: model and version directory names "
-                        "must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}",
-                    )
-                    continue
-                self.orchestrator.submit(model_dir.name, version_dir.name, {"kind": "inbox", "path": str(version_dir)})
-
-    def _warn_once(self, key: str, reason: str) -> None:
-        if key not in self._inbox_warned:
-            self._inbox_warned.add(key)
-            self._emit({"event": "warning", "path": key, "reason": reason})
+            self.steps.sources["inbox"].scan(
+                Path(inbox),
+                claimed,
+                self.orchestrator.submit,
+                lambda path, reason: self._emit({"event": "warning", "path": path, "reason": reason}),
+            )
 
     def _scan_control(self) -> None:
         for req_id, req in control.pending(self.state_dir):
@@ -345,6 +370,9 @@ class DeviceAgent:
     def _poll_link(self) -> None:
         if self.link is not None:
             self.link.poll()
+            if self._status_dirty:
+                self._status_dirty = False
+                self.write_status()
 
     def _health(self) -> None:
         interval = self.config.telemetry.interval_s
@@ -355,8 +383,12 @@ class DeviceAgent:
 
     def _health_doc(self) -> dict[str, Any]:
         if self.health_source is not None:
-            return self.health_source()
-        return {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
+            doc = dict(self.health_source())
+        else:
+            doc = {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
+        if self.disk_full is not None:
+            doc["disk_full"] = self.disk_full
+        return doc
 
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -368,6 +400,12 @@ class DeviceAgent:
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
             "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
         }
+        if self.disk_full is not None:
+            extra["disk_full"] = self.disk_full
+        if self._retrying:
+            extra["retrying"] = dict(self._retrying)
+        if self.link is not None:
+            extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(
             self.state_dir,
             device_id=self.config.device_id,
@@ -377,6 +415,7 @@ class DeviceAgent:
             providers=self._providers(),
             registry=self.registry,
             unavailable=self.steps.unavailable,
+            notes=self.steps.notes,
             extra=extra,
             stale=self.steps.stale,
         )
@@ -421,12 +460,31 @@ class DeviceAgent:
             doc = self.status()
             if self._closed:
                 return doc  # stopped: the state_dir may belong to a successor already
-            atomic_write_json(status_path(self.state_dir), doc)
+            self._write_status_file(doc)
             if self.link is not None:
                 self.link.publish_status(doc)
             if self.notifier is not None:
                 self.notifier.status(self._one_line())
             return doc
+
+    def _write_status_file(self, doc: dict[str, Any]) -> None:
+        """status.json; a full disk degrades (keep serving, `disk_full` in status and health), never stops us."""
+        try:
+            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            first = self.disk_full is None
+            self.disk_full = f"{self.state_dir}: {exc.strerror} (status.json not written; serving goes on)"
+            doc["disk_full"] = self.disk_full
+            if first:
+                self._emit({"event": "warning", "reason": self.disk_full, "disk_full": True})
+            return
+        if self.disk_full is not None:
+            self.disk_full = None
+            doc.pop("disk_full", None)
+            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
+            self._emit({"event": "disk_ok", "reason": "status.json written again"})
 
     def _one_line(self) -> str:
         models = self.registry.models() if self.registry is not None else {}
@@ -434,8 +492,14 @@ class DeviceAgent:
 
     def _on_transition(self, record: dict[str, Any]) -> None:
         self._emit({"event": "progress" if "progress" in record else "transition", **record})
+        if record.get("progress") == "retry":  # a transient failure being retried: status keeps the reason
+            keep = ("deployment_id", "version", "attempt", "wait_s", "reason", "ts")
+            self._retrying[record["model"]] = {k: record.get(k) for k in keep}
+            self.write_status()
+            return
         if "progress" in record:
             return
+        self._retrying.pop(record.get("model"), None)
         if self.link is not None:
             self.link.publish_event(record)
         self.write_status()

@@ -53,6 +53,7 @@ class MqttConfig:
 @dataclass(frozen=True)
 class TrustConfig:
     public_keys: tuple[Path, ...] = ()
+    max_skew_s: float = 300.0  # an issue time further ahead of the device clock is refused as future-dated
 
 
 @dataclass(frozen=True)
@@ -302,13 +303,14 @@ def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
 
 
 def _trust(v: "_Validator", raw: Any) -> TrustConfig:
-    t = v.mapping(raw if raw is not None else {}, "trust", ("public_keys",))
+    t = v.mapping(raw if raw is not None else {}, "trust", ("public_keys", "max_skew_s"))
     keys = t.get("public_keys") or []
     if isinstance(keys, str):
         keys = [keys]
     if not isinstance(keys, list):
         raise ConfigError(f"trust.public_keys: expected a list of file paths, got {_show(keys)}")
-    return TrustConfig(tuple(v.path(k, f"trust.public_keys[{i}]") for i, k in enumerate(keys)))
+    skew = v.number(t["max_skew_s"], "trust.max_skew_s", 0, 7 * 86400) if "max_skew_s" in t else 300.0
+    return TrustConfig(tuple(v.path(k, f"trust.public_keys[{i}]") for i, k in enumerate(keys)), skew)
 
 
 def _serving(v: "_Validator", raw: Any) -> ServingConfig:

@@ -78,3 +78,32 @@ def _pull(
     return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes, progress=progress).pull(
         manifest, src.url
     )
+
+
+PERMANENT_MARKERS = (
+    "does not match the manifest's sha256",  # tampered or corrupt source (http chunk)
+    "failed its sha256 check",  # the same over MQTT
+    "sha256 mismatch",
+    "manifest says",  # the assembled file differs from the manifest
+    "not enough disk",
+    "names no usable source",
+    "has no http source",
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Will trying the same pull again later plausibly work? Stalls, broker or server gone, connection refused,
+    HTTP 5xx/404/408/429: yes. A hash mismatch, no disk space, no usable source, other HTTP 4xx: no."""
+    from agent.errors import TransportError
+
+    if isinstance(exc, TransportError):
+        return True
+    if not isinstance(exc, ArtifactError):
+        return isinstance(exc, OSError)
+    text = str(exc)
+    if any(m in text for m in PERMANENT_MARKERS):
+        return False
+    for code in ("400", "401", "403", "405", "410", "416"):
+        if f"HTTP {code}" in text:
+            return False
+    return True

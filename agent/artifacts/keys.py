@@ -107,3 +107,44 @@ def trusted_keys(keys) -> dict[str, object]:
             pub = k
         out[key_id(pub)] = pub
     return out
+
+
+DEVICE_KEY_NAME, DEVICE_PUB_NAME = "device.key", "device.pub"
+
+
+def device_key(state_dir: str | os.PathLike, create: bool = True):
+    """The device's own Ed25519 key (state_dir/device.key, 0600; device.pub beside it), made on first use
+    (`edge-agent keys device` at install). It signs the device's status and events; its public key is
+    registered with the control plane (`edge-agent fleet register`). None when absent and create=False."""
+    root = Path(state_dir)
+    path = root / DEVICE_KEY_NAME
+    if path.exists():
+        return load_private_key(path)
+    if not create:
+        return None
+    s = _ser()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    priv = _ed().Ed25519PrivateKey.generate()
+    pem = priv.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
+    tmp = root / f".{DEVICE_KEY_NAME}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # never replaces a key another process made meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    key = load_private_key(path)
+    pub = key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo)
+    (root / DEVICE_PUB_NAME).write_bytes(pub)
+    os.chmod(root / DEVICE_PUB_NAME, 0o600)
+    return key
+
+
+def public_pem(public_key) -> str:
+    s = _ser()
+    return public_key.public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo).decode()

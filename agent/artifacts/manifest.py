@@ -45,7 +45,7 @@ ARTIFACT_KEYS = {"sha256", "size", "chunk_size", "chunks", "format"}
 
 class ManifestRejected(ManifestError):
     """A refused manifest. `code` is one of: malformed, unsigned, untrusted-key, bad-signature, invalid-name,
-    expired, not-targeted, downgrade, too-large, no-space. `model`/`version` are best-effort (unverified)."""
+    expired, future-dated, not-targeted, downgrade, too-large, no-space. `model`/`version` are best-effort (unverified)."""
 
     def __init__(self, code: str, reason: str, model: str | None = None, version: str | None = None):
         super().__init__(f"manifest rejected ({code}): {reason}")
@@ -373,6 +373,7 @@ def receive(
     now: float | None = None,
     max_artifact_bytes: int | None = None,
     free_bytes: int | None = None,
+    max_skew_s: float | None = None,
 ) -> Manifest:
     """Verify an envelope before any download; return the Manifest or raise ManifestRejected.
 
@@ -405,6 +406,7 @@ def receive(
         now=now,
         max_artifact_bytes=max_artifact_bytes,
         free_bytes=free_bytes,
+        max_skew_s=max_skew_s,
     )
 
 
@@ -417,12 +419,22 @@ def check_policy(
     now: float | None = None,
     max_artifact_bytes: int | None = None,
     free_bytes: int | None = None,
+    max_skew_s: float | None = None,
 ) -> Manifest:
-    """The device-side rules that do not need the signature: expiry, targeting, downgrade, size."""
+    """The device-side rules that do not need the signature: expiry, issue time (at most `max_skew_s` ahead of
+    the device clock, when given), targeting, downgrade, size."""
     now = time.time() if now is None else now
     if now >= m.expires_at:
         raise ManifestRejected(
             "expired", f"expired at {_iso(m.expires_at)} (device time {_iso(now)})", m.name, m.version
+        )
+    if max_skew_s is not None and m.issued_at > now + max_skew_s:
+        raise ManifestRejected(
+            "future-dated",
+            f"issued at {_iso(m.issued_at)}, {m.issued_at - now:.0f} s ahead of the device clock ({_iso(now)}); "
+            f"at most {max_skew_s:.0f} s of clock skew is accepted (fix the control plane's clock and push again)",
+            m.name,
+            m.version,
         )
     if device_id is not None and not m.targets(device_id, groups):
         raise ManifestRejected(

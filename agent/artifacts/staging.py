@@ -211,3 +211,14 @@ class Staging:
         if self._bg_error is not None and not isinstance(self._bg_error, OSError):
             raise self._bg_error
         return self.store.commit_part(self.artifact.sha256, self.artifact.size, verified_sha=actual)
+
+
+def persisted_chunks(store: ContentStore, sha256: str) -> int:
+    """How many chunks of a pull in progress the persisted bitmap records (0 when none): a cheap progress mark
+    (recovery tells a download that advanced between two crashes from a crash loop)."""
+    try:
+        saved = read_json(store.bitmap_path(sha256))
+        bits = base64.b64decode(saved.get("have", "")) if isinstance(saved, dict) else b""
+    except (OSError, ValueError, TypeError):
+        return 0
+    return sum(bin(b).count("1") for b in bits)

@@ -49,8 +49,10 @@ STALE_TEMP_S = 3600  # a put.* temp file older than this was left by a crash
 class ContentStore:
     """root/blobs/sha256/<hex> (immutable, verified) and root/staging/<hex>.part + .bitmap (resumable)."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, file_mode: int = 0o644):
+        """file_mode: of the blobs (a device's state_dir store uses 0600; a control plane's may be served)."""
         self.root = Path(root)
+        self.file_mode = file_mode
         self.blobs = self.root / "blobs" / "sha256"
         self.staging = self.root / "staging"
         try:
@@ -87,7 +89,7 @@ class ContentStore:
             if self.has(sha):
                 os.unlink(tmp)
             else:
-                os.chmod(tmp, 0o644)
+                os.chmod(tmp, self.file_mode)
                 atomic_move(tmp, self.path(sha))
             return sha
         except OSError as exc:
@@ -159,7 +161,7 @@ class ContentStore:
                 f"assembled artifact has sha256 {actual[:16]}... ({size} bytes), manifest says "
                 f"{sha256[:16]}... ({expected_size} bytes): discarded"
             )
-        os.chmod(part, 0o644)
+        os.chmod(part, self.file_mode)
         atomic_move(part, self.path(sha256))
         _unlink(self.bitmap_path(sha256))
         return self.path(sha256)

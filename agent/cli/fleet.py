@@ -18,6 +18,7 @@ FLEET_COMMANDS = {
     "rollout": ("agent.cli.fleet_rollout:rollout", "Cohort-aware canary rollout with automatic halt."),
     "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
     "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
+    "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
 }
 
 
@@ -166,12 +167,19 @@ def serve(store, workers, http_bind, **kw):
 
 @click.command()
 @broker_options
+@click.option(
+    "--store", type=click.Path(file_okay=False), help="Control-plane store whose registry.json verifies reports."
+)
+@click.option("--registry", "registry_file", type=click.Path(dir_okay=False), help="Device registry file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def status(as_json, **kw):
-    """One row per device: online, models (version, provider, state), last deployment result and reason."""
+def status(as_json, store, registry_file, **kw):
+    """One row per device: online, models (version, provider, state), last deployment result and reason;
+    `trust` says whether the report is signed by the device's registered key."""
+    from agent.fleet.registry import DeviceRegistry, registry_for_store
     from agent.fleet.status import fleet_status
 
-    doc = fleet_status(broker_config(kw), kw["prefix"])
+    registry = DeviceRegistry.load(registry_file) if registry_file else registry_for_store(store)
+    doc = fleet_status(broker_config(kw), kw["prefix"], registry=registry)
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -202,3 +210,31 @@ def status(as_json, **kw):
     click.echo(f"{doc['online']}/{doc['count']} online")
     if rollouts:
         click.echo(rollouts)
+
+
+@click.command()
+@click.argument("device_id")
+@click.option(
+    "--public-key", "public_key", required=True, type=click.Path(dir_okay=False, exists=True), help="device.pub"
+)
+@click.option("--group", "groups", multiple=True, metavar="G", help="Group the device belongs to (repeatable).")
+@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (registry.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def register(device_id, public_key, groups, store, as_json):
+    """Add or replace DEVICE_ID in STORE/registry.json: its public key (from `edge-agent keys device`) and its
+    groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here."""
+    from pathlib import Path
+
+    from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+
+    path = Path(store) / REGISTRY_NAME
+    Path(store).mkdir(parents=True, exist_ok=True)
+    reg = DeviceRegistry.load(path)
+    entry = reg.register(device_id, Path(public_key).read_text(), groups)
+    reg.save(path)
+    doc = {"device_id": device_id, "key_id": entry["key_id"], "groups": entry["groups"], "registry": str(path)}
+    click.echo(
+        json.dumps(doc)
+        if as_json
+        else f"registered {device_id} (key {entry['key_id']}, groups {entry['groups']}) in {path}"
+    )

@@ -41,3 +41,27 @@ def show(public_key, as_json):
 
     doc = {"key_id": key_id(pub), "raw_base64": base64.b64encode(raw_public_bytes(pub)).decode()}
     click.echo(json.dumps(doc) if as_json else f"key id {doc['key_id']} (raw {doc['raw_base64']})")
+
+
+@keys.command()
+@click.option("--config", "config_path", default="/etc/edge-agent/agent.yaml", show_default=True, help="Agent config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def device(config_path, as_json):
+    """Create (once) this device's own key in state_dir/device.key and print its public key: register it with
+    the control plane (`edge-agent fleet register DEVICE --public-key FILE --group G --store STORE`)."""
+    from agent.artifacts.keys import DEVICE_PUB_NAME, device_key, key_id, public_pem
+    from agent.config import load_config
+
+    cfg = load_config(config_path, check_files=False)
+    pub = device_key(cfg.state_dir).public_key()
+    doc = {
+        "device_id": cfg.device_id,
+        "key_id": key_id(pub),
+        "public_key": public_pem(pub),
+        "public_key_file": str(cfg.state_dir / DEVICE_PUB_NAME),
+    }
+    if as_json:
+        click.echo(json.dumps(doc))
+    else:
+        click.echo(f"device {doc['device_id']}: key id {doc['key_id']}; public key in {doc['public_key_file']}")
+        click.echo(doc["public_key"], nl=False)

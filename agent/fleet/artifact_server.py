@@ -128,6 +128,8 @@ class ArtifactServer:
     def _serve(self, device: str, req: chunks.ChunkRequest, received: float, infos: collections.deque) -> None:
         reply = self.topics.artifacts(device)
         for n, index in enumerate(req.indices):
+            if self._stop.is_set():
+                return  # stopping: the device asks again (another server, or this one restarted)
             if self._gone.get(device, -1.0) > received:
                 self.stats["cancelled"] += len(req.indices) - n  # the device died after asking: nobody listens
                 return
@@ -137,7 +139,12 @@ class ArtifactServer:
                 continue
             body = self._answer(req, index)
             while len(infos) >= self.max_outstanding:
-                infos.popleft().wait_for_publish(10)
+                try:
+                    infos.popleft().wait_for_publish(10)
+                except (RuntimeError, ValueError):  # the broker went away: this worker lives on; devices re-ask
+                    self.stats["publish_errors"] += 1
+                    infos.clear()
+                    return
             try:
                 infos.append(self.link.publish(reply, body, qos=1))
             except (TransportError, ValueError, RuntimeError):  # queue full or link down: the device retries

@@ -13,7 +13,9 @@ from pathlib import Path
 from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
-from agent.fleet.status import TERMINAL_BAD, FleetWatch
+from agent.fleet.outcome import device_outcome, same_version
+from agent.fleet.registry import registry_for_store
+from agent.fleet.status import BELIEVED, NO_REGISTRY, TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
 
@@ -170,7 +172,9 @@ def push(
         "rollback": rollback,
         "waited": wait is not None,
     }
-    with FleetWatch(broker, prefix, events=wait is not None) as watch:
+    registry = registry_for_store(store)
+    doc["registry"] = str(registry.path) if registry is not None else None
+    with FleetWatch(broker, prefix, events=wait is not None, registry=registry) as watch:
         _check_monotonic(watch, topics, manifest, 15.0)
         baseline = {dev: _dep_key(d, name) for dev, d in watch.status.items()}
         infos = [watch.link.publish(t, envelope, qos=1, retain=True) for t in topics]
@@ -192,23 +196,7 @@ def _dep_key(status: dict, name: str):
 
 def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[str, str]:
     """(result, reason) of one device for one pushed version: committed, failed/rejected/rolled_back, pending."""
-    model = (status.get("models") or {}).get(name)
-    if isinstance(model, dict) and _same(model.get("version"), version) and model.get("state") == "committed":
-        return "committed", ""
-    dep = (status.get("deployments") or {}).get(name)
-    if fresh and isinstance(dep, dict) and _same(dep.get("version"), version):
-        result = dep.get("result") or dep.get("state")
-        if result in TERMINAL_BAD:
-            return result, str(dep.get("reason") or result)
-        return "pending", f"state {dep.get('state')}"
-    return "pending", "online, not started" if status.get("online") else "offline"
-
-
-def _same(a, b) -> bool:
-    try:
-        return compare_versions(str(a), str(b)) == 0
-    except ManifestError:
-        return False
+    return device_outcome(status, name, version, fresh=fresh)
 
 
 def wait_for_devices(
@@ -216,6 +204,10 @@ def wait_for_devices(
 ) -> dict[str, dict]:
     """Wait until each targeted device is committed or has failed; pending devices time out with their state."""
     results: dict[str, dict] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
+    if watch.registry is not None:  # group members come from the registry, never from a device's claim
+        for g in groups:
+            for dev in watch.registry.members(g):
+                results.setdefault(dev, {"result": "pending", "reason": "no status yet"})
     deadline = time.monotonic() + timeout
     while True:
         for kind, dev, doc in watch.drain(timeout=0.5):
@@ -224,7 +216,7 @@ def wait_for_devices(
                 kind == "events"
                 and member
                 and doc.get("model") == name
-                and _same(doc.get("version"), version)
+                and same_version(doc.get("version"), version)
                 and doc.get("state") in TERMINAL_BAD
             ):
                 results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
@@ -233,6 +225,9 @@ def wait_for_devices(
             if dev not in results and not set(groups) & set(status.get("groups") or []):
                 continue
             if results.get(dev, {}).get("result") not in (None, "pending"):
+                continue
+            if status.get("trust", NO_REGISTRY) not in BELIEVED:
+                results[dev] = {"result": "pending", "reason": f"report {status.get('trust')}: not counted"}
                 continue
             result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
             if results.get(dev, {}).get("result") != result and result != "pending":

@@ -15,12 +15,12 @@ from agent.transport.topics import Topics
 class FleetLink:
     """The engine's link: agent.fleet.status.FleetWatch (live retained status) plus retained QoS 1 publishes."""
 
-    def __init__(self, broker: BrokerConfig | str, prefix: str = "edge"):
+    def __init__(self, broker: BrokerConfig | str, prefix: str = "edge", registry=None):
         from agent.fleet.status import FleetWatch
 
         broker = BrokerConfig(broker) if isinstance(broker, str) else broker
         self.topics = Topics(prefix)
-        self.watch = FleetWatch(broker, prefix)
+        self.watch = FleetWatch(broker, prefix, registry=registry)
         self._infos: list[Any] = []
 
     def __enter__(self) -> "FleetLink":

@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
+from agent.fleet.registry import registry_for_store
 from agent.fleet.rollout import RolloutEngine, open_rollout
 from agent.fleet.rollout_link import FleetLink, ManifestIssuer, base_manifest
 from agent.fleet.rollout_plan import RolloutSpec, check_name, check_version, select_devices
@@ -105,7 +106,7 @@ def run_rollout(
     Path(store).mkdir(parents=True, exist_ok=True)
     artifact = _push().store_package(package, store, chunk_size)
     sources = _sources(artifact, http_url, http_only)
-    with FleetLink(broker, prefix) as link:
+    with FleetLink(broker, prefix, registry=registry_for_store(store)) as link:
         extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
         state, resumed = open_rollout(
             store,
@@ -159,7 +160,7 @@ def run_rollback(
         check_version(version)
     key = load_private_key(key_file)
     rows, manifests = [], {}
-    with FleetLink(broker, prefix) as link:
+    with FleetLink(broker, prefix, registry=registry_for_store(store)) as link:
         statuses = link.statuses()
         targets = [check_name(device, "--device")] if device else select_devices(statuses, check_name(group, "--group"))
         if not targets:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
+from agent.fleet.outcome import BAD_STATES, COMMITTED, device_outcome, same_version
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.util.atomic import atomic_write_json, read_json
 
@@ -20,7 +21,6 @@ DEVICE_FINAL = {SUCCEEDED, FAILED, ROLLED_BACK, ROLLBACK_FAILED, CANCELLED, NOT_
 # Cohort and rollout states.
 RUNNING, ROLLING_BACK, COMPLETED, HALTED, PARTIAL = "running", "rolling_back", "completed", "halted", "partial"
 ROLLOUT_FINAL = {COMPLETED, HALTED, PARTIAL}
-FAILED_DEPLOY_STATES = {"failed", "rejected", "rolled_back"}
 
 
 def rollouts_dir(store: str | Path) -> Path:
@@ -86,25 +86,18 @@ def list_states(store: str | Path) -> list[dict]:
 
 def observe(doc: dict | None, name: str, version: str) -> tuple[str | None, str | None]:
     """What a device's retained status says about (name, version): (SUCCEEDED|FAILED|None, reason)."""
-    if not isinstance(doc, dict):
-        return None, None
-    model = (doc.get("models") or {}).get(name) or {}
-    dep = (doc.get("deployments") or {}).get(name) or {}
-    if not isinstance(model, dict) or not isinstance(dep, dict):
-        return None, None
-    if dep.get("version") == version:
-        outcome = dep.get("result") or dep.get("state")
-        if outcome in FAILED_DEPLOY_STATES or dep.get("state") in FAILED_DEPLOY_STATES:
-            return FAILED, f"{dep.get('state') or outcome}: {dep.get('reason') or 'no reason given'}"
-    if model.get("version") == version and model.get("state", "committed") == "committed":
-        return SUCCEEDED, f"committed on {model.get('provider') or '?'}"
+    result, reason = device_outcome(doc, name, version)
+    if result == COMMITTED:
+        return SUCCEEDED, reason
+    if result in BAD_STATES:
+        return FAILED, f"{result}: {reason}"
     return None, None
 
 
 def holds(doc: dict | None, name: str, version: str | None) -> bool:
     """Does the device currently run (committed or on probation) this version of the model?"""
     model = ((doc or {}).get("models") or {}).get(name) if isinstance(doc, dict) else None
-    return isinstance(model, dict) and version is not None and model.get("version") == version
+    return isinstance(model, dict) and same_version(model.get("version"), version)
 
 
 def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:

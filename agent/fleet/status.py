@@ -13,13 +13,20 @@ from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
 
 TERMINAL_BAD = ("failed", "rejected", "rolled_back")
+NO_REGISTRY = "unverified (no device registry)"
+UNTRUSTED_EVENT = "untrusted event"
+BELIEVED = ("verified", NO_REGISTRY)  # a report in another trust state never counts as success
 
 
 class FleetWatch:
     """Subscribes to every device's retained status (and events); `sync()` returns once the retained
     flood has arrived (a marker published by us comes back after it: one client's packets stay in order)."""
 
-    def __init__(self, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, events: bool = False):
+    def __init__(self, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, events: bool = False, registry=None):
+        """registry: agent.fleet.registry.DeviceRegistry; every report is verified against it (its `trust`
+        set, groups taken from it, an unverified report's claims set aside; unverified events dropped).
+        Without one, reports carry trust "unverified (no device registry)"."""
+        self.registry = registry
         self.topics = Topics(prefix)
         self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
         self.status: dict[str, dict] = {}
@@ -82,14 +89,24 @@ class FleetWatch:
                 else:
                     self.rollouts[parsed.rollout] = doc
                 continue
+            if doc is not None:
+                doc = self._believe(parsed.kind, parsed.device, doc)
             if parsed.kind == "status":
                 if doc is None:
                     self.status.pop(parsed.device, None)  # cleared or unreadable status
                     continue
                 doc.setdefault("device_id", parsed.device)
                 self.status[parsed.device] = doc
-            if doc is not None:
+            if doc is not None and (parsed.kind == "status" or doc.get("trust") != UNTRUSTED_EVENT):
                 out.append((parsed.kind, parsed.device, doc))
+
+    def _believe(self, kind: str, device: str, doc: dict) -> dict:
+        if self.registry is None:
+            return dict(doc, trust=NO_REGISTRY)
+        out = self.registry.apply(device, doc)
+        if kind == "events" and out["trust"] != "verified":
+            out["trust"] = UNTRUSTED_EVENT  # not handed on: an unverified event decides nothing
+        return out
 
 
 def _json(payload: bytes) -> dict | None:
@@ -122,12 +139,15 @@ def device_row(device_id: str, doc: dict) -> dict:
         },
         "deployments": deployments,
         "last_deployment": last,
+        "trust": doc.get("trust"),
+        **({"unverified_claims": doc["unverified_claims"]} if "unverified_claims" in doc else {}),
     }
 
 
-def fleet_status(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0) -> dict:
-    """{"devices": [row, ...]} sorted by device id, from the retained status topics."""
-    with FleetWatch(broker, prefix) as watch:
+def fleet_status(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0, registry=None) -> dict:
+    """{"devices": [row, ...]} sorted by device id, from the retained status topics (verified against
+    `registry` when given: each row's `trust` says how far to believe it)."""
+    with FleetWatch(broker, prefix, registry=registry) as watch:
         rows = [device_row(dev, doc) for dev, doc in sorted(watch.status.items())]
         rollouts = [watch.rollouts[k] for k in sorted(watch.rollouts)]
     return {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"]), "rollouts": rollouts}

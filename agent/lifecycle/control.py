@@ -31,7 +31,7 @@ class StateLock:
 
     def acquire(self, grace_s: float = PROBE_GRACE_S) -> "StateLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         end = time.monotonic() + grace_s
         while True:
             try:
@@ -46,8 +46,11 @@ class StateLock:
                 raise LifecycleError(
                     f"state_dir {self.path.parent} is in use by another edge-agent (pid {holder or 'unknown'})"
                 ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # a full disk: the pid is informational, the flock is what counts
         self._fd = fd
         return self
 
@@ -91,7 +94,7 @@ def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args
         raise LifecycleError(f"unknown control operation {op!r}")
     root = Path(state_dir) / "control"
     req_id = f"{time.time_ns()}-{secrets.token_hex(3)}"
-    atomic_write_json(root / f"{req_id}.req.json", {"op": op, "ts": time.time(), **args})
+    atomic_write_json(root / f"{req_id}.req.json", {"op": op, "ts": time.time(), **args}, mode=0o600)
     done = root / f"{req_id}.done.json"
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -127,7 +130,7 @@ def expired(req: dict[str, Any], now: float | None = None) -> bool:
 
 def answer(state_dir: str | os.PathLike, req_id: str, result: dict[str, Any]) -> None:
     root = Path(state_dir) / "control"
-    atomic_write_json(root / f"{req_id}.done.json", result)
+    atomic_write_json(root / f"{req_id}.done.json", result, mode=0o600)
     (root / f"{req_id}.req.json").unlink(missing_ok=True)
 
 

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from agent.errors import LifecycleError
+from agent.lifecycle import integrity
 from agent.lifecycle.journal import Journal, check_history
 from agent.lifecycle.slots import ModelSlots
 
@@ -22,7 +24,13 @@ def check_state_dir(state_dir: str | os.PathLike, *, rehash: bool = True) -> lis
             problems.append(f"{p.name}: unreadable journal record: {exc}")
     for dep in journal.all():
         problems += check_history(dep)
-    for name, slots in ModelSlots(state_dir).all().items():
+    ms = ModelSlots(state_dir)
+    for name in ms.names():
+        try:
+            slots = ms.get(name)
+        except LifecycleError as exc:
+            problems.append(str(exc))  # names the file
+            continue
         for which in ("committed", "previous"):
             entry = slots[which]
             if entry:
@@ -43,4 +51,7 @@ def _check_entry(state_dir: Path, name: str, which: str, entry: dict, rehash: bo
     model = entry.get("model_path")
     if model and not Path(model).is_file():
         return [f"{where}: unpacked model {model} is missing (it is rebuilt from the blob on activation)"]
+    pkg = entry.get("package_dir") or (str(Path(model).parent) if model else None)
+    if pkg and rehash:
+        return [f"{where}: {p}" for p in integrity.check(pkg, entry.get("model_sha256"), model, restamp=False)]
     return []

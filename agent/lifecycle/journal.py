@@ -144,7 +144,7 @@ class Journal:
             if self._closed:
                 raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): {dep.id} not written")
             dep.updated = time.time()
-            atomic_write_json(self.path(dep.id), dep.to_dict())
+            atomic_write_json(self.path(dep.id), dep.to_dict(), mode=0o600)
 
     def apply(self, dep: Deployment, event: str, reason: str | None = None, **data: Any) -> State:
         """Move `dep` along the table and persist it before the caller acts on the new state. When the write
@@ -212,8 +212,9 @@ class Journal:
                 out[d.model] = d
         return out
 
-    def prune(self, keep_per_model: int = 20) -> int:
-        """Delete the oldest terminal records beyond `keep_per_model` per model."""
+    def prune(self, keep_per_model: int = 20, keep_ids: set[str] | None = None) -> int:
+        """Delete the oldest terminal records beyond `keep_per_model` per model (never those in `keep_ids`: the
+        records the slots point at, from which a damaged slots.json is rebuilt)."""
         by_model: dict[str, list[Deployment]] = {}
         for d in self.all():
             if d.terminal:
@@ -221,6 +222,8 @@ class Journal:
         removed = 0
         for deps in by_model.values():
             for d in deps[:-keep_per_model] if len(deps) > keep_per_model else []:
+                if keep_ids and d.id in keep_ids:
+                    continue
                 self.path(d.id).unlink(missing_ok=True)
                 removed += 1
         return removed

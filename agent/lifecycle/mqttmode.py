@@ -1,110 +1,194 @@
-"""MQTT mode of the daemon: desired state in (signed manifests), artifact pull, events and retained status out."""
+"""MqttSource: the MQTT DeploymentSource (verified desired state in, artifact pull) and the device's reporting out.
+
+Every retained desired-state message is verified completely (lifecycle.desired) before the orchestrator sees
+it: a forged, unsigned, untrusted, expired, untargeted or future-dated envelope is reported as rejected and
+changes nothing that runs. Downloads retry transient failures (broker or artifact server gone, stalls) with
+backoff and jitter until the manifest expires or the state's deadline passes.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import collections
 import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
-from agent.lifecycle.journal import NAME_RE, Deployment
+from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
+from agent.lifecycle.journal import Deployment
+from agent.lifecycle.retry import retry_transient
+
+MAX_REJECTED = 64  # models whose last rejection the status document keeps
+REPORTED_MEMORY = 4096  # (model, scope, digest) rejections already reported (each is reported once)
+
+Submit = Callable[..., Any]
 
 
-class MqttMode:
-    """Glue between a DeviceAgent's orchestrator and a transport.device.DeviceLink."""
+class MqttSource:
+    """kind "manifest": owns the DeviceLink, the verified DesiredBook and the pull of manifest artifacts."""
 
-    def __init__(self, agent):
-        from agent.artifacts.keys import trusted_keys
+    kind = "manifest"
+
+    def __init__(
+        self,
+        config,
+        state_dir: Path,
+        store,
+        slots,
+        *,
+        submit: Submit,
+        seen: Callable[[str, str], bool],
+        on_connection: Callable[[bool, str], None],
+        on_rejected: Callable[[dict[str, Any]], None],
+        stall_s: float = 30.0,
+    ):
+        from agent.artifacts.keys import device_key, trusted_keys
         from agent.transport.device import DeviceLink
 
-        cfg, m = agent.config, agent.config.mqtt
+        m = config.mqtt
         tls = m.tls
-        self.agent = agent
-        self.keys = trusted_keys(list(cfg.trust.public_keys))
+        self.config, self.store, self.slots = config, store, slots
+        self.submit, self.seen = submit, seen
+        self.on_connection, self.on_rejected = on_connection, on_rejected
+        self.stall_s = stall_s
+        self.keys = trusted_keys(list(config.trust.public_keys))
+        self.book = DesiredBook(lambda: self.keys, config.device_id, config.groups, max_skew_s=config.trust.max_skew_s)
+        self.rejected: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
+        self._reported: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
+        self._up = False
+        self._last_recheck = time.monotonic()
+        self.ca = _s(tls.ca) if tls else None
         self.link = DeviceLink(
             m.url,
-            cfg.device_id,
-            groups=cfg.groups,
+            config.device_id,
+            groups=config.groups,
             prefix=m.topic_prefix,
             username=m.username,
             password=m.password(),
-            ca=_s(tls.ca) if tls else None,
+            ca=self.ca,
             cert=_s(tls.cert) if tls else None,
             key=_s(tls.key) if tls else None,
-            last_status=_last_status(agent.state_dir),
+            last_status=_last_status(state_dir),
+            raw_desired=True,
+            signer=device_key(state_dir),  # made on first start when `edge-agent keys device` was not run
         )
-        agent.steps.check_manifest = self.check_manifest
-        agent.steps.fetch_manifest = self.fetch_manifest
 
     def reload_keys(self, paths) -> None:
         from agent.artifacts.keys import trusted_keys
 
         self.keys = trusted_keys(list(paths))
 
-    def start(self) -> "MqttMode":
+    def start(self) -> "MqttSource":
         self.link.start()
         return self
 
     def stop(self, graceful: bool = True) -> None:
         self.link.stop(graceful=graceful)
 
-    # ---- loop side -----------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Up once the link has connected (in-flight downloads resume only then; later outages are retried)."""
+        return self._up
+
+    # ---- loop side: verify, resolve, submit ----------------------------------------------------
     def poll(self) -> None:
-        """Turn queued desired-state changes into deployments (called from the agent loop)."""
+        """Drain the link's events (a burst comes coalesced per scope and model), verify, submit the winners."""
+        changed: list[str] = []
+        refused: list[tuple[str, Candidate]] = []
         while True:
             try:
                 ev = self.link.events.get(timeout=0)
             except queue.Empty:
-                return
-            if getattr(ev, "kind", None) == "connection":
-                self.agent._emit({"event": "mqtt", "connected": ev.connected, "reason": ev.reason})
-                if ev.connected:
-                    self.agent.write_status()
+                break
+            if ev.kind == "connection":
+                self._up = self._up or ev.connected
+                self.on_connection(ev.connected, ev.reason)
                 continue
-            if ev.envelope is None:
-                continue  # desired state withdrawn: keep serving what is committed
-            self._desired(ev.model, ev.envelope, ev.source)
+            refused += [(ev.model, c) for c in self.book.update(ev.scope, ev.model, ev.payload, ev.topic)]
+            if ev.model not in changed:
+                changed.append(ev.model)
+        if time.monotonic() - self._last_recheck >= RECHECK_S:
+            self._last_recheck = time.monotonic()
+            again, still = self.book.recheck()
+            changed += [m for m in again if m not in changed]
+            refused += still
+        for model, cand in refused:
+            self._reject(model, cand, cand.rejection)
+        for model in changed:
+            self._resolve(model)
 
-    def _desired(self, model: str, envelope: bytes, source: str) -> None:
-        version = _unverified_version(envelope)
-        digest = hashlib.sha256(envelope).hexdigest()
-        self.agent.orchestrator.submit(
+    def _resolve(self, model: str) -> None:
+        winner = self.book.resolve(model)
+        if winner is None or winner.manifest is None or self.seen(model, winner.digest):
+            return
+        m = winner.manifest
+        committed = self.slots.committed(model) or {}
+        if committed.get("version") == m.version and committed.get("sha256") == m.artifact.sha256:
+            return  # what serves already (its journal record was compacted away)
+        bad = version_order(m, committed.get("version"))
+        if bad is not None:
+            self._reject(model, winner, bad)
+            return
+        self.submit(
             model,
-            version,
-            {"kind": "manifest", "envelope": envelope.decode("utf-8", "replace"), "digest": digest, "from": source},
+            m.version,
+            {
+                "kind": "manifest",
+                "envelope": winner.envelope.decode("utf-8"),
+                "digest": winner.digest,
+                "from": winner.scope,
+            },
+            manifest=m.to_dict(),
+            key_id=m.key_id,
         )
 
-    # ---- lifecycle actions ---------------------------------------------------------------------
-    def check_manifest(self, dep: Deployment) -> None:
-        """RECEIVED: signature, trust, expiry, targeting, downgrade, size; raises act.Rejected."""
+    def _reject(self, model: str, cand: Candidate, exc) -> None:
+        key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        while len(self._reported) > REPORTED_MEMORY:
+            self._reported.popitem(last=False)
+        from agent.artifacts.manifest import rejection_record
+
+        record = {**rejection_record(exc), "model": model, "from": cand.scope, "reason": f"{exc.code}: {exc.reason}"}
+        self.rejected[model] = record
+        self.rejected.move_to_end(model)
+        while len(self.rejected) > MAX_REJECTED:
+            self.rejected.popitem(last=False)
+        self.on_rejected(record)
+
+    # ---- DeploymentSource: RECEIVED and DOWNLOADING --------------------------------------------
+    def check(self, dep: Deployment) -> None:
+        """RECEIVED (also after a restart): verify the envelope again now (time passed, keys may have changed)."""
         from agent.artifacts.manifest import ManifestRejected, receive
 
-        committed = self.agent.steps.slots.committed(dep.model) or {}
+        committed = self.slots.committed(dep.model) or {}
         try:
             m = receive(
                 dep.source["envelope"].encode(),
                 self.keys,
                 committed.get("version"),
-                device_id=self.agent.config.device_id,
-                groups=self.agent.config.groups,
-                free_bytes=self.agent.store.free_bytes(),
+                device_id=self.config.device_id,
+                groups=self.config.groups,
+                free_bytes=self.store.free_bytes(),
+                max_skew_s=self.book.max_skew_s,
             )
         except ManifestRejected as exc:
             raise act.Rejected(f"{exc.code}: {exc.reason}") from None
         except EdgeAgentError as exc:
             raise act.Rejected(f"malformed: {exc}") from None
-        if m.name != dep.model:
-            raise act.Rejected(f"malformed: manifest names model {m.name!r} but was published for {dep.model!r}")
-        if m.version != dep.version:
-            raise act.Rejected(f"malformed: version {m.version!r} differs from the envelope's {dep.version!r}")
+        if m.name != dep.model or m.version != dep.version:
+            raise act.Rejected(f"malformed: manifest {m.name} {m.version} was filed as {dep.model} {dep.version}")
         dep.data["manifest"] = m.to_dict()
         dep.data["key_id"] = m.key_id
 
-    def fetch_manifest(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
-        """DOWNLOADING: resumable pull (MQTT chunks, then http) into the store; progress doubles as the cancel check."""
-        from agent.artifacts.fetch import fetch_artifact
+    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
+        """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
+        retried with backoff and jitter until the manifest expires (or the state's deadline)."""
+        from agent.artifacts.fetch import fetch_artifact, is_transient
         from agent.artifacts.manifest import Manifest
 
         m = Manifest.from_dict(dep.data["manifest"], dep.data.get("key_id"))
@@ -113,9 +197,11 @@ class MqttMode:
             ctx.check()
             ctx.report(event, **fields)
 
-        tls = self.agent.config.mqtt.tls
-        fetch_artifact(m, self.agent.store, link=self.link, progress=progress, ca=_s(tls.ca) if tls else None)
-        if not self.agent.store.has(m.artifact.sha256):
+        def attempt() -> None:
+            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s)
+
+        retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
+        if not self.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
         return {"sha256": m.artifact.sha256, "size": m.artifact.size}
 
@@ -134,15 +220,6 @@ class MqttMode:
             fn(doc)
         except EdgeAgentError:
             pass  # offline: the retained status is republished on reconnect
-
-
-def _unverified_version(envelope: bytes) -> str:
-    """The version to file the deployment under before verification; 'unknown' when unreadable."""
-    try:
-        v = json.loads(envelope)["manifest"]["version"]
-    except Exception:  # noqa: BLE001 - verification rejects it properly
-        return "unknown"
-    return v if isinstance(v, str) and NAME_RE.match(v) else "unknown"
 
 
 def _s(p) -> str | None:

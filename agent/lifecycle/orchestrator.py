@@ -69,15 +69,23 @@ class Orchestrator:
         self._reports: queue.Queue = queue.Queue()
         self._reports_lock = threading.Lock()
         self._reporter: threading.Thread | None = None
+        self._parked: dict[str, Deployment] = {}  # model -> resumed deployment waiting for its source
+        self._digests: dict[tuple[str, str], Deployment] | None = None  # (model, source digest) -> newest record
 
     # ---- start-up ------------------------------------------------------------------------------
     def start(self) -> list[Deployment]:
-        """Serve every committed slot, then resume the journal's in-flight deployments (recovery table)."""
+        """Serve every committed slot, then resume the journal's in-flight deployments (recovery table). One
+        whose next action needs its source (a manifest still to check or download) waits until that source is
+        up (source_up)."""
         self.steps.restore_all()
-        resumed = recover(self.journal, self.slots)
-        for dep in resumed:
-            self._notify(dep)
-            self._schedule(dep)
+        resumed = recover(self.journal, self.slots, self.steps.download_mark)
+        with self._lock:
+            for dep in resumed:
+                self._notify(dep)
+                if self.steps.source_ready(dep):
+                    self._schedule(dep)
+                else:
+                    self._parked[dep.model] = dep
         self._requalify_drifted({d.model for d in resumed})
         return resumed
 
@@ -90,6 +98,17 @@ class Orchestrator:
             source = {"kind": "requalify", "drift": drift, "provider": entry.get("provider")}
             with self._lock:
                 self._schedule(self._create(name, entry["version"], source, sha256=entry["sha256"], fetched=True))
+
+    def source_up(self, kind: str) -> list[Deployment]:
+        """A deployment source became ready: schedule the resumed deployments that waited for it."""
+        with self._lock:
+            if self._stopping:
+                return []
+            go = [d for d in self._parked.values() if d.source.get("kind") == kind]
+            for dep in go:
+                del self._parked[dep.model]
+                self._schedule(dep)
+            return go
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking work and interrupt running steps; what they leave unjournaled, recovery resumes on the next start."""
@@ -115,17 +134,33 @@ class Orchestrator:
     # ---- requests --------------------------------------------------------------------------------
     def submit(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment | None:
         """Journal a new deployment and queue it; a newer one supersedes the model's in-flight one.
-        Returns None for a duplicate of a deployment already seen (same `source.digest`)."""
+
+        A manifest deployment must come verified (data["manifest"], from its DeploymentSource): nothing
+        unverified can supersede. Returns None for a duplicate of a deployment already seen (same
+        `source.digest`), unless that one failed for a transient reason after its retries (`retryable`)."""
         check_name("model name", model)
+        if source.get("kind") == "manifest" and not isinstance(data.get("manifest"), dict):
+            raise LifecycleError(f"{model} {version}: an unverified manifest cannot be submitted")
         digest = source.get("digest")
         with self._lock:
             if self._stopping:
                 raise LifecycleError("the daemon is stopping")
-            if digest and any(d.source.get("digest") == digest for d in self.journal.all() if d.model == model):
+            if digest and self.seen(model, digest):
                 return None
             dep = self._create(model, str(version), source, **data)
             self._schedule(dep)
             return dep
+
+    def seen(self, model: str, digest: str) -> bool:
+        """Was this exact desired state deployed already (and not failed retryably)?"""
+        with self._lock:
+            if self._digests is None:
+                self._digests = {}
+                for d in self.journal.all():
+                    if d.source.get("digest"):
+                        self._digests[(d.model, d.source["digest"])] = d
+            dep = self._digests.get((model, digest))
+            return dep is not None and not (dep.state is State.FAILED and dep.data.get("retryable"))
 
     def cancel(self, target: str, reason: str = "cancelled by operator") -> Deployment | None:
         """Cancel the in-flight deployment of a model (by model name or deployment id)."""
@@ -171,11 +206,19 @@ class Orchestrator:
         return self._lock
 
     def in_flight(self) -> dict[str, Deployment]:
+        """Running deployments per model, and resumed ones waiting for their source."""
         with self._lock:
-            return {n: w.current for n, w in self._workers.items() if w.current is not None and not w.current.terminal}
+            out = {n: d for n, d in self._parked.items() if not d.terminal}
+            out.update(
+                {n: w.current for n, w in self._workers.items() if w.current is not None and not w.current.terminal}
+            )
+            return out
 
     # ---- workers ---------------------------------------------------------------------------------
     def _schedule(self, dep: Deployment) -> None:
+        parked = self._parked.pop(dep.model, None)
+        if parked is not None and parked is not dep:
+            self._finish_unstarted(parked, f"superseded by version {dep.version} ({dep.id})")
         w = self._workers.setdefault(dep.model, _Worker())
         if w.pending is not None:
             self._finish_unstarted(w.pending, f"superseded by version {dep.version} ({dep.id})")
@@ -280,13 +323,20 @@ class Orchestrator:
         except act.Rejected as exc:
             return Event.REJECT, str(exc), {}
         except EdgeAgentError as exc:
-            return Event.FAIL, f"{dep.state.value}: {exc}", {}
+            # retryable: a transient failure that outlasted its retries; the same desired state may be submitted again
+            return (
+                Event.FAIL,
+                f"{dep.state.value}: {exc}",
+                ({"retryable": True} if getattr(exc, "retryable", False) else {}),
+            )
         except Exception as exc:  # noqa: BLE001 - any bug in an action fails the deployment, not the daemon
             return Event.FAIL, f"{dep.state.value}: {type(exc).__name__}: {exc}", {}
 
     # ---- journal + reporting ---------------------------------------------------------------------
     def _create(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment:
         dep = self.journal.create(model, version, source, **data)
+        if self._digests is not None and source.get("digest"):
+            self._digests[(model, source["digest"])] = dep
         self._crash_hook(dep)
         self._notify(dep)
         return dep
@@ -300,6 +350,8 @@ class Orchestrator:
         self.journal.apply(dep, event, reason=reason, **data)
         self._crash_hook(dep)
         if dep.terminal:
+            if self._digests is not None and dep.source.get("digest"):
+                self._digests[(dep.model, dep.source["digest"])] = dep
             self.steps.finished(dep)
         self._notify(dep)
         with self._idle:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.slots import ModelSlots
@@ -21,6 +23,9 @@ RESUME: dict[State, tuple[Event, str]] = {
     ),
 }
 MAX_ATTEMPTS = 3  # entries into one state before recovery gives up (breaks crash loops)
+# deployment -> a progress mark of its download (chunks on disk): a download that advanced since the last resume
+# is no crash loop, whatever killed it
+Progress = Callable[[Deployment], int]
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,11 @@ class Step:
     deployment: Deployment
     event: Event
     reason: str | None
+    data: dict[str, Any] = field(default_factory=dict)
+    fresh_attempts: bool = False  # progress since the last resume: the crash-loop count starts again
 
 
-def plan(journal: Journal, slots: ModelSlots) -> list[Step]:
+def plan(journal: Journal, slots: ModelSlots, progress: Progress | None = None) -> list[Step]:
     """Decide, without side effects, what recovery does with every in-flight deployment."""
     steps: list[Step] = []
     newest: dict[str, Deployment] = {}
@@ -40,7 +47,7 @@ def plan(journal: Journal, slots: ModelSlots) -> list[Step]:
             steps.append(_superseded(older, dep))
         newest[dep.model] = dep
     for dep in newest.values():
-        steps.append(_step(dep, slots))
+        steps.append(_step(dep, slots, progress))
     return steps
 
 
@@ -49,7 +56,7 @@ def _superseded(old: Deployment, new: Deployment) -> Step:
     return Step(old, event, f"superseded by version {new.version} ({new.id})")
 
 
-def _step(dep: Deployment, slots: ModelSlots) -> Step:
+def _step(dep: Deployment, slots: ModelSlots, progress: Progress | None = None) -> Step:
     event, what = RESUME[dep.state]
     if event is Event.INTERRUPTED:
         committed = slots.committed(dep.model) or {}
@@ -58,17 +65,26 @@ def _step(dep: Deployment, slots: ModelSlots) -> Step:
             return Step(dep, Event.FOUND_COMMITTED, None)
         return Step(dep, event, f"daemon restarted during {dep.state.value}; {what}")
     tries = dep.attempts.get(dep.state.value, 0)
+    if dep.state is State.DOWNLOADING and progress is not None:
+        mark = progress(dep)
+        if mark > int(dep.data.get("resume_mark") or 0):
+            return Step(dep, event, None, {"resume_mark": mark}, fresh_attempts=True)
     if tries >= MAX_ATTEMPTS:
         return Step(dep, Event.FAIL, f"interrupted {tries} times in {dep.state.value}; giving up (crash loop)")
     return Step(dep, event, None)
 
 
-def recover(journal: Journal, slots: ModelSlots) -> list[Deployment]:
+def recover(journal: Journal, slots: ModelSlots, progress: Progress | None = None) -> list[Deployment]:
     """Apply the plan to the journal; return the deployments that must continue (non-terminal)."""
     journal.clean_temp()
     resumed = []
-    for step in plan(journal, slots):
-        journal.apply(step.deployment, step.event, reason=step.reason)
+    for step in plan(journal, slots, progress):
+        if step.fresh_attempts:
+            step.deployment.attempts[step.deployment.state.value] = 0
+        try:
+            journal.apply(step.deployment, step.event, reason=step.reason, **step.data)
+        except OSError:
+            continue  # a full disk: it stays journaled as it was; the next start resumes it
         if not step.deployment.terminal:
             resumed.append(step.deployment)
     return resumed

@@ -33,8 +33,24 @@ class ModelSlots:
         return self.root / check_name("model name", name) / "slots.json"
 
     def get(self, name: str) -> dict[str, Any]:
-        data = read_json(self._file(name), default=None) or {}
+        """The two entries; LifecycleError naming the file when it is unreadable (truncated, not JSON)."""
+        path = self._file(name)
+        try:
+            data = read_json(path, default=None) or {}
+        except (ValueError, OSError) as exc:
+            raise LifecycleError(f"{path}: corrupt slots file: {exc}") from None
+        if not isinstance(data, dict) or not all(
+            isinstance(data.get(k), (dict, type(None))) for k in ("committed", "previous")
+        ):
+            raise LifecycleError(f"{path}: corrupt slots file: not a {{committed, previous}} object")
         return {"committed": data.get("committed"), "previous": data.get("previous")}
+
+    def write(self, name: str, slots: dict[str, Any]) -> None:
+        """Replace both entries (a rebuild from the journal)."""
+        with self._lock:
+            atomic_write_json(
+                self._file(name), {"committed": slots.get("committed"), "previous": slots.get("previous")}, mode=0o600
+            )
 
     def committed(self, name: str) -> dict[str, Any] | None:
         return self.get(name)["committed"]
@@ -53,7 +69,7 @@ class ModelSlots:
             old = cur["committed"]
             prev = old if old and old.get("sha256") != entry["sha256"] else cur["previous"]
             new = {"committed": {**entry, "ts": time.time()}, "previous": prev}
-            atomic_write_json(self._file(name), new)
+            atomic_write_json(self._file(name), new, mode=0o600)
             return new
 
     def swap(self, name: str) -> dict[str, Any]:
@@ -63,7 +79,7 @@ class ModelSlots:
             if not cur["previous"]:
                 raise LifecycleError(f"model {name!r} has no previous version to roll back to")
             new = {"committed": cur["previous"], "previous": cur["committed"]}
-            atomic_write_json(self._file(name), new)
+            atomic_write_json(self._file(name), new, mode=0o600)
             return new
 
     def referenced(self) -> set[str]:
@@ -92,7 +108,13 @@ def gc(state_dir: str | os.PathLike, store, keep: set[str]) -> dict[str, int]:
         if not base.is_dir():
             continue
         for d in base.iterdir():
-            if d.name not in keep and not d.name.startswith("."):  # dot names: unpacking in progress
+            if d.name.startswith("."):  # dot names: unpacking in progress
+                continue
+            if d.name.endswith(".files.json"):  # the verified-files record beside packages/<sha>/
+                if d.name[: -len(".files.json")] not in keep:
+                    d.unlink(missing_ok=True)
+                continue
+            if d.name not in keep:
                 shutil.rmtree(d, ignore_errors=True)
                 removed_dirs += 1
     return {

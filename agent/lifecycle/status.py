@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import __version__
+from agent.errors import LifecycleError
 from agent.lifecycle.journal import Journal
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import State
@@ -19,13 +20,19 @@ def models_block(
     registry=None,
     unavailable: dict[str, str] | None = None,
     stale: dict[str, str] | None = None,
+    notes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Per model: what serves (version, sha256, provider, precision) and its state (`stale`: committed, but
-    decided under other runtime versions; re-qualification runs in the background)."""
+    decided under other runtime versions; re-qualification runs in the background); `notes`: start-up repairs."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
     serving = registry.models() if registry is not None else {}
-    for name, s in slots.all().items():
+    for name in slots.names():
+        try:
+            s = slots.get(name)
+        except LifecycleError as exc:  # a truncated slots.json: named, never a crash of `status`
+            out[name] = {"version": None, "state": "corrupt", "reason": str(exc)}
+            continue
         c = s["committed"]
         if not c:
             continue
@@ -54,6 +61,8 @@ def models_block(
             }
     if registry is not None:
         for name, info in out.items():
+            if info.get("state") == "corrupt":
+                continue
             if name not in serving:
                 info["state"] = "unavailable"
                 info["reason"] = (unavailable or {}).get(name, "not loaded")
@@ -62,6 +71,9 @@ def models_block(
             info.update({k: meta[k] for k in ("provider", "precision") if meta.get(k)})
             if (unavailable or {}).get(name):
                 info["reason"] = unavailable[name]
+    for name, note in (notes or {}).items():
+        if name in out and not out[name].get("reason"):
+            out[name]["repaired"] = note
     return out
 
 
@@ -87,6 +99,7 @@ def build_status(
     providers: list[str] | None = None,
     registry=None,
     unavailable: dict[str, str] | None = None,
+    notes: dict[str, str] | None = None,
     recent: int = 10,
     extra: dict | None = None,
     stale: dict[str, str] | None = None,
@@ -101,7 +114,7 @@ def build_status(
         "target": target,
         "hardware": hardware or {},
         "providers": list(providers or []),
-        "models": models_block(slots, journal, registry, unavailable, stale),
+        "models": models_block(slots, journal, registry, unavailable, stale, notes),
         "deployments": deployments_block(journal),
         "recent_deployments": [{"model": d.model, **d.summary()} for d in journal.recent(recent)],
     }

@@ -13,10 +13,13 @@ from typing import Any
 from agent.config import ServingConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
+from agent.lifecycle import integrity, repair
 from agent.lifecycle.journal import Deployment, Journal
+from agent.lifecycle.perms import harden
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.qualqueue import QualificationQueue
 from agent.lifecycle.slots import ModelSlots, gc
+from agent.lifecycle.sources import NEEDS_SOURCE, InboxSource
 from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
 
@@ -58,6 +61,7 @@ class StepConfig:
     keep_deployments: int = 20
     memory_max: int | None = None  # bytes one model may use (serving.memory_max resolved; None: no bound)
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
+    stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
 
 
 class Steps:
@@ -88,12 +92,29 @@ class Steps:
         self.qualify_queue = QualificationQueue()  # one qualification at a time on this device
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
         self.stale: dict[str, str] = {}  # model -> why its decision no longer matches this device's runtimes
-        # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
-        self.check_manifest: Callable[[Deployment], None] | None = None
-        self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
+        self.notes: dict[str, str] = {}  # model -> last repair or fallback at start-up (status shows it)
+        self.on_note: Callable[[str, str], None] | None = None
+        # Deployment sources by source.kind (lifecycle.sources.DeploymentSource); MQTT mode adds "manifest".
+        self.sources: dict[str, Any] = {"inbox": InboxSource(store, self.journal, self.staging)}
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier: Qualifier | None = None
         self._model_locks: dict[str, threading.Lock] = {}
+
+    def add_source(self, source: Any) -> None:
+        self.sources[source.kind] = source
+
+    def source_ready(self, dep: Deployment) -> bool:
+        """May this deployment's next action run now? Only a state that talks to the source waits for it; a
+        kind without a source runs (and is refused with the reason)."""
+        src = self.sources.get(dep.source.get("kind"))
+        return dep.state.value not in NEEDS_SOURCE or src is None or src.ready()
+
+    def download_mark(self, dep: Deployment) -> int:
+        """Chunks of this deployment's artifact on disk (persisted bitmap): recovery's progress mark."""
+        from agent.artifacts.staging import persisted_chunks
+
+        sha = ((dep.data.get("manifest") or {}).get("artifact") or {}).get("sha256")
+        return persisted_chunks(self.store, sha) if sha else 0
 
     def model_lock(self, name: str) -> threading.Lock:
         return self._model_locks.setdefault(name, threading.Lock())
@@ -116,38 +137,32 @@ class Steps:
         kind = dep.source.get("kind")
         if kind == "rollback":
             return Event.ROLLBACK, {}
-        if kind == "manifest":
-            if self.check_manifest is None:
-                raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
-            self.check_manifest(dep)
-        elif kind == "requalify":
+        if kind == "requalify":  # the committed artifact measured again after a runtime change (drift)
             if not self.store.has(dep.data.get("sha256") or ""):
                 raise LifecycleError("the committed artifact is no longer in the store: cannot re-qualify")
-        elif kind == "inbox":
-            if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
-                raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
-        else:
+            return Event.ACCEPT, {}
+        source = self.sources.get(kind)
+        if source is None:
+            if kind == "manifest":
+                raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
             raise act.Rejected(f"unknown deployment source {kind!r}")
+        source.check(dep)
         return Event.ACCEPT, {}
 
     def on_downloading(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         sha = dep.data.get("sha256")
         if sha and self.store.has(sha) and dep.data.get("fetched"):
             return Event.FETCHED, {}
-        if dep.source.get("kind") == "manifest":
-            got = self.fetch_manifest(dep, ctx)  # type: ignore[misc]
-            return Event.FETCHED, {**got, "fetched": True}
-        src = Path(dep.source["path"])
-        got = act.fetch_inbox(src, self.store, self.staging, ctx)
-        dep.data.update(got, fetched=True)
-        self.journal.save(dep)  # the blob is safe in the store before the inbox copy goes
-        shutil.rmtree(src, ignore_errors=True)
-        return Event.FETCHED, {}
+        source = self.sources.get(dep.source.get("kind"))
+        if source is None:
+            raise LifecycleError(f"no source {dep.source.get('kind')!r} configured to fetch from")
+        got = source.fetch(dep, ctx)
+        return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        return Event.VERIFIED, act.verify(
-            self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max
-        )
+        got = act.verify(self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max)
+        integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
+        return Event.VERIFIED, got
 
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
@@ -178,7 +193,7 @@ class Steps:
                     ctx.report("qualify_end", seconds=round(window["finished"] - window["started"], 3))
 
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
-        atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
+        atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
         summary = _summary(decision)
         if not decision.get("selected"):
             raise LifecycleError(f"no provider passed qualification: {summary['why']}")
@@ -295,7 +310,8 @@ class Steps:
 
     def finished(self, dep: Deployment) -> None:
         """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again;
-        a failed re-qualification leaves the model serving, stale, with the reason."""
+        a failed re-qualification leaves the model serving, stale, with the reason; old terminal records beyond
+        keep_deployments per model are compacted away (the journal stays bounded)."""
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
         if dep.source.get("kind") == "requalify" and dep.state is not State.COMMITTED and dep.model in self.stale:
@@ -303,6 +319,12 @@ class Steps:
                 f"decided under other versions ({dep.source.get('drift')}); re-qualification "
                 f"{dep.state.value}: {dep.reason}; still serving the old decision"
             )
+        harden(self.state_dir)
+        try:
+            keep = {e.get("deployment_id") for e in _slot_entries(self.slots) if e}
+            self.journal.prune(self.config.keep_deployments, keep_ids={k for k in keep if k})
+        except (OSError, LifecycleError):
+            pass  # compacted at the next end
 
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:
@@ -313,8 +335,9 @@ class Steps:
     def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0) -> dict[str, Any]:
         """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
         rollbacks build at serving priority (getting back to a good model comes first)."""
-        if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
-            act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
+        note = repair.verify_unpacked(self.store, self.packages, entry)  # raises repair.Corrupt
+        if note:
+            self.note(name, note)
         if swap is None:
             swap = self.swap_mode(entry)[0]
         result = act.activate(
@@ -338,9 +361,21 @@ class Steps:
         return {**entry, "cache_dir": str(fresh), "versions": versions}
 
     def restore_all(self) -> None:
-        """Start-up: serve every committed slot (the previous one when the committed cannot load)."""
+        """Start-up: serve every committed slot, verified (the previous one when the committed cannot load);
+        an unreadable slots.json is rebuilt from the journal."""
         for name in self.slots.names():
+            try:
+                self.slots.get(name)
+            except LifecycleError as exc:
+                why = str(exc).split(": ", 1)[-1]
+                self.note(name, repair.rebuild_slots(self.slots, self.journal, name, self.entry, why))
             self.ensure_committed(name)
+
+    def note(self, name: str, reason: str) -> None:
+        """A repair or fallback worth telling: kept for the status document and handed to on_note (the log)."""
+        self.notes[name] = reason
+        if self.on_note is not None:
+            self.on_note(name, reason)
 
     def ensure_committed(self, name: str) -> None:
         """Make the registry serve the committed slot of `name` (after a failure or rollback)."""
@@ -356,8 +391,27 @@ class Steps:
                 return
             try:
                 self._serve(name, entry)
+            except repair.Corrupt as exc:
+                self._fall_back(name, slots, exc)
             except EdgeAgentError as exc:
                 self._serve_degraded(name, entry, exc)
+
+    def _fall_back(self, name: str, slots: dict[str, Any], exc: Exception) -> None:
+        """The committed entry's files are damaged beyond repair: serve the previous slot, which becomes the
+        committed one (the damaged version can simply be pushed again), with the reason."""
+        prev = slots["previous"]
+        if not prev:
+            self.unavailable[name] = f"committed {exc}; no previous version to fall back to"
+            self.note(name, self.unavailable[name])
+            return
+        try:
+            self._serve(name, prev)
+        except EdgeAgentError as again:
+            self.unavailable[name] = f"committed {exc}; previous version {prev['version']} failed too: {again}"
+            self.note(name, self.unavailable[name])
+            return
+        self.slots.swap(name)
+        self.note(name, f"committed {exc}; serving the previous version {prev['version']} instead")
 
     def _serve_degraded(self, name: str, entry: dict[str, Any], exc: Exception) -> None:
         """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""
@@ -400,11 +454,24 @@ class Steps:
                 gc(self.state_dir, self.store, keep)
         except (OSError, EdgeAgentError):
             pass  # garbage stays until the next commit
-        self.journal.prune(self.config.keep_deployments)
+        self.journal.prune(
+            self.config.keep_deployments, keep_ids={e.get("deployment_id") for e in _slot_entries(self.slots) if e}
+        )
         ids = {d.id for d in self.journal.all()}
         for p in (self.state_dir / "decisions").glob("*.json"):
             if p.stem not in ids:
                 p.unlink(missing_ok=True)
+
+
+def _slot_entries(slots: ModelSlots) -> list[dict[str, Any]]:
+    """Every committed/previous entry of the readable slot files."""
+    out = []
+    for name in slots.names():
+        try:
+            out += [e for e in slots.get(name).values() if e]
+        except LifecycleError:
+            continue
+    return out
 
 
 def _model_bytes(entry: dict[str, Any]) -> int:

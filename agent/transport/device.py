@@ -36,6 +36,17 @@ class DesiredState:
 
 
 @dataclass(frozen=True)
+class RawDesired:
+    """One retained desired-state message as received (raw mode: the consumer verifies and resolves)."""
+
+    scope: str  # "device" or "group:<name>"
+    model: str
+    payload: bytes  # b"" = withdrawn
+    topic: str
+    kind: str = "raw_desired"
+
+
+@dataclass(frozen=True)
 class ConnectionEvent:
     connected: bool
     reason: str
@@ -59,9 +70,13 @@ def _issued_at(envelope: bytes) -> float:
 
 
 class DesiredEvents:
-    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group."""
+    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group.
 
-    def __init__(self):
+    raw=True: no resolution from unverified fields; a burst yields only the latest message per (scope, model),
+    as RawDesired, for a consumer that verifies before it resolves (lifecycle.mqttmode)."""
+
+    def __init__(self, raw: bool = False):
+        self.raw_mode = raw
         self.raw: "queue.Queue[tuple]" = queue.Queue()
         self._cands: dict[str, dict[str, tuple[bytes, str]]] = {}
         self._emitted: dict[str, tuple[bytes | None, str]] = {}
@@ -86,6 +101,9 @@ class DesiredEvents:
             return self._out.popleft()
 
     def _apply(self, items: list[tuple]) -> None:
+        if self.raw_mode:
+            self._apply_raw(items)
+            return
         changed: list[str] = []
         for item in items:
             if item[0] == "conn":
@@ -103,6 +121,19 @@ class DesiredEvents:
             event = self._resolve(model)
             if event is not None:
                 self._out.append(event)
+
+    def _apply_raw(self, items: list[tuple]) -> None:
+        latest: dict[tuple[str, str], RawDesired] = {}
+        for item in items:
+            if item[0] == "conn":
+                self._out.extend(latest.values())  # order kept around connection changes
+                latest.clear()
+                self._out.append(ConnectionEvent(item[1], item[2]))
+                continue
+            _, scope, model, payload, topic = item
+            latest.pop((scope, model), None)
+            latest[(scope, model)] = RawDesired(scope, model, bytes(payload or b""), topic)
+        self._out.extend(latest.values())
 
     def get_nowait(self):
         return self.get(block=False)
@@ -197,7 +228,13 @@ class DeviceLink:
         protocol: str = "auto",
         keepalive: int = 30,
         last_status: dict | None = None,
+        raw_desired: bool = False,
+        signer=None,
     ):
+        """raw_desired: deliver RawDesired messages (verified and resolved by the consumer) instead of
+        DesiredState resolved from unverified fields. signer: the device's Ed25519 key; status, events, health
+        and the LWT are signed with it (transport.signing)."""
+        self.signer = signer
         self.device_id = check_name(device_id, "device id")
         self.groups = tuple(check_name(g, "group") for g in groups)
         self.topics = Topics(prefix)
@@ -215,7 +252,7 @@ class DeviceLink:
                 keepalive=keepalive,
             )
         )
-        self.events = DesiredEvents()
+        self.events = DesiredEvents(raw=raw_desired)
         self._channels: dict[str, ChunkChannel] = {}
         self._last_status: bytes | None = None
         will = self._will_payload(last_status)
@@ -237,7 +274,14 @@ class DeviceLink:
         snap.update(device_id=self.device_id, online=False)
         snap.setdefault("groups", list(self.groups))
         snap.pop("ts", None)  # the broker publishes the will later; a stale ts would mislead
-        return json.dumps(snap, sort_keys=True).encode()
+        return self._encode(snap)
+
+    def _encode(self, doc: dict) -> bytes:
+        if self.signer is not None:
+            from agent.transport.signing import sign_doc
+
+            doc = sign_doc(doc, self.signer)
+        return json.dumps(doc, sort_keys=True).encode()
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = None) -> "DeviceLink":
@@ -251,9 +295,9 @@ class DeviceLink:
             doc = json.loads(self._last_status) if self._last_status else {"device_id": self.device_id}
             doc.update(online=False, ts=time.time())
             try:
-                self._mqtt.publish(
-                    self.topics.status(self.device_id), json.dumps(doc).encode(), 1, True
-                ).wait_for_publish(timeout)
+                self._mqtt.publish(self.topics.status(self.device_id), self._encode(doc), 1, True).wait_for_publish(
+                    timeout
+                )
             except (TransportError, RuntimeError, ValueError):
                 pass
         self._mqtt.stop(disconnect=graceful)
@@ -271,19 +315,19 @@ class DeviceLink:
         doc = dict(doc, device_id=self.device_id, online=doc.get("online", True))
         doc.setdefault("ts", time.time())
         doc.setdefault("groups", list(self.groups))
-        self._last_status = json.dumps(doc, sort_keys=True).encode()
+        self._last_status = self._encode(doc)
         self._publish(self.topics.status(self.device_id), self._last_status, 1, True)
         self._mqtt.set_will(self.topics.status(self.device_id), self._will_payload(doc), 1, True)
 
     def publish_event(self, doc: dict) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
-        self._publish(self.topics.events(self.device_id), json.dumps(doc, sort_keys=True).encode(), 1, False)
+        self._publish(self.topics.events(self.device_id), self._encode(doc), 1, False)
 
     def publish_health(self, doc: dict) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
-        self._publish(self.topics.health(self.device_id), json.dumps(doc, sort_keys=True).encode(), 0, True)
+        self._publish(self.topics.health(self.device_id), self._encode(doc), 0, True)
 
     def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         try:

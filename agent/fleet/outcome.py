@@ -1,0 +1,49 @@
+"""Did this device take version V? The one device-outcome check behind `fleet push --wait` and `fleet rollout`.
+
+Versions compare numerically (dotted integers: "2" == "2.0"), falling back to string equality for anything that
+does not parse. What runs wins: a committed V is success whatever older records say; otherwise the device's
+latest deployment record (or a rejection of V before the lifecycle) for V in a bad terminal state is failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COMMITTED, PENDING = "committed", "pending"
+BAD_STATES = ("failed", "rejected", "rolled_back")
+
+
+def same_version(a: Any, b: Any) -> bool:
+    """Numeric comparison of dotted versions; plain equality when either does not parse."""
+    from agent.artifacts.manifest import compare_versions
+    from agent.errors import ManifestError
+
+    if a is None or b is None:
+        return False
+    try:
+        return compare_versions(str(a), str(b)) == 0
+    except ManifestError:
+        return str(a) == str(b)
+
+
+def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) -> tuple[str, str]:
+    """(result, reason) for (name, version) from a device's status document: result is "committed", one of
+    BAD_STATES, or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
+    record count: an old failure of the same version says nothing about this push)."""
+    if not isinstance(status, dict):
+        return PENDING, "no status"
+    model = (status.get("models") or {}).get(name)
+    if isinstance(model, dict) and same_version(model.get("version"), version):
+        if model.get("state", COMMITTED) == COMMITTED:
+            return COMMITTED, f"committed on {model.get('provider') or '?'}"
+    dep = (status.get("deployments") or {}).get(name)
+    if fresh and isinstance(dep, dict) and same_version(dep.get("version"), version):
+        result = dep.get("result") or dep.get("state")
+        if result in BAD_STATES or dep.get("state") in BAD_STATES:
+            state = str(dep.get("state") if dep.get("state") in BAD_STATES else result)
+            return state, str(dep.get("reason") or state)
+        return PENDING, f"state {dep.get('state')}"
+    rejected = (status.get("rejected") or {}).get(name)
+    if fresh and isinstance(rejected, dict) and same_version(rejected.get("version"), version):
+        return "rejected", str(rejected.get("reason") or "rejected")
+    return PENDING, "online, not started" if status.get("online") else "offline"

@@ -1,0 +1,95 @@
+"""The device registry the control plane writes (STORE/registry.json): each device's public key and groups.
+
+`fleet push --wait`, `fleet rollout` and `fleet status` verify every device report against it and take group
+membership from it, never from the device's own claim. An unsigned, unregistered or badly signed report is
+marked as such (`trust`) and its claims (models, deployments) are set aside: it never counts as success.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ConfigError
+from agent.transport.topics import check_name
+from agent.util.atomic import atomic_write_json, read_json
+
+REGISTRY_NAME = "registry.json"
+FORMAT = 1
+CLAIMS = ("models", "deployments", "rejected", "recent_deployments")  # what an unverified report may not assert
+
+
+class DeviceRegistry:
+    """{device_id: {"public_key": PEM, "key_id", "groups": [...]}}; loaded once, verified keys cached."""
+
+    def __init__(self, devices: dict[str, dict[str, Any]] | None = None, path: Path | None = None):
+        self.devices = dict(devices or {})
+        self.path = path
+        self._keys: dict[str, Any] = {}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DeviceRegistry":
+        path = Path(path)
+        try:
+            doc = read_json(path, default=None)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: unreadable device registry: {exc}") from None
+        if doc is None:
+            return cls({}, path)
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("devices"), dict):
+            raise ConfigError(f"{path}: not a device registry this version understands")
+        return cls(doc["devices"], path)
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        target = Path(path or self.path or REGISTRY_NAME)
+        atomic_write_json(target, {"format": FORMAT, "devices": self.devices}, mode=0o600)
+        return target
+
+    def register(self, device_id: str, public_key_pem: str, groups=()) -> dict[str, Any]:
+        from agent.artifacts.keys import key_id, parse_public_key
+
+        check_name(device_id, "device id", ConfigError)
+        for g in groups:
+            check_name(g, "group", ConfigError)
+        pub = parse_public_key(public_key_pem, where=f"public key of {device_id}")
+        entry = {"public_key": public_key_pem.strip() + "\n", "key_id": key_id(pub), "groups": sorted(set(groups))}
+        self.devices[device_id] = entry
+        self._keys.pop(device_id, None)
+        return entry
+
+    def groups(self, device_id: str) -> list[str]:
+        return list((self.devices.get(device_id) or {}).get("groups") or [])
+
+    def members(self, group: str) -> list[str]:
+        return sorted(d for d, e in self.devices.items() if group in (e.get("groups") or []))
+
+    def trust(self, device_id: str, doc: dict[str, Any]) -> str:
+        """verified | unregistered | unsigned | bad-signature."""
+        from agent.artifacts.keys import parse_public_key
+        from agent.transport.signing import verify_doc
+
+        entry = self.devices.get(device_id)
+        if not entry:
+            return "unregistered"
+        if device_id not in self._keys:
+            self._keys[device_id] = parse_public_key(entry["public_key"], where=f"registry key of {device_id}")
+        return verify_doc(doc, self._keys[device_id])
+
+    def apply(self, device_id: str, doc: dict[str, Any]) -> dict[str, Any]:
+        """The document as the control plane may believe it: `trust` set, groups from the registry, and the
+        claims of an unverified report moved under `unverified_claims`."""
+        trust = self.trust(device_id, doc)
+        out = dict(doc, trust=trust, groups=self.groups(device_id))
+        if trust != "verified":
+            out["unverified_claims"] = {k: out.pop(k) for k in CLAIMS if k in out}
+            out["claimed_groups"] = doc.get("groups")
+        return out
+
+
+def registry_for_store(store: str | os.PathLike | None) -> DeviceRegistry | None:
+    """STORE/registry.json when it exists (None: no registry; reports are shown as unverified)."""
+    if store is None:
+        return None
+    path = Path(store) / REGISTRY_NAME
+    return DeviceRegistry.load(path) if path.exists() else None

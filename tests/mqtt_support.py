@@ -1,0 +1,103 @@
+"""Helpers for MQTT-mode tests: a control plane (key, artifact store, artifact server, publisher) and envelopes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+from agent.artifacts.keys import generate, load_private_key
+from agent.artifacts.manifest import Manifest
+from agent.artifacts.store import ContentStore
+from agent.fleet.artifact_server import ArtifactServer
+from agent.fleet.push import store_package
+from agent.transport.mqtt import BrokerConfig, MqttLink
+from agent.transport.topics import Topics
+
+
+class ControlPlane:
+    """The fleet side of a test: signs and publishes retained desired state, serves artifacts over MQTT."""
+
+    def __init__(self, workdir: Path, broker, chunk_size: int = 64 * 1024):
+        self.workdir, self.broker, self.chunk_size = Path(workdir), broker, chunk_size
+        self.keyfile, self.pubfile, self.key_id = generate(self.workdir / "keys")
+        self.key = load_private_key(self.keyfile)
+        otherfile, _, _ = generate(self.workdir / "other-keys")
+        self.other_key = load_private_key(otherfile)
+        self.store_dir = self.workdir / "cp-store"
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.topics = Topics()
+        self.server: ArtifactServer | None = None
+        self.link = MqttLink(BrokerConfig(broker.url)).start(wait=15)
+
+    def serve(self) -> ArtifactServer:
+        self.server = ArtifactServer(ContentStore(self.store_dir), BrokerConfig(self.broker.url)).start()
+        return self.server
+
+    def stop_serving(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def close(self) -> None:
+        self.stop_serving()
+        self.link.stop()
+
+    def manifest(self, package, name: str, version: str, *, devices=("dev-1",), groups=(), issued=None, **kw):
+        art = store_package(package, self.store_dir, self.chunk_size, validate=False)
+        return Manifest.create(
+            name=name,
+            version=version,
+            sha256=art["sha256"],
+            size=art["size"],
+            chunk_size=art["chunk_size"],
+            chunks=art["chunks"],
+            fmt=art["format"],
+            devices=list(devices),
+            groups=list(groups),
+            now=issued,
+            **kw,
+        )
+
+    def envelope(self, m: Manifest, *, how: str = "signed") -> bytes:
+        """signed | untrusted (another key) | forged (all-zero signature) | unsigned."""
+        if how == "signed":
+            return m.sign(self.key)
+        if how == "untrusted":
+            return m.sign(self.other_key)
+        env = json.loads(m.sign(self.key))
+        env["signature"] = base64.b64encode(bytes(64)).decode() if how == "forged" else ""
+        return json.dumps(env).encode()
+
+    def publish(self, topic: str, payload: bytes) -> None:
+        self.link.publish(topic, payload, qos=1, retain=True).wait_for_publish(15)
+
+    def to_device(self, name: str, payload: bytes, device: str = "dev-1") -> None:
+        self.publish(self.topics.device_desired(device, name), payload)
+
+    def to_group(self, group: str, name: str, payload: bytes) -> None:
+        self.publish(self.topics.group_desired(group, name), payload)
+
+
+def mqtt_config(tmp_path: Path, broker, cp: ControlPlane, groups=(), **extra):
+    from test_daemon_support import write_config
+
+    from agent.config import load_config
+
+    path = write_config(
+        tmp_path,
+        mqtt={"url": broker.url},
+        extra={"trust": {"public_keys": [str(cp.pubfile)]}, "groups": list(groups), **extra},
+    )
+    return load_config(path), path
+
+
+def wait_for(pred, timeout: float = 120.0, what: str = "condition", step: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

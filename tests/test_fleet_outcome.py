@@ -1,0 +1,50 @@
+"""The one device-outcome check: `fleet push --wait` and `fleet rollout` read a device's status the same way."""
+
+from __future__ import annotations
+
+from agent.fleet import rollout_state as rs
+from agent.fleet.outcome import device_outcome, same_version
+from agent.fleet.push import device_result
+
+
+def _status(model_version=None, state="committed", dep=None, rejected=None):
+    doc = {"online": True, "models": {}, "deployments": {}}
+    if model_version is not None:
+        doc["models"]["m"] = {"version": model_version, "state": state, "provider": "cpu"}
+    if dep is not None:
+        doc["deployments"]["m"] = dep
+    if rejected is not None:
+        doc["rejected"] = {"m": rejected}
+    return doc
+
+
+def test_versions_compare_numerically_in_push_and_rollout_alike():
+    doc = _status("2.0")
+    assert same_version("2", "2.0") and not same_version("2", "2.1") and not same_version(None, "2")
+    assert device_result(doc, "m", "2", True)[0] == "committed"
+    assert rs.observe(doc, "m", "2")[0] == rs.SUCCEEDED
+    assert rs.holds(doc, "m", "2")
+    assert same_version("beta", "beta") and not same_version("beta", "2")
+
+
+def test_bad_terminal_records_fail_both_and_probation_is_pending():
+    failed = _status("1", dep={"version": "2.0", "state": "failed", "result": "failed", "reason": "no provider"})
+    assert device_result(failed, "m", "2", True) == ("failed", "no provider")
+    assert rs.observe(failed, "m", "2") == (rs.FAILED, "failed: no provider")
+    assert device_result(failed, "m", "2", False)[0] == "pending"  # an old record says nothing about this push
+    probation = _status("2", state="probation", dep={"version": "2", "state": "probation", "result": None})
+    assert device_outcome(probation, "m", "2")[0] == "pending"
+    assert rs.observe(probation, "m", "2") == (None, None)
+
+
+def test_a_rejection_before_the_lifecycle_counts_as_rejected():
+    doc = _status("1", rejected={"version": "3", "code": "bad-signature", "reason": "bad-signature: ..."})
+    assert device_result(doc, "m", "3", True)[0] == "rejected"
+    assert rs.observe(doc, "m", "3")[0] == rs.FAILED
+    assert device_outcome(doc, "m", "4")[0] == "pending"
+
+
+def test_what_runs_wins_over_an_older_failure_of_the_same_version():
+    doc = _status("2", dep={"version": "2", "state": "failed", "result": "failed", "reason": "x"})
+    assert device_outcome(doc, "m", "2")[0] == "committed"
+    assert rs.observe(doc, "m", "2")[0] == rs.SUCCEEDED
