@@ -24,6 +24,8 @@ _META_KEYS = {
     "tolerances",
     "required_providers",
     "description",
+    "reference",
+    "variants",
 }
 
 
@@ -47,6 +49,9 @@ class ModelPackage:
     opsets: dict[str, int] = field(default_factory=dict)
     op_types: list[str] = field(default_factory=list)
     size_bytes: int = 0
+    precision: str = "fp32"  # the graph's own precision (agent.qualify.precision)
+    reference_path: Path | None = None  # model.yaml reference: the fp32 original
+    variants: dict[str, Path] = field(default_factory=dict)  # model.yaml variants: name -> model file
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,6 +66,9 @@ class ModelPackage:
             "inputs": [_spec(t) for t in self.inputs],
             "outputs": [_spec(t) for t in self.outputs],
             "golden_datasets": [p.name for p in self.datasets],
+            "precision": self.precision,
+            "reference": self.reference_path.name if self.reference_path else None,
+            "variants": {k: v.name for k, v in self.variants.items()},
         }
 
     def tolerance_override(self, provider: str, precision: str | None) -> dict[str, Any]:
@@ -99,8 +107,8 @@ def load_package(
         root = extract_archive(source, dest, max_bytes=max_bytes)
     else:
         root = source.parent
-    model_path = source if kind == "onnx" else _find_model(root)
-    meta = _read_meta(root) if kind != "onnx" and model_path.parent == root else {}
+    meta = _read_meta(root) if kind != "onnx" else {}
+    model_path = source if kind == "onnx" else _find_model(root, meta)
     return _build(source, root, model_path, meta)
 
 
@@ -119,9 +127,12 @@ def _kind(source: Path) -> str:
     return "onnx"  # the checker gives the precise reason if it is not one
 
 
-def _find_model(root: Path) -> Path:
+def _find_model(root: Path, meta: dict[str, Any]) -> Path:
     if (root / "model.onnx").is_file():
         return root / "model.onnx"
+    first = next(iter((meta.get("variants") or {}).values()), None) if isinstance(meta.get("variants"), dict) else None
+    if isinstance(first, str) and (root / first).is_file() and ".." not in Path(first).parts:
+        return root / first  # a package of variants without model.onnx: the first variant is the model
     found = sorted(root.glob("*.onnx"))
     if len(found) == 1:
         return found[0]
@@ -225,8 +236,14 @@ def _validate_tolerances(tols: Any, bad) -> None:
 
 
 def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> ModelPackage:
+    from agent.qualify import variants
+    from agent.qualify.precision import graph_precision
+
     proto = check_model(model_path)
     inputs, outputs = graph_specs(proto)
+    reference, declared_variants = variants.resolve(root, meta)
+    for path in {reference, *declared_variants.values()} - {None, model_path}:
+        check_model(path)  # type: ignore[arg-type]
     return ModelPackage(
         source=source,
         root=root,
@@ -248,6 +265,9 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         opsets={(o.domain or "ai.onnx"): o.version for o in proto.opset_import},
         op_types=sorted({(f"{n.domain}." if n.domain else "") + n.op_type for n in proto.graph.node}),
         size_bytes=model_path.stat().st_size,
+        precision=graph_precision(proto),
+        reference_path=reference,
+        variants=declared_variants,
     )
 
 

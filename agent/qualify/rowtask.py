@@ -36,9 +36,19 @@ def measure_row(
     tolerances: dict[str | None, dict[str, Any]],
     budget_s: float,
     batch: int = 1,
+    model_precision: str | None = None,
+    declared: dict[str, Any] | None = None,
+    original: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Returns the Row fields as a dict; expected failures are statuses, not exceptions."""
+    """Returns the Row fields as a dict; expected failures are statuses, not exceptions.
+
+    model_precision: the graph's own precision (agent.qualify.precision); declared: the graph's inputs and
+    outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
+    with (agent.qualify.original) instead of `reference`."""
     from agent.providers import get
+    from agent.qualify import original as orig
+    from agent.qualify import outputs as io
+    from agent.qualify.precision import effective
 
     row: dict[str, Any] = {
         "provider": provider,
@@ -56,22 +66,43 @@ def measure_row(
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
         return _fail(row, "compatibility", f"session creation failed: {exc}")
-    row.update(precision=sess.precision or precision, device=sess.device, compile_s=sess.compile_s)
+    row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
+    row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
+    mismatch = io.contract_problems(declared or {}, sess)
+    if mismatch:
+        sess.close()
+        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     try:
         outputs = sess.run(feeds)
     except EdgeAgentError as exc:
         return _fail(row, "compatibility", f"inference failed: {exc}")
+    mismatch = io.result_problems(declared or {}, outputs)
+    if mismatch:
+        sess.close()
+        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     tol = accuracy.as_tolerance(tolerances.get(row["precision"], tolerances.get(None)))
-    metrics = accuracy.compare(reference, outputs)
-    problems = accuracy.violations(metrics, tol)
-    row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+    try:
+        if original:
+            row["accuracy"], problems = orig.compare(sess, original["sets"], original["outputs"], tol)
+        else:
+            metrics = accuracy.compare(reference, outputs)
+            problems = accuracy.violations(metrics, tol)
+            row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+    except EdgeAgentError as exc:
+        return _fail(row, "compatibility", f"inference failed: {exc}")
     emit("latency", provider=provider, precision=row["precision"])
     lat = latency.measure(lambda: sess.run(feeds), budget_s=budget_s if not problems else budget_s / 4, batch=batch)
     row["latency_ms"] = lat
     row["throughput_ips"] = lat.get("throughput_ips")
     row["rss_growth_mb"] = round(max(_peak_rss_mb(), _rss_mb()) - rss0, 1)
     sess.close()
+    if original and not problems:
+        emit("original", provider=provider, precision=row["precision"])
+        reopen = lambda: get(provider).open_session(  # noqa: E731
+            original["path"], options=options, precision=precision, device=device
+        )
+        row["original"] = {"file": original["file"], **orig.speedup(reopen, feeds, lat.get("p50"), budget_s / 2, batch)}
     if problems:
         return _fail(
             row,
