@@ -37,6 +37,7 @@ ENTRY_KEYS = (
     "model_path",
     "latency_ms",
     "deployment_id",
+    "variant",
 )
 
 
@@ -167,6 +168,10 @@ class Steps:
             "latency_ms": row.get("latency_ms") or {},
             "versions": row.get("versions") or {},
         }
+        if row.get("variant"):  # a package of variants: serve exactly the file that won (and its cache key)
+            selected.update(
+                variant=row["variant"], model_path=row.get("model_path"), model_sha256=row.get("model_sha256")
+            )
         return Event.QUALIFIED, {"decision": summary, "selected": selected}
 
     def on_activating(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
@@ -371,13 +376,19 @@ def _summary(decision: dict[str, Any]) -> dict[str, Any]:
             "status": r.get("status"),
             "reason": r.get("reason"),
             "p50_ms": (r.get("latency_ms") or {}).get("p50"),
+            **({"variant": r["variant"]} if r.get("variant") else {}),
         }
         for r in decision.get("results", [])
     ]
-    why = "; ".join(f"{r['provider']}: {r['status']} ({r['reason']})" for r in rows) or "no candidate provider"
+    why = "; ".join(
+        f"{(r['variant'] + '/') if r.get('variant') else ''}{r['provider']}: {r['status']} ({r['reason']})"
+        for r in rows
+    )
+    why = why or "no candidate provider"
     return {
         "selected": decision.get("selected"),
         "selected_precision": decision.get("selected_precision"),
+        "selected_variant": decision.get("selected_variant"),
         "reason": decision.get("reason"),
         "rows": rows,
         "why": why if not decision.get("selected") else decision.get("reason"),
