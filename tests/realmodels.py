@@ -191,7 +191,7 @@ def dynamic_int8_package(root: Path) -> Path:
     onnx.save(mlp_model(), root / "model_fp32.onnx")
     q.quantize_dynamic(str(root / "model_fp32.onnx"), str(root / "model.onnx"), weight_type=q.QuantType.QInt8)
     write_sets(root, root / "model.onnx", mlp_sets())
-    write_meta(root, name="dynamic-int8-mlp", version="1", reference="model_fp32.onnx")
+    write_meta(root, name="dynamic-int8-mlp", version="1", task="regression", reference="model_fp32.onnx")
     return root
 
 

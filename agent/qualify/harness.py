@@ -182,7 +182,13 @@ class _Run:
             return
         outputs, self.ref_desc = res.value
         self.reference = outputs[0]
-        self.original = {"path": str(v.reference), "file": v.reference.name, "sets": sets, "outputs": outputs}
+        self.original = {
+            "path": str(v.reference),
+            "file": v.reference.name,
+            "sets": sets,
+            "outputs": outputs,
+            "classifier": orig.is_classifier(self.pkg.task),
+        }
 
     def provider_rows(self, name: str) -> list[Row]:
         from agent.providers import get
@@ -315,6 +321,9 @@ class _Run:
                 "rounds": 2,
             }
             row.throughput_ips = row.latency_ms.get("throughput_ips")
+            orig_p50 = (row.original or {}).get("p50_ms")
+            if orig_p50 and row.latency_ms.get("p50"):  # the speed-up follows the merged samples
+                row.original = {**(row.original or {}), "speedup": round(orig_p50 / row.latency_ms["p50"], 3)}
 
 
 def _hw(profile: Any) -> dict[str, Any]:

@@ -51,11 +51,19 @@ def _joined(outs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return joined
 
 
-def task_violations(metrics: dict[str, dict[str, Any]], tol: accuracy.Tolerance) -> list[str]:
-    """Classifier-shaped outputs are judged by top-1 agreement with the original; others by max_rel/cosine."""
+def is_classifier(task: str | None) -> bool | None:
+    """model.yaml `task`: classification -> True, another task -> False, none -> None (judge by shape)."""
+    return None if not task else "classif" in task.lower()
+
+
+def task_violations(
+    metrics: dict[str, dict[str, Any]], tol: accuracy.Tolerance, classifier: bool | None = None
+) -> list[str]:
+    """Classifier outputs are judged by top-1 agreement with the original, others by max_rel and cosine.
+    classifier None: every classifier-shaped output ([N, C] floats) counts as one."""
     reasons = []
     for name, m in metrics.items():
-        if "top1_agreement" in m:
+        if "top1_agreement" in m and classifier is not False:
             if tol.top1_agreement is not None and m["top1_agreement"] < tol.top1_agreement:
                 reasons.append(
                     f"{name}: top1_agreement {m['top1_agreement']:.3f} < {tol.top1_agreement} "
@@ -67,12 +75,16 @@ def task_violations(metrics: dict[str, dict[str, Any]], tol: accuracy.Tolerance)
 
 
 def compare(
-    sess: Any, sets: list[dict[str, Any]], reference: list[dict[str, Any]], tol: accuracy.Tolerance
+    sess: Any,
+    sets: list[dict[str, Any]],
+    reference: list[dict[str, Any]],
+    tol: accuracy.Tolerance,
+    classifier: bool | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """(the row's accuracy record, problems): the model on this provider against the original, all sets."""
     got = [sess.run(feeds) for feeds in sets]
     metrics = accuracy.compare(_joined(reference), _joined(got))
-    problems = task_violations(metrics, tol)
+    problems = task_violations(metrics, tol, classifier)
     record = {
         "outputs": metrics,
         "tolerance": tol.to_dict(),

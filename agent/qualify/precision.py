@@ -27,7 +27,7 @@ QUANT_OPS = frozenset(
     }
 )
 _ELEM_FP32, _ELEM_FP16, _ELEM_BF16, _ELEM_FP64 = 1, 10, 16, 11
-_COARSENESS = {"fp32": 0, "fp16": 1, "bf16": 1, "int8": 2}
+_COARSENESS = {"fp32": 0.0, "fp16": 1.0, "bf16": 1.5, "int8": 2.0}  # bf16 keeps 8 mantissa bits, fp16 11
 _RUNTIME_LABEL = {None: "fp32", "f32": "fp32", "fp32": "fp32", "f16": "fp16", "fp16": "fp16", "bf16": "bf16"}
 
 

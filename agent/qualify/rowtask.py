@@ -84,7 +84,9 @@ def measure_row(
     tol = accuracy.as_tolerance(tolerances.get(row["precision"], tolerances.get(None)))
     try:
         if original:
-            row["accuracy"], problems = orig.compare(sess, original["sets"], original["outputs"], tol)
+            row["accuracy"], problems = orig.compare(
+                sess, original["sets"], original["outputs"], tol, original.get("classifier")
+            )
         else:
             metrics = accuracy.compare(reference, outputs)
             problems = accuracy.violations(metrics, tol)
