@@ -280,7 +280,10 @@ def magika_package(root: Path, sample_files: list[Path]) -> Path:
     """magika's content-type model (shipped in its wheel): int32 byte features [N, 2048] -> 214 classes.
     Inputs are built from real files as magika does: the first and last 1024 bytes, padded with 256."""
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_shipped("magika", "models/standard_v3_3/model.onnx"), root / "model.onnx")
+    shipped = sorted(_shipped("magika", "__init__.py").parent.glob("models/standard_v*/model.onnx"))
+    if not shipped:
+        raise FileNotFoundError("magika ships no models/standard_v*/model.onnx")
+    shutil.copyfile(shipped[-1], root / "model.onnx")
     sets = []
     for f in sample_files:
         data = f.read_bytes()
