@@ -35,6 +35,7 @@ def made(tmp_path_factory):
         "qdq": rm.qdq_with_original(root / "qdq"),
         "dynamic": rm.dynamic_int8_package(root / "dynamic"),
         "fp16": rm.fp16_package(root / "fp16"),
+        "fp16io": rm.fp16_package(root / "fp16io", keep_io_types=False),
         "fp32": rm.classifier_package(root / "fp32", sets=4),
     }
 
@@ -122,3 +123,15 @@ def test_fp16_graph_is_labelled_fp16_on_cpu_and_judged_with_the_fp16_row(made, t
     row = d.results[0]
     assert row.precision == "fp16" and row.accuracy["tolerance"] == target.tolerances("cpu", "fp16").to_dict()
     assert row.status == "passed", row.reason
+
+
+def test_fp16_graph_with_fp16_inputs_meets_its_fp32_original_in_each_ones_types(made, target):
+    """The golden inputs are float16; the fp32 original gets the same values as float32, for agreement and
+    for its own latency (the speed-up)."""
+    pkg = load_package(made["fp16io"])
+    assert pkg.inputs[0].dtype == "float16" and pkg.precision == "fp16"
+    d = qualify(pkg, PROFILE, target, providers=["cpu"], **FAST)
+    row = d.results[0]
+    assert row.status == "passed", row.reason
+    assert row.precision == "fp16" and row.accuracy["against"] == "fp32 original"
+    assert "error" not in row.original and row.original["speedup"] > 0

@@ -161,17 +161,21 @@ class _Run:
         ORT CPU outputs, or its fp32 original when it has one. `reruns` is shared by all variants, so a close
         call is confirmed across them."""
         self.variant, self._rerun = v, reruns
+        raw = self.feeds
         if v.declared:
-            self.feeds = var.adapt_feeds(self.feeds, v.declared)
+            self.feeds = var.adapt_feeds(raw, v.declared)
         if v.reference is None:
             self.reference, self.ref_desc, self.ref_error = _reference(
                 v.model_path, self.feeds, self.golden, self.isolate, self.timeout
             )
             return
-        sets = [var.adapt_feeds(f, v.declared) for f in orig.input_sets(self.pkg, self.feeds)]
+        raw_sets = orig.input_sets(self.pkg, raw)  # each model gets the same values in its own input types
+        sets = [var.adapt_feeds(f, v.declared) for f in raw_sets]
+        ref_declared = var.describe(v.reference)[1]
+        ref_sets = [var.adapt_feeds(f, ref_declared) for f in raw_sets]
         res = run_isolated(
             "agent.qualify.original:original_outputs",
-            {"model_path": str(v.reference), "sets": sets},
+            {"model_path": str(v.reference), "sets": ref_sets},
             timeout=self.timeout,
             isolate=self.isolate,
             tag="original",
@@ -187,6 +191,7 @@ class _Run:
             "file": v.reference.name,
             "sets": sets,
             "outputs": outputs,
+            "feeds": ref_sets[0],  # the original's own input types, for its latency
             "classifier": orig.is_classifier(self.pkg.task),
         }
 

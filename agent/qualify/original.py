@@ -12,6 +12,7 @@ from agent.errors import EdgeAgentError
 from agent.qualify import accuracy
 
 MAX_SETS = 64  # golden sets used for agreement (each set is one more inference per provider)
+MAX_SET_BYTES = 64 << 20  # and no more input bytes than this in all (they travel to every row's child)
 SEEDED_SETS = 8  # without golden data: this many seeded input sets
 
 
@@ -20,12 +21,23 @@ def input_sets(pkg: Any, first: dict[str, Any]) -> list[dict[str, Any]]:
     from agent.qualify.inputs import load_dataset, seeded_feeds
 
     if pkg.datasets:
-        return [first] + [load_dataset(ds, pkg.inputs, pkg.outputs)[0] for ds in pkg.datasets[1:MAX_SETS]]
+        sets, total = [first], _nbytes(first)
+        for ds in pkg.datasets[1:MAX_SETS]:
+            feeds = load_dataset(ds, pkg.inputs, pkg.outputs)[0]
+            total += _nbytes(feeds)
+            if total > MAX_SET_BYTES:
+                break
+            sets.append(feeds)
+        return sets
     extra = [
         seeded_feeds(pkg.inputs, dynamic_dims=pkg.dynamic_dims, input_shapes=pkg.input_shapes, seed=s)
         for s in range(1, SEEDED_SETS)
     ]
     return [first, *extra]
+
+
+def _nbytes(feeds: dict[str, Any]) -> int:
+    return sum(int(getattr(v, "nbytes", 0)) for v in feeds.values())
 
 
 def original_outputs(*, model_path: str, sets: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:

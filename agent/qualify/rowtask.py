@@ -104,7 +104,10 @@ def measure_row(
         reopen = lambda: get(provider).open_session(  # noqa: E731
             original["path"], options=options, precision=precision, device=device
         )
-        row["original"] = {"file": original["file"], **orig.speedup(reopen, feeds, lat.get("p50"), budget_s / 2, batch)}
+        row["original"] = {
+            "file": original["file"],
+            **orig.speedup(reopen, original.get("feeds", feeds), lat.get("p50"), budget_s / 2, batch),
+        }
     if problems:
         return _fail(
             row,
