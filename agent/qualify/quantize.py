@@ -96,6 +96,10 @@ def _quantize(src: Path, dst: Path, mode: str, sets: list[dict[str, Any]]) -> No
         from onnxruntime import quantization as q
     except ImportError as exc:  # pragma: no cover - onnxruntime is a dependency
         raise ModelError(f"onnxruntime.quantization cannot be imported: {exc}") from exc
+    import logging
+
+    quiet = _DropAdvice()
+    logging.getLogger().addFilter(quiet)  # ORT logs "consider pre-processing" on the root logger every call
     try:
         if mode == "static":
             q.quantize_static(
@@ -112,8 +116,17 @@ def _quantize(src: Path, dst: Path, mode: str, sets: list[dict[str, Any]]) -> No
     except Exception as exc:  # noqa: BLE001 - onnxruntime.quantization raises many types
         first = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ModelError(f"{src.name}: {mode} quantization failed: {first}") from exc
+    finally:
+        logging.getLogger().removeFilter(quiet)
     if not dst.is_file():
         raise ModelError(f"{src.name}: {mode} quantization wrote no model")
+
+
+class _DropAdvice:
+    """Drops onnxruntime.quantization's pre-processing advice (its quant_pre_process breaks external data)."""
+
+    def filter(self, record: object) -> bool:
+        return "pre-processing" not in str(getattr(record, "msg", ""))
 
 
 def _write_meta(root: Path, pkg: Any, fp32_file: str) -> None:
