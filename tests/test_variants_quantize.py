@@ -153,3 +153,17 @@ def test_quantize_errors_are_one_line(tmp_path):
     p = edge_agent("quantize", str(tmp_path / "nothing"), "--out", str(tmp_path / "o5"))
     assert p.returncode == 1 and "model package not found" in p.stderr
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o4").exists()
+
+
+def test_a_reference_with_other_tensors_is_refused_at_load(tmp_path):
+    root = tmp_path / "p"
+    root.mkdir()
+    onnx.save(rm.mlp_model(), root / "model.onnx")
+    onnx.save(rm.classifier_model(), root / "other.onnx")
+    rm.write_meta(root, name="p", reference="other.onnx")
+    with pytest.raises(ModelError) as err:
+        load_package(root)
+    assert "reference: other.onnx has inputs ['input'] but model.onnx has ['x']" in str(err.value)
+    rm.write_meta(root, name="p", variants={"a": "model.onnx", "b": "other.onnx"})
+    with pytest.raises(ModelError, match="variants.b: other.onnx has inputs"):
+        load_package(root)

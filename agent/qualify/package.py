@@ -242,8 +242,11 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
     proto = check_model(model_path)
     inputs, outputs = graph_specs(proto)
     reference, declared_variants = variants.resolve(root, meta)
-    for path in {reference, *declared_variants.values()} - {None, model_path}:
-        check_model(path)  # type: ignore[arg-type]
+    named = {"reference": reference, **{f"variants.{k}": v for k, v in declared_variants.items()}}
+    for key, path in named.items():
+        if path is not None and path != model_path:
+            check_model(path)
+            variants.check_same_interface(root / "model.yaml", key, path, model_path, (inputs, outputs))
     return ModelPackage(
         source=source,
         root=root,

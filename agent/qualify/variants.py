@@ -65,6 +65,20 @@ def resolve(root: Path, meta: dict[str, Any]) -> tuple[Path | None, dict[str, Pa
     return ref, out
 
 
+def check_same_interface(meta_path: Path, key: str, path: Path, model: Path, specs: tuple[list, list]) -> None:
+    """A variant or reference must take and give the same tensors by name as the package's model (float
+    types may differ: an fp16 graph with fp16 inputs), or serving and comparison would not line up."""
+    _, declared, _ = describe(path)
+    for kind, mine in (("inputs", specs[0]), ("outputs", specs[1])):
+        want = [t.name for t in mine]
+        got = [d["name"] for d in declared[kind]]
+        if sorted(got) != sorted(want):
+            raise ModelError(
+                f"{meta_path}: {key}: {path.name} has {kind} {got} but {model.name} has {want}; "
+                "variants and the reference must share input and output names"
+            )
+
+
 def describe(path: Path) -> tuple[str, dict[str, list[dict[str, Any]]], Any]:
     """(graph precision, declared inputs/outputs, proto) of a model file (load_package has checked it)."""
     import onnx
