@@ -27,10 +27,19 @@ MAKERS = {
     "external-data": lambda d: rm.external_data_package(d),
     "skl-logreg": lambda d: rm.sklearn_package(d, zipmap=False),
     "magika": lambda d: rm.magika_package(d, sorted((ROOT / "agent" / "qualify").glob("*.py"))[:6]),
+    "quantized-variants": lambda d: _quantized(d),
     "skl-zipmap": lambda d: rm.sklearn_package(d, zipmap=True),
     "ort-logreg-iris": lambda d: rm.ort_logreg_iris_package(d),
 }
 REFUSED = {"skl-zipmap", "ort-logreg-iris"}
+
+
+def _quantized(d: Path) -> Path:
+    """`edge-agent quantize`'s library call on an fp32 classifier: a package of variants {fp32, int8}."""
+    from agent.qualify.quantize import quantize_package
+
+    quantize_package(rm.classifier_package(d.parent / "quantize-src", sets=16), d)
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +114,7 @@ def test_real_model_through_the_daemon(agent, made, name):
     assert status["provider"] == row["provider"] and status["precision"] == row["precision"]
     if name in ("qdq-int8", "dynamic-int8"):
         assert row["precision"] == "int8" and row["original"]["speedup"] > 0
+    if name == "quantized-variants":  # the served file is the selected variant's
+        assert decision["selected_variant"] == row["variant"] and row["model_path"].endswith(
+            "model.int8.onnx" if row["variant"] == "int8" else "model.onnx"
+        )
