@@ -32,6 +32,8 @@ def models_block(
             "state": State.COMMITTED.value,
             "previous": (s["previous"] or {}).get("version"),
         }
+        if c.get("variant"):  # a package of variants: which one serves
+            out[name]["variant"] = c["variant"]
     for name, dep in in_flight.items():
         if dep.state in (State.ACTIVATING, State.PROBATION) and serving.get(name) == dep.version:
             sel = dep.data.get("selected") or {}

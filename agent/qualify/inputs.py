@@ -84,9 +84,9 @@ def seeded_feeds(
         shape = resolve_shape(spec, dynamic_dims or {}, input_shapes or {})
         try:
             dtype = np.dtype(spec.dtype)
-        except TypeError as exc:
-            raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}") from exc
-        if dtype.kind == "f":
+        except TypeError:
+            dtype = _bf16(spec)  # numpy has no bfloat16; ml_dtypes (an onnx dependency) does
+        if dtype.kind == "f" or dtype.name == "bfloat16":
             arr = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             arr = rng.integers(0, 2, shape).astype(bool)
@@ -96,6 +96,14 @@ def seeded_feeds(
             raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
         feeds[spec.name] = arr
     return feeds
+
+
+def _bf16(spec: TensorSpec) -> np.dtype:
+    if spec.dtype != "bfloat16":
+        raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def package_inputs(pkg) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
