@@ -228,9 +228,7 @@ class _Run:
         for precision in prov.precisions(self.profile):
             if precision is not None and not self.all_precisions and not (rows and rows[-1].stage == "accuracy"):
                 continue  # a non-default precision is tried only when the default fails accuracy
-            self.say(
-                "row", provider=name, device=device, precision=precision, variant=self.variant.name, status="running"
-            )
+            self.say("row", provider=name, device=device, precision=precision, status="running", **self._tag())
             rerun = partial(self._run_row, name, precision, device, options, cdir, row_versions)
             row = rerun()
             self._rerun[row.key] = rerun
