@@ -167,3 +167,21 @@ def test_a_reference_with_other_tensors_is_refused_at_load(tmp_path):
     rm.write_meta(root, name="p", variants={"a": "model.onnx", "b": "other.onnx"})
     with pytest.raises(ModelError, match="variants.b: other.onnx has inputs"):
         load_package(root)
+
+
+def test_an_int8_variant_that_fails_is_not_served(quantized, tmp_path):
+    """A stricter int8 rule (model.yaml) than the int8 variant meets: the fp32 variant serves, and the int8
+    rows say why they lost."""
+    import yaml
+
+    out, _, _ = quantized
+    pkg = tmp_path / "strict"
+    shutil.copytree(out, pkg)
+    meta = yaml.safe_load((pkg / "model.yaml").read_text())
+    meta["tolerances"] = {"cpu:int8": {"max_rel": 1.0e-6, "max_abs": 0.0}}
+    rm.write_meta(pkg, **{**meta, "task": "segmentation"})  # not a classifier: judged by max_rel
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    by = {r.key: r for r in d.results}
+    assert by["int8/cpu"].status == "failed" and "max_rel" in by["int8/cpu"].reason
+    assert d.selected_key == "fp32/cpu" and d.selected_variant == "fp32"
+    assert d.losers["int8/cpu"].startswith("failed: accuracy")
