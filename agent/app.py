@@ -123,6 +123,11 @@ class DeviceAgent:
             self.step_config.probation_s = serving.probation_s
         if self.step_config.build_nice is None:
             self.step_config.build_nice = serving.build_nice
+        if self.step_config.memory_max is None:
+            from agent.serving.memory import resolve_memory_max
+
+            target_serving = self.target.serving if self.target is not None else None
+            self.step_config.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
         self.registry = ModelRegistry(finite_every=serving.finite_check_every)
         self.steps = Steps(
             self.state_dir,
@@ -361,6 +366,7 @@ class DeviceAgent:
             "pid": _pid(),
             "providers_source": self._providers_source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
+            "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
         }
         return build_status(
             self.state_dir,
@@ -372,6 +378,7 @@ class DeviceAgent:
             registry=self.registry,
             unavailable=self.steps.unavailable,
             extra=extra,
+            stale=self.steps.stale,
         )
 
     def _providers(self) -> list[str]:
@@ -442,7 +449,7 @@ class DeviceAgent:
 
 
 def _detect(sysroot):
-    from agent.hardware import detect
+    from agent.targets import detect_device as detect
 
     return detect(root=str(sysroot) if sysroot else "/")
 
@@ -450,7 +457,7 @@ def _detect(sysroot):
 def _target(name: str, profile):
     from agent import targets
 
-    return targets.match(profile) if name in (None, "auto") else targets.get_target(name)
+    return targets.resolve(profile, name)
 
 
 def _with(cfg, **changes):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import stat
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -14,10 +13,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from agent.errors import ConfigError
+from agent.names import is_valid_name
 
 DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 # Keys a running daemon applies on SIGHUP (agent.app.DeviceAgent.reload); any other change needs a restart.
 RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
@@ -64,6 +63,7 @@ class ServingConfig:
     probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
     finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
+    memory_max: int | None = None  # bytes one model may use; None: the target's memory limit, else 80% MemTotal
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -276,7 +276,7 @@ def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
     if pw is not None and user is None:
         raise ConfigError("mqtt.password_file: set without mqtt.username")
     prefix = v.string(m.get("topic_prefix", "edge"), "mqtt.topic_prefix")
-    if not all(NAME_RE.match(seg) for seg in prefix.split("/")):
+    if not all(is_valid_name(seg) for seg in prefix.split("/")):
         raise ConfigError(
             f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
             f"no empty levels), got {prefix!r}"
@@ -315,7 +315,7 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
     s = v.mapping(
         raw if raw is not None else {},
         "serving",
-        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"),
+        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every", "memory_max"),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
@@ -329,7 +329,19 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every", 1, 1_000_000),
+        memory_max=_memory_max(s.get("memory_max")),
     )
+
+
+def _memory_max(raw: Any) -> int | None:
+    from agent.util.sizes import parse_size
+
+    if raw is None:
+        return None
+    try:
+        return parse_size(raw)
+    except ValueError as exc:
+        raise ConfigError(f"serving.memory_max: {exc}") from None
 
 
 def _telemetry(v: "_Validator", raw: Any) -> TelemetryConfig:
@@ -407,7 +419,7 @@ class _Validator:
         if isinstance(raw, int) and not isinstance(raw, bool):
             raw = str(raw)
         s = self.string(raw, key)
-        if not NAME_RE.match(s):
+        if not is_valid_name(s):
             raise ConfigError(
                 f"{key}: expected 1-64 characters of [A-Za-z0-9._-] starting with a letter or digit, got {s!r}"
             )

@@ -1,5 +1,7 @@
 """Project-wide exception types. Everything below the CLI raises these; only the CLI prints or exits."""
 
+import re
+
 
 class EdgeAgentError(Exception):
     """Base class: an expected failure with a one-line, user-facing message."""
@@ -39,3 +41,14 @@ class LifecycleError(EdgeAgentError):
 
 class ServingError(EdgeAgentError):
     """A serving-side failure (model not loaded, bad request)."""
+
+
+_SOURCE_LOCATION = re.compile(
+    r"(?:Exception from |\bat )?(?:[\w.\-]*/)*[\w.\-]+\.(?:cpp|cc|cxx|c|hpp|hh|h|py):\d+(?::\d+)?:?\s*"
+)
+
+
+def without_source_locations(text: str) -> str:
+    """A runtime's message without the source locations it carries ("Exception from src/x.cpp:224:",
+    "/onnxruntime_src/.../bfc_arena.cc:360", "at rowtask.py:126"): reasons say what, not where in whose code."""
+    return re.sub(r"\s{2,}", " ", _SOURCE_LOCATION.sub("", text)).strip()

@@ -106,7 +106,7 @@ class SdNotifier:
             try:
                 if self._sock is None:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-                self._sock.sendto(data, _sockaddr(self.address))
+                self._sock.sendto(data, _sockaddr(self.address or ""))
             except OSError as exc:
                 self.last_error = f"{self.address}: {exc.strerror or exc}"
                 return False

@@ -177,7 +177,7 @@ def default_directory() -> Path:
 _CACHE: dict[str, dict[str, Target]] = {}
 
 
-def load_targets(directory: str | os.PathLike | None = None) -> dict[str, Target]:
+def load_targets(directory: str | os.PathLike[str] | None = None) -> dict[str, Target]:
     """All targets in `directory` (default: see default_directory()), by name. Raises ConfigError."""
     d = Path(directory) if directory is not None else default_directory()
     if not d.is_dir():
@@ -197,7 +197,7 @@ def load_targets(directory: str | os.PathLike | None = None) -> dict[str, Target
     return dict(targets)
 
 
-def get_target(name: str, directory: str | os.PathLike | None = None) -> Target:
+def get_target(name: str, directory: str | os.PathLike[str] | None = None) -> Target:
     targets = load_targets(directory)
     if name not in targets:
         raise ConfigError(f"unknown target {name!r}; valid targets: {', '.join(sorted(targets))}")
@@ -234,6 +234,33 @@ def match(profile: HardwareProfile, targets: Mapping[str, Target] | None = None)
     if not fallbacks:
         raise ConfigError("no target matches and no target is marked 'match: {fallback: true}'")
     return fallbacks[0]
+
+
+def resolve(profile: HardwareProfile, name: str | None = None) -> Target:
+    """The target a device runs under: the one named (config `target`, --target), else the hardware's match.
+    None, "" and "auto" mean "match"."""
+    return match(profile) if name in (None, "", "auto") else get_target(str(name))
+
+
+def with_target(profile: HardwareProfile) -> HardwareProfile:
+    """The profile with `target` set to its match; a broken targets directory becomes a note, never an error."""
+    import dataclasses
+
+    try:
+        target = match(profile)
+    except Exception as exc:  # noqa: BLE001 - a bad targets directory must not break profiling
+        return dataclasses.replace(profile, notes=profile.notes + (f"targets: {exc}",))
+    notes = profile.notes
+    if profile.arch is None:
+        notes += (f"arch unknown: target {target.name} is a fallback guess",)
+    return dataclasses.replace(profile, target=target.name, notes=notes)
+
+
+def detect_device(root: str | os.PathLike[str] = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
+    """agent.hardware.detect(root) with the matching target filled in; never raises."""
+    from agent.hardware import detect
+
+    return with_target(detect(root, use_host_tools=use_host_tools))
 
 
 def features_for(profile: HardwareProfile, target: Target) -> frozenset[str]:
@@ -294,7 +321,7 @@ def _parse_match(path: Path, raw: Any) -> dict[str, Any]:
 def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(path, "providers", "expected a non-empty list of {name, options}")
-    out = []
+    out: list[ProviderPref] = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
         if not isinstance(item, dict) or set(item) - {"name", "options"}:

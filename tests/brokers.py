@@ -6,13 +6,23 @@ broker.restart() keeps the port (and persistence, when enabled) across a stop/st
 
 from __future__ import annotations
 
+import ctypes
 import os
+import pwd
 import shutil
 import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGKILL to this child when the process that started it dies, so killing
+    pytest (or an xdist worker) never leaves a broker running (Linux prctl PR_SET_PDEATHSIG)."""
+    _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1; libc loaded before fork, nothing else runs
 
 
 def free_port() -> int:
@@ -60,7 +70,11 @@ class _Broker:
 
     def start(self) -> "_Broker":
         self.proc = subprocess.Popen(
-            self._argv(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True
+            self._argv(),
+            stdout=open(self.log, "ab"),  # noqa: SIM115 - the child owns the handle
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         _wait_port(self.port, self.proc, self.log)
         return self
@@ -117,6 +131,8 @@ class Mosquitto(_Broker):
             "max_queued_messages 10000",
             "message_size_limit 0",
             "set_tcp_nodelay true",
+            # as root, Mosquitto would switch to its own user, and a credential change clears PR_SET_PDEATHSIG
+            f"user {pwd.getpwuid(os.getuid()).pw_name}",
         ]
         if self.persistence:
             lines += ["persistence true", f"persistence_location {self.workdir}/", "autosave_interval 1"]

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clirunner import edge_agent as cli
 from hostruntime import ort_openvino_devices
 
 from agent.hardware import detect
@@ -41,12 +40,6 @@ def _sysroot(base: Path, files: dict[str, bytes]) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     return base
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agent", "providers", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
 
 
 def test_json_on_this_host_lists_every_provider_with_cpu_and_openvino_available():

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from clirunner import edge_agent as _cli
 
 from agent.config import changed_keys, default_device_id, load_config, parse_config
 from agent.errors import ConfigError
@@ -231,10 +230,6 @@ def test_changed_keys_splits_reloadable(files, tmp_path):
     changed["groups"] = ["lab"]
     reload, restart = changed_keys(a, parse_config(changed, base_dir=tmp_path))
     assert reload == {"telemetry.interval_s"} and restart == {"serving.port", "groups"}
-
-
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_config_check(tmp_path, files):

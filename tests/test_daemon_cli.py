@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
-from test_daemon_support import EXE, ROOT, Daemon, drop, infer, wait_for, write_config
+from clirunner import edge_agent as cli
+from test_daemon_support import Daemon, drop, infer, wait_for, write_config
 
 from agent.lifecycle.fsck import check_state_dir
-
-
-def cli(*args, timeout=120):
-    return subprocess.run(EXE + list(args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def test_status_and_rollback_online_and_offline(tmp_path):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clirunner import edge_agent as run_cli
 
 from agent.artifacts import keys
 from agent.artifacts.manifest import ManifestRejected, receive, rejection_record
@@ -19,10 +20,6 @@ from agent.samples import sample_tiny_package
 from agent.transport.device import DesiredState, DeviceLink
 
 CLI = [sys.executable, "-m", "agent"]
-
-
-def run_cli(*args, timeout=120):
-    return subprocess.run(CLI + [str(a) for a in args], capture_output=True, text=True, timeout=timeout)
 
 
 class MiniDevice(threading.Thread):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.hardware import detect
+from agent.targets import detect_device as detect  # detection plus the matched target
 
 SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
 GIB = 1 << 30

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.hardware import detect
 from agent.hardware.cpu import read_cpu
 from agent.hardware.devicetree import decode_pi_revision
 from agent.hardware.jetson import read_l4t
 from agent.hardware.macos import parse_sysctl
 from agent.hardware.sysroot import Sysroot, decode_clean
 from agent.hardware.thermal import decode_throttled
+from agent.targets import detect_device as detect  # detection plus the matched target
 
 SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
 

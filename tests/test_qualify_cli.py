@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-
-
-def edge_agent(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent", *args], capture_output=True, text=True, timeout=timeout)
+from clirunner import edge_agent
 
 
 def test_qualify_json_is_the_pinned_document(cnn_package, tmp_path):

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from agent.errors import ConfigError
-from agent.hardware import detect
 from agent.hardware.profile import Accelerator, CpuInfo, HardwareProfile
 from agent.providers import PROVIDER_NAMES
 from agent.targets import Tolerance, features_for, get_target, load_targets, match
+from agent.targets import detect_device as detect  # detection plus the matched target
 
 TARGETS = Path(__file__).resolve().parent.parent / "targets"
 SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
@@ -215,3 +215,13 @@ def test_target_to_dict_round_trips_json():
 
     d = json.loads(json.dumps(get_target("jetson-orin").to_dict()))
     assert d["providers"][0]["name"] == "tensorrt" and d["tolerances"]["tensorrt"]["fp32"]["max_rel"] == 0.02
+
+
+def test_detection_is_pure_and_the_target_comes_from_targets():
+    from agent.hardware import detect as pure_detect
+    from agent.targets import resolve
+
+    raw = pure_detect(SYSROOTS / "rpi4-4gb")
+    assert raw.target is None and raw.arch == "aarch64"  # hardware/ reads; it does not choose a target
+    assert detect(SYSROOTS / "rpi4-4gb").target == "raspberry-pi-4" == resolve(raw).name
+    assert resolve(raw, "generic-aarch64").name == "generic-aarch64" and resolve(raw, "auto").name == "raspberry-pi-4"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import ManifestError
-from agent.transport.topics import is_valid_name
+from agent.names import is_valid_name
 
 SCHEMA = 1
 FORMATS = ("onnx", "tar.gz")

@@ -92,11 +92,11 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
 
     from agent.conformance.report import write_all
     from agent.conformance.runner import run_conformance
-    from agent.hardware import detect
-    from agent.targets import get_target, match
+    from agent.targets import detect_device as detect
+    from agent.targets import resolve
 
     profile = detect("/")
-    target = get_target(target_name) if target_name else match(profile)
+    target = resolve(profile, target_name)
     report = run_conformance(
         suite,
         list(providers) or None,

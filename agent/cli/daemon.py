@@ -97,9 +97,20 @@ def run(config_path):
             click.echo(render_event(record), err=True)
 
     agent = DeviceAgent(cfg, step_config=step_config_from_env(), on_event=log, notifier=SdNotifier.from_env())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: _reload(agent, config_path, log))
+    # Signal handlers only set flags; this loop acts on them (a reload takes locks and does I/O).
+    wake, reload_wanted = threading.Event(), threading.Event()
+
+    def on_stop(*_: object) -> None:
+        stop.set()
+        wake.set()
+
+    def on_hup(*_: object) -> None:
+        reload_wanted.set()
+        wake.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGHUP, on_hup)
     agent.start()
     log(
         {
@@ -109,8 +120,12 @@ def run(config_path):
         }
     )
     try:
-        while not stop.wait(1.0):
-            pass
+        while not stop.is_set():
+            wake.wait(1.0)
+            wake.clear()
+            if reload_wanted.is_set() and not stop.is_set():
+                reload_wanted.clear()
+                _reload(agent, config_path, log)
     finally:
         log({"event": "stopping"})
         agent.stop()
@@ -219,10 +234,10 @@ def rollback(name, config_path, as_json, timeout):
     next start serves the previous version.
     """
     from agent.lifecycle import control
-    from agent.lifecycle.journal import check_name
+    from agent.names import check_name
 
     cfg = load_config(config_path, check_files=False)
-    check_name("model name", name)
+    check_name(name, "model name", ConfigError)
 
     def offline() -> dict:
         return {

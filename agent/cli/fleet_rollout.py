@@ -8,8 +8,8 @@ import threading
 
 import click
 
-from agent.cli.fleet import broker_config as _broker
-from agent.cli.fleet import broker_options
+from agent.cli.broker_opts import broker_config as _broker
+from agent.cli.broker_opts import broker_options
 
 
 def _render_progress(event: str, **f) -> None:

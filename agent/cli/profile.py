@@ -45,8 +45,8 @@ def profile(sysroot: str | None, as_json: bool) -> None:
 
 def detect_profile(sysroot: str | None):
     """The profile of this host, or of a captured sysroot (directory or capture tarball); ConfigError if neither."""
-    from agent.hardware import detect
     from agent.hardware.sysroot import unpack_capture
+    from agent.targets import detect_device as detect
 
     if sysroot is None:
         return detect("/")

@@ -18,9 +18,9 @@ def _target(profile, name: str | None):
             raise EdgeAgentError(f"targets are not available in this build: {exc}") from exc
         return None
     if name:
-        return targets.get_target(name)
+        return targets.resolve(profile, name)
     try:
-        return targets.match(profile)
+        return targets.resolve(profile)
     except EdgeAgentError as exc:  # a broken targets directory must not hide the providers
         click.echo(f"warning: no target matched ({exc}); listing providers without a preference order", err=True)
         return None

@@ -21,6 +21,8 @@ def _progress(event: str, **f) -> None:
         reason = f" - {f['reason']}" if f.get("reason") and f.get("status") != "passed" else ""
         lead = "\r" if tty else ""
         click.echo(f"{lead}qualify: {name}{prec}: {f.get('status')}{reason}", err=True)
+    elif event == "warning":
+        click.echo(f"warning: {f.get('reason')}", err=True)
     elif event == "confirm":
         click.echo(f"qualify: {name}{prec}: close call, measuring again", err=True)
     elif event == "original":
@@ -36,9 +38,7 @@ def _progress(event: str, **f) -> None:
 def _resolve_target(profile, name):
     from agent import targets
 
-    if name:
-        return targets.get_target(name)
-    return targets.match(profile)
+    return targets.resolve(profile, name)
 
 
 @click.command("qualify")
@@ -71,18 +71,24 @@ def _resolve_target(profile, name):
     help="Deadline per provider row; a hung runtime becomes an error row.",
 )
 @click.option("--save", type=click.Path(dir_okay=False), help="Also write the decision JSON to FILE (atomically).")
-def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save):
+@click.option(
+    "--memory-max",
+    metavar="SIZE",
+    help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemTotal).",
+)
+def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
-    from agent.hardware import detect
     from agent.qualify.harness import qualify as run_qualify
     from agent.qualify.package import load_package
+    from agent.targets import detect_device
 
     with tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp:
         pkg = load_package(package, extract_to=tmp)
-        profile = detect(sysroot or "/")
+        profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
+        cap = _memory_max(memory_max, target)
         decision = run_qualify(
             pkg,
             profile,
@@ -92,6 +98,7 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
             progress=_progress,
             latency_budget_s=budget,
             row_timeout_s=timeout,
+            memory_max=cap,
         )
     doc = decision.to_dict()
     if save:
@@ -104,6 +111,18 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         click.echo(render(doc))
     if decision.selected is None:
         sys.exit(3)
+
+
+def _memory_max(text, target) -> int | None:
+    from agent.errors import ConfigError
+    from agent.serving.memory import resolve_memory_max
+    from agent.util.sizes import parse_size
+
+    try:
+        given = parse_size(text) if text else None
+    except ValueError as exc:
+        raise ConfigError(f"--memory-max: {exc}") from None
+    return resolve_memory_max(given, getattr(target, "serving", None))[0]
 
 
 def _fmt(v, spec=".3g", suffix="") -> str:
@@ -139,6 +158,14 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    busy = [r["key"] for r in doc["results"] if r.get("contended")]
+    if busy:
+        lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
+    if doc.get("assumed_shapes"):
+        dims = "; ".join(
+            f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in doc["assumed_shapes"].items()
+        )
+        lines.append(f"shapes assumed ({dims}): declare input_shapes in model.yaml")
     lines.append("")
     sel = doc.get("selected_key")
     lines.append(f"selected: {sel} - {doc['reason']}" if sel else f"selected: none - {doc['reason']}")

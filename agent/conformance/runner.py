@@ -95,7 +95,7 @@ def run_conformance(
 
 def _context(profile: Any, target: Any) -> tuple[Any, Any]:
     if profile is None:
-        from agent.hardware import detect
+        from agent.targets import detect_device as detect
 
         profile = detect("/")
     if target is None:

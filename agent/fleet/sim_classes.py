@@ -98,14 +98,13 @@ def simulated_providers(profile, target) -> tuple[tuple[str, ...], dict[str, str
 def load_classes(sysroots: list[str], strict: bool = True) -> list[DeviceClass]:
     """Detect each sysroot once (never reading the host) and match its target. A sysroot where no CPU
     architecture can be read is not a device capture: an error when named (strict), skipped when discovered."""
-    from agent.hardware import detect
-    from agent.targets import match
+    from agent.targets import detect_device, match
 
     out = []
     for root in sysroots:
         if not Path(root).is_dir():
             raise ConfigError(f"--sysroots: {root} is not a directory")
-        profile = detect(root, use_host_tools=False)
+        profile = detect_device(root, use_host_tools=False)
         if profile.arch is None:
             if strict:
                 raise ConfigError(

@@ -49,7 +49,8 @@ ARM64_MARKERS = {"asimd", "fp", "aes", "crc32", "atomics"}
 
 def parse_cpuinfo(text: str) -> list[dict[str, str]]:
     """Split cpuinfo into blocks of key -> value (keys lower case). A trailing board block is kept too."""
-    blocks, cur = [], {}
+    blocks: list[dict[str, str]] = []
+    cur: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
             if cur:
@@ -129,14 +130,14 @@ def _int(s: str | None) -> int | None:
 
 
 def _arm_identity(procs: list[dict[str, str]]) -> tuple[str | None, str | None]:
-    cores = Counter()
+    cores: Counter[str] = Counter()
     vendor = None
     for p in procs:
         impl, part = _int(p.get("cpu implementer")), _int(p.get("cpu part"))
         if impl is None:
             continue
         vendor = vendor or ARM_IMPLEMENTERS.get(impl, f"implementer 0x{impl:02x}")
-        cores[ARM_PARTS.get((impl, part), f"part 0x{part or 0:03x}")] += 1
+        cores[ARM_PARTS.get((impl, part or 0), f"part 0x{part or 0:03x}")] += 1
     if not cores:
         return vendor, _squash(procs[0].get("model name"))
     if len(cores) == 1:

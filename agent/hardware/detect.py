@@ -1,5 +1,5 @@
 """detect(root) -> HardwareProfile: composes the per-concern readers; never raises, never reads the host
-when root is not '/'."""
+when root is not '/'. Pure reads: which target a profile matches is agent.targets' business (detect_device)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from agent.hardware import cpu as cpu_mod
-from agent.hardware.devicetree import DeviceTree, decode_pi_revision, read_device_tree
+from agent.hardware.devicetree import DeviceTree, PiRevision, decode_pi_revision, read_device_tree
 from agent.hardware.jetson import jetson_accelerators, module_of, read_l4t
 from agent.hardware.macos import macos_fields, read_sysctl
 from agent.hardware.osinfo import os_name, read_dmi, read_os_release
@@ -35,7 +35,7 @@ AARCH64_SOCS = (
 HOST_ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 
 
-def detect(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
+def detect(root: str | os.PathLike[str] = "/", *, use_host_tools: bool | None = None) -> HardwareProfile:
     """Profile the device whose filesystem is at `root`. Host tools (sysctl) run only when root is '/'."""
     try:
         sr = Sysroot(root)
@@ -44,27 +44,14 @@ def detect(root: str | os.PathLike = "/", *, use_host_tools: bool | None = None)
     try:
         if not sr.root.is_dir():
             sr.note(f"{root}: not a directory; nothing could be read")
-            return _with_target(HardwareProfile(notes=tuple(sr.notes)))
+            return HardwareProfile(notes=tuple(sr.notes))
         host_tools = sr.is_host and (sys.platform == "darwin" if use_host_tools is None else use_host_tools)
         sysctl = read_sysctl(sr, host_tools)
         fields = macos_fields(sr, sysctl) if sysctl else _linux_fields(sr)
-        return _with_target(HardwareProfile(**fields, notes=tuple(sr.notes)))
+        return HardwareProfile(**fields, notes=tuple(sr.notes))
     except Exception as exc:  # noqa: BLE001 - detect() never raises; the note carries the bug report
         sr.note(f"internal error while profiling: {type(exc).__name__}: {exc}")
         return HardwareProfile(notes=tuple(sr.notes))
-
-
-def _with_target(profile: HardwareProfile) -> HardwareProfile:
-    try:
-        from agent.targets import match
-
-        target = match(profile)
-    except Exception as exc:  # noqa: BLE001 - a bad targets directory must not break profiling
-        return dataclasses.replace(profile, notes=profile.notes + (f"targets: {exc}",))
-    notes = profile.notes
-    if profile.arch is None:
-        notes += (f"arch unknown: target {target.name} is a fallback guess",)
-    return dataclasses.replace(profile, target=target.name, notes=notes)
 
 
 def _linux_fields(sr: Sysroot) -> dict[str, Any]:
@@ -109,7 +96,7 @@ def _fallback_arch(sr: Sysroot, dt: DeviceTree) -> str | None:
     return None
 
 
-def _software(sr: Sysroot, pi, dt: DeviceTree) -> dict[str, Any]:
+def _software(sr: Sysroot, pi: PiRevision | None, dt: DeviceTree) -> dict[str, Any]:
     software: dict[str, Any] = dict(read_l4t(sr))
     if dt.compatible:
         software["dt_compatible"] = list(dt.compatible)
@@ -124,7 +111,9 @@ def _software(sr: Sysroot, pi, dt: DeviceTree) -> dict[str, Any]:
     return software
 
 
-def _board(sr: Sysroot, dt: DeviceTree, pi, extra: dict[str, str], software: dict[str, Any]) -> Board | None:
+def _board(
+    sr: Sysroot, dt: DeviceTree, pi: PiRevision | None, extra: dict[str, str], software: dict[str, Any]
+) -> Board | None:
     if pi is not None or dt.has("raspberrypi,"):
         model = dt.model or extra.get("model") or (f"{pi.model} Rev {pi.revision}" if pi else None)
         return Board(vendor="Raspberry Pi", model=model)
@@ -137,7 +126,7 @@ def _board(sr: Sysroot, dt: DeviceTree, pi, extra: dict[str, str], software: dic
     return Board(vendor=vendor, model=model) if vendor or model else None
 
 
-def _soc(dt: DeviceTree, pi, soc0: dict[str, str]) -> str | None:
+def _soc(dt: DeviceTree, pi: PiRevision | None, soc0: dict[str, str]) -> str | None:
     if pi is not None:
         return pi.soc
     for prefix in ("brcm", "nvidia"):
@@ -146,8 +135,9 @@ def _soc(dt: DeviceTree, pi, soc0: dict[str, str]) -> str | None:
             return chip.upper() if prefix == "brcm" else chip
     if soc0.get("machine"):
         return soc0["machine"]
-    if dt.chip("qcom"):
-        return dt.chip("qcom").upper()
+    qcom = dt.chip("qcom")
+    if qcom:
+        return qcom.upper()
     last = dt.compatible[-1] if dt.compatible else ""
     return last.split(",", 1)[1] if "," in last else None
 

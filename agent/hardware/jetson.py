@@ -94,7 +94,7 @@ def read_power_mode(sr: Sysroot) -> str | None:
     conf = sr.read_text("etc/nvpmodel.conf", what="expected nvpmodel configuration text") or ""
     for mid, name in re.findall(r"<\s*POWER_MODEL\s+ID\s*=\s*(\d+)\s+NAME\s*=\s*([\w.-]+)", conf):
         if int(mid) == mode:
-            return name
+            return str(name)
     return f"mode {mode}"
 
 
@@ -123,8 +123,8 @@ def jetson_accelerators(sr: Sysroot, dt: DeviceTree) -> list[Accelerator]:
             out.append(Accelerator(kind="gpu", vendor="nvidia", name=label, device="/" + entry))
             break
     if not out and (sr.exists("dev/nvhost-gpu") or sr.exists("dev/nvgpu/igpu0/ctrl")):
-        chip = SOC_GPU.get(soc or "")
-        label = f"NVIDIA {GPU_ARCH[chip]} GPU ({chip})" if chip else "NVIDIA integrated GPU"
+        soc_chip = SOC_GPU.get(soc or "")
+        label = f"NVIDIA {GPU_ARCH[soc_chip]} GPU ({soc_chip})" if soc_chip else "NVIDIA integrated GPU"
         node = "/dev/nvgpu/igpu0/ctrl" if sr.exists("dev/nvgpu/igpu0/ctrl") else "/dev/nvhost-gpu"
         out.append(Accelerator(kind="gpu", vendor="nvidia", name=label, device=node))
     _, dla = module_of(dt)

@@ -109,7 +109,7 @@ def pci_accelerators(sr: Sysroot) -> list[Accelerator]:
     for entry in sr.glob("sys/bus/usb/devices/*"):
         vid = sr.read_text(f"{entry}/idVendor") if sr.exists(f"{entry}/idVendor") else None
         pid = sr.read_text(f"{entry}/idProduct") if vid else None
-        if (vid, pid) in USB_ACCELERATORS:
+        if vid is not None and pid is not None and (vid, pid) in USB_ACCELERATORS:
             kind, vendor, name = USB_ACCELERATORS[(vid, pid)]
             found.setdefault(
                 "usb:" + entry, Accelerator(kind=kind, vendor=vendor, name=name, device=f"usb:{vid}:{pid}")

@@ -12,7 +12,7 @@ MAX_READ = 1 << 20  # no file the profile needs is larger; caps garbage and /dev
 class Sysroot:
     """Reads files below `root` only; every failure becomes None plus (for garbled data) a note."""
 
-    def __init__(self, root: str | os.PathLike = "/"):
+    def __init__(self, root: str | os.PathLike[str] = "/"):
         self.root = Path(root)
         self._real_root = os.path.realpath(self.root)
         self.is_host = self._real_root == os.path.realpath("/")
@@ -109,7 +109,7 @@ def decode_clean(data: bytes) -> str | None:
     return text.strip()
 
 
-def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+def unpack_capture(archive: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Unpack a capture-sysroot.sh tarball into `dest` (regular files and directories only, no links, nothing
     outside dest); returns dest. Raises ConfigError if it is not a readable tar archive."""
     import tarfile
@@ -122,7 +122,10 @@ def unpack_capture(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
             members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and _safe_member(m.name)]
             for m in members:
                 m.mode = 0o755 if m.isdir() else 0o644
-            tar.extractall(dest, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12/3.11.4: refuse links and devices out of the tree
+                tar.extractall(dest, members=members, filter="data")
+            else:  # pragma: no cover - older interpreters; members are already limited to safe files and dirs
+                tar.extractall(dest, members=members)
     except (tarfile.TarError, EOFError):
         raise ConfigError(
             f"{archive}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)"

@@ -140,8 +140,10 @@ def unpack(store, sha: str, packages_root: Path) -> Path:
     return final
 
 
-def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, Any]:
-    """Re-hash the stored blob, unpack it and run the package checks (ONNX checker + shape inference)."""
+def verify(store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None) -> dict[str, Any]:
+    """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
+    (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
+    daemon never does."""
     if not store.has(sha):
         raise LifecycleError(f"artifact {sha[:12]} is not in the store")
     actual = sha256_file(store.path(sha))
@@ -149,14 +151,52 @@ def verify(store, sha: str, packages_root: Path, ctx: StepContext) -> dict[str, 
         raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
     ctx.check()
     root = unpack(store, sha, packages_root)
+    from agent.qualify.isolate import run_isolated
+
+    left = ctx.remaining()
+    res = run_isolated(
+        "agent.lifecycle.actions:check_package",
+        {"root": str(root)},
+        timeout=600.0 if left is None else left + 5.0,
+        tag="verify",
+        check=ctx.check,
+        memory_max=memory_max,
+    )
+    if not res.ok:
+        why = res.error.removeprefix("ModelError: ")
+        raise ModelError(why if res.kind == "exception" else f"package check: {why}")
+    return res.value
+
+
+def check_package(root: str) -> dict[str, Any]:
+    """The child's side of verify(): load_package's checks; where the model is and its digest."""
     from agent.qualify.package import load_package
 
     pkg = load_package(root)
     return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
 
 
-def warm_feeds(session) -> dict[str, Any]:
-    """Zero tensors matching the session's inputs (dynamic dimensions -> 1)."""
+def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
+    rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
+    to the served file's input types, as qualification casts them for a variant (agent.qualify.variants).
+    Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
+    root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
+    if root is not None and root.is_dir():
+        from agent.providers.base import TensorSpec
+        from agent.qualify.inputs import plan_inputs
+        from agent.qualify.package import golden_datasets, read_meta
+
+        specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.get("input_specs") or []]
+        from agent.qualify.variants import adapt_feeds
+
+        plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
+        served = {"inputs": [{"name": s.name, "dtype": s.dtype} for s in session.inputs]}
+        return [adapt_feeds(f, served) for f in plan.warm_sets()]  # a variant gets them in its own input types
+    return [_zeros(session)]
+
+
+def _zeros(session) -> dict[str, Any]:
     import numpy as np
 
     feeds = {}
@@ -184,8 +224,8 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
             cache_dir=entry.get("cache_dir"),
         )
     try:
-        feeds = warm_feeds(session)
-        for _ in range(WARM_RUNS):
+        sets = warm_feeds(session, entry)
+        for feeds in sets + [sets[0]] * max(0, WARM_RUNS - len(sets)):
             session.run(feeds)
     except Exception as exc:
         session.close()

@@ -78,7 +78,18 @@ class Orchestrator:
         for dep in resumed:
             self._notify(dep)
             self._schedule(dep)
+        self._requalify_drifted({d.model for d in resumed})
         return resumed
+
+    def _requalify_drifted(self, busy: set[str]) -> None:
+        """Runtime drift: a committed model decided under other versions keeps serving and is re-qualified in
+        the background as a deployment of the same artifact (unless a resumed deployment replaces it anyway)."""
+        for name, entry, drift in self.steps.drifted():
+            if name in busy:
+                continue
+            source = {"kind": "requalify", "drift": drift, "provider": entry.get("provider")}
+            with self._lock:
+                self._schedule(self._create(name, entry["version"], source, sha256=entry["sha256"], fetched=True))
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking work and interrupt running steps; what they leave unjournaled, recovery resumes on the next start."""

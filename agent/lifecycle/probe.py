@@ -52,7 +52,7 @@ def main() -> None:  # pragma: no cover - runs in the child
     from agent.providers.ranking import rank
 
     profile, target_name = pickle.loads(sys.stdin.buffer.read())
-    target = targets.get_target(target_name) if target_name else targets.match(profile)
+    target = targets.resolve(profile, target_name)
     json.dump([r.name for r in rank(profile, target) if r.available], sys.stdout)
 
 

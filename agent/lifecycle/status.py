@@ -14,9 +14,14 @@ from agent.lifecycle.states import State
 
 
 def models_block(
-    slots: ModelSlots, journal: Journal, registry=None, unavailable: dict[str, str] | None = None
+    slots: ModelSlots,
+    journal: Journal,
+    registry=None,
+    unavailable: dict[str, str] | None = None,
+    stale: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Per model: what serves (version, sha256, provider, precision) and its state."""
+    """Per model: what serves (version, sha256, provider, precision) and its state (`stale`: committed, but
+    decided under other runtime versions; re-qualification runs in the background)."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
     serving = registry.models() if registry is not None else {}
@@ -29,11 +34,15 @@ def models_block(
             "sha256": c["sha256"],
             "provider": c.get("provider"),
             "precision": c.get("precision"),
-            "state": State.COMMITTED.value,
+            "state": "stale" if (stale or {}).get(name) else State.COMMITTED.value,
             "previous": (s["previous"] or {}).get("version"),
         }
         if c.get("variant"):  # a package of variants: which one serves
             out[name]["variant"] = c["variant"]
+        if (stale or {}).get(name):
+            out[name]["stale"] = stale[name]  # type: ignore[index]
+        if c.get("requalified"):
+            out[name]["requalified"] = c["requalified"]
     for name, dep in in_flight.items():
         if dep.state in (State.ACTIVATING, State.PROBATION) and serving.get(name) == dep.version:
             sel = dep.data.get("selected") or {}
@@ -82,6 +91,7 @@ def build_status(
     unavailable: dict[str, str] | None = None,
     recent: int = 10,
     extra: dict | None = None,
+    stale: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     slots, journal = ModelSlots(state_dir), Journal(state_dir)
     doc = {
@@ -93,7 +103,7 @@ def build_status(
         "target": target,
         "hardware": hardware or {},
         "providers": list(providers or []),
-        "models": models_block(slots, journal, registry, unavailable),
+        "models": models_block(slots, journal, registry, unavailable, stale),
         "deployments": deployments_block(journal),
         "recent_deployments": [{"model": d.model, **d.summary()} for d in journal.recent(recent)],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,7 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualifier import run_qualification
+from agent.lifecycle.qualqueue import QualificationQueue
 from agent.lifecycle.slots import ModelSlots, gc
 from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
@@ -38,6 +40,9 @@ ENTRY_KEYS = (
     "latency_ms",
     "deployment_id",
     "variant",
+    "input_specs",
+    "contended",
+    "requalified",
 )
 
 
@@ -52,6 +57,7 @@ class StepConfig:
     swap: str | None = None  # make-before-break | stop-then-start (forced; default: the target's rule below)
     serving: dict[str, Any] = field(default_factory=dict)  # the target's serving hints (swap, swap_when_memory_short)
     keep_deployments: int = 20
+    memory_max: int | None = None  # bytes one model may use (serving.memory_max resolved; None: no bound)
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
 
 
@@ -80,7 +86,9 @@ class Steps:
             d.mkdir(parents=True, exist_ok=True)
         _clean_leftovers(self.packages, self.staging)  # start-up: nothing is unpacking or packing yet
         self.session_lock = threading.Lock()
+        self.qualify_queue = QualificationQueue()  # one qualification at a time on this device
         self.unavailable: dict[str, str] = {}  # model -> why its committed slot is not serving
+        self.stale: dict[str, str] = {}  # model -> why its decision no longer matches this device's runtimes
         # MQTT mode plugs these in: manifest policy check (raise act.Rejected) and artifact pull.
         self.check_manifest: Callable[[Deployment], None] | None = None
         self.fetch_manifest: Callable[[Deployment, act.StepContext], dict[str, Any]] | None = None
@@ -113,6 +121,9 @@ class Steps:
             if self.check_manifest is None:
                 raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
             self.check_manifest(dep)
+        elif kind == "requalify":
+            if not self.store.has(dep.data.get("sha256") or ""):
+                raise LifecycleError("the committed artifact is no longer in the store: cannot re-qualify")
         elif kind == "inbox":
             if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
                 raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
@@ -135,29 +146,48 @@ class Steps:
         return Event.FETCHED, {}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        return Event.VERIFIED, act.verify(self.store, dep.data["sha256"], self.packages, ctx)
+        return Event.VERIFIED, act.verify(
+            self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max
+        )
 
     def on_qualifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         cache_root = str(self.state_dir / "cache")
 
+        window: dict[str, Any] = {}
+
         def measure() -> dict[str, Any]:
-            return run_qualification(
-                dep.data["package_dir"],
-                self.profile,
-                self.target_name,
-                cache_root,
-                ctx,
-                providers=self.config.providers,
-                options=self.config.qualify_options,
-                overrides=(dep.data.get("manifest") or {}).get("qualification"),
-            )
+            with self.qualify_queue.turn(f"{dep.model} {dep.version} ({dep.id})", ctx) as turn:
+                if ctx.deadline is not None:  # the state's deadline is for measuring, not for waiting in line
+                    ctx.deadline += turn["queued_s"]
+                ctx.report("qualify_start", queued_s=turn["queued_s"])
+                try:
+                    return run_qualification(
+                        dep.data["package_dir"],
+                        self.profile,
+                        self.target_name,
+                        cache_root,
+                        ctx,
+                        providers=self.config.providers,
+                        options=self.config.qualify_options,
+                        overrides=(dep.data.get("manifest") or {}).get("qualification"),
+                        nice=_or(self.config.build_nice, ServingConfig.build_nice),
+                        memory_max=self.config.memory_max,
+                        answers={"serving_requests": self.serving_requests},
+                    )
+                finally:
+                    window.update(turn, finished=time.time())
+                    ctx.report("qualify_end", seconds=round(window["finished"] - window["started"], 3))
 
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision)
         summary = _summary(decision)
         if not decision.get("selected"):
             raise LifecycleError(f"no provider passed qualification: {summary['why']}")
+        guessed = shapes_guessed(decision)
+        if guessed:
+            raise LifecycleError(guessed)
         row = _selected_row(decision)
+        note = self._requalified_note(dep, decision)
         selected = {
             "provider": decision["selected"],
             "precision": row.get("precision"),
@@ -167,12 +197,48 @@ class Steps:
             "cache_dir": row.get("cache_dir"),
             "latency_ms": row.get("latency_ms") or {},
             "versions": row.get("versions") or {},
+            "contended": bool(row.get("contended")),
+            "memory_peak_bytes": row.get("memory_peak_bytes"),
+            "input_specs": (decision.get("model") or {}).get("inputs") or [],
+            **({"requalified": note} if note else {}),
         }
         if row.get("variant"):  # a package of variants: serve exactly the file that won (and its cache key)
             selected.update(
                 variant=row["variant"], model_path=row.get("model_path"), model_sha256=row.get("model_sha256")
             )
-        return Event.QUALIFIED, {"decision": summary, "selected": selected}
+        window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
+        return Event.QUALIFIED, {"decision": summary, "selected": selected, "qualification": window}
+
+    def _requalified_note(self, dep: Deployment, decision: dict[str, Any]) -> str:
+        """For a drift re-qualification: what changed and, when the provider changes, why the old one lost."""
+        if dep.source.get("kind") != "requalify":
+            return ""
+        was = dep.source.get("provider")
+        note = f"re-qualified after {dep.source.get('drift') or 'a runtime change'}"
+        if was and decision.get("selected") != was:
+            lost = (decision.get("losers") or {}).get(was) or "no longer passes"
+            note += f": {was} -> {decision.get('selected')} ({was}: {lost})"
+        return note
+
+    def drifted(self) -> list[tuple[str, dict[str, Any], str]]:
+        """Start-up: committed models whose decision was made under other runtime/provider/driver versions,
+        as (name, committed entry, what changed); each is marked stale until re-qualified."""
+        from agent.qualify import caches
+
+        current = caches.runtime_versions(self.profile)
+        out = []
+        for name in self.slots.names():
+            entry = self.slots.get(name)["committed"]
+            drift = caches.version_drift((entry or {}).get("versions"), current) if entry else {}
+            if drift:
+                text = caches.drift_text(drift)
+                self.stale[name] = f"decided under other versions ({text}); re-qualifying in the background"
+                out.append((name, entry, text))
+        return out
+
+    def serving_requests(self) -> int:
+        """Requests served so far by every model here (the qualification child asks, to record the load)."""
+        return sum(int(s.snapshot().get("requests") or 0) for s in self.registry.all_stats())
 
     def on_activating(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         with self.model_lock(dep.model):
@@ -211,7 +277,9 @@ class Steps:
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         from agent.serving.probation import TROUBLE, Probation
 
-        p99 = (dep.data.get("selected") or {}).get("latency_ms", {}).get("p99")
+        selected = dep.data.get("selected") or {}
+        # a row measured under contention is no latency baseline: probation then judges errors and NaN/Inf only
+        p99 = None if selected.get("contended") else selected.get("latency_ms", {}).get("p99")
         window = _or(self.config.probation_s, ServingConfig.probation_s)
         watch = Probation(self.registry, dep.model, dep.version, p99, window=window).start()
         try:
@@ -226,13 +294,20 @@ class Steps:
             raise LifecycleError(watch.verdict.reason)
         with self.model_lock(dep.model):
             self.slots.commit(dep.model, self.entry(dep))
+            self.stale.pop(dep.model, None)
         self._gc()
         return Event.PASSED, {"probation": watch.verdict.figures}
 
     def finished(self, dep: Deployment) -> None:
-        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again."""
+        """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again;
+        a failed re-qualification leaves the model serving, stale, with the reason."""
         if dep.source.get("kind") == "inbox" and dep.source.get("path"):
             shutil.rmtree(dep.source["path"], ignore_errors=True)
+        if dep.source.get("kind") == "requalify" and dep.state is not State.COMMITTED and dep.model in self.stale:
+            self.stale[dep.model] = (
+                f"decided under other versions ({dep.source.get('drift')}); re-qualification "
+                f"{dep.state.value}: {dep.reason}; still serving the old decision"
+            )
 
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:
@@ -366,6 +441,19 @@ def _selected_row(decision: dict[str, Any]) -> dict[str, Any]:
         if row.get("key", row.get("provider")) == key:
             return row
     return next((r for r in decision.get("results", []) if r.get("provider") == decision.get("selected")), {})
+
+
+def shapes_guessed(decision: dict[str, Any]) -> str:
+    """Why a decision measured on guessed shapes cannot go live ("" when every shape was declared)."""
+    assumed = decision.get("assumed_shapes") or {}
+    if not assumed:
+        return ""
+    dims = "; ".join(f"input {name!r}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for name, ds in assumed.items())
+    return (
+        f"shapes guessed at qualification ({dims}): the daemon does not activate a model measured on assumed "
+        "shapes; add input_shapes (a shape, or min/opt/max) or dynamic_dims to model.yaml, or a "
+        "test_data_set_0 with real inputs"
+    )
 
 
 def _summary(decision: dict[str, Any]) -> dict[str, Any]:

@@ -279,6 +279,7 @@ class OrtSession(ProviderSession):
         try:
             events = json.loads(Path(path).read_text())
         finally:
+            assert self._profile_dir is not None  # only profiled sessions get here (assignment())
             for f in glob.glob(os.path.join(self._profile_dir, "*")):
                 os.unlink(f)
         return profiled_assignment(events, self._ep)
@@ -290,7 +291,7 @@ class OrtSession(ProviderSession):
 
 def graph_assignment(sess, ep_name: str) -> Assignment:
     """Node -> EP from ORT's recorded graph assignment (post-optimisation nodes)."""
-    on, other = 0, Counter()
+    on, other = 0, Counter[str]()
     for sub in sess.get_provider_graph_assignment_info():
         nodes = list(sub.get_nodes())
         if sub.ep_name == ep_name:

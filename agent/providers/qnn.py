@@ -56,8 +56,9 @@ class QnnProvider(OrtEpProvider):
 
     def _versions(self) -> dict[str, str]:
         v = super()._versions()
-        if dist_version("onnxruntime-qnn"):
-            v["onnxruntime-qnn"] = dist_version("onnxruntime-qnn")
+        qnn = dist_version("onnxruntime-qnn")
+        if qnn:
+            v["onnxruntime-qnn"] = qnn
         return v
 
     def ep_options(

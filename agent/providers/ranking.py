@@ -18,7 +18,7 @@ def preferences(target: Any) -> list[tuple[str, dict[str, Any]]]:
     prefs: list[tuple[str, dict[str, Any]]] = []
     for pref in getattr(target, "providers", None) or []:
         if isinstance(pref, str):
-            name, options = pref, {}
+            name, options = pref, dict[str, Any]()
         elif isinstance(pref, dict):
             name, options = pref.get("name", ""), pref.get("options") or {}
         else:
@@ -82,7 +82,7 @@ def smoke_test(result: ProbeResult, model_path: str, feeds: dict, expected: dict
         sess = get(result.name).open_session(model_path, options=dict(result.options))
         got = sess.run(feeds)
         a = sess.assignment()
-        bad = [k for k, v in expected.items() if not np.allclose(got.get(k), v, atol=1e-2, rtol=1e-2)]
+        bad = [k for k, v in expected.items() if k not in got or not np.allclose(got[k], v, atol=1e-2, rtol=1e-2)]
         out = {
             "ok": not bad,
             "precision": sess.precision,

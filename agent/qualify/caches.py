@@ -42,10 +42,29 @@ def runtime_versions(profile: Any = None, probe_versions: dict[str, Any] | None 
     for k, v in (probe_versions or {}).items():
         versions[str(k)] = str(v)
     software = getattr(profile, "software", None) or {}
-    for k in ("l4t", "jetpack", "tensorrt", "cuda", "qairt", "driver"):
+    for k in _SOFTWARE_KEYS:
         if software.get(k):
             versions[k] = str(software[k])
     return versions
+
+
+_SOFTWARE_KEYS = ("l4t", "jetpack", "tensorrt", "cuda", "qairt", "driver")
+
+
+def version_drift(stored: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, list[str | None]]:
+    """{key: [then, now]} for every runtime, provider or driver version recorded with a decision that differs
+    now (a runtime that is gone reads None). Only the keys runtime_versions() itself owns are compared."""
+    owned = set(_DISTS) | set(_SOFTWARE_KEYS)
+    return {
+        k: [str(v), None if current.get(k) is None else str(current[k])]
+        for k, v in sorted((stored or {}).items())
+        if k in owned and str(v) != str(current.get(k))
+    }
+
+
+def drift_text(drift: dict[str, list[str | None]]) -> str:
+    """'onnxruntime 1.31.0 -> 1.32.0, openvino (none) -> 2026.4.1'."""
+    return ", ".join(f"{k} {a or '(none)'} -> {b or '(none)'}" for k, (a, b) in drift.items())
 
 
 _DISTS: dict[str, tuple[str, ...]] = {

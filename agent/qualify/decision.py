@@ -33,6 +33,11 @@ class Row:
     throughput_ips: float | None = None
     compile_s: float | None = None
     rss_growth_mb: float | None = None
+    memory_peak_bytes: int | None = None  # peak RSS growth of the session: create, warm-up, timed runs
+    latency_max_ms: dict[str, Any] | None = None  # at model.yaml's declared max shape
+    conditions: dict[str, Any] = field(default_factory=dict)  # load, others' CPU share, serving rate, throttling
+    contended: bool = False  # measured under contention: never a latency baseline
+    assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # input -> {dim: value} guessed
     cache_dir: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     wall_s: float | None = None
@@ -78,6 +83,8 @@ class Decision:
     timestamp: float = 0.0
     hardware: dict[str, Any] = field(default_factory=dict)
     selected_variant: str | None = None
+    assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # the daemon refuses these
+    memory_max: int | None = None
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -111,6 +118,8 @@ class Decision:
             "versions": self.versions,
             "hardware": self.hardware,
             "timestamp": self.timestamp,
+            "assumed_shapes": self.assumed_shapes,
+            "memory_max": self.memory_max,
         }
 
     @classmethod

@@ -14,8 +14,8 @@ from agent.qualify import original as orig
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
 from agent.qualify.decision import Decision, Row
-from agent.qualify.inputs import batch_size, package_inputs
-from agent.qualify.isolate import run_isolated
+from agent.qualify.inputs import batch_size, package_plan
+from agent.qualify.isolate import IsolatedResult, child_ask, run_isolated
 from agent.qualify.package import ModelPackage, load_package
 
 ROW_TIMEOUT_S = 600.0
@@ -36,13 +36,15 @@ def qualify(
     latency_budget_s: float = LATENCY_BUDGET_S,
     row_timeout_s: float = ROW_TIMEOUT_S,
     all_precisions: bool = False,
+    memory_max: int | None = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
     A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
     accuracy, or always with all_precisions=True (the conformance report). When the two fastest passing
     rows are within CLOSE_CALL of each other, both are measured again in reverse order and their samples
-    merged, so load drift during the first pass cannot decide alone."""
+    merged, so load drift during the first pass cannot decide alone. `memory_max` (bytes): what one model
+    may use; each row's worker is killed over it and a row whose peak exceeds it fails."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
@@ -54,6 +56,9 @@ def qualify(
     refs: list[str] = []
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
+        run.memory_max = memory_max
+        if not refs:
+            run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
         refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
         for name in names:
@@ -81,6 +86,8 @@ def qualify(
         timestamp=time.time(),
         hardware=_hw(profile),
         selected_variant=winner.variant if winner else None,
+        assumed_shapes=run.plan.assumed,
+        memory_max=memory_max,
     )
 
 
@@ -107,7 +114,9 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _reference(model_path, feeds, golden, isolate: bool, timeout: float) -> tuple[dict | None, str, str]:
+def _reference(
+    model_path, feeds, golden, isolate: bool, timeout: float, memory_max: int | None = None
+) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
     res = run_isolated(
@@ -116,6 +125,7 @@ def _reference(model_path, feeds, golden, isolate: bool, timeout: float) -> tupl
         timeout=timeout,
         isolate=isolate,
         tag="reference",
+        memory_max=memory_max,
     )
     if res.ok:
         return res.value[0], res.value[1], ""
@@ -148,7 +158,10 @@ class _Run:
         self.pkg, self.profile, self.target, self.cache_root = pkg, profile, target, cache_root
         self.say = progress or (lambda event, **f: None)
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
-        self.feeds, self.golden, self.inputs_desc = package_inputs(pkg)
+        self.plan = package_plan(pkg)
+        self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
+        self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
+        self.memory_max: int | None = None
         self.versions = caches.runtime_versions(profile)
         self._rerun: dict[str, Callable[[], Row]] = {}
         self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
@@ -162,11 +175,14 @@ class _Run:
         call is confirmed across them."""
         self.variant, self._rerun = v, reruns
         raw = self.feeds
-        if v.declared:
+        if v.declared:  # the one input plan, in this variant's input types
             self.feeds = var.adapt_feeds(raw, v.declared)
+            lat, top = self.plan.latency, self.plan.at_max
+            self.latency_feeds = self.feeds if lat is raw else var.adapt_feeds(lat, v.declared)
+            self.max_feeds = var.adapt_feeds(top, v.declared) if top is not None else None
         if v.reference is None:
             self.reference, self.ref_desc, self.ref_error = _reference(
-                v.model_path, self.feeds, self.golden, self.isolate, self.timeout
+                v.model_path, self.feeds, self.golden, self.isolate, self.timeout, self.memory_max
             )
             return
         raw_sets = orig.input_sets(self.pkg, raw)  # each model gets the same values in its own input types
@@ -179,6 +195,7 @@ class _Run:
             timeout=self.timeout,
             isolate=self.isolate,
             tag="original",
+            memory_max=self.memory_max,
         )
         if not res.ok:
             self.reference, self.ref_desc = None, "none"
@@ -191,9 +208,15 @@ class _Run:
             "file": v.reference.name,
             "sets": sets,
             "outputs": outputs,
-            "feeds": ref_sets[0],  # the original's own input types, for its latency
+            # the original's own input types, at the shape the variant's latency is measured on
+            "feeds": ref_sets[0] if self.plan.latency is raw else var.adapt_feeds(self.plan.latency, ref_declared),
             "classifier": orig.is_classifier(self.pkg.task),
         }
+
+    def warn_assumed(self) -> None:
+        """Say which shapes were guessed (once per qualification)."""
+        if self.plan.assumed:
+            self.say("warning", reason=assumed_warning(self.plan.assumed))
 
     def provider_rows(self, name: str) -> list[Row]:
         from agent.providers import get
@@ -275,11 +298,15 @@ class _Run:
             "reference": self.reference,
             "tolerances": tolerances_for(self.target, self.pkg, name),
             "budget_s": self.budget,
-            "batch": batch_size(self.feeds),
+            "batch": batch_size(self.latency_feeds),
+            "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
+            "max_feeds": self.max_feeds,
+            "memory_max": self.memory_max,
             "model_precision": self.variant.precision,
             "declared": self.variant.declared,
             "original": self.original,
         }
+        served0, t0 = child_ask("serving_requests"), time.monotonic()
         res = run_isolated(
             "agent.qualify.rowtask:measure_row",
             kwargs,
@@ -287,21 +314,20 @@ class _Run:
             isolate=self.isolate,
             tag=(f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             progress=self.say,
+            memory_max=self.memory_max,
         )
-        if res.ok:
-            row = Row.from_dict(res.value)
-        else:
-            row = Row(
-                provider=name,
-                status="error",
-                reason=f"{name}: {res.error}",
-                stage="isolation",
-                requested_precision=precision,
-                requested_device=device,
-                options=options,
-            )
+        served1, wall = child_ask("serving_requests"), time.monotonic() - t0
+        row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
+        row.assumed_shapes = self.plan.assumed
+        if self.plan.assumed and row.status != "passed":
+            dims = "; ".join(
+                f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in self.plan.assumed.items()
+            )
+            row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
+        if isinstance(served0, int) and isinstance(served1, int):
+            row.conditions["serving_rps"] = round(max(0, served1 - served0) / max(wall, 1e-6), 2)
         return row
 
     def confirm_close_call(self, rows: list[Row]) -> None:
@@ -327,6 +353,30 @@ class _Run:
             orig_p50 = (row.original or {}).get("p50_ms")
             if orig_p50 and row.latency_ms.get("p50"):  # the speed-up follows the merged samples
                 row.original = {**(row.original or {}), "speedup": round(orig_p50 / row.latency_ms["p50"], 3)}
+
+
+def _broken_row(name: str, precision, device, options, res: IsolatedResult) -> Row:
+    """A row whose worker did not return one: killed over the memory limit, crashed, hung or raised."""
+    memory = res.kind == "memory"
+    return Row(
+        provider=name,
+        status="failed" if memory else "error",
+        reason=f"{res.error} on {name}" if memory else f"{name}: {res.error}",
+        stage="memory" if memory else "isolation",
+        requested_precision=precision,
+        requested_device=device,
+        options=options,
+        memory_peak_bytes=res.peak_rss_bytes if memory else None,
+    )
+
+
+def assumed_warning(assumed: dict[str, dict[str, int]]) -> str:
+    """One line naming every guessed dim and the value it got, and what to add to the package."""
+    dims = "; ".join(f"{name}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for name, ds in assumed.items())
+    return (
+        f"shapes assumed ({dims}): declare input_shapes or dynamic_dims in model.yaml, or ship a test_data_set_0; "
+        "the daemon refuses models measured on assumed shapes"
+    )
 
 
 def _hw(profile: Any) -> dict[str, Any]:

@@ -1,7 +1,15 @@
-"""Identical inputs for every provider: golden test_data_set_N if present, else seeded feeds from the specs."""
+"""Identical inputs for every provider: golden test_data_set_N if present, else seeded feeds from the specs.
+
+model.yaml declares shapes per input: `input_shapes: {x: [1, 3, 224, 224]}` (fixed) or `{x: {min: [..],
+opt: [..], max: [..]}}` (a range, as TensorRT optimisation profiles do), `dynamic_dims: {H: 32}` by dim name,
+and `input_values: {sr: 16000}` for scalar or semantic inputs. Accuracy is judged on golden data (else seeded
+feeds at `opt`), latency is measured at `opt` (and at `max` when declared). A symbolic dim nobody declared is
+assumed to be 1 and named in `assumed`. The daemon's warm-up replays exactly these inputs, golden first.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,25 +75,47 @@ def _load_indexed(ds: Path, prefix: str, specs: list[TensorSpec]) -> dict[str, A
     return out
 
 
-def resolve_shape(spec: TensorSpec, dynamic_dims: dict[str, int], input_shapes: dict[str, list[int]]) -> list[int]:
-    """Concrete shape: model.yaml input_shapes, else dynamic_dims by dim name, else 1."""
-    if spec.name in input_shapes:
-        return list(input_shapes[spec.name])
+def resolve_shape(
+    spec: TensorSpec, dynamic_dims: dict[str, int], input_shapes: dict[str, Any], which: str = "opt"
+) -> list[int]:
+    """Concrete shape: model.yaml input_shapes (a list, or the `which` of min/opt/max), else dynamic_dims by
+    dim name, else 1."""
+    declared = input_shapes.get(spec.name)
+    if isinstance(declared, dict):
+        return list(declared.get(which) or declared["opt"])
+    if declared is not None:
+        return list(declared)
     return [d if isinstance(d, int) and d > 0 else int(dynamic_dims.get(str(d), DEFAULT_DYNAMIC)) for d in spec.shape]
 
 
+def assumed_dims(specs: list[TensorSpec], dynamic_dims: dict[str, int], input_shapes: dict[str, Any], values) -> dict:
+    """{input: {dim: value}} for every symbolic dim that nothing in the package declares (it becomes 1)."""
+    out: dict[str, dict[str, int]] = {}
+    for spec in specs:
+        if spec.name in input_shapes or spec.name in (values or {}):
+            continue
+        for i, d in enumerate(spec.shape):
+            if not (isinstance(d, int) and d > 0) and str(d) not in dynamic_dims:
+                out.setdefault(spec.name, {})[str(d) if d not in (None, "", -1) else f"dim{i}"] = DEFAULT_DYNAMIC
+    return out
+
+
 def seeded_feeds(
-    specs: list[TensorSpec], *, dynamic_dims=None, input_shapes=None, seed: int = 0
+    specs: list[TensorSpec], *, dynamic_dims=None, input_shapes=None, seed: int = 0, which: str = "opt", values=None
 ) -> dict[str, np.ndarray]:
-    """Deterministic inputs that respect dtypes and shapes (floats ~ N(0,1), ints in [0, 10), bools)."""
+    """Deterministic inputs that respect dtypes and shapes (floats ~ N(0,1), ints in [0, 10), bools);
+    `values` (model.yaml input_values) gives an input's value outright (a scalar fills the shape)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
-        shape = resolve_shape(spec, dynamic_dims or {}, input_shapes or {})
+        shape = resolve_shape(spec, dynamic_dims or {}, input_shapes or {}, which)
         try:
             dtype = np.dtype(spec.dtype)
         except TypeError:
             dtype = _bf16(spec)  # numpy has no bfloat16; ml_dtypes (an onnx dependency) does
+        if spec.name in (values or {}):
+            feeds[spec.name] = _given(spec, values[spec.name], dtype, shape)
+            continue
         if dtype.kind == "f" or dtype.name == "bfloat16":
             arr = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
@@ -106,14 +136,67 @@ def _bf16(spec: TensorSpec) -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+def _given(spec: TensorSpec, value: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """model.yaml input_values: a scalar fills the input's shape; a list is the value as written."""
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"input_values.{spec.name}: not a {dtype.name} value: {exc}") from None
+    return np.full(shape, arr, dtype=arr.dtype) if arr.ndim == 0 and shape else arr
+
+
+@dataclass
+class InputPlan:
+    """What qualification feeds: accuracy inputs (+ expected outputs when golden), latency at opt and max."""
+
+    accuracy: dict[str, Any]
+    expected: dict[str, Any] | None
+    latency: dict[str, Any]
+    at_max: dict[str, Any] | None = None
+    assumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    desc: str = ""
+
+    def warm_sets(self) -> list[dict[str, Any]]:
+        """The inputs in the order the daemon replays them before a swap: golden (accuracy) first."""
+        sets = [self.accuracy]
+        for extra in (self.latency, self.at_max):
+            if extra is not None and all(extra is not s for s in sets):
+                sets.append(extra)
+        return sets
+
+
+def plan_inputs(
+    specs: list[TensorSpec], outputs: list[TensorSpec], meta: dict[str, Any], datasets: list[Path]
+) -> InputPlan:
+    """The inputs of one package (model.yaml `meta`, its golden `datasets`), the same in qualify and daemon."""
+    dyn = dict(meta.get("dynamic_dims") or {})
+    shapes = dict(meta.get("input_shapes") or {})
+    values = dict(meta.get("input_values") or {})
+    declared = bool(shapes or values)
+    kw = {"dynamic_dims": dyn, "input_shapes": shapes, "values": values}
+    opt = seeded_feeds(specs, **kw) if declared or not datasets else None
+    ranged = any(isinstance(v, dict) and v.get("max") for v in shapes.values())
+    at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
+    dims = ", ".join(f"{k}={v}" for k, v in dyn.items())
+    if datasets:
+        feeds, expected = load_dataset(datasets[0], specs, outputs)
+        where = f"golden:{datasets[0].name}" + (", latency at declared opt" if opt is not None else "")
+        return InputPlan(feeds, expected or None, opt if opt is not None else feeds, at_max, {}, where)
+    assert opt is not None
+    assumed = assumed_dims(specs, dyn, shapes, values)
+    desc = f"seeded(seed=0{', ' + dims if dims else ''}{', declared shapes' if declared else ''})"
+    return InputPlan(opt, None, opt, at_max, assumed, desc)
+
+
+def package_plan(pkg) -> InputPlan:
+    """The InputPlan of a ModelPackage."""
+    return plan_inputs(pkg.inputs, pkg.outputs, pkg.meta, pkg.datasets)
+
+
 def package_inputs(pkg) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
-    """(feeds, golden outputs or None, description of the source) for a ModelPackage."""
-    if pkg.datasets:
-        feeds, expected = load_dataset(pkg.datasets[0], pkg.inputs, pkg.outputs)
-        return feeds, (expected or None), f"golden:{pkg.datasets[0].name}"
-    feeds = seeded_feeds(pkg.inputs, dynamic_dims=pkg.dynamic_dims, input_shapes=pkg.input_shapes)
-    dims = ", ".join(f"{k}={v}" for k, v in pkg.dynamic_dims.items())
-    return feeds, None, f"seeded(seed=0{', ' + dims if dims else ''})"
+    """(accuracy feeds, golden outputs or None, description of the source) for a ModelPackage."""
+    plan = package_plan(pkg)
+    return plan.accuracy, plan.expected, plan.desc
 
 
 def batch_size(feeds: dict[str, Any]) -> int:

@@ -1,9 +1,14 @@
 """Run native-code work in a child process with a deadline: a crash or hang becomes a result, not our death.
 
-The child is `python -m agent.qualify.worker FD`; tasks ("module:function", kwargs) and results travel as
-pickles over a socketpair (stdout is left to the runtimes, which print there), stderr goes to a file whose
-last line explains a crash. An IsolatedWorker serves many calls and restarts after a crash; run_isolated()
-is the one-shot form used per provider row.
+The child is `python -m agent.qualify.worker FD [--nice N] [--data-limit BYTES] [--parent PID]`; tasks
+("module:function", kwargs) and results travel as pickles over a socketpair (stdout is left to the runtimes,
+which print there), stderr goes to a file whose last lines explain a crash. An IsolatedWorker serves many
+calls and restarts after a crash; run_isolated() is the one-shot form used per provider row and by the
+daemon for a whole qualification. This is the one child-process runner for native work: it gives back the
+child's complete result or its real failure (exit status or signal, the last stderr lines), lowers the
+child's priority (`nice`), bounds its memory (`memory_max`: an RSS watchdog here plus RLIMIT_DATA there, so a
+runaway model kills only its worker), honours a caller's cancellation (`check`), and answers the child's
+questions about the parent's state (`answers`, asked with child_ask()).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import IO, Any
 
 FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
 _CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
+STDERR_LINES = 3  # how many last stderr lines a crash report carries
+WATCH_S = 0.02  # RSS sampling period of the memory watchdog
+WORKER_BASE_BYTES = 384 << 20  # what a worker holds before its task allocates (Python, numpy, runtimes)
+DATA_LIMIT_FACTOR = 2  # RLIMIT_DATA counts reserved (virtual) memory: the hard stop sits above the RSS cap
 
 
 def child_progress(event: str, **fields: Any) -> None:
@@ -31,23 +40,46 @@ def child_progress(event: str, **fields: Any) -> None:
         _CHILD_CONN[0].send(("progress", event, fields))
 
 
+def child_ask(question: str) -> Any:
+    """Ask the parent process (e.g. the daemon: "serving_requests"); None in-process or when nobody knows."""
+    if not _CHILD_CONN:
+        return None
+    conn = _CHILD_CONN[0]
+    conn.send(("ask", question))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "answer":
+            return msg[1]
+
+
 @dataclass
 class IsolatedResult:
     ok: bool
     value: Any = None
     error: str = ""  # one line: why it failed
-    kind: str = ""  # "" | exception | crashed | timeout
+    kind: str = ""  # "" | exception | crashed | timeout | memory
     wall_s: float = 0.0
+    peak_rss_bytes: int | None = None  # the worker's highest sampled RSS (with a memory watchdog)
 
 
 class IsolatedWorker:
     """A long-lived child process; call() runs a function in it with a deadline."""
 
-    def __init__(self, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        *,
+        nice: int = 0,
+        memory_max: int | None = None,
+        answers: dict[str, Callable[[], Any]] | None = None,
+    ):
+        """`nice`: levels below our priority; `memory_max`: bytes a task may hold beyond WORKER_BASE_BYTES
+        (the worker is killed over it); `answers`: question -> function, for child_ask() in the child."""
         self._env = env
+        self.nice, self.memory_max, self.answers = max(0, int(nice)), memory_max, dict(answers or {})
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
-        self._stderr = None
+        self._stderr: IO[bytes] | None = None
         self.restarts = 0
         self._starts = 0
 
@@ -63,8 +95,13 @@ class IsolatedWorker:
             self._stderr.close()
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ if self._env is None else self._env)
+        argv = [sys.executable, "-m", "agent.qualify.worker", str(child.fileno()), "--parent", str(os.getpid())]
+        if self.nice:
+            argv += ["--nice", str(self.nice)]
+        if self.memory_max:
+            argv += ["--data-limit", str(DATA_LIMIT_FACTOR * self.memory_max + WORKER_BASE_BYTES + (1 << 30))]
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "agent.qualify.worker", str(child.fileno())],
+            argv,
             pass_fds=[child.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -82,47 +119,34 @@ class IsolatedWorker:
         timeout: float,
         tag: str = "",
         progress: Callable[..., None] | None = None,
+        check: Callable[[], None] | None = None,
     ) -> IsolatedResult:
-        """Run `module:function(**kwargs)` in the child. Never raises for child failures."""
+        """Run `module:function(**kwargs)` in the child. Never raises for child failures; an exception from
+        `check()` (called while waiting: the caller's cancellation) kills the child and propagates."""
         if self._proc is None or self._proc.poll() is not None:
             self.restarts += 1 if self._starts else 0
             self._starts += 1
             self._start()
         t0 = time.monotonic()
+        assert self._conn is not None
         try:
             self._conn.send(("call", func, kwargs, tag))
         except (OSError, EOFError) as exc:
             return self._crashed(t0, f"could not send the task: {exc}")
-        return self._wait(t0, t0 + timeout, timeout, progress)
+        try:
+            return _Wait(self, t0, timeout, progress, check).run()
+        except BaseException:
+            self._kill()
+            raise
 
-    def _wait(self, t0: float, deadline: float, timeout: float, progress) -> IsolatedResult:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._kill()
-                return IsolatedResult(
-                    False,
-                    error=f"timed out after {timeout:.0f} s (child killed)",
-                    kind="timeout",
-                    wall_s=time.monotonic() - t0,
-                )
+    def _answer(self, question: str) -> Any:
+        fn = self.answers.get(question)
+        if fn is not None:
             try:
-                ready = self._conn.poll(min(remaining, 0.5))
-                msg = self._conn.recv() if ready else None
-            except (EOFError, OSError):
-                return self._crashed(t0)
-            if msg is None:
-                if self._proc.poll() is not None and not self._conn.poll(0):
-                    return self._crashed(t0)
-                continue
-            if msg[0] == "progress":
-                if progress is not None:
-                    progress(msg[1], **msg[2])
-                continue
-            wall = time.monotonic() - t0
-            if msg[0] == "ok":
-                return IsolatedResult(True, value=msg[1], wall_s=wall)
-            return IsolatedResult(False, error=msg[1], kind="exception", wall_s=wall)
+                return fn()
+            except Exception:  # noqa: BLE001 - an answer is evidence; a broken one is "unknown"
+                return None
+        return child_ask(question)  # a worker inside a worker: pass the question up
 
     def _crashed(self, t0: float, detail: str = "") -> IsolatedResult:
         code = self._proc.wait() if self._proc is not None else None
@@ -132,7 +156,7 @@ class IsolatedWorker:
         self._proc = None
         return IsolatedResult(False, error=msg, kind="crashed", wall_s=time.monotonic() - t0)
 
-    def _stderr_tail(self) -> str:
+    def _stderr_tail(self, lines_wanted: int = STDERR_LINES) -> str:
         if self._stderr is None:
             return ""
         try:
@@ -140,7 +164,18 @@ class IsolatedWorker:
             lines = [ln.strip() for ln in self._stderr.read().decode(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return ""
-        return lines[-1][:300] if lines else ""
+        return " | ".join(ln[:300] for ln in lines[-lines_wanted:])
+
+    def rss(self) -> int | None:
+        """The worker's resident set size in bytes (None when it is not running or cannot be read)."""
+        if self._proc is None:
+            return None
+        try:
+            import psutil
+
+            return int(psutil.Process(self._proc.pid).memory_info().rss)
+        except Exception:  # noqa: BLE001 - psutil.NoSuchProcess, AccessDenied, ImportError
+            return None
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -152,7 +187,7 @@ class IsolatedWorker:
             self._conn = None
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None and self._proc.poll() is None and self._conn is not None:
             try:
                 self._conn.send(("exit",))
                 self._proc.wait(timeout=5)
@@ -162,6 +197,82 @@ class IsolatedWorker:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+
+
+class _Wait:
+    """One call's wait: results, progress and questions from the child; deadline, cancellation, memory."""
+
+    def __init__(self, worker: IsolatedWorker, t0: float, timeout: float, progress, check) -> None:
+        self.w, self.t0, self.timeout, self.progress, self.check = worker, t0, timeout, progress, check
+        self.deadline = t0 + timeout
+        self.peak: int | None = None
+
+    def run(self) -> IsolatedResult:
+        w = self.w
+        conn, proc = w._conn, w._proc
+        assert conn is not None and proc is not None  # call() started the worker
+        period = WATCH_S if w.memory_max else 0.5
+        while True:
+            if self.check is not None:
+                self.check()
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                w._kill()
+                return self._result(False, error=f"timed out after {self.timeout:.0f} s (child killed)", kind="timeout")
+            over = self._over_memory()
+            if over:
+                w._kill()
+                return self._result(False, error=over, kind="memory")
+            try:
+                ready = conn.poll(min(remaining, period))
+                msg = conn.recv() if ready else None
+            except (EOFError, OSError):
+                return self._crashed()
+            if msg is None:
+                if proc.poll() is not None and not conn.poll(0):
+                    return self._crashed()
+                continue
+            if msg[0] == "progress":
+                if self.progress is not None:
+                    self.progress(msg[1], **msg[2])
+            elif msg[0] == "ask":
+                conn.send(("answer", w._answer(msg[1])))
+            elif msg[0] == "ok":
+                return self._result(True, value=msg[1])
+            else:
+                return self._result(False, error=msg[1], kind="exception")
+
+    def _crashed(self) -> IsolatedResult:
+        res = self.w._crashed(self.t0)
+        res.peak_rss_bytes = self.peak
+        return res
+
+    def _result(self, ok: bool, **fields: Any) -> IsolatedResult:
+        return IsolatedResult(ok, wall_s=time.monotonic() - self.t0, peak_rss_bytes=self.peak, **fields)
+
+    def _over_memory(self) -> str:
+        """The watchdog: the worker's RSS against memory_max plus what the runtimes themselves hold."""
+        cap = self.w.memory_max
+        if not cap:
+            return ""
+        rss = self.w.rss()
+        if rss is None:
+            return ""
+        self.peak = max(self.peak or 0, rss)
+        if rss <= cap + WORKER_BASE_BYTES:
+            return ""
+        return (
+            f"memory: the worker's RSS reached {size_text(rss)} > serving.memory_max {size_text(cap)} "
+            f"+ {size_text(WORKER_BASE_BYTES)} for the runtime itself; the worker was killed"
+        )
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: 1.5 GiB, 300 MiB, 12 KiB."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):.{1 if unit == 'GiB' else 0}f} {unit}"
+    return f"{n} B"
 
 
 def describe_exit(code: int | None) -> str:
@@ -183,8 +294,13 @@ def run_isolated(
     isolate: bool = True,
     tag: str = "",
     progress: Callable[..., None] | None = None,
+    check: Callable[[], None] | None = None,
+    nice: int = 0,
+    memory_max: int | None = None,
+    answers: dict[str, Callable[[], Any]] | None = None,
 ) -> IsolatedResult:
-    """One call in a fresh child (or in-process when isolate=False, for debugging and tests)."""
+    """One call in a fresh child (or in-process when isolate=False, for debugging and tests: no memory
+    bound, no priority change)."""
     if not isolate:
         t0 = time.monotonic()
         try:
@@ -193,8 +309,8 @@ def run_isolated(
             return IsolatedResult(
                 False, error=f"{type(exc).__name__}: {exc}", kind="exception", wall_s=time.monotonic() - t0
             )
-    with IsolatedWorker() as worker:
-        return worker.call(func, kwargs, timeout=timeout, tag=tag, progress=progress)
+    with IsolatedWorker(nice=nice, memory_max=memory_max, answers=answers) as worker:
+        return worker.call(func, kwargs, timeout=timeout, tag=tag, progress=progress, check=check)
 
 
 def resolve(func: str) -> Callable[..., Any]:

@@ -30,7 +30,13 @@ def input_sets(pkg: Any, first: dict[str, Any]) -> list[dict[str, Any]]:
             sets.append(feeds)
         return sets
     extra = [
-        seeded_feeds(pkg.inputs, dynamic_dims=pkg.dynamic_dims, input_shapes=pkg.input_shapes, seed=s)
+        seeded_feeds(
+            pkg.inputs,
+            dynamic_dims=pkg.dynamic_dims,
+            input_shapes=pkg.input_shapes,
+            values=dict(pkg.meta.get("input_values") or {}),
+            seed=s,
+        )
         for s in range(1, SEEDED_SETS)
     ]
     return [first, *extra]

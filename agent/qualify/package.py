@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
 import tempfile
@@ -12,6 +11,7 @@ from typing import Any
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
+from agent.qualify.onnxfile import graph_specs, sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000
@@ -21,6 +21,7 @@ _META_KEYS = {
     "task",
     "dynamic_dims",
     "input_shapes",
+    "input_values",
     "tolerances",
     "required_providers",
     "description",
@@ -40,7 +41,7 @@ class ModelPackage:
     task: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     dynamic_dims: dict[str, int] = field(default_factory=dict)
-    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    input_shapes: dict[str, Any] = field(default_factory=dict)  # name -> [dims] or {min, opt, max}
     tolerances: dict[str, Any] = field(default_factory=dict)
     required_providers: list[str] = field(default_factory=list)
     datasets: list[Path] = field(default_factory=list)
@@ -82,14 +83,6 @@ class ModelPackage:
 
 def _spec(t: TensorSpec) -> dict[str, Any]:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_package(
@@ -211,13 +204,69 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
     for dim, val in (meta.get("dynamic_dims") or {}).items():
         if not isinstance(val, int) or val < 1:
             raise bad(f"dynamic_dims.{dim}", "expected a positive integer")
-    for name, shape in (meta.get("input_shapes") or {}).items():
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise bad(f"input_shapes.{name}", "expected a list of non-negative integers")
+    shapes = meta.get("input_shapes") or {}
+    if not isinstance(shapes, dict):
+        raise bad("input_shapes", "expected a mapping of input name to a shape or {min, opt, max}")
+    for name, shape in shapes.items():
+        _validate_shape(shape, f"input_shapes.{name}", bad)
+    if not isinstance(meta.get("input_values") or {}, dict):
+        raise bad("input_values", "expected a mapping of input name to a value (a number or a list)")
+    for name, value in (meta.get("input_values") or {}).items():
+        if not _plain_value(value):
+            raise bad(f"input_values.{name}", "expected a number, a boolean or a (nested) list of them")
     _validate_tolerances(meta.get("tolerances") or {}, bad)
     req = meta.get("required_providers", [])
     if not isinstance(req, list) or not all(isinstance(p, str) for p in req):
         raise bad("required_providers", "expected a list of provider names")
+
+
+def _validate_shape(shape: Any, key: str, bad) -> None:
+    def dims(value: Any, where: str) -> list[int]:
+        if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+            raise bad(where, "expected a list of non-negative integers")
+        if any(d < 0 for d in value):
+            raise bad(where, "expected a list of non-negative integers")
+        return value
+
+    if not isinstance(shape, dict):
+        dims(shape, key)
+        return
+    unknown = set(shape) - {"min", "opt", "max"}
+    if unknown or "opt" not in shape:
+        raise bad(key, "a range is {min: [...], opt: [...], max: [...]} (opt required)")
+    got = {k: dims(shape[k], f"{key}.{k}") for k in ("min", "opt", "max") if k in shape}
+    if len({len(v) for v in got.values()}) > 1:
+        raise bad(key, "min, opt and max must have the same rank")
+    order = [got[k] for k in ("min", "opt", "max") if k in got]
+    for lo, hi in zip(order, order[1:]):
+        if any(a > b for a, b in zip(lo, hi)):
+            raise bad(key, f"expected min <= opt <= max in every dim, got {lo} then {hi}")
+
+
+def _plain_value(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_plain_value(v) for v in value)
+    return isinstance(value, (int, float, bool))
+
+
+def check_declared_shapes(pkg: ModelPackage) -> None:
+    """model.yaml input_shapes/input_values name real inputs, with the graph's rank and fixed dims."""
+    specs = {t.name: t for t in pkg.inputs}
+    for key in ("input_shapes", "input_values"):
+        for name in pkg.meta.get(key) or {}:
+            if name not in specs:
+                raise ModelError(
+                    f"model.yaml: {key}.{name}: the model has no input {name!r} (inputs: {', '.join(specs)})"
+                )
+    for name, shape in pkg.input_shapes.items():
+        spec = specs[name]
+        for which, dims in shape.items() if isinstance(shape, dict) else [("", shape)]:
+            key = f"input_shapes.{name}" + (f".{which}" if which else "")
+            if len(dims) != len(spec.shape):
+                raise ModelError(f"model.yaml: {key}: rank {len(dims)}, but input {name!r} has rank {len(spec.shape)}")
+            for i, (d, g) in enumerate(zip(dims, spec.shape)):
+                if isinstance(g, int) and g > 0 and d != g:
+                    raise ModelError(f"model.yaml: {key}: dim {i} is {d}, but the model fixes it at {g}")
 
 
 def _validate_tolerances(tols: Any, bad) -> None:
@@ -247,7 +296,7 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         if path is not None and path != model_path:
             check_model(path)
             variants.check_same_interface(root / "model.yaml", key, path, model_path, (inputs, outputs))
-    return ModelPackage(
+    pkg = ModelPackage(
         source=source,
         root=root,
         model_path=model_path,
@@ -257,12 +306,12 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         task=meta.get("task"),
         meta=meta,
         dynamic_dims=dict(meta.get("dynamic_dims") or {}),
-        input_shapes={k: list(v) for k, v in (meta.get("input_shapes") or {}).items()},
+        input_shapes={
+            k: (dict(v) if isinstance(v, dict) else list(v)) for k, v in (meta.get("input_shapes") or {}).items()
+        },
         tolerances=dict(meta.get("tolerances") or {}),
         required_providers=list(meta.get("required_providers") or []),
-        datasets=sorted((p for p in model_path.parent.glob("test_data_set_*") if p.is_dir()), key=_ds_index)
-        if model_path.parent == root
-        else [],
+        datasets=golden_datasets(root) if model_path.parent == root else [],
         inputs=inputs,
         outputs=outputs,
         opsets={(o.domain or "ai.onnx"): o.version for o in proto.opset_import},
@@ -272,6 +321,18 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         reference_path=reference,
         variants=declared_variants,
     )
+    check_declared_shapes(pkg)
+    return pkg
+
+
+def golden_datasets(root: Path) -> list[Path]:
+    """The package's test_data_set_N directories in N order."""
+    return sorted((p for p in Path(root).glob("test_data_set_*") if p.is_dir()), key=_ds_index)
+
+
+def read_meta(root: Path) -> dict[str, Any]:
+    """model.yaml of a package directory, validated ({} when there is none)."""
+    return _read_meta(Path(root))
 
 
 def _ds_index(p: Path) -> int:
@@ -304,25 +365,3 @@ def _first_line(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2])[:400]
-
-
-def graph_specs(proto) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Graph inputs (initializers excluded) and outputs as TensorSpecs."""
-    inits = {i.name for i in proto.graph.initializer}
-    ins = [_vi_spec(v) for v in proto.graph.input if v.name not in inits]
-    outs = [_vi_spec(v) for v in proto.graph.output]
-    return ins, outs
-
-
-def _vi_spec(vi) -> TensorSpec:
-    from onnx import helper
-
-    tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type"):
-        return TensorSpec(vi.name, vi.type.WhichOneof("value") or "unknown", ())
-    try:
-        dtype = str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-    except Exception:  # noqa: BLE001 - bfloat16/float8 without ml_dtypes
-        dtype = str(tt.elem_type)
-    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return TensorSpec(vi.name, dtype, dims)

@@ -7,20 +7,25 @@ import resource
 import sys
 from typing import Any
 
-from agent.errors import EdgeAgentError
-from agent.qualify import accuracy, latency
+from agent.errors import EdgeAgentError, without_source_locations
+from agent.qualify import accuracy, conditions, latency
 from agent.qualify.isolate import child_progress as emit
+from agent.qualify.isolate import size_text
+
+MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
+# what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
+_ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
 
 
-def _rss_mb() -> float:
+def _rss() -> int:
     import psutil
 
-    return psutil.Process().memory_info().rss / 2**20
+    return int(psutil.Process().memory_info().rss)
 
 
-def _peak_rss_mb() -> float:
+def _peak_rss() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def measure_row(
@@ -36,11 +41,16 @@ def measure_row(
     tolerances: dict[str | None, dict[str, Any]],
     budget_s: float,
     batch: int = 1,
+    latency_feeds: dict[str, Any] | None = None,
+    max_feeds: dict[str, Any] | None = None,
+    memory_max: int | None = None,
     model_precision: str | None = None,
     declared: dict[str, Any] | None = None,
     original: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Returns the Row fields as a dict; expected failures are statuses, not exceptions.
+    """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
+    latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
+    memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs).
 
     model_precision: the graph's own precision (agent.qualify.precision); declared: the graph's inputs and
     outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
@@ -57,7 +67,7 @@ def measure_row(
         "options": options,
         "cache_dir": cache_dir,
     }
-    rss0 = _rss_mb()
+    rss0 = _rss()
     emit("session", provider=provider, precision=precision)
     try:
         sess = get(provider).open_session(
@@ -65,7 +75,7 @@ def measure_row(
         )
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
-        return _fail(row, "compatibility", f"session creation failed: {exc}")
+        return _fail_run(row, rss0, memory_max, "session creation failed", exc)
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
     row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
@@ -76,7 +86,7 @@ def measure_row(
     try:
         outputs = sess.run(feeds)
     except EdgeAgentError as exc:
-        return _fail(row, "compatibility", f"inference failed: {exc}")
+        return _fail_run(row, rss0, memory_max, "inference failed", exc)
     mismatch = io.result_problems(declared or {}, outputs)
     if mismatch:
         sess.close()
@@ -92,13 +102,29 @@ def measure_row(
             problems = accuracy.violations(metrics, tol)
             row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
     except EdgeAgentError as exc:
-        return _fail(row, "compatibility", f"inference failed: {exc}")
+        sess.close()
+        return _fail_run(row, rss0, memory_max, "inference failed", exc)
     emit("latency", provider=provider, precision=row["precision"])
-    lat = latency.measure(lambda: sess.run(feeds), budget_s=budget_s if not problems else budget_s / 4, batch=batch)
+    timed = latency_feeds if latency_feeds is not None else feeds
+    sampler = conditions.Sampler()
+    try:
+        lat = latency.measure(lambda: sess.run(timed), budget_s=budget_s if not problems else budget_s / 4, batch=batch)
+        if max_feeds is not None and not problems:
+            emit("latency", provider=provider, precision=row["precision"], shape="max")
+            row["latency_max_ms"] = _without_samples(
+                latency.measure(lambda: sess.run(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET, batch=batch)
+            )
+    except EdgeAgentError as exc:
+        sess.close()
+        return _fail_run(row, rss0, memory_max, "inference at the latency shape failed", exc)
+    row["conditions"] = sampler.stop()
+    row["contended"] = conditions.contended(row["conditions"])
     row["latency_ms"] = lat
     row["throughput_ips"] = lat.get("throughput_ips")
-    row["rss_growth_mb"] = round(max(_peak_rss_mb(), _rss_mb()) - rss0, 1)
+    _record_memory(row, rss0)
     sess.close()
+    if memory_max and row["memory_peak_bytes"] > memory_max:
+        return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
     if original and not problems:
         emit("original", provider=provider, precision=row["precision"])
         reopen = lambda: get(provider).open_session(  # noqa: E731
@@ -106,7 +132,7 @@ def measure_row(
         )
         row["original"] = {
             "file": original["file"],
-            **orig.speedup(reopen, original.get("feeds", feeds), lat.get("p50"), budget_s / 2, batch),
+            **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
         }
     if problems:
         return _fail(
@@ -117,6 +143,38 @@ def measure_row(
         )
     row.update(status="passed", reason=_passed_reason(row))
     return row
+
+
+def _record_memory(row: dict[str, Any], rss0: int) -> None:
+    grown = max(0, max(_peak_rss(), _rss()) - rss0)
+    row["memory_peak_bytes"] = grown
+    row["rss_growth_mb"] = round(grown / 2**20, 1)
+
+
+def memory_reason(peak: int, cap: int, provider: str) -> str:
+    """The one wording of a row over serving.memory_max: both figures."""
+    return f"memory: peak RSS growth {size_text(peak)} > serving.memory_max {size_text(cap)} on {provider}"
+
+
+def _fail_run(row: dict[str, Any], rss0: int, memory_max: int | None, what: str, exc: Exception) -> dict[str, Any]:
+    """A session or a run that failed: a memory failure when the runtime could not allocate under the limit."""
+    _record_memory(row, rss0)
+    text = str(exc)
+    if memory_max and any(m in text.lower() for m in _ALLOC_FAILED):
+        said = re.search(r"(failed to allocate[^\n]*?)(?:\.|$|\n)", text, re.IGNORECASE)
+        detail = said.group(1) if said else "an allocation was refused"
+        return _fail(
+            row,
+            "memory",
+            f"memory: the model needs more than serving.memory_max {size_text(memory_max)} allows on "
+            f"{row['provider']} ({what}: {detail})",
+        )
+    own = f"{row['provider']}: {what}: "  # providers already say "<provider>: inference failed: ..."
+    return _fail(row, "compatibility", f"{what}: {text[len(own) :] if text.startswith(own) else text}")
+
+
+def _without_samples(lat: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in lat.items() if k != "samples_ms"}
 
 
 def unsupported_ops(message: str) -> list[str]:
@@ -146,7 +204,7 @@ def _record_assignment(row: dict[str, Any], sess) -> None:
 
 
 def _fail(row: dict[str, Any], stage: str, reason: str) -> dict[str, Any]:
-    row.update(status="failed", stage=stage, reason=reason)
+    row.update(status="failed", stage=stage, reason=without_source_locations(reason))
     return row
 
 

@@ -82,3 +82,37 @@ def choose_swap(serving: dict, model_need_bytes: int, available_bytes: int | Non
 
 def _size(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB" if n >= 10 << 20 else f"{n / 1024:.1f} KiB"
+
+
+DEFAULT_MEMORY_SHARE = 0.8  # serving.memory_max default without a target limit: 80% of MemTotal
+
+
+def mem_total(root: str = "/") -> int | None:
+    """MemTotal from ROOT/proc/meminfo in bytes, or None."""
+    try:
+        with open(f"{root.rstrip('/')}/proc/meminfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def resolve_memory_max(configured: int | None, target_serving: dict | None, root: str = "/") -> tuple[int | None, str]:
+    """(bytes one model may use, where the figure comes from): serving.memory_max, else the target's
+    memory_max ("2G" or "75%" of MemTotal), else 80% of MemTotal; (None, why) when nothing is known."""
+    from agent.util.sizes import parse_size
+
+    total = mem_total(root)
+    if configured:
+        return int(configured), "serving.memory_max"
+    raw = (target_serving or {}).get("memory_max")
+    if raw is not None:
+        try:
+            return parse_size(raw, total), f"target memory_max {raw}"
+        except ValueError:
+            pass  # validated with the target file; an unknown MemTotal for a percentage falls through
+    if total:
+        return int(total * DEFAULT_MEMORY_SHARE), f"{DEFAULT_MEMORY_SHARE:.0%} of MemTotal"
+    return None, "MemTotal unknown: no memory bound"

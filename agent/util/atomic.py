@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync a directory so a rename inside it is durable."""
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -18,7 +18,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
     """Replace `path` with `data` atomically and durably."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,11 +39,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) 
     fsync_dir(path.parent)
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any, mode: int = 0o644) -> None:
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), mode)
 
 
-def atomic_move(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def atomic_move(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """Rename src over dst (same filesystem) and fsync both directories."""
     src, dst = Path(src), Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def atomic_move(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         fsync_dir(src.parent)
 
 
-def read_json(path: str | os.PathLike, default: Any = None) -> Any:
+def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
     """Read JSON; return `default` when the file is missing."""
     try:
         with open(path, "rb") as f:

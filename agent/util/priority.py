@@ -68,7 +68,7 @@ def can_restore() -> tuple[bool, str]:
     return _restorable
 
 
-def _restore(old: set, base: int, settle_s: float = SETTLE_S) -> int:
+def _restore(old: set[int], base: int, settle_s: float = SETTLE_S) -> int:
     """Set every thread not in `old` back to `base`, rescanning for settle_s: runtimes also start workers
     asynchronously (TBB's thread creation), and a worker started by a still-lowered thread is lowered too.
     Returns how many threads could not be restored."""
