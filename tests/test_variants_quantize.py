@@ -185,3 +185,31 @@ def test_an_int8_variant_that_fails_is_not_served(quantized, tmp_path):
     assert by["int8/cpu"].status == "failed" and "max_rel" in by["int8/cpu"].reason
     assert d.selected_key == "fp32/cpu" and d.selected_variant == "fp32"
     assert d.losers["int8/cpu"].startswith("failed: accuracy")
+
+
+def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
+    """The daemon replays qualification's input plan before a swap; a variant with float16 inputs gets the
+    same values as float16 (as qualification fed it), at the declared opt and max shapes."""
+    from onnx import TensorProto, helper
+
+    from agent.lifecycle.actions import warm_feeds
+    from agent.providers import get
+
+    for dtype, file in ((TensorProto.FLOAT, "model.onnx"), (TensorProto.FLOAT16, "model.fp16.onnx")):
+        io = [helper.make_tensor_value_info(n, dtype, ["n", 4]) for n in ("x", "y")]
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", io[:1], io[1:])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, tmp_path / file)
+    shapes = {"x": {"min": [1, 4], "opt": [2, 4], "max": [8, 4]}}
+    rm.write_meta(
+        tmp_path, name="w", version="1", input_shapes=shapes, variants={"a": "model.onnx", "h": "model.fp16.onnx"}
+    )
+    pkg = load_package(tmp_path)
+    sess = get("cpu").open_session(str(tmp_path / "model.fp16.onnx"), options={})
+    entry = {"package_dir": str(tmp_path), "input_specs": pkg.to_dict()["inputs"]}
+    sets = warm_feeds(sess, entry)
+    assert [(f["x"].dtype.name, f["x"].shape) for f in sets] == [("float16", (2, 4)), ("float16", (8, 4))]
+    for feeds in sets:
+        sess.run(feeds)
+    sess.close()
