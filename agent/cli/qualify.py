@@ -12,7 +12,8 @@ import click
 def _progress(event: str, **f) -> None:
     """Render harness progress on stderr (one line per step; live run counts only on a terminal)."""
     tty = sys.stderr.isatty()
-    name = str(f.get("provider") or "") + (f"@{f['device']}" if f.get("device") else "")
+    name = (f"{f['variant']}/" if f.get("variant") else "") + str(f.get("provider") or "")
+    name += f"@{f['device']}" if f.get("device") else ""
     prec = f" ({f['precision']})" if f.get("precision") else ""
     if event == "row" and f.get("status") == "running":
         click.echo(f"qualify: {name}{prec}: running", err=True)
@@ -24,6 +25,8 @@ def _progress(event: str, **f) -> None:
         click.echo(f"warning: {f.get('reason')}", err=True)
     elif event == "confirm":
         click.echo(f"qualify: {name}{prec}: close call, measuring again", err=True)
+    elif event == "original":
+        click.echo(f"qualify: {name}{prec}: measuring the fp32 original for the speed-up", err=True)
     elif event == "session":
         click.echo(f"qualify: {name}{prec}: creating session", err=True)
     elif event == "latency" and "runs" in f and tty:
@@ -154,6 +157,7 @@ def render(doc: dict) -> str:
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
+    lines += _original_lines(doc["results"])
     busy = [r["key"] for r in doc["results"] if r.get("contended")]
     if busy:
         lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
@@ -170,6 +174,23 @@ def render(doc: dict) -> str:
     vers = ", ".join(f"{k} {v}" for k, v in sorted(doc.get("versions", {}).items()))
     lines.append(f"versions: {vers}")
     return "\n".join(lines)
+
+
+def _original_lines(rows: list[dict]) -> list[str]:
+    """Rows compared with an fp32 original: agreement and the speed-up on the same provider."""
+    out = []
+    for r in rows:
+        o, acc = r.get("original") or {}, r.get("accuracy") or {}
+        if acc.get("against") != "fp32 original":
+            continue
+        agree = f"top-1 {_fmt(acc.get('top1_agreement'), '.2f')}, top-5 {_fmt(acc.get('top5_agreement'), '.2f')}"
+        if acc.get("top1_agreement") is None:
+            agree = f"max_rel {_fmt(acc.get('max_rel'), '.2g')}"
+        speed = f"; original p50 {_fmt(o.get('p50_ms'))} ms, speed-up {_fmt(o.get('speedup'), '.2f')}x" if o else ""
+        if o.get("error"):
+            speed = f"; {o['error']}"
+        out.append(f"  {r['key']} ({r.get('precision')}) vs fp32 original: {agree} over {acc.get('sets')} sets{speed}")
+    return out
 
 
 def _row_cells(r: dict) -> tuple:

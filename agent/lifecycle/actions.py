@@ -178,7 +178,8 @@ def check_package(root: str) -> dict[str, Any]:
 
 def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
-    rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files).
+    rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
+    to the served file's input types, as qualification casts them for a variant (agent.qualify.variants).
     Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
     root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
     if root is not None and root.is_dir():
@@ -187,8 +188,11 @@ def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, A
         from agent.qualify.package import golden_datasets, read_meta
 
         specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.get("input_specs") or []]
+        from agent.qualify.variants import adapt_feeds
+
         plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
-        return plan.warm_sets()
+        served = {"inputs": [{"name": s.name, "dtype": s.dtype} for s in session.inputs]}
+        return [adapt_feeds(f, served) for f in plan.warm_sets()]  # a variant gets them in its own input types
     return [_zeros(session)]
 
 

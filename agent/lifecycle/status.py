@@ -44,6 +44,8 @@ def models_block(
             "state": "stale" if (stale or {}).get(name) else State.COMMITTED.value,
             "previous": (s["previous"] or {}).get("version"),
         }
+        if c.get("variant"):  # a package of variants: which one serves
+            out[name]["variant"] = c["variant"]
         if (stale or {}).get(name):
             out[name]["stale"] = stale[name]  # type: ignore[index]
         if c.get("requalified"):

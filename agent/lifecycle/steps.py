@@ -42,6 +42,7 @@ ENTRY_KEYS = (
     "model_path",
     "latency_ms",
     "deployment_id",
+    "variant",
     "input_specs",
     "contended",
     "requalified",
@@ -216,6 +217,10 @@ class Steps:
             "input_specs": (decision.get("model") or {}).get("inputs") or [],
             **({"requalified": note} if note else {}),
         }
+        if row.get("variant"):  # a package of variants: serve exactly the file that won (and its cache key)
+            selected.update(
+                variant=row["variant"], model_path=row.get("model_path"), model_sha256=row.get("model_sha256")
+            )
         window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
         return Event.QUALIFIED, {"decision": summary, "selected": selected, "qualification": window}
 
@@ -526,13 +531,19 @@ def _summary(decision: dict[str, Any]) -> dict[str, Any]:
             "status": r.get("status"),
             "reason": r.get("reason"),
             "p50_ms": (r.get("latency_ms") or {}).get("p50"),
+            **({"variant": r["variant"]} if r.get("variant") else {}),
         }
         for r in decision.get("results", [])
     ]
-    why = "; ".join(f"{r['provider']}: {r['status']} ({r['reason']})" for r in rows) or "no candidate provider"
+    why = "; ".join(
+        f"{(r['variant'] + '/') if r.get('variant') else ''}{r['provider']}: {r['status']} ({r['reason']})"
+        for r in rows
+    )
+    why = why or "no candidate provider"
     return {
         "selected": decision.get("selected"),
         "selected_precision": decision.get("selected_precision"),
+        "selected_variant": decision.get("selected_variant"),
         "reason": decision.get("reason"),
         "rows": rows,
         "why": why if not decision.get("selected") else decision.get("reason"),

@@ -253,7 +253,8 @@ class OpenVINOSession(ProviderSession):
         onnx_names = [n for n in names if n in graph_names]
         name = onnx_names[0] if onnx_names else (port.get_any_name() if names else "")
         shape = tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape())
-        return TensorSpec(name, np.dtype(port.get_element_type().to_dtype()).name, shape)
+        et = port.get_element_type()  # to_dtype() maps bf16 to float16: name it, as the graph does
+        return TensorSpec(name, "bfloat16" if et.get_type_name() == "bf16" else np.dtype(et.to_dtype()).name, shape)
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
         if self._compiled is None:

@@ -41,12 +41,18 @@ class Row:
     cache_dir: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     wall_s: float | None = None
+    variant: str | None = None  # model.yaml variants: which one this row measured (None: the only model)
+    model_path: str | None = None  # the file measured (the daemon serves exactly this file)
+    model_sha256: str | None = None
+    model_precision: str | None = None  # the graph's own precision (fp32, fp16, bf16, int8)
+    original: dict[str, Any] | None = None  # against the fp32 original: file, p50_ms, speedup
 
     @property
     def key(self) -> str:
-        """`provider[@device][:precision]`: device and precision only when explicitly requested."""
+        """`[variant/]provider[@device][:precision]`: variant, device and precision only when they apply."""
         key = f"{self.provider}@{self.requested_device}" if self.requested_device else self.provider
-        return f"{key}:{self.requested_precision}" if self.requested_precision else key
+        key = f"{key}:{self.requested_precision}" if self.requested_precision else key
+        return f"{self.variant}/{key}" if self.variant else key
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,6 +82,7 @@ class Decision:
     inputs: str = ""
     timestamp: float = 0.0
     hardware: dict[str, Any] = field(default_factory=dict)
+    selected_variant: str | None = None
     assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # the daemon refuses these
     memory_max: int | None = None
 
@@ -102,6 +109,7 @@ class Decision:
             "selected": self.selected,
             "selected_precision": self.selected_precision,
             "selected_key": self.selected_key,
+            "selected_variant": self.selected_variant,
             "reason": self.reason,
             "losers": self.losers,
             "noise_rule": self.noise_rule,

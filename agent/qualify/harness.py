@@ -10,6 +10,9 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.qualify import caches, latency, select
+from agent.qualify import original as orig
+from agent.qualify import outputs as io
+from agent.qualify import variants as var
 from agent.qualify.decision import Decision, Row
 from agent.qualify.inputs import batch_size, package_plan
 from agent.qualify.isolate import IsolatedResult, child_ask, run_isolated
@@ -44,17 +47,31 @@ def qualify(
     may use; each row's worker is killed over it and a row whose peak exceeds it fails."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
-    run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
-    run.memory_max = memory_max
-    run.start()
+    found = var.variants_of(pkg)
+    for v in found:
+        io.check_servable(v.model_path)  # outputs OIP cannot carry: refused with the remedy, never served wrong
+    names = candidates(target, providers, pkg)
     rows: list[Row] = []
-    for name in candidates(target, providers, pkg):
-        rows.extend(run.provider_rows(name))
+    reruns: dict[str, Callable[[], Row]] = {}
+    refs: list[str] = []
+    for v in found:
+        run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
+        run.memory_max = memory_max
+        if not refs:
+            run.warn_assumed()
+        run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
+        refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
+        for name in names:
+            rows.extend(run.provider_rows(name))
     run.confirm_close_call(rows)
     winner, why, losers = select.choose(rows, select.preference_of(target))
-    run.say("selected", provider=winner.provider if winner else None, reason=why)
+    chosen = {"variant": winner.variant} if winner and winner.variant else {}
+    run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
+    model = pkg.to_dict()
+    if pkg.variants:
+        model["variants"] = {v.name: v.to_dict() for v in found}
     return Decision(
-        model=pkg.to_dict(),
+        model=model,
         results=rows,
         selected=winner.provider if winner else None,
         selected_precision=winner.precision if winner else None,
@@ -64,10 +81,11 @@ def qualify(
         noise_rule=select.NOISE_RULE,
         target=getattr(target, "name", None),
         versions=run.versions,
-        reference=run.ref_desc,
+        reference="; ".join(refs),
         inputs=run.inputs_desc,
         timestamp=time.time(),
         hardware=_hw(profile),
+        selected_variant=winner.variant if winner else None,
         assumed_shapes=run.plan.assumed,
         memory_max=memory_max,
     )
@@ -96,12 +114,14 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _reference(pkg, feeds, golden, isolate: bool, timeout: float, memory_max=None) -> tuple[dict | None, str, str]:
+def _reference(
+    model_path, feeds, golden, isolate: bool, timeout: float, memory_max: int | None = None
+) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
     res = run_isolated(
         "agent.qualify.rowtask:reference_outputs",
-        {"model_path": str(pkg.model_path), "feeds": feeds},
+        {"model_path": str(model_path), "feeds": feeds},
         timeout=timeout,
         isolate=isolate,
         tag="reference",
@@ -139,18 +159,64 @@ class _Run:
         self.say = progress or (lambda event, **f: None)
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
         self.plan = package_plan(pkg)
-        self.feeds, self.inputs_desc = self.plan.accuracy, self.plan.desc
+        self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
+        self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
         self.versions = caches.runtime_versions(profile)
         self._rerun: dict[str, Callable[[], Row]] = {}
+        self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
+        self.original: dict[str, Any] | None = None
+        self.reference: dict | None = None
+        self.ref_desc, self.ref_error = "none", "no reference outputs"
 
-    def start(self) -> None:
-        """Say which shapes were guessed, then get the reference outputs (golden, else ORT CPU fp32)."""
+    def use_variant(self, v: var.Variant, reruns: dict[str, Callable[[], Row]]) -> None:
+        """Measure this variant (its own file, cache and input types) against the golden outputs or its own
+        ORT CPU outputs, or its fp32 original when it has one. `reruns` is shared by all variants, so a close
+        call is confirmed across them."""
+        self.variant, self._rerun = v, reruns
+        raw = self.feeds
+        if v.declared:  # the one input plan, in this variant's input types
+            self.feeds = var.adapt_feeds(raw, v.declared)
+            lat, top = self.plan.latency, self.plan.at_max
+            self.latency_feeds = self.feeds if lat is raw else var.adapt_feeds(lat, v.declared)
+            self.max_feeds = var.adapt_feeds(top, v.declared) if top is not None else None
+        if v.reference is None:
+            self.reference, self.ref_desc, self.ref_error = _reference(
+                v.model_path, self.feeds, self.golden, self.isolate, self.timeout, self.memory_max
+            )
+            return
+        raw_sets = orig.input_sets(self.pkg, raw)  # each model gets the same values in its own input types
+        sets = [var.adapt_feeds(f, v.declared) for f in raw_sets]
+        ref_declared = var.describe(v.reference)[1]
+        ref_sets = [var.adapt_feeds(f, ref_declared) for f in raw_sets]
+        res = run_isolated(
+            "agent.qualify.original:original_outputs",
+            {"model_path": str(v.reference), "sets": ref_sets},
+            timeout=self.timeout,
+            isolate=self.isolate,
+            tag="original",
+            memory_max=self.memory_max,
+        )
+        if not res.ok:
+            self.reference, self.ref_desc = None, "none"
+            self.ref_error = f"the fp32 original {v.reference.name} does not run on onnxruntime-cpu: {res.error}"
+            return
+        outputs, self.ref_desc = res.value
+        self.reference = outputs[0]
+        self.original = {
+            "path": str(v.reference),
+            "file": v.reference.name,
+            "sets": sets,
+            "outputs": outputs,
+            # the original's own input types, at the shape the variant's latency is measured on
+            "feeds": ref_sets[0] if self.plan.latency is raw else var.adapt_feeds(self.plan.latency, ref_declared),
+            "classifier": orig.is_classifier(self.pkg.task),
+        }
+
+    def warn_assumed(self) -> None:
+        """Say which shapes were guessed (once per qualification)."""
         if self.plan.assumed:
             self.say("warning", reason=assumed_warning(self.plan.assumed))
-        self.reference, self.ref_desc, self.ref_error = _reference(
-            self.pkg, self.feeds, self.plan.expected, self.isolate, self.timeout, self.memory_max
-        )
 
     def provider_rows(self, name: str) -> list[Row]:
         from agent.providers import get
@@ -173,7 +239,8 @@ class _Run:
             ]
         options = _options(self.target, name, probe)
         row_versions = {**self.versions, **probe.versions}
-        cdir = caches.cache_dir_for(self.cache_root, self.pkg.sha256, name, row_versions) if self.cache_root else None
+        sha = self.variant.sha256
+        cdir = caches.cache_dir_for(self.cache_root, sha, name, row_versions) if self.cache_root else None
         rows: list[Row] = []
         for device in list(probe.devices) if len(probe.devices) > 1 else [None]:
             rows.extend(self._precision_rows(prov, name, device, options, cdir, row_versions))
@@ -184,7 +251,7 @@ class _Run:
         for precision in prov.precisions(self.profile):
             if precision is not None and not self.all_precisions and not (rows and rows[-1].stage == "accuracy"):
                 continue  # a non-default precision is tried only when the default fails accuracy
-            self.say("row", provider=name, device=device, precision=precision, status="running")
+            self.say("row", provider=name, device=device, precision=precision, status="running", **self._tag())
             rerun = partial(self._run_row, name, precision, device, options, cdir, row_versions)
             row = rerun()
             self._rerun[row.key] = rerun
@@ -195,11 +262,22 @@ class _Run:
                 precision=row.precision or precision,
                 status=row.status,
                 reason=row.reason,
+                **self._tag(),
             )
             rows.append(row)
         return rows
 
+    def _tag(self) -> dict[str, Any]:
+        return {"variant": self.variant.name} if self.variant.name else {}
+
     def _run_row(self, name, precision, device, options, cdir, row_versions) -> Row:
+        row = self._measure_row(name, precision, device, options, cdir, row_versions)
+        v = self.variant
+        row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
+        row.model_precision = row.model_precision or v.precision
+        return row
+
+    def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:
         if self.reference is None:
             return Row(
                 provider=name,
@@ -210,7 +288,7 @@ class _Run:
                 requested_device=device,
             )
         kwargs = {
-            "model_path": str(self.pkg.model_path),
+            "model_path": str(self.variant.model_path),
             "provider": name,
             "options": options,
             "precision": precision,
@@ -220,10 +298,13 @@ class _Run:
             "reference": self.reference,
             "tolerances": tolerances_for(self.target, self.pkg, name),
             "budget_s": self.budget,
-            "batch": batch_size(self.plan.latency),
-            "latency_feeds": self.plan.latency if self.plan.latency is not self.feeds else None,
-            "max_feeds": self.plan.at_max,
+            "batch": batch_size(self.latency_feeds),
+            "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
+            "max_feeds": self.max_feeds,
             "memory_max": self.memory_max,
+            "model_precision": self.variant.precision,
+            "declared": self.variant.declared,
+            "original": self.original,
         }
         served0, t0 = child_ask("serving_requests"), time.monotonic()
         res = run_isolated(
@@ -231,7 +312,7 @@ class _Run:
             kwargs,
             timeout=self.timeout,
             isolate=self.isolate,
-            tag=f"{name}:{precision}" if precision else name,
+            tag=(f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             progress=self.say,
             memory_max=self.memory_max,
         )
@@ -269,6 +350,9 @@ class _Run:
                 "rounds": 2,
             }
             row.throughput_ips = row.latency_ms.get("throughput_ips")
+            orig_p50 = (row.original or {}).get("p50_ms")
+            if orig_p50 and row.latency_ms.get("p50"):  # the speed-up follows the merged samples
+                row.original = {**(row.original or {}), "speedup": round(orig_p50 / row.latency_ms["p50"], 3)}
 
 
 def _broken_row(name: str, precision, device, options, res: IsolatedResult) -> Row:

@@ -111,12 +111,12 @@ def seeded_feeds(
         shape = resolve_shape(spec, dynamic_dims or {}, input_shapes or {}, which)
         try:
             dtype = np.dtype(spec.dtype)
-        except TypeError as exc:
-            raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}") from exc
+        except TypeError:
+            dtype = _bf16(spec)  # numpy has no bfloat16; ml_dtypes (an onnx dependency) does
         if spec.name in (values or {}):
             feeds[spec.name] = _given(spec, values[spec.name], dtype, shape)
             continue
-        if dtype.kind == "f":
+        if dtype.kind == "f" or dtype.name == "bfloat16":
             arr = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
             arr = rng.integers(0, 2, shape).astype(bool)
@@ -126,6 +126,14 @@ def seeded_feeds(
             raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
         feeds[spec.name] = arr
     return feeds
+
+
+def _bf16(spec: TensorSpec) -> np.dtype:
+    if spec.dtype != "bfloat16":
+        raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _given(spec: TensorSpec, value: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tarfile
 import tempfile
@@ -12,6 +11,7 @@ from typing import Any
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
+from agent.qualify.onnxfile import graph_specs, sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000
@@ -25,6 +25,8 @@ _META_KEYS = {
     "tolerances",
     "required_providers",
     "description",
+    "reference",
+    "variants",
 }
 
 
@@ -48,6 +50,9 @@ class ModelPackage:
     opsets: dict[str, int] = field(default_factory=dict)
     op_types: list[str] = field(default_factory=list)
     size_bytes: int = 0
+    precision: str = "fp32"  # the graph's own precision (agent.qualify.precision)
+    reference_path: Path | None = None  # model.yaml reference: the fp32 original
+    variants: dict[str, Path] = field(default_factory=dict)  # model.yaml variants: name -> model file
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +67,9 @@ class ModelPackage:
             "inputs": [_spec(t) for t in self.inputs],
             "outputs": [_spec(t) for t in self.outputs],
             "golden_datasets": [p.name for p in self.datasets],
+            "precision": self.precision,
+            "reference": self.reference_path.name if self.reference_path else None,
+            "variants": {k: v.name for k, v in self.variants.items()},
         }
 
     def tolerance_override(self, provider: str, precision: str | None) -> dict[str, Any]:
@@ -75,14 +83,6 @@ class ModelPackage:
 
 def _spec(t: TensorSpec) -> dict[str, Any]:
     return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_package(
@@ -100,8 +100,8 @@ def load_package(
         root = extract_archive(source, dest, max_bytes=max_bytes)
     else:
         root = source.parent
-    model_path = source if kind == "onnx" else _find_model(root)
-    meta = _read_meta(root) if kind != "onnx" and model_path.parent == root else {}
+    meta = _read_meta(root) if kind != "onnx" else {}
+    model_path = source if kind == "onnx" else _find_model(root, meta)
     return _build(source, root, model_path, meta)
 
 
@@ -120,9 +120,12 @@ def _kind(source: Path) -> str:
     return "onnx"  # the checker gives the precise reason if it is not one
 
 
-def _find_model(root: Path) -> Path:
+def _find_model(root: Path, meta: dict[str, Any]) -> Path:
     if (root / "model.onnx").is_file():
         return root / "model.onnx"
+    first = next(iter((meta.get("variants") or {}).values()), None) if isinstance(meta.get("variants"), dict) else None
+    if isinstance(first, str) and (root / first).is_file() and ".." not in Path(first).parts:
+        return root / first  # a package of variants without model.onnx: the first variant is the model
     found = sorted(root.glob("*.onnx"))
     if len(found) == 1:
         return found[0]
@@ -282,8 +285,17 @@ def _validate_tolerances(tols: Any, bad) -> None:
 
 
 def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> ModelPackage:
+    from agent.qualify import variants
+    from agent.qualify.precision import graph_precision
+
     proto = check_model(model_path)
     inputs, outputs = graph_specs(proto)
+    reference, declared_variants = variants.resolve(root, meta)
+    named = {"reference": reference, **{f"variants.{k}": v for k, v in declared_variants.items()}}
+    for key, path in named.items():
+        if path is not None and path != model_path:
+            check_model(path)
+            variants.check_same_interface(root / "model.yaml", key, path, model_path, (inputs, outputs))
     pkg = ModelPackage(
         source=source,
         root=root,
@@ -305,6 +317,9 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         opsets={(o.domain or "ai.onnx"): o.version for o in proto.opset_import},
         op_types=sorted({(f"{n.domain}." if n.domain else "") + n.op_type for n in proto.graph.node}),
         size_bytes=model_path.stat().st_size,
+        precision=graph_precision(proto),
+        reference_path=reference,
+        variants=declared_variants,
     )
     check_declared_shapes(pkg)
     return pkg
@@ -350,25 +365,3 @@ def _first_line(exc: Exception) -> str:
     text = str(exc).strip() or type(exc).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " ".join(lines[:2])[:400]
-
-
-def graph_specs(proto) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Graph inputs (initializers excluded) and outputs as TensorSpecs."""
-    inits = {i.name for i in proto.graph.initializer}
-    ins = [_vi_spec(v) for v in proto.graph.input if v.name not in inits]
-    outs = [_vi_spec(v) for v in proto.graph.output]
-    return ins, outs
-
-
-def _vi_spec(vi) -> TensorSpec:
-    from onnx import helper
-
-    tt = vi.type.tensor_type
-    if not vi.type.HasField("tensor_type"):
-        return TensorSpec(vi.name, vi.type.WhichOneof("value") or "unknown", ())
-    try:
-        dtype = str(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-    except Exception:  # noqa: BLE001 - bfloat16/float8 without ml_dtypes
-        dtype = str(tt.elem_type)
-    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-    return TensorSpec(vi.name, dtype, dims)

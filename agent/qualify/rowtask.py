@@ -44,11 +44,21 @@ def measure_row(
     latency_feeds: dict[str, Any] | None = None,
     max_feeds: dict[str, Any] | None = None,
     memory_max: int | None = None,
+    model_precision: str | None = None,
+    declared: dict[str, Any] | None = None,
+    original: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
-    memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs)."""
+    memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs).
+
+    model_precision: the graph's own precision (agent.qualify.precision); declared: the graph's inputs and
+    outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
+    with (agent.qualify.original) instead of `reference`."""
     from agent.providers import get
+    from agent.qualify import original as orig
+    from agent.qualify import outputs as io
+    from agent.qualify.precision import effective
 
     row: dict[str, Any] = {
         "provider": provider,
@@ -66,16 +76,34 @@ def measure_row(
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
-    row.update(precision=sess.precision or precision, device=sess.device, compile_s=sess.compile_s)
+    row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
+    row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
+    mismatch = io.contract_problems(declared or {}, sess)
+    if mismatch:
+        sess.close()
+        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     try:
         outputs = sess.run(feeds)
     except EdgeAgentError as exc:
         return _fail_run(row, rss0, memory_max, "inference failed", exc)
+    mismatch = io.result_problems(declared or {}, outputs)
+    if mismatch:
+        sess.close()
+        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     tol = accuracy.as_tolerance(tolerances.get(row["precision"], tolerances.get(None)))
-    metrics = accuracy.compare(reference, outputs)
-    problems = accuracy.violations(metrics, tol)
-    row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+    try:
+        if original:
+            row["accuracy"], problems = orig.compare(
+                sess, original["sets"], original["outputs"], tol, original.get("classifier")
+            )
+        else:
+            metrics = accuracy.compare(reference, outputs)
+            problems = accuracy.violations(metrics, tol)
+            row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+    except EdgeAgentError as exc:
+        sess.close()
+        return _fail_run(row, rss0, memory_max, "inference failed", exc)
     emit("latency", provider=provider, precision=row["precision"])
     timed = latency_feeds if latency_feeds is not None else feeds
     sampler = conditions.Sampler()
@@ -97,6 +125,15 @@ def measure_row(
     sess.close()
     if memory_max and row["memory_peak_bytes"] > memory_max:
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
+    if original and not problems:
+        emit("original", provider=provider, precision=row["precision"])
+        reopen = lambda: get(provider).open_session(  # noqa: E731
+            original["path"], options=options, precision=precision, device=device
+        )
+        row["original"] = {
+            "file": original["file"],
+            **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
+        }
     if problems:
         return _fail(
             row,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.serving.errors import BadRequest
+from agent.serving.errors import BadRequest, InferenceFailed
 
 # KServe v2 datatype -> numpy dtype name. BYTES travels as an object array of str: ONNX string tensors
 # hold text and onnxruntime's Python binding str()s bytes objects, so elements must be UTF-8.
@@ -356,12 +356,28 @@ def encode_response(
     return parts, total, len(head)
 
 
+def carriable(name: str, value: Any) -> np.ndarray:
+    """The output as an array OIP can carry; InferenceFailed (500, a clear message) for sequences and maps
+    (skl2onnx's ZipMap gives a list of dicts), which would otherwise go out as a Python repr."""
+    if isinstance(value, np.ndarray) and value.dtype.kind != "O":
+        return value
+    if isinstance(value, np.ndarray) and all(isinstance(x, (str, bytes)) for x in value.flat[:1]):
+        return value
+    first = value[0] if isinstance(value, (list, tuple)) and value else value
+    kind = f"sequence of {type(first).__name__}" if isinstance(value, (list, tuple)) else type(value).__name__
+    raise InferenceFailed(
+        f"output {name!r} is a {kind}, which the Open Inference Protocol cannot carry (it serves tensors only); "
+        "qualification refuses such models: convert with options={'zipmap': False} (skl2onnx) or end the graph "
+        "in tensors"
+    )
+
+
 def _encode_general(
     model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest, head_only: bool = False
 ) -> tuple:
     entries, blobs = [], []
     for name, value in outputs.items():
-        arr = np.asarray(value)
+        arr = carriable(name, value)
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
         if req.binary.get(name, req.binary_default):
