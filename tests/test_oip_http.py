@@ -425,11 +425,10 @@ def test_connection_cap_evicts_idle_first_then_keeps_probes_answerable(registry)
             # the cap is reached by an idle keep-alive connection: a newcomer takes its slot
             assert call(srv, "GET", "/v2")[0].status == 200
             assert first.recv(100) == b""  # the idle one was closed to make room
+        _settle(srv, 0)
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as busy:
             busy.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n")  # a request head still arriving: not idle
-            deadline = time.monotonic() + 10
-            while srv.open_connections < 1 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _settle(srv, 1)
             head, _, body = raw(srv, b"GET /v2 HTTP/1.1\r\n\r\n").partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"] == "too many open connections"
             for path in ("/v2/health/live", "/v2/health/ready"):  # probes always get an answer
@@ -437,6 +436,14 @@ def test_connection_cap_evicts_idle_first_then_keeps_probes_answerable(registry)
                 assert r.status == 200 and r.getheader("Connection") == "close"
             busy.sendall(b"\r\n")
             assert recv_response(busy).startswith(b"HTTP/1.1 200 ")
+
+
+def _settle(srv, n):
+    """Wait until the server holds n connections (closed ones are reaped when the server sees the close)."""
+    deadline = time.monotonic() + 10
+    while srv.open_connections != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.open_connections == n
 
 
 def _identity_model():

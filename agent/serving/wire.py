@@ -42,6 +42,7 @@ LINGER_S = 5.0  # ... within this time
 FAST_WAIT_S = 0.005  # a worker waits this long for the next request on its connection before parking it
 INFLATE_STEP = 1024 * 1024  # decompressed in steps of this size, each counted against the budget first
 RECV_BYTES = 65536
+PEEK_BYTES = 4096  # a request head is looked for in this much of what arrived
 
 
 def _address(buf: bytearray) -> int:
@@ -85,7 +86,7 @@ class Conn:
         self.body_at = 0  # its address, for alignment
 
 
-def head_end(buf: bytearray) -> tuple[int, int, int] | None:
+def head_end(buf: bytes | bytearray) -> tuple[int, int, int] | None:
     """(start, end, next) of a complete request head in buf: stray CRLFs before it skipped (RFC 9112 2.2),
     the head is buf[start:end] and the body starts at next; None while incomplete."""
     start, n = 0, len(buf)
@@ -241,11 +242,17 @@ class Worker:
         ready, _, _ = select.select([sock], [], [], FAST_WAIT_S)
         if not ready:
             return False
-        data = sock.recv(RECV_BYTES)
+        if not conn.buf:  # a new request: take exactly its head, so that the body goes straight to its buffer
+            peek = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+            if not peek:
+                raise ConnectionResetError("client closed")
+            conn.first = time.monotonic()
+            found = head_end(peek)
+            data = sock.recv(found[2] if found is not None else len(peek))
+        else:
+            data = sock.recv(RECV_BYTES)
         if not data:
             raise ConnectionResetError("client closed")
-        if not conn.buf:
-            conn.first = time.monotonic()
         conn.buf += data
         return True
 
@@ -333,7 +340,8 @@ class Worker:
         view = memoryview(buf)[pad : pad + n]
         got = min(len(conn.buf), n)
         if got:
-            view[:got] = conn.buf[:got]
+            with memoryview(conn.buf) as pending:
+                view[:got] = pending[:got]
             del conn.buf[:got]
         sock = conn.sock
         try:
