@@ -64,6 +64,10 @@ class ServingConfig:
     probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
     finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
+    max_connections: int = 1024  # open client connections (idle ones are closed first when it is reached)
+    max_per_peer: int = 128  # open connections per client IP address
+    header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
+    idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -315,7 +319,18 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
     s = v.mapping(
         raw if raw is not None else {},
         "serving",
-        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every"),
+        (
+            "host",
+            "port",
+            "token_file",
+            "probation_s",
+            "build_nice",
+            "finite_check_every",
+            "max_connections",
+            "max_per_peer",
+            "header_timeout_s",
+            "idle_timeout_s",
+        ),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
@@ -329,6 +344,10 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every", 1, 1_000_000),
+        max_connections=v.integer(s.get("max_connections", 1024), "serving.max_connections", 1, 1_000_000),
+        max_per_peer=v.integer(s.get("max_per_peer", 128), "serving.max_per_peer", 1, 1_000_000),
+        header_timeout_s=v.number(s.get("header_timeout_s", 10.0), "serving.header_timeout_s", 0.1, 3600),
+        idle_timeout_s=v.number(s.get("idle_timeout_s", 60.0), "serving.idle_timeout_s", 0.1, 86400),
     )
 
 
