@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import select
 import socket
 import struct
 import threading
@@ -559,3 +560,88 @@ def test_refused_large_body_still_gets_its_answer(server):
         )
         assert r.status == 413 and "exceeds the limit" in json.loads(body)["error"]
     assert call(server, "GET", "/v2/health/live")[0].status == 200
+
+
+def _trickle_until_closed(s: socket.socket, data: bytes, limit_s: float = 30.0) -> bytes:
+    """Send data one byte per 0.05 s (cycling) until the server answers and closes; what it sent back."""
+    s.settimeout(0.05)
+    got, i, end = b"", 0, time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            s.send(data[i % len(data) : i % len(data) + 1])
+            i += 1
+        except OSError:
+            pass
+        try:
+            chunk = s.recv(65536)
+            if not chunk:
+                return got
+            got += chunk
+        except TimeoutError:
+            pass
+        except OSError:
+            return got
+    pytest.fail(f"the server kept a trickling connection open for {limit_s} s")
+
+
+def test_header_deadline_counts_from_the_first_byte(registry):
+    with OIPServer(registry, port=0, header_timeout=0.5) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"GET /v2 HTTP/1.1\r\n")
+            reply = _trickle_until_closed(s, b"X-Slow: 1\r\n")  # every byte arrives in time, the head never does
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"request head not complete" in reply
+        assert call(srv, "GET", "/v2")[0].status == 200
+
+
+def test_a_slow_body_hits_the_whole_request_deadline(registry):
+    with OIPServer(registry, port=0, header_timeout=0.5, request_timeout=1.0) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+            reply = _trickle_until_closed(s, b"{")
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in reply
+        assert call(srv, "GET", "/v2")[0].status == 200
+
+
+def _from(srv, source: str) -> socket.socket:
+    s = socket.socket()
+    s.settimeout(30)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", srv.port))
+    return s
+
+
+def test_per_peer_cap_sheds_that_peer_only(registry):
+    with OIPServer(registry, port=0, max_per_peer=2, probe_slots=2) as srv:
+        busy = [_from(srv, "127.0.0.1") for _ in range(2)]
+        try:
+            for s in busy:
+                s.sendall(b"GET /v2 HTTP/1.1\r\n")  # heads still arriving: nothing idle to close
+            _settle(srv, 2)
+            third = _from(srv, "127.0.0.1")
+            third.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(third).startswith(b"HTTP/1.1 503 ")  # over its peer's cap: a probe slot only
+            third.close()
+            other = _from(srv, "127.0.0.2")  # another address is not affected
+            other.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(other).startswith(b"HTTP/1.1 200 ")
+            other.close()
+            probe = _from(srv, "127.0.0.1")
+            probe.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
+            assert recv_response(probe).startswith(b"HTTP/1.1 200 ")
+            probe.close()
+            for s in busy:  # their heads complete: both answered
+                s.sendall(b"\r\n")
+                assert recv_response(s).startswith(b"HTTP/1.1 200 ")
+            # now both are idle keep-alive connections: a newcomer from the same address takes the oldest's slot
+            deadline = time.monotonic() + 10
+            while srv.idle_connections < 2 and time.monotonic() < deadline:  # workers hand them back
+                time.sleep(0.01)
+            newcomer = _from(srv, "127.0.0.1")
+            newcomer.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(newcomer).startswith(b"HTTP/1.1 200 ")
+            closed, _, _ = select.select(busy, [], [], 30)  # one of the two (the first handed back) was closed
+            assert len(closed) >= 1 and closed[0].recv(100) == b""
+            newcomer.close()
+        finally:
+            for s in busy:
+                s.close()

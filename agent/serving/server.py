@@ -132,6 +132,11 @@ class OIPServer:
         with self._lock:
             return len(self._conns)
 
+    @property
+    def idle_connections(self) -> int:
+        """Keep-alive connections waiting for a request with nothing of it received (closed first at a cap)."""
+        return len(self._idle)
+
     def set_token(self, token: str | None) -> None:
         """Replace the bearer token at runtime (serving.token_file is reloadable); None opens the API."""
         self.token = token or None
