@@ -39,10 +39,9 @@ ALIGN = 64  # binary tensors start on a cache line
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LINGER_BYTES = 64 * 1024 * 1024  # of a refused body, discarded so that its client can read the answer ...
 LINGER_S = 5.0  # ... within this time
-FAST_WAIT_S = 0.005  # a worker waits this long for the next request on its connection before parking it
+FAST_WAIT_MS = 5  # a worker waits this long for the next request on its connection before parking it
 INFLATE_STEP = 1024 * 1024  # decompressed in steps of this size, each counted against the budget first
 RECV_BYTES = 65536
-PEEK_BYTES = 4096  # a request head is looked for in this much of what arrived
 
 
 def _address(buf: bytearray) -> int:
@@ -71,7 +70,19 @@ class Head(NamedTuple):
 class Conn:
     """One client connection and the bytes received from it that no request has consumed yet."""
 
-    __slots__ = ("sock", "peer", "buf", "first", "idle_since", "probe", "drain_left", "deadline", "body", "body_at")
+    __slots__ = (
+        "sock",
+        "peer",
+        "buf",
+        "first",
+        "idle_since",
+        "probe",
+        "drain_left",
+        "deadline",
+        "body",
+        "body_at",
+        "poller",
+    )
 
     def __init__(self, sock: socket.socket, peer: str, now: float, probe: bool = False):
         self.sock = sock
@@ -84,6 +95,7 @@ class Conn:
         self.deadline = 0.0  # of the drain
         self.body = bytearray()  # reused for every body on this connection (counted as kept in the budget)
         self.body_at = 0  # its address, for alignment
+        self.poller: select.poll | None = None  # a worker's wait for the next request
 
 
 def head_end(buf: bytes | bytearray) -> tuple[int, int, int] | None:
@@ -103,8 +115,11 @@ def head_end(buf: bytes | bytearray) -> tuple[int, int, int] | None:
 
 def parse_head(block: bytes) -> Head:
     """Parse a request head (without its blank line); Framing for anything malformed."""
-    lines = block.decode("latin-1").split("\n")
-    line = lines[0].rstrip("\r")
+    text = block.decode("latin-1")
+    lines = text.split("\r\n")
+    if "\n" in text and text.count("\n") != len(lines) - 1:  # bare LF line ends too (RFC 9112 2.2 allows them)
+        lines = [ln.rstrip("\r") for ln in text.split("\n")]
+    line = lines[0]
     if len(line) > MAX_LINE:
         raise Framing(414, "request line too long")
     if len(lines) - 1 > MAX_HEADERS:
@@ -119,7 +134,7 @@ def parse_head(block: bytes) -> Head:
     for raw in lines[1:]:
         if len(raw) > MAX_LINE:
             raise Framing(431, "header line too long")
-        _header(headers, raw.rstrip("\r"))
+        _header(headers, raw)
     conn = headers.get("connection", "").lower()
     close = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive")
     return Head(method, target, version, headers, close)
@@ -234,48 +249,42 @@ class Worker:
             oip.close(conn)
 
     def _more(self, conn: Conn) -> bool:
-        """Wait up to FAST_WAIT_S for more bytes of the next request; False when none came (or the header
+        """Wait up to FAST_WAIT_MS for more bytes of the next request; False when none came (or the header
         deadline passed, which the selector then enforces)."""
-        sock, now = conn.sock, time.monotonic()
-        if conn.first is not None and now >= conn.first + self.oip.header_timeout:
+        sock = conn.sock
+        if conn.first is not None and time.monotonic() >= conn.first + self.oip.header_timeout:
             return False
-        ready, _, _ = select.select([sock], [], [], FAST_WAIT_S)
-        if not ready:
+        poller = conn.poller
+        if poller is None:
+            poller = conn.poller = select.poll()
+            poller.register(sock, select.POLLIN)
+        if not poller.poll(FAST_WAIT_MS):
             return False
-        if not conn.buf:  # a new request: take exactly its head, so that the body goes straight to its buffer
-            peek = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
-            if not peek:
-                raise ConnectionResetError("client closed")
-            conn.first = time.monotonic()
-            found = head_end(peek)
-            data = sock.recv(found[2] if found is not None else len(peek))
-        else:
-            data = sock.recv(RECV_BYTES)
+        data = sock.recv(RECV_BYTES)
         if not data:
             raise ConnectionResetError("client closed")
+        if not conn.buf:
+            conn.first = time.monotonic()
         conn.buf += data
         return True
 
     def _one(self, conn: Conn, found: tuple[int, int, int]) -> int | None:
         """Answer one request. None: keep the connection; 0: close it; n > 0: discard n body bytes, then close."""
         oip = self.oip
-        start, end, nxt = found
-        block = bytes(conn.buf[start:end])
-        del conn.buf[:nxt]
+        start, end, nxt = found  # conn.buf[:nxt] is consumed along with the body (one move of the buffer)
         began = conn.first if conn.first is not None else time.monotonic()
-        conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
         try:
-            head = parse_head(block)
+            head = parse_head(bytes(conn.buf[start:end]))
             n = content_length(head)
         except Framing as exc:
             self._send(conn, error_response(exc.status, str(exc)), True)
             return 0
         if conn.probe and head.target.split("?", 1)[0] not in OPEN_PATHS:
             self._send(conn, error_response(503, "too many open connections"), True)
-            return self._unread(conn, n)
+            return self._unread(conn, nxt, n)
         if not oip.begin():
             self._send(conn, error_response(503, "server is shutting down"), True)
-            return self._unread(conn, n)
+            return self._unread(conn, nxt, n)
         ledger = Ledger(oip.budget)
         close, read = head.close or conn.probe, False
         try:
@@ -290,17 +299,18 @@ class Worker:
                 if n > oip.max_body_bytes:
                     raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {oip.max_body_bytes} bytes")
                 ledger.charge(n, "the request body")
-                if head.headers.get("expect", "").lower() == "100-continue" and len(conn.buf) < n:
+                if head.headers.get("expect", "").lower() == "100-continue" and len(conn.buf) - nxt < n:
                     conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body = self._read(conn, n, hlen or 0, began + oip.request_timeout)
+                body = self._read(conn, nxt, n, hlen or 0, began + oip.request_timeout)
                 read = True
                 body = self._inflate(body, head, ledger)
                 resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge)
             except Exception as exc:  # noqa: BLE001 - a ServingError, or a bug: answered, and we keep serving
                 resp = error_for(exc)
-            left = 0 if read else self._unread(conn, n)
+            left = 0 if read else self._unread(conn, nxt, n)
             close = close or (not read and n > 0)  # refused before its body was read: the connection ends
             self._send(conn, resp, close, head.method == "HEAD")
+            conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
         finally:
             ledger.close()
             oip.end()
@@ -309,10 +319,11 @@ class Worker:
         return 0 if close else None
 
     @staticmethod
-    def _unread(conn: Conn, n: int) -> int:
-        """Drop the part of an unread body that is already buffered; the bytes still on the wire."""
-        have = min(len(conn.buf), n)
-        del conn.buf[:have]
+    def _unread(conn: Conn, skip: int, n: int) -> int:
+        """Drop the head (skip bytes) and the part of an unread body that is already buffered; the bytes of
+        the body still on the wire."""
+        have = min(len(conn.buf) - skip, n)
+        del conn.buf[: skip + have]
         return n - have
 
     def _authorize(self, head: Head) -> None:
@@ -325,10 +336,12 @@ class Worker:
         ):
             raise Unauthorized("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
 
-    def _read(self, conn: Conn, n: int, align_at: int, deadline: float) -> memoryview | bytes:
-        """Read n body bytes into the worker's buffer, placed so that byte align_at (where the binary tensors
-        start) is 64-byte aligned: ONNX Runtime copies misaligned inputs before running."""
+    def _read(self, conn: Conn, skip: int, n: int, align_at: int, deadline: float) -> memoryview | bytes:
+        """Read the n body bytes that follow the head (skip bytes of conn.buf) into the connection's buffer,
+        placed so that byte align_at (where the binary tensors start) is 64-byte aligned: ONNX Runtime copies
+        misaligned inputs before running."""
         if not n:
+            del conn.buf[:skip]
             return b""
         if n + ALIGN > len(conn.body):
             buf = bytearray(n + ALIGN)
@@ -338,11 +351,13 @@ class Worker:
         else:
             buf, pad = conn.body, (-(conn.body_at + align_at)) % ALIGN
         view = memoryview(buf)[pad : pad + n]
-        got = min(len(conn.buf), n)
+        got = min(len(conn.buf) - skip, n)
         if got:
             with memoryview(conn.buf) as pending:
-                view[:got] = pending[:got]
-            del conn.buf[:got]
+                view[:got] = pending[skip : skip + got]
+        del conn.buf[: skip + got]
+        if got == n:
+            return view
         sock = conn.sock
         try:
             while got < n:
@@ -391,7 +406,6 @@ class Worker:
         self.oip.count(resp.status)
         parts, total = render(resp, close, head_only)
         send_all(conn.sock, parts, total)
-        conn.idle_since = time.monotonic()
 
 
 def send_all(sock: socket.socket, parts: list, total: int) -> None:
