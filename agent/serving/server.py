@@ -105,6 +105,7 @@ class OIPServer:
         self._idle: collections.OrderedDict[Conn, None] = collections.OrderedDict()  # parked, no pending bytes
         self._handback: collections.deque[tuple[Conn, int]] = collections.deque()
         self._listening = True
+        self._paused_until = 0.0  # accepting paused (out of file descriptors) until then
         self._stopping = False
         self._jobs: queue.SimpleQueue[Conn | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -203,6 +204,10 @@ class OIPServer:
         with self._lock:
             self._codes[status] = self._codes.get(status, 0) + 1
 
+    def backlog(self) -> bool:
+        """Do requests wait for a worker?"""
+        return not self._jobs.empty()
+
     def park(self, conn: Conn) -> None:
         """Hand a connection back to the selector to wait for its next request."""
         self._handback.append((conn, 0))
@@ -254,9 +259,13 @@ class OIPServer:
         next_sweep = 0.0
         while not self._stopping:
             if not self.accepting and self._listening:
-                self._sel.unregister(self._listener)
+                if not self._paused_until:
+                    self._sel.unregister(self._listener)
                 self._listener.close()
                 self._listening = False
+            elif self._paused_until and time.monotonic() >= self._paused_until:
+                self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
+                self._paused_until = 0.0
             for key, _ in self._sel.select(SWEEP_S):
                 if key.data is _LISTENER:
                     self._accept()
@@ -275,9 +284,12 @@ class OIPServer:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # out of file descriptors: make room from the idle crowd, try again next round
+            except OSError:  # out of file descriptors: make room from the idle crowd, or pause accepting
                 if self._idle:
                     self._drop(next(iter(self._idle)), "idle_evicted")
+                elif self._listening:
+                    self._sel.unregister(self._listener)
+                    self._paused_until = time.monotonic() + SWEEP_S
                 return
             sock.setblocking(False)
             try:
@@ -305,7 +317,7 @@ class OIPServer:
                 with self._lock:
                     probes = len(self._conns) - self._regular
                 if probes >= self.probe_slots:  # the oldest probe connection gives way
-                    oldest = next((c for c in self._parked if c.probe), None)
+                    oldest = min((c for c in self._parked if c.probe), key=lambda c: c.idle_since, default=None)
                     if oldest is None:
                         self._refuse(sock, "refused_full")
                         return

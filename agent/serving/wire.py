@@ -4,7 +4,9 @@ Connections live in two places (see server.py). While they wait for a request th
 selector thread, which reads request heads without a thread per connection (a slow or idle crowd costs
 file descriptors, not threads) and answers the health probes itself. A complete head goes to a Worker,
 which reads the body against the request deadline and the memory budget, answers in one send, and keeps
-the connection while the client sends its next request at once (the keep-alive fast path).
+the connection while its client sends the next request soon (the keep-alive fast path: up to HOLD_MS, as
+long as no other request waits for a worker), so that a busy keep-alive client costs one thread wake-up per
+request, not a hand-over from the selector.
 Expect: 100-continue is answered only once the request passed its size, budget and token checks; chunked
 bodies are refused (411); a length header that is not plain ASCII digits is a 400 and closes the connection.
 """
@@ -39,7 +41,8 @@ ALIGN = 64  # binary tensors start on a cache line
 MAX_IOV = 512  # buffers per sendmsg (Linux allows 1024)
 LINGER_BYTES = 64 * 1024 * 1024  # of a refused body, discarded so that its client can read the answer ...
 LINGER_S = 5.0  # ... within this time
-FAST_WAIT_MS = 5  # a worker waits this long for the next request on its connection before parking it
+FAST_WAIT_MS = 5  # a worker waits for the next request on its connection in slices of this ...
+HOLD_MS = 100  # ... up to this long, unless other requests wait for a worker, then parks the connection
 INFLATE_STEP = 1024 * 1024  # decompressed in steps of this size, each counted against the budget first
 RECV_BYTES = 65536
 
@@ -221,6 +224,7 @@ class Worker:
 
     def __init__(self, oip: OIPServer):
         self.oip = oip
+        self._started = False
 
     def serve(self, conn: Conn) -> None:
         """Answer the requests on conn (its buffer holds a complete head), then park it, drain it or close it."""
@@ -249,8 +253,8 @@ class Worker:
             oip.close(conn)
 
     def _more(self, conn: Conn) -> bool:
-        """Wait up to FAST_WAIT_MS for more bytes of the next request; False when none came (or the header
-        deadline passed, which the selector then enforces)."""
+        """Wait up to HOLD_MS for more bytes of the next request (less when other requests wait for a worker);
+        False when none came (or the header deadline passed, which the selector then enforces)."""
         sock = conn.sock
         if conn.first is not None and time.monotonic() >= conn.first + self.oip.header_timeout:
             return False
@@ -258,8 +262,11 @@ class Worker:
         if poller is None:
             poller = conn.poller = select.poll()
             poller.register(sock, select.POLLIN)
-        if not poller.poll(FAST_WAIT_MS):
-            return False
+        waited = 0
+        while not poller.poll(FAST_WAIT_MS):  # in slices: give the connection up as soon as others wait
+            waited += FAST_WAIT_MS
+            if waited >= HOLD_MS or self.oip.backlog():
+                return False
         data = sock.recv(RECV_BYTES)
         if not data:
             raise ConnectionResetError("client closed")
@@ -276,9 +283,9 @@ class Worker:
         try:
             head = parse_head(bytes(conn.buf[start:end]))
             n = content_length(head)
-        except Framing as exc:
+        except Framing as exc:  # unframed: whatever follows is discarded (never read as a request), then close
             self._send(conn, error_response(exc.status, str(exc)), True)
-            return 0
+            return LINGER_BYTES
         if conn.probe and head.target.split("?", 1)[0] not in OPEN_PATHS:
             self._send(conn, error_response(503, "too many open connections"), True)
             return self._unread(conn, nxt, n)
@@ -287,6 +294,7 @@ class Worker:
             return self._unread(conn, nxt, n)
         ledger = Ledger(oip.budget)
         close, read = head.close or conn.probe, False
+        self._started = False  # _read took the head and the buffered part of the body off conn.buf
         try:
             try:
                 raw_len = head.headers.get("inference-header-content-length")
@@ -307,7 +315,7 @@ class Worker:
                 resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge)
             except Exception as exc:  # noqa: BLE001 - a ServingError, or a bug: answered, and we keep serving
                 resp = error_for(exc)
-            left = 0 if read else self._unread(conn, nxt, n)
+            left = 0 if read or self._started else self._unread(conn, nxt, n)
             close = close or (not read and n > 0)  # refused before its body was read: the connection ends
             self._send(conn, resp, close, head.method == "HEAD")
             conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
@@ -356,6 +364,7 @@ class Worker:
             with memoryview(conn.buf) as pending:
                 view[:got] = pending[skip : skip + got]
         del conn.buf[: skip + got]
+        self._started = True
         if got == n:
             return view
         sock = conn.sock
