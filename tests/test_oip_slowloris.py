@@ -73,7 +73,7 @@ def test_slow_and_idle_crowds_do_not_starve_a_normal_client():
             stats = json.loads(crowd.stdout.readline() or "{}")
             crowd.wait(30)
         after, _, _ = _client(srv.port, 700)
-    unloaded = max(_p99(before), _p99(after))  # the machine is shared: the quieter neighbour of the two
+    unloaded = (_p99(before) + _p99(after)) / 2  # the machine is shared: unloaded both before and after
     print(
         f"\nnormal client: {ok} ok / {failed} failed under the crowd ({stats}); p99 unloaded "
         f"{_p99(before) * 1e3:.2f} / {_p99(after) * 1e3:.2f} ms, loaded {_p99(loaded) * 1e3:.2f} ms; "
