@@ -16,7 +16,6 @@ Authentication: with a token, every endpoint except the two probes needs `Author
 from __future__ import annotations
 
 import collections
-import queue
 import resource
 import selectors
 import socket
@@ -41,6 +40,26 @@ def _fd_room(reserve: int = 64) -> int:
     """File descriptors this process may still open for connections (RLIMIT_NOFILE soft limit less a reserve)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return max(16, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - reserve)
+
+
+class _Seat:
+    """Where one idle worker waits for its next connection (None: stop)."""
+
+    __slots__ = ("_ready", "_conn")
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._conn: Conn | None = None
+
+    def give(self, conn: Conn | None) -> None:
+        self._conn = conn
+        self._ready.set()
+
+    def take(self) -> Conn | None:
+        self._ready.wait()
+        self._ready.clear()
+        conn, self._conn = self._conn, None
+        return conn
 
 
 class OIPServer:
@@ -107,7 +126,11 @@ class OIPServer:
         self._listening = True
         self._paused_until = 0.0  # accepting paused (out of file descriptors) until then
         self._stopping = False
-        self._jobs: queue.SimpleQueue[Conn | None] = queue.SimpleQueue()
+        # workers: the most recently idle one takes the next connection (a small, warm set of threads serves)
+        self._wlock = threading.Lock()
+        self._waiting: list[_Seat] = []  # idle workers, most recent last
+        self._pending: collections.deque[Conn] = collections.deque()  # connections no worker has taken yet
+        self._closing_workers = False
         self._threads: list[threading.Thread] = []
         self._nworkers = max(1, int(workers))
 
@@ -169,8 +192,11 @@ class OIPServer:
             except OSError:
                 pass
             self.close(conn)
-        for _ in self._threads[1:]:
-            self._jobs.put(None)
+        with self._wlock:
+            self._closing_workers = True
+            waiting, self._waiting = self._waiting, []
+        for seat in waiting:
+            seat.give(None)
         for t in self._threads[1:]:
             t.join(timeout=5)
         self._sel.close()
@@ -206,7 +232,7 @@ class OIPServer:
 
     def backlog(self) -> bool:
         """Do requests wait for a worker?"""
-        return not self._jobs.empty()
+        return bool(self._pending)
 
     def park(self, conn: Conn) -> None:
         """Hand a connection back to the selector to wait for its next request."""
@@ -241,12 +267,28 @@ class OIPServer:
 
     # ---- worker threads ---------------------------------------------------------------------------------
     def _work(self) -> None:
-        worker = Worker(self)
+        worker, seat = Worker(self), _Seat()
         while True:
-            conn = self._jobs.get()
+            with self._wlock:
+                if self._closing_workers:
+                    return
+                conn = self._pending.popleft() if self._pending else None
+                if conn is None:
+                    self._waiting.append(seat)
             if conn is None:
-                return
+                conn = seat.take()
+                if conn is None:
+                    return
             worker.serve(conn)
+
+    def _hand_over(self, conn: Conn) -> None:
+        """Give a connection with a complete request head to the most recently idle worker (or queue it)."""
+        with self._wlock:
+            seat = self._waiting.pop() if self._waiting else None
+            if seat is None:
+                self._pending.append(conn)
+                return
+        seat.give(conn)
 
     # ---- the selector thread ------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -438,7 +480,7 @@ class OIPServer:
             pass
         self._parked.discard(conn)
         self._idle.pop(conn, None)
-        self._jobs.put(conn)
+        self._hand_over(conn)
 
     def _sweep(self, now: float) -> None:
         """Enforce the deadlines of parked connections: drains, request heads, idle keep-alive."""
