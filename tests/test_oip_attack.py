@@ -30,6 +30,10 @@ def srv():
         s.watch()
         yield s
         s.stop()
+        print(
+            f"\nserver RSS {s.rss0 >> 20} MiB at start, peak {s.rss_peak >> 20} MiB (+{(s.rss_peak - s.rss0) >> 20} MiB; "
+            f"bound {(BUDGET + SLACK) >> 20} MiB); /v2/health/live worst {s.live_worst * 1e3:.0f} ms"
+        )
         assert s.rss_peak - s.rss0 <= BUDGET + SLACK, (s.rss0, s.rss_peak)
         assert not s.live_failures and s.live_worst < 1.0, (s.live_failures[:3], s.live_worst)
 
