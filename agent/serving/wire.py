@@ -377,12 +377,15 @@ class Worker:
         if got == n:
             return view
         sock = conn.sock
+        timeout = 0.0
         try:
             while got < n:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RequestTimeout(f"request body incomplete after {self.oip.request_timeout:g} s")
-                sock.settimeout(left)
+                if not timeout or left < timeout / 2:  # few timeout changes (a syscall each), none overshooting 2x
+                    timeout = left
+                    sock.settimeout(left)
                 k = sock.recv_into(view[got:])
                 if not k:
                     raise BadRequest(f"request body ended after {got} of {n} bytes")
