@@ -255,7 +255,16 @@ class DeviceAgent:
         from agent.serving.server import OIPServer
 
         s = self.config.serving
-        self.server = OIPServer(self.registry, s.host, s.port, s.token()).start()
+        self.server = OIPServer(
+            self.registry,
+            s.host,
+            s.port,
+            s.token(),
+            max_connections=s.max_connections,
+            max_per_peer=s.max_per_peer,
+            header_timeout=s.header_timeout_s,
+            idle_timeout=s.idle_timeout_s,
+        ).start()
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
 

@@ -65,6 +65,10 @@ class ServingConfig:
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
     finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
     memory_max: int | None = None  # bytes one model may use; None: the target's memory limit, else 80% MemTotal
+    max_connections: int = 1024  # open client connections (idle ones are closed first when it is reached)
+    max_per_peer: int = 128  # open connections per client IP address
+    header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
+    idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -317,7 +321,19 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
     s = v.mapping(
         raw if raw is not None else {},
         "serving",
-        ("host", "port", "token_file", "probation_s", "build_nice", "finite_check_every", "memory_max"),
+        (
+            "host",
+            "port",
+            "token_file",
+            "probation_s",
+            "build_nice",
+            "finite_check_every",
+            "max_connections",
+            "max_per_peer",
+            "header_timeout_s",
+            "idle_timeout_s",
+            "memory_max",
+        ),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
     if any(c.isspace() for c in host) or "/" in host:
@@ -332,6 +348,10 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),
         finite_check_every=v.integer(s.get("finite_check_every", 16), "serving.finite_check_every", 1, 1_000_000),
         memory_max=_memory_max(s.get("memory_max")),
+        max_connections=v.integer(s.get("max_connections", 1024), "serving.max_connections", 1, 1_000_000),
+        max_per_peer=v.integer(s.get("max_per_peer", 128), "serving.max_per_peer", 1, 1_000_000),
+        header_timeout_s=v.number(s.get("header_timeout_s", 10.0), "serving.header_timeout_s", 0.1, 3600),
+        idle_timeout_s=v.number(s.get("idle_timeout_s", 60.0), "serving.idle_timeout_s", 0.1, 86400),
     )
 
 

@@ -86,6 +86,8 @@ def test_empty_file_is_local_mode_with_defaults(tmp_path):
     assert cfg.state_dir == Path("/var/lib/edge-agent") and cfg.inbox == Path("/var/lib/edge-agent/inbox")
     assert (cfg.serving.host, cfg.serving.port, cfg.serving.token_file) == ("127.0.0.1", 8080, None)
     assert (cfg.serving.probation_s, cfg.serving.build_nice, cfg.serving.finite_check_every) == (60.0, 10, 16)
+    assert (cfg.serving.max_connections, cfg.serving.max_per_peer) == (1024, 128)
+    assert (cfg.serving.header_timeout_s, cfg.serving.idle_timeout_s) == (10.0, 60.0)
     assert cfg.target == "auto" and cfg.telemetry.interval_s == 60.0
     assert cfg.device_id == "edge-0123456789ab"
 
@@ -134,6 +136,10 @@ BAD = [
     ("serving.probation_s", 0, "serving.probation_s: expected a number"),
     ("serving.build_nice", 20, "serving.build_nice: expected an integer 0-19, got 20"),
     ("serving.finite_check_every", 0, "serving.finite_check_every: expected an integer 1-1000000, got 0"),
+    ("serving.max_connections", 0, "serving.max_connections: expected an integer 1-1000000, got 0"),
+    ("serving.max_per_peer", "all", "serving.max_per_peer: expected an integer"),
+    ("serving.header_timeout_s", 0, "serving.header_timeout_s: expected a number"),
+    ("serving.idle_timeout_s", -1, "serving.idle_timeout_s: expected a number"),
     ("inbox", [], "inbox: expected a non-empty string, got a list"),
     ("telemetry", 5, "telemetry: expected a mapping, got 5"),
     ("telemetry.interval_s", -1, "telemetry.interval_s: expected a number of seconds 0-86400, got -1"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import select
 import socket
 import struct
 import threading
@@ -15,6 +16,7 @@ import pytest
 from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
 
 from agent.samples import cnn_model, tiny_model
+from agent.serving.budget import JSON_DECODE_FACTOR
 from agent.serving.metrics import gauge
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
@@ -166,10 +168,17 @@ CASES = [
     ("POST", "/v2/models/tiny/versions/9/infer", infer_doc(TINY_OK), {}, 404, "version 9"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "name": "z"}]), {}, 400, "unknown input"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "shape": [2, 2]}]), {}, 400, "shape [2, 2]"),
-    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "datatype": "FP64"}]), {}, 400, "dtype float64"),
+    (
+        "POST",
+        "/v2/models/tiny/infer",
+        infer_doc([{**TINY_OK[0], "datatype": "FP64"}]),
+        {},
+        400,
+        "datatype FP64 does not match the model's FP32",
+    ),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "datatype": "FP99"}]), {}, 400, "unknown datatype"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": [1, 2, 3]}]), {}, 400, "has 3"),
-    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": ["a", 1, 2, 3]}]), {}, 400, "not float32"),
+    ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": ["a", 1, 2, 3]}]), {}, 400, "FP32 data"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "shape": [1, -4]}]), {}, 400, "non-negative"),
     ("POST", "/v2/models/tiny/infer", infer_doc([{**TINY_OK[0], "data": [[1, 2], [3]]}]), {}, 400, "regular array"),
     ("POST", "/v2/models/tiny/infer", infer_doc(TINY_OK, [{"name": "nope"}]), {}, 400, "no output"),
@@ -204,14 +213,6 @@ CASES = [
         {"Inference-Header-Content-Length": "99999"},
         400,
         "outside the body",
-    ),
-    (
-        "POST",
-        "/v2/models/tiny/infer",
-        BAD_BINARY_HEAD + b"\0" * 16,
-        {"Inference-Header-Content-Length": "ten"},
-        400,
-        "integer",
     ),
     ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x09\0\0\0ab"), 400, "claims 9 bytes"),
     ("POST", "/v2/models/ids/infer", *_bytes_input(b"\x02\0\0\0\xff\xfe"), 400, "not UTF-8"),
@@ -418,25 +419,33 @@ def test_metrics_keep_both_versions_after_a_swap(tmp_path):
     assert 'edge_agent_model_loaded{model="m",version="1"}' not in text
 
 
-def test_connection_cap_answers_503_and_recovers(registry):
-    with OIPServer(registry, port=0, max_connections=1) as srv:
+def test_connection_cap_evicts_idle_first_then_keeps_probes_answerable(registry):
+    with OIPServer(registry, port=0, max_connections=1, probe_slots=2) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as first:
             first.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
             assert recv_response(first).startswith(b"HTTP/1.1 200 ")
-            head, _, body = raw(srv, b"GET /v2/health/live HTTP/1.1\r\n\r\n").partition(b"\r\n\r\n")
+            # the cap is reached by an idle keep-alive connection: a newcomer takes its slot
+            assert call(srv, "GET", "/v2")[0].status == 200
+            assert first.recv(100) == b""  # the idle one was closed to make room
+        _settle(srv, 0)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as busy:
+            busy.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n")  # a request head still arriving: not idle
+            _settle(srv, 1)
+            head, _, body = raw(srv, b"GET /v2 HTTP/1.1\r\n\r\n").partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503 ") and json.loads(body)["error"] == "too many open connections"
-        recovered = False
-        for _ in range(200):  # the first connection's slot frees once its handler sees the close
-            try:
-                # Each probe is itself a connection: with a cap of 1, a second probe right after a success can
-                # still meet the previous probe's slot, so the success itself is what is asserted.
-                if call(srv, "GET", "/v2/health/live")[0].status == 200:
-                    recovered = True
-                    break
-            except (ConnectionError, http.client.HTTPException):
-                pass
-            threading.Event().wait(0.05)
-        assert recovered
+            for path in ("/v2/health/live", "/v2/health/ready"):  # probes always get an answer
+                r, _ = call(srv, "GET", path)
+                assert r.status == 200 and r.getheader("Connection") == "close"
+            busy.sendall(b"\r\n")
+            assert recv_response(busy).startswith(b"HTTP/1.1 200 ")
+
+
+def _settle(srv, n):
+    """Wait until the server holds n connections (closed ones are reaped when the server sees the close)."""
+    deadline = time.monotonic() + 10
+    while srv.open_connections != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert srv.open_connections == n
 
 
 def _identity_model():
@@ -487,7 +496,7 @@ def test_request_body_budget_answers_503_and_frees_on_completion(tmp_path):
     try:
         t.start()
         assert gated.entered.wait(30)
-        assert _metric(srv, "handling") == len(head) + x.nbytes
+        assert _metric(srv, "handling") == len(head) + x.nbytes + len(head) * JSON_DECODE_FACTOR  # body + its JSON
         r, body = call(srv, "POST", "/v2/models/big/infer", head + x.tobytes(), headers)
         assert r.status == 503 and r.getheader("Retry-After") == "1" and r.getheader("Connection") == "close"
         assert "budget" in json.loads(body)["error"]
@@ -552,3 +561,88 @@ def test_refused_large_body_still_gets_its_answer(server):
         )
         assert r.status == 413 and "exceeds the limit" in json.loads(body)["error"]
     assert call(server, "GET", "/v2/health/live")[0].status == 200
+
+
+def _trickle_until_closed(s: socket.socket, data: bytes, limit_s: float = 30.0) -> bytes:
+    """Send data one byte per 0.05 s (cycling) until the server answers and closes; what it sent back."""
+    s.settimeout(0.05)
+    got, i, end = b"", 0, time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            s.send(data[i % len(data) : i % len(data) + 1])
+            i += 1
+        except OSError:
+            pass
+        try:
+            chunk = s.recv(65536)
+            if not chunk:
+                return got
+            got += chunk
+        except TimeoutError:
+            pass
+        except OSError:
+            return got
+    pytest.fail(f"the server kept a trickling connection open for {limit_s} s")
+
+
+def test_header_deadline_counts_from_the_first_byte(registry):
+    with OIPServer(registry, port=0, header_timeout=0.5) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"GET /v2 HTTP/1.1\r\n")
+            reply = _trickle_until_closed(s, b"X-Slow: 1\r\n")  # every byte arrives in time, the head never does
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"request head not complete" in reply
+        assert call(srv, "GET", "/v2")[0].status == 200
+
+
+def test_a_slow_body_hits_the_whole_request_deadline(registry):
+    with OIPServer(registry, port=0, header_timeout=0.5, request_timeout=1.0) as srv:
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+            s.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nContent-Length: 100000\r\n\r\n")
+            reply = _trickle_until_closed(s, b"{")
+        assert reply.startswith(b"HTTP/1.1 408 ") and b"Connection: close" in reply
+        assert call(srv, "GET", "/v2")[0].status == 200
+
+
+def _from(srv, source: str) -> socket.socket:
+    s = socket.socket()
+    s.settimeout(30)
+    s.bind((source, 0))
+    s.connect(("127.0.0.1", srv.port))
+    return s
+
+
+def test_per_peer_cap_sheds_that_peer_only(registry):
+    with OIPServer(registry, port=0, max_per_peer=2, probe_slots=2) as srv:
+        busy = [_from(srv, "127.0.0.1") for _ in range(2)]
+        try:
+            for s in busy:
+                s.sendall(b"GET /v2 HTTP/1.1\r\n")  # heads still arriving: nothing idle to close
+            _settle(srv, 2)
+            third = _from(srv, "127.0.0.1")
+            third.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(third).startswith(b"HTTP/1.1 503 ")  # over its peer's cap: a probe slot only
+            third.close()
+            other = _from(srv, "127.0.0.2")  # another address is not affected
+            other.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(other).startswith(b"HTTP/1.1 200 ")
+            other.close()
+            probe = _from(srv, "127.0.0.1")
+            probe.sendall(b"GET /v2/health/live HTTP/1.1\r\n\r\n")
+            assert recv_response(probe).startswith(b"HTTP/1.1 200 ")
+            probe.close()
+            for s in busy:  # their heads complete: both answered
+                s.sendall(b"\r\n")
+                assert recv_response(s).startswith(b"HTTP/1.1 200 ")
+            # now both are idle keep-alive connections: a newcomer from the same address takes the oldest's slot
+            deadline = time.monotonic() + 10
+            while srv.idle_connections < 2 and time.monotonic() < deadline:  # workers hand them back
+                time.sleep(0.01)
+            newcomer = _from(srv, "127.0.0.1")
+            newcomer.sendall(b"GET /v2 HTTP/1.1\r\n\r\n")
+            assert recv_response(newcomer).startswith(b"HTTP/1.1 200 ")
+            closed, _, _ = select.select(busy, [], [], 30)  # one of the two (the first handed back) was closed
+            assert len(closed) >= 1 and closed[0].recv(100) == b""
+            newcomer.close()
+        finally:
+            for s in busy:
+                s.close()

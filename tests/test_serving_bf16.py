@@ -84,4 +84,4 @@ def test_wrong_dtype_for_a_bf16_input_is_a_400(server):
     status, doc = post(
         server, "bf16-in", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
     )
-    assert status == 400 and "bfloat16" in doc["error"]
+    assert status == 400 and "model's BF16" in doc["error"]

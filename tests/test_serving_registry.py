@@ -42,7 +42,7 @@ def test_dynamic_batch_dim_accepted_and_outputs_selectable(reg):
     [
         ({"x": np.zeros((1, 5), np.float32)}, "shape [1, 5]"),
         ({"x": np.zeros((4,), np.float32)}, "shape [4]"),
-        ({"x": np.zeros((1, 4), np.float64)}, "dtype float64"),
+        ({"x": np.zeros((1, 4), np.float64)}, "datatype FP64"),
         ({"z": np.zeros((1, 4), np.float32)}, "unknown input(s) ['z']"),
         ({}, "missing input(s) ['x']"),
         ({"x": [[0.0] * 4]}, "numpy array"),

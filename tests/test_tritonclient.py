@@ -104,7 +104,7 @@ def _tiny_input(shape=(1, 4), dtype="FP32", name="x"):
         ({"model_name": "tiny", "model_version": "9"}, "404", "version 9"),
         ({"model_name": "tiny", "inputs": [_tiny_input(name="z")]}, "400", "unknown input"),
         ({"model_name": "tiny", "inputs": [_tiny_input(shape=(2, 4))]}, "400", "shape [2, 4]"),
-        ({"model_name": "tiny", "inputs": [_tiny_input(dtype="FP64")]}, "400", "dtype float64"),
+        ({"model_name": "tiny", "inputs": [_tiny_input(dtype="FP64")]}, "400", "datatype FP64"),
         ({"model_name": "tiny", "headers": {}}, "401", "bearer token"),
     ],
 )

@@ -24,7 +24,19 @@ class NotFound(ServingError):
 
 
 class MethodNotAllowed(ServingError):
+    """The path exists but not for this method; `allow` lists the methods it takes (the Allow header)."""
+
     status = 405
+
+    def __init__(self, message: str, allow: str = ""):
+        super().__init__(message)
+        self.allow = allow
+
+
+class RequestTimeout(ServingError):
+    """The request head or body did not arrive in time."""
+
+    status = 408
 
 
 class LengthRequired(ServingError):

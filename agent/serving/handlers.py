@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -10,8 +11,9 @@ from typing import Any
 from urllib.parse import unquote
 
 import agent
+from agent.errors import ServingError
 from agent.serving import codec
-from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound
+from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, status_of
 from agent.serving.metrics import Metric, model_families, render
 
 SERVER_NAME = "edge-agent"
@@ -35,11 +37,24 @@ class Response:
 
 
 def json_response(status: int, doc: Any) -> Response:
-    return Response(status, json.dumps(doc, separators=(",", ":")).encode())
+    return Response(status, json.dumps(doc, separators=(",", ":"), allow_nan=False).encode())
 
 
 def error_response(status: int, message: str) -> Response:
     return json_response(status, {"error": message})
+
+
+def error_for(exc: BaseException) -> Response:
+    """The one place an exception becomes an HTTP answer: a ServingError's status (405 with Allow, 503 busy
+    with Retry-After), 500 for anything else (a bug: answered, and the server keeps serving)."""
+    if not isinstance(exc, ServingError):
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+    resp = error_response(status_of(exc), str(exc))
+    if isinstance(exc, MethodNotAllowed) and exc.allow:
+        resp.headers["Allow"] = exc.allow
+    elif isinstance(exc, ServerBusy):
+        resp.headers["Retry-After"] = "1"
+    return resp
 
 
 def _dims(shape: Iterable[Any]) -> list[int]:
@@ -51,7 +66,13 @@ def _tensors(specs: list) -> list[dict]:
 
 
 def _scalars(meta: dict) -> dict:
-    return {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) and not k.startswith("_")}
+    return {
+        k: v
+        for k, v in meta.items()
+        if isinstance(v, (str, int, float, bool))
+        and not k.startswith("_")
+        and (not isinstance(v, float) or math.isfinite(v))
+    }
 
 
 def model_metadata(entry) -> dict:
@@ -97,12 +118,20 @@ class Router:
         self._infer_paths: dict[str, tuple[str, str | None]] = {}
 
     def route(
-        self, method: str, path: str, body: bytes | memoryview, header_length: int | None, ready: bool
+        self,
+        method: str,
+        path: str,
+        body: bytes | memoryview,
+        header_length: int | None,
+        ready: bool,
+        charge: codec.Charge = codec.no_charge,
     ) -> Response:
+        """Answer one request (HEAD is answered as GET; the caller sends only the head). `charge` counts the
+        memory decoding will take against the request budget."""
         path = path.split("?", 1)[0]
         hit = self._infer_paths.get(path)  # infer paths seen before: no regex, no unquoting
         if hit is not None and method == "POST":
-            return self.infer(hit[0], hit[1], body, header_length)
+            return self.infer(hit[0], hit[1], body, header_length, charge)
         if path in ("/v2", "/v2/"):
             self._only(method, "GET")
             return json_response(200, {"name": SERVER_NAME, "version": agent.__version__, "extensions": EXTENSIONS})
@@ -126,7 +155,7 @@ class Router:
             if len(self._infer_paths) >= 1024:  # bounded: clients may invent paths
                 self._infer_paths.clear()
             self._infer_paths[path] = (name, version)
-            return self.infer(name, version, body, header_length)
+            return self.infer(name, version, body, header_length, charge)
         self._only(method, "GET")
         entry = self.registry.entry(name, version)
         if rest == "/ready":
@@ -137,12 +166,20 @@ class Router:
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
-        if method != allowed:
-            raise MethodNotAllowed(f"method {method} not allowed here; use {allowed}")
+        if method != allowed and not (method == "HEAD" and allowed == "GET"):
+            allow = "GET, HEAD" if allowed == "GET" else allowed
+            raise MethodNotAllowed(f"method {method[:20]} not allowed here; use {allowed}", allow)
 
-    def infer(self, name: str, version: str | None, body: bytes | memoryview, header_length: int | None) -> Response:
+    def infer(
+        self,
+        name: str,
+        version: str | None,
+        body: bytes | memoryview,
+        header_length: int | None,
+        charge: codec.Charge = codec.no_charge,
+    ) -> Response:
         self.registry.entry(name, version)  # unknown model -> 404 before the body is decoded
-        req = codec.decode_request(body, header_length)
+        req = codec.decode_request(body, header_length, charge)
         served, outputs = self.registry.infer(name, req.inputs, version=version, outputs=req.outputs)
         parts, length, head_len = codec.encode_response(name, served, outputs, req)
         if head_len is None:
@@ -179,10 +216,6 @@ def header_length(raw: str | None) -> int | None:
     """Parse Inference-Header-Content-Length (None when absent)."""
     if raw is None:
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise BadRequest(f"Inference-Header-Content-Length must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise BadRequest("Inference-Header-Content-Length must not be negative")
-    return value
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise BadRequest(f"Inference-Header-Content-Length must be plain ASCII digits, got {raw[:20]!r}")
+    return int(raw)

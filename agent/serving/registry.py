@@ -125,10 +125,20 @@ def _validate_slow(entry: ModelEntry, feeds: Any) -> None:
         if not isinstance(arr, np.ndarray):
             raise BadRequest(f"input {name!r}: expected a numpy array, got {type(arr).__name__}")
         if arr.dtype != dtype and arr.dtype.name != dtype:
-            raise BadRequest(f"input {name!r}: dtype {arr.dtype.name} does not match the model's {dtype}")
+            raise BadRequest(f"input {name!r}: datatype {_oip(arr.dtype)} does not match the model's {_oip(dtype)}")
         shape = arr.shape
         if len(shape) != rank or any(shape[i] != size for i, size in static):
             _shape_error(entry, name, shape)
+
+
+def _oip(dtype: Any) -> str:
+    """The OIP datatype name of a dtype for messages ("FP64", not "float64")."""
+    from agent.serving.codec import datatype_of
+
+    try:
+        return datatype_of(dtype if isinstance(dtype, str) else np.dtype(dtype))
+    except Exception:  # noqa: BLE001 - a message must not fail
+        return str(dtype)
 
 
 def _names_error(entry: ModelEntry, feeds: dict) -> None:

@@ -1,59 +1,65 @@
-"""OIPServer: the threaded HTTP/1.1 front of the registry (KServe v2 REST + /metrics), auth, limits, drain.
+"""OIPServer: the HTTP/1.1 front of the registry (KServe v2 REST + /metrics): connections, limits, auth, drain.
 
-Authentication: with a token, every endpoint except /v2/health/live and /v2/health/ready needs
-`Authorization: Bearer <token>`; the health probes stay open so that supervisors can probe without
-credentials (they reveal nothing but liveness). Loopback is the default bind address.
+Connections: one selector thread holds every connection that waits for a request (idle keep-alive ones and
+ones whose request head is still arriving), so a slow or idle crowd costs file descriptors, not threads; a
+pool of worker threads serves complete requests. Limits: a request head must arrive within header_timeout
+of its first byte and the whole request within request_timeout; idle keep-alive connections close after
+idle_timeout, and first (oldest first) when max_connections or max_per_peer is reached. Health probes are
+always answerable: the selector answers GET/HEAD /v2/health/live and /v2/health/ready itself, without a
+worker, and a connection over either cap still gets one of probe_slots reserved slots, which serve the
+two probe paths only (oldest evicted first when they run out).
+
+Authentication: with a token, every endpoint except the two probes needs `Authorization: Bearer <token>`
+(scheme case-insensitive); the probes reveal nothing but liveness. Loopback is the default bind address.
 """
 
 from __future__ import annotations
 
+import collections
+import resource
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
-from http.server import ThreadingHTTPServer
 
 from agent.errors import ServingError
+from agent.serving.budget import BodyBudget
 from agent.serving.handlers import Router
 from agent.serving.metrics import Metric
-from agent.serving.wire import ConnectionHandler
+from agent.serving.wire import LINGER_BYTES, LINGER_S, RECV_BYTES, Conn, Worker, head_end, probe_answer, refusal
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
-DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request bodies held at once, all connections together
-BUDGETED_BODY = 1024 * 1024  # bodies from this size up count against the budget (small ones cannot add up)
-_BUSY_BODY = b'{"error":"too many open connections"}'
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-    b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
-)
+DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request memory (bodies as received, inflated, decoded) at once
+SWEEP_S = 0.1  # deadlines are checked this often
+_LISTENER, _WAKE = object(), object()
+_BUSY = refusal(503, "too many open connections")
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+def _fd_room(reserve: int = 64) -> int:
+    """File descriptors this process may still open for connections (RLIMIT_NOFILE soft limit less a reserve)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, (soft if soft != resource.RLIM_INFINITY else 1 << 20) - reserve)
 
-    def __init__(self, address, handler, oip: "OIPServer"):
-        self.oip = oip
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, handler)
 
-    def process_request(self, request, client_address):
-        if not self.oip._track(request):
-            try:
-                request.sendall(_BUSY)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
+class _Seat:
+    """Where one idle worker waits for its next connection (None: stop)."""
 
-    def shutdown_request(self, request):
-        self.oip._untrack(request)
-        super().shutdown_request(request)
+    __slots__ = ("_ready", "_conn")
 
-    def handle_error(self, request, client_address) -> None:
-        pass  # a broken client connection is not our failure; the stdlib would print a traceback
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._conn: Conn | None = None
+
+    def give(self, conn: Conn | None) -> None:
+        self._conn = conn
+        self._ready.set()
+
+    def take(self) -> Conn | None:
+        self._ready.wait()
+        self._ready.clear()
+        conn, self._conn = self._conn, None
+        return conn
 
 
 class OIPServer:
@@ -69,35 +75,64 @@ class OIPServer:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         request_timeout: float = 60.0,
-        max_connections: int = 256,
+        header_timeout: float = 10.0,
+        idle_timeout: float = 60.0,
+        max_connections: int = 1024,
+        max_per_peer: int = 128,
+        probe_slots: int = 16,
+        workers: int = 16,
         body_budget_bytes: int = DEFAULT_BODY_BUDGET,
         collectors: Iterable[Callable[[], Iterable[Metric]]] = (),
     ):
-        """body_budget_bytes bounds the memory of request bodies over all connections: bodies being read or
-        served, plus the read buffers connections keep for reuse (at most a quarter of it). A large body that
-        does not fit gets 503 (retry) without being read, instead of 256 connections x 64 MiB."""
+        """body_budget_bytes bounds the memory requests occupy over all connections: bodies as received,
+        inflated and decoded, plus the read buffers connections keep for reuse (at most a quarter of it).
+        A request that cannot fit even alone gets 413 naming the limit; one that does not fit now gets 503."""
         self.registry = registry
         self.token = token or None
         self.max_body_bytes = int(max_body_bytes)
-        self.body_budget_bytes = max(int(body_budget_bytes), self.max_body_bytes)
-        self._body_used = 0  # bytes of large bodies being handled
-        self._kept = 0  # bytes of read buffers connections keep between requests
-        self.request_timeout = request_timeout
-        self.max_connections = max_connections
+        self.budget = BodyBudget(max(int(body_budget_bytes), self.max_body_bytes))
+        self.request_timeout = float(request_timeout)
+        self.header_timeout = min(float(header_timeout), self.request_timeout)
+        self.idle_timeout = float(idle_timeout)
+        self.probe_slots = max(1, int(probe_slots))
+        self.max_connections = max(1, min(int(max_connections), _fd_room() - self.probe_slots))
+        self.max_per_peer = max(1, int(max_per_peer))
         self.accepting = True
         self._lock = threading.Condition()
         self._inflight = 0
-        self._conns: set[socket.socket] = set()
+        self._conns: dict[Conn, None] = {}
+        self._regular = 0  # connections inside max_connections (the rest hold probe slots)
+        self._peers: collections.Counter[str] = collections.Counter()
         self._codes: dict[int, int] = {}
+        self._closed: collections.Counter[str] = collections.Counter()  # connections we closed, by reason
         self._collectors: list[Callable[[], Iterable[Metric]]] = list(collectors)
-        self._router = Router(registry, self._collectors, self._http_metrics)
-        handler = type("OIPHandler", (ConnectionHandler,), {"oip": self})
+        self.router = Router(registry, self._collectors, self._http_metrics)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._httpd = _HTTPServer((host, port), handler, self)
+            self._listener = socket.create_server((host, port), family=family, backlog=1024)
         except OSError as exc:
             raise ServingError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
-        self.host, self.port = self._httpd.server_address[:2]
-        self._thread: threading.Thread | None = None
+        self._listener.setblocking(False)
+        self.host, self.port = self._listener.getsockname()[:2]
+        # selector-thread state
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._parked: set[Conn] = set()  # in the selector
+        self._idle: collections.OrderedDict[Conn, None] = collections.OrderedDict()  # parked, no pending bytes
+        self._handback: collections.deque[tuple[Conn, int]] = collections.deque()
+        self._listening = True
+        self._paused_until = 0.0  # accepting paused (out of file descriptors) until then
+        self._stopping = False
+        # workers: the most recently idle one takes the next connection (a small, warm set of threads serves)
+        self._wlock = threading.Lock()
+        self._waiting: list[_Seat] = []  # idle workers, most recent last
+        self._pending: collections.deque[Conn] = collections.deque()  # connections no worker has taken yet
+        self._closing_workers = False
+        self._threads: list[threading.Thread] = []
+        self._nworkers = max(1, int(workers))
 
     @property
     def url(self) -> str:
@@ -105,12 +140,26 @@ class OIPServer:
         return f"http://{host}:{self.port}"
 
     def start(self) -> "OIPServer":
-        """Serve in a background thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name=f"oip-{self.port}", daemon=True
-        )
-        self._thread.start()
+        """Serve in background threads (the selector and the workers); returns self."""
+        loop = threading.Thread(target=self._loop, name=f"oip-{self.port}", daemon=True)
+        self._threads = [loop] + [
+            threading.Thread(target=self._work, name=f"oip-{self.port}-w{i}", daemon=True)
+            for i in range(self._nworkers)
+        ]
+        for t in self._threads:
+            t.start()
         return self
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections open now (probe slots included)."""
+        with self._lock:
+            return len(self._conns)
+
+    @property
+    def idle_connections(self) -> int:
+        """Keep-alive connections waiting for a request with nothing of it received (closed first at a cap)."""
+        return len(self._idle)
 
     def set_token(self, token: str | None) -> None:
         """Replace the bearer token at runtime (serving.token_file is reloadable); None opens the API."""
@@ -125,19 +174,34 @@ class OIPServer:
         Returns True when everything in flight finished in time."""
         with self._lock:
             self.accepting = False
-        if self._thread:
-            self._httpd.shutdown()
+        self._wake()
         with self._lock:
             drained = self._lock.wait_for(lambda: self._inflight == 0, drain_timeout)
+        self._stopping = True
+        self._wake()
+        if self._threads:
+            self._threads[0].join(timeout=5)
+        if self._listening:
+            self._listener.close()
+            self._listening = False
+        with self._lock:
             conns = list(self._conns)
         for conn in conns:
             try:
-                conn.shutdown(socket.SHUT_RDWR)
+                conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._httpd.server_close()
-        if self._thread:
-            self._thread.join(timeout=5)
+            self.close(conn)
+        with self._wlock:
+            self._closing_workers = True
+            waiting, self._waiting = self._waiting, []
+        for seat in waiting:
+            seat.give(None)
+        for t in self._threads[1:]:
+            t.join(timeout=5)
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
         return drained
 
     def __enter__(self) -> "OIPServer":
@@ -146,66 +210,305 @@ class OIPServer:
     def __exit__(self, *exc) -> None:
         self.shutdown(drain_timeout=5.0)
 
-    # ---- bookkeeping used by the handler --------------------------------------------------------------
-    def _enter(self) -> bool:
+    # ---- the interface workers use (wire.Worker) ------------------------------------------------------
+    def begin(self) -> bool:
+        """A request starts being handled; False while shutting down."""
         with self._lock:
             if not self.accepting:
                 return False
             self._inflight += 1
             return True
 
-    def _leave(self) -> None:
+    def end(self) -> None:
         with self._lock:
             self._inflight -= 1
             if self._inflight == 0:
                 self._lock.notify_all()
 
-    def _track(self, conn: socket.socket) -> bool:
-        with self._lock:
-            if len(self._conns) >= self.max_connections or not self.accepting:
-                return False
-            self._conns.add(conn)
-            return True
-
-    def _untrack(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def _reserve(self, n: int) -> int | None:
-        """Reserve room for a body of n bytes: the bytes counted against the budget (0 for a small body, which
-        always fits), or None when it does not fit."""
-        if n < BUDGETED_BODY:
-            return 0
-        with self._lock:
-            if self._body_used + self._kept + n > self.body_budget_bytes and self._body_used:
-                return None
-            self._body_used += n
-            return n
-
-    def _unreserve(self, n: int) -> None:
-        with self._lock:
-            self._body_used -= n
-
-    def _keep_buffer(self, old: int, new: int) -> bool:
-        """May a connection swap its kept buffer of `old` bytes for one of `new` bytes? (a quarter of the budget)"""
-        with self._lock:
-            if self._kept - old + new > self.body_budget_bytes // 4:
-                return False
-            self._kept += new - old
-            return True
-
-    def _drop_buffer(self, size: int) -> None:
-        with self._lock:
-            self._kept -= size
-
-    def _count(self, status: int) -> None:
+    def count(self, status: int) -> None:
+        """Count one response by status code (edge_agent_http_responses_total)."""
         with self._lock:
             self._codes[status] = self._codes.get(status, 0) + 1
+
+    def backlog(self) -> bool:
+        """Do requests wait for a worker?"""
+        return bool(self._pending)
+
+    def park(self, conn: Conn) -> None:
+        """Hand a connection back to the selector to wait for its next request."""
+        self._handback.append((conn, 0))
+        self._wake()
+
+    def drain(self, conn: Conn, n: int) -> None:
+        """Hand a connection back to discard the n body bytes of a refused request, then close it (LINGER_S):
+        its client, likely still sending, then reads the answer instead of a connection reset."""
+        self._handback.append((conn, n))
+        self._wake()
+
+    def close(self, conn: Conn, reason: str | None = None) -> None:
+        """Close a connection that is not in the selector (idempotent)."""
+        with self._lock:
+            if conn not in self._conns:
+                return
+            del self._conns[conn]
+            self._peers[conn.peer] -= 1
+            if not self._peers[conn.peer]:
+                del self._peers[conn.peer]
+            if not conn.probe:
+                self._regular -= 1
+            if reason:
+                self._closed[reason] += 1
+        self.budget.drop(len(conn.body))
+        conn.body = bytearray()
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+
+    # ---- worker threads ---------------------------------------------------------------------------------
+    def _work(self) -> None:
+        worker, seat = Worker(self), _Seat()
+        while True:
+            with self._wlock:
+                if self._closing_workers:
+                    return
+                conn = self._pending.popleft() if self._pending else None
+                if conn is None:
+                    self._waiting.append(seat)
+            if conn is None:
+                conn = seat.take()
+                if conn is None:
+                    return
+            worker.serve(conn)
+
+    def _hand_over(self, conn: Conn) -> None:
+        """Give a connection with a complete request head to the most recently idle worker (or queue it)."""
+        with self._wlock:
+            seat = self._waiting.pop() if self._waiting else None
+            if seat is None:
+                self._pending.append(conn)
+                return
+        seat.give(conn)
+
+    # ---- the selector thread ------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (the selector is already due to wake) or closed
+            pass
+
+    def _loop(self) -> None:
+        next_sweep = 0.0
+        while not self._stopping:
+            if not self.accepting and self._listening:
+                if not self._paused_until:
+                    self._sel.unregister(self._listener)
+                self._listener.close()
+                self._listening = False
+            elif self._paused_until and time.monotonic() >= self._paused_until:
+                self._sel.register(self._listener, selectors.EVENT_READ, _LISTENER)
+                self._paused_until = 0.0
+            for key, _ in self._sel.select(SWEEP_S):
+                if key.data is _LISTENER:
+                    self._accept()
+                elif key.data is _WAKE:
+                    self._woken()
+                else:
+                    self._readable(key.data)
+            now = time.monotonic()
+            if now >= next_sweep:
+                self._sweep(now)
+                next_sweep = now + SWEEP_S
+
+    def _accept(self) -> None:
+        for _ in range(256):
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of file descriptors: make room from the idle crowd, or pause accepting
+                if self._idle:
+                    self._drop(next(iter(self._idle)), "idle_evicted")
+                elif self._listening:
+                    self._sel.unregister(self._listener)
+                    self._paused_until = time.monotonic() + SWEEP_S
+                return
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # FACTS: no 40 ms keep-alive stalls
+            except OSError:
+                pass
+            if not self.accepting:
+                sock.close()
+                continue
+            self._admit(sock, str(addr[0]))
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        with self._lock:
+            over_peer = self._peers[peer] >= self.max_per_peer
+            over_all = self._regular >= self.max_connections
+        probe = False
+        if over_peer or over_all:
+            victim = next((c for c in self._idle if c.peer == peer), None) if over_peer else None
+            if victim is None and over_all and not over_peer:
+                victim = next(iter(self._idle), None)
+            if victim is not None:
+                self._drop(victim, "idle_evicted")
+            else:
+                probe = True
+                with self._lock:
+                    probes = len(self._conns) - self._regular
+                if probes >= self.probe_slots:  # the oldest probe connection gives way
+                    oldest = min((c for c in self._parked if c.probe), key=lambda c: c.idle_since, default=None)
+                    if oldest is None:
+                        self._refuse(sock, "refused_full")
+                        return
+                    self._drop(oldest, "probe_evicted")
+        now = time.monotonic()
+        conn = Conn(sock, peer, now, probe)
+        with self._lock:
+            self._conns[conn] = None
+            self._peers[peer] += 1
+            if not probe:
+                self._regular += 1
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self._parked.add(conn)
+        if not probe:
+            self._idle[conn] = None
+
+    def _refuse(self, sock: socket.socket, reason: str) -> None:
+        try:
+            sock.send(_BUSY)
+        except OSError:
+            pass
+        sock.close()
+        with self._lock:
+            self._closed[reason] += 1
+            self._codes[503] = self._codes.get(503, 0) + 1
+
+    def _drop(self, conn: Conn, reason: str | None) -> None:
+        """Close a parked connection."""
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self._parked.discard(conn)
+        self._idle.pop(conn, None)
+        self.close(conn, reason)
+
+    def _woken(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:
+            pass
+        now = time.monotonic()
+        while self._handback:
+            conn, n = self._handback.popleft()
+            if self._stopping:
+                self.close(conn)
+                continue
+            try:
+                conn.sock.setblocking(False)
+                if n:
+                    conn.drain_left, conn.deadline = min(n, LINGER_BYTES), now + LINGER_S
+                    conn.sock.shutdown(socket.SHUT_WR)  # the answer is on its way; nothing more will be written
+                self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            except (OSError, ValueError, KeyError):
+                self.close(conn)
+                continue
+            self._parked.add(conn)
+            if not n and not conn.buf and not conn.probe:
+                conn.idle_since = now
+                self._idle[conn] = None
+
+    def _readable(self, conn: Conn) -> None:
+        try:
+            data = conn.sock.recv(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn, None if not conn.buf else "closed_mid_request")
+            return
+        if conn.drain_left:
+            conn.drain_left -= len(data)
+            if conn.drain_left <= 0:
+                self._drop(conn, None)
+            return
+        if not conn.buf:
+            conn.first = time.monotonic()
+            self._idle.pop(conn, None)
+        conn.buf += data
+        self._ready(conn)
+
+    def _ready(self, conn: Conn) -> None:
+        """Act on a parked connection's buffer: answer probes here, hand anything else with a complete head
+        (or an oversized one, which the worker refuses) to a worker."""
+        while True:
+            found = head_end(conn.buf)
+            if found is None:
+                if len(conn.buf) > 64 * 1024:
+                    self._dispatch(conn)
+                return
+            start, end, nxt = found
+            answer = probe_answer(self, bytes(conn.buf[start:end]), conn.probe)
+            if answer is None:
+                self._dispatch(conn)
+                return
+            parts, total, close = answer
+            del conn.buf[:nxt]
+            try:
+                sent = conn.sock.send(b"".join(parts))
+            except OSError:
+                sent = -1
+            if sent < total or close:
+                self._drop(conn, None if sent == total else "unwritable")
+                return
+            now = time.monotonic()
+            conn.first = now if conn.buf else None
+            if not conn.buf:
+                conn.idle_since = now
+                self._idle[conn] = None
+                return
+
+    def _dispatch(self, conn: Conn) -> None:
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        self._parked.discard(conn)
+        self._idle.pop(conn, None)
+        self._hand_over(conn)
+
+    def _sweep(self, now: float) -> None:
+        """Enforce the deadlines of parked connections: drains, request heads, idle keep-alive."""
+        late: list[tuple[Conn, str]] = []
+        head_by = now - self.header_timeout
+        for conn in self._parked:
+            if conn.drain_left:
+                if now >= conn.deadline:
+                    late.append((conn, "drained"))
+            elif conn.first is not None:
+                if conn.first <= head_by:
+                    late.append((conn, "header_timeout"))
+            elif conn.idle_since <= now - self.idle_timeout:
+                late.append((conn, "idle_timeout"))
+        for conn, reason in late:
+            if reason == "header_timeout":
+                try:
+                    conn.sock.send(refusal(408, f"request head not complete within {self.header_timeout:g} s"))
+                except OSError:
+                    pass
+            self._drop(conn, reason)
 
     def _http_metrics(self) -> list[Metric]:
         with self._lock:
             codes = sorted(self._codes.items())
-            inflight, conns, used, kept = self._inflight, len(self._conns), self._body_used, self._kept
+            closed = sorted(self._closed.items())
+            inflight, conns = self._inflight, len(self._conns)
+        used, kept = self.budget.usage()
         return [
             Metric(
                 "edge_agent_http_responses_total",
@@ -216,9 +519,15 @@ class OIPServer:
             Metric("edge_agent_http_inflight_requests", "gauge", "Requests being handled.", [("", {}, inflight)]),
             Metric("edge_agent_http_open_connections", "gauge", "Open client connections.", [("", {}, conns)]),
             Metric(
+                "edge_agent_http_connections_closed_total",
+                "counter",
+                "Connections the server closed, by reason (timeouts, evictions, refusals).",
+                [("", {"reason": r}, n) for r, n in closed],
+            ),
+            Metric(
                 "edge_agent_http_body_bytes",
                 "gauge",
-                "Memory held for request bodies (being handled, kept for reuse by connections).",
+                "Request memory held (bodies being handled and their decoded form; read buffers kept for reuse).",
                 [("", {"use": "handling"}, used), ("", {"use": "kept"}, kept)],
             ),
         ]

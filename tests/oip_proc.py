@@ -1,0 +1,139 @@
+"""An OIPServer in a child process (its RSS measured apart from the test's), with probes for the attack tests."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _identity_fp32():
+    from onnx import TensorProto, helper
+    from test_serving_support import _model
+
+    vi = helper.make_tensor_value_info
+    return _model(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, ["n"])],
+        [vi("y", TensorProto.FLOAT, ["n"])],
+    )
+
+
+def _main(kwargs: dict) -> None:
+    """Child: serve tiny (FP32 [1,4]), ids (identity of every datatype, all inputs needed) and id32 (FP32
+    identity, x -> y) until stdin closes."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    from test_serving_support import identity_all_types_model, open_session
+
+    from agent.samples import tiny_model
+    from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas
+    from agent.serving.registry import ModelRegistry
+    from agent.serving.server import OIPServer
+
+    limit_malloc_arenas(2)  # as the daemon does
+    fix_mmap_threshold()
+    d = Path(tempfile.mkdtemp(prefix="oip-proc-"))
+    reg = ModelRegistry()
+    reg.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"))
+    reg.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
+    reg.activate("id32", "1", open_session(_identity_fp32(), d, "id32.onnx"))
+    srv = OIPServer(reg, port=0, **kwargs).start()
+    print(json.dumps({"port": srv.port}), flush=True)
+    sys.stdin.read()
+    srv.shutdown(5)
+    reg.close()
+
+
+def rss(pid: int) -> int:
+    """Resident set size of a process in bytes."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+class Served:
+    """The child's port and pid, its RSS peak and the slowest /v2/health/live answer while watched."""
+
+    def __init__(self, port: int, pid: int):
+        self.port, self.pid = port, pid
+        self.rss0 = rss(pid)
+        self.rss_peak = self.rss0
+        self.live_worst = 0.0
+        self.live_failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._rss, daemon=True),
+            threading.Thread(target=self._live, daemon=True),
+        ]
+
+    def _rss(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.rss_peak = max(self.rss_peak, rss(self.pid))
+            except (OSError, RuntimeError):
+                return
+
+    def _live(self) -> None:
+        while not self._stop.wait(0.1):
+            t0 = time.monotonic()
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                c.request("GET", "/v2/health/live")
+                r = c.getresponse()
+                r.read()
+                c.close()
+                if r.status != 200:
+                    self.live_failures.append(f"status {r.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                self.live_failures.append(repr(exc))
+            self.live_worst = max(self.live_worst, time.monotonic() - t0)
+
+    def watch(self) -> "Served":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            if t.ident is not None:
+                t.join(15)
+
+
+@contextlib.contextmanager
+def served(**kwargs):
+    """Start the child server with OIPServer keyword arguments; yields a Served (not yet watching)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)])}
+    code = f"import json, oip_proc; oip_proc._main(json.loads({json.dumps(json.dumps(kwargs))}))"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server process exited with {proc.wait(30)}")
+        s = Served(json.loads(line)["port"], proc.pid)
+        yield s
+        s.stop()
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
