@@ -1,7 +1,6 @@
 """The shipped broker setup (scripts/mosquitto): passwords + ACL on a real Mosquitto, and TLS (mqtts://)."""
 
 import json
-import os
 import queue
 import subprocess
 import sys
@@ -31,10 +30,9 @@ def secured(tmp_path):
     tls = tmp_path / "tls"
     subprocess.run(["sh", str(SCRIPTS / "make_certs.sh"), str(tls), "127.0.0.1"], check=True, capture_output=True)
     tls_port = free_port()
-    # as root, Mosquitto drops to user 'mosquitto', which cannot read pytest's private tmp dirs
-    run_as = "user root\n" if os.geteuid() == 0 else ""
+    # tests/brokers.py keeps Mosquitto as the user that started it (it can read pytest's private tmp dirs)
     conf = (
-        run_as + f"password_file {out}/passwd\nacl_file {out}/acl\n"
+        f"password_file {out}/passwd\nacl_file {out}/acl\n"
         f"listener {tls_port} 127.0.0.1\ncafile {tls}/ca.crt\ncertfile {tls}/server.crt\nkeyfile {tls}/server.key\n"
     )
     with Mosquitto(tmp_path / "broker", anonymous=False, extra_conf=conf) as broker:
@@ -159,9 +157,8 @@ def test_client_certificates_when_the_broker_requires_them(tmp_path):
     )
     assert (tls / "clients" / "pi-a.key").stat().st_mode & 0o077 == 0
     port = free_port()
-    run_as = "user root\n" if os.geteuid() == 0 else ""
     conf = (
-        run_as + f"listener {port} 127.0.0.1\ncafile {tls}/ca.crt\ncertfile {tls}/server.crt\n"
+        f"listener {port} 127.0.0.1\ncafile {tls}/ca.crt\ncertfile {tls}/server.crt\n"
         f"keyfile {tls}/server.key\nrequire_certificate true\n"
     )
     with Mosquitto(tmp_path / "broker", extra_conf=conf):

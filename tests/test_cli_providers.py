@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from clirunner import edge_agent as cli
+from clirunner import edge_agent
 from hostruntime import ort_openvino_devices
 
 from agent.hardware import detect
@@ -40,6 +40,10 @@ def _sysroot(base: Path, files: dict[str, bytes]) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     return base
+
+
+def cli(*args: str):
+    return edge_agent("providers", *args)
 
 
 def test_json_on_this_host_lists_every_provider_with_cpu_and_openvino_available():

@@ -71,7 +71,7 @@ def build():
 
 session, how = priority.run_lowered(build, 10)
 for _ in range(20):  # serving-like work after the build: workers a runtime starts on demand (TBB) exist now
-    session.run(warm_feeds(session))
+    session.run(warm_feeds(session)[0])
 new = {}
 for tid in priority._threads() - before:
     try:
