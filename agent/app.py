@@ -123,6 +123,10 @@ class DeviceAgent:
             self.step_config.probation_s = serving.probation_s
         if self.step_config.build_nice is None:
             self.step_config.build_nice = serving.build_nice
+        if self.step_config.probation is None:
+            self.step_config.probation = serving.probation
+        if self.step_config.shadow is None:
+            self.step_config.shadow = serving.shadow
         self.registry = ModelRegistry(finite_every=serving.finite_check_every)
         self.steps = Steps(
             self.state_dir,

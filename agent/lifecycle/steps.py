@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ServingConfig
+from agent.config import ProbationConfig, ServingConfig, ShadowConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal
@@ -52,6 +52,8 @@ class StepConfig:
     serving: dict[str, Any] = field(default_factory=dict)  # the target's serving hints (swap, swap_when_memory_short)
     keep_deployments: int = 20
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
+    probation: ProbationConfig | None = None  # None: serving.probation (the daemon fills it in)
+    shadow: ShadowConfig | None = None  # None: serving.shadow (the daemon fills it in)
 
 
 class Steps:
@@ -86,6 +88,7 @@ class Steps:
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier: Qualifier | None = None
         self._model_locks: dict[str, threading.Lock] = {}
+        self._baselines: dict[str, Any] = {}  # model -> the incumbent's Baseline taken at its last swap
 
     def model_lock(self, name: str) -> threading.Lock:
         return self._model_locks.setdefault(name, threading.Lock())
@@ -166,6 +169,7 @@ class Steps:
             "cache_dir": row.get("cache_dir"),
             "latency_ms": row.get("latency_ms") or {},
             "versions": row.get("versions") or {},
+            "contended": bool(row.get("contended")),  # measured under contention: no latency baseline
         }
         return Event.QUALIFIED, {"decision": summary, "selected": selected}
 
@@ -184,10 +188,46 @@ class Steps:
                 return Event.SWAPPED, {"swap": {**swap, "build": done.get("build_priority")}}
             entry = self.entry(dep)
             swap = self._report_swap(entry, ctx)
-            done = self._serve(
-                dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, ServingConfig.build_nice)
-            )
-        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}}
+            rehearsal = self._rehearsal(dep.model, swap["mode"], entry)
+            try:
+                done = self._serve(
+                    dep.model,
+                    entry,
+                    swap["mode"],
+                    nice=_or(self.config.build_nice, ServingConfig.build_nice),
+                    before_swap=rehearsal.before_swap(ctx),
+                )
+            finally:
+                if rehearsal.figures is not None:  # journaled and in the decision record, passed or not
+                    dep.data["shadow"] = rehearsal.figures
+                    self.journal.save(dep)
+                    self._record_decision(dep.id, shadow=rehearsal.figures)
+            self._baselines[dep.model] = rehearsal.baseline
+        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}, "shadow": rehearsal.figures}
+
+    def _rehearsal(self, name: str, mode: str, entry: dict[str, Any]):
+        from agent.lifecycle.watch import Rehearsal, shadow_skip_reason
+        from agent.serving.probation import compute_measure
+
+        shadow = self.config.shadow or ShadowConfig()
+        window = _or(self.config.probation_s, ServingConfig.probation_s)
+        measure = compute_measure(entry.get("provider"), entry.get("device"))
+        r = Rehearsal(self.registry, name, shadow, self.config.probation or ProbationConfig(), window, measure)
+        why = shadow_skip_reason(self.registry, name, mode, shadow)
+        if why:
+            r.skip(why)
+        return r
+
+    def _record_decision(self, dep_id: str, **extra: Any) -> None:
+        """Add `extra` to the deployment's decision record (decisions/<id>.json), when there is one."""
+        import json
+
+        path = self.state_dir / "decisions" / f"{dep_id}.json"
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return
+        atomic_write_json(path, {**doc, **extra})
 
     def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
         mode, why = self.swap_mode(entry)
@@ -204,25 +244,22 @@ class Steps:
         return choose_swap(self.config.serving, _model_bytes(entry), mem_available())
 
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        from agent.serving.probation import TROUBLE, Probation
+        from agent.lifecycle.watch import probation_watch
+        from agent.serving.probation import TROUBLE
 
-        p99 = (dep.data.get("selected") or {}).get("latency_ms", {}).get("p99")
         window = _or(self.config.probation_s, ServingConfig.probation_s)
-        watch = Probation(self.registry, dep.model, dep.version, p99, window=window).start()
-        try:
-            while not watch.done:
-                ctx.check()
-                watch.wait(0.2)
-        finally:
-            watch.stop()
-        if watch.verdict.state == TROUBLE:
-            return Event.TROUBLE, {"reason": watch.verdict.reason, "probation": watch.verdict.figures}
-        if watch.verdict.state != "passed":
-            raise LifecycleError(watch.verdict.reason)
+        config = self.config.probation or ProbationConfig()
+        state, reason, figures = probation_watch(
+            self.registry, dep, ctx, window, config, self._baselines.pop(dep.model, None)
+        )
+        self._record_decision(dep.id, probation=figures)
+        ctx.report("probation", verdict=state, reason=reason, **figures)
+        if state == TROUBLE:
+            return Event.TROUBLE, {"reason": reason, "probation": figures}
         with self.model_lock(dep.model):
             self.slots.commit(dep.model, self.entry(dep))
         self._gc()
-        return Event.PASSED, {"probation": watch.verdict.figures}
+        return Event.PASSED, {"probation": figures}
 
     def finished(self, dep: Deployment) -> None:
         """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again."""
@@ -235,15 +272,25 @@ class Steps:
         d.update(version=dep.version, deployment_id=dep.id)
         return {k: d.get(k) for k in ENTRY_KEYS}
 
-    def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0) -> dict[str, Any]:
+    def _serve(
+        self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0, before_swap=None
+    ) -> dict[str, Any]:
         """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
         rollbacks build at serving priority (getting back to a good model comes first)."""
         if entry.get("model_path") and not Path(entry["model_path"]).is_file() and self.store.has(entry["sha256"]):
             act.unpack(self.store, entry["sha256"], self.packages)  # unpacked copy lost: rebuild from the blob
         if swap is None:
             swap = self.swap_mode(entry)[0]
+        keep = before_swap is not None and (self.config.probation or ProbationConfig()).referee
         result = act.activate(
-            self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock, build_nice=nice
+            self.registry,
+            name,
+            self._fresh_cache(entry),
+            swap=swap,
+            lock=self.session_lock,
+            build_nice=nice,
+            before_swap=before_swap,
+            keep_previous=keep,
         )
         self.unavailable.pop(name, None)
         return result
