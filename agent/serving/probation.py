@@ -70,7 +70,9 @@ def incumbent_baseline(
     end = until if until is not None else (stats.last_end() or 0.0)
     wall, span = stats.window(end - window_s, end)  # the rate counts every request, sampled or not
     values = stats.window(end - window_s, end, cpu=True)[0] if measure == CPU else wall
-    return Baseline("incumbent", tuple(sorted(values)), rate(span, len(wall)), str(version), requests=len(wall))
+    return Baseline(
+        "incumbent", tuple(sorted(values)), rate=rate(span, len(wall)), version=str(version), requests=len(wall)
+    )
 
 
 class Probation:
