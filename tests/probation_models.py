@@ -27,7 +27,7 @@ def chain_model(depth: int = 60, redundant: bool = False, bias: float = 0.0) -> 
     w2 = (rng.standard_normal((WIDTH, WIDTH)) / np.sqrt(WIDTH)).astype(np.float32)  # no common subexpression
     inits = [
         numpy_helper.from_array(w, "w"),
-        numpy_helper.from_array(w2, "w2"),
+        *([numpy_helper.from_array(w2, "w2")] if redundant else []),
         numpy_helper.from_array(np.float32(0.0).reshape(()), "zero"),
         numpy_helper.from_array(np.full((WIDTH,), bias, np.float32), "bias"),
     ]

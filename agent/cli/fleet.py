@@ -205,6 +205,7 @@ def serve(store, workers, http_bind, **kw):
 def status(as_json, **kw):
     """One row per device: online, models (version, provider, state), last deployment result and reason."""
     from agent.fleet.status import fleet_status
+    from agent.lifecycle.status import figures_brief
 
     doc = fleet_status(broker_config(kw), kw["prefix"])
     if as_json:
@@ -233,6 +234,8 @@ def status(as_json, **kw):
             dep = f"{last.get('model')} {last.get('version')}: {last.get('result') or last.get('state')}"
             if last.get("reason"):
                 dep += f" ({last['reason']})"
+            if figures_brief(last):
+                dep += f" [{figures_brief(last)}]"
         click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {models:<40} {dep}")
     click.echo(f"{doc['online']}/{doc['count']} online")
     if rollouts:

@@ -216,6 +216,7 @@ class Steps:
         why = shadow_skip_reason(self.registry, name, mode, shadow)
         if why:
             r.skip(why)
+        r.take_baseline()  # stop-then-start has no before_swap: the incumbent's runs up to now
         return r
 
     def _record_decision(self, dep_id: str, **extra: Any) -> None:

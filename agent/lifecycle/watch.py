@@ -8,7 +8,7 @@ from typing import Any
 from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
-from agent.serving.probation import PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.serving.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.serving.shadow import FAIL, Shadow, skipped
 
 
@@ -45,15 +45,20 @@ class Rehearsal:
     def skip(self, reason: str) -> None:
         self.figures = skipped(reason)
 
+    def take_baseline(self, until: float | None = None) -> None:
+        """The incumbent's compute times over baseline_s up to `until` (perf_counter(); None: its last run)."""
+        incumbent = self.registry.models().get(self.name)
+        window = self.probation_config.baseline_s
+        self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
+
     def before_swap(self, ctx: act.StepContext):
         """The callback act.activate runs between warm-up and swap."""
 
         def run(session: Any) -> None:
             incumbent = self.registry.models().get(self.name)
-            until = time.perf_counter()  # the baseline window ends where the shadow starts
-            window = self.probation_config.baseline_s
-            self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
+            self.take_baseline(time.perf_counter())  # the baseline window ends where the shadow starts
             if self.figures is None and self.baseline is not None and not self.baseline.requests:
+                window = self.probation_config.baseline_s
                 self.figures = skipped(f"no live traffic to shadow (no request in the last {window:g} s)")
             if self.figures is None:
                 self.figures = self._shadow(session, ctx, incumbent)
@@ -63,12 +68,15 @@ class Rehearsal:
         return run
 
     def _shadow(self, session: Any, ctx: act.StepContext, incumbent: str | None) -> dict[str, Any]:
-        shadow = Shadow(session, self.shadow_config)
+        shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU)
+        stats = self.registry.model_stats(self.name, incumbent)
+        stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
         self.registry.attach_shadow(self.name, shadow)
         try:
             ctx.report("shadow", phase="started", version_serving=incumbent)
             figures = shadow.run(ctx.check)
         finally:
+            stats.watch(False)
             try:
                 self.registry.attach_shadow(self.name, None)
             except Exception:  # noqa: BLE001 - the incumbent went away meanwhile: nothing to detach

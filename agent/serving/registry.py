@@ -457,7 +457,7 @@ class ModelRegistry:
                         caused = self._request_made_nonfinite(entry, feeds, want)
             shadow = entry.shadow
             if shadow is not None:
-                shadow.offer(feeds, result, elapsed)
+                shadow.offer(feeds, result, elapsed, cpu)
             return entry.version, result
         finally:
             self._release(entry, elapsed, ok, nonfinite, end, caused, cpu)

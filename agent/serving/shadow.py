@@ -28,8 +28,15 @@ class Shadow:
     the candidate (run(), on the caller's thread). At most one copy waits at a time, and after each shadow run
     the next copy is taken only once the runs so far used at most `cpu_share` of the elapsed time."""
 
-    def __init__(self, session: Any, config: ShadowConfig, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.session, self.config, self.clock = session, config, clock
+    def __init__(
+        self,
+        session: Any,
+        config: ShadowConfig,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu: bool = True,
+    ) -> None:
+        """cpu: compare the serving thread's CPU time in the run (both sides), else the wall time in it."""
+        self.session, self.config, self.clock, self.cpu = session, config, clock, cpu
         self._slot: tuple[dict, dict, float] | None = None
         self._ready = threading.Event()
         self._next_at = 0.0  # perf_counter() before which no copy is taken (CPU share)
@@ -43,12 +50,16 @@ class Shadow:
         self.elapsed_s = 0.0
 
     # ---- request thread ---------------------------------------------------------------------------------
-    def offer(self, feeds: dict, outputs: dict, elapsed: float) -> None:
-        """A live request the incumbent answered; copied (its buffers may be reused) when a copy is wanted."""
+    def offer(self, feeds: dict, outputs: dict, elapsed: float, cpu: float | None = None) -> None:
+        """A live request the incumbent answered in `elapsed` s (`cpu` s of CPU time when measured); copied (its
+        buffers may be reused) when a copy is wanted."""
         if self._slot is not None or not self._open or time.perf_counter() < self._next_at:
             return
+        spent = cpu if self.cpu else elapsed
+        if spent is None:
+            return
         try:
-            self._slot = ({k: np.array(v, copy=True) for k, v in feeds.items()}, outputs, elapsed)
+            self._slot = ({k: np.array(v, copy=True) for k, v in feeds.items()}, outputs, spent)
             self._ready.set()
         except Exception:  # noqa: BLE001 - shadowing must never touch the client's request
             pass
@@ -76,7 +87,7 @@ class Shadow:
         return self.result()
 
     def _one(self, feeds: dict, reference: dict, incumbent_s: float) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             try:
                 got = self.session.run(feeds, list(reference))
@@ -85,7 +96,7 @@ class Shadow:
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 return
-            self.candidate_s.append(time.perf_counter() - t0)
+            self.candidate_s.append(time.thread_time() - c0 if self.cpu else time.perf_counter() - t0)
             self.incumbent_s.append(incumbent_s)
             self.requests += 1
             self._compare(reference, got)
