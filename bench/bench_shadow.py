@@ -4,8 +4,8 @@
 
 Usage: .venv/bin/python bench/bench_shadow.py [--clients 4] [--target-ms 1.0] [--model cnn|matmul] [--rounds 8]
                                               [--window-s 3] [--cpu-share 0.05] [--json]
-Steady and shadow windows alternate (`--rounds` of each, `--window-s` seconds long), so load drift on a shared
-machine hits both alike. A shadow window does what the daemon's shadow phase does (agent/lifecycle/watch.py):
+Steady and shadow windows alternate (`--rounds` of each, `--window-s` seconds long, the order flipping every
+round), so load drift on a shared machine hits both alike. A shadow window does what the daemon's shadow phase does (agent/lifecycle/watch.py):
 the incumbent's responses are all sampled (NaN/Inf check, CPU time) and a warmed candidate session (another
 seed of the same model) answers copies of live requests within serving.shadow.cpu_share. Clients are
 bench_serving's lean keep-alive clients in another process (binary tensors).
@@ -19,7 +19,6 @@ import multiprocessing as mp
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -50,22 +49,25 @@ def bench_shadow(directory: Path, model, clients: int, rounds: int, window_s: fl
         time.sleep(0.2)
     steady, shadowing, results = [], [], []
     config = ShadowConfig(requests=10**9, duration_s=window_s, min_requests=1, cpu_share=cpu_share)
-    for _ in range(rounds):
+
+    def steady_window() -> None:
         t = time.time()
         time.sleep(window_s)
         steady.append((t, time.time()))
+
+    def shadow_window() -> None:
         shadow = Shadow(candidate, config)
         stats.watch(True)
         reg.attach_shadow("m", shadow)
         t = time.time()
-        box: dict = {}
-        runner = threading.Thread(target=lambda s=shadow, b=box: b.update(s.run()))
-        runner.start()
-        runner.join()
+        results.append(shadow.run())
         shadowing.append((t, time.time()))
         reg.attach_shadow("m", None)
         stats.watch(False)
-        results.append(box)
+
+    for i in range(rounds):  # the order alternates: neither kind always follows the other
+        for window in (steady_window, shadow_window) if i % 2 == 0 else (shadow_window, steady_window):
+            window()
     stop.set()
     samples = [s for _ in range(clients) for s in q.get(timeout=600)]
     p.join(60)

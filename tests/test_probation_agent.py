@@ -134,3 +134,48 @@ def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, re
     assert ended.state.value == "committed", ended.reason
     assert ended.data["probation"]["request_caused"] >= 6 and ended.data["probation"]["nonfinite"] == 0
     assert load.errors == []
+
+
+def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
+    """The issue's case: a burst of 2 clients against a fresh first deployment must not roll it back (there is
+    nothing to roll back to); it is judged on its compute time against its qualified figures."""
+    from agent.samples import tiny_model
+
+    a = _agent(tmp_path, 3.0, ShadowConfig())
+    load = None
+    try:
+        drop(a.state_dir, "1", writer=lambda d: write_package(d, tiny_model(1.0), name="tiny", version="1"))
+        wait_until(lambda: (a.status()["models"].get("tiny") or {}).get("state") == "probation", 240, "probation")
+        load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
+        dep = wait_until(
+            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "1" and d.terminal), None),
+            120,
+            "version 1 decided",
+        )
+    finally:
+        if load:
+            load.stop()
+        a.stop()
+    assert dep.state.value == "committed", dep.reason
+    fig = dep.data["probation"]
+    assert fig["baseline"]["source"] == "qualified" and fig["requests"] > 0, fig
+    assert dep.data["shadow"]["verdict"] == "skipped" and "first deployment" in dep.data["shadow"]["reason"]
+    assert load.errors == []
+
+
+def test_stop_then_start_skips_the_shadow_with_the_reason(tmp_path):
+    from agent.samples import tiny_model
+
+    cfg = fast(1.0)
+    cfg.swap, cfg.shadow = "stop-then-start", ShadowConfig()
+    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    try:
+        assert _push(a, "1", tiny_model(1.0)).state.value == "committed"
+        assert send(a.url, "/v2/models/tiny/infer", body_for("x", np.ones((1, 4), np.float32)))[0] == 200
+        dep = _push(a, "2", tiny_model(2.0))
+        status = a.status()
+    finally:
+        a.stop()
+    assert dep.state.value == "committed", dep.reason
+    shown = status["deployments"]["tiny"]["shadow"]
+    assert shown["verdict"] == "skipped" and "stop-then-start" in shown["reason"], shown
