@@ -43,8 +43,10 @@ def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
         x = np.random.default_rng(1).standard_normal((1, 1024)).astype(np.float32)
         load = Load(a.url, "tiny", [body_for("x", x)], clients=2).start()
         load.wait_requests(300)
+        session_v1 = a.registry.entry("tiny").session
         dep = _push(a, "2", chain_model(redundant=True, bias=1.0))
         assert dep.state.value == "rolled_back", dep.reason
+        assert a.registry.entry("tiny").session is session_v1  # rolled back to the referee: no rebuild
         assert "compute ratio" in dep.reason and "incumbent" in dep.reason, dep.reason
         assert dep.data["shadow"]["verdict"] == "pass"  # same outputs: only the compute time gives it away
         wait_until(lambda: a.registry.models().get("tiny") == "1", 60, "version 1 back")

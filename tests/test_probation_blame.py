@@ -98,3 +98,16 @@ def test_compute_time_is_judged_against_the_incumbent_before_the_swap(tmp_path, 
     else:  # the same compute: passes although the qualified figure (1e-6 ms) would fail it
         assert v.state == PASSED, v.reason
     r.close()
+
+
+def test_the_referee_serves_again_on_rollback_without_a_build(tmp_path):
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(nan_guard_model(), tmp_path, "a.onnx"))
+    first = r.entry("m").session
+    r.activate("m", "2", open_session(log_model(), tmp_path, "b.onnx"), keep_previous=True)
+    assert r.reinstate_referee("m", "3") is None  # not the referee's version: nothing happens
+    done = r.reinstate_referee("m", "1")
+    assert done is not None and done["previous"] == "2" and done["drained"]
+    assert r.entry("m").session is first and r.referee("m") is None
+    assert r.infer("m", NAN)[0] == "1"
+    r.close()

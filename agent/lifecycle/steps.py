@@ -327,10 +327,29 @@ class Steps:
                 return
             if meta and meta.get("sha256") == entry.get("sha256") and meta.get("version") == entry["version"]:
                 return
+            if self._reinstate(name, entry):
+                return
             try:
                 self._serve(name, entry)
             except EdgeAgentError as exc:
                 self._serve_degraded(name, entry, exc)
+
+    def _reinstate(self, name: str, entry: dict[str, Any]) -> bool:
+        """Roll back to the referee (the committed version's session, kept through the swap) when it is this
+        entry's: no build, no compile. False when there is none (then the slot is built again)."""
+        version = self.registry.referee(name)
+        if version != entry["version"]:
+            if version is not None:
+                self.registry.drop_referee(name)
+            return False
+        done = self.registry.reinstate_referee(name, version)
+        if done is None:
+            return False
+        meta = self._serving_meta(name) or {}
+        if meta.get("sha256") != entry.get("sha256"):
+            return False  # same label, another package: the caller builds the committed one
+        self.unavailable.pop(name, None)
+        return True
 
     def _serve_degraded(self, name: str, entry: dict[str, Any], exc: Exception) -> None:
         """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""

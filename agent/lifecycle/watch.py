@@ -94,7 +94,8 @@ def probation_watch(
     incumbent: Baseline | None,
 ) -> tuple[str, str, dict[str, Any]]:
     """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
-    session kept through the swap) is closed when the verdict is in."""
+    session kept through the swap) is closed when it passes; otherwise the rollback serves it again
+    (Steps.ensure_committed: no build)."""
     sel = dep.data.get("selected") or {}
     lat = sel.get("latency_ms") or {}
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
@@ -116,8 +117,9 @@ def probation_watch(
             watch.wait(0.2)
     finally:
         watch.stop()
-        registry.drop_referee(dep.model)
     v = watch.verdict
+    if v.state == PASSED:
+        registry.drop_referee(dep.model)  # committed: the incumbent's session is not needed any more
     if v.state not in (TROUBLE, PASSED):
         raise LifecycleError(v.reason)
     return v.state, v.reason, v.figures

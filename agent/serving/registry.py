@@ -288,6 +288,23 @@ class ModelRegistry:
         self._retire(ref, self.drain_timeout if drain_timeout is None else drain_timeout)
         return True
 
+    def reinstate_referee(self, name: str, version: Any, drain_timeout: float | None = None) -> dict | None:
+        """Roll back without a build: serve the referee of `name` again when it is `version` (the version that
+        serves is swapped out and drained, as in activate); None when there is no such referee."""
+        timeout = self.drain_timeout if drain_timeout is None else drain_timeout
+        with self._activating:
+            with self._lock:
+                ref = self._referees.get(name)
+                if ref is None or ref.version != str(version) or ref.session is None:
+                    return None
+                del self._referees[name]
+                old = self._entries.get(name)
+                ref.retired, ref.shadow = False, None
+                self._entries[name] = ref
+                self._loading.discard(name)
+            info = self._retire(old, timeout) if old is not None else {}
+        return {"model": name, "version": ref.version, "swap": "referee", **info}
+
     def referee(self, name: str) -> str | None:
         """The version kept as the referee of `name`, if any."""
         with self._lock:
