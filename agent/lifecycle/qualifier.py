@@ -85,6 +85,11 @@ def _collect(proc, recv, ctx: StepContext, stderr: list[bytes]) -> dict[str, Any
             elif kind == "error":
                 raise LifecycleError(f"qualification failed: {payload}")
         elif proc.poll() is not None:
+            try:  # the child may have sent its result and exited between poll() and this check: read it first
+                if recv.poll(0):
+                    continue  # a result, or EOF (then recv() raises and the loop ends)
+            except (EOFError, OSError):
+                pass
             break
     try:
         proc.wait(5)
