@@ -133,6 +133,10 @@ class DeviceAgent:
 
             target_serving = self.target.serving if self.target is not None else None
             self.step_config.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
+        if self.step_config.probation is None:
+            self.step_config.probation = serving.probation
+        if self.step_config.shadow is None:
+            self.step_config.shadow = serving.shadow
         self.registry = ModelRegistry(finite_every=serving.finite_check_every)
         self.steps = Steps(
             self.state_dir,

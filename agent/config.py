@@ -57,6 +57,41 @@ class TrustConfig:
 
 
 @dataclass(frozen=True)
+class ProbationConfig:
+    """serving.probation: how a fresh version is judged after its swap (docs/serving.md, Probation)."""
+
+    max_errors: int = 0  # runtime failures blamed on the version, tolerated in the window
+    max_nonfinite: int = 0  # NaN/Inf outputs blamed on the version, tolerated in the window
+    ratio: float = 1.5  # a compute-time quantile may reach ratio x the incumbent's ...
+    slack_ms: float = 0.5  # ... plus this (scheduler noise dominates sub-ms models)
+    quantiles: tuple[int, ...] = (50, 90)  # judged against the incumbent (99 needs p99_samples per side)
+    alpha: float = 0.01  # one-sided binomial test: "slower" only when p < alpha
+    p90_samples: int = 64  # samples per side before a quantile below 99 is judged (FACTS: 64 for a p90)
+    p99_samples: int = 662  # ... and before a p99 is (FACTS: 662)
+    rate_tolerance: float = 4.0  # request rates within this factor of each other are comparable
+    baseline_s: float = 60.0  # the incumbent's compute times in this window before the swap are the baseline
+    qualified_factor: float = 3.0  # no incumbent: qualified quantile x this + slack_ms
+    qualified_quantiles: tuple[int, ...] = (50,)  # no incumbent: judged on these only (tails inflate under load)
+    min_requests: int = 0  # requests needed to pass; 0: a quiet window passes
+    referee: bool = True  # make-before-break: keep the incumbent's session until the verdict, to re-run inputs
+
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    """serving.shadow: before the swap the candidate answers copies of live requests (docs/serving.md, Shadow)."""
+
+    enabled: bool = True  # skipped anyway where the swap is stop-then-start or no incumbent serves
+    requests: int = 200  # the phase ends after this many compared requests ...
+    duration_s: float = 30.0  # ... or after this long
+    min_requests: int = 20  # fewer compared requests: verdict inconclusive (the deployment goes on)
+    cpu_share: float = 0.05  # of one core: the shadow runs at most this fraction of the time
+    min_agreement: float = 0.9  # top-1 agreement of classifier outputs below this: fail
+    max_rel: float | None = None  # max_rel of other float outputs above this: fail (None: reported only)
+    max_failures: int = 0  # candidate failures or NaN/Inf where the incumbent answered finite values
+    max_latency_ratio: float = 3.0  # candidate / incumbent compute time (medians) above this: fail
+
+
+@dataclass(frozen=True)
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 8080
@@ -69,6 +104,8 @@ class ServingConfig:
     max_per_peer: int = 128  # open connections per client IP address
     header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
     idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
+    probation: ProbationConfig = ProbationConfig()
+    shadow: ShadowConfig = ShadowConfig()
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
@@ -333,6 +370,8 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
             "header_timeout_s",
             "idle_timeout_s",
             "memory_max",
+            "probation",
+            "shadow",
         ),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
@@ -352,6 +391,68 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         max_per_peer=v.integer(s.get("max_per_peer", 128), "serving.max_per_peer", 1, 1_000_000),
         header_timeout_s=v.number(s.get("header_timeout_s", 10.0), "serving.header_timeout_s", 0.1, 3600),
         idle_timeout_s=v.number(s.get("idle_timeout_s", 60.0), "serving.idle_timeout_s", 0.1, 86400),
+        probation=_probation(v, s.get("probation")),
+        shadow=_shadow(v, s.get("shadow")),
+    )
+
+
+def _real(raw: Any, key: str, lo: float, hi: float) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != raw or not lo <= raw <= hi:
+        raise ConfigError(f"{key}: expected a number {lo:g}-{hi:g}, got {_show(raw)}")
+    return float(raw)
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected true or false, got {_show(raw)}")
+    return raw
+
+
+def _quantiles(raw: Any, key: str) -> tuple[int, ...]:
+    if not isinstance(raw, (list, tuple)) or not raw or any(type(q) is not int or q not in (50, 90, 99) for q in raw):
+        raise ConfigError(f"{key}: expected a non-empty list of 50, 90 and 99, got {_show(raw)}")
+    return tuple(sorted(set(raw)))
+
+
+def _probation(v: "_Validator", raw: Any) -> ProbationConfig:
+    d, key = ProbationConfig(), "serving.probation"
+    p = v.mapping(raw if raw is not None else {}, key, tuple(ProbationConfig.__dataclass_fields__))
+    g = lambda name: p.get(name, getattr(d, name))  # noqa: E731
+    return ProbationConfig(
+        max_errors=v.integer(g("max_errors"), f"{key}.max_errors", 0, 1_000_000),
+        max_nonfinite=v.integer(g("max_nonfinite"), f"{key}.max_nonfinite", 0, 1_000_000),
+        ratio=_real(g("ratio"), f"{key}.ratio", 1.0, 100.0),
+        slack_ms=_real(g("slack_ms"), f"{key}.slack_ms", 0.0, 60_000.0),
+        quantiles=_quantiles(g("quantiles"), f"{key}.quantiles"),
+        alpha=_real(g("alpha"), f"{key}.alpha", 1e-12, 0.5),
+        p90_samples=v.integer(g("p90_samples"), f"{key}.p90_samples", 8, 4096),
+        p99_samples=v.integer(g("p99_samples"), f"{key}.p99_samples", 100, 4096),
+        rate_tolerance=_real(g("rate_tolerance"), f"{key}.rate_tolerance", 1.0, 1000.0),
+        baseline_s=v.number(g("baseline_s"), f"{key}.baseline_s", 1.0, 86400.0),
+        qualified_factor=_real(g("qualified_factor"), f"{key}.qualified_factor", 1.0, 1000.0),
+        qualified_quantiles=_quantiles(g("qualified_quantiles"), f"{key}.qualified_quantiles"),
+        min_requests=v.integer(g("min_requests"), f"{key}.min_requests", 0, 100_000_000),
+        referee=_flag(g("referee"), f"{key}.referee"),
+    )
+
+
+def _shadow(v: "_Validator", raw: Any) -> ShadowConfig:
+    d, key = ShadowConfig(), "serving.shadow"
+    if isinstance(raw, bool):  # `shadow: false` switches it off
+        return replace(d, enabled=raw)
+    p = v.mapping(raw if raw is not None else {}, key, tuple(ShadowConfig.__dataclass_fields__))
+    g = lambda name: p.get(name, getattr(d, name))  # noqa: E731
+    max_rel = g("max_rel")
+    return ShadowConfig(
+        enabled=_flag(g("enabled"), f"{key}.enabled"),
+        requests=v.integer(g("requests"), f"{key}.requests", 1, 1_000_000),
+        duration_s=v.number(g("duration_s"), f"{key}.duration_s", 0.1, 86400.0),
+        min_requests=v.integer(g("min_requests"), f"{key}.min_requests", 1, 1_000_000),
+        cpu_share=_real(g("cpu_share"), f"{key}.cpu_share", 0.001, 1.0),
+        min_agreement=_real(g("min_agreement"), f"{key}.min_agreement", 0.0, 1.0),
+        max_rel=None if max_rel is None else _real(max_rel, f"{key}.max_rel", 0.0, 1e9),
+        max_failures=v.integer(g("max_failures"), f"{key}.max_failures", 0, 1_000_000),
+        max_latency_ratio=_real(g("max_latency_ratio"), f"{key}.max_latency_ratio", 1.0, 1000.0),
     )
 
 

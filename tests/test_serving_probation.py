@@ -1,4 +1,4 @@
-"""Probation: NaN outputs, runtime errors and slow latency trip it; a clean window passes (real sessions)."""
+"""Probation: NaN outputs, runtime errors and slow compute trip it; a clean window passes (real sessions)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_nan_outputs_trip_probation_with_a_reason(tmp_path):
     r = _registry(tmp_path, log_model())
     r.infer("m", x4(-1.0))  # before probation: not counted
     troubles = []
-    p = Probation(r, "m", "2", baseline_latency_ms=1.0, window=3600, on_trouble=troubles.append, interval=0.01).start()
+    p = Probation(r, "m", "2", {"p50": 1.0}, window=3600, on_trouble=troubles.append, interval=0.01).start()
     r.infer("m", x4(1.0))
     assert p.evaluate().state == WATCHING
     r.infer("m", x4(-1.0))
@@ -65,7 +65,7 @@ def test_clean_window_passes_and_calls_on_pass(tmp_path):
         r,
         "m",
         "2",
-        baseline_latency_ms=1000.0,
+        {"p50": 1000.0},
         window=5,
         on_pass=lambda v: passed.set(),
         on_trouble=lambda reason: pytest.fail(reason),
@@ -79,26 +79,38 @@ def test_clean_window_passes_and_calls_on_pass(tmp_path):
     assert p.verdict.state == PASSED and p.verdict.figures["requests"] == 100
 
 
-def test_latency_against_the_qualified_p99(tmp_path):
+def test_first_deployment_compute_time_against_the_qualified_figures(tmp_path):
     r = _registry(tmp_path, tiny_model(2.0))
-    strict = Thresholds(latency_factor=1.0, latency_slack_ms=0.0, p90_samples=64)
-    p = Probation(r, "m", "2", baseline_latency_ms=1e-6, window=10, thresholds=strict, clock=Clock())
+    strict = Thresholds(qualified_factor=1.0, slack_ms=0.0, p90_samples=64)
+    clock = Clock()
+    p = Probation(r, "m", "2", {"p50": 1e-6}, window=10, thresholds=strict, clock=clock)
     for _ in range(63):
         r.infer("m", x4())
-    assert p.evaluate().state == WATCHING  # too few samples to judge latency
+    clock.now = 10.0
+    v = p.evaluate()
+    assert v.state == PASSED and "not judged" in v.reason  # too few samples to judge compute time
     r.infer("m", x4())
     v = p.evaluate()
-    assert v.state == TROUBLE and "p90 latency" in v.reason and "qualified p99" in v.reason
-    lenient = Probation(r, "m", "2", baseline_latency_ms=1000.0, window=10, thresholds=strict, clock=Clock())
+    assert v.state == TROUBLE and "compute ratio" in v.reason and "qualified figure" in v.reason, v.reason
+    assert v.figures["baseline"]["source"] == "qualified"
+    clock2 = Clock()
+    lenient = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=strict, clock=clock2)
     for _ in range(64):
         r.infer("m", x4())
-    assert lenient.evaluate().state == WATCHING
+    clock2.now = 10.0
+    assert lenient.evaluate().state == PASSED
+    contended = Probation(r, "m", "2", None, window=10, thresholds=strict, clock=clock2)  # no baseline at all
+    for _ in range(64):
+        r.infer("m", x4())
+    clock2.now = 20.0
+    v = contended.evaluate()
+    assert v.state == PASSED and v.figures["baseline"]["source"] is None
 
 
 def test_quiet_window_needs_min_requests_when_asked(tmp_path):
     r = _registry(tmp_path, tiny_model(2.0))
     clock = Clock()
-    p = Probation(r, "m", "2", 1.0, window=1, thresholds=Thresholds(min_requests=10), clock=clock)
+    p = Probation(r, "m", "2", {"p50": 1.0}, window=1, thresholds=Thresholds(min_requests=10), clock=clock)
     clock.now = 2.0
     v = p.evaluate()
     assert v.state == TROUBLE and "only 0 requests" in v.reason
@@ -107,10 +119,10 @@ def test_quiet_window_needs_min_requests_when_asked(tmp_path):
 def test_superseded_and_stopped_do_not_call_back(tmp_path):
     r = _registry(tmp_path, tiny_model(2.0))
     calls = []
-    p = Probation(r, "m", "2", 1.0, window=3600, on_trouble=calls.append, on_pass=calls.append, interval=0.01).start()
+    p = Probation(r, "m", "2", None, window=3600, on_trouble=calls.append, on_pass=calls.append, interval=0.01).start()
     r.activate("m", "3", open_session(tiny_model(3.0), tmp_path, "v3.onnx"))
     assert p.wait(30).state == SUPERSEDED
-    q = Probation(r, "m", "3", 1.0, window=3600, on_trouble=calls.append, interval=0.01).start()
+    q = Probation(r, "m", "3", None, window=3600, on_trouble=calls.append, interval=0.01).start()
     q.stop()
     assert q.verdict.state == STOPPED and q.done
     assert calls == []

@@ -185,6 +185,8 @@ def status(config_path, as_json):
 
 
 def _print_status(doc: dict) -> None:
+    from agent.lifecycle.status import figures_brief
+
     d = doc["daemon"]
     url = (doc.get("serving") or {}).get("url")
     click.echo(
@@ -213,6 +215,9 @@ def _print_status(doc: dict) -> None:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("ts") or 0))
             reason = f"  {r['reason']}" if r.get("reason") else ""
             click.echo(f"  {when}  {r.get('model')} {r.get('version')}  {r.get('state')}{reason}")
+            brief = figures_brief(r)
+            if brief:
+                click.echo(f"      {brief}")
 
 
 def _table(rows) -> None:

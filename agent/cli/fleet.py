@@ -177,6 +177,7 @@ def status(as_json, store, registry_file, **kw):
     `trust` says whether the report is signed by the device's registered key."""
     from agent.fleet.registry import DeviceRegistry, registry_for_store
     from agent.fleet.status import fleet_status
+    from agent.lifecycle.status import figures_brief
 
     registry = DeviceRegistry.load(registry_file) if registry_file else registry_for_store(store)
     doc = fleet_status(broker_config(kw), kw["prefix"], registry=registry)
@@ -206,6 +207,8 @@ def status(as_json, store, registry_file, **kw):
             dep = f"{last.get('model')} {last.get('version')}: {last.get('result') or last.get('state')}"
             if last.get("reason"):
                 dep += f" ({last['reason']})"
+            if figures_brief(last):
+                dep += f" [{figures_brief(last)}]"
         click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {models:<40} {dep}")
     click.echo(f"{doc['online']}/{doc['count']} online")
     if rollouts:

@@ -249,17 +249,24 @@ def activate(
     swap: str | None = None,
     lock: threading.Lock | None = None,
     build_nice: int = 0,
+    before_swap: Callable[[Any], None] | None = None,
+    keep_previous: bool = False,
 ) -> dict[str, Any]:
     """Make-before-break (or the target's stop-then-start): build + warm, then swap atomically.
-    Make-before-break builds `build_nice` levels below serving (the old version serves meanwhile);
-    stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
+    Make-before-break builds `build_nice` levels below serving (the old version serves meanwhile), then runs
+    before_swap(session) (the shadow phase; raising stops the deployment) and keeps the old session as the
+    referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
-    kwargs = {"swap": swap} if swap else {}
+    kwargs: dict[str, Any] = {"swap": swap} if swap else {}
     if swap == "stop-then-start":
         result = registry.activate(name, entry["version"], lambda: open_and_warm(entry, lock), meta, **kwargs)
         return {**result, "build_priority": "serving priority (stop-then-start)"}
     session, how = run_lowered(lambda: open_and_warm(entry, lock), build_nice)
     try:
+        if before_swap is not None:
+            before_swap(session)
+        if keep_previous:
+            kwargs["keep_previous"] = True
         return {**registry.activate(name, entry["version"], session, meta, **kwargs), "build_priority": how}
     except BaseException:
         session.close()

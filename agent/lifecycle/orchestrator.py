@@ -366,6 +366,7 @@ class Orchestrator:
                 "state": dep.state.value,
                 "reason": dep.reason,
                 "ts": dep.updated,
+                **{k: dep.data[k] for k in ("shadow", "probation") if isinstance(dep.data.get(k), dict)},
             }
         )
 

@@ -124,6 +124,29 @@ def build_status(
     return doc
 
 
+def figures_brief(dep: dict) -> str:
+    """The shadow and probation figures of a deployment summary in a few words ('' when it has none)."""
+    parts = []
+    sh = dep.get("shadow") if isinstance(dep.get("shadow"), dict) else None
+    if sh:
+        what = [f"{sh.get('requests')} req"]
+        if sh.get("agreement") is not None:
+            what.append(f"agreement {sh['agreement']:.3f}")
+        if sh.get("latency_ratio") is not None:
+            what.append(f"compute x{sh['latency_ratio']:.2f}")
+        parts.append(f"shadow {sh.get('verdict')} ({', '.join(what)})" if sh.get("verdict") != "skipped" else "")
+    pr = dep.get("probation") if isinstance(dep.get("probation"), dict) else None
+    if pr:
+        tests = [c for c in pr.get("compute") or [] if isinstance(c, dict)]
+        ratios = ", ".join(f"p{c.get('q')} x{c.get('ratio')}" for c in tests)
+        base = (pr.get("baseline") or {}).get("source") or "no baseline"
+        parts.append(
+            f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "
+            f"{pr.get('request_caused')} request-caused; compute {ratios or 'not judged'} vs {base}"
+        )
+    return "; ".join(p for p in parts if p)
+
+
 def hardware_summary(profile: Any) -> dict[str, Any]:
     """The status document's short hardware block."""
     if profile is None:

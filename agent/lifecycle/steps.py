@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ServingConfig
+from agent.config import ProbationConfig, ServingConfig, ShadowConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle import integrity, repair
@@ -63,6 +63,8 @@ class StepConfig:
     memory_max: int | None = None  # bytes one model may use (serving.memory_max resolved; None: no bound)
     deadlines: dict[str, float] = field(default_factory=dict)  # state name -> seconds (overrides the defaults)
     stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
+    probation: ProbationConfig | None = None  # None: serving.probation (the daemon fills it in)
+    shadow: ShadowConfig | None = None  # None: serving.shadow (the daemon fills it in)
 
 
 class Steps:
@@ -100,6 +102,7 @@ class Steps:
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier: Qualifier | None = None
         self._model_locks: dict[str, threading.Lock] = {}
+        self._baselines: dict[str, Any] = {}  # model -> the incumbent's Baseline taken at its last swap
 
     def add_source(self, source: Any) -> None:
         self.sources[source.kind] = source
@@ -270,10 +273,47 @@ class Steps:
                 return Event.SWAPPED, {"swap": {**swap, "build": done.get("build_priority")}}
             entry = self.entry(dep)
             swap = self._report_swap(entry, ctx)
-            done = self._serve(
-                dep.model, entry, swap["mode"], nice=_or(self.config.build_nice, ServingConfig.build_nice)
-            )
-        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}}
+            rehearsal = self._rehearsal(dep.model, swap["mode"], entry)
+            try:
+                done = self._serve(
+                    dep.model,
+                    entry,
+                    swap["mode"],
+                    nice=_or(self.config.build_nice, ServingConfig.build_nice),
+                    before_swap=rehearsal.before_swap(ctx),
+                )
+            finally:
+                if rehearsal.figures is not None:  # journaled and in the decision record, passed or not
+                    dep.data["shadow"] = rehearsal.figures
+                    self.journal.save(dep)
+                    self._record_decision(dep.id, shadow=rehearsal.figures)
+            self._baselines[dep.model] = rehearsal.baseline
+        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}, "shadow": rehearsal.figures}
+
+    def _rehearsal(self, name: str, mode: str, entry: dict[str, Any]):
+        from agent.lifecycle.watch import Rehearsal, shadow_skip_reason
+        from agent.serving.probation import compute_measure
+
+        shadow = self.config.shadow or ShadowConfig()
+        window = _or(self.config.probation_s, ServingConfig.probation_s)
+        measure = compute_measure(entry.get("provider"), entry.get("device"))
+        r = Rehearsal(self.registry, name, shadow, self.config.probation or ProbationConfig(), window, measure)
+        why = shadow_skip_reason(self.registry, name, mode, shadow)
+        if why:
+            r.skip(why)
+        r.take_baseline()  # stop-then-start has no before_swap: the incumbent's runs up to now
+        return r
+
+    def _record_decision(self, dep_id: str, **extra: Any) -> None:
+        """Add `extra` to the deployment's decision record (decisions/<id>.json), when there is one."""
+        import json
+
+        path = self.state_dir / "decisions" / f"{dep_id}.json"
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return
+        atomic_write_json(path, {**doc, **extra})
 
     def _report_swap(self, entry: dict[str, Any], ctx: act.StepContext) -> dict[str, str]:
         mode, why = self.swap_mode(entry)
@@ -290,28 +330,23 @@ class Steps:
         return choose_swap(self.config.serving, _model_bytes(entry), mem_available())
 
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        from agent.serving.probation import TROUBLE, Probation
+        from agent.lifecycle.watch import probation_watch
+        from agent.serving.probation import TROUBLE
 
-        selected = dep.data.get("selected") or {}
-        # a row measured under contention is no latency baseline: probation then judges errors and NaN/Inf only
-        p99 = None if selected.get("contended") else selected.get("latency_ms", {}).get("p99")
         window = _or(self.config.probation_s, ServingConfig.probation_s)
-        watch = Probation(self.registry, dep.model, dep.version, p99, window=window).start()
-        try:
-            while not watch.done:
-                ctx.check()
-                watch.wait(0.2)
-        finally:
-            watch.stop()
-        if watch.verdict.state == TROUBLE:
-            return Event.TROUBLE, {"reason": watch.verdict.reason, "probation": watch.verdict.figures}
-        if watch.verdict.state != "passed":
-            raise LifecycleError(watch.verdict.reason)
+        config = self.config.probation or ProbationConfig()
+        state, reason, figures = probation_watch(
+            self.registry, dep, ctx, window, config, self._baselines.pop(dep.model, None)
+        )
+        self._record_decision(dep.id, probation=figures)
+        ctx.report("probation", verdict=state, reason=reason, **figures)
+        if state == TROUBLE:
+            return Event.TROUBLE, {"reason": reason, "probation": figures}
         with self.model_lock(dep.model):
             self.slots.commit(dep.model, self.entry(dep))
             self.stale.pop(dep.model, None)
         self._gc()
-        return Event.PASSED, {"probation": watch.verdict.figures}
+        return Event.PASSED, {"probation": figures}
 
     def finished(self, dep: Deployment) -> None:
         """A deployment ended: its inbox directory (if still there) is consumed so it is not picked up again;
@@ -337,7 +372,9 @@ class Steps:
         d.update(version=dep.version, deployment_id=dep.id)
         return {k: d.get(k) for k in ENTRY_KEYS}
 
-    def _serve(self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0) -> dict[str, Any]:
+    def _serve(
+        self, name: str, entry: dict[str, Any], swap: str | None = None, nice: int = 0, before_swap=None
+    ) -> dict[str, Any]:
         """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
         rollbacks build at serving priority (getting back to a good model comes first)."""
         note = repair.verify_unpacked(self.store, self.packages, entry)  # raises repair.Corrupt
@@ -345,8 +382,16 @@ class Steps:
             self.note(name, note)
         if swap is None:
             swap = self.swap_mode(entry)[0]
+        keep = before_swap is not None and (self.config.probation or ProbationConfig()).referee
         result = act.activate(
-            self.registry, name, self._fresh_cache(entry), swap=swap, lock=self.session_lock, build_nice=nice
+            self.registry,
+            name,
+            self._fresh_cache(entry),
+            swap=swap,
+            lock=self.session_lock,
+            build_nice=nice,
+            before_swap=before_swap,
+            keep_previous=keep,
         )
         self.unavailable.pop(name, None)
         return result
@@ -394,6 +439,8 @@ class Steps:
                 return
             if meta and meta.get("sha256") == entry.get("sha256") and meta.get("version") == entry["version"]:
                 return
+            if self._reinstate(name, entry):
+                return
             try:
                 self._serve(name, entry)
             except repair.Corrupt as exc:
@@ -417,6 +464,23 @@ class Steps:
             return
         self.slots.swap(name)
         self.note(name, f"committed {exc}; serving the previous version {prev['version']} instead")
+
+    def _reinstate(self, name: str, entry: dict[str, Any]) -> bool:
+        """Roll back to the referee (the committed version's session, kept through the swap) when it is this
+        entry's: no build, no compile. False when there is none (then the slot is built again)."""
+        version = self.registry.referee(name)
+        if version != entry["version"]:
+            if version is not None:
+                self.registry.drop_referee(name)
+            return False
+        done = self.registry.reinstate_referee(name, version)
+        if done is None:
+            return False
+        meta = self._serving_meta(name) or {}
+        if meta.get("sha256") != entry.get("sha256"):
+            return False  # same label, another package: the caller builds the committed one
+        self.unavailable.pop(name, None)
+        return True
 
     def _serve_degraded(self, name: str, entry: dict[str, Any], exc: Exception) -> None:
         """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""

@@ -49,7 +49,9 @@ class ModelStats:
     def __init__(self, model: str, version: str) -> None:
         self.model, self.version = model, version
         self.requests = 0  # requests that reached the runtime
-        self.errors = 0  # runtime failures
+        self.errors = 0  # runtime failures blamed on the model
+        self.request_failures = 0  # runtime failures the request caused (NaN/Inf or invalid input; not counted)
+        self.request_nonfinite = 0  # NaN/Inf outputs the request caused (its input held NaN/Inf; not counted)
         self.rejected = 0  # requests refused by validation (client mistakes)
         self.nonfinite = 0  # successful responses found holding NaN or Inf
         self.finite_checked = 0  # successful responses checked for NaN/Inf
@@ -58,12 +60,20 @@ class ModelStats:
         self.latency_sum = 0.0
         self.buckets = [0] * (len(BUCKETS) + 1)
         self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
+        self._stamps = array("d", bytes(8 * RECENT))  # perf_counter() when each kept latency's run ended
         self._seen = 0  # successful latencies recorded so far
+        # CPU time of the serving thread inside the run, measured on the sampled requests (those checked for
+        # NaN/Inf: all while watched and a version's first FINITE_FIRST, then one in finite_every).
+        self._cpu = array("d", bytes(8 * RECENT))
+        self._cpu_stamps = array("d", bytes(8 * RECENT))
+        self._cpu_seen = 0
         self._lock = threading.Lock()
         # Latencies of plain successful requests, appended without the lock by add() (array.append and
         # del a[:n] are single C calls under the GIL: nothing is lost) and folded into the counters above by
-        # the next reader, or every PENDING requests.
+        # the next reader, or every PENDING requests. _ends holds their end times the same way; two appends
+        # racing may pair a latency with the end time of a request that ended at the same moment (harmless).
         self._pending = array("d")
+        self._ends = array("d")
 
     def check_finite(self) -> bool:
         """Should the response about to be recorded be checked for NaN/Inf? Every one while watched and for a
@@ -77,22 +87,44 @@ class ModelStats:
         with self._lock:
             self.watchers = max(0, self.watchers + (1 if on else -1))
 
-    def record(self, seconds: float, ok: bool = True, nonfinite: bool | None = None) -> None:
-        """One request that reached the runtime; nonfinite is None when its outputs were not checked."""
+    def record(
+        self,
+        seconds: float,
+        ok: bool = True,
+        nonfinite: bool | None = None,
+        end: float = 0.0,
+        caused: bool = False,
+        cpu: float | None = None,
+    ) -> None:
+        """One request that reached the runtime; nonfinite is None when its outputs were not checked; caused:
+        the request itself caused the failure or the NaN/Inf (counted apart, never against the version);
+        cpu: the serving thread's CPU seconds inside the run, when measured."""
         with self._lock:
+            if ok and cpu is not None:
+                i = self._cpu_seen % RECENT
+                self._cpu[i], self._cpu_stamps[i] = cpu, end
+                self._cpu_seen += 1
             if not ok:
                 self.requests += 1
-                self.errors += 1
+                if caused:
+                    self.request_failures += 1
+                else:
+                    self.errors += 1
                 return
             if nonfinite is not None:
                 self.finite_checked += 1
-                if nonfinite:
+                if nonfinite and caused:
+                    self.request_nonfinite += 1
+                elif nonfinite:
                     self.nonfinite += 1
+            self._ends.append(end)
             self._pending.append(seconds)
             self._fold()  # counts it, with its latency, after the ones added before it
 
-    def add(self, seconds: float) -> None:
-        """record(seconds) of a successful request whose outputs were not checked: the hot path, no lock."""
+    def add(self, seconds: float, end: float = 0.0) -> None:
+        """record(seconds) of a successful request whose outputs were not checked: the hot path, no lock.
+        end: time.perf_counter() when its run ended (compute-time windows of probation read it)."""
+        self._ends.append(end)
         pending = self._pending
         pending.append(seconds)
         if len(pending) >= PENDING:
@@ -101,18 +133,20 @@ class ModelStats:
 
     def _fold(self) -> None:
         """Count pending successful requests and their latencies (call with the lock held)."""
-        pending = self._pending
-        n = len(pending)
+        pending, ends = self._pending, self._ends
+        n = min(len(pending), len(ends))  # an end time is appended before its latency
         if not n:
             return
-        values = pending[:n]
+        values, stamps = pending[:n], ends[:n]
         del pending[:n]  # appends made meanwhile stay
+        del ends[:n]
         self.requests += n
         self.latency_sum += sum(values)
-        buckets, ring, seen = self.buckets, self._ring, self._seen
-        for v in values:
+        buckets, ring, times, seen = self.buckets, self._ring, self._stamps, self._seen
+        for v, t in zip(values, stamps):
             buckets[bisect.bisect_left(BUCKETS, v)] += 1
             ring[seen % RECENT] = v
+            times[seen % RECENT] = t
             seen += 1
         self._seen = seen
 
@@ -126,6 +160,26 @@ class ModelStats:
             self._fold()
             values = self._recent()
         return values if last is None else values[max(0, len(values) - last) :]
+
+    def window(self, since: float, until: float = math.inf, cpu: bool = False) -> tuple[list[float], float]:
+        """(kept successful latencies in seconds of the runs that ended in [since, until], the seconds between
+        the first and the last of those ends); times are time.perf_counter() values. cpu: the serving
+        thread's CPU time of the sampled runs instead of the wall time of every run."""
+        with self._lock:
+            self._fold()
+            if cpu:
+                n, ring, times = min(self._cpu_seen, RECENT), self._cpu, self._cpu_stamps
+            else:
+                n, ring, times = min(self._seen, RECENT), self._ring, self._stamps
+            hits = [i for i in range(n) if since <= times[i] <= until]
+            span = (max(times[i] for i in hits) - min(times[i] for i in hits)) if hits else 0.0
+            return [ring[i] for i in hits], span
+
+    def last_end(self) -> float | None:
+        """perf_counter() when the latest kept successful run ended (None before the first)."""
+        with self._lock:
+            self._fold()
+            return self._stamps[(self._seen - 1) % RECENT] if self._seen else None
 
     def _recent(self) -> list[float]:
         """Kept latencies, oldest first (call with the lock held)."""
@@ -145,6 +199,8 @@ class ModelStats:
                 "rejected": self.rejected,
                 "nonfinite": self.nonfinite,
                 "finite_checked": self.finite_checked,
+                "request_failures": self.request_failures,
+                "request_nonfinite": self.request_nonfinite,
             }
             lat = sorted(self._recent())
         ms = {f"p{q}_ms": (None if v is None else v * 1000.0) for q in (50, 90, 99) for v in [percentile(lat, q)]}
@@ -203,6 +259,12 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
             ("rejected_total", "counter", "Inference requests refused by validation (client mistakes)."),
             ("nonfinite_total", "counter", "Checked responses found holding NaN or Inf."),
             (
+                "request_caused_total",
+                "counter",
+                "Runtime failures and NaN/Inf outputs caused by the request (NaN/Inf or invalid input); "
+                "never counted against the version.",
+            ),
+            (
                 "finite_checked_total",
                 "counter",
                 "Successful responses checked for NaN/Inf (all while on probation "
@@ -216,10 +278,25 @@ def model_families(stats: Iterable[ModelStats], loaded: dict[str, str]) -> list[
         lab = {"model": s.model, "version": s.version}
         with s._lock:
             s._fold()
-            counts = (s.requests, s.errors, s.rejected, s.nonfinite, s.finite_checked)
+            counts = (
+                s.requests,
+                s.errors,
+                s.rejected,
+                s.nonfinite,
+                s.request_failures + s.request_nonfinite,
+                s.finite_checked,
+            )
             buckets, total, recent = list(s.buckets), s.latency_sum, sorted(s._recent())
         for key, value in zip(
-            ("requests_total", "failures_total", "rejected_total", "nonfinite_total", "finite_checked_total"), counts
+            (
+                "requests_total",
+                "failures_total",
+                "rejected_total",
+                "nonfinite_total",
+                "request_caused_total",
+                "finite_checked_total",
+            ),
+            counts,
         ):
             fams[key].samples.append(("", lab, value))
         running = 0

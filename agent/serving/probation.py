@@ -1,5 +1,6 @@
-"""Probation: after a swap, watch one (model, version) for errors, NaN/Inf outputs and latency against
-the qualified numbers; call on_trouble(reason) at the first sign of trouble, on_pass(verdict) at the end."""
+"""Probation: after a swap, watch one (model, version) for failures and NaN/Inf outputs blamed on it, and
+judge its compute time like with like (against the incumbent before the swap, else its qualified figures);
+call on_trouble(reason) at the first sign of trouble, on_pass(verdict) at the end."""
 
 from __future__ import annotations
 
@@ -7,24 +8,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from agent.config import ProbationConfig
+from agent.serving.judge import QuantileTest, quantile_test, rate
 from agent.serving.metrics import percentile
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What probation tolerates. Latency is judged on p99 once `p99_samples` requests succeeded, on p90
-    from `p90_samples` (FACTS: 662 samples to claim a p99, 64 for a p90), not at all below that."""
-
-    max_errors: int = 0  # runtime failures tolerated in the window
-    max_nonfinite: int = 0  # responses holding NaN/Inf tolerated in the window
-    latency_factor: float = 1.5  # observed quantile may reach factor x qualified p99 ...
-    latency_slack_ms: float = 1.0  # ... plus this (scheduler noise dominates sub-ms models)
-    p90_samples: int = 64
-    p99_samples: int = 662
-    min_requests: int = 0  # requests needed to pass; 0: a quiet window passes
+CPU, WALL = "cpu", "wall"  # what "compute time" measures (compute_measure)
+Thresholds = ProbationConfig  # what probation tolerates (serving.probation)
 
 
 @dataclass(frozen=True)
@@ -32,6 +24,55 @@ class Verdict:
     state: str  # watching | passed | trouble | superseded | stopped
     reason: str
     figures: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the candidate's compute time is compared with: the incumbent's runs before the swap, or (no
+    incumbent, too few of its runs, or a request rate not comparable) the qualified figures."""
+
+    source: str  # "incumbent" | "qualified"
+    samples_s: tuple[float, ...] = ()  # sorted compute times (incumbent)
+    rate: float | None = None  # requests per second (incumbent)
+    requests: int = 0  # requests the incumbent ran in the window (sampled for CPU time or not)
+    version: str | None = None
+    qualified_ms: dict = field(default_factory=dict)  # p50/p90/p99 of qualification (no contention)
+
+    def quantile_ms(self, q: int) -> float | None:
+        if self.source == "incumbent":
+            v = percentile(list(self.samples_s), q)
+            return None if v is None else v * 1000.0
+        v = self.qualified_ms.get(f"p{q}")
+        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def compute_measure(provider: str | None, device: str | None = None) -> str:
+    """ "cpu" (the serving thread's CPU time in the run: immune to other processes taking the cores) where the
+    model computes on the host CPU, "wall" (time inside the run) where it waits for an accelerator."""
+    if provider in (None, "cpu", "xnnpack", "acl"):
+        return CPU
+    if provider in ("openvino", "ort-openvino") and str(device or "CPU").upper().startswith("CPU"):
+        return CPU
+    return WALL
+
+
+def incumbent_baseline(
+    registry, name: str, version: str | None, window_s: float, until: float | None, measure: str = CPU
+) -> Baseline | None:
+    """The incumbent's compute times over window_s seconds up to `until` (a perf_counter() value; None: up to
+    its last run), or None when the registry holds no statistics for it."""
+    if version is None:
+        return None
+    try:
+        stats = registry.model_stats(name, version)
+    except Exception:  # noqa: BLE001 - never activated here (a restart lost its statistics)
+        return None
+    end = until if until is not None else (stats.last_end() or 0.0)
+    wall, span = stats.window(end - window_s, end)  # the rate counts every request, sampled or not
+    values = stats.window(end - window_s, end, cpu=True)[0] if measure == CPU else wall
+    return Baseline(
+        "incumbent", tuple(sorted(values)), rate=rate(span, len(wall)), version=str(version), requests=len(wall)
+    )
 
 
 class Probation:
@@ -43,25 +84,33 @@ class Probation:
         registry,
         name: str,
         version,
-        baseline_latency_ms: float | None,
+        qualified_ms: dict | None = None,
         window: float = 60.0,
-        thresholds: Thresholds | None = None,
+        thresholds: ProbationConfig | None = None,
         on_trouble: Callable[[str], None] | None = None,
         on_pass: Callable[[Verdict], None] | None = None,
         *,
+        incumbent: Baseline | None = None,
+        measure: str = CPU,
         interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """qualified_ms: the qualification's latency_ms (p50/p90/p99), None when unknown or measured under
+        contention; incumbent: the baseline before the swap (incumbent_baseline()), None on a first deployment."""
         self.registry, self.name, self.version = registry, name, str(version)
-        self.baseline_ms = baseline_latency_ms
+        self.qualified = {k: v for k, v in (qualified_ms or {}).items() if k in ("p50", "p90", "p99")}
+        self.incumbent = incumbent
+        self.measure = measure
+        self._why_qualified: str | None = None
         self.window = float(window)
-        self.thresholds = thresholds or Thresholds()
+        self.thresholds = thresholds or ProbationConfig()
         self.on_trouble, self.on_pass = on_trouble, on_pass
         self.interval = interval if interval is not None else max(0.05, min(1.0, self.window / 20))
         self.clock = clock
         self.stats = registry.model_stats(name, self.version)
         snap = self.stats.snapshot()
-        self._base = (snap["requests"], snap["errors"], snap["nonfinite"])
+        self._base = {k: snap[k] for k in ("requests", "errors", "nonfinite", "request_failures", "request_nonfinite")}
+        self._since = time.perf_counter()  # the candidate's runs from here on are judged
         self._started = clock()
         self.stats.watch(True)  # every response of this version is checked for NaN/Inf until the verdict
         self._watching = True
@@ -72,26 +121,92 @@ class Probation:
         self.callback_error: str | None = None
 
     # ---- pure logic -----------------------------------------------------------------------------------
-    def figures(self) -> dict:
+    def _samples(self) -> tuple[list[float], list[float], float | None]:
+        """(sorted compute times, sorted wall times in the run, request rate) since probation began."""
+        wall, span = self.stats.window(self._since)
+        compute = self.stats.window(self._since, cpu=True)[0] if self.measure == CPU else wall
+        return sorted(compute), sorted(wall), rate(span, len(wall))
+
+    def figures(self, judge: bool = False) -> dict:
         snap = self.stats.snapshot()
-        requests = snap["requests"] - self._base[0]
-        errors = snap["errors"] - self._base[1]
-        ok = requests - errors
-        lat = sorted(self.stats.latencies(last=ok)) if ok > 0 else []
-        return {
-            "requests": requests,
-            "errors": errors,
-            "nonfinite": snap["nonfinite"] - self._base[2],
-            "latency_samples": len(lat),
-            "p90_ms": _ms(percentile(lat, 90)),
-            "p99_ms": _ms(percentile(lat, 99)),
-            "baseline_p99_ms": self.baseline_ms,
+        d = {k: snap[k] - v for k, v in self._base.items()}
+        lat, wall, req_rate = self._samples()
+        f: dict[str, Any] = {
+            "requests": d["requests"],
+            "errors": d["errors"],
+            "nonfinite": d["nonfinite"],
+            "request_caused": d["request_failures"] + d["request_nonfinite"],
+            "measure": self.measure,
+            "compute_samples": len(lat),
+            **{f"compute_p{q}_ms": _ms(percentile(lat, q)) for q in (50, 90, 99)},
+            "latency_samples": len(wall),  # wall time inside the run (reported, not judged with measure=cpu)
+            **{f"p{q}_ms": _ms(percentile(wall, q)) for q in (50, 90, 99)},
+            "rate": _round(req_rate),
             "elapsed_s": round(self.clock() - self._started, 3),
         }
+        base = self._baseline(len(lat), req_rate)
+        f["baseline"] = self._baseline_figures(base)
+        if judge and base is not None:
+            tests = self._tests(base, lat)
+            f["compute"] = [t.to_dict() for t in tests]
+            slow = [t for t in tests if t.slower]
+            if slow:
+                f["_slow"] = max(slow, key=lambda t: t.ratio)
+        return f
+
+    def _baseline(self, n: int, req_rate: float | None) -> Baseline | None:
+        """The incumbent when it has enough runs at a comparable request rate, else the qualified figures."""
+        inc, t = self.incumbent, self.thresholds
+        self._why_qualified = "no incumbent (first deployment)" if inc is None else None
+        if inc is not None:
+            if len(inc.samples_s) < t.p90_samples:
+                self._why_qualified = f"the incumbent ran only {len(inc.samples_s)} requests before the swap"
+            elif (
+                inc.rate is None
+                or req_rate is None
+                or not (1.0 / t.rate_tolerance <= req_rate / inc.rate <= t.rate_tolerance)
+            ):
+                self._why_qualified = (
+                    f"request rate {_round(req_rate)}/s is not comparable with the incumbent's {_round(inc.rate)}/s"
+                )
+            else:
+                return inc
+        if not self.qualified:
+            return None
+        return Baseline("qualified", qualified_ms=self.qualified)
+
+    def _baseline_figures(self, base: Baseline | None) -> dict:
+        if base is None:
+            return {"source": None, "why": (self._why_qualified or "") + "; no qualified figures (or contended)"}
+        out: dict[str, Any] = {"source": base.source}
+        if base.source == "incumbent":
+            out.update(version=base.version, samples=len(base.samples_s), rate=_round(base.rate))
+        elif self._why_qualified:
+            out["why"] = self._why_qualified
+        out.update({f"p{q}_ms": _round(base.quantile_ms(q), 4) for q in (50, 90, 99)})
+        return out
+
+    def _tests(self, base: Baseline, lat: list[float]) -> list[QuantileTest]:
+        t = self.thresholds
+        incumbent = base.source == "incumbent"
+        quantiles = t.quantiles if incumbent else t.qualified_quantiles
+        factor = t.ratio if incumbent else t.qualified_factor
+        out = []
+        for q in quantiles:
+            need = t.p99_samples if q >= 99 else t.p90_samples
+            ref = base.quantile_ms(q)
+            if ref is None or len(lat) < need or (incumbent and len(base.samples_s) < need):
+                continue
+            out.append(quantile_test(lat, ref, q, factor, t.slack_ms, t.alpha))
+        return out
 
     def evaluate(self) -> Verdict:
-        """Judge what has been seen so far; does not call back."""
-        f, t = self.figures(), self.thresholds
+        """Judge what has been seen so far; does not call back. Failures and NaN/Inf blamed on the version trip
+        at once; compute time is judged once, when the window has ended."""
+        t = self.thresholds
+        ended = self.clock() - self._started >= self.window
+        f = self.figures(judge=ended)
+        slow = f.pop("_slow", None)
         if self.registry.models().get(self.name) != self.version:
             return Verdict(SUPERSEDED, f"{self.name} is no longer serving version {self.version}", f)
         if f["errors"] > t.max_errors:
@@ -102,36 +217,40 @@ class Probation:
             return Verdict(
                 TROUBLE,
                 f"probation: {f['nonfinite']} responses with NaN/Inf outputs of {f['requests']} "
-                f"(limit {t.max_nonfinite})",
+                f"(limit {t.max_nonfinite}; inputs holding NaN/Inf are not counted)",
                 f,
             )
-        slow = self._latency_trouble(f)
-        if slow:
-            return Verdict(TROUBLE, slow, f)
-        if f["elapsed_s"] < self.window:
+        if not ended:
             return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet", f)
+        if slow is not None:
+            return Verdict(TROUBLE, self._slow_reason(slow, f), f)
         if f["requests"] < t.min_requests:
             return Verdict(
                 TROUBLE,
                 f"probation: only {f['requests']} requests in {self.window:g} s (need {t.min_requests} to judge)",
                 f,
             )
+        judged = ", ".join(f"p{c['q']} x{c['ratio']:.2f}" for c in f.get("compute", []))
+        against = f["baseline"]["source"]
+        how = f"compute time {judged} of the {against}'s" if judged else "compute time not judged (too few samples)"
         return Verdict(
-            PASSED, f"probation passed: {f['requests']} requests, no errors, no NaN/Inf, latency within limits", f
+            PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, {how}", f
         )
 
-    def _latency_trouble(self, f: dict) -> str | None:
-        t, n = self.thresholds, f["latency_samples"]
-        if self.baseline_ms is None or n < t.p90_samples:
-            return None
-        q, value = ("p99", f["p99_ms"]) if n >= t.p99_samples else ("p90", f["p90_ms"])
-        limit = self.baseline_ms * t.latency_factor + t.latency_slack_ms
-        if value > limit:
-            return (
-                f"probation: {q} latency {value:.3f} ms over {n} requests > {limit:.3f} ms "
-                f"({t.latency_factor:g} x qualified p99 {self.baseline_ms:.3f} ms + {t.latency_slack_ms:g} ms)"
-            )
-        return None
+    def _slow_reason(self, t: QuantileTest, f: dict) -> str:
+        base = f["baseline"]
+        if base["source"] == "incumbent":
+            whose = f"the incumbent's (version {base['version']}, {base['samples']} runs at {base['rate']}/s before the swap)"
+            how = f"{self.thresholds.ratio:g} x + {self.thresholds.slack_ms:g} ms"
+        else:
+            whose = "the qualified figure"
+            how = f"{self.thresholds.qualified_factor:g} x + {self.thresholds.slack_ms:g} ms"
+        what = "CPU time in the run" if self.measure == CPU else "time in the run"
+        return (
+            f"probation: compute ratio {t.ratio:.2f} at p{t.q} ({what}): {t.candidate_ms:.3f} ms over {t.samples} runs "
+            f"at {f['rate']}/s vs {t.reference_ms:.3f} ms, {whose}; {t.above} runs above the limit "
+            f"{t.limit_ms:.3f} ms ({how}), one-sided binomial p={t.p_value:.2g} < {self.thresholds.alpha:g}"
+        )
 
     # ---- timer thread ---------------------------------------------------------------------------------
     def start(self) -> "Probation":
@@ -181,3 +300,7 @@ class Probation:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 4)
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)

@@ -34,6 +34,7 @@ class ModelEntry:
     checks: tuple = ()  # per input: (name, dtype, rank, ((axis, size) of static dims), full shape or None if dynamic)
     output_names: tuple[str, ...] = ()
     holds: deque = field(default_factory=deque)  # one item per request in flight (append/pop are atomic)
+    shadow: Any = None  # a Shadow (agent.serving.shadow) offered copies of this entry's requests, or None
     retired: bool = False
     close_when_idle: bool = False
     closed: bool = False
@@ -173,6 +174,22 @@ def _nonfinite(outputs: dict) -> bool:
     return False
 
 
+def _invalid_text(feeds: dict) -> str | None:
+    """The first string element that is not valid UTF-8 text (a lone surrogate, undecodable bytes), if any."""
+    for name, v in feeds.items():
+        if type(v) is not np.ndarray or v.dtype.kind != "O":
+            continue
+        for i, item in enumerate(v.flat):
+            try:
+                if isinstance(item, str):
+                    item.encode("utf-8")
+                elif isinstance(item, bytes):
+                    item.decode("utf-8")
+            except UnicodeError:
+                return f"input {name!r} element {i} is not valid UTF-8 text"
+    return None
+
+
 class ModelRegistry:
     """Serves several models at once; activate() hot-swaps one without failing in-flight or new requests."""
 
@@ -192,6 +209,9 @@ class ModelRegistry:
         self._entries: dict[str, ModelEntry] = {}
         self._loading: set[str] = set()  # names in a stop-then-start gap
         self._stats: dict[str, dict[str, ModelStats]] = {}
+        # The swapped-out incumbent kept during a probation (activate(keep_previous=True)): inputs that fail or
+        # give NaN/Inf on the new version are re-run on it to tell the request's fault from the version's.
+        self._referees: dict[str, ModelEntry] = {}
 
     # ---- activation -------------------------------------------------------------------------------
     def activate(
@@ -204,8 +224,10 @@ class ModelRegistry:
         swap: str = MAKE_BEFORE_BREAK,
         drain_timeout: float | None = None,
         progress: Callable[..., None] | None = None,
+        keep_previous: bool = False,
     ) -> dict:
-        """Serve `session` as `name`/`version`. `session` may be a zero-argument factory; with
+        """Serve `session` as `name`/`version`. keep_previous (make-before-break): the old version stops
+        serving but its session stays open as the referee until drop_referee(name). `session` may be a zero-argument factory; with
         stop-then-start the old session is drained and closed before the factory runs.
         Returns {"model", "version", "swap", "previous", "drained", "drain_s", "close_error"};
         progress(event, **fields) hears "building", "swapped" and "released"."""
@@ -215,14 +237,21 @@ class ModelRegistry:
         version = str(version)
         timeout = self.drain_timeout if drain_timeout is None else drain_timeout
         with self._activating:
+            self.drop_referee(name, timeout)
             old_info = self._stop(name, timeout, report) if swap == STOP_THEN_START else {}
             entry = self._build(name, version, session, meta, report)
+            keep = keep_previous and swap == MAKE_BEFORE_BREAK
             with self._lock:
                 old = self._entries.get(name)
                 self._entries[name] = entry
                 self._loading.discard(name)
+                if old is not None and keep:
+                    old.retired, old.shadow = True, None  # no new holds; in-flight ones finish on it
+                    self._referees[name] = old
             report("swapped", model=name, version=version, previous=old.version if old else None)
-            if old is not None:
+            if old is not None and keep:
+                old_info = {"previous": old.version, "drained": True, "drain_s": 0.0, "referee": True}
+            elif old is not None:
                 old_info = self._release_old(old, timeout, report)
         return {
             "model": name,
@@ -260,8 +289,50 @@ class ModelRegistry:
         report("released", model=old.name, version=old.version, drained=info["drained"])
         return info
 
+    def drop_referee(self, name: str, drain_timeout: float | None = None) -> bool:
+        """Close the referee of `name` (kept by activate(keep_previous=True)); False when there is none."""
+        with self._lock:
+            ref = self._referees.pop(name, None)
+        if ref is None:
+            return False
+        self._retire(ref, self.drain_timeout if drain_timeout is None else drain_timeout)
+        return True
+
+    def reinstate_referee(self, name: str, version: Any, drain_timeout: float | None = None) -> dict | None:
+        """Roll back without a build: serve the referee of `name` again when it is `version` (the version that
+        serves is swapped out and drained, as in activate); None when there is no such referee."""
+        timeout = self.drain_timeout if drain_timeout is None else drain_timeout
+        with self._activating:
+            with self._lock:
+                ref = self._referees.get(name)
+                if ref is None or ref.version != str(version) or ref.session is None:
+                    return None
+                del self._referees[name]
+                old = self._entries.get(name)
+                ref.retired, ref.shadow = False, None
+                self._entries[name] = ref
+                self._loading.discard(name)
+            info = self._retire(old, timeout) if old is not None else {}
+        return {"model": name, "version": ref.version, "swap": "referee", **info}
+
+    def referee(self, name: str) -> str | None:
+        """The version kept as the referee of `name`, if any."""
+        with self._lock:
+            ref = self._referees.get(name)
+        return ref.version if ref is not None else None
+
+    def attach_shadow(self, name: str, shadow: Any) -> str:
+        """Offer copies of the serving version's requests to `shadow` (None: stop); returns that version."""
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is None:
+                raise NotFound(f"model {name!r} is not loaded")
+            entry.shadow = shadow
+            return entry.version
+
     def deactivate(self, name: str, drain_timeout: float | None = None) -> dict:
         """Stop serving `name`: new requests get NotFound, in-flight ones finish, the session is closed."""
+        self.drop_referee(name, drain_timeout)
         with self._activating:
             with self._lock:
                 old = self._entries.pop(name, None)
@@ -271,6 +342,8 @@ class ModelRegistry:
 
     def close(self, drain_timeout: float | None = None) -> None:
         """Deactivate every model."""
+        for name in list(self._referees):
+            self.drop_referee(name, drain_timeout)
         for name in self.models():
             try:
                 self.deactivate(name, drain_timeout)
@@ -350,22 +423,29 @@ class ModelRegistry:
             entry.close()
 
     def _release(
-        self, entry: ModelEntry, elapsed: float | None = None, ok: bool = True, nonfinite: bool | None = None
+        self,
+        entry: ModelEntry,
+        elapsed: float | None = None,
+        ok: bool = True,
+        nonfinite: bool | None = None,
+        end: float = 0.0,
+        caused: bool = False,
+        cpu: float | None = None,
     ) -> None:
         """The request is done with the entry. Its accounting, when it reached the runtime: a plain success is
-        appended lock-free (ModelStats.add); errors and checked outputs are recorded under the stats' lock."""
+        appended lock-free (ModelStats.add); errors and sampled requests are recorded under the stats' lock."""
         if elapsed is not None:
-            if ok and nonfinite is None:
-                entry.stats.add(elapsed)  # the common case: no lock
+            if ok and nonfinite is None and cpu is None:
+                entry.stats.add(elapsed, end)  # the common case: no lock
             else:
-                entry.stats.record(elapsed, ok, nonfinite)
+                entry.stats.record(elapsed, ok, nonfinite, end, caused, cpu)
         self._let_go(entry)
 
     def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
         """Run one request on the serving version; returns (version, outputs by name).
         Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
         entry = self._hold(name, version)
-        elapsed, ok, nonfinite = None, False, None
+        elapsed, ok, nonfinite, end, caused, cpu = None, False, None, 0.0, False, None
         try:
             try:
                 _validate(entry, feeds)
@@ -378,19 +458,71 @@ class ModelRegistry:
             except BadRequest:
                 entry.stats.reject()
                 raise
+            want = list(outputs) if outputs is not None else None
+            sampled = entry.stats.check_finite()  # checked for NaN/Inf, its CPU time measured
+            c0 = time.thread_time() if sampled else 0.0
             t0 = time.perf_counter()
             try:
-                result = entry.session.run(feeds, list(outputs) if outputs is not None else None)
+                result = entry.session.run(feeds, want)
             except Exception as exc:  # the runtime's own failure, after validation passed
-                elapsed = time.perf_counter() - t0
-                raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}") from exc
-            elapsed = time.perf_counter() - t0
+                end = time.perf_counter()
+                elapsed = end - t0
+                why = self._request_fault(entry, feeds, want)
+                caused = why is not None
+                if why is not None and why.startswith("input"):
+                    raise BadRequest(f"model {name!r}: {why}") from exc
+                tail = f" ({why}; not counted against the version)" if why else ""
+                raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}{tail}") from exc
+            end = time.perf_counter()
+            elapsed = end - t0
             ok = True
-            if self.check_finite and entry.stats.check_finite():
-                nonfinite = _nonfinite(result)
+            if sampled:
+                cpu = time.thread_time() - c0
+                if self.check_finite:
+                    nonfinite = _nonfinite(result)
+                    if nonfinite:
+                        caused = self._request_made_nonfinite(entry, feeds, want)
+            shadow = entry.shadow
+            if shadow is not None:
+                shadow.offer(feeds, result, elapsed, cpu)
             return entry.version, result
         finally:
-            self._release(entry, elapsed, ok, nonfinite)
+            self._release(entry, elapsed, ok, nonfinite, end, caused, cpu)
+
+    # ---- blame: the request's fault or the version's (failure paths only) --------------------------------
+    def _request_fault(self, entry: ModelEntry, feeds: dict, want: list[str] | None) -> str | None:
+        """Why the runtime's failure on `feeds` is the request's doing, or None (the version is to blame)."""
+        text = _invalid_text(feeds)
+        if text:
+            return text
+        if _nonfinite(feeds):
+            return "its input holds NaN/Inf"
+        ran = self._referee_run(entry, feeds, want)
+        if ran is not None and not ran[0]:
+            return f"version {ran[1]} fails on the same input"
+        return None
+
+    def _request_made_nonfinite(self, entry: ModelEntry, feeds: dict, want: list[str] | None) -> bool:
+        """A NaN/Inf output is the request's doing when its input holds NaN/Inf, unless the referee (the
+        incumbent) answers the same input with finite values."""
+        if not _nonfinite(feeds):
+            return False
+        ran = self._referee_run(entry, feeds, want)
+        return ran is None or not ran[0] or _nonfinite(ran[2])
+
+    def _referee_run(self, entry: ModelEntry, feeds: dict, want: list[str] | None) -> tuple[bool, str, dict] | None:
+        """(succeeded, referee version, outputs) of the same request on the referee; None without one."""
+        with self._lock:
+            ref = self._referees.get(entry.name)
+            if ref is None or ref is entry or ref.session is None:
+                return None
+            ref.holds.append(None)  # drop_referee waits for this hold before closing the session
+        try:
+            return True, ref.version, ref.session.run(feeds, want)
+        except Exception:  # noqa: BLE001 - the referee failing too is the answer
+            return False, ref.version, {}
+        finally:
+            self._let_go(ref)
 
     # ---- introspection ----------------------------------------------------------------------------
     def entry(self, name: str, version: Any = None) -> ModelEntry:

@@ -1,0 +1,125 @@
+"""The lifecycle's side of shadow and probation: when to shadow, the incumbent's baseline, the verdicts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from agent.config import ProbationConfig, ShadowConfig
+from agent.errors import LifecycleError
+from agent.lifecycle import actions as act
+from agent.serving.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.serving.shadow import FAIL, Shadow, skipped
+
+
+class ShadowFailed(LifecycleError):
+    """The candidate failed its shadow phase: no client saw it."""
+
+    def __init__(self, figures: dict[str, Any]):
+        super().__init__(figures["reason"])
+        self.figures = figures
+
+
+def shadow_skip_reason(registry, name: str, swap: str, config: ShadowConfig) -> str | None:
+    """Why no shadow phase runs for this activation (None: it runs)."""
+    if not config.enabled:
+        return "serving.shadow.enabled is false"
+    if swap != "make-before-break":
+        return f"{swap} swap: memory does not allow two sessions"
+    if name not in registry.models():
+        return "no incumbent serving (first deployment)"
+    return None
+
+
+class Rehearsal:
+    """One activation's shadow phase and the incumbent's baseline taken just before the swap."""
+
+    def __init__(
+        self, registry, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
+    ):
+        self.registry, self.name, self.measure = registry, name, measure
+        self.shadow_config, self.probation_config, self.window_s = shadow, probation, window_s
+        self.figures: dict[str, Any] | None = None
+        self.baseline: Baseline | None = None
+
+    def skip(self, reason: str) -> None:
+        self.figures = skipped(reason)
+
+    def take_baseline(self, until: float | None = None) -> None:
+        """The incumbent's compute times over baseline_s up to `until` (perf_counter(); None: its last run)."""
+        incumbent = self.registry.models().get(self.name)
+        window = self.probation_config.baseline_s
+        self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
+
+    def before_swap(self, ctx: act.StepContext):
+        """The callback act.activate runs between warm-up and swap."""
+
+        def run(session: Any) -> None:
+            incumbent = self.registry.models().get(self.name)
+            self.take_baseline(time.perf_counter())  # the baseline window ends where the shadow starts
+            if self.figures is None and self.baseline is not None and not self.baseline.requests:
+                window = self.probation_config.baseline_s
+                self.figures = skipped(f"no live traffic to shadow (no request in the last {window:g} s)")
+            if self.figures is None:
+                self.figures = self._shadow(session, ctx, incumbent)
+                if self.figures["verdict"] == FAIL:
+                    raise ShadowFailed(self.figures)
+
+        return run
+
+    def _shadow(self, session: Any, ctx: act.StepContext, incumbent: str | None) -> dict[str, Any]:
+        shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU)
+        stats = self.registry.model_stats(self.name, incumbent)
+        stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
+        self.registry.attach_shadow(self.name, shadow)
+        try:
+            ctx.report("shadow", phase="started", version_serving=incumbent)
+            figures = shadow.run(ctx.check)
+        finally:
+            stats.watch(False)
+            try:
+                self.registry.attach_shadow(self.name, None)
+            except Exception:  # noqa: BLE001 - the incumbent went away meanwhile: nothing to detach
+                pass
+        ctx.report("shadow", phase="done", **figures)
+        return figures
+
+
+def probation_watch(
+    registry,
+    dep,
+    ctx: act.StepContext,
+    window: float,
+    config: ProbationConfig,
+    incumbent: Baseline | None,
+) -> tuple[str, str, dict[str, Any]]:
+    """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
+    session kept through the swap) is closed when it passes; otherwise the rollback serves it again
+    (Steps.ensure_committed: no build)."""
+    sel = dep.data.get("selected") or {}
+    lat = sel.get("latency_ms") or {}
+    qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
+    measure = compute_measure(sel.get("provider"), sel.get("device"))
+    watch = Probation(
+        registry,
+        dep.model,
+        dep.version,
+        qualified,
+        window=window,
+        thresholds=config,
+        incumbent=incumbent,
+        measure=measure,
+    )
+    watch.start()
+    try:
+        while not watch.done:
+            ctx.check()
+            watch.wait(0.2)
+    finally:
+        watch.stop()
+    v = watch.verdict
+    if v.state == PASSED:
+        registry.drop_referee(dep.model)  # committed: the incumbent's session is not needed any more
+    if v.state not in (TROUBLE, PASSED):
+        raise LifecycleError(v.reason)
+    return v.state, v.reason, v.figures

@@ -1,0 +1,169 @@
+"""Shadow phase: before a swap, the warmed candidate answers copies of live requests; its outputs, failures and
+compute time are compared with the incumbent's on the same requests. Clients only ever get the incumbent's."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from agent.config import ShadowConfig
+from agent.qualify.accuracy import output_metrics
+
+PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
+
+
+def skipped(reason: str) -> dict[str, Any]:
+    """The shadow block of a deployment whose shadow phase did not run."""
+    return {"requests": 0, "agreement": None, "max_rel": None, "latency_ratio": None, "verdict": SKIPPED,
+            "reason": reason}  # fmt: skip
+
+
+class Shadow:
+    """Collects copies of live requests (offer(), on the request thread: cheap, never raises) and runs them on
+    the candidate (run(), on the caller's thread). At most one copy waits at a time, and after each shadow run
+    the next copy is taken only once the runs so far used at most `cpu_share` of the elapsed time."""
+
+    def __init__(
+        self,
+        session: Any,
+        config: ShadowConfig,
+        clock: Callable[[], float] = time.perf_counter,
+        cpu: bool = True,
+    ) -> None:
+        """cpu: compare the serving thread's CPU time in the run (both sides), else the wall time in it."""
+        self.session, self.config, self.clock, self.cpu = session, config, clock, cpu
+        self._slot: tuple[dict, dict, float] | None = None
+        self._ready = threading.Event()
+        self._next_at = 0.0  # perf_counter() before which no copy is taken (CPU share)
+        self._open = True
+        self.requests = self.failures = self.nonfinite = 0
+        self.agree = self.rows = 0.0
+        self.max_rel: float | None = None
+        self.candidate_s: list[float] = []
+        self.incumbent_s: list[float] = []
+        self.last_error: str | None = None
+        self.elapsed_s = 0.0
+
+    # ---- request thread ---------------------------------------------------------------------------------
+    def offer(self, feeds: dict, outputs: dict, elapsed: float, cpu: float | None = None) -> None:
+        """A live request the incumbent answered in `elapsed` s (`cpu` s of CPU time when measured); copied (its
+        buffers may be reused) when a copy is wanted."""
+        if self._slot is not None or not self._open or time.perf_counter() < self._next_at:
+            return
+        spent = cpu if self.cpu else elapsed
+        if spent is None:
+            return
+        try:
+            self._slot = ({k: np.array(v, copy=True) for k, v in feeds.items()}, outputs, spent)
+            self._ready.set()
+        except Exception:  # noqa: BLE001 - shadowing must never touch the client's request
+            pass
+
+    # ---- phase ------------------------------------------------------------------------------------------
+    def run(self, check: Callable[[], None] = lambda: None) -> dict[str, Any]:
+        """Compare until `requests` copies ran, `duration_s` passed or failures exceed the limit; returns the
+        shadow block (requests, agreement, max_rel, latency_ratio, verdict, ...). check() may raise to abort."""
+        cfg, t0 = self.config, self.clock()
+        try:
+            while self.requests < cfg.requests and self.failures + self.nonfinite <= cfg.max_failures:
+                left = cfg.duration_s - (self.clock() - t0)
+                if left <= 0:
+                    break
+                check()
+                if not self._ready.wait(min(0.2, left)):
+                    continue
+                self._ready.clear()
+                item, self._slot = self._slot, None
+                if item is not None:
+                    self._one(*item)
+        finally:
+            self._open = False
+            self.elapsed_s = self.clock() - t0
+        return self.result()
+
+    def _one(self, feeds: dict, reference: dict, incumbent_s: float) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            try:
+                got = self.session.run(feeds, list(reference))
+            except Exception as exc:  # noqa: BLE001 - a candidate failure is a finding
+                self.requests += 1
+                self.failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                return
+            self.candidate_s.append(time.thread_time() - c0 if self.cpu else time.perf_counter() - t0)
+            self.incumbent_s.append(incumbent_s)
+            self.requests += 1
+            self._compare(reference, got)
+        finally:  # the run and the comparison count against the CPU share
+            busy = time.perf_counter() - t0
+            self._next_at = time.perf_counter() + busy * (1.0 / self.config.cpu_share - 1.0)
+
+    def _compare(self, reference: dict, got: dict) -> None:
+        for name, ref in reference.items():
+            if type(ref) is not np.ndarray or name not in got:
+                continue
+            m = output_metrics(ref, got[name])
+            if "error" in m:
+                if "non-finite" in m["error"] and np.isfinite(ref).all():
+                    self.nonfinite += 1  # NaN/Inf where the incumbent answered finite values
+                self.rows += 1.0  # shape or NaN pattern differs: a disagreement
+                continue
+            if "top1_rows" in m:
+                self.rows += m["top1_rows"]
+                self.agree += m.get("top1_agreement", 0.0) * m["top1_rows"]
+            elif "mismatches" in m:  # integer outputs (labels): exact agreement per element
+                self.rows += ref.size
+                self.agree += ref.size - m["mismatches"]
+            if "max_rel" in m:
+                self.max_rel = max(self.max_rel or 0.0, float(m["max_rel"]))
+
+    def result(self) -> dict[str, Any]:
+        agreement = round(self.agree / self.rows, 4) if self.rows else None
+        ratio = None
+        if self.candidate_s and self.incumbent_s:
+            inc = statistics.median(self.incumbent_s)
+            ratio = round(statistics.median(self.candidate_s) / inc, 3) if inc > 0 else None
+        doc: dict[str, Any] = {
+            "requests": self.requests,
+            "agreement": agreement,
+            "max_rel": None if self.max_rel is None else float(f"{self.max_rel:.4g}"),
+            "latency_ratio": ratio,
+            "failures": self.failures,
+            "nonfinite": self.nonfinite,
+            "duration_s": round(self.elapsed_s, 3),
+        }
+        if self.last_error:
+            doc["last_error"] = self.last_error
+        verdict, reason = self._verdict(agreement, ratio)
+        return {**doc, "verdict": verdict, "reason": reason}
+
+    def _verdict(self, agreement: float | None, ratio: float | None) -> tuple[str, str]:
+        cfg, n = self.config, self.requests
+        bad = self.failures + self.nonfinite
+        if bad > cfg.max_failures:
+            what = f"{self.failures} failed" + (f", {self.nonfinite} with NaN/Inf" if self.nonfinite else "")
+            return FAIL, f"shadow: {what} of {n} requests the incumbent answered (limit {cfg.max_failures})" + (
+                f": {self.last_error}" if self.last_error else ""
+            )
+        if n < cfg.min_requests:
+            return INCONCLUSIVE, f"shadow: only {n} requests in {self.elapsed_s:.1f} s (need {cfg.min_requests})"
+        if agreement is not None and agreement < cfg.min_agreement:
+            return FAIL, (
+                f"shadow: top-1 agreement {agreement:.3f} with the incumbent over {n} requests < {cfg.min_agreement:g}"
+            )
+        if cfg.max_rel is not None and self.max_rel is not None and self.max_rel > cfg.max_rel:
+            return FAIL, f"shadow: max_rel {self.max_rel:.3g} against the incumbent over {n} requests > {cfg.max_rel:g}"
+        if ratio is not None and ratio > cfg.max_latency_ratio:
+            return (
+                FAIL,
+                f"shadow: compute time {ratio:.2f}x the incumbent's over {n} requests > {cfg.max_latency_ratio:g}",
+            )
+        return PASS, f"shadow passed: {n} requests" + (
+            f", top-1 agreement {agreement:.3f}" if agreement is not None else ""
+        )

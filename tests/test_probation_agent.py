@@ -1,0 +1,183 @@
+"""DeviceAgent in-process over real HTTP: a version with 2x the compute is rolled back naming the compute ratio;
+one that changes the top-1 class on ~30% of inputs is stopped in shadow before any client gets its answer;
+NaN inputs and client errors sent during probation do not stop a good version."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+from probation_load import Load, body_for, send, wait_until
+from probation_models import chain_model, classifier_inputs, classifier_model, classifier_weights, disagreement
+from test_daemon_support import drop, fast, write_config
+
+from agent.app import DeviceAgent
+from agent.config import ProbationConfig, ShadowConfig, load_config
+from agent.samples import write_package
+
+
+def _agent(tmp_path, probation_s: float, shadow: ShadowConfig, probation: ProbationConfig | None = None):
+    cfg = fast(probation_s)
+    cfg.shadow, cfg.probation = shadow, probation or ProbationConfig()
+    return DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+
+
+def _push(a, version: str, model, feeds=None):
+    drop(a.state_dir, version, writer=lambda d: write_package(d, model, name="tiny", version=version, feeds=feeds))
+
+    def ended():
+        done = [d for d in a.orchestrator.journal.all() if d.version == version and d.terminal]
+        return done[-1] if done else None
+
+    return wait_until(ended, 240, f"deployment of version {version}")
+
+
+def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
+    shadow = ShadowConfig(requests=30, duration_s=20, min_requests=5, max_latency_ratio=100.0)
+    a = _agent(tmp_path, 4.0, shadow)
+    load = None
+    try:
+        assert _push(a, "1", chain_model(bias=1.0)).state.value == "committed"
+        x = np.random.default_rng(1).standard_normal((1, 1024)).astype(np.float32)
+        load = Load(a.url, "tiny", [body_for("x", x)], clients=2).start()
+        load.wait_requests(300)
+        session_v1 = a.registry.entry("tiny").session
+        dep = _push(a, "2", chain_model(redundant=True, bias=1.0))
+        assert dep.state.value == "rolled_back", dep.reason
+        assert a.registry.entry("tiny").session is session_v1  # rolled back to the referee: no rebuild
+        assert "compute ratio" in dep.reason and "incumbent" in dep.reason, dep.reason
+        assert dep.data["shadow"]["verdict"] == "pass"  # same outputs: only the compute time gives it away
+        wait_until(lambda: a.registry.models().get("tiny") == "1", 60, "version 1 back")
+        load.wait_requests(20)
+    finally:
+        if load:
+            load.stop()
+        a.stop()
+    assert load.errors == []
+
+
+def test_a_third_of_top1_classes_changed_is_stopped_in_shadow_before_any_client_sees_it(tmp_path):
+    inputs = classifier_inputs(200)
+    assert 0.2 < disagreement(inputs) < 0.4
+    expected = np.argmax(inputs[:, 0, :] @ classifier_weights(), axis=1)
+    shadow = ShadowConfig(requests=60, duration_s=30, min_requests=20)
+    a = _agent(tmp_path, 2.0, shadow)
+    load = None
+    try:
+        assert _push(a, "1", classifier_model()).state.value == "committed"
+        load = Load(a.url, "tiny", [body_for("x", x) for x in inputs], clients=4, keep=True).start()
+        load.wait_requests(200)
+        dep = _push(a, "2", classifier_model(swap=True))
+        load.wait_requests(50)
+    finally:
+        if load:
+            load.stop()
+        status = a.status()
+        a.stop()
+    assert dep.state.value == "failed" and "shadow: top-1 agreement" in dep.reason, dep.reason
+    shown = status["deployments"]["tiny"]["shadow"]
+    assert {"requests", "agreement", "max_rel", "latency_ratio", "verdict"} <= set(shown)
+    assert shown["verdict"] == "fail" and shown["requests"] >= 20 and shown["agreement"] < 0.9
+    decision = json.loads((a.state_dir / "decisions" / f"{dep.id}.json").read_bytes())
+    assert decision["shadow"]["verdict"] == "fail"
+    assert load.errors == []
+    assert {v for _, _, v, _ in load.log} == {"1"}  # no client ever got an answer from version 2
+    assert all(int(np.argmax(out)) == expected[j] for j, _, _, out in load.log)
+
+
+def _binary_nan() -> tuple[bytes, dict]:
+    head = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+    ).encode()
+    raw = struct.pack("<4f", float("nan"), 1.0, float("inf"), 2.0)
+    return head + raw, {"Inference-Header-Content-Length": str(len(head))}
+
+
+HOSTILE = {
+    "json NaN": (b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[NaN,1,2,3]}]}', {}),
+    "binary NaN/Inf": _binary_nan(),
+    "lone surrogate": (b'{"inputs":[{"name":"x","shape":[1],"datatype":"BYTES","data":["\\udcff"]}]}', {}),
+    "wrong shape": (b'{"inputs":[{"name":"x","shape":[1,3],"datatype":"FP32","data":[1,2,3]}]}', {}),
+    "malformed": (b'{"inputs":[{"name":"x",', {}),
+}
+
+
+@pytest.mark.parametrize("referee", [True, False])
+def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, referee):
+    from agent.samples import tiny_model
+
+    a = _agent(
+        tmp_path, 3.0, ShadowConfig(requests=20, duration_s=10, min_requests=5), ProbationConfig(referee=referee)
+    )
+    load = None
+    try:
+        assert _push(a, "1", tiny_model(1.0)).state.value == "committed"
+        load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
+        load.wait_requests(100)
+        drop(a.state_dir, "2", writer=lambda d: write_package(d, tiny_model(2.0), name="tiny", version="2"))
+        wait_until(lambda: (a.status()["models"].get("tiny") or {}).get("state") == "probation", 240, "probation")
+        codes = {}
+        for what, (body, headers) in HOSTILE.items():
+            for _ in range(3):
+                codes[what] = send(a.url, "/v2/models/tiny/infer", body, headers)[0]
+        ended = wait_until(
+            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal), None),
+            120,
+            "version 2 decided",
+        )
+    finally:
+        if load:
+            load.stop()
+        a.stop()
+    assert codes["json NaN"] == 200 and codes["binary NaN/Inf"] == 200, codes
+    assert all(400 <= codes[w] < 500 for w in ("lone surrogate", "wrong shape", "malformed")), codes
+    assert ended.state.value == "committed", ended.reason
+    assert ended.data["probation"]["request_caused"] >= 6 and ended.data["probation"]["nonfinite"] == 0
+    assert load.errors == []
+
+
+def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
+    """The issue's case: a burst of 2 clients against a fresh first deployment must not roll it back (there is
+    nothing to roll back to); it is judged on its compute time against its qualified figures."""
+    from agent.samples import tiny_model
+
+    a = _agent(tmp_path, 3.0, ShadowConfig())
+    load = None
+    try:
+        drop(a.state_dir, "1", writer=lambda d: write_package(d, tiny_model(1.0), name="tiny", version="1"))
+        wait_until(lambda: (a.status()["models"].get("tiny") or {}).get("state") == "probation", 240, "probation")
+        load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
+        dep = wait_until(
+            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "1" and d.terminal), None),
+            120,
+            "version 1 decided",
+        )
+    finally:
+        if load:
+            load.stop()
+        a.stop()
+    assert dep.state.value == "committed", dep.reason
+    fig = dep.data["probation"]
+    assert fig["baseline"]["source"] == "qualified" and fig["requests"] > 0, fig
+    assert dep.data["shadow"]["verdict"] == "skipped" and "first deployment" in dep.data["shadow"]["reason"]
+    assert load.errors == []
+
+
+def test_stop_then_start_skips_the_shadow_with_the_reason(tmp_path):
+    from agent.samples import tiny_model
+
+    cfg = fast(1.0)
+    cfg.swap, cfg.shadow = "stop-then-start", ShadowConfig()
+    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    try:
+        assert _push(a, "1", tiny_model(1.0)).state.value == "committed"
+        assert send(a.url, "/v2/models/tiny/infer", body_for("x", np.ones((1, 4), np.float32)))[0] == 200
+        dep = _push(a, "2", tiny_model(2.0))
+        status = a.status()
+    finally:
+        a.stop()
+    assert dep.state.value == "committed", dep.reason
+    shown = status["deployments"]["tiny"]["shadow"]
+    assert shown["verdict"] == "skipped" and "stop-then-start" in shown["reason"], shown

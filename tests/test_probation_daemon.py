@@ -1,0 +1,84 @@
+"""The daemon over real HTTP: six good versions pushed one after another under 4 and then 8 clients all
+commit with no failed request, and after a SIGKILL and a restart the device serves the last one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from probation_load import Load, body_for, send
+from probation_models import chain_model
+from test_daemon_support import Daemon, drop, write_config
+
+from agent.samples import write_package
+
+PUSHES = 6
+X = np.random.default_rng(5).standard_normal((1, 1024)).astype(np.float32)
+
+
+def _push(d: Daemon, version: int) -> dict:
+    drop(
+        d.state_dir,
+        str(version),
+        writer=lambda p: write_package(
+            p, chain_model(depth=30, bias=float(version)), name="tiny", version=str(version)
+        ),
+    )
+    return d.wait_deployment(str(version), timeout=300)
+
+
+def _serves(url: str) -> tuple[str, float]:
+    status, body = send(url, "/v2/models/tiny/infer", body_for("x", X))
+    assert status == 200, body
+    doc = json.loads(body)
+    return doc["model_version"], doc["outputs"][0]["data"][0]
+
+
+@pytest.mark.timeout(1200)  # 13 deployments of a ~1 ms model under load on a shared 2-core machine
+def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp_path):
+    serving = {"host": "127.0.0.1", "port": 0, "shadow": {"requests": 30, "duration_s": 15, "min_requests": 5}}
+    cfg = write_config(tmp_path, extra={"serving": serving})
+    d = Daemon(cfg, tmp_path / "state", env={"EDGE_AGENT_PROBATION_S": "3"})
+    deps, failed = [], []
+    try:
+        d.wait_ready()
+        assert _push(d, 1)["result"] == "committed", d.tail()
+        version = 1
+        for clients in (4, 8):
+            load = Load(d.url, "tiny", [body_for("x", X)], clients=clients).start()
+            try:
+                load.wait_requests(200)
+                for _ in range(PUSHES):
+                    version += 1
+                    t0 = time.monotonic()
+                    deps.append(_push(d, version))
+                    print(
+                        f"version {version} under {clients} clients: {deps[-1]['result']} in {time.monotonic() - t0:.1f} s"
+                    )
+                    load.wait_requests(20)
+            finally:
+                load.stop()
+            failed += load.errors
+            results = [(x["version"], x["result"], x["reason"]) for x in deps]
+            assert all(r == "committed" for _, r, _ in results), results
+            assert str(version) in {v for _, _, v, _ in load.log}  # the clients got the last version's answers
+        assert [x["result"] for x in deps] == ["committed"] * 2 * PUSHES, [(x["version"], x["reason"]) for x in deps]
+        assert failed == []
+        shown = deps[-1]
+        assert shown["shadow"]["verdict"] == "pass" and shown["shadow"]["agreement"] == 1.0, shown["shadow"]
+        assert shown["probation"]["baseline"]["source"] == "incumbent", shown["probation"]
+        d.proc.kill()
+        assert d.proc.wait(60) == -9
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    again = Daemon(cfg, tmp_path / "state", env={"EDGE_AGENT_PROBATION_S": "3"})
+    try:
+        again.wait_ready()
+        served, y0 = _serves(again.url)
+        assert served == str(version) == "13"
+        assert abs(y0 - (float(np.tanh(0)) + version)) < 2.0  # bias identifies the version (|tanh| < 1)
+    finally:
+        assert again.terminate() == 0, again.tail()

@@ -1,0 +1,75 @@
+"""Shadow: copies of live requests on a warmed candidate, compared with the incumbent; clients get the
+incumbent's answers only (real sessions, the real registry)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from probation_models import classifier_inputs, classifier_model, disagreement, nan_guard_model
+from test_serving_support import log_model, open_session
+
+from agent.config import ShadowConfig
+from agent.serving.registry import ModelRegistry
+from agent.serving.shadow import FAIL, INCONCLUSIVE, PASS, Shadow
+
+
+def _shadowed(tmp_path, incumbent, candidate, feeds: list[dict], config: ShadowConfig):
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(incumbent, tmp_path, "inc.onnx"))
+    cand = open_session(candidate, tmp_path, "cand.onnx")
+    shadow = Shadow(cand, config)
+    r.attach_shadow("m", shadow)
+    answers, stop = [], threading.Event()
+
+    def client():
+        i = 0
+        while not stop.is_set():
+            answers.append(r.infer("m", feeds[i % len(feeds)]))
+            i += 1
+
+    t = threading.Thread(target=client)
+    t.start()
+    try:
+        result = shadow.run()
+    finally:
+        stop.set()
+        t.join(60)
+        r.attach_shadow("m", None)
+        cand.close()
+        r.close()
+    return result, answers
+
+
+def test_a_changed_classifier_fails_and_clients_get_the_incumbents_answers(tmp_path):
+    xs = classifier_inputs(100)
+    feeds = [{"x": x} for x in xs]
+    config = ShadowConfig(requests=100, duration_s=60, min_requests=50, cpu_share=0.5)
+    result, answers = _shadowed(tmp_path, classifier_model(), classifier_model(swap=True), feeds, config)
+    assert result["verdict"] == FAIL and "top-1 agreement" in result["reason"]
+    assert result["requests"] >= 50 and abs((1 - result["agreement"]) - disagreement(xs)) < 0.2
+    assert {v for v, _ in answers} == {"1"}
+    same, _ = _shadowed(tmp_path, classifier_model(), classifier_model(), feeds, config)
+    assert same["verdict"] == PASS and same["agreement"] == 1.0 and same["latency_ratio"] is not None
+
+
+def test_nan_where_the_incumbent_is_finite_fails(tmp_path):
+    feeds = [{"x": np.full((1, 4), -1.0, np.float32)}]  # log(-1) = NaN; the guard answers -1
+    config = ShadowConfig(requests=5, duration_s=60, min_requests=1, cpu_share=0.5)
+    result, answers = _shadowed(tmp_path, nan_guard_model(), log_model(), feeds, config)
+    assert result["verdict"] == FAIL and result["nonfinite"] >= 1, result
+    assert all(np.isfinite(out["y"]).all() for _, out in answers)
+
+
+class _Uncopyable:
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("no copy")
+
+
+def test_no_traffic_is_inconclusive_and_offer_never_raises(tmp_path):
+    cand = open_session(classifier_model(), tmp_path)
+    shadow = Shadow(cand, ShadowConfig(duration_s=0.3, min_requests=1))
+    shadow.offer({"x": _Uncopyable()}, {}, 0.001, 0.001)  # a copy that cannot be made: dropped, nothing raised
+    result = shadow.run()
+    assert result["verdict"] == INCONCLUSIVE and result["requests"] == 0
+    cand.close()
