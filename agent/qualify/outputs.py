@@ -44,7 +44,7 @@ def _oip_dtype(elem_type: int) -> str | None:
     """The numpy dtype name OIP carries for an ONNX element type, or None when it has no datatype."""
     from onnx import helper
 
-    from agent.serving.codec import DATATYPES
+    from agent.datatypes import DATATYPES
 
     if elem_type == 16:
         return "bfloat16"

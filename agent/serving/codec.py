@@ -11,27 +11,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agent.datatypes import DATATYPES
 from agent.serving.budget import BYTES_CHAR_FACTOR, BYTES_ELEMENT_COST, JSON_DECODE_FACTOR
 from agent.serving.errors import BadRequest, InferenceFailed
 
-# KServe v2 datatype -> numpy dtype name. BYTES travels as an object array of str: ONNX string tensors
-# hold text and onnxruntime's Python binding str()s bytes objects, so elements must be UTF-8.
-DATATYPES: dict[str, str] = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-    "BYTES": "object",
-    "BF16": "bfloat16",
-}
 _LITTLE = sys.byteorder == "little"  # wire order is little-endian: native dtypes (the singletons) need no swap
 _BYTES_NAMES = {"object", "str", "string", "bytes", "bytes_", "str_"}
 _BY_NUMPY = {v: k for k, v in DATATYPES.items()}
