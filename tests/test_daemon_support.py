@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 EXE = [sys.executable, "-m", "agent"]
 FAST_ENV = {
@@ -115,8 +117,16 @@ def infer(url: str, value: float = 0.0, model: str = "tiny", token: str | None =
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, method="POST", headers=headers)
     with urllib.request.urlopen(req, timeout=30) as resp:
-        doc = json.loads(resp.read())
-    return doc["model_version"], doc["outputs"][0]["data"]
+        raw, head_len = resp.read(), resp.headers.get("Inference-Header-Content-Length")
+    if head_len is None:
+        doc = json.loads(raw)
+        return doc["model_version"], doc["outputs"][0]["data"]
+    # non-finite values have no JSON form: the server sends such an output as binary data (docs/serving.md)
+    doc = json.loads(raw[: int(head_len)])
+    out = doc["outputs"][0]
+    assert out["datatype"] == "FP32", out
+    data = np.frombuffer(raw[int(head_len) : int(head_len) + out["parameters"]["binary_data_size"]], "<f4")
+    return doc["model_version"], data.tolist()
 
 
 # ---- in-process DeviceAgent helpers -------------------------------------------------------------------

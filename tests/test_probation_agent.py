@@ -131,10 +131,11 @@ def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, re
         if load:
             load.stop()
         a.stop()
-    assert codes["json NaN"] == 200 and codes["binary NaN/Inf"] == 200, codes
-    assert all(400 <= codes[w] < 500 for w in ("lone surrogate", "wrong shape", "malformed")), codes
+    assert codes["binary NaN/Inf"] == 200, codes  # NaN in, NaN out: the request's doing, not the version's
+    # a bare NaN token is not JSON (strict JSON in, docs/serving.md): refused before the model runs
+    assert all(400 <= codes[w] < 500 for w in ("json NaN", "lone surrogate", "wrong shape", "malformed")), codes
     assert ended.state.value == "committed", ended.reason
-    assert ended.data["probation"]["request_caused"] >= 6 and ended.data["probation"]["nonfinite"] == 0
+    assert ended.data["probation"]["request_caused"] >= 3 and ended.data["probation"]["nonfinite"] == 0
     assert load.errors == []
 
 
@@ -160,7 +161,11 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
         a.stop()
     assert dep.state.value == "committed", dep.reason
     fig = dep.data["probation"]
-    assert fig["baseline"]["source"] == "qualified" and fig["requests"] > 0, fig
+    assert fig["requests"] > 0, fig
+    if (dep.data.get("selected") or {}).get("contended"):  # measured while this machine was busy: no baseline
+        assert fig["baseline"]["source"] is None and "contended" in fig["baseline"]["why"], fig
+    else:
+        assert fig["baseline"]["source"] == "qualified", fig
     assert dep.data["shadow"]["verdict"] == "skipped" and "first deployment" in dep.data["shadow"]["reason"]
     assert load.errors == []
 
