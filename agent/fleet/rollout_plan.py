@@ -8,9 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from agent import names
 from agent.errors import ConfigError
+from agent.names import is_valid_name
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 COHORT_KEYS = ("target", "provider")
 UNKNOWN = "unknown"
@@ -69,9 +70,8 @@ def parse_percent(text: str, what: str) -> float:
 
 
 def check_name(value: str, what: str) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
-        raise ConfigError(f"{what}: {value!r} is not a valid name (letters, digits, '.', '_', '-'; at most 64)")
-    return value
+    """agent.names' rule for a command-line or rollout name, as a ConfigError."""
+    return names.check_name(value, what, ConfigError)
 
 
 def check_version(value: str) -> str:
@@ -137,7 +137,7 @@ def select_devices(statuses: dict[str, dict], group: str | None) -> list[str]:
     """Devices in `group` (or all, when group is None) by their retained status, sorted by id."""
     out = []
     for dev_id, doc in statuses.items():
-        if not isinstance(doc, dict) or not NAME_RE.match(str(dev_id)):
+        if not isinstance(doc, dict) or not is_valid_name(str(dev_id)):
             continue
         groups = doc.get("groups") or []
         if group is None or (isinstance(groups, list) and group in groups):
@@ -158,7 +158,7 @@ def cohort_of(doc: dict, cohort_by: str | None, name: str | None = None) -> str:
         serving = (doc.get("models") or {}).get(name) if name else None
         if value is None and isinstance(serving, dict):
             value = serving.get("provider")
-    return str(value) if isinstance(value, str) and NAME_RE.match(value) else UNKNOWN
+    return str(value) if is_valid_name(value) else UNKNOWN
 
 
 def current_version(doc: dict, name: str) -> str | None:

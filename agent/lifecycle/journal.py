@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import secrets
 import threading
 import time
@@ -13,21 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import names
 from agent.errors import LifecycleError
 from agent.lifecycle.states import TERMINAL, State
 from agent.lifecycle.table import next_state
 from agent.util.atomic import atomic_write_json
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEMP_MAX_AGE_S = 600.0  # clean_temp() removes only temp files this old: never a write in progress elsewhere
 
 
-def check_name(what: str, value: str) -> str:
-    """Model names, versions and ids must be safe path components (no '/', '..', wildcards)."""
-    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
-        raise LifecycleError(f"invalid {what} {value!r}: expected [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}")
-    return value
+def check_name(value: object, what: str) -> str:
+    """Model names and versions are path components here: agent.names' rule, as a LifecycleError."""
+    return names.check_name(value, what, LifecycleError)
 
 
 @dataclass
@@ -132,8 +128,8 @@ class Journal:
         return self._closed
 
     def create(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment:
-        check_name("model name", model)
-        check_name("version", str(version))
+        check_name(model, "model name")
+        check_name(str(version), "version")
         now = time.time()
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
         dep_id = f"{stamp}-{model}-{version}-{secrets.token_hex(3)}"
@@ -177,7 +173,7 @@ class Journal:
         """Every readable record, oldest first (temp files of writes in progress are skipped)."""
         deps = []
         for p in self.root.iterdir():
-            if p.suffix != ".json" or not _ID_RE.match(p.stem):
+            if p.suffix != ".json" or not names.is_valid_id(p.stem):
                 continue
             try:
                 deps.append(Deployment.from_dict(json.loads(p.read_bytes())))

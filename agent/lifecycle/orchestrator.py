@@ -138,7 +138,7 @@ class Orchestrator:
         A manifest deployment must come verified (data["manifest"], from its DeploymentSource): nothing
         unverified can supersede. Returns None for a duplicate of a deployment already seen (same
         `source.digest`), unless that one failed for a transient reason after its retries (`retryable`)."""
-        check_name("model name", model)
+        check_name(model, "model name")
         if source.get("kind") == "manifest" and not isinstance(data.get("manifest"), dict):
             raise LifecycleError(f"{model} {version}: an unverified manifest cannot be submitted")
         digest = source.get("digest")

@@ -30,7 +30,7 @@ class ModelSlots:
         self._lock = threading.RLock()
 
     def _file(self, name: str) -> Path:
-        return self.root / check_name("model name", name) / "slots.json"
+        return self.root / check_name(name, "model name") / "slots.json"
 
     def get(self, name: str) -> dict[str, Any]:
         """The two entries; LifecycleError naming the file when it is unreadable (truncated, not JSON)."""

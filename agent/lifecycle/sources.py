@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
-from agent.lifecycle.journal import NAME_RE, Deployment, Journal
+from agent.lifecycle.journal import Deployment, Journal
+from agent.names import is_valid_name
 
 NEEDS_SOURCE = ("received", "downloading")  # states whose action talks to the source
 
@@ -63,7 +64,7 @@ class InboxSource:
             for version_dir in sorted(model_dir.iterdir()):
                 if version_dir.name.startswith(".") or not version_dir.is_dir() or str(version_dir) in claimed:
                     continue
-                if not (NAME_RE.match(model_dir.name) and NAME_RE.match(version_dir.name)):
+                if not (is_valid_name(model_dir.name) and is_valid_name(version_dir.name)):
                     if str(version_dir) not in self._warned:
                         self._warned.add(str(version_dir))
                         warn(

@@ -3,7 +3,6 @@ the fp32 original a quantized model is compared with (`reference: FILE`): resolv
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,8 +10,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import ModelError
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
+from agent.names import is_valid_name
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ def resolve(root: Path, meta: dict[str, Any]) -> tuple[Path | None, dict[str, Pa
         raise ModelError(f"{meta_path}: variants: expected a mapping of variant name -> model file")
     out: dict[str, Path] = {}
     for name, rel in raw.items():
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not is_valid_name(name) or len(name) > 32:  # names' rule; short: rows are keyed variant/provider
             raise ModelError(f"{meta_path}: variants.{name}: a variant name is letters, digits, '.', '_', '-'")
         out[name] = package_file(root, rel, f"variants.{name}", meta_path)
     return ref, out

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from agent import names
 from agent.errors import TransportError
+from agent.names import is_valid_name
 
 DEFAULT_PREFIX = "edge"
 SHARE_GROUP = "edge-artifacts"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_PREFIX_SEGMENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def is_valid_name(value: object) -> bool:
-    """True for a device id, group or model name: ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ and no '..'."""
-    return isinstance(value, str) and bool(NAME_RE.fullmatch(value)) and ".." not in value
 
 
 def check_name(value: object, kind: str = "name", error: type[Exception] = TransportError) -> str:
-    """Return `value` if it is a valid id/name, else raise `error` naming what was wrong."""
-    if not is_valid_name(value):
-        raise error(
-            f"invalid {kind} {value!r}: use 1-64 of A-Z a-z 0-9 . _ - (starting with a letter or digit, no '..')"
-        )
-    return value  # type: ignore[return-value]
+    """agent.names.check_name, raising TransportError unless told otherwise (topic segments)."""
+    return names.check_name(value, kind, error)
 
 
 def check_prefix(prefix: object) -> str:
@@ -32,7 +22,7 @@ def check_prefix(prefix: object) -> str:
     if not isinstance(prefix, str) or not prefix:
         raise TransportError(f"invalid topic prefix {prefix!r}")
     for seg in prefix.split("/"):
-        if not _PREFIX_SEGMENT_RE.fullmatch(seg) or ".." in seg:
+        if not is_valid_name(seg):
             raise TransportError(f"invalid topic prefix {prefix!r}: segment {seg!r} is not allowed")
     return prefix
 
