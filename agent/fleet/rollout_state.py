@@ -17,7 +17,6 @@ FORMAT = 1
 PENDING, IN_PROGRESS, SUCCEEDED, FAILED = "pending", "in_progress", "succeeded", "failed"
 ROLLBACK_PENDING, ROLLED_BACK, ROLLBACK_FAILED = "rollback_pending", "rolled_back", "rollback_failed"
 CANCELLED, NOT_REACHED = "cancelled", "not_reached"
-DEVICE_FINAL = {SUCCEEDED, FAILED, ROLLED_BACK, ROLLBACK_FAILED, CANCELLED, NOT_REACHED}
 # Cohort and rollout states.
 RUNNING, ROLLING_BACK, COMPLETED, HALTED, PARTIAL = "running", "rolling_back", "completed", "halted", "partial"
 ROLLOUT_FINAL = {COMPLETED, HALTED, PARTIAL}

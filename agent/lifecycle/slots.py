@@ -13,8 +13,6 @@ from agent.errors import LifecycleError
 from agent.lifecycle.journal import check_name
 from agent.util.atomic import atomic_write_json, read_json
 
-SLOT_KEYS = ("version", "sha256", "model_sha256", "provider", "precision", "options", "deployment_id")
-
 
 class ModelSlots:
     """state_dir/models/<name>/slots.json = {"committed": entry|null, "previous": entry|null}.

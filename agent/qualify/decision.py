@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STATUSES = ("passed", "failed", "unavailable", "error")
-
 
 @dataclass
 class Row:

@@ -178,11 +178,6 @@ class MqttLink:
             raise TransportError("not connected to the broker")
         return info
 
-    def outstanding(self) -> int:
-        """Messages queued or in flight (QoS > 0)."""
-        client = self._client
-        return len(getattr(client, "_out_messages", {})) if client is not None else 0
-
     # --- internals ------------------------------------------------------------------------------
     def _make_client(self):
         import paho.mqtt.client as mqtt

@@ -86,9 +86,6 @@ class Topics:
     def all_events(self) -> str:
         return f"{self.prefix}/devices/+/events"
 
-    def all_desired(self) -> list[str]:
-        return [f"{self.prefix}/devices/+/desired/+", f"{self.prefix}/groups/+/desired/+"]
-
     def artifact_req_filter(self, shared: bool) -> str:
         """Servers subscribe here; `$share/edge-artifacts/...` on MQTT 5 so one server answers each request."""
         base = f"{self.prefix}/artifacts/req/+"
