@@ -24,7 +24,22 @@ class ManifestError(EdgeAgentError):
 
 
 class ArtifactError(EdgeAgentError):
-    """An artifact could not be fetched or verified (hash mismatch, stall, no space)."""
+    """An artifact could not be fetched or verified (hash mismatch, stall, no space). `permanent`: trying the
+    same pull again cannot help; the others (stalls, a source gone) are retried with backoff."""
+
+    permanent = False
+
+
+class ArtifactRefused(ArtifactError):
+    """The source or the bytes are wrong for good: a hash mismatch, no usable source, an HTTP 401/403/410/416."""
+
+    permanent = True
+
+
+class DiskFull(ArtifactError):
+    """Not enough free space under the state directory for the artifact (plus the reserve)."""
+
+    permanent = True
 
 
 class ProviderError(EdgeAgentError):

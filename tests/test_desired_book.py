@@ -95,16 +95,27 @@ def test_version_order_and_backoff():
     assert RECHECK_S > 0
 
 
-def test_transient_classification():
+def test_transient_classification(tmp_path):
+    """By the error's type, never its text: a refused or short-of-disk pull is final, a stall or outage is not."""
     from agent.artifacts.fetch import is_transient
+    from agent.artifacts.pull import check_space
+    from agent.artifacts.store import ContentStore
+    from agent.errors import ArtifactRefused, DiskFull
 
     assert is_transient(ArtifactError("download stalled (m 2: 0/10 bytes): no chunk for 30 s (connected)"))
     assert is_transient(TransportError("not connected"))
     assert is_transient(ArtifactError("http://x: HTTP 503 Service Unavailable"))
-    assert not is_transient(ArtifactError("chunk 3 failed its sha256 check 3 times: ..."))
-    assert not is_transient(ArtifactError("not enough disk for m 2: needs 10 bytes"))
-    assert not is_transient(ArtifactError("http://x: HTTP 403 Forbidden"))
+    assert is_transient(ArtifactError("a message that happens to say sha256 mismatch"))  # text decides nothing
+    assert not is_transient(ArtifactRefused("chunk 3 failed its sha256 check 3 times: ..."))
+    assert not is_transient(ArtifactRefused("http://x: HTTP 403 Forbidden"))
     assert not is_transient(ValueError("bug"))
+    store = ContentStore(tmp_path / "blobs")
+    try:
+        check_space(store, store.free_bytes() + 1, 0, "m 2")
+    except DiskFull as exc:
+        assert not is_transient(exc) and "not enough disk" in str(exc)
+    else:
+        raise AssertionError("check_space let an artifact larger than the free space through")
 
 
 def test_a_flood_of_refused_topics_never_evicts_verified_desired_state(keys, monkeypatch):

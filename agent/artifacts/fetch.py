@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agent.artifacts.manifest import Manifest, Source
 from agent.artifacts.store import ContentStore
-from agent.errors import ArtifactError
+from agent.errors import ArtifactError, ArtifactRefused, DiskFull
 
 
 def ordered_sources(manifest: Manifest, order=None) -> list[Source]:
@@ -40,7 +40,8 @@ def fetch_artifact(
     """Return the blob path; ArtifactError naming every source's failure when none delivered."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
-    errors = []
+    errors: list[str] = []
+    permanent = True  # the whole pull failed for good only when every source did
     for src in ordered_sources(manifest, order):
         if src.type == "mqtt" and link is None:
             errors.append("mqtt: no broker connection configured")
@@ -50,10 +51,13 @@ def fetch_artifact(
         try:
             return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca)
         except ArtifactError as exc:
-            if "not enough disk" in str(exc):
+            if isinstance(exc, DiskFull):  # no other source can help
                 raise
+            permanent = permanent and exc.permanent
             errors.append(f"{src.url or src.type}: {exc}" if src.url else f"{src.type}: {exc}")
-    raise ArtifactError("; ".join(errors) or f"{manifest.name} {manifest.version} names no usable source")
+    if not errors:
+        raise ArtifactRefused(f"{manifest.name} {manifest.version} names no usable source")
+    raise (ArtifactRefused if permanent else ArtifactError)("; ".join(errors))
 
 
 def _pull(
@@ -80,17 +84,6 @@ def _pull(
     )
 
 
-PERMANENT_MARKERS = (
-    "does not match the manifest's sha256",  # tampered or corrupt source (http chunk)
-    "failed its sha256 check",  # the same over MQTT
-    "sha256 mismatch",
-    "manifest says",  # the assembled file differs from the manifest
-    "not enough disk",
-    "names no usable source",
-    "has no http source",
-)
-
-
 def is_transient(exc: BaseException) -> bool:
     """Will trying the same pull again later plausibly work? Stalls, broker or server gone, connection refused,
     HTTP 5xx/404/408/429: yes. A hash mismatch, no disk space, no usable source, other HTTP 4xx: no."""
@@ -98,12 +91,6 @@ def is_transient(exc: BaseException) -> bool:
 
     if isinstance(exc, TransportError):
         return True
-    if not isinstance(exc, ArtifactError):
-        return isinstance(exc, OSError)
-    text = str(exc)
-    if any(m in text for m in PERMANENT_MARKERS):
-        return False
-    for code in ("400", "401", "403", "405", "410", "416"):
-        if f"HTTP {code}" in text:
-            return False
-    return True
+    if isinstance(exc, ArtifactError):
+        return not exc.permanent
+    return isinstance(exc, OSError)

@@ -17,7 +17,7 @@ from agent.artifacts.manifest import Manifest
 from agent.artifacts.pull import check_space
 from agent.artifacts.staging import Staging
 from agent.artifacts.store import ContentStore
-from agent.errors import ArtifactError
+from agent.errors import ArtifactError, ArtifactRefused
 
 
 class HttpPuller:
@@ -41,7 +41,7 @@ class HttpPuller:
         if url is None:
             src = manifest.source("http")
             if src is None:
-                raise ArtifactError(f"{manifest.name} {manifest.version} has no http source")
+                raise ArtifactRefused(f"{manifest.name} {manifest.version} has no http source")
             url = src.url
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
@@ -82,7 +82,9 @@ class HttpPuller:
         try:
             resp = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
         except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403, 404, 410, 416):
+            if exc.code in (401, 403, 410, 416):  # the server says no for good
+                raise ArtifactRefused(f"{url}: HTTP {exc.code} {exc.reason}") from None
+            if exc.code == 404:  # not there (yet): an artifact server still being filled
                 raise ArtifactError(f"{url}: HTTP {exc.code} {exc.reason}") from None
             raise
         with resp:
@@ -100,7 +102,7 @@ class HttpPuller:
                     return  # connection cut: the caller resumes with a new Range request
                 if not staging.have[index]:
                     if not staging.write(index, data):
-                        raise ArtifactError(
+                        raise ArtifactRefused(
                             f"chunk {index} from {url} does not match the manifest's sha256: "
                             "corrupt or tampered source; nothing was installed"
                         )

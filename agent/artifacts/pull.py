@@ -20,7 +20,7 @@ from agent.artifacts.manifest import Manifest
 from agent.artifacts.staging import RECOVER_GAP, Staging
 from agent.artifacts.store import ContentStore
 from agent.artifacts.window import InFlight, RttEstimator
-from agent.errors import ArtifactError
+from agent.errors import ArtifactError, ArtifactRefused, DiskFull
 
 Progress = Callable[..., None]
 DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024  # chunks in flight x chunk_size: the device's memory bound
@@ -31,7 +31,7 @@ MIN_REQUEST_TIMEOUT, MAX_REQUEST_TIMEOUT = 0.5, 20.0  # bounds of the adaptive p
 def check_space(store: ContentStore, needed: int, reserve_bytes: int, what: str) -> None:
     free = store.free_bytes()
     if needed + reserve_bytes > free:
-        raise ArtifactError(
+        raise DiskFull(
             f"not enough disk for {what}: needs {needed} bytes (+{reserve_bytes} reserve), "
             f"{free} free under {store.root}"
         )
@@ -169,7 +169,7 @@ class ChunkPuller:
         self.stats["bad"] += 1
         bad[index] += 1
         if bad[index] >= self.max_bad:
-            raise ArtifactError(
+            raise ArtifactRefused(
                 f"chunk {index} failed its sha256 check {bad[index]} times: the artifact source is "
                 "corrupt or tampered with; nothing was installed"
             )

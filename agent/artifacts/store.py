@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.errors import ArtifactError
+from agent.errors import ArtifactError, ArtifactRefused
 from agent.util.atomic import atomic_move, fsync_dir
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -157,7 +157,7 @@ class ContentStore:
             actual, size, _ = hash_file(part)
         if actual != sha256 or size != expected_size:
             self.discard(sha256)
-            raise ArtifactError(
+            raise ArtifactRefused(
                 f"assembled artifact has sha256 {actual[:16]}... ({size} bytes), manifest says "
                 f"{sha256[:16]}... ({expected_size} bytes): discarded"
             )
