@@ -66,8 +66,8 @@ class ProbationConfig:
     slack_ms: float = 0.5  # ... plus this (scheduler noise dominates sub-ms models)
     quantiles: tuple[int, ...] = (50, 90)  # judged against the incumbent (99 needs p99_samples per side)
     alpha: float = 0.01  # one-sided binomial test: "slower" only when p < alpha
-    p90_samples: int = 64  # samples per side before a quantile below 99 is judged (FACTS: 64 for a p90)
-    p99_samples: int = 662  # ... and before a p99 is (FACTS: 662)
+    p90_samples: int = 64  # samples per side before a quantile below 99 is judged (field notes: 64 for a p90)
+    p99_samples: int = 662  # ... and before a p99 is (field notes: 662)
     rate_tolerance: float = 4.0  # request rates within this factor of each other are comparable
     baseline_s: float = 60.0  # the incumbent's compute times in this window before the swap are the baseline
     qualified_factor: float = 3.0  # no incumbent: qualified quantile x this + slack_ms

@@ -11,7 +11,7 @@ from agent.providers.base import ProbeResult
 if TYPE_CHECKING:  # pragma: no cover
     from agent.hardware.profile import HardwareProfile
 
-# Creating sessions concurrently is not safe in every runtime version (FACTS.md): serialise it.
+# Creating sessions concurrently is not safe in every runtime version (docs/field-notes.md): serialise it.
 SESSION_LOCK = threading.RLock()
 
 _IMPORTS: dict[str, tuple[Any, str | None]] = {}

@@ -16,7 +16,7 @@ class XnnpackProvider(OrtEpProvider):
     label = "XNNPACK"
     devices = ("CPU",)
     precision_default = "f32"
-    # XNNPACK runs its own thread pool (its EP option intra_op_num_threads); ORT's own pool is 1 beside it (FACTS.md).
+    # XNNPACK runs its own thread pool (its EP option intra_op_num_threads); ORT's own pool is 1 beside it (docs/field-notes.md).
     ep_keys = frozenset({"intra_op_num_threads"})
     session_defaults = {"intra_op_num_threads": 1}
 

@@ -29,7 +29,7 @@ BUCKETS: tuple[float, ...] = (
     5.0,
     10.0,
 )
-RECENT = 4096  # latency samples kept for percentiles (FACTS: 662 needed to claim a p99)
+RECENT = 4096  # latency samples kept for percentiles (field notes: 662 needed to claim a p99)
 PENDING = 256  # plain latencies appended lock-free before they are folded into the counters
 FINITE_FIRST = 1000  # a version's first responses are all checked for NaN/Inf ...
 FINITE_EVERY = 16  # ... then one in this many, except while a probation watches it (then every response)

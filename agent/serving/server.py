@@ -335,7 +335,7 @@ class OIPServer:
                 return
             sock.setblocking(False)
             try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # FACTS: no 40 ms keep-alive stalls
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # field notes: no 40 ms keep-alive stalls
             except OSError:
                 pass
             if not self.accepting:

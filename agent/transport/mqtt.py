@@ -1,6 +1,6 @@
 """paho-mqtt 2.x wrapper: broker URLs, TLS, auth, LWT, MQTT 5 with 3.1.1 fallback, replayed subscriptions.
 
-Rules kept here (FACTS.md): CallbackAPIVersion.VERSION2; callbacks only hand data to the caller's handler
+Rules kept here (docs/field-notes.md): CallbackAPIVersion.VERSION2; callbacks only hand data to the caller's handler
 (which must only enqueue); the subscription list is ours and replayed in on_connect; CONNACK is checked before
 we call ourselves connected; the outgoing queue is bounded.
 """
