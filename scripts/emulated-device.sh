@@ -2,7 +2,7 @@
 # An emulated Raspberry Pi: a Debian bookworm arm64 rootfs under qemu-user, with the project installed by
 # scripts/install.sh and a captured board's /proc and /sys files presented; runs a command inside it.
 #   bash scripts/emulated-device.sh {pi4,pi5} [COMMAND...]      (no COMMAND: build/refresh and print the rootfs)
-#   bash scripts/emulated-device.sh --check                      (exit 0 if this host can run arm64 binaries)
+#   bash scripts/emulated-device.sh --check      (registers qemu-aarch64; exit 0 ready, 3 this host cannot, 1 setup missing)
 # Run as root. The rootfs is cached under ${EDGE_AGENT_EMU_CACHE:-/var/cache/edge-agent-emu}, keyed by what goes in
 # it (Debian suite and packages, the wheels' versions, this script's recipe); the project is re-installed when its
 # source changes. Inside: QEMU_CPU=cortex-a72 (pi4) / cortex-a76 (pi5), EDGE_AGENT_EMULATED=qemu-user:<board>, the
@@ -27,6 +27,7 @@ PKGS=(click pyyaml psutil numpy onnx onnxruntime paho-mqtt cryptography openvino
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }
+cannot() { echo "emulated-device.sh: this host cannot run arm64 binaries: $*" >&2; exit 3; }  # exit 3: skip, not fail
 
 usage() { sed -n '2,10p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
@@ -50,7 +51,7 @@ ensure_binfmt() {  # register qemu-aarch64 (F flag: the interpreter is loaded no
   command -v qemu-aarch64-static >/dev/null 2>&1 || die "qemu-user-static is not installed (apt-get install qemu-user-static binfmt-support debootstrap)"
   if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
     mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null ||
-      die "cannot mount binfmt_misc (a container without CAP_SYS_ADMIN?): this host cannot run arm64 binaries"
+      cannot "binfmt_misc is not mounted and cannot be (a container without CAP_SYS_ADMIN, or a kernel without it)"
   fi
   if ! binfmt_ready; then
     if command -v update-binfmts >/dev/null 2>&1; then update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true; fi
@@ -116,7 +117,8 @@ build_wheels() {  # aarch64 cp311 wheels fetched on the host (pip inside the emu
   for p in "${PLATFORMS[@]}"; do plat+=(--platform "$p"); done
   PIP_FIND_LINKS="" nice -n 10 "$py" -m pip download -q --disable-pip-version-check -d "$dir.partial" \
     --only-binary=:all: --python-version "$PY_TAG" --implementation cp "${plat[@]}" --platform any \
-    -r "$dir.partial/requirements.txt" >&2 || die "pip download of the aarch64 wheels failed (network? see above)"
+    -r "$dir.partial/requirements.txt" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' >&2 || true; } ||
+    die "pip download of the aarch64 wheels failed (network? see above)"
   mv "$dir.partial" "$dir"
   echo "$dir"
 }
@@ -244,7 +246,8 @@ run_board() {  # BOARD ROOT WORKDIR -- CMD...: a private mount namespace with th
 case "${1:-}" in
   -h | --help | "") usage; [ -n "${1:-}" ] || exit 2; exit 0 ;;
   --check)
-    [ "$(id -u)" -eq 0 ] || die "run as root (chroot and mount namespaces need it)"
+    [ "$(id -u)" -eq 0 ] || cannot "not root (chroot, mount namespaces and binfmt_misc registration need it)"
+    unshare -m true 2>/dev/null || cannot "unshare -m is refused (no mount namespaces here)"
     ensure_binfmt; command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed"
     echo "ok: qemu-aarch64 registered ($(head -1 /proc/sys/fs/binfmt_misc/qemu-aarch64)), debootstrap present"
     exit 0 ;;
@@ -252,7 +255,7 @@ esac
 BOARD="$1"; shift
 board_files "$BOARD" >/dev/null || die "unknown board '$BOARD': expected pi4 or pi5"
 [ -d "$(board_files "$BOARD")/proc" ] || die "captured board files missing: $(board_files "$BOARD")"
-[ "$(id -u)" -eq 0 ] || die "run as root (chroot and mount namespaces need it)"
+[ "$(id -u)" -eq 0 ] || cannot "not root (chroot, mount namespaces and binfmt_misc registration need it)"
 [ "$(uname -m)" = x86_64 ] || [ "$(uname -m)" = aarch64 ] || die "unsupported host $(uname -m)"
 if [ "$(uname -m)" != aarch64 ]; then ensure_binfmt; fi
 command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed (apt-get install debootstrap)"

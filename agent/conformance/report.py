@@ -36,11 +36,13 @@ class Report:
         out = {}
         for key, info in self.variants.items():
             base = info["provider"]
-            if key == base or base not in self.variants:
+            if key == base or base not in self.variants or info.get("from"):
                 continue
             a = {c["case"]: c["status"] for c in self.cases if c["provider"] == base and c["suite"] == "onnx-node"}
             b = {c["case"]: c["status"] for c in self.cases if c["provider"] == key and c["suite"] == "onnx-node"}
             common = sorted(set(a) & set(b))
+            if not common:  # e.g. a models-only run: no node cases to compare
+                continue
             worse = [n for n in common if b[n] == "passed" and a[n] != "passed"]
             better = [n for n in common if a[n] == "passed" and b[n] != "passed"]
             out[base] = {
@@ -58,6 +60,12 @@ class Report:
             }
         return out
 
+    def platform_differences(self) -> dict[str, dict[str, Any]]:
+        """Node cases whose status differs between this host and an included report (agent.conformance.compare)."""
+        from agent.conformance.compare import differences
+
+        return differences(self)
+
     def to_dict(self) -> dict[str, Any]:
         suites = sorted({c["suite"] for c in self.cases})
         return {
@@ -67,6 +75,7 @@ class Report:
             "suites": {s: self.counts(s) for s in suites},
             "variants": self.variants,
             "precision_differences": self.precision_differences(),
+            "platform_differences": self.platform_differences(),
             "models": self.models,
             "cases": self.cases,
         }

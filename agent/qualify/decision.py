@@ -36,6 +36,7 @@ class Row:
     cache_dir: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     wall_s: float | None = None
+    emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
 
     @property
     def key(self) -> str:
@@ -71,6 +72,7 @@ class Decision:
     inputs: str = ""
     timestamp: float = 0.0
     hardware: dict[str, Any] = field(default_factory=dict)
+    emulated: str | None = None
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -103,6 +105,7 @@ class Decision:
             "versions": self.versions,
             "hardware": self.hardware,
             "timestamp": self.timestamp,
+            "emulated": self.emulated,
         }
 
     @classmethod

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
+from agent.hardware.emulation import detect_emulation
 from agent.qualify import caches, latency, select
 from agent.qualify.decision import Decision, Row
 from agent.qualify.inputs import batch_size, package_inputs
@@ -33,16 +34,22 @@ def qualify(
     latency_budget_s: float = LATENCY_BUDGET_S,
     row_timeout_s: float = ROW_TIMEOUT_S,
     all_precisions: bool = False,
+    deadline_s: float | None = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
     A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
     accuracy, or always with all_precisions=True (the conformance report). When the two fastest passing
     rows are within CLOSE_CALL of each other, both are measured again in reverse order and their samples
-    merged, so load drift during the first pass cannot decide alone."""
+    merged, so load drift during the first pass cannot decide alone.
+
+    deadline_s bounds the whole qualification (the conformance models suite gives each model a budget): a
+    row that would start after it is an error at stage "budget"; rows in flight are cut at it; there is no
+    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
+    run.deadline = time.monotonic() + deadline_s if deadline_s is not None else None
     rows: list[Row] = []
     for name in candidates(target, providers, pkg):
         rows.extend(run.provider_rows(name))
@@ -64,6 +71,7 @@ def qualify(
         inputs=run.inputs_desc,
         timestamp=time.time(),
         hardware=_hw(profile),
+        emulated=run.emulated,
     )
 
 
@@ -90,9 +98,12 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict | None, str, str]:
+def _reference(pkg, feeds, golden, isolate: bool, timeout: float, cache_root=None) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
+    cached = caches.load_reference(cache_root, pkg.sha256, feeds) if cache_root else None
+    if cached is not None:
+        return cached[0], f"{cached[1]} (reused)", ""
     res = run_isolated(
         "agent.qualify.rowtask:reference_outputs",
         {"model_path": str(pkg.model_path), "feeds": feeds},
@@ -101,6 +112,8 @@ def _reference(pkg, feeds, golden, isolate: bool, timeout: float) -> tuple[dict 
         tag="reference",
     )
     if res.ok:
+        if cache_root:
+            caches.save_reference(cache_root, pkg.sha256, feeds, res.value[0], res.value[1])
         return res.value[0], res.value[1], ""
     return None, "none", f"no reference outputs: {res.error}"
 
@@ -132,8 +145,10 @@ class _Run:
         self.say = progress or (lambda event, **f: None)
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
         self.feeds, golden, self.inputs_desc = package_inputs(pkg)
-        self.reference, self.ref_desc, self.ref_error = _reference(pkg, self.feeds, golden, isolate, timeout)
+        self.deadline: float | None = None
+        self.reference, self.ref_desc, self.ref_error = _reference(pkg, self.feeds, golden, isolate, timeout, cache_root)
         self.versions = caches.runtime_versions(profile)
+        self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[[], Row]] = {}
 
     def provider_rows(self, name: str) -> list[Row]:
@@ -184,6 +199,17 @@ class _Run:
         return rows
 
     def _run_row(self, name, precision, device, options, cdir, row_versions) -> Row:
+        left = self.deadline - time.monotonic() if self.deadline is not None else None
+        if left is not None and left <= 0:
+            return Row(
+                provider=name,
+                status="error",
+                reason="the model's time budget was spent before this row (raise the budget)",
+                stage="budget",
+                requested_precision=precision,
+                requested_device=device,
+                options=options,
+            )
         if self.reference is None:
             return Row(
                 provider=name,
@@ -209,7 +235,7 @@ class _Run:
         res = run_isolated(
             "agent.qualify.rowtask:measure_row",
             kwargs,
-            timeout=self.timeout,
+            timeout=min(self.timeout, left) if left is not None else self.timeout,
             isolate=self.isolate,
             tag=f"{name}:{precision}" if precision else name,
             progress=self.say,
@@ -228,6 +254,10 @@ class _Run:
             )
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
+        if self.emulated:
+            row.emulated = self.emulated
+            if row.latency_ms:
+                row.latency_ms["emulated"] = True
         return row
 
     def confirm_close_call(self, rows: list[Row]) -> None:
@@ -236,7 +266,7 @@ class _Run:
             (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
             key=lambda r: r.latency_ms["p50"],
         )
-        if len(passing) < 2 or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL):
+        if self.emulated or self.deadline is not None or len(passing) < 2 or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL):
             return
         for row in (passing[1], passing[0]):
             self.say("confirm", provider=row.provider, precision=row.precision)

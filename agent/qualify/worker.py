@@ -26,6 +26,23 @@ def _inject_fault(tag: str) -> None:
         time.sleep(3600)
 
 
+def die_with_parent() -> None:
+    """Linux: SIGKILL this worker when the process that started it dies (even by SIGKILL), so a busy worker
+    never outlives a stopped conformance run or daemon. Elsewhere the closed socket ends an idle worker."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def serve(conn: Connection) -> None:
     isolate._CHILD_CONN[:] = [conn]
     while True:
@@ -51,4 +68,5 @@ def serve(conn: Connection) -> None:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     serve(Connection(int(sys.argv[1])))
