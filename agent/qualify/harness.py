@@ -146,7 +146,9 @@ class _Run:
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
         self.feeds, golden, self.inputs_desc = package_inputs(pkg)
         self.deadline: float | None = None
-        self.reference, self.ref_desc, self.ref_error = _reference(pkg, self.feeds, golden, isolate, timeout, cache_root)
+        self.reference, self.ref_desc, self.ref_error = _reference(
+            pkg, self.feeds, golden, isolate, timeout, cache_root
+        )
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[[], Row]] = {}
@@ -266,7 +268,12 @@ class _Run:
             (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
             key=lambda r: r.latency_ms["p50"],
         )
-        if self.emulated or self.deadline is not None or len(passing) < 2 or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL):
+        if (
+            self.emulated
+            or self.deadline is not None
+            or len(passing) < 2
+            or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL)
+        ):
             return
         for row in (passing[1], passing[0]):
             self.say("confirm", provider=row.provider, precision=row.precision)
