@@ -217,3 +217,16 @@ def test_a_stopped_conformance_run_leaves_no_worker_behind(tmp_path, sig):
     assert rc == (128 + sig if sig == signal.SIGTERM else -sig)
     gone, alive = psutil.wait_procs(workers, timeout=30)
     assert not alive, [p.pid for p in alive]
+
+
+def test_every_provider_count_is_explained_by_causes():
+    target = get_target("generic-x86_64")
+    report = run_conformance(
+        "onnx-node", ["cpu", "tensorrt"], profile=PROFILE, target=target, patterns=["test_cast_*", "test_relu"]
+    )
+    explained = report.explanations()
+    for key, c in report.counts().items():
+        for status in ("failed", "errored", "skipped"):
+            assert sum((explained.get(key) or {}).get(status, {}).values()) == c[status], (key, status)
+    assert explained["tensorrt"]["skipped"] == {"provider unavailable here": report.counts()["tensorrt"]["total"]}
+    assert "(other)" not in " ".join(explained["cpu"].get("errored", {}))  # the cast errors have a named cause

@@ -203,6 +203,11 @@ def conformance(
             f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "
             f"({d['fail_only_at_default']} fail only at {d['default_precision']})"
         )
+    for key, by_status in report.explanations().items():
+        for status, causes in by_status.items():
+            parts = "; ".join(f"{n} {cause}" for cause, n in list(causes.items())[:4])
+            more = f"; {sum(list(causes.values())[4:])} other" if len(causes) > 4 else ""
+            click.echo(f"{key} {status} {sum(causes.values())}: {parts}{more}")
     for key, d in report.platform_differences().items():
         click.echo(f"{key}: {d['same']} of {d['cases']} node cases as on this host's {d['here']}, {d['differ']} differ")
     for name, why in report.meta.get("unavailable_providers", {}).items():

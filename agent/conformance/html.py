@@ -61,7 +61,10 @@ def _summary(doc: dict[str, Any]) -> str:
     for key, c in (doc.get("providers") or {}).items():
         info = (doc.get("variants") or {}).get(key, {})
         bar = _stacked_bar(c)
-        note = "" if info.get("available", True) else f"unavailable: {escape(str(info.get('reason')))}"
+        note = "" if info.get("available", True) else f"unavailable: {escape(str(info.get('reason')))}<br>"
+        for status, causes in ((doc.get("explanations") or {}).get(key) or {}).items():
+            items = ", ".join(f"{n} {escape(cause)}" for cause, n in causes.items())
+            note += f"<span class='{status}'>{status}</span>: {items}<br>"
         cells = "".join(f"<td class='num {s}'>{c[s]}</td>" for s in ("passed", "failed", "errored", "skipped"))
         rows.append(
             f"<tr><td><b>{escape(key)}</b></td><td>{escape(str(info.get('precision') or '-'))}</td>{cells}"
@@ -69,7 +72,9 @@ def _summary(doc: dict[str, Any]) -> str:
         )
     return (
         "<h2>Summary by provider</h2><table><tr><th>provider</th><th>precision</th><th>passed</th><th>failed</th>"
-        "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th></th></tr>" + "".join(rows) + "</table>"
+        "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th>why not passed</th></tr>"
+        + "".join(rows)
+        + "</table>"
         "<p class='note'>failed = ran but outputs differ beyond tolerance; errored = could not run (session refused, "
         "unsupported op, crash, timeout); skipped = provider unavailable or feature missing.</p>"
     )

@@ -60,6 +60,12 @@ class Report:
             }
         return out
 
+    def explanations(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Every provider's failed/errored/skipped count broken down by cause (agent.conformance.causes)."""
+        from agent.conformance.causes import explain
+
+        return explain(self.cases)
+
     def platform_differences(self) -> dict[str, dict[str, Any]]:
         """Node cases whose status differs between this host and an included report (agent.conformance.compare)."""
         from agent.conformance.compare import differences
@@ -76,6 +82,7 @@ class Report:
             "variants": self.variants,
             "precision_differences": self.precision_differences(),
             "platform_differences": self.platform_differences(),
+            "explanations": self.explanations(),
             "models": self.models,
             "cases": self.cases,
         }
