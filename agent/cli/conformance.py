@@ -124,6 +124,12 @@ def _stop_on_sigterm() -> None:
     metavar="REPORT_JSON",
     help="Add another device's report.json (e.g. from an Arm board) as columns, and list the cases that differ.",
 )
+@click.option(
+    "--from-report",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="REPORT_JSON",
+    help="Run nothing: write this report again to --out (with any --with-report columns added).",
+)
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the provider counts as JSON.")
 def conformance(
@@ -137,6 +143,7 @@ def conformance(
     model_budget,
     cache_dir,
     with_reports,
+    from_report,
     target_name,
     as_json,
 ):
@@ -145,8 +152,8 @@ def conformance(
     process. Writes OUT/report.json, OUT/junit.xml and OUT/report.html."""
     from pathlib import Path
 
-    from agent.conformance.compare import include, load_report
-    from agent.conformance.report import write_all
+    from agent.conformance.compare import load_report
+    from agent.conformance.report import from_dict
     from agent.conformance.runner import run_conformance
     from agent.errors import EdgeAgentError
     from agent.hardware import detect
@@ -154,9 +161,14 @@ def conformance(
 
     try:
         others = [(p, load_report(Path(p))) for p in with_reports]
+        base = load_report(Path(from_report)) if from_report else None
     except EdgeAgentError as exc:
         raise click.UsageError(str(exc)) from exc
     _stop_on_sigterm()
+    if base is not None:
+        report = from_dict(base)
+        _emit(report, others, Path(out_dir), as_json)
+        return
     profile = detect("/")
     target = get_target(target_name) if target_name else match(profile)
     report = run_conformance(
@@ -172,9 +184,16 @@ def conformance(
         model_budget_s=model_budget,
         cache_dir=Path(cache_dir) if cache_dir else Path(out_dir) / ".cache",
     )
+    _emit(report, others, Path(out_dir), as_json)
+
+
+def _emit(report, others, out_dir, as_json) -> None:
+    from agent.conformance.compare import include
+    from agent.conformance.report import write_all
+
     for path, doc in others:
         include(report, doc, source=str(path))
-    paths = write_all(report, Path(out_dir))
+    paths = write_all(report, out_dir)
     counts = report.counts()
     if as_json:
         ran = sorted({c["suite"] for c in report.cases})

@@ -88,6 +88,21 @@ class Report:
         }
 
 
+_DERIVED = ("suite", "providers", "suites", "variants", "precision_differences", "platform_differences", "explanations")
+
+
+def from_dict(doc: dict[str, Any]) -> Report:
+    """A Report again from its report.json (agent.conformance.compare.load_report checks the shape)."""
+    meta = {k: v for k, v in doc.items() if k not in (*_DERIVED, "cases", "models")}
+    return Report(
+        suite=str(doc.get("suite") or "all"),
+        cases=list(doc["cases"]),
+        models=list(doc.get("models") or []),
+        variants=dict(doc["variants"]),
+        meta=meta,
+    )
+
+
 def write_json(report: Report, path: Path) -> None:
     atomic_write_json(path, report.to_dict())
 
