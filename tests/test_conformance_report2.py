@@ -128,25 +128,10 @@ def test_with_report_refuses_what_is_not_a_report(tmp_path, content, why):
     p.write_bytes(content)
     with pytest.raises(EdgeAgentError, match=re.escape(why)):
         load_report(p)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent",
-            "conformance",
-            "--suite",
-            "onnx-node",
-            "-k",
-            "test_relu",
-            "--with-report",
-            str(p),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert r.returncode == 2 and why in r.stderr and not (tmp_path / "conformance-report").exists()
+    out = tmp_path / "rep"
+    cmd = [sys.executable, "-m", "agent", "conformance", "--suite", "onnx-node", "-k", "test_relu", "--out", str(out)]
+    r = subprocess.run(cmd + ["--with-report", str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and why in r.stderr and not out.exists()
 
 
 def test_an_oversized_report_is_refused_before_it_is_read(tmp_path):
@@ -230,3 +215,21 @@ def test_every_provider_count_is_explained_by_causes():
             assert sum((explained.get(key) or {}).get(status, {}).values()) == c[status], (key, status)
     assert explained["tensorrt"]["skipped"] == {"provider unavailable here": report.counts()["tensorrt"]["total"]}
     assert "(other)" not in " ".join(explained["cpu"].get("errored", {}))  # the cast errors have a named cause
+
+
+def test_from_report_rewrites_a_report_with_another_devices_columns(two_runs, tmp_path):
+    here, other = two_runs
+    write_all(here, tmp_path / "here")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    r = subprocess.run(
+        [sys.executable, "-m", "agent", "conformance", "--from-report", str(tmp_path / "here" / "report.json")]
+        + ["--with-report", str(tmp_path / "other.json"), "--out", str(tmp_path / "both"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "both" / "report.json").read_text())
+    assert doc["providers"]["cpu"] == here.counts()["cpu"]  # nothing ran again
+    assert doc["providers"]["cpu@some-board-emulated"]["total"] == len(other["cases"])
+    assert json.loads(r.stdout)["platform_differences"]["cpu@some-board-emulated"]["cases"] == len(here.cases)
