@@ -118,7 +118,8 @@ def save_reference(
         return
     meta = json.dumps({"names": list(outputs), "source": source}).encode()
     buf = io.BytesIO()
-    np.savez(buf, __meta__=np.frombuffer(meta, dtype=np.uint8), **arrays)
+    payload: dict[str, Any] = {"__meta__": np.frombuffer(meta, dtype=np.uint8), **arrays}
+    np.savez(buf, **payload)
     try:
         atomic_write_bytes(_reference_path(root, model_sha256, feeds), buf.getvalue())
     except OSError:
