@@ -8,7 +8,7 @@ NAME=edge-agent
 JETSON_INDEX="https://pypi.jetson-ai-lab.io/jp6/cu126"   # JetPack 6: CUDA 12.6, cp310 wheels
 
 ROOT="" VENV_MODE="" VENV_DIR="/opt/edge-agent/venv" RUNTIME=auto WHEELHOUSE="" TARGET="" DEVICE_ID=""
-ENABLE=1 START=1 DRY=0 UNINSTALL=0 PURGE=0
+ENABLE=1 START=1 DRY=0 UNINSTALL=0 PURGE=0 NO_SYSTEMD=0
 
 usage() {
   cat <<EOF
@@ -32,6 +32,9 @@ Options:
   --device-id ID      device_id for a new config (default: board serial, else /etc/machine-id)
   --no-enable         install the unit without enabling it
   --no-start          do not (re)start the service
+  --no-systemd        a rootfs or container without a running systemd (image builds, chroots, emulated
+                      devices): everything above, the unit enabled by symlink, never systemctl; start the
+                      agent yourself ($VENV_DIR/bin/edge-agent run --config /etc/edge-agent/agent.yaml)
   --dry-run           print what would be done; change nothing
   --uninstall         stop and remove the service, venv and source (keeps config and state)
   --purge             with --uninstall: also remove config, state, cache and the user
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
     --device-id) DEVICE_ID="${2:?--device-id needs a value}"; shift ;;
     --no-enable) ENABLE=0 ;;
     --no-start) START=0 ;;
+    --no-systemd) NO_SYSTEMD=1 ;;
     --dry-run) DRY=1 ;;
     --uninstall) UNINSTALL=1 ;;
     --purge) PURGE=1 ;;
@@ -64,6 +68,7 @@ done
 say() { if [ "$DRY" = 1 ]; then echo "[install] (dry-run) $*"; else echo "[install] $*"; fi; }
 die() { echo "install.sh: error: $*" >&2; exit 1; }
 run() { if [ "$DRY" = 1 ]; then echo "[install] would run: $*"; else "$@"; fi; }
+has_systemctl() { [ "$NO_SYSTEMD" = 0 ] && command -v systemctl >/dev/null 2>&1; }
 
 if [ -n "$ROOT" ]; then
   [ "$DRY" = 1 ] || mkdir -p "$ROOT" 2>/dev/null || die "cannot create --root $ROOT"
@@ -90,10 +95,13 @@ CACHE="$R/var/cache/edge-agent"
 # ------------------------------------------------------------------ device facts (same files as agent.hardware)
 
 readf() { [ -r "$R$1" ] && tr -d '\0' < "$R$1" 2>/dev/null || true; }
+readdt() {  # a device-tree property: /proc/device-tree is a link to /sys/firmware/devicetree/base, either may be missing
+  if [ -r "$R/proc/device-tree/$1" ]; then readf "/proc/device-tree/$1"; else readf "/sys/firmware/devicetree/base/$1"; fi
+}
 
 device_id() {  # mirrors agent.config.default_device_id
   local s
-  s="$(readf /proc/device-tree/serial-number | tr -d '[:space:]')"
+  s="$(readdt serial-number | tr -d '[:space:]')"
   if [ -n "$s" ]; then clean_id "$s"; return; fi
   s="$(readf /proc/cpuinfo | awk -F: '$1 ~ /^Serial[ \t]*$/ {gsub(/[ \t]/, "", $2); print $2; exit}')"
   if [ -n "$s" ] && [ -n "${s//0/}" ]; then clean_id "$s"; return; fi
@@ -108,7 +116,7 @@ clean_id() {  # alphanumerics, lower case, the last 16 (as Python's [-16:])
 
 detect_target() {  # a shell rendition of agent.targets.match for the device classes install.sh cares about
   local compat model arch
-  compat="$(readf /proc/device-tree/compatible)"; model="$(readf /proc/device-tree/model)"
+  compat="$(readdt compatible)"; model="$(readdt model)"
   if [ -n "$R" ]; then
     if grep -q '^CPU implementer' "$R/proc/cpuinfo" 2>/dev/null; then arch=aarch64
     elif grep -q '^vendor_id' "$R/proc/cpuinfo" 2>/dev/null; then arch=x86_64; else arch="$(uname -m)"; fi
@@ -141,7 +149,7 @@ runtime_for() {
 # ------------------------------------------------------------------ uninstall
 
 if [ "$UNINSTALL" = 1 ]; then
-  if [ "$SYSTEM" = 1 ] && command -v systemctl >/dev/null 2>&1; then
+  if [ "$SYSTEM" = 1 ] && has_systemctl; then
     run systemctl disable --now "$NAME.service" 2>/dev/null || true
   fi
   for p in "$WANTS" "$UNIT" "$DROPIN"; do
@@ -157,7 +165,7 @@ if [ "$UNINSTALL" = 1 ]; then
   else
     say "kept $CONF_DIR and $STATE (add --purge to remove them)"
   fi
-  [ "$SYSTEM" = 1 ] && command -v systemctl >/dev/null 2>&1 && run systemctl daemon-reload || true
+  [ "$SYSTEM" = 1 ] && has_systemctl && run systemctl daemon-reload || true
   say "uninstalled"
   exit 0
 fi
@@ -204,7 +212,7 @@ if [ "$DRY" = 0 ]; then
   tar -C "$SRC_DIR" --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv --exclude=.git -cf - "${parts[@]}" \
     | tar -C "$OPT/src.new" -xf -
   # The running daemon imports lazily from $OPT/src: stop it before the swap (restarted at the end).
-  if [ "$SYSTEM" = 1 ] && command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$NAME.service" 2>/dev/null; then
+  if [ "$SYSTEM" = 1 ] && has_systemctl && systemctl is-active --quiet "$NAME.service" 2>/dev/null; then
     run systemctl stop "$NAME.service"
     WAS_ACTIVE=1
   fi
@@ -297,12 +305,14 @@ fi
 say "installed $UNIT and $DROPIN (MemoryMax=${MEM:-80%}${GROUPS_FOUND:+, groups: $GROUPS_FOUND})"
 
 # 7. enable and start
-if [ "$SYSTEM" = 1 ] && [ ! -d /run/systemd/system ] && [ "$DRY" = 0 ]; then
+if [ "$NO_SYSTEMD" = 1 ]; then
+  START=0
+elif [ "$SYSTEM" = 1 ] && [ ! -d /run/systemd/system ] && [ "$DRY" = 0 ]; then
   say "warning: systemd is not running here (container?): not enabling or starting the service"
   ENABLE=0 START=0
 fi
 if [ "$ENABLE" = 1 ]; then
-  if [ "$SYSTEM" = 1 ]; then
+  if [ "$SYSTEM" = 1 ] && [ "$NO_SYSTEMD" = 0 ]; then
     run systemctl daemon-reload
     run systemctl enable "$NAME.service"
   else
@@ -315,4 +325,5 @@ if [ "$SYSTEM" = 1 ] && { [ "$START" = 1 ] || [ "${WAS_ACTIVE:-0}" = 1 ]; }; the
   run systemctl restart "$NAME.service"
   say "started $NAME.service: journalctl -u $NAME -f"
 fi
+[ "$NO_SYSTEMD" = 0 ] || say "no systemd here (--no-systemd): start the agent with ${VENV_DIR}/bin/edge-agent run --config /etc/edge-agent/agent.yaml"
 say "done. Check the config: ${VENV_DIR}/bin/edge-agent config check /etc/edge-agent/agent.yaml"

@@ -10,6 +10,10 @@ need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need_apt+=(nats-server)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+# The emulated Raspberry Pi (scripts/emulated-device.sh, tests/test_emulated_pi.py): qemu-user, binfmt, debootstrap.
+command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
+command -v update-binfmts >/dev/null 2>&1 || [ -x /usr/sbin/update-binfmts ] || need_apt+=(binfmt-support)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need_apt+=(debootstrap)
 [ -x "$VENV/bin/python" ] || python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[test.sh] installing system packages: ${need_apt[*]}"

@@ -24,18 +24,40 @@ class _Progress:
         elif event == "case":
             self._case(f)
         elif event == "model":
-            click.echo(f"conformance: models [{f['index']}/{f['total']}] {f['model']}", err=True)
+            eta = f", about {_duration(f['eta_s'])} left" if f.get("eta_s") is not None else ""
+            took = f" ({_duration(f['elapsed_s'])} so far{eta})" if f.get("elapsed_s") else ""
+            click.echo(f"conformance: models [{f['index']}/{f['total']}] {f['model']}{took}", err=True)
         elif event == "row" and f.get("status") != "running":
             prec = f" ({f['precision']})" if f.get("precision") else ""
             click.echo(f"  {f.get('provider')}{prec}: {f.get('status')}", err=True)
 
     def _case(self, f) -> None:
         i, n = f["index"], f["total"]
-        line = f"  {f['provider']}: {i}/{n} {f['case']} {f['status']}"
+        if i == 1 or f["provider"] != getattr(self, "_variant", None):
+            self._variant, self._v0 = f["provider"], time.monotonic()
+        spent = time.monotonic() - self._v0
+        eta = f" ~{_duration(spent / i * (n - i))} left" if i < n else f" in {_duration(spent)}"
+        line = f"  {f['provider']}: {i}/{n} {f['case']} {f['status']}{eta}"
         if self.tty:
             click.echo("\r" + line[:110].ljust(110), err=True, nl=(i == n))
         elif i == n or i % max(n // 10, 1) == 0:
             click.echo(line, err=True)
+
+
+def _duration(s: float) -> str:
+    s = max(0, int(round(s)))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C: the suites' finally blocks close their workers (a busy one is killed), and a
+    worker whose parent dies anyway is killed by the kernel (agent.qualify.worker: PR_SET_PDEATHSIG)."""
+    import signal
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
 
 
 @click.command("conformance")
@@ -82,19 +104,71 @@ class _Progress:
     show_default=True,
     help="Deadline per node case; a hang errors the case and the run continues.",
 )
+@click.option(
+    "--model-budget",
+    type=click.FloatRange(5, 3600),
+    default=90.0,
+    show_default=True,
+    help="Wall-clock seconds per model, all providers together (models suite); rows past it are skipped.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="Reuse reference outputs and compiled blobs across runs (models suite). Default: OUT/.cache.",
+)
+@click.option(
+    "--with-report",
+    "with_reports",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="REPORT_JSON",
+    help="Add another device's report.json (e.g. from an Arm board) as columns, and list the cases that differ.",
+)
+@click.option(
+    "--from-report",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="REPORT_JSON",
+    help="Run nothing: write this report again to --out (with any --with-report columns added).",
+)
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the provider counts as JSON.")
-def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_timeout, target_name, as_json):
+def conformance(
+    suite,
+    providers,
+    out_dir,
+    patterns,
+    models_dir,
+    budget,
+    case_timeout,
+    model_budget,
+    cache_dir,
+    with_reports,
+    from_report,
+    target_name,
+    as_json,
+):
     """Run the ONNX node suite (onnx's own test cases and tolerances) and/or the models suite (onnx's
     light_* models, generated samples, your packages) on every provider, each case isolated in a child
     process. Writes OUT/report.json, OUT/junit.xml and OUT/report.html."""
     from pathlib import Path
 
-    from agent.conformance.report import write_all
+    from agent.conformance.compare import load_report
+    from agent.conformance.report import from_dict
     from agent.conformance.runner import run_conformance
+    from agent.errors import EdgeAgentError
     from agent.targets import detect_device as detect
     from agent.targets import resolve
 
+    try:
+        others = [(p, load_report(Path(p))) for p in with_reports]
+        base = load_report(Path(from_report)) if from_report else None
+    except EdgeAgentError as exc:
+        raise click.UsageError(str(exc)) from exc
+    _stop_on_sigterm()
+    if base is not None:
+        report = from_dict(base)
+        _emit(report, others, Path(out_dir), as_json)
+        return
     profile = detect("/")
     target = resolve(profile, target_name)
     report = run_conformance(
@@ -107,8 +181,19 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
         budget_s=budget,
         case_timeout=case_timeout,
         progress=_Progress(),
+        model_budget_s=model_budget,
+        cache_dir=Path(cache_dir) if cache_dir else Path(out_dir) / ".cache",
     )
-    paths = write_all(report, Path(out_dir))
+    _emit(report, others, Path(out_dir), as_json)
+
+
+def _emit(report, others, out_dir, as_json) -> None:
+    from agent.conformance.compare import include
+    from agent.conformance.report import write_all
+
+    for path, doc in others:
+        include(report, doc, source=str(path))
+    paths = write_all(report, out_dir)
     counts = report.counts()
     if as_json:
         ran = sorted({c["suite"] for c in report.cases})
@@ -118,6 +203,8 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
                     "providers": counts,
                     "suites": {s: report.counts(s) for s in ran},
                     "precision_differences": report.precision_differences(),
+                    "platform_differences": report.platform_differences(),
+                    "emulated": report.meta.get("emulated"),
                     "files": {k: str(v) for k, v in paths.items()},
                 },
                 indent=2,
@@ -135,8 +222,17 @@ def conformance(suite, providers, out_dir, patterns, models_dir, budget, case_ti
             f"{d['variant_precision']} passes {d['passed_variant']}/{d['cases']} "
             f"({d['fail_only_at_default']} fail only at {d['default_precision']})"
         )
+    for key, by_status in report.explanations().items():
+        for status, causes in by_status.items():
+            parts = "; ".join(f"{n} {cause}" for cause, n in list(causes.items())[:4])
+            more = f"; {sum(list(causes.values())[4:])} other" if len(causes) > 4 else ""
+            click.echo(f"{key} {status} {sum(causes.values())}: {parts}{more}")
+    for key, d in report.platform_differences().items():
+        click.echo(f"{key}: {d['same']} of {d['cases']} node cases as on this host's {d['here']}, {d['differ']} differ")
     for name, why in report.meta.get("unavailable_providers", {}).items():
         click.echo(f"not run: {name}: {why}")
+    if report.meta.get("emulated"):
+        click.echo(f"emulated ({report.meta['emulated']}): statuses are real, case times are not")
     click.echo(f"wrote {paths['json']}, {paths['junit']}, {paths['html']}")
 
 

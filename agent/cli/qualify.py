@@ -155,6 +155,8 @@ def render(doc: dict) -> str:
     table = [head] + [_row_cells(r) for r in doc["results"]]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    if doc.get("emulated"):
+        lines.append(f"latency measured under emulation ({doc['emulated']}): labelled emulated, not used to select")
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])

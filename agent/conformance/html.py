@@ -15,6 +15,14 @@ th{background:#f4f4f4}.num{text-align:right;font-variant-numeric:tabular-nums}
 .passed{color:#1a7f37}.failed{color:#cf222e}.errored{color:#9a6700}.skipped{color:#777}
 .note{color:#555;font-size:13px}svg text{font:11px system-ui,sans-serif}
 details{margin:6px 0}code{background:#f4f4f4;padding:0 3px}
+.mx{max-height:80vh;overflow:auto;border:1px solid #ddd;display:inline-block}
+table.matrix{margin:0;font-size:13px}table.matrix th,table.matrix td{padding:2px 8px}
+table.matrix thead th{position:sticky;top:0;z-index:1;background:#f4f4f4;text-align:center;vertical-align:bottom}
+table.matrix th.op{position:sticky;left:0;background:#fafafa;font-weight:normal;font-family:ui-monospace,monospace}
+table.matrix thead th.op{z-index:2}.where{color:#0969da;font-weight:normal}.sub{color:#555;font-weight:normal;font-size:12px}
+td.m{text-align:center;font-variant-numeric:tabular-nums;min-width:64px}
+td.all{background:#dafbe1;color:#116329}td.zero{background:#ffebe9;color:#a40e26;font-weight:600}
+td.some{background:#fff8c5;color:#7a4d00;font-weight:600}td.none{background:#f6f8fa;color:#8c959f}
 """
 COLORS = {"passed": "#2da44e", "failed": "#cf222e", "errored": "#d4a72c", "skipped": "#bbb"}
 PALETTE = ["#0969da", "#8250df", "#bf3989", "#1a7f37", "#bc4c00", "#57606a", "#0a3069", "#953800"]
@@ -28,6 +36,7 @@ def render_html(doc: dict[str, Any]) -> str:
         _summary(doc),
         _precision(doc),
         _matrix(doc),
+        _platforms(doc),
         _latency(doc),
         _drift(doc),
         _failures(doc),
@@ -52,7 +61,10 @@ def _summary(doc: dict[str, Any]) -> str:
     for key, c in (doc.get("providers") or {}).items():
         info = (doc.get("variants") or {}).get(key, {})
         bar = _stacked_bar(c)
-        note = "" if info.get("available", True) else f"unavailable: {escape(str(info.get('reason')))}"
+        note = "" if info.get("available", True) else f"unavailable: {escape(str(info.get('reason')))}<br>"
+        for status, causes in ((doc.get("explanations") or {}).get(key) or {}).items():
+            items = ", ".join(f"{n} {escape(cause)}" for cause, n in causes.items())
+            note += f"<span class='{status}'>{status}</span>: {items}<br>"
         cells = "".join(f"<td class='num {s}'>{c[s]}</td>" for s in ("passed", "failed", "errored", "skipped"))
         rows.append(
             f"<tr><td><b>{escape(key)}</b></td><td>{escape(str(info.get('precision') or '-'))}</td>{cells}"
@@ -60,7 +72,9 @@ def _summary(doc: dict[str, Any]) -> str:
         )
     return (
         "<h2>Summary by provider</h2><table><tr><th>provider</th><th>precision</th><th>passed</th><th>failed</th>"
-        "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th></th></tr>" + "".join(rows) + "</table>"
+        "<th>errored</th><th>skipped</th><th>total</th><th>share</th><th>why not passed</th></tr>"
+        + "".join(rows)
+        + "</table>"
         "<p class='note'>failed = ran but outputs differ beyond tolerance; errored = could not run (session refused, "
         "unsupported op, crash, timeout); skipped = provider unavailable or feature missing.</p>"
     )
@@ -100,49 +114,96 @@ def _precision(doc: dict[str, Any]) -> str:
 
 
 def _matrix(doc: dict[str, Any]) -> str:
+    """Operators x provider columns as an HTML table: every cell shows passed/run as text (13 px, no hovering)."""
     node = [c for c in doc.get("cases", []) if c["suite"] == "onnx-node"]
     if not node:
         return ""
     keys = list((doc.get("suites") or {}).get("onnx-node", {}))
+    variants = doc.get("variants") or {}
     cells: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for c in node:
+        cell = cells[c["op"]][c["provider"]]
         if c["status"] != "skipped":
-            cell = cells[c["op"]][c["provider"]]
             cell[0] += c["status"] == "passed"
             cell[1] += 1
     ops = sorted(cells)
-    cw, rh, left, top = 90, 13, 190, 40
-    svg = [f"<svg width='{left + cw * len(keys) + 10}' height='{top + rh * len(ops) + 10}' role='img'>"]
-    for j, k in enumerate(keys):
-        svg.append(f"<text x='{left + j * cw + 4}' y='{top - 8}'>{escape(k)}</text>")
-    for i, op in enumerate(ops):
-        y = top + i * rh
-        svg.append(f"<text x='{left - 6}' y='{y + 10}' text-anchor='end'>{escape(op)}</text>")
-        for j, k in enumerate(keys):
+    head = "".join(f"<th class='col'>{_column_label(k, variants.get(k) or {})}</th>" for k in keys)
+    body = []
+    for op in ops:
+        tds = []
+        for k in keys:
             ok, n = cells[op].get(k, [0, 0])
-            fill = "#eee" if n == 0 else _ratio_color(ok / n)
-            svg.append(
-                f"<rect x='{left + j * cw}' y='{y}' width='{cw - 2}' height='{rh - 1}' fill='{fill}'>"
-                f"<title>{escape(op)} on {escape(k)}: {ok}/{n} passed</title></rect>"
-            )
-            if n:
-                svg.append(
-                    f"<text x='{left + j * cw + cw / 2 - 1}' y='{y + 10}' text-anchor='middle' "
-                    f"font-size='9' fill='#fff'>{ok}/{n}</text>"
-                )
-    svg.append("</svg>")
+            cls = "none" if n == 0 else _ratio_class(ok / n)
+            text = f"{ok}/{n}" if n else "&ndash;"
+            tds.append(f"<td class='m {cls}' title='{escape(op)} on {escape(k)}: {ok} of {n} passed'>{text}</td>")
+        body.append(f"<tr><th class='op'>{escape(op)}</th>{''.join(tds)}</tr>")
     return (
-        f"<h2>Pass matrix by operator and provider ({len(ops)} operators)</h2><p class='note'>green = every case of "
-        "the operator passed, red = none, amber in between, grey = not run. Hover for counts.</p>" + "".join(svg)
+        f"<h2>Pass matrix by operator and provider ({len(ops)} operators)</h2><p class='note'>each cell: node cases "
+        "passed / run for the operator; green = all passed, red = none, amber = some, &ndash; = not run "
+        "(provider unavailable). Columns marked @ come from another device's report.</p>"
+        f"<div class='mx'><table class='matrix'><thead><tr><th class='op'>operator</th>{head}</tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
 
-def _ratio_color(r: float) -> str:
+def _column_label(key: str, info: dict[str, Any]) -> str:
+    base, _, where = key.partition("@")
+    prec = info.get("precision")
+    sub = escape(str(prec)) if prec else ""
+    if where:
+        arch = info.get("arch") or ""
+        emu = " emulated" if info.get("emulated") else ""
+        sub = " &middot; ".join(x for x in (sub, f"{escape(str(arch))}{emu}".strip()) if x)
+        return f"{escape(base)}<br><span class='where'>@{escape(where)}</span><br><span class='sub'>{sub}</span>"
+    return f"{escape(base)}<br><span class='sub'>{sub}</span>"
+
+
+def _ratio_class(r: float) -> str:
     if r >= 1.0:
-        return COLORS["passed"]
+        return "all"
     if r <= 0.0:
-        return COLORS["failed"]
-    return "#e3b341" if r >= 0.5 else "#f08c3a"
+        return "zero"
+    return "some"
+
+
+def _platforms(doc: dict[str, Any]) -> str:
+    """What differs on another device (e.g. an Arm board) from this host, case by case."""
+    diffs = doc.get("platform_differences") or {}
+    included = doc.get("included") or []
+    if not included:
+        return ""
+    out = ["<h2>Other devices in this report</h2><ul>"]
+    for inc in included:
+        hw = inc.get("hardware") or {}
+        emu = (
+            f" &middot; <b>emulated</b> ({escape(str(inc['emulated']))}): statuses are real, times are not"
+            if inc.get("emulated")
+            else ""
+        )
+        vers = ", ".join(f"{escape(str(k))} {escape(str(v))}" for k, v in sorted((inc.get("versions") or {}).items()))
+        out.append(
+            f"<li><b>@{escape(str(inc['label']))}</b>: {escape(str(hw.get('arch')))} &middot; {escape(str(hw.get('cpu')))}"
+            f" &middot; {escape(str(hw.get('board') or ''))}{emu}<br><span class='note'>{vers}; "
+            f"{escape(str(inc.get('created_iso') or ''))}</span></li>"
+        )
+    out.append("</ul>")
+    for d in diffs.values():
+        flips = ", ".join(f"{escape(k)}: {v}" for k, v in d["flips"].items()) or "none"
+        out.append(
+            f"<h3>{escape(d['there'])} against {escape(d['here'])} on this host</h3><p>{d['cases']} node cases in both: "
+            f"<b>{d['same']}</b> the same, <b>{d['differ']}</b> differ ({flips}).</p>"
+        )
+        if d["examples"]:
+            rows = "".join(
+                f"<tr><td>{escape(e['case'])}</td><td>{escape(str(e['op']))}</td><td class='{e['here']}'>{e['here']}</td>"
+                f"<td class='{e['there']}'>{e['there']}</td><td class='note'>{escape(e['reason_there'] or e['reason_here'])}</td></tr>"
+                for e in d["examples"]
+            )
+            out.append(
+                f"<details open><summary>the {len(d['examples'])} cases that differ</summary><table><tr><th>case</th>"
+                f"<th>op</th><th>here</th><th>@{escape(d['label'])}</th><th>reason</th></tr>{rows}</table></details>"
+            )
+    return "".join(out)
 
 
 def _log_x(v: float, lo: float, hi: float, width: float) -> float:

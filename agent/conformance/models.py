@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import numpy as np
 from agent.errors import ModelError
 
 _STATUS = {"passed": "passed", "failed": "failed", "error": "errored", "unavailable": "skipped"}
+MODEL_BUDGET_S = 90.0  # wall time per model, all its rows together; rows that would start later are skipped
 
 
 def light_dir() -> Path:
@@ -76,20 +78,29 @@ def run_models(
     providers: list[str] | None,
     *,
     budget_s: float = 2.0,
+    model_budget_s: float = MODEL_BUDGET_S,
     progress: Callable[..., None] | None = None,
     cache_dir: Path | None = None,
     workdir: Path | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(cases, model records) for the report: one case per (model, provider row)."""
+    """(cases, model records) for the report: one case per (model, provider row).
+
+    One model at a time: its archive is extracted, qualified within model_budget_s (rows in flight are cut
+    there, later rows are skipped with the reason), then its extraction is removed. With a cache_dir the
+    reference outputs and compiled blobs of a model are reused by the next run."""
     from agent.qualify.harness import qualify
     from agent.qualify.package import load_package
 
     cases, records = [], []
+    t0 = time.monotonic()
     for i, path in enumerate(packages):
         if progress is not None:
-            progress("model", index=i + 1, total=len(packages), model=path.name)
+            elapsed = time.monotonic() - t0
+            eta = elapsed / i * (len(packages) - i) if i else None
+            progress("model", index=i + 1, total=len(packages), model=path.name, elapsed_s=elapsed, eta_s=eta)
+        extract = (workdir / f"{i}") if workdir else None
         try:
-            pkg = load_package(path, extract_to=(workdir / f"{i}") if workdir else None)
+            pkg = load_package(path, extract_to=extract)
             decision = qualify(
                 pkg,
                 profile,
@@ -99,6 +110,7 @@ def run_models(
                 cache_dir=cache_dir,
                 all_precisions=True,
                 progress=progress,
+                deadline_s=model_budget_s,
             )
         except ModelError as exc:
             cases.append(
@@ -113,6 +125,9 @@ def run_models(
                 }
             )
             continue
+        finally:
+            if extract is not None:
+                shutil.rmtree(extract, ignore_errors=True)
         doc = decision.to_dict()
         records.append(_record(path.name, doc))
         cases.extend(_cases(path.name, doc))
@@ -129,7 +144,7 @@ def _cases(model: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "op": None,
                 "provider": r["key"],
                 "precision": r.get("precision"),
-                "status": _STATUS.get(r["status"], "errored"),
+                "status": "skipped" if r.get("stage") == "budget" else _STATUS.get(r["status"], "errored"),
                 "reason": r.get("reason", ""),
                 "time_s": r.get("wall_s") or 0.0,
             }

@@ -36,11 +36,13 @@ class Report:
         out = {}
         for key, info in self.variants.items():
             base = info["provider"]
-            if key == base or base not in self.variants:
+            if key == base or base not in self.variants or info.get("from"):
                 continue
             a = {c["case"]: c["status"] for c in self.cases if c["provider"] == base and c["suite"] == "onnx-node"}
             b = {c["case"]: c["status"] for c in self.cases if c["provider"] == key and c["suite"] == "onnx-node"}
             common = sorted(set(a) & set(b))
+            if not common:  # e.g. a models-only run: no node cases to compare
+                continue
             worse = [n for n in common if b[n] == "passed" and a[n] != "passed"]
             better = [n for n in common if a[n] == "passed" and b[n] != "passed"]
             out[base] = {
@@ -58,6 +60,18 @@ class Report:
             }
         return out
 
+    def explanations(self) -> dict[str, dict[str, dict[str, int]]]:
+        """Every provider's failed/errored/skipped count broken down by cause (agent.conformance.causes)."""
+        from agent.conformance.causes import explain
+
+        return explain(self.cases)
+
+    def platform_differences(self) -> dict[str, dict[str, Any]]:
+        """Node cases whose status differs between this host and an included report (agent.conformance.compare)."""
+        from agent.conformance.compare import differences
+
+        return differences(self)
+
     def to_dict(self) -> dict[str, Any]:
         suites = sorted({c["suite"] for c in self.cases})
         return {
@@ -67,9 +81,26 @@ class Report:
             "suites": {s: self.counts(s) for s in suites},
             "variants": self.variants,
             "precision_differences": self.precision_differences(),
+            "platform_differences": self.platform_differences(),
+            "explanations": self.explanations(),
             "models": self.models,
             "cases": self.cases,
         }
+
+
+_DERIVED = ("suite", "providers", "suites", "variants", "precision_differences", "platform_differences", "explanations")
+
+
+def from_dict(doc: dict[str, Any]) -> Report:
+    """A Report again from its report.json (agent.conformance.compare.load_report checks the shape)."""
+    meta = {k: v for k, v in doc.items() if k not in (*_DERIVED, "cases", "models")}
+    return Report(
+        suite=str(doc.get("suite") or "all"),
+        cases=list(doc["cases"]),
+        models=list(doc.get("models") or []),
+        variants=dict(doc["variants"]),
+        meta=meta,
+    )
 
 
 def write_json(report: Report, path: Path) -> None:

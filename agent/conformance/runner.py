@@ -76,6 +76,8 @@ def run_conformance(
     case_timeout: float = node.CASE_TIMEOUT_S,
     light: list[str] | None = None,
     progress: Callable[..., None] | None = None,
+    model_budget_s: float = models_suite.MODEL_BUDGET_S,
+    cache_dir: Path | None = None,
 ) -> Report:
     """Run the chosen suite(s); the report lists every case. Raises only for bad arguments."""
     if suite not in SUITES:
@@ -88,7 +90,8 @@ def run_conformance(
     if suite in ("onnx-node", "all"):
         _node_suite(report, variants, patterns, case_timeout, progress)
     if suite in ("models", "all"):
-        _models_suite(report, variants, profile, target, models_dir, budget_s, light, progress)
+        budgets = (budget_s, model_budget_s)
+        _models_suite(report, variants, profile, target, models_dir, budgets, light, progress, cache_dir)
     report.meta["finished"] = time.time()
     return report
 
@@ -106,6 +109,7 @@ def _context(profile: Any, target: Any) -> tuple[Any, Any]:
 
 
 def _meta(profile: Any, target: Any, left_out: dict[str, str]) -> dict[str, Any]:
+    from agent.hardware.emulation import detect_emulation
     from agent.qualify.caches import runtime_versions
 
     now = time.time()
@@ -120,6 +124,7 @@ def _meta(profile: Any, target: Any, left_out: dict[str, str]) -> dict[str, Any]
             "board": profile.board.model if profile.board else None,
         },
         "unavailable_providers": left_out,
+        "emulated": detect_emulation(),
         "node_rtol": 1e-3,
         "node_atol": 1e-7,
     }
@@ -145,7 +150,7 @@ def _node_suite(report: Report, variants: list[Variant], patterns, case_timeout,
         report.cases += [r.to_dict() for r in results]
 
 
-def _models_suite(report, variants, profile, target, models_dir, budget_s, light, progress) -> None:
+def _models_suite(report, variants, profile, target, models_dir, budgets, light, progress, cache_dir) -> None:
     with tempfile.TemporaryDirectory(prefix="edge-agent-models-") as tmp:
         work = Path(tmp)
         packages = models_suite.light_packages(work / "light", light) + models_suite.sample_packages(work / "samples")
@@ -155,7 +160,15 @@ def _models_suite(report, variants, profile, target, models_dir, budget_s, light
         if progress:
             progress("suite", suite="models", stage=f"{len(packages)} models on {', '.join(names)}")
         cases, records = models_suite.run_models(
-            packages, profile, target, names, budget_s=budget_s, progress=progress, workdir=work / "extracted"
+            packages,
+            profile,
+            target,
+            names,
+            budget_s=budgets[0],
+            model_budget_s=budgets[1],
+            progress=progress,
+            workdir=work / "extracted",
+            cache_dir=cache_dir,
         )
     report.cases += cases
     report.models += records

@@ -24,6 +24,15 @@ _OV_KEYS = {"performance_hint", "num_streams", "inference_num_threads", "enable_
 _PRECISIONS = {"f32": "f32", "fp32": "f32", "bf16": "bf16", "f16": "f16", "fp16": "f16"}
 
 
+def bundled() -> bool:
+    """True for the onnxruntime-openvino build (the EP compiled in). Not "EP in get_available_providers()":
+    once the plugin is registered and enumerates a device, ORT lists its name there too, and treating the
+    plugin as the bundled build sends the session down the providers=[...] path, where the plugin is not
+    bound, every node lands on CPU and the disabled fallback refuses the session (every case after a worker's
+    first errored that way on Intel hosts)."""
+    return bool(dist_version("onnxruntime-openvino")) and EP in _ort.available_providers()
+
+
 class OrtOpenVINOProvider(OrtEpProvider):
     name = "ort-openvino"
     ep_name = EP
@@ -50,7 +59,7 @@ class OrtOpenVINOProvider(OrtEpProvider):
         return "pip install onnxruntime-ep-openvino (plugin for onnxruntime >= 1.23), or use the native `openvino` provider"
 
     def runtime_devices(self, profile: "HardwareProfile") -> tuple[list[Any] | None, str | None]:
-        if EP in _ort.available_providers():  # bundled onnxruntime-openvino build
+        if bundled():
             return None, None
         devs, err = _ort.register_plugin(PLUGIN, EP)
         if err:
@@ -71,7 +80,7 @@ class OrtOpenVINOProvider(OrtEpProvider):
         )
 
     def available_reason(self, profile: "HardwareProfile") -> str:
-        if EP in _ort.available_providers():
+        if bundled():
             return f"bundled onnxruntime-openvino build {self._versions().get('onnxruntime', '?')} (FP32 on CPU)"
         return f"onnxruntime-ep-openvino {dist_version('onnxruntime-ep-openvino') or '?'} plugin"
 

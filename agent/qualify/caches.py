@@ -85,3 +85,61 @@ def _dist_version(dists: tuple[str, ...]) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+MAX_REFERENCE_BYTES = 1 << 30  # a cached reference bigger than this is recomputed, not loaded
+
+
+def _reference_path(root: str | Path, model_sha256: str, feeds: dict[str, Any]) -> Path:
+    """root/<model-sha>/reference-<digest of the feeds and the ORT version>.npz"""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for name in sorted(feeds):
+        arr = np.ascontiguousarray(feeds[name])
+        h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode())
+        h.update(arr.tobytes())
+    h.update(str(_dist_version(_DISTS["onnxruntime"])).encode())
+    if not re.fullmatch(r"[0-9a-f]{16,64}", model_sha256 or ""):
+        raise ValueError(f"model_sha256 must be lower-case hex, got {model_sha256!r}")
+    return Path(root) / model_sha256 / f"reference-{h.hexdigest()[:24]}.npz"
+
+
+def load_reference(root: str | Path, model_sha256: str, feeds: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """Reference outputs saved by save_reference for the same model, feeds and ORT version, else None."""
+    import numpy as np
+
+    path = _reference_path(root, model_sha256, feeds)
+    try:
+        if path.stat().st_size > MAX_REFERENCE_BYTES:
+            return None
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["__meta__"]).decode())
+            return {n: z[f"o{i}"] for i, n in enumerate(meta["names"])}, str(meta["source"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def save_reference(
+    root: str | Path, model_sha256: str, feeds: dict[str, Any], outputs: dict[str, Any], source: str
+) -> None:
+    """Keep reference outputs for reuse (plain numpy dtypes only; anything else is simply not cached)."""
+    import io
+
+    import numpy as np
+
+    from agent.util.atomic import atomic_write_bytes
+
+    arrays = {f"o{i}": np.asarray(v) for i, v in enumerate(outputs.values())}
+    if any(a.dtype.kind not in "biufc?" or a.dtype.names for a in arrays.values()):
+        return
+    if sum(a.nbytes for a in arrays.values()) > MAX_REFERENCE_BYTES:
+        return
+    meta = json.dumps({"names": list(outputs), "source": source}).encode()
+    buf = io.BytesIO()
+    payload: dict[str, Any] = {"__meta__": np.frombuffer(meta, dtype=np.uint8), **arrays}
+    np.savez(buf, **payload)
+    try:
+        atomic_write_bytes(_reference_path(root, model_sha256, feeds), buf.getvalue())
+    except OSError:
+        pass

@@ -44,6 +44,7 @@ class Row:
     model_sha256: str | None = None
     model_precision: str | None = None  # the graph's own precision (fp32, fp16, bf16, int8)
     original: dict[str, Any] | None = None  # against the fp32 original: file, p50_ms, speedup
+    emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
 
     @property
     def key(self) -> str:
@@ -83,6 +84,7 @@ class Decision:
     selected_variant: str | None = None
     assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # the daemon refuses these
     memory_max: int | None = None
+    emulated: str | None = None
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -118,6 +120,7 @@ class Decision:
             "timestamp": self.timestamp,
             "assumed_shapes": self.assumed_shapes,
             "memory_max": self.memory_max,
+            "emulated": self.emulated,
         }
 
     @classmethod

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
+from agent.hardware.emulation import detect_emulation
 from agent.qualify import caches, latency, select
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
@@ -37,6 +38,7 @@ def qualify(
     row_timeout_s: float = ROW_TIMEOUT_S,
     all_precisions: bool = False,
     memory_max: int | None = None,
+    deadline_s: float | None = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
@@ -44,19 +46,24 @@ def qualify(
     accuracy, or always with all_precisions=True (the conformance report). When the two fastest passing
     rows are within CLOSE_CALL of each other, both are measured again in reverse order and their samples
     merged, so load drift during the first pass cannot decide alone. `memory_max` (bytes): what one model
-    may use; each row's worker is killed over it and a row whose peak exceeds it fails."""
+    may use; each row's worker is killed over it and a row whose peak exceeds it fails.
+
+    deadline_s bounds the whole qualification (the conformance models suite gives each model a budget): a
+    row that would start after it is an error at stage "budget"; rows in flight are cut at it; there is no
+    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
     for v in found:
         io.check_servable(v.model_path)  # outputs OIP cannot carry: refused with the remedy, never served wrong
     names = candidates(target, providers, pkg)
+    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
     rows: list[Row] = []
     reruns: dict[str, Callable[[], Row]] = {}
     refs: list[str] = []
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
-        run.memory_max = memory_max
+        run.memory_max, run.deadline = memory_max, deadline
         if not refs:
             run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
@@ -88,6 +95,7 @@ def qualify(
         selected_variant=winner.variant if winner else None,
         assumed_shapes=run.plan.assumed,
         memory_max=memory_max,
+        emulated=run.emulated,
     )
 
 
@@ -115,10 +123,20 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
 
 
 def _reference(
-    model_path, feeds, golden, isolate: bool, timeout: float, memory_max: int | None = None
+    model_path,
+    sha256: str,
+    feeds,
+    golden,
+    isolate: bool,
+    timeout: float,
+    memory_max: int | None = None,
+    cache_root=None,
 ) -> tuple[dict | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
+    cached = caches.load_reference(cache_root, sha256, feeds) if cache_root else None
+    if cached is not None:
+        return cached[0], f"{cached[1]} (reused)", ""
     res = run_isolated(
         "agent.qualify.rowtask:reference_outputs",
         {"model_path": str(model_path), "feeds": feeds},
@@ -128,6 +146,8 @@ def _reference(
         memory_max=memory_max,
     )
     if res.ok:
+        if cache_root:
+            caches.save_reference(cache_root, sha256, feeds, res.value[0], res.value[1])
         return res.value[0], res.value[1], ""
     return None, "none", f"no reference outputs: {res.error}"
 
@@ -162,7 +182,9 @@ class _Run:
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
         self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
+        self.deadline: float | None = None
         self.versions = caches.runtime_versions(profile)
+        self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[[], Row]] = {}
         self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
         self.original: dict[str, Any] | None = None
@@ -182,7 +204,14 @@ class _Run:
             self.max_feeds = var.adapt_feeds(top, v.declared) if top is not None else None
         if v.reference is None:
             self.reference, self.ref_desc, self.ref_error = _reference(
-                v.model_path, self.feeds, self.golden, self.isolate, self.timeout, self.memory_max
+                v.model_path,
+                v.sha256,
+                self.feeds,
+                self.golden,
+                self.isolate,
+                self.timeout,
+                self.memory_max,
+                self.cache_root,
             )
             return
         raw_sets = orig.input_sets(self.pkg, raw)  # each model gets the same values in its own input types
@@ -278,6 +307,17 @@ class _Run:
         return row
 
     def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:
+        left = self.deadline - time.monotonic() if self.deadline is not None else None
+        if left is not None and left <= 0:
+            return Row(
+                provider=name,
+                status="error",
+                reason="the model's time budget was spent before this row (raise the budget)",
+                stage="budget",
+                requested_precision=precision,
+                requested_device=device,
+                options=options,
+            )
         if self.reference is None:
             return Row(
                 provider=name,
@@ -310,7 +350,7 @@ class _Run:
         res = run_isolated(
             "agent.qualify.rowtask:measure_row",
             kwargs,
-            timeout=self.timeout,
+            timeout=min(self.timeout, left) if left is not None else self.timeout,
             isolate=self.isolate,
             tag=(f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             progress=self.say,
@@ -328,6 +368,10 @@ class _Run:
             row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
         if isinstance(served0, int) and isinstance(served1, int):
             row.conditions["serving_rps"] = round(max(0, served1 - served0) / max(wall, 1e-6), 2)
+        if self.emulated:
+            row.emulated = self.emulated
+            if row.latency_ms:
+                row.latency_ms["emulated"] = True
         return row
 
     def confirm_close_call(self, rows: list[Row]) -> None:
@@ -336,7 +380,12 @@ class _Run:
             (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
             key=lambda r: r.latency_ms["p50"],
         )
-        if len(passing) < 2 or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL):
+        if (
+            self.emulated
+            or self.deadline is not None
+            or len(passing) < 2
+            or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL)
+        ):
             return
         for row in (passing[1], passing[0]):
             self.say("confirm", provider=row.provider, precision=row.precision)

@@ -141,7 +141,13 @@ def extract_archive(archive: Path, dest: Path, *, max_bytes: int = MAX_EXTRACT_B
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
             _check_members(members, max_bytes)
-            tar.extractall(dest, filter="data")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+            else:  # Python < 3.11.4 (Debian bookworm's 3.11.2, hence Raspberry Pi OS): checked above; plain modes
+                for m in members:
+                    m.mode &= 0o755
+                    m.uid, m.gid, m.uname, m.gname = os.getuid(), os.getgid(), "", ""
+                tar.extractall(dest, members=members)
     except (tarfile.TarError, EOFError, OSError, zlib_error()) as exc:
         raise ModelError(f"{archive}: cannot extract archive: {exc}") from exc
     entries = [p for p in dest.iterdir() if not p.name.startswith(".")]

@@ -3,6 +3,9 @@
 Noise rule: a passing row B is a near-tie of the fastest row A when B's p50 is within 5% of A's, or the
 two p50 bootstrap 95% confidence intervals overlap. Among A and its near-ties the provider that comes
 first in the target's preference order wins (then lower p50, then lower p99).
+
+Rows measured under an emulator (qemu-user) carry `emulated`: their latency says nothing about the real
+device, so it is never compared; the first passing row in the target's preference order is selected.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dic
     losers = {r.key: f"{r.status}: {r.reason}" for r in rows if r.status != "passed"}
     if not passing:
         return None, "no provider passed compatibility and accuracy", losers
+    emulated = next((r.emulated for r in passing if r.emulated), None)
+    if emulated:
+        return _by_preference(passing, rank, emulated, losers)
     fastest = passing[0]
     ties = [r for r in passing if r is fastest or is_near_tie(fastest, r)]
     winner = min(ties, key=lambda r: (rank(r), _p(r, "p50"), _p(r, "p99")))
@@ -44,6 +50,19 @@ def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dic
     for r in passing:
         if r is not winner:
             losers[r.key] = _why_lost(r, winner, r in ties, rank(r) > rank(winner))
+    return winner, why, losers
+
+
+def _by_preference(passing: list[Row], rank, emulated: str, losers: dict[str, str]):
+    """Selection without latency claims: the first passing row in preference order (then row order)."""
+    winner = min(passing, key=lambda r: (rank(r), passing.index(r)))
+    why = (
+        f"first passing provider in the target's preference order; latency measured under emulation "
+        f"({emulated}) is not compared"
+    )
+    for r in passing:
+        if r is not winner:
+            losers[r.key] = "passed, but later in the target's preference order (emulated latency is not compared)"
     return winner, why, losers
 
 

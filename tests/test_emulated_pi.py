@@ -1,0 +1,268 @@
+"""An emulated Raspberry Pi 4 and 5 (scripts/emulated-device.sh: Debian bookworm arm64 under qemu-user, the project
+installed by install.sh --no-systemd, a captured board's /proc and /sys): profile, providers, qualify, the daemon
+over MQTT from the host, and the node conformance suite beside this host's.
+
+The rootfs is built on first use (a few minutes; cached under /var/cache/edge-agent-emu). These tests skip only
+when this host cannot run arm64 binaries at all (not root, no binfmt_misc, no mount namespaces); a missing package
+is a failure, since scripts/test.sh installs qemu-user-static, binfmt-support and debootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_daemon_support import EXE, ROOT, infer, wait_for
+
+SCRIPT = ROOT / "scripts" / "emulated-device.sh"
+FIXTURES = ROOT / "tests" / "fixtures" / "sysroots"
+BOARDS = {"pi4": ("raspberry-pi-4", "rpi4-4gb"), "pi5": ("raspberry-pi-5", "rpi5-8gb")}
+NODE_SUBSET = ["test_conv*", "test_gemm*", "test_matmul*", "test_softmax*", "test_exp*", "test_cast_FLOAT*"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+
+def _host_problem() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"emulated devices need Linux (binfmt_misc); this is {sys.platform}"
+    r = subprocess.run(["bash", str(SCRIPT), "--check"], capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        return r.stderr.strip()
+    assert r.returncode == 0, f"emulated-device.sh --check failed (setup missing?): {r.stderr}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def boards():
+    """Both boards built (or found in the cache) and installed from this checkout; {board: seconds it took}."""
+    why = _host_problem()
+    if why:
+        pytest.skip(why)
+    took = {}
+    for board in BOARDS:
+        t0 = time.monotonic()
+        r = subprocess.run(
+            ["nice", "-n", "10", "bash", str(SCRIPT), board], capture_output=True, text=True, timeout=3000
+        )
+        assert r.returncode == 0, f"building the {board} rootfs failed:\n{r.stderr[-4000:]}"
+        took[board] = time.monotonic() - t0
+        print(f"emulated {board}: ready in {took[board]:.0f} s ({r.stdout.strip()})", file=sys.stderr)
+    return took
+
+
+def emu(board: str, *cmd: str, cwd: Path | None = None, timeout: float = 900, check: bool = True):
+    r = subprocess.run(
+        ["nice", "-n", "10", "bash", str(SCRIPT), board, *cmd],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+    )
+    if check:
+        assert r.returncode == 0, f"{board} {' '.join(cmd)} -> {r.returncode}\n{r.stderr[-4000:]}"
+    return r
+
+
+def _fixture(board: str, rel: str) -> str:
+    return (FIXTURES / BOARDS[board][1] / rel).read_bytes().decode(errors="replace")
+
+
+def _target_memory_max(name: str) -> str:
+    import yaml
+
+    return str(yaml.safe_load((ROOT / "targets" / f"{name}.yaml").read_text())["serving"]["memory_max"])
+
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_installed_like_a_pi_and_profiled_as_one(boards, board):
+    target = BOARDS[board][0]
+    assert emu(board, "uname", "-m").stdout.strip() == "aarch64"
+    r = emu(board, "sh", "-c", "command -v edge-agent; cat /etc/systemd/system/edge-agent.service.d/10-device.conf")
+    assert r.stdout.splitlines()[0] == "/opt/edge-agent/venv/bin/edge-agent"  # install.sh's venv, not this checkout
+    assert f"target {target}" in r.stdout and f"MemoryMax={_target_memory_max(target)}" in r.stdout
+    doc = json.loads(emu(board, "edge-agent", "profile", "--json").stdout)
+    cpuinfo, meminfo = _fixture(board, "proc/cpuinfo"), _fixture(board, "proc/meminfo")
+    mem_kb = next(int(ln.split()[1]) for ln in meminfo.splitlines() if ln.startswith("MemTotal:"))
+    assert doc["target"] == target and doc["arch"] == "aarch64"
+    assert doc["cpu"]["cores"] == sum(ln.startswith("processor") for ln in cpuinfo.splitlines())
+    assert doc["memory_bytes"] == mem_kb * 1024
+    assert doc["board"]["model"] == _fixture(board, "proc/device-tree/model").rstrip("\0")
+    throttled = next((FIXTURES / BOARDS[board][1] / "sys/devices/platform").rglob("get_throttled")).read_text().strip()
+    assert int(doc["throttling"]["raw"], 16) == int(throttled, 16)
+
+
+@pytest.mark.parametrize("board", sorted(BOARDS))
+def test_providers_find_cpu_and_openvino_and_explain_the_rest(boards, board):
+    rows = {p["name"]: p for p in json.loads(emu(board, "edge-agent", "providers", "--json").stdout)}
+    assert rows["cpu"]["available"] and rows["openvino"]["available"], rows
+    assert rows["openvino"]["devices"] == ["CPU"]
+    fp16 = "asimdhp" in _fixture(board, "proc/cpuinfo")  # Cortex-A76 (Pi 5) has it, A72 (Pi 4) does not
+    assert ("default precision f16" in rows["openvino"]["reason"]) == fp16
+    for name in ("acl", "xnnpack"):
+        p = rows[name]
+        assert not p["available"] and "not in this onnxruntime build" in p["reason"], p
+        assert "build onnxruntime from source" in p["remedy"], p
+    assert not rows["ort-openvino"]["available"] and "aarch64" in rows["ort-openvino"]["reason"]
+
+
+def _qualify(board: str, pkg: Path, tmp_path: Path) -> dict:
+    out = tmp_path / f"{board}-decision.json"
+    args = ["--provider", "cpu", "--provider", "openvino", "--budget", "0.3", "--save", str(out)]
+    r = emu(board, "edge-agent", "qualify", str(pkg), *args, cwd=tmp_path, check=False)
+    assert r.returncode in (0, 3), r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_qualify_on_pi4_measures_cpu_and_openvino_on_a_cnn_labelled_emulated(boards, tmp_path):
+    from agent.samples import sample_cnn_package
+
+    doc = _qualify("pi4", sample_cnn_package(tmp_path / "cnn"), tmp_path)
+    rows = {r["key"]: r for r in doc["results"]}
+    assert set(rows) == {"cpu", "openvino"}, rows.keys()
+    for r in rows.values():
+        assert r["status"] == "passed", r
+        assert r["emulated"] and r["latency_ms"]["emulated"] is True and r["latency_ms"]["runs"] > 0
+        assert r["coverage"] == 1.0
+    assert rows["openvino"]["precision"] == "f32"  # Cortex-A72 has no fp16 arithmetic
+    assert doc["emulated"].startswith("qemu-user:pi4")
+    assert "emulation" in doc["reason"] and "fastest" not in doc["reason"]  # no latency claim
+    assert doc["hardware"]["arch"] == "aarch64"
+
+
+def test_qualify_on_pi5_records_openvino_f16_and_requalifies_at_f32(boards, tmp_path):
+    """A package whose own tolerance f16 cannot meet: the f16 row fails accuracy, f32 is measured, both kept."""
+    from agent.samples import cnn_model, write_package
+
+    tight = {"tolerances": {"openvino:f16": {"max_rel": 1.0e-5}}}
+    pkg = write_package(tmp_path / "cnn-tight", cnn_model(), name="cnn-tight", extra_yaml=tight)
+    doc = _qualify("pi5", pkg, tmp_path)
+    rows = {r["key"]: r for r in doc["results"]}
+    assert set(rows) == {"cpu", "openvino", "openvino:f32"}, rows.keys()
+    f16, f32 = rows["openvino"], rows["openvino:f32"]
+    assert f16["precision"] == "f16" and f16["requested_precision"] is None  # the runtime's own default
+    assert f16["status"] == "failed" and f16["stage"] == "accuracy", f16
+    assert f16["accuracy"]["max_rel"] > f16["accuracy"]["tolerance"]["max_rel"]
+    assert f32["precision"] == "f32" and f32["status"] == "passed", f32
+    assert f32["accuracy"]["max_rel"] < f16["accuracy"]["max_rel"]
+    assert all(r["emulated"] for r in rows.values())
+
+
+def _push(tmp_path: Path, broker, keyfile: Path, version: str) -> dict:
+    from agent.samples import sample_tiny_package
+
+    pkg = sample_tiny_package(tmp_path / f"pkg-{version}", version=version)
+    cmd = EXE + ["fleet", "push", str(pkg), "--name", "tiny", "--version", version, "--device", "pi-1"]
+    cmd += ["--key", str(keyfile), "--store", str(tmp_path / "cp-store"), "--broker", broker.url]
+    cmd += ["--wait", "600", "--json"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=700)
+    assert out.stdout.strip(), out.stderr
+    return json.loads(out.stdout)
+
+
+def test_daemon_on_emulated_pi_pulls_from_host_mosquitto_serves_and_hot_swaps(boards, tmp_path, mosquitto):
+    import yaml
+
+    from agent.artifacts.keys import generate
+
+    keyfile, pubfile, _ = generate(tmp_path / "keys")
+    state = tmp_path / "dev" / "state"
+    cfg = tmp_path / "dev" / "agent.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "device_id": "pi-1",
+                "state_dir": str(state),
+                "target": "auto",
+                "mqtt": {"url": mosquitto.url},  # 127.0.0.1: the host's loopback, seen from the chroot
+                "trust": {"public_keys": [str(pubfile)]},
+                "serving": {"host": "127.0.0.1", "port": 0},
+                "telemetry": {"interval_s": 0},
+            }
+        )
+    )
+    (tmp_path / "cp-store").mkdir()
+    server = subprocess.Popen(
+        EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    log = tmp_path / "daemon.log"
+    env = {
+        **os.environ,
+        "EDGE_AGENT_PROBATION_S": "0.5",
+        "EDGE_AGENT_QUALIFY_PROVIDERS": "cpu",
+        "EDGE_AGENT_QUALIFY_BUDGET_S": "0.1",
+    }
+    with open(log, "ab") as f:
+        daemon = subprocess.Popen(
+            ["nice", "-n", "10", "bash", str(SCRIPT), "pi4", "edge-agent", "run", "--config", str(cfg)],
+            cwd=tmp_path,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+
+    def status():
+        try:
+            return json.loads((state / "status.json").read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    tail = lambda: log.read_text(errors="replace")[-4000:]  # noqa: E731
+    try:
+        doc = wait_for(lambda: (status() or {}).get("serving", {}).get("url") and status(), 600, "status", daemon)
+        url = doc["serving"]["url"]
+        assert doc["mode"] == "mqtt" and doc["target"] == "raspberry-pi-4", doc
+        res = _push(tmp_path, mosquitto, keyfile, "1")
+        assert res["ok"] and res["devices"]["pi-1"]["result"] == "committed", (res, tail())
+        assert infer(url) == ("1", [1.0] * 4)
+        res = _push(tmp_path, mosquitto, keyfile, "2")
+        assert res["devices"]["pi-1"]["result"] == "committed", (res, tail())
+        assert infer(url) == ("2", [2.0] * 4)  # hot-swapped on the same address
+        st = wait_for(lambda: (status() or {}).get("models", {}).get("tiny", {}).get("version") == "2" and status())
+        assert st["models"]["tiny"]["provider"] == "cpu"
+    finally:
+        if daemon.poll() is None:
+            daemon.terminate()
+        rc = daemon.wait(120)
+        server.terminate()
+        server.wait(30)
+    assert rc == 0, tail()
+
+
+def test_conformance_node_suite_on_arm_becomes_a_column_of_the_host_report(boards, tmp_path):
+    ks = [a for k in NODE_SUBSET for a in ("-k", k)]
+    arm = tmp_path / "arm"
+    emu("pi4", "edge-agent", "conformance", "--suite", "onnx-node", "--provider", "cpu", *ks, "--out", str(arm))
+    arm_doc = json.loads((arm / "report.json").read_text())
+    assert arm_doc["hardware"]["arch"] == "aarch64" and arm_doc["emulated"].startswith("qemu-user:pi4")
+    assert arm_doc["target"] == "raspberry-pi-4" and arm_doc["providers"]["cpu"]["total"] == arm_doc["node_cases"]
+
+    host = tmp_path / "host"
+    cmd = EXE + ["conformance", "--suite", "onnx-node", "--provider", "cpu", *ks, "--out", str(host)]
+    r = subprocess.run(
+        cmd + ["--with-report", str(arm / "report.json"), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads((host / "report.json").read_text())
+    col = "cpu@raspberry-pi-4-emulated"
+    assert doc["providers"][col]["total"] == arm_doc["providers"]["cpu"]["total"]
+    d = doc["platform_differences"][col]
+    here = {c["case"]: c["status"] for c in doc["cases"] if c["provider"] == "cpu"}
+    there = {c["case"]: c["status"] for c in arm_doc["cases"] if c["provider"] == "cpu"}
+    differ = sorted(n for n in here if n in there and here[n] != there[n])
+    assert d["cases"] == len(set(here) & set(there)) > 0
+    assert d["differ"] == len(differ) and [e["case"] for e in d["examples"]] == differ[: len(d["examples"])]
+    html = (host / "report.html").read_text()
+    assert "@raspberry-pi-4-emulated" in html and "aarch64 emulated" in html and "against cpu on this host" in html
