@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.conformance.report import Report
 from agent.errors import EdgeAgentError
+
+if TYPE_CHECKING:  # Report asks this module for its differences: annotations only here
+    from agent.conformance.report import Report
 
 MAX_REPORT_BYTES = 256 * 2**20  # a full node + models report is a few MB; refuse anything absurd before reading it
 
