@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
@@ -22,6 +22,15 @@ from agent.lifecycle.states import State
 from agent.lifecycle.status import build_status, hardware_summary, status_path
 from agent.lifecycle.steps import Qualifier, StepConfig, Steps
 from agent.util.atomic import atomic_write_json
+
+if TYPE_CHECKING:
+    from agent.artifacts.store import ContentStore
+    from agent.lifecycle.journal import Deployment
+    from agent.lifecycle.mqttmode import MqttSource
+    from agent.lifecycle.probe import ProviderProbe
+    from agent.serving.registry import ModelRegistry
+    from agent.serving.server import OIPServer
+    from agent.telemetry import Telemetry
 
 LOOP_S = 0.5
 EventSink = Callable[[dict[str, Any]], None]
@@ -56,8 +65,13 @@ class DeviceAgent:
         self.notifier = notifier
         self.use_lock = use_lock
         self.target = None
-        self.store = self.registry = self.steps = self.orchestrator = self.server = self.link = None
-        self.telemetry = None
+        self.store: ContentStore | None = None
+        self.registry: ModelRegistry | None = None
+        self.steps: Steps | None = None
+        self.orchestrator: Orchestrator | None = None
+        self.server: OIPServer | None = None
+        self.link: MqttSource | None = None
+        self.telemetry: Telemetry | None = None
         self._lock: control.StateLock | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -72,7 +86,7 @@ class DeviceAgent:
         self._available: list[str] = list(providers or [])
         self._providers_source = "given" if providers is not None else "pending"
         self.qualifier = qualifier
-        self._probe = None
+        self._probe: ProviderProbe | None = None
         self._closed = False  # after stop(): nothing more is written into state_dir by this agent
         self._unlocked = threading.Event()  # set once the state_dir lock is really released
 
@@ -86,6 +100,7 @@ class DeviceAgent:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
             self._build()
+            assert self.orchestrator is not None and self.registry is not None  # _build made them
             self._start_probe()
             self._emit(
                 {
@@ -216,6 +231,7 @@ class DeviceAgent:
                 f"({', '.join(t.name for t in left)}); state_dir stays locked until they end",
             }
         )
+        assert lock is not None  # threads are left behind only while the lock is held
 
         def release_when_done() -> None:
             for t in left:
@@ -289,17 +305,20 @@ class DeviceAgent:
             self.health_source = self.telemetry.collect
 
     def _start_mqtt(self) -> None:
+        assert self.link is not None  # _build made it: config.mqtt is set
         self.link.start()
 
     def _on_connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})
         if connected:
+            assert self.orchestrator is not None  # the link calls back only after _build
             self.orchestrator.source_up("manifest")
             self.write_status()
 
     def _on_rejected(self, record: dict[str, Any]) -> None:
         """A desired state refused before the lifecycle saw it: logged, reported as an event, in status."""
         self._emit({"event": "rejected", **record})
+        assert self.link is not None  # called by the link itself
         self.link.publish_event(
             {
                 "deployment_id": None,
@@ -330,6 +349,7 @@ class DeviceAgent:
         inbox = self.config.inbox
         if inbox is None or not Path(inbox).is_dir():  # local mode, or an inbox set explicitly beside mqtt
             return
+        assert self.orchestrator is not None and self.steps is not None  # the loop starts after _build
         with self.orchestrator.exclusive():
             claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
             self.steps.sources["inbox"].scan(
@@ -349,7 +369,9 @@ class DeviceAgent:
             ).start()
 
     def _serve_control(self, req_id: str, req: dict[str, Any] | None) -> None:
+        dep: Deployment | None
         try:
+            assert self.orchestrator is not None and self.registry is not None  # the loop starts after _build
             if not isinstance(req, dict) or req.get("op") not in control.OPS or not isinstance(req.get("model"), str):
                 result = {"ok": False, "error": "malformed control request"}
             elif control.expired(req):
@@ -398,6 +420,7 @@ class DeviceAgent:
         if self.health_source is not None:
             doc = dict(self.health_source())
         else:
+            assert self.registry is not None  # the loop starts after _build
             doc = {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
         if self.disk_full is not None:
             doc["disk_full"] = self.disk_full
@@ -405,6 +428,8 @@ class DeviceAgent:
 
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        if self.orchestrator is None or self.steps is None:
+            raise RuntimeError("DeviceAgent.status() before start(): no lifecycle yet")
         extra = {
             "mode": self.config.mode,
             "serving": {"url": self.url},
@@ -458,6 +483,7 @@ class DeviceAgent:
 
     def _probe_providers(self) -> None:
         """Background: which providers are usable here (for the status document), then republish status."""
+        assert self._probe is not None  # _start_probe sets it before starting this thread
         try:
             self._available, self._providers_source = self._probe.run(), "probed"
         except EdgeAgentError as exc:
@@ -512,7 +538,9 @@ class DeviceAgent:
             return
         if "progress" in record:
             return
-        self._retrying.pop(record.get("model"), None)
+        model = record.get("model")
+        if model is not None:
+            self._retrying.pop(model, None)
         if self.link is not None:
             self.link.publish_event(record)
         self.write_status()

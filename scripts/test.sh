@@ -34,6 +34,8 @@ export PATH="$VENV/bin:/usr/sbin:/usr/local/sbin:$PATH"
 echo "[test.sh] ruff check + ruff format --check"
 "$VENV/bin/ruff" check --quiet .
 "$VENV/bin/ruff" format --check --quiet .
+echo "[test.sh] mypy"
+"$VENV/bin/mypy"
 echo "[test.sh] running pytest"
 set +e
 # Parallel by default (pytest-xdist, one worker per core, at least 2); pass -n 0 to run serially.

@@ -34,7 +34,7 @@ class ChunkResponse:
     chunk_size: int
     index: int
     status: int
-    body: bytes
+    body: bytes | memoryview
 
     @property
     def ok(self) -> bool:

@@ -42,6 +42,8 @@ class HttpPuller:
             src = manifest.source("http")
             if src is None:
                 raise ArtifactRefused(f"{manifest.name} {manifest.version} has no http source")
+            if src.url is None:
+                raise ArtifactRefused(f"{manifest.name} {manifest.version}: its http source has no url")
             url = src.url
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)

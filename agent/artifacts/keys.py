@@ -6,8 +6,12 @@ import base64
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 PRIVATE_NAME = "fleet.key"
 PUBLIC_NAME = "fleet.pub"
@@ -95,9 +99,9 @@ def load_public_key(path: str | os.PathLike):
     return parse_public_key(data, where=str(path))
 
 
-def trusted_keys(keys) -> dict[str, object]:
+def trusted_keys(keys) -> dict[str, Ed25519PublicKey]:
     """Build {key_id: public key} from paths, PEM/base64 strings or key objects."""
-    out: dict[str, object] = {}
+    out: dict[str, Ed25519PublicKey] = {}
     for k in keys or ():
         if isinstance(k, (str, os.PathLike)) and not str(k).lstrip().startswith("-----") and Path(k).exists():
             pub = load_public_key(k)

@@ -14,10 +14,13 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ManifestError
 from agent.names import is_valid_name
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 SCHEMA = 1
 FORMATS = ("onnx", "tar.gz")
@@ -365,7 +368,7 @@ def _names(m: object) -> tuple[str | None, str | None]:
 
 def receive(
     envelope: bytes | str,
-    trusted_keys: Mapping[str, object],
+    trusted_keys: Mapping[str, Ed25519PublicKey],
     installed_version: str | None = None,
     *,
     device_id: str | None = None,

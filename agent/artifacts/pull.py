@@ -68,7 +68,7 @@ class ChunkPuller:
         self.max_bad, self.reserve_bytes, self.progress = max_bad, reserve_bytes, progress
         self.flight: InFlight | None = None
         self._not_found = ""
-        self.stats: dict[str, int] = {}
+        self.stats: dict[str, float] = {}
 
     def pull(self, manifest: Manifest) -> Path:
         a = manifest.artifact
@@ -153,7 +153,7 @@ class ChunkPuller:
         refill = max(1, min(self.window, self._refill or self.window // 8))
         if free <= 0 or (free < refill and len(missing) > free):
             return
-        batch = []
+        batch: list[int] = []
         while missing and len(batch) < free:
             i = missing.popleft()
             if not staging.have[i] and i not in flight:

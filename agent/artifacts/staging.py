@@ -103,6 +103,7 @@ class Staging:
             self.persist()
 
     def _chunk_ok(self, i: int) -> bool:
+        assert self._fd is not None  # only open() calls this (via _recover), after opening the .part
         n = self.artifact.chunk_len(i)
         data = os.pread(self._fd, n, i * self.artifact.chunk_size)
         return len(data) == n and hashlib.sha256(data).hexdigest() == self.artifact.chunks[i]
@@ -145,6 +146,8 @@ class Staging:
         a = self.artifact
         if len(data) != a.chunk_len(index) or hashlib.sha256(data).hexdigest() != a.chunks[index]:
             return False
+        if self._fd is None:
+            raise ArtifactError(f"cannot write {self.part}: staging is not open")
         try:
             os.pwrite(self._fd, data, index * a.chunk_size)
         except OSError as exc:

@@ -13,9 +13,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.errors import ArtifactError, ArtifactRefused
 from agent.util.atomic import atomic_move, fsync_dir
+
+if TYPE_CHECKING:
+    import builtins  # the class's own list() method shadows the builtin inside its body
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _BUF = 1024 * 1024
@@ -111,7 +115,7 @@ class ContentStore:
     def verify(self, sha256: str) -> bool:
         return self.has(sha256) and hash_file(self.path(sha256))[0] == sha256
 
-    def gc(self, keep) -> list[str]:
+    def gc(self, keep) -> builtins.list[str]:
         """Delete blobs not in `keep` and staging leftovers not belonging to a kept sha; returns removed shas.
 
         Temp files of writes in progress (`put.*`) are only removed once they are an hour old: another thread

@@ -54,7 +54,7 @@ def load_cases(patterns: Iterable[str] | None = None) -> list[NodeCase]:
         raw = load_model_tests(kind="node")
     pats = list(patterns or [])
     picked = [c for c in raw if not pats or any(fnmatch.fnmatchcase(c.name, p) for p in pats)]
-    base_ops = {c.name: c.model.graph.node[0].op_type for c in raw if c.model.graph.node}
+    base_ops = {c.name: c.model.graph.node[0].op_type for c in raw if c.model is not None and c.model.graph.node}
     return [_case(c, base_ops) for c in sorted(picked, key=lambda c: c.name)]
 
 

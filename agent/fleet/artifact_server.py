@@ -45,7 +45,7 @@ class ArtifactServer:
         self.link = MqttLink(broker, client_id=client_id, max_inflight=max_outstanding, max_queued=100000)
         self.workers, self.max_outstanding, self.progress = workers, max_outstanding, progress
         self.requests: "queue.Queue[tuple[str, bytes, float]]" = queue.Queue(maxsize=4096)
-        self.stats = collections.Counter()
+        self.stats: collections.Counter[str] = collections.Counter()
         self._gone: dict[str, float] = {}  # device -> when its will / offline status arrived
         self._sent: "collections.OrderedDict[tuple, float]" = collections.OrderedDict()
         self._sent_lock = threading.Lock()
@@ -100,6 +100,7 @@ class ArtifactServer:
         except (ValueError, AttributeError, UnicodeDecodeError):
             return
         if parsed is not None and parsed.kind == "status" and online is False:
+            assert parsed.device is not None  # Topics.parse: devices/<id>/status always names it
             self._gone[parsed.device] = time.monotonic()
 
     # --- workers --------------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class ArtifactServer:
             if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
+            assert parsed.device is not None  # Topics.parse: artifacts/req/<id> always names it
             self._serve(parsed.device, req, received, infos)
 
     def _serve(self, device: str, req: chunks.ChunkRequest, received: float, infos: collections.deque) -> None:

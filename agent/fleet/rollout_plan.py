@@ -69,7 +69,7 @@ def parse_percent(text: str, what: str) -> float:
     return v / 100.0
 
 
-def check_name(value: str, what: str) -> str:
+def check_name(value: object, what: str) -> str:
     """agent.names' rule for a command-line or rollout name, as a ConfigError."""
     return names.check_name(value, what, ConfigError)
 

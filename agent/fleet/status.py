@@ -71,7 +71,7 @@ class FleetWatch:
 
     def drain(self, timeout: float = 0.0) -> list[tuple[str, str, dict]]:
         """Apply waiting messages; returns [(kind, device, doc)] in arrival order (kind: status or events)."""
-        out = []
+        out: list[tuple[str, str, dict]] = []
         block = timeout > 0
         while True:
             try:
@@ -84,11 +84,13 @@ class FleetWatch:
                 continue
             doc = _json(payload)
             if parsed.kind == "rollout":
+                assert parsed.rollout is not None  # Topics.parse: rollouts/<id> always names it
                 if doc is None:
                     self.rollouts.pop(parsed.rollout, None)
                 else:
                     self.rollouts[parsed.rollout] = doc
                 continue
+            assert parsed.device is not None  # Topics.parse: devices/<id>/status|events always names it
             if doc is not None:
                 doc = self._believe(parsed.kind, parsed.device, doc)
             if parsed.kind == "status":
@@ -119,8 +121,8 @@ def _json(payload: bytes) -> dict | None:
 
 def device_row(device_id: str, doc: dict) -> dict:
     """One `fleet status` row: online, models (version/provider/state), last deployment result + reason."""
-    models = doc.get("models") if isinstance(doc.get("models"), dict) else {}
-    deployments = doc.get("deployments") if isinstance(doc.get("deployments"), dict) else {}
+    models = doc["models"] if isinstance(doc.get("models"), dict) else {}
+    deployments = doc["deployments"] if isinstance(doc.get("deployments"), dict) else {}
     last = None
     for model, dep in deployments.items():
         if isinstance(dep, dict) and (last is None or (dep.get("ts") or 0) >= (last.get("ts") or 0)):

@@ -183,6 +183,7 @@ def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, A
     Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
     root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
     if root is not None and root.is_dir():
+        assert entry is not None  # root comes from entry["package_dir"]
         from agent.providers.base import TensorSpec
         from agent.qualify.inputs import plan_inputs
         from agent.qualify.package import golden_datasets, read_meta

@@ -13,8 +13,12 @@ import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agent.artifacts.manifest import Manifest, ManifestRejected, compare_versions, parse_version, receive
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 MAX_SKEW_S = 300.0  # default of trust.max_skew_s: an issue time further ahead of the device clock is refused
 RECHECK_S = 60.0  # future-dated candidates are verified again this often (the clocks may agree later)
@@ -48,7 +52,7 @@ class DesiredBook:
 
     def __init__(
         self,
-        keys: Callable[[], Mapping[str, object]],
+        keys: Callable[[], Mapping[str, Ed25519PublicKey]],
         device_id: str,
         groups=(),
         *,

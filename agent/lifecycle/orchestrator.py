@@ -178,6 +178,7 @@ class Orchestrator:
             w = self._workers.get(model)
             cur = w.current if w else None
             if cur is not None and cur.state in SERVING_NEW and cur.source.get("kind") != "rollback":
+                assert w is not None  # cur is w.current
                 self._cancel(w, cur, Event.CANCEL, "rollback requested by operator")
                 dep = cur
             else:
@@ -264,6 +265,7 @@ class Orchestrator:
 
     def _drive(self, dep: Deployment, w: _Worker) -> None:
         ctx = w.ctx
+        assert ctx is not None  # _run_worker set it with w.current; cleared only after _drive returns
         while not dep.terminal:
             with self._lock:
                 if self._stopping:

@@ -82,7 +82,7 @@ class ModelSlots:
 
     def referenced(self) -> set[str]:
         """Every sha256 (artifact and model) a slot points at."""
-        keep = set()
+        keep: set[str] = set()
         for slots in self.all().values():
             for entry in slots.values():
                 if entry:

@@ -46,8 +46,8 @@ def models_block(
         }
         if c.get("variant"):  # a package of variants: which one serves
             out[name]["variant"] = c["variant"]
-        if (stale or {}).get(name):
-            out[name]["stale"] = stale[name]  # type: ignore[index]
+        if stale and stale.get(name):
+            out[name]["stale"] = stale[name]
         if c.get("requalified"):
             out[name]["requalified"] = c["requalified"]
     for name, dep in in_flight.items():
@@ -71,7 +71,7 @@ def models_block(
                 continue
             meta = _meta(registry, name)
             info.update({k: meta[k] for k in ("provider", "precision") if meta.get(k)})
-            if (unavailable or {}).get(name):
+            if unavailable and unavailable.get(name):
                 info["reason"] = unavailable[name]
     for name, note in (notes or {}).items():
         if name in out and not out[name].get("reason"):

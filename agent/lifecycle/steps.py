@@ -110,7 +110,7 @@ class Steps:
     def source_ready(self, dep: Deployment) -> bool:
         """May this deployment's next action run now? Only a state that talks to the source waits for it; a
         kind without a source runs (and is refused with the reason)."""
-        src = self.sources.get(dep.source.get("kind"))
+        src = self.sources.get(dep.source.get("kind", ""))
         return dep.state.value not in NEEDS_SOURCE or src is None or src.ready()
 
     def download_mark(self, dep: Deployment) -> int:
@@ -145,7 +145,7 @@ class Steps:
             if not self.store.has(dep.data.get("sha256") or ""):
                 raise LifecycleError("the committed artifact is no longer in the store: cannot re-qualify")
             return Event.ACCEPT, {}
-        source = self.sources.get(kind)
+        source = self.sources.get(kind) if isinstance(kind, str) else None
         if source is None:
             if kind == "manifest":
                 raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
@@ -157,7 +157,7 @@ class Steps:
         sha = dep.data.get("sha256")
         if sha and self.store.has(sha) and dep.data.get("fetched"):
             return Event.FETCHED, {}
-        source = self.sources.get(dep.source.get("kind"))
+        source = self.sources.get(dep.source.get("kind", ""))
         if source is None:
             raise LifecycleError(f"no source {dep.source.get('kind')!r} configured to fetch from")
         got = source.fetch(dep, ctx)
@@ -524,7 +524,10 @@ class Steps:
         except (OSError, EdgeAgentError):
             pass  # garbage stays until the next commit
         self.journal.prune(
-            self.config.keep_deployments, keep_ids={e.get("deployment_id") for e in _slot_entries(self.slots) if e}
+            self.config.keep_deployments,
+            keep_ids={
+                e["deployment_id"] for e in _slot_entries(self.slots) if e and e.get("deployment_id") is not None
+            },
         )
         ids = {d.id for d in self.journal.all()}
         for p in (self.state_dir / "decisions").glob("*.json"):

@@ -173,7 +173,7 @@ def plan_inputs(
     shapes = dict(meta.get("input_shapes") or {})
     values = dict(meta.get("input_values") or {})
     declared = bool(shapes or values)
-    kw = {"dynamic_dims": dyn, "input_shapes": shapes, "values": values}
+    kw: dict[str, Any] = {"dynamic_dims": dyn, "input_shapes": shapes, "values": values}
     opt = seeded_feeds(specs, **kw) if declared or not datasets else None
     ranged = any(isinstance(v, dict) and v.get("max") for v in shapes.values())
     at_max = seeded_feeds(specs, which="max", **kw) if ranged else None

@@ -13,9 +13,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent.errors import TransportError
+
+if TYPE_CHECKING:
+    import paho.mqtt.client as paho
 
 Handler = Callable[[str, bytes, bool], None]  # (topic, payload, retained) -> None; must not block
 _PROTOCOLS = {"5": 5, "5.0": 5, "v5": 5, "3.1.1": 4, "311": 4, "v311": 4, "auto": 0}
@@ -85,7 +89,7 @@ class MqttLink:
         self.refused: str | None = None  # last CONNACK refusal
         self.denied: dict[str, str] = {}  # subscription filter -> SUBACK refusal
         self._control: "queue.Queue[str]" = queue.Queue()
-        self._client = None
+        self._client: paho.Client | None = None
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
@@ -214,6 +218,7 @@ class MqttLink:
             cmd = self._control.get()
             if cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
+                assert old is not None  # start() made it before this thread; only its callback asks this
                 old.loop_stop()
                 try:
                     old.disconnect()
