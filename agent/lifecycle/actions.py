@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 import shutil
 import tarfile
@@ -16,6 +15,7 @@ from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.util.atomic import fsync_dir
+from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -61,14 +61,6 @@ class StepContext:
     def report(self, event: str, **fields: Any) -> None:
         if self.progress is not None:
             self.progress(event, **fields)
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pack_dir(src: Path, dest: Path) -> None:

@@ -39,7 +39,7 @@ def check_state_dir(state_dir: str | os.PathLike, *, rehash: bool = True) -> lis
 
 
 def _check_entry(state_dir: Path, name: str, which: str, entry: dict, rehash: bool) -> list[str]:
-    from agent.lifecycle.actions import sha256_file
+    from agent.util.hashing import sha256_file
 
     sha = entry.get("sha256") or ""
     blob = state_dir / "blobs" / "sha256" / sha

@@ -7,11 +7,11 @@ differs, or a package without a record, is re-hashed in full ("in doubt"). Probl
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 from agent.util.atomic import atomic_write_json, read_json
+from agent.util.hashing import sha256_file
 
 FORMAT = 1
 
@@ -19,14 +19,6 @@ FORMAT = 1
 def record_path(package_dir: str | os.PathLike) -> Path:
     p = Path(package_dir)
     return p.parent / f"{p.name}.files.json"
-
-
-def _hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _files(root: Path) -> list[Path]:
@@ -39,7 +31,7 @@ def record(package_dir: str | os.PathLike) -> dict:
     files = {}
     for p in _files(root):
         st = p.stat()
-        files[p.relative_to(root).as_posix()] = [st.st_size, _hash(p), st.st_mtime_ns, st.st_ctime_ns]
+        files[p.relative_to(root).as_posix()] = [st.st_size, sha256_file(p), st.st_mtime_ns, st.st_ctime_ns]
     doc = {"format": FORMAT, "files": files}
     atomic_write_json(record_path(root), doc, mode=0o600)
     return doc
@@ -80,7 +72,7 @@ def check(
             continue
         if (st.st_mtime_ns, st.st_ctime_ns) == (mtime, ctime):
             continue
-        if _hash(p) != digest:  # in doubt: the full re-hash decides
+        if sha256_file(p) != digest:  # in doubt: the full re-hash decides
             problems.append(f"{p}: content differs from its verified sha256 {digest[:12]} (replaced)")
             continue
         doc["files"][rel] = [size, digest, st.st_mtime_ns, st.st_ctime_ns]  # same bytes (a copy): re-stamp
@@ -97,7 +89,7 @@ def _check_model_only(root: Path, model_sha256: str | None, model_path: str | No
     model = Path(model_path) if model_path else root / "model.onnx"
     if not model.is_file():
         return [f"{model}: missing"]
-    if model_sha256 and _hash(model) != model_sha256:
+    if model_sha256 and sha256_file(model) != model_sha256:
         return [f"{model}: content differs from its verified sha256 {model_sha256[:12]} (replaced)"]
     if restamp:
         try:

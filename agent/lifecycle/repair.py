@@ -18,6 +18,7 @@ from agent.lifecycle import integrity
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import State
+from agent.util.hashing import sha256_file
 
 
 class Corrupt(LifecycleError):
@@ -45,7 +46,7 @@ def verify_unpacked(store, packages: Path, entry: dict[str, Any]) -> str | None:
     why = "; ".join(problems)
     if not blob.is_file():
         raise Corrupt(f"version {version}: {why}; blob {blob} is missing: cannot re-unpack")
-    if act.sha256_file(blob) != sha:
+    if sha256_file(blob) != sha:
         raise Corrupt(f"version {version}: {why}; blob {blob} does not match its sha256: cannot re-unpack")
     shutil.rmtree(pkg, ignore_errors=True)
     integrity.record_path(pkg).unlink(missing_ok=True)

@@ -2,18 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 from agent.providers.base import TensorSpec
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def graph_specs(proto) -> tuple[list[TensorSpec], list[TensorSpec]]:

@@ -11,7 +11,8 @@ from typing import Any
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
-from agent.qualify.onnxfile import graph_specs, sha256_file
+from agent.qualify.onnxfile import graph_specs
+from agent.util.hashing import sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000

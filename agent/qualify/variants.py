@@ -93,7 +93,7 @@ def describe(path: Path) -> tuple[str, dict[str, list[dict[str, Any]]], Any]:
 def variants_of(pkg: Any) -> list[Variant]:
     """What to qualify: each declared variant, else the package's model. A quantized or fp16 variant is
     compared with `reference`, else with the package's fp32 variant when it has one."""
-    from agent.qualify.onnxfile import sha256_file
+    from agent.util.hashing import sha256_file
 
     if not pkg.variants:
         declared = {"inputs": pkg.to_dict()["inputs"], "outputs": pkg.to_dict()["outputs"]}
