@@ -177,6 +177,8 @@ class DeviceAgent:
                 self.steps.slots,
                 submit=self.orchestrator.submit,
                 seen=self.orchestrator.seen,
+                in_flight=self.orchestrator.in_flight,
+                cancel=self.orchestrator.cancel,
                 on_connection=self._on_connection,
                 on_rejected=self._on_rejected,
                 stall_s=self.step_config.stall_s,

@@ -41,6 +41,8 @@ class MqttSource:
         *,
         submit: Submit,
         seen: Callable[[str, str], bool],
+        in_flight: Callable[[], dict[str, Deployment]],
+        cancel: Callable[[str, str], Any],
         on_connection: Callable[[bool, str], None],
         on_rejected: Callable[[dict[str, Any]], None],
         stall_s: float = 30.0,
@@ -52,6 +54,7 @@ class MqttSource:
         tls = m.tls
         self.config, self.store, self.slots = config, store, slots
         self.submit, self.seen = submit, seen
+        self.in_flight, self.cancel = in_flight, cancel
         self.on_connection, self.on_rejected = on_connection, on_rejected
         self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
@@ -126,7 +129,8 @@ class MqttSource:
         m = winner.manifest
         committed = self.slots.committed(model) or {}
         if committed.get("version") == m.version and committed.get("sha256") == m.artifact.sha256:
-            return  # what serves already (its journal record was compacted away)
+            self._call_off(model, m.version)  # what serves already (its journal record was compacted away)
+            return
         bad = version_order(m, committed.get("version"))
         if bad is not None:
             self._reject(model, winner, bad)
@@ -143,6 +147,13 @@ class MqttSource:
             manifest=m.to_dict(),
             key_id=m.key_id,
         )
+
+    def _call_off(self, model: str, version: str) -> None:
+        """The winner is what already serves: a deployment of another version still in flight (queued, qualifying,
+        in its shadow phase or on probation) is cancelled, so the device ends on the version it was told to run."""
+        dep = self.in_flight().get(model)
+        if dep is not None and dep.version != version:
+            self.cancel(dep.id, f"desired state is {version} again, which serves already")
 
     def _reject(self, model: str, cand: Candidate, exc) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))

@@ -1,0 +1,79 @@
+"""A signed rollback to the version that already serves, while a newer one is still in flight (waiting in the
+qualification queue, or on probation): the device calls the newer one off and ends on the version it was told,
+so a halted rollout's control plane sees a confirmed state instead of waiting for its deadline."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from mqtt_support import ControlPlane, mqtt_config, wait_for
+from test_daemon_support import fast
+
+from agent.app import DeviceAgent
+from agent.fleet import rollout_state as rs
+from agent.lifecycle.actions import StepContext
+from agent.samples import sample_tiny_package
+
+
+@pytest.fixture
+def plane(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    cp.serve()
+    yield cp
+    cp.close()
+
+
+def _push(cp, tmp_path, version, rollback=False):
+    pkg = sample_tiny_package(tmp_path / f"pkg-{version}", version=version)
+    cp.to_device("tiny", cp.envelope(cp.manifest(pkg, "tiny", version, rollback=rollback)))
+
+
+def _ended(agent, version):
+    deps = [d for d in agent.orchestrator.journal.all() if d.model == "tiny" and d.version == version and d.terminal]
+    return deps[-1] if deps else None
+
+
+@pytest.mark.parametrize("where", ["queued", "probation"])
+def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosquitto, plane, where):
+    cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, plane)
+    agent = DeviceAgent(cfg, step_config=fast(0.3), serve_http=False, providers=["cpu"]).start()
+    hold, held = threading.Event(), threading.Event()
+
+    def occupy() -> None:  # another package's qualification holds the device
+        with agent.steps.qualify_queue.turn("other", StepContext(None)):
+            held.set()
+            hold.wait(300)
+
+    t = threading.Thread(target=occupy)
+    try:
+        _push(plane, tmp_path, "1")
+        wait_for(lambda: (agent.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        if where == "queued":
+            t.start()
+            assert held.wait(30)
+        else:
+            agent.steps.config.probation_s = 300  # v2 stays on probation until something stops it
+        _push(plane, tmp_path, "2")
+        state = {"queued": "qualifying", "probation": "probation"}[where]
+        wait_for(
+            lambda: any(d.version == "2" and d.state.value == state for d in agent.orchestrator.in_flight().values()),
+            what=f"v2 {state}",
+        )
+        if where == "queued":
+            assert agent.status()["qualification_queue"]["waiting"], agent.status()["qualification_queue"]
+
+        _push(plane, tmp_path, "1", rollback=True)  # what the rollout engine publishes at a halt
+        v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 called off")  # the queue is still held / probation runs
+        assert v2.state.value != "committed", v2.reason
+        assert "serves already" in (v2.reason or ""), v2.reason
+        assert agent.steps.slots.committed("tiny")["version"] == "1"
+        wait_for(lambda: not agent.orchestrator.in_flight(), 60, "nothing in flight")
+        doc = agent.status()
+        # The control plane's reading of that status: version 1 runs, version 2 does not (a confirmed state).
+        assert rs.observe(doc, "tiny", "1")[0] == rs.SUCCEEDED and not rs.holds(doc, "tiny", "2"), doc
+    finally:
+        hold.set()
+        if t.is_alive():
+            t.join(30)
+        agent.stop()
