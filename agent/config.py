@@ -22,6 +22,15 @@ MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
 
 
+def first_line(path: Path, key: str) -> str:
+    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from exc
+    return lines[0].strip() if lines else ""
+
+
 @dataclass(frozen=True)
 class TlsConfig:
     ca: Path | None = None
@@ -43,11 +52,7 @@ class MqttConfig:
         """Read the password file (first line, stripped); None when no file is configured."""
         if self.password_file is None:
             return None
-        try:
-            lines = self.password_file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(f"mqtt.password_file: cannot read {self.password_file}: {exc.strerror}") from exc
-        return lines[0].strip() if lines else ""
+        return first_line(self.password_file, "mqtt.password_file")
 
 
 @dataclass(frozen=True)
@@ -111,11 +116,7 @@ class ServingConfig:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
         if self.token_file is None:
             return None
-        try:
-            lines = self.token_file.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError(f"serving.token_file: cannot read {self.token_file}: {exc.strerror}") from exc
-        token = lines[0].strip() if lines else ""
+        token = first_line(self.token_file, "serving.token_file")
         if not token:
             raise ConfigError(f"serving.token_file: {self.token_file} is empty")
         return token

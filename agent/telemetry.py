@@ -153,12 +153,8 @@ def gpu_load(sr: Sysroot, profile=None) -> dict[str, Any] | None:
             e for e in sr.glob("sys/class/devfreq/*") if sr.read_text(f"{e}/device/of_node/name") in _GPU_NODES
         ]
     for entry in candidates:
-        raw = sr.read_text(f"{entry}/device/load", what="expected GPU load in per-mille")
-        if raw is None:
-            continue
-        try:
-            permille = int(raw)
-        except ValueError:
+        permille = sr.read_value(f"{entry}/device/load", int, "expected GPU load in per-mille")
+        if permille is None:
             continue
         freq = sr.read_text(f"{entry}/cur_freq")
         return {

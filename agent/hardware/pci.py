@@ -36,16 +36,11 @@ USB_ACCELERATORS = {
 
 
 def _hex_id(sr: Sysroot, rel: str) -> str | None:
-    value = sr.read_text(rel, what="expected a hex id like 0x8086")
-    if value is None:
-        return None
-    value = value.lower()
-    try:
-        int(value, 16)
-    except ValueError:
-        sr.note(f"/{rel}: not understood (expected a hex id like 0x8086); ignored")
-        return None
-    return value if value.startswith("0x") else "0x" + value
+    def parse(text: str) -> str:
+        int(text, 16)  # ValueError: not a hex id
+        return text.lower() if text.lower().startswith("0x") else "0x" + text.lower()
+
+    return sr.read_value(rel, parse, "expected a hex id like 0x8086")
 
 
 def drm_gpus(sr: Sysroot) -> list[Accelerator]:

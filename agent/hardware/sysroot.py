@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 MAX_READ = 1 << 20  # no file the profile needs is larger; caps garbage and /dev surprises
 
@@ -38,6 +42,22 @@ class Sysroot:
         except OSError:
             return False
 
+    def not_understood(self, rel: str, what: str) -> None:
+        """The one note for a file whose content is not what `what` says it should be (it is then ignored)."""
+        self.note(f"/{rel.lstrip('/')}: not understood ({what}); ignored")
+
+    def read_value(self, rel: str, parse: Callable[[str], T], what: str) -> T | None:
+        """parse(text of ROOT/rel); None when the file is absent, or (with a note) when it is not text or
+        `parse` raises ValueError: the one home of "read a value, note what was not understood"."""
+        text = self.read_text(rel, what=what)
+        if text is None:
+            return None
+        try:
+            return parse(text)
+        except ValueError:
+            self.not_understood(rel, what)
+            return None
+
     def read_bytes(self, rel: str) -> bytes | None:
         """Raw bytes of ROOT/rel, or None if missing/unreadable (a note says why when it is not simply absent)."""
         p = self.path(rel)
@@ -66,7 +86,7 @@ class Sysroot:
             return None
         text = decode_clean(data)
         if text is None:
-            self.note(f"/{rel.lstrip('/')}: not understood ({what or 'not text'}); ignored")
+            self.not_understood(rel, what or "not text")
         return text
 
     def read_strings(self, rel: str) -> list[str] | None:
@@ -76,7 +96,7 @@ class Sysroot:
             return None
         parts = [decode_clean(p) for p in data.split(b"\0") if p]
         if not parts or any(p is None or not p for p in parts):
-            self.note(f"/{rel.lstrip('/')}: not understood (expected NUL-separated strings); ignored")
+            self.not_understood(rel, "expected NUL-separated strings")
             return None
         return parts  # type: ignore[return-value]
 

@@ -49,7 +49,7 @@ def read_throttled(sr: Sysroot) -> dict[str, Any] | None:
                 return None
             decoded = decode_throttled(text)
             if decoded is None:
-                sr.note(f"/{rel}: not understood (expected lower-case hex like 50000); ignored")
+                sr.not_understood(rel, "expected lower-case hex like 50000")
             return decoded
     return None
 
@@ -59,13 +59,8 @@ def read_temperatures(sr: Sysroot) -> dict[str, float]:
     temps: dict[str, float] = {}
     zones = sorted(sr.glob("sys/class/thermal/thermal_zone*"), key=lambda z: (len(z), z))
     for zone in zones:
-        raw = sr.read_text(f"{zone}/temp", what="expected milli-degrees C")
-        if raw is None:
-            continue
-        try:
-            milli = int(raw)
-        except ValueError:
-            sr.note(f"/{zone}/temp: not understood (expected milli-degrees C); ignored")
+        milli = sr.read_value(f"{zone}/temp", int, "expected milli-degrees C")
+        if milli is None:
             continue
         if not -60_000 <= milli <= 200_000:
             sr.note(f"/{zone}/temp: {milli} m°C is outside the physical range; ignored")

@@ -386,14 +386,18 @@ class OIPServer:
             self._closed[reason] += 1
             self._codes[503] = self._codes.get(503, 0) + 1
 
-    def _drop(self, conn: Conn, reason: str | None) -> None:
-        """Close a parked connection."""
+    def _unpark(self, conn: Conn) -> None:
+        """Take a connection out of the selector and the parked/idle books (it is being closed or served)."""
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         self._parked.discard(conn)
         self._idle.pop(conn, None)
+
+    def _drop(self, conn: Conn, reason: str | None) -> None:
+        """Close a parked connection."""
+        self._unpark(conn)
         self.close(conn, reason)
 
     def _woken(self) -> None:
@@ -474,12 +478,7 @@ class OIPServer:
                 return
 
     def _dispatch(self, conn: Conn) -> None:
-        try:
-            self._sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        self._parked.discard(conn)
-        self._idle.pop(conn, None)
+        self._unpark(conn)
         self._hand_over(conn)
 
     def _sweep(self, now: float) -> None:
