@@ -195,6 +195,22 @@ SCENARIOS: list[Scenario] = [
         "internal error: OSError",
     ),
     Scenario(
+        "disk full journaling the commit: the slot commit had landed",
+        "disk-full-journal",
+        S.PROBATION,
+        HAPPY,
+        "2",
+        "the slot commit had landed",
+    ),
+    Scenario(
+        "cancel in probation after the slot commit landed is too late",
+        "cancel-after",
+        S.PROBATION,
+        HAPPY,
+        "2",
+        "the slot commit had landed",
+    ),
+    Scenario(
         "probation sees NaN/Inf outputs", "nan", S.PROBATION, upto(S.PROBATION, S.ROLLED_BACK), "1", "NaN/Inf"
     ),
     Scenario(
@@ -492,7 +508,7 @@ def fault_for(sc: Scenario) -> tuple[Fault | None, dict[str, Any]]:
     """The injected fault and the Device arguments of one row."""
     kw: dict[str, Any] = {}
     at = sc.at
-    if sc.fault in ("none", "rollback", "unknown-source", "bad-golden"):
+    if sc.fault in ("none", "rollback", "unknown-source", "bad-golden", "disk-full-journal"):
         return None, kw
     if sc.fault == "permanent":
         return Fault(at, error=LifecycleError("injected permanent fault")), kw
@@ -523,8 +539,9 @@ def fault_for(sc: Scenario) -> tuple[Fault | None, dict[str, Any]]:
 def run_scenario(sc: Scenario, base: Path, tmp_path: Path, shared: SharedQualification) -> dict[str, Any]:
     state = copy_state(base, tmp_path / "state")
     fault, kw = fault_for(sc)
-    if sc.fault == "disk-full-journal":
-        kw["journal"] = FullOnceJournal(state, S.PROBATION)
+    if sc.fault == "disk-full-journal":  # fails writing the state after `at`
+        assert sc.at is not None
+        kw["journal"] = FullOnceJournal(state, HAPPY[HAPPY.index(sc.at) + 1])
     dev = Device(state, shared, fault=fault, **kw)
     incumbent = dev.registry.entry(MODEL)
     out: dict[str, Any] = {"incumbent_untouched": None, "then": None}
@@ -587,7 +604,7 @@ def test_scenario(sc: Scenario, committed_v1: Path, tmp_path: Path, shared: Shar
         assert dep.reason is None, dep.reason
     assert bool(dep.data.get("retryable")) == sc.retryable, dep.data
     last_live = sc.history[-2]
-    if sc.history[-1] in (S.FAILED, S.REJECTED) and last_live in BEFORE:
+    if sc.history[-1] in (S.FAILED, S.REJECTED) and last_live in BEFORE and sc.serving == "1":
         assert got["incumbent_untouched"], "a failure before the swap rebuilt or replaced what serves"
     if sc.then:
         then: Deployment = got["then"]
