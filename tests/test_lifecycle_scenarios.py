@@ -39,6 +39,7 @@ from agent.errors import LifecycleError, TransportError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal, check_history
 from agent.lifecycle.orchestrator import Orchestrator
+from agent.lifecycle.recovery import MAX_ATTEMPTS
 from agent.lifecycle.retry import retry_transient
 from agent.lifecycle.sources import InboxSource
 from agent.lifecycle.states import ORDER, TERMINAL, State
@@ -103,6 +104,14 @@ SCENARIOS: list[Scenario] = [
     # the process dies in a state (the orchestrator stops mid-state, a new one starts on the same state_dir)
     *[Scenario(f"restart in {s} resumes and commits", "restart", s, resumed(s), "2") for s in RESUMABLE],
     Scenario(
+        "restart loop in qualifying gives up",
+        "restart-loop",
+        S.QUALIFYING,
+        (*upto(S.QUALIFYING), S.QUALIFYING, S.QUALIFYING, S.FAILED),
+        "1",
+        "crash loop",
+    ),
+    Scenario(
         "restart in activating rolls back",
         "restart",
         S.ACTIVATING,
@@ -126,30 +135,27 @@ SCENARIOS: list[Scenario] = [
         "1",
         "a crash during probation counts against the new model",
     ),
-    Scenario(
-        "restart after probation's commit landed commits", "restart-after", S.PROBATION, HAPPY, "2"
-    ),
+    Scenario("restart after probation's commit landed commits", "restart-after", S.PROBATION, HAPPY, "2"),
     # the operator cancels, in every in-flight state
-    *[
-        Scenario(f"cancel in {s}", "cancel", s, upto(s, _abort(s)), "1", "cancelled by operator")
-        for s in IN_FLIGHT
-    ],
+    *[Scenario(f"cancel in {s}", "cancel", s, upto(s, _abort(s)), "1", "cancelled by operator") for s in IN_FLIGHT],
     Scenario(
-        "cancel in activating after the swap", "cancel-after", S.ACTIVATING, upto(S.ACTIVATING, S.FAILED), "1",
+        "cancel in activating after the swap",
+        "cancel-after",
+        S.ACTIVATING,
+        upto(S.ACTIVATING, S.FAILED),
+        "1",
         "cancelled by operator",
     ),
     # version 3 arrives while version 2 is in flight, in every in-flight state: 2 is called off, 3 commits
     *[
-        Scenario(
-            f"superseded in {s}", "supersede", s, upto(s, _abort(s)), "3", "superseded by version 3", then=HAPPY
-        )
+        Scenario(f"superseded in {s}", "supersede", s, upto(s, _abort(s)), "3", "superseded by version 3", then=HAPPY)
         for s in IN_FLIGHT
     ],
     # what the real parts find wrong
-    Scenario("source refused", "unknown-source", S.RECEIVED, (S.RECEIVED, S.REJECTED), "1", "unknown deployment source"),
     Scenario(
-        "transient download failure retries", "transient", S.DOWNLOADING, HAPPY, "2"
+        "source refused", "unknown-source", S.RECEIVED, (S.RECEIVED, S.REJECTED), "1", "unknown deployment source"
     ),
+    Scenario("transient download failure retries", "transient", S.DOWNLOADING, HAPPY, "2"),
     Scenario(
         "transient download failure outlasts the deadline",
         "transient-forever",
@@ -210,9 +216,7 @@ SCENARIOS: list[Scenario] = [
         "2",
         "the slot commit had landed",
     ),
-    Scenario(
-        "probation sees NaN/Inf outputs", "nan", S.PROBATION, upto(S.PROBATION, S.ROLLED_BACK), "1", "NaN/Inf"
-    ),
+    Scenario("probation sees NaN/Inf outputs", "nan", S.PROBATION, upto(S.PROBATION, S.ROLLED_BACK), "1", "NaN/Inf"),
     Scenario(
         "operator rollback after the commit",
         "rollback",
@@ -516,7 +520,7 @@ def fault_for(sc: Scenario) -> tuple[Fault | None, dict[str, Any]]:
         return Fault(at, error=RuntimeError("injected")), kw
     if sc.fault == "timeout":
         return Fault(at, hold=True), {"deadlines": {at: 0.5}}
-    if sc.fault in ("restart", "cancel", "supersede"):
+    if sc.fault in ("restart", "restart-loop", "cancel", "supersede"):
         return Fault(at, hold=True), kw
     if sc.fault in ("restart-after", "cancel-after"):
         return Fault(at, hold=True, when="after"), kw
@@ -559,6 +563,12 @@ def run_scenario(sc: Scenario, base: Path, tmp_path: Path, shared: SharedQualifi
                 assert fault is not None and fault.entered.wait(WAIT_S), "the fault was never reached"
                 dev.stop()  # the process dies here: nothing after this point is journaled
                 dev = Device(state, shared)  # a new process on the same state_dir
+            elif sc.fault == "restart-loop":  # it dies in the same state at every start
+                for _ in range(MAX_ATTEMPTS):
+                    assert fault is not None and fault.entered.wait(WAIT_S), "the fault was never reached"
+                    dev.stop()
+                    fault = replace(fault, entered=threading.Event(), fired=False)
+                    dev = Device(state, shared, fault=fault)
             elif sc.fault in ("cancel", "cancel-after"):
                 assert fault is not None and fault.entered.wait(WAIT_S), "the fault was never reached"
                 assert dev.orch.cancel(MODEL) is not None
@@ -573,7 +583,7 @@ def run_scenario(sc: Scenario, base: Path, tmp_path: Path, shared: SharedQualifi
         finally:
             if traffic is not None:
                 traffic.__exit__()
-        if fault is not None and sc.fault not in ("restart", "restart-after"):
+        if fault is not None and not sc.fault.startswith("restart"):
             assert fault.fired, "the fault was never injected"
         out["dep"] = dev.orch.journal.load(dep.id)
         out["serving"] = dev.serving()
@@ -604,7 +614,13 @@ def test_scenario(sc: Scenario, committed_v1: Path, tmp_path: Path, shared: Shar
         assert dep.reason is None, dep.reason
     assert bool(dep.data.get("retryable")) == sc.retryable, dep.data
     last_live = sc.history[-2]
-    if sc.history[-1] in (S.FAILED, S.REJECTED) and last_live in BEFORE and sc.serving == "1":
+    # (a restart builds a new registry: the same session object cannot survive it)
+    if (
+        sc.history[-1] in (S.FAILED, S.REJECTED)
+        and last_live in BEFORE
+        and sc.serving == "1"
+        and not sc.fault.startswith("restart")
+    ):
         assert got["incumbent_untouched"], "a failure before the swap rebuilt or replaced what serves"
     if sc.then:
         then: Deployment = got["then"]
