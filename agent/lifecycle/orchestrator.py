@@ -14,7 +14,7 @@ from typing import Any
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal, check_name
-from agent.lifecycle.recovery import recover
+from agent.lifecycle.recovery import commit_landed, recover
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import SERVING_NEW, Event, State
 from agent.lifecycle.steps import Steps
@@ -274,9 +274,12 @@ class Orchestrator:
                 ctx.deadline = time.monotonic() + limit if limit else None
             event, reason, data = self._step(dep, ctx)
             if next_state(dep.state, event) in (State.ROLLED_BACK, State.FAILED) and not self._stopping:
-                # the committed slot serves again before the journal says so (a crash in between: recovery
-                # finds activating/probation and rolls back the same way)
-                self.steps.ensure_committed(dep.model)
+                if commit_landed(self.slots, dep):  # too late to abort: what serves is this deployment
+                    event, reason = Event.FOUND_COMMITTED, _landed(reason)
+                else:
+                    # the committed slot serves again before the journal says so (a crash in between: recovery
+                    # finds activating/probation and rolls back the same way)
+                    self.steps.ensure_committed(dep.model)
             with self._lock:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
@@ -291,10 +294,13 @@ class Orchestrator:
             if self._stopping or dep.terminal:
                 return  # stopping: recovery decides on the next start
             try:
-                if dep.state in SERVING_NEW:
+                event = Event.FAIL
+                if dep.state in SERVING_NEW and commit_landed(self.slots, dep):
+                    event = Event.FOUND_COMMITTED  # e.g. the journal write of the commit itself failed
+                elif dep.state in SERVING_NEW:
                     self.steps.ensure_committed(dep.model)  # the new model may serve: the committed one again
                 with self._lock:
-                    self._enter(dep, Event.FAIL, reason)
+                    self._enter(dep, event, _landed(reason) if event is Event.FOUND_COMMITTED else reason)
                 return
             except Exception as again:  # noqa: BLE001 - retried, then reported
                 last = again
@@ -415,3 +421,7 @@ class Orchestrator:
         end = time.monotonic() + timeout
         while self._reports.unfinished_tasks and time.monotonic() < end:
             time.sleep(0.01)
+
+
+def _landed(reason: str | None) -> str:
+    return f"{reason}; the slot commit had landed before: committed" if reason else "the slot commit had landed"

@@ -37,6 +37,17 @@ class Step:
     fresh_attempts: bool = False  # progress since the last resume: the crash-loop count starts again
 
 
+def commit_landed(slots: ModelSlots, dep: Deployment) -> bool:
+    """Does the committed slot already hold this activating/probation deployment (its commit, or its local
+    rollback's swap, landed before the journal said so)? Then its outcome is committed, whatever stopped it
+    afterwards: the slot is what serves after any restart."""
+    if dep.state not in (State.ACTIVATING, State.PROBATION):
+        return False
+    committed = slots.committed(dep.model) or {}
+    same_blob = committed.get("sha256") and committed.get("sha256") == dep.data.get("sha256")
+    return bool(same_blob and (committed.get("deployment_id") == dep.id or dep.source.get("kind") == "rollback"))
+
+
 def plan(journal: Journal, slots: ModelSlots, progress: Progress | None = None) -> list[Step]:
     """Decide, without side effects, what recovery does with every in-flight deployment."""
     steps: list[Step] = []
@@ -59,9 +70,7 @@ def _superseded(old: Deployment, new: Deployment) -> Step:
 def _step(dep: Deployment, slots: ModelSlots, progress: Progress | None = None) -> Step:
     event, what = RESUME[dep.state]
     if event is Event.INTERRUPTED:
-        committed = slots.committed(dep.model) or {}
-        same_blob = committed.get("sha256") and committed.get("sha256") == dep.data.get("sha256")
-        if same_blob and (committed.get("deployment_id") == dep.id or dep.source.get("kind") == "rollback"):
+        if commit_landed(slots, dep):
             return Step(dep, Event.FOUND_COMMITTED, None)
         return Step(dep, event, f"daemon restarted during {dep.state.value}; {what}")
     tries = dep.attempts.get(dep.state.value, 0)
