@@ -170,6 +170,17 @@ class MqttSource:
         while len(self.rejected) > MAX_REJECTED:
             self.rejected.popitem(last=False)
         self.on_rejected(record)
+        self.publish_event(
+            {
+                "deployment_id": None,
+                "model": model,
+                "version": record.get("version"),
+                "state": "rejected",
+                "reason": record.get("reason"),
+                "code": record.get("code"),
+                "ts": record.get("ts"),
+            }
+        )
 
     # ---- DeploymentSource: RECEIVED and DOWNLOADING --------------------------------------------
     def check(self, dep: Deployment) -> None:
