@@ -43,19 +43,27 @@ class ProviderProbeService:
         return list(self.available)
 
     def start(self) -> None:
+        """The last probe's list stands in, then the probe runs in the background (not when `known`)."""
         if self.known is not None:
             return
         from agent.lifecycle.probe import ProviderProbe
+
+        self.load_last()
+        self._probe = ProviderProbe(self.profile, self.target_name)
+        threading.Thread(target=self._run, name="probe-providers", daemon=True).start()
+
+    def load_last(self) -> None:
+        """The providers status.json lists, when it was written for this target (an unreadable one: none)."""
         from agent.util.atomic import read_json
 
         try:
             last = read_json(status_path(self.state_dir)) or {}
         except ValueError:
             last = {}
+        if not isinstance(last, dict):
+            return
         if isinstance(last.get("providers"), list) and last.get("target") == self.target_name:
             self.available, self.source = [str(p) for p in last["providers"]], "last probe"
-        self._probe = ProviderProbe(self.profile, self.target_name)
-        threading.Thread(target=self._run, name="probe-providers", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
