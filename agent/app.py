@@ -3,6 +3,7 @@
 No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
 belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
+What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them.
 """
 
 from __future__ import annotations

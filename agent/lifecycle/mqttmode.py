@@ -55,6 +55,7 @@ class MqttSource:
         self.config, self.store, self.slots = config, store, slots
         self.submit, self.seen = submit, seen
         self.in_flight, self.cancel = in_flight, cancel
+        # told of each connection change, and of each refused desired state (whose event this source publishes)
         self.on_connection, self.on_rejected = on_connection, on_rejected
         self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
