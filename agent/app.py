@@ -3,14 +3,13 @@
 No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
 belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
+What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,15 +18,18 @@ from agent.errors import EdgeAgentError
 from agent.lifecycle import control
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
-from agent.lifecycle.status import build_status, hardware_summary, status_path
+from agent.lifecycle.status import build_status, hardware_summary
 from agent.lifecycle.steps import Qualifier, StepConfig, Steps
-from agent.util.atomic import atomic_write_json
+from agent.services.control import ControlService
+from agent.services.health import HealthPublisher, registry_health
+from agent.services.inbox import InboxScanner
+from agent.services.probe import ProviderProbeService
+from agent.services.report import Reporter
+from agent.services.status import StatusWriter
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
-    from agent.lifecycle.journal import Deployment
     from agent.lifecycle.mqttmode import MqttSource
-    from agent.lifecycle.probe import ProviderProbe
     from agent.serving.registry import ModelRegistry
     from agent.serving.server import OIPServer
     from agent.telemetry import Telemetry
@@ -37,7 +39,11 @@ EventSink = Callable[[dict[str, Any]], None]
 
 
 class DeviceAgent:
-    """Owns one device's daemon parts. start() returns once committed models serve; stop() drains and exits."""
+    """Owns one device's daemon parts. start() returns once committed models serve; stop() drains and exits.
+
+    The parts: content store, registry, lifecycle steps and orchestrator, optional MQTT source, HTTP server and
+    telemetry; the services its loop ticks (agent.services: inbox, control requests, MQTT desired state,
+    reported rejections, health) and those beside it (status writer, provider probe)."""
 
     def __init__(
         self,
@@ -72,22 +78,17 @@ class DeviceAgent:
         self.server: OIPServer | None = None
         self.link: MqttSource | None = None
         self.telemetry: Telemetry | None = None
+        self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
+        self.qualifier = qualifier
+        self.reporter = Reporter(self._emit, self.write_status)
+        self.status_writer: StatusWriter | None = None
+        self.probe: ProviderProbeService | None = None
+        self.health: HealthPublisher | None = None
+        self._known_providers = list(providers) if providers is not None else None
+        self._ticks: list[Callable[[], None]] = []  # what the loop runs each turn, in order
         self._lock: control.StateLock | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._status_lock = threading.Lock()
-        self._control_busy: set[str] = set()
-        self._retrying: dict[str, dict[str, Any]] = {}  # model -> last transient failure being retried
-        self.disk_full: str | None = None  # why state files cannot be written (ENOSPC); reported, never fatal
-        self._status_dirty = False  # a rejection changed the status document: written once per loop turn
-        self._last_health = 0.0
-        self.health_source: Callable[[], dict[str, Any]] | None = None
-        self._known_providers = list(providers) if providers is not None else None
-        self._available: list[str] = list(providers or [])
-        self._providers_source = "given" if providers is not None else "pending"
-        self.qualifier = qualifier
-        self._probe: ProviderProbe | None = None
-        self._closed = False  # after stop(): nothing more is written into state_dir by this agent
         self._unlocked = threading.Event()  # set once the state_dir lock is really released
 
     # ---- life ----------------------------------------------------------------------------------
@@ -100,14 +101,14 @@ class DeviceAgent:
             self._lock = control.StateLock(self.state_dir).acquire()
         try:
             self._build()
-            assert self.orchestrator is not None and self.registry is not None  # _build made them
-            self._start_probe()
+            assert self.orchestrator is not None and self.registry is not None and self.probe is not None
+            self.probe.start()
             self._emit(
                 {
                     "event": "starting",
                     "state_dir": str(self.state_dir),
                     "mode": self.config.mode,
-                    "target": self.target.name if self.target else None,
+                    "target": self._target_name(),
                 }
             )
             if self.notifier is not None:
@@ -115,8 +116,8 @@ class DeviceAgent:
             self.orchestrator.start()  # serve committed slots, then resume in-flight deployments
             if self.serve_http:
                 self._start_http()
-            if self.config.mqtt is not None:
-                self._start_mqtt()
+            if self.link is not None:
+                self.link.start()
             self.write_status()
             self._thread = threading.Thread(target=self._loop, name=f"agent-{self.config.device_id}", daemon=True)
             self._thread.start()
@@ -129,62 +130,105 @@ class DeviceAgent:
         return self
 
     def _build(self) -> None:
-        """Hardware profile and target, then store, registry, lifecycle steps, orchestrator, telemetry."""
+        """Hardware profile and target, then store, registry, lifecycle, MQTT source, telemetry, services."""
         from agent.artifacts.store import ContentStore
         from agent.serving.registry import ModelRegistry
 
         self.profile = self.profile or _detect(self.sysroot)
         self.target = _target(self.config.target, self.profile)
-        if self.target is not None and not self.step_config.serving:
-            self.step_config.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
+        self._fill_step_config()
         self.store = ContentStore(self.state_dir, file_mode=0o600)
-        serving = self.config.serving
-        if self.step_config.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
-            self.step_config.probation_s = serving.probation_s
-        if self.step_config.build_nice is None:
-            self.step_config.build_nice = serving.build_nice
-        if self.step_config.memory_max is None:
-            from agent.serving.memory import resolve_memory_max
-
-            target_serving = self.target.serving if self.target is not None else None
-            self.step_config.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
-        if self.step_config.probation is None:
-            self.step_config.probation = serving.probation
-        if self.step_config.shadow is None:
-            self.step_config.shadow = serving.shadow
-        self.registry = ModelRegistry(finite_every=serving.finite_check_every)
+        self.registry = ModelRegistry(finite_every=self.config.serving.finite_check_every)
         self.steps = Steps(
             self.state_dir,
             self.store,
             self.registry,
             profile=self.profile,
-            target_name=self.target.name if self.target else None,
+            target_name=self._target_name(),
             config=self.step_config,
         )
         self.steps.qualifier = self.qualifier
         self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
-            self.state_dir, self.steps, deadlines=deadlines, listeners=[self._on_transition]
+            self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
         )
         if self.config.mqtt is not None:  # the port exists before recovery: resumed downloads wait for it
-            from agent.lifecycle.mqttmode import MqttSource
-
-            self.link = MqttSource(
-                self.config,
-                self.state_dir,
-                self.store,
-                self.steps.slots,
-                submit=self.orchestrator.submit,
-                seen=self.orchestrator.seen,
-                in_flight=self.orchestrator.in_flight,
-                cancel=self.orchestrator.cancel,
-                on_connection=self._on_connection,
-                on_rejected=self._on_rejected,
-                stall_s=self.step_config.stall_s,
-            )
+            self.link = self._mqtt_source(self.orchestrator, self.steps)
             self.steps.add_source(self.link)
+            self.reporter.publish_event = self.link.publish_event
         self._start_telemetry()
+        self._wire_services(self.orchestrator, self.steps, self.registry)
+
+    def _fill_step_config(self) -> None:
+        """What the caller left unset in StepConfig comes from the config file and the target."""
+        sc, serving = self.step_config, self.config.serving
+        if self.target is not None and not sc.serving:
+            sc.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
+        if sc.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
+            sc.probation_s = serving.probation_s
+        if sc.build_nice is None:
+            sc.build_nice = serving.build_nice
+        if sc.memory_max is None:
+            from agent.serving.memory import resolve_memory_max
+
+            target_serving = self.target.serving if self.target is not None else None
+            sc.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
+        if sc.probation is None:
+            sc.probation = serving.probation
+        if sc.shadow is None:
+            sc.shadow = serving.shadow
+
+    def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
+        from agent.lifecycle.mqttmode import MqttSource
+
+        assert self.store is not None  # _build made it
+        return MqttSource(
+            self.config,
+            self.state_dir,
+            self.store,
+            steps.slots,
+            submit=orchestrator.submit,
+            seen=orchestrator.seen,
+            in_flight=orchestrator.in_flight,
+            cancel=orchestrator.cancel,
+            on_connection=self._on_connection,
+            on_rejected=self.reporter.on_rejected,
+            stall_s=self.step_config.stall_s,
+        )
+
+    def _wire_services(self, orchestrator: Orchestrator, steps: Steps, registry: ModelRegistry) -> None:
+        """The status writer and the provider probe, then the loop's services in the order they run."""
+        link = self.link
+        notify = (lambda: self.notifier.status(self._one_line())) if self.notifier is not None else None
+        self.status_writer = StatusWriter(
+            self.state_dir,
+            self.status,
+            self._emit,
+            publish=link.publish_status if link is not None else None,
+            notify=notify,
+        )
+        self.probe = ProviderProbeService(
+            self.state_dir,
+            self.profile,
+            self._target_name(),
+            known=self._known_providers,
+            on_probed=self.write_status,
+            emit=self._emit,
+        )
+        writer = self.status_writer
+        self.health = HealthPublisher(
+            self.config.telemetry.interval_s,
+            self.health_source or registry_health(registry),
+            lambda: writer.disk_full,
+            publish=link.publish_health if link is not None else None,
+        )
+        inbox = InboxScanner(self.config.inbox, orchestrator, steps.sources["inbox"], self._emit)
+        control_requests = ControlService(self.state_dir, orchestrator, registry)
+        self._ticks = [inbox.tick, control_requests.tick]
+        if link is not None:
+            self._ticks += [link.poll, self.reporter.tick]  # MQTT desired state, then the rejections it reported
+        self._ticks.append(self.health.tick)
 
     def stop(self, drain_timeout: float = 10.0) -> None:
         """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock.
@@ -195,8 +239,8 @@ class DeviceAgent:
         self._stop.set()
         if self.notifier is not None:
             self.notifier.stopping("draining")
-        if self._probe is not None:
-            self._probe.stop()
+        if self.probe is not None:
+            self.probe.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
@@ -207,8 +251,8 @@ class DeviceAgent:
             self.link.stop(graceful=True)
         if self.registry is not None:
             self.registry.close(drain_timeout)
-        with self._status_lock:
-            self._closed = True
+        if self.status_writer is not None:
+            self.status_writer.close()  # nothing more is written into state_dir by this agent
         self._release_lock()
 
     def _writers(self) -> list[threading.Thread]:
@@ -258,6 +302,8 @@ class DeviceAgent:
             self.server.set_token(new.serving.token())
         if self.link is not None and "trust.public_keys" in live:
             self.link.reload_keys(new.trust.public_keys)
+        if self.health is not None:
+            self.health.interval_s = new.telemetry.interval_s
         applied = sorted((live - {"groups"}) | ({"serving.token_file"} if self.server is not None else set()))
         self.config = _with(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
         if self.notifier is not None:
@@ -271,6 +317,11 @@ class DeviceAgent:
     @property
     def url(self) -> str | None:
         return self.server.url if self.server is not None else None
+
+    @property
+    def disk_full(self) -> str | None:
+        """Why state files cannot be written (ENOSPC), or None; reported in status and health, never fatal."""
+        return self.status_writer.disk_full if self.status_writer is not None else None
 
     # ---- parts ---------------------------------------------------------------------------------
     def _start_http(self) -> None:
@@ -306,40 +357,19 @@ class DeviceAgent:
         if self.health_source is None:
             self.health_source = self.telemetry.collect
 
-    def _start_mqtt(self) -> None:
-        assert self.link is not None  # _build made it: config.mqtt is set
-        self.link.start()
-
     def _on_connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})
         if connected:
-            assert self.orchestrator is not None  # the link calls back only after _build
-            self.orchestrator.source_up("manifest")
+            assert self.orchestrator is not None and self.link is not None  # the link calls back only after _build
+            self.orchestrator.source_up(self.link.kind)
             self.write_status()
 
-    def _on_rejected(self, record: dict[str, Any]) -> None:
-        """A desired state refused before the lifecycle saw it: logged, reported as an event, in status."""
-        self._emit({"event": "rejected", **record})
-        assert self.link is not None  # called by the link itself
-        self.link.publish_event(
-            {
-                "deployment_id": None,
-                "model": record["model"],
-                "version": record.get("version"),
-                "state": "rejected",
-                "reason": record.get("reason"),
-                "code": record.get("code"),
-                "ts": record.get("ts"),
-            }
-        )
-        self._status_dirty = True
-
-    # ---- the loop: inbox, control requests, MQTT desired state, watchdog, health -----------------
+    # ---- the loop: inbox, control requests, MQTT desired state, rejections, health ---------------
     def _loop(self) -> None:
         while not self._stop.is_set():
-            for job in (self._scan_inbox, self._scan_control, self._poll_link, self._health):
+            for tick in self._ticks:
                 try:
-                    job()
+                    tick()
                 except EdgeAgentError as exc:
                     self._emit({"event": "error", "reason": str(exc)})
                 except Exception as exc:  # noqa: BLE001 - the loop must survive any one bad input
@@ -347,112 +377,31 @@ class DeviceAgent:
             wait = self.notifier.tick(LOOP_S) if self.notifier is not None else LOOP_S
             self._stop.wait(wait)
 
-    def _scan_inbox(self) -> None:
-        inbox = self.config.inbox
-        if inbox is None or not Path(inbox).is_dir():  # local mode, or an inbox set explicitly beside mqtt
-            return
-        assert self.orchestrator is not None and self.steps is not None  # the loop starts after _build
-        with self.orchestrator.exclusive():
-            claimed = {d.source.get("path") for d in self.orchestrator.journal.in_flight()}
-            self.steps.sources["inbox"].scan(
-                Path(inbox),
-                claimed,
-                self.orchestrator.submit,
-                lambda path, reason: self._emit({"event": "warning", "path": path, "reason": reason}),
-            )
-
-    def _scan_control(self) -> None:
-        for req_id, req in control.pending(self.state_dir):
-            if req_id in self._control_busy:
-                continue
-            self._control_busy.add(req_id)
-            threading.Thread(
-                target=self._serve_control, args=(req_id, req), daemon=True, name=f"control-{req_id}"
-            ).start()
-
-    def _serve_control(self, req_id: str, req: dict[str, Any] | None) -> None:
-        dep: Deployment | None
-        try:
-            assert self.orchestrator is not None and self.registry is not None  # the loop starts after _build
-            if not isinstance(req, dict) or req.get("op") not in control.OPS or not isinstance(req.get("model"), str):
-                result = {"ok": False, "error": "malformed control request"}
-            elif control.expired(req):
-                result = {"ok": False, "error": f"request older than {control.MAX_AGE_S:.0f}s: not executed"}
-            elif req["op"] == "rollback":
-                dep = self.orchestrator.rollback(req["model"], wait=120)
-                ok = dep.state is State.COMMITTED or (
-                    dep.source.get("kind") != "rollback" and dep.state is State.ROLLED_BACK
-                )
-                result = {
-                    "ok": ok,
-                    "deployment": dep.summary(),
-                    "model": dep.model,
-                    "serving": self.registry.models().get(dep.model),
-                    **({} if ok else {"error": dep.reason}),
-                }
-            else:
-                dep = self.orchestrator.cancel(req["model"])
-                result = {
-                    "ok": dep is not None,
-                    "model": dep.model if dep else req["model"],
-                    **({"deployment": dep.summary()} if dep else {"error": f"nothing in flight for {req['model']!r}"}),
-                }
-        except EdgeAgentError as exc:
-            result = {"ok": False, "error": str(exc)}
-        except Exception as exc:  # noqa: BLE001 - answered, never raised into a thread
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        control.answer(self.state_dir, req_id, result)
-        self._control_busy.discard(req_id)
-
-    def _poll_link(self) -> None:
-        if self.link is not None:
-            self.link.poll()
-            if self._status_dirty:
-                self._status_dirty = False
-                self.write_status()
-
-    def _health(self) -> None:
-        interval = self.config.telemetry.interval_s
-        if not interval or self.link is None or time.monotonic() - self._last_health < interval:
-            return
-        self._last_health = time.monotonic()
-        self.link.publish_health(self._health_doc())
-
-    def _health_doc(self) -> dict[str, Any]:
-        if self.health_source is not None:
-            doc = dict(self.health_source())
-        else:
-            assert self.registry is not None  # the loop starts after _build
-            doc = {"models": {n: self.registry.stats(n) for n in self.registry.models()}}
-        if self.disk_full is not None:
-            doc["disk_full"] = self.disk_full
-        return doc
-
     # ---- reporting -----------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        if self.orchestrator is None or self.steps is None:
+        if self.orchestrator is None or self.steps is None or self.probe is None:
             raise RuntimeError("DeviceAgent.status() before start(): no lifecycle yet")
         extra = {
             "mode": self.config.mode,
             "serving": {"url": self.url},
             "pid": _pid(),
-            "providers_source": self._providers_source,
+            "providers_source": self.probe.source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
             "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
         }
         if self.disk_full is not None:
             extra["disk_full"] = self.disk_full
-        if self._retrying:
-            extra["retrying"] = dict(self._retrying)
+        if self.reporter.retrying:
+            extra["retrying"] = dict(self.reporter.retrying)
         if self.link is not None:
             extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(
             self.state_dir,
             device_id=self.config.device_id,
             groups=self.config.groups,
-            target=self.target.name if self.target else None,
+            target=self._target_name(),
             hardware=hardware_summary(self.profile),
-            providers=self._providers(),
+            providers=self.probe.providers(),
             registry=self.registry,
             unavailable=self.steps.unavailable,
             notes=self.steps.notes,
@@ -460,92 +409,18 @@ class DeviceAgent:
             stale=self.steps.stale,
         )
 
-    def _providers(self) -> list[str]:
-        """Providers available on this device, in the target's preference order."""
-        return list(self._available)
-
-    def _start_probe(self) -> None:
-        """Background probe of the providers (child process); until it answers, the last probe's list (from
-        status.json) stands in. Skipped when the caller told us the providers."""
-        if self._known_providers is not None:
-            return
-        from agent.lifecycle.probe import ProviderProbe
-        from agent.util.atomic import read_json
-
-        try:
-            last = read_json(status_path(self.state_dir)) or {}
-        except ValueError:
-            last = {}
-        if isinstance(last.get("providers"), list) and last.get("target") == (
-            self.target.name if self.target else None
-        ):
-            self._available, self._providers_source = [str(p) for p in last["providers"]], "last probe"
-        self._probe = ProviderProbe(self.profile, self.target.name if self.target else None)
-        threading.Thread(target=self._probe_providers, name="probe-providers", daemon=True).start()
-
-    def _probe_providers(self) -> None:
-        """Background: which providers are usable here (for the status document), then republish status."""
-        assert self._probe is not None  # _start_probe sets it before starting this thread
-        try:
-            self._available, self._providers_source = self._probe.run(), "probed"
-        except EdgeAgentError as exc:
-            if not self._stop.is_set():
-                self._providers_source = f"probe failed: {exc}"
-                self._emit({"event": "warning", "reason": str(exc)})
-            return
-        if not self._stop.is_set() and self.orchestrator is not None:
-            self.write_status()
-
     def write_status(self) -> dict[str, Any]:
-        with self._status_lock:
-            doc = self.status()
-            if self._closed:
-                return doc  # stopped: the state_dir may belong to a successor already
-            self._write_status_file(doc)
-            if self.link is not None:
-                self.link.publish_status(doc)
-            if self.notifier is not None:
-                self.notifier.status(self._one_line())
-            return doc
+        """Build the status document, write status.json (a full disk degrades) and publish it."""
+        if self.status_writer is None:
+            return self.status()  # before start(): raises
+        return self.status_writer.write()
 
-    def _write_status_file(self, doc: dict[str, Any]) -> None:
-        """status.json; a full disk degrades (keep serving, `disk_full` in status and health), never stops us."""
-        try:
-            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            first = self.disk_full is None
-            self.disk_full = f"{self.state_dir}: {exc.strerror} (status.json not written; serving goes on)"
-            doc["disk_full"] = self.disk_full
-            if first:
-                self._emit({"event": "warning", "reason": self.disk_full, "disk_full": True})
-            return
-        if self.disk_full is not None:
-            self.disk_full = None
-            doc.pop("disk_full", None)
-            atomic_write_json(status_path(self.state_dir), doc, mode=0o600)
-            self._emit({"event": "disk_ok", "reason": "status.json written again"})
+    def _target_name(self) -> str | None:
+        return self.target.name if self.target is not None else None
 
     def _one_line(self) -> str:
         models = self.registry.models() if self.registry is not None else {}
         return "serving " + (", ".join(f"{n} v{v}" for n, v in sorted(models.items())) or "no models")
-
-    def _on_transition(self, record: dict[str, Any]) -> None:
-        self._emit({"event": "progress" if "progress" in record else "transition", **record})
-        if record.get("progress") == "retry":  # a transient failure being retried: status keeps the reason
-            keep = ("deployment_id", "version", "attempt", "wait_s", "reason", "ts")
-            self._retrying[record["model"]] = {k: record.get(k) for k in keep}
-            self.write_status()
-            return
-        if "progress" in record:
-            return
-        model = record.get("model")
-        if model is not None:
-            self._retrying.pop(model, None)
-        if self.link is not None:
-            self.link.publish_event(record)
-        self.write_status()
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.on_event is not None:

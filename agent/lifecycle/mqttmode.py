@@ -55,6 +55,7 @@ class MqttSource:
         self.config, self.store, self.slots = config, store, slots
         self.submit, self.seen = submit, seen
         self.in_flight, self.cancel = in_flight, cancel
+        # told of each connection change, and of each refused desired state (whose event this source publishes)
         self.on_connection, self.on_rejected = on_connection, on_rejected
         self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
@@ -170,6 +171,17 @@ class MqttSource:
         while len(self.rejected) > MAX_REJECTED:
             self.rejected.popitem(last=False)
         self.on_rejected(record)
+        self.publish_event(
+            {
+                "deployment_id": None,
+                "model": model,
+                "version": record.get("version"),
+                "state": "rejected",
+                "reason": record.get("reason"),
+                "code": record.get("code"),
+                "ts": record.get("ts"),
+            }
+        )
 
     # ---- DeploymentSource: RECEIVED and DOWNLOADING --------------------------------------------
     def check(self, dep: Deployment) -> None:

@@ -17,6 +17,8 @@ from agent.lifecycle.journal import Deployment, Journal
 from agent.names import is_valid_name
 
 NEEDS_SOURCE = ("received", "downloading")  # states whose action talks to the source
+# why a deployment of a known kind finds no source on this daemon (the kind's source is not configured here)
+UNCONFIGURED = {"manifest": "this daemon has no MQTT link: manifests are not accepted"}
 
 
 class DeploymentSource(Protocol):
@@ -30,6 +32,12 @@ class DeploymentSource(Protocol):
 
     def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
         """DOWNLOADING: land the artifact in the store; returns {"sha256", "size"}."""
+
+
+def missing_source(kind: Any) -> str:
+    """The rejection reason of a deployment whose source.kind has no source here."""
+    reason = UNCONFIGURED.get(kind) if isinstance(kind, str) else None
+    return reason or f"unknown deployment source {kind!r}"
 
 
 class InboxSource:

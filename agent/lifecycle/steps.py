@@ -19,7 +19,7 @@ from agent.lifecycle.perms import harden
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.qualqueue import QualificationQueue
 from agent.lifecycle.slots import ModelSlots, gc
-from agent.lifecycle.sources import NEEDS_SOURCE, InboxSource
+from agent.lifecycle.sources import NEEDS_SOURCE, InboxSource, missing_source
 from agent.lifecycle.states import Event, State
 from agent.util.atomic import atomic_write_json
 
@@ -147,9 +147,7 @@ class Steps:
             return Event.ACCEPT, {}
         source = self.sources.get(kind) if isinstance(kind, str) else None
         if source is None:
-            if kind == "manifest":
-                raise act.Rejected("this daemon has no MQTT link: manifests are not accepted")
-            raise act.Rejected(f"unknown deployment source {kind!r}")
+            raise act.Rejected(missing_source(kind))
         source.check(dep)
         return Event.ACCEPT, {}
 
