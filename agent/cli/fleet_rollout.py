@@ -219,6 +219,12 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
     type=click.Path(file_okay=False),
     help="Where device state lives (default: a temp dir, removed on exit).",
 )
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False),
+    help="Control-plane store: the devices' keys and groups are registered in its registry.json, so "
+    "`fleet push --wait` and `fleet rollout --store STORE` believe them.",
+)
 @click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
 @click.option(
     "--probation",
@@ -246,6 +252,7 @@ def simulate(
     groups,
     sysroots,
     state_dir,
+    store,
     id_prefix,
     probation_s,
     latency_budget_s,
@@ -275,7 +282,13 @@ def simulate(
         latency_budget_s=latency_budget_s,
         share_qualification=not no_shared_qualification,
         serve_http=serve_http,
+        store=store,
     )
+    if store is None:
+        click.echo(
+            "simulate: no --store: the devices are not registered; push --wait and rollouts will not believe them",
+            err=True,
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
