@@ -63,7 +63,13 @@ def _load_overrides(path):
 )
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
 @broker_options
-@click.option("--wait", type=float, metavar="SECONDS", help="Wait until every targeted device runs this version.")
+@click.option(
+    "--wait",
+    type=float,
+    metavar="SECONDS",
+    help="Wait until every targeted device runs this version (counts only reports signed by devices in "
+    "STORE/registry.json; see `fleet register`).",
+)
 @click.option("--http-url", metavar="URL", help="Also offer an http(s) source; '{sha256}' is replaced.")
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
