@@ -118,6 +118,7 @@ def main(argv=None) -> dict:
             sysroots=[str(ROOT / "tests/fixtures/sysroots" / c) for c in CLASSES],
             state_dir=str(tmp / "fleet"),
             probation_s=1.0,
+            store=tmp / "store",  # registers the simulated devices: the rollout believes their signed reports
         )
         t0 = time.monotonic()
         sim.start()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # edge-agent end to end on this machine, in a few minutes, leaving nothing running:
-#   venv -> private Mosquitto (or local inbox mode) -> keys -> agent -> push a generated model -> qualified,
-#   active -> one inference over HTTP (KServe v2) -> the provider decision with its evidence -> stop all.
+#   venv -> private Mosquitto (or local inbox mode) -> keys (fleet; the device's, registered) -> agent -> push a
+#   generated model -> qualified, active -> one inference over HTTP (KServe v2) -> the provider decision -> stop all.
 #   bash scripts/quickstart.sh [--local] [--keep] [--model cnn|tiny]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -112,6 +112,15 @@ DEVICE=quickstart-device
 } > "$WORK/agent.yaml"
 CHECK="$("$EA" config check "$WORK/agent.yaml")" || fail "the generated config does not validate"
 echo "$CHECK" | sed -n '1,3s/^/    /p'
+if [ "$MODE" = mqtt ]; then
+  # The device signs its status with its own key; the control plane believes only keys in its registry
+  # (fleet push --wait refuses to wait without one). On a real device: `edge-agent keys device` at install.
+  DEVKEY="$("$EA" keys device --config "$WORK/agent.yaml" --json)" || fail "edge-agent keys device failed"
+  DEVPUB="$("$PY" -c 'import json, sys; print(json.loads(sys.argv[1])["public_key_file"])' "$DEVKEY")"
+  REG="$("$EA" fleet register "$DEVICE" --public-key "$DEVPUB" --group quickstart --store "$WORK/cp-store")" \
+    || fail "edge-agent fleet register failed"
+  info "$REG"
+fi
 # A short probation so the demo commits quickly (production default: 60 s).
 EDGE_AGENT_PROBATION_S="${EDGE_AGENT_PROBATION_S:-5}" "$EA" run --config "$WORK/agent.yaml" > "$WORK/agent.log" 2>&1 &
 AGENT_PID=$!
@@ -224,5 +233,5 @@ EOF
 
 if [ "$MODE" = mqtt ]; then
   step "The fleet as the control plane sees it (edge-agent fleet status)"
-  "$EA" fleet status --broker "$BROKER" 2>&1 | sed 's/^/    /' || true
+  "$EA" fleet status --broker "$BROKER" --store "$WORK/cp-store" 2>&1 | sed 's/^/    /' || true
 fi

@@ -73,11 +73,39 @@ class ControlPlane:
     def publish(self, topic: str, payload: bytes) -> None:
         self.link.publish(topic, payload, qos=1, retain=True).wait_for_publish(15)
 
+    def register(self, device_id: str, state_dir, groups=()) -> str:
+        """Register a device with this control plane, as an operator does at install: its own public key (made
+        in its state_dir by agent.artifacts.keys.device_key, which the agent then signs with) and its groups,
+        in STORE/registry.json. Returns the key id."""
+        return register_device(self.store_dir, device_id, state_dir, groups)
+
+    def status_of(self, device_id: str, timeout: float = 15.0) -> dict | None:
+        """The device's retained status as this control plane believes it (verified against its registry)."""
+        from agent.fleet.registry import registry_for_store
+        from agent.fleet.status import FleetWatch
+
+        watch = FleetWatch(BrokerConfig(self.broker.url), registry=registry_for_store(self.store_dir))
+        with watch.start(timeout):
+            return watch.status.get(device_id)
+
     def to_device(self, name: str, payload: bytes, device: str = "dev-1") -> None:
         self.publish(self.topics.device_desired(device, name), payload)
 
     def to_group(self, group: str, name: str, payload: bytes) -> None:
         self.publish(self.topics.group_desired(group, name), payload)
+
+
+def register_device(store_dir, device_id: str, state_dir, groups=()) -> str:
+    """Write device_id's public key (from its state_dir: agent.artifacts.keys.device_key) and groups into
+    store_dir/registry.json; returns the key id."""
+    from agent.artifacts.keys import device_key, public_pem
+    from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+
+    Path(store_dir).mkdir(parents=True, exist_ok=True)
+    registry = DeviceRegistry.load(Path(store_dir) / REGISTRY_NAME)
+    entry = registry.register(device_id, public_pem(device_key(state_dir).public_key()), list(groups))
+    registry.save()
+    return entry["key_id"]
 
 
 def mqtt_config(tmp_path: Path, broker, cp: ControlPlane, groups=(), **extra):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from mqtt_support import register_device
 from test_daemon_support import EXE, ROOT, Daemon, infer, wait_for, write_config
 
 from agent.artifacts.keys import generate
@@ -42,6 +43,7 @@ def test_push_wait_deploys_rejects_untrusted_and_rolls_back(tmp_path, mosquitto)
     keyfile, pubfile, _ = generate(tmp_path / "keys")
     cfg = write_config(tmp_path / "dev", mqtt={"url": mosquitto.url}, extra={"trust": {"public_keys": [str(pubfile)]}})
     (tmp_path / "cp-store").mkdir()
+    register_device(tmp_path / "cp-store", "dev-1", tmp_path / "dev" / "state")  # push --wait believes its reports
     server = subprocess.Popen(
         EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
         cwd=ROOT,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mqtt_support import register_device
 from test_daemon_support import EXE, ROOT, infer, wait_for
 
 SCRIPT = ROOT / "scripts" / "emulated-device.sh"
@@ -187,6 +188,7 @@ def test_daemon_on_emulated_pi_pulls_from_host_mosquitto_serves_and_hot_swaps(bo
         )
     )
     (tmp_path / "cp-store").mkdir()
+    register_device(tmp_path / "cp-store", "pi-1", state)  # its key, registered: push --wait believes its reports
     server = subprocess.Popen(
         EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
         cwd=ROOT,

@@ -7,8 +7,8 @@ from agent.fleet.outcome import device_outcome, same_version
 from agent.fleet.push import device_result
 
 
-def _status(model_version=None, state="committed", dep=None, rejected=None):
-    doc = {"online": True, "models": {}, "deployments": {}}
+def _status(model_version=None, state="committed", dep=None, rejected=None, trust="verified"):
+    doc = {"online": True, "models": {}, "deployments": {}, "trust": trust}
     if model_version is not None:
         doc["models"]["m"] = {"version": model_version, "state": state, "provider": "cpu"}
     if dep is not None:
@@ -48,3 +48,12 @@ def test_what_runs_wins_over_an_older_failure_of_the_same_version():
     doc = _status("2", dep={"version": "2", "state": "failed", "result": "failed", "reason": "x"})
     assert device_outcome(doc, "m", "2")[0] == "committed"
     assert rs.observe(doc, "m", "2")[0] == rs.SUCCEEDED
+
+
+def test_only_a_verified_report_counts_as_success_or_failure():
+    for trust in ("unsigned", "unregistered", "bad-signature", "unverified (no device registry)", None):
+        good = _status("2", trust=trust)
+        bad = _status("1", dep={"version": "2", "state": "failed", "result": "failed", "reason": "x"}, trust=trust)
+        assert device_result(good, "m", "2", True) == ("pending", f"report {trust or 'not verified'}: not counted")
+        assert device_result(bad, "m", "2", True)[0] == "pending"
+        assert rs.observe(good, "m", "2") == (None, None) and rs.observe(bad, "m", "2") == (None, None)

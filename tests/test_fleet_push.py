@@ -27,8 +27,9 @@ class MiniDevice(threading.Thread):
 
     def __init__(self, url, device_id, groups, trusted, state_dir):
         super().__init__(daemon=True)
-        self.link = DeviceLink(url, device_id, groups=groups)
-        self.trusted, self.store = trusted, ContentStore(state_dir)
+        # signed with its own key, registered with the control plane (fleet fixture): its reports count
+        self.link = DeviceLink(url, device_id, groups=groups, signer=keys.device_key(state_dir))
+        self.trusted, self.store, self.state_dir = trusted, ContentStore(state_dir), Path(state_dir)
         self.models, self.deployments = {}, {}
         self.stopping = threading.Event()
 
@@ -90,8 +91,20 @@ def fleet(mosquitto, tmp_path):
     assert "serving" in serve.stderr.readline()
     good = MiniDevice(mosquitto.url, "pi-1", ["lab"], keys.trusted_keys([kdir / "fleet.pub"]), tmp_path / "d1")
     stranger = MiniDevice(mosquitto.url, "pi-2", ["lab"], keys.trusted_keys([pub2]), tmp_path / "d2")
-    good.start()
-    stranger.start()
+    for dev in (good, stranger):
+        out = run_cli(
+            "fleet",
+            "register",
+            dev.link.device_id,
+            "--public-key",
+            dev.state_dir / "device.pub",
+            "--group",
+            "lab",
+            "--store",
+            store,
+        )
+        assert out.returncode == 0, out.stderr
+        dev.start()
     yield {"broker": mosquitto.url, "key": kdir / "fleet.key", "store": store, "tmp": tmp_path}
     good.stop()
     stranger.stop()
@@ -125,7 +138,9 @@ def test_push_wait_succeeds_and_status_shows_the_model(fleet):
     doc = json.loads(out.stdout)
     assert doc["ok"] and doc["devices"]["pi-1"]["result"] == "committed" and doc["format"] == "tar.gz"
     assert ContentStore(fleet["store"]).has(doc["sha256"])
-    status = json.loads(run_cli("fleet", "status", "--broker", fleet["broker"], "--json").stdout)
+    status = json.loads(
+        run_cli("fleet", "status", "--broker", fleet["broker"], "--store", fleet["store"], "--json").stdout
+    )
     rows = {r["device_id"]: r for r in status["devices"]}
     assert rows["pi-1"]["online"] and rows["pi-1"]["models"]["tiny"]["version"] == "2"
     assert rows["pi-1"]["models"]["tiny"]["state"] == "committed"
@@ -176,7 +191,7 @@ def test_group_push_reports_each_devices_rejection(fleet):
     assert out.returncode != 0
     assert "pi-2: rejected" in out.stderr and "does not trust" in out.stderr and "Traceback" not in out.stderr
     assert "pi-1: committed" in out.stdout
-    table = run_cli("fleet", "status", "--broker", fleet["broker"])
+    table = run_cli("fleet", "status", "--broker", fleet["broker"], "--store", fleet["store"])
     line = next(ln for ln in table.stdout.splitlines() if ln.startswith("pi-2"))
     assert "rejected" in line and "does not trust" in line
 

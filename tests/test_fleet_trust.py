@@ -1,32 +1,203 @@
 """The control plane believes only signed reports: devices sign status and events with their own key, the
-registry (STORE/registry.json) holds their public keys and groups. A fake "committed" from an unregistered or
-unsigned device does not make `fleet push --wait` succeed; a claimed group the registry does not give is ignored."""
+registry (STORE/registry.json) holds their public keys and groups. A fake "committed" from an unregistered,
+unsigned or badly signed device makes neither `fleet push --wait` nor a rollout wave succeed; a forged failure
+neither fails a push nor halts a rollout; a claimed group the registry does not give is ignored; without a
+registry, push --wait, rollout and rollback --wait refuse to run and say how to register the devices."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 
-from mqtt_support import ControlPlane, mqtt_config
+import pytest
+from mqtt_support import ControlPlane, mqtt_config, register_device
 from test_daemon_support import EXE, ROOT, fast
 
 from agent.app import DeviceAgent
+from agent.errors import ConfigError
 from agent.fleet.push import push
-from agent.fleet.registry import DeviceRegistry
+from agent.fleet.registry import NO_REGISTRY, DeviceRegistry
+from agent.fleet.rollout_plan import RolloutSpec
+from agent.fleet.rollout_run import run_rollout
 from agent.fleet.status import fleet_status
 from agent.samples import sample_tiny_package
 from agent.transport.mqtt import BrokerConfig
+from agent.transport.signing import sign_doc
 
 
-def _fake_status(cp, device, version, groups=("lab",)):
+def _fake_status(cp, device, version, groups=("lab",), state="committed", key=None):
+    """A retained status in `device`'s name: committed (or failed) `version`; signed with `key` when given."""
     doc = {
         "device_id": device,
         "online": True,
         "groups": list(groups),
-        "models": {"tiny": {"version": version, "state": "committed", "provider": "cpu"}},
-        "deployments": {"tiny": {"id": "x", "version": version, "state": "committed", "result": "committed"}},
+        "ts": time.time(),
+        "models": {"tiny": {"version": version, "state": "committed", "provider": "cpu"}}
+        if state == "committed"
+        else {},
+        "deployments": {
+            "tiny": {
+                "id": "x",
+                "version": version,
+                "state": state,
+                "result": state,
+                "reason": "forged",
+                "ts": time.time(),
+            }
+        },
     }
-    cp.publish(cp.topics.status(device), json.dumps(doc).encode())
+    cp.publish(cp.topics.status(device), json.dumps(sign_doc(doc, key) if key else doc).encode())
+
+
+def _cli(*args):
+    return subprocess.run(EXE + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_without_a_registry_nothing_waits_and_status_marks_every_claim(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    try:
+        _fake_status(cp, "dev-1", "1")
+        pkg = sample_tiny_package(tmp_path / "pkg", version="1")
+        common = ["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url]
+        for argv in (
+            ["fleet", "push", pkg, "--name", "tiny", "--version", "1", "--device", "dev-1", "--wait", 30],
+            ["fleet", "rollout", pkg, "--name", "tiny", "--version", "1", "--all", "--wait", "--deadline", 30],
+            ["fleet", "rollback", "tiny", "--device", "dev-1", "--version", "1", "--wait", 30],
+            ["fleet", "rollback", "tiny", "--group", "lab", "--version", "1"],
+        ):
+            t0 = time.monotonic()
+            out = _cli(*argv, *common)
+            assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+            err = out.stderr.strip().splitlines()[-1]
+            assert err.startswith("error:") and "no device registry" in err, err
+            assert "edge-agent keys device" in err and "edge-agent fleet register DEVICE --public-key" in err, err
+            assert f"--store {cp.store_dir}" in err, err
+            assert time.monotonic() - t0 < 30  # failed fast: no wait ran out
+        assert not (cp.store_dir / "rollouts").exists() or not list((cp.store_dir / "rollouts").iterdir())
+        # fleet status still lists the device: its claims shown, marked, set aside; no group from its own claim
+        (row,) = fleet_status(BrokerConfig(mosquitto.url))["devices"]
+        assert row["trust"] == NO_REGISTRY and row["models"] == {} and row["groups"] == [], row
+        assert row["unverified_claims"]["models"]["tiny"]["version"] == "1" and row["claimed_groups"] == ["lab"]
+        table = _cli("fleet", "status", "--broker", mosquitto.url)
+        line = next(ln for ln in table.stdout.splitlines() if ln.startswith("dev-1"))
+        assert "no registry" in line and "claims: tiny 1" in line, table.stdout
+        assert "no device registry" in table.stdout and "edge-agent fleet register" in table.stdout
+    finally:
+        cp.close()
+
+
+def test_forged_committed_reports_never_make_a_rollout_wave_succeed(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    try:
+        # fake-a is registered but its report is signed by another key; fake-b's is unsigned; ghost is unregistered
+        register_device(cp.store_dir, "fake-a", tmp_path / "a", ["fakes"])
+        register_device(cp.store_dir, "fake-b", tmp_path / "b", ["fakes"])
+        from agent.artifacts.keys import device_key
+
+        _fake_status(cp, "fake-a", "1", groups=("fakes",), key=device_key(tmp_path / "not-a"))
+        _fake_status(cp, "fake-b", "1", groups=("fakes",))
+        _fake_status(cp, "ghost", "1", groups=("fakes",))
+        spec = RolloutSpec("tiny", "1", group="fakes", canary="0", wave_size="100%", deadline_s=3).validate()
+        events = []
+        summary = run_rollout(
+            sample_tiny_package(tmp_path / "pkg", version="1"),
+            spec,
+            key_file=cp.keyfile,
+            store=cp.store_dir,
+            broker=BrokerConfig(mosquitto.url),
+            tick_s=0.2,
+            progress=lambda event, **f: events.append((event, f)),
+        )
+        rows = {d["device_id"]: d for d in summary["devices"]}
+        assert set(rows) == {"fake-a", "fake-b"}, rows  # ghost claims the group: not a member
+        assert summary["state"] == "halted" and "succeeded" not in summary["counts"], summary
+        assert rows["fake-a"]["result"] == "failed" and "report bad-signature: not counted" in rows["fake-a"]["reason"]
+        assert rows["fake-b"]["result"] == "failed" and "report unsigned: not counted" in rows["fake-b"]["reason"]
+        shown = [f for e, f in events if e == "device" and f["result"] == "in_progress"]
+        assert {f["device_id"] for f in shown} == {"fake-a", "fake-b"}  # shown while the wave ran
+        assert any(e == "warning" and "not in the device registry" in f["message"] for e, f in events)
+    finally:
+        cp.close()
+
+
+def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    cp.serve()
+    cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=("lab",))
+    register_device(cp.store_dir, "dev-1", cfg.state_dir, ["lab"])
+    a = DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"]).start()
+    broker = BrokerConfig(mosquitto.url)
+    try:
+        # an unsigned "failed" event in dev-1's own name, retained so the waiting control plane reads it
+        forged = {"device_id": "dev-1", "model": "tiny", "version": "1", "state": "failed", "reason": "forged"}
+        cp.publish(cp.topics.events("dev-1"), json.dumps(forged).encode())
+        _fake_status(cp, "saboteur", "1", state="failed")  # unregistered, claims group lab, says it failed
+        pkg = sample_tiny_package(tmp_path / "pkg1", version="1")
+        doc = push(
+            pkg,
+            name="tiny",
+            version="1",
+            groups=["lab"],
+            key_file=cp.keyfile,
+            store=cp.store_dir,
+            broker=broker,
+            validate=False,
+            wait=60,
+        )
+        assert doc["ok"] is True and set(doc["devices"]) == {"dev-1"}, doc
+        _fake_status(cp, "saboteur", "2", state="failed")
+        forged["version"] = "2"
+        cp.publish(cp.topics.events("dev-1"), json.dumps(forged).encode())
+        spec = RolloutSpec("tiny", "2", group="lab", canary="1", deadline_s=60).validate()
+        summary = run_rollout(
+            sample_tiny_package(tmp_path / "pkg2", version="2"),
+            spec,
+            key_file=cp.keyfile,
+            store=cp.store_dir,
+            broker=broker,
+            tick_s=0.2,
+        )
+        assert summary["state"] == "completed" and summary["counts"] == {"succeeded": 1}, summary
+        assert [d["device_id"] for d in summary["devices"]] == ["dev-1"]
+    finally:
+        a.stop()
+        cp.close()
+
+
+def test_group_members_come_from_the_registry_and_a_silent_member_times_out(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    try:
+        register_device(cp.store_dir, "quiet", tmp_path / "quiet", ["lab"])  # registered, never reports
+        _fake_status(cp, "claimer", "1")  # reports (unsigned) and claims group lab: not a member
+        pkg = sample_tiny_package(tmp_path / "pkg", version="1")
+        doc = push(
+            pkg,
+            name="tiny",
+            version="1",
+            groups=["lab"],
+            key_file=cp.keyfile,
+            store=cp.store_dir,
+            broker=BrokerConfig(mosquitto.url),
+            validate=False,
+            wait=3,
+        )
+        assert doc["ok"] is False and set(doc["devices"]) == {"quiet"}, doc
+        assert doc["devices"]["quiet"]["result"] == "timeout", doc
+        with pytest.raises(ConfigError, match="no device of group nobody is in the device registry"):
+            push(
+                pkg,
+                name="tiny",
+                version="1",
+                groups=["nobody"],
+                key_file=cp.keyfile,
+                store=cp.store_dir,
+                broker=BrokerConfig(mosquitto.url),
+                validate=False,
+                wait=3,
+            )
+    finally:
+        cp.close()
 
 
 def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
@@ -74,13 +245,19 @@ def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
     try:
         pkg = sample_tiny_package(tmp_path / "pkg", version="1")
         common = dict(name="tiny", key_file=cp.keyfile, store=cp.store_dir, broker=broker, validate=False)
-        # fake committed reports: an unregistered device and a registered one whose report is unsigned
+        # an unregistered device: waiting for it is refused at once (its reports could never count)
         _fake_status(cp, "ghost", "1")
+        with pytest.raises(ConfigError, match="device ghost is not in the device registry"):
+            push(pkg, version="1", devices=["ghost"], wait=8, **common)
+        # fake committed reports of registered devices: unsigned (dev-2), signed by another key (dev-3)
+        reg.register("dev-3", public_pem(device_key(tmp_path / "dev3-state").public_key()), [])
+        reg.save()
         _fake_status(cp, "dev-2", "1")
-        for fake in ("ghost", "dev-2"):
+        _fake_status(cp, "dev-3", "1", key=device_key(tmp_path / "not-dev3"))
+        for fake, why in (("dev-2", "unsigned"), ("dev-3", "bad-signature")):
             doc = push(pkg, version="1", devices=[fake], wait=8, **common)
-            assert doc["ok"] is False, doc
-            assert "not counted" in doc["devices"][fake]["reason"], doc
+            assert doc["ok"] is False and doc["devices"][fake]["result"] == "timeout", doc
+            assert f"report {why}: not counted" in doc["devices"][fake]["reason"], doc
         # a group push: the real, signed dev-1 counts; the intruder claiming group lab is not a member
         _fake_status(cp, "intruder", "2", groups=("lab",))
         doc = push(pkg, version="2", groups=["lab"], wait=45, **common)

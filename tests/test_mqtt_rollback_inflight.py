@@ -37,6 +37,7 @@ def _ended(agent, version):
 @pytest.mark.parametrize("where", ["queued", "probation"])
 def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosquitto, plane, where):
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, plane)
+    plane.register("dev-1", cfg.state_dir)  # the control plane believes its signed status
     agent = DeviceAgent(cfg, step_config=fast(0.3), serve_http=False, providers=["cpu"]).start()
     hold, held = threading.Event(), threading.Event()
 
@@ -69,9 +70,13 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
         assert "serves already" in (v2.reason or ""), v2.reason
         assert agent.steps.slots.committed("tiny")["version"] == "1"
         wait_for(lambda: not agent.orchestrator.in_flight(), 60, "nothing in flight")
-        doc = agent.status()
-        # The control plane's reading of that status: version 1 runs, version 2 does not (a confirmed state).
-        assert rs.observe(doc, "tiny", "1")[0] == rs.SUCCEEDED and not rs.holds(doc, "tiny", "2"), doc
+        # The control plane's reading of the retained status: version 1 runs, version 2 does not (confirmed).
+        doc = wait_for(
+            lambda: (d := plane.status_of("dev-1")) and rs.observe(d, "tiny", "1")[0] == rs.SUCCEEDED and d,
+            60,
+            "a verified status with version 1",
+        )
+        assert doc["trust"] == "verified" and not rs.holds(doc, "tiny", "2"), doc
     finally:
         hold.set()
         if t.is_alive():

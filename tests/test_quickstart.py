@@ -38,6 +38,8 @@ def test_quickstart(mode, tmp_path):
     if mode == "mqtt":
         assert "Private Mosquitto broker" in out and "quickstart-device: committed" in out
         assert re.search(r"mosquitto pid \d+", out)
+        assert "registered quickstart-device (key " in out  # its own key, in the control plane's registry
+        assert re.search(r"quickstart-device\s+yes\s+verified\s", out)  # fleet status believes its signed report
     else:
         assert "Local inbox mode" in out and "sample-cnn 1: committed" in out
     assert "-> model_version 1, output probabilities [1, 10]" in out

@@ -19,6 +19,7 @@ def _status(dev, target, providers, groups=("lab",), version=None, online=True):
         "providers": providers,
         "models": {},
         "deployments": {},
+        "trust": "verified",  # as the control plane's registry left it
     }
     if version:
         doc["models"]["m"] = {"version": version, "state": "committed", "provider": providers[0]}
@@ -182,6 +183,31 @@ def test_silent_devices_fail_at_deadline(tmp_path):
     dev = next(iter(fleet.desired))
     assert eng.state["devices"][dev]["result"] == rs.FAILED
     assert "silent: no result within 60 s" in eng.state["devices"][dev]["reason"]
+
+
+def test_an_unverified_report_is_shown_but_neither_fails_nor_passes_a_wave(tmp_path):
+    fleet = _Fleet(_fleet())
+    now, seen = [1000.0], []
+    spec = RolloutSpec("m", "2", group="lab", canary="1", deadline_s=60)
+    state, _ = open_rollout(tmp_path, spec, fleet.statuses(), {"sha256": "cd" * 32})
+    eng = RolloutEngine(
+        tmp_path, state, fleet, _Issuer(), progress=lambda e, **f: seen.append((e, f)), clock=lambda: now[0]
+    )
+    eng.step()
+    (dev,) = fleet.desired
+    fleet.report(dev, "2", ok=False)
+    fleet.st[dev]["trust"] = "unsigned"  # a forged failure: shown, never counted
+    eng.step()
+    d = eng.state["devices"][dev]
+    assert d["result"] == rs.IN_PROGRESS and d["reason"] == "report unsigned: not counted"
+    assert eng.state["cohorts"]["all"]["state"] == rs.RUNNING
+    assert ("device", {"device_id": dev, "cohort": "all", "result": rs.IN_PROGRESS, "reason": d["reason"]}) in seen
+    fleet.report(dev, "2")  # a forged success does not pass the canary either
+    eng.step()
+    assert eng.state["devices"][dev]["result"] == rs.IN_PROGRESS
+    fleet.st[dev]["trust"] = "verified"  # the device's own signed report does
+    eng.step()
+    assert eng.state["devices"][dev]["result"] == rs.SUCCEEDED
 
 
 def test_resume_with_other_settings_is_refused(tmp_path):

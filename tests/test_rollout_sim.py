@@ -62,6 +62,7 @@ def fleet(tmp_path_factory):
                     id_prefix=prefix,
                     sysroots=[str(SYSROOTS / c) for c in classes],
                     state_dir=str(tmp / prefix),
+                    store=store,  # registers its devices: the rollouts believe their signed reports
                 )
                 sims.append(sim.start())
                 return sim

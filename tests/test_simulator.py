@@ -99,6 +99,8 @@ def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):
             mosquitto.url,
             "--state-dir",
             str(tmp_path / "fleet"),
+            "--store",
+            str(tmp_path / "cp-store"),
             "--json",
         ],
         stdout=subprocess.PIPE,
@@ -110,12 +112,19 @@ def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):
         assert started["event"] == "started" and started["devices"] == 3
         assert started["classes"] == {"rpi4-4gb": 2, "amd-epyc-x86": 1}
         assert started["providers"] == {"rpi4-4gb": ["cpu"], "amd-epyc-x86": ["openvino", "cpu"]}
+        from agent.fleet.registry import registry_for_store
         from agent.fleet.status import fleet_status
         from agent.transport.mqtt import BrokerConfig
 
-        rows = {r["device_id"]: r for r in fleet_status(BrokerConfig(mosquitto.url))["devices"]}
+        registry = registry_for_store(tmp_path / "cp-store")  # the simulator registered its devices
+        assert registry is not None and registry.members("lab") == [
+            "sim-amd-epyc-x86-1",
+            "sim-rpi4-4gb-1",
+            "sim-rpi4-4gb-2",
+        ]
+        rows = {r["device_id"]: r for r in fleet_status(BrokerConfig(mosquitto.url), registry=registry)["devices"]}
         assert set(rows) == {"sim-rpi4-4gb-1", "sim-rpi4-4gb-2", "sim-amd-epyc-x86-1"}
-        assert all(r["online"] and r["groups"] == ["lab"] for r in rows.values())
+        assert all(r["online"] and r["groups"] == ["lab"] and r["trust"] == "verified" for r in rows.values())
         assert rows["sim-rpi4-4gb-1"]["target"] == "raspberry-pi-4"
         proc.send_signal(signal.SIGTERM)
         stopped = json.loads(proc.stdout.readline())
@@ -148,7 +157,7 @@ def test_rollout_through_nats_mqtt_gateway_unchanged(nats_mqtt, tmp_path):
         broker=cfg,
         trust=[str(pub)],
         groups=["n"],
-        state_dir=str(tmp_path / "sim"),
+        store=tmp_path / "store",  # registers the simulated devices, so the rollout believes them
         sysroots=[str(SYSROOTS / "rpi5-8gb"), str(SYSROOTS / "amd-epyc-x86")],
     )
     try:
@@ -168,3 +177,7 @@ def test_rollout_through_nats_mqtt_gateway_unchanged(nats_mqtt, tmp_path):
         server.stop()
     assert summary["state"] == "completed" and summary["counts"] == {"succeeded": 4}, summary
     assert set(summary["cohorts"]) == {"raspberry-pi-5", "generic-x86_64"}
+    from agent.fleet.registry import registry_for_store
+
+    # its devices' keys went with its temporary state directory: it took them out of the registry again
+    assert registry_for_store(tmp_path / "store").devices == {}

@@ -63,7 +63,13 @@ def _load_overrides(path):
 )
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
 @broker_options
-@click.option("--wait", type=float, metavar="SECONDS", help="Wait until every targeted device runs this version.")
+@click.option(
+    "--wait",
+    type=float,
+    metavar="SECONDS",
+    help="Wait until every targeted device runs this version (counts only reports signed by devices in "
+    "STORE/registry.json; see `fleet register`).",
+)
 @click.option("--http-url", metavar="URL", help="Also offer an http(s) source; '{sha256}' is replaced.")
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
@@ -175,8 +181,8 @@ def serve(store, workers, http_bind, **kw):
 def status(as_json, store, registry_file, **kw):
     """One row per device: online, models (version, provider, state), last deployment result and reason;
     `trust` says whether the report is signed by the device's registered key."""
-    from agent.fleet.registry import DeviceRegistry, registry_for_store
-    from agent.fleet.status import fleet_status
+    from agent.fleet.registry import NO_REGISTRY, REMEDY, DeviceRegistry, registry_for_store
+    from agent.fleet.status import device_row, fleet_status
     from agent.lifecycle.status import figures_brief
 
     registry = DeviceRegistry.load(registry_file) if registry_file else registry_for_store(store)
@@ -192,16 +198,21 @@ def status(as_json, store, registry_file, **kw):
         if rollouts:
             click.echo(rollouts)
         return
-    click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'MODELS':<40} LAST DEPLOYMENT")
+    click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'TRUST':<14} {'MODELS':<40} LAST DEPLOYMENT")
+    unverified = 0
     for r in doc["devices"]:
+        shown, mark = r, ""
+        if r.get("trust") != "verified":  # what the device says, shown as its claim: never counted
+            unverified += 1
+            shown, mark = device_row(r["device_id"], r.get("unverified_claims") or {}), "claims: "
         models = (
             ", ".join(
                 f"{m} {v.get('version')} {v.get('provider') or '-'} {v.get('state') or ''}".strip()
-                for m, v in sorted(r["models"].items())
+                for m, v in sorted(shown["models"].items())
             )
             or "-"
         )
-        last = r["last_deployment"]
+        last = shown["last_deployment"]
         dep = "-"
         if last:
             dep = f"{last.get('model')} {last.get('version')}: {last.get('result') or last.get('state')}"
@@ -209,8 +220,19 @@ def status(as_json, store, registry_file, **kw):
                 dep += f" ({last['reason']})"
             if figures_brief(last):
                 dep += f" [{figures_brief(last)}]"
-        click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {models:<40} {dep}")
+        trust = "no registry" if r.get("trust") == NO_REGISTRY else str(r.get("trust"))
+        models = mark + models if models != "-" else models
+        dep = mark + dep if dep != "-" else dep
+        click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {trust:<14} {models:<40} {dep}")
     click.echo(f"{doc['online']}/{doc['count']} online")
+    if unverified:
+        click.echo(
+            f"{unverified} report(s) not verified: 'claims:' is what the device says; push --wait and rollouts "
+            "never count it"
+        )
+    if registry is None:
+        where = f"none in {store}" if store else "pass --store STORE or --registry FILE"
+        click.echo(f"no device registry ({where}), nothing verified: " + REMEDY.format(store=store or "STORE"))
     if rollouts:
         click.echo(rollouts)
 

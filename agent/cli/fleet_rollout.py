@@ -52,8 +52,8 @@ def render_summary(doc: dict) -> str:
 @click.argument("package", type=click.Path(exists=True))
 @click.option("--name", required=True, help="Model name.")
 @click.option("--version", "version", required=True, help="New version (dotted integers, higher than installed).")
-@click.option("--group", help="Roll out to the devices of this group (from their retained status).")
-@click.option("--all", "all_devices", is_flag=True, help="Roll out to every device that has a retained status.")
+@click.option("--group", help="Roll out to the members of this group (from the device registry, STORE/registry.json).")
+@click.option("--all", "all_devices", is_flag=True, help="Roll out to every device in the device registry.")
 @click.option(
     "--cohort-by",
     type=click.Choice(["target", "provider"]),
@@ -124,7 +124,9 @@ def rollout(
     """Roll PACKAGE out as NAME VERSION: canary first (per cohort), then waves that must each pass before the
     next; a cohort whose failures pass --max-failures halts and every device that took the version is rolled
     back with signed rollback manifests. State lives in STORE/rollouts/: run the same command again to
-    resume. Exits 0 when completed (or still running without --wait), 1 when halted or partial."""
+    resume. Only reports signed by a device registered in STORE/registry.json (`edge-agent fleet register`)
+    count; without a registry it refuses to start. Exits 0 when completed (or still running without --wait),
+    1 when halted or partial."""
     from agent.fleet.rollout_plan import RolloutSpec
     from agent.fleet.rollout_run import run_rollout
 
@@ -219,6 +221,12 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
     type=click.Path(file_okay=False),
     help="Where device state lives (default: a temp dir, removed on exit).",
 )
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False),
+    help="Control-plane store: the devices' keys and groups are registered in its registry.json, so "
+    "`fleet push --wait` and `fleet rollout --store STORE` believe them.",
+)
 @click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
 @click.option(
     "--probation",
@@ -246,6 +254,7 @@ def simulate(
     groups,
     sysroots,
     state_dir,
+    store,
     id_prefix,
     probation_s,
     latency_budget_s,
@@ -275,7 +284,13 @@ def simulate(
         latency_budget_s=latency_budget_s,
         share_qualification=not no_shared_qualification,
         serve_http=serve_http,
+        store=store,
     )
+    if store is None:
+        click.echo(
+            "simulate: no --store: the devices are not registered; push --wait and rollouts will not believe them",
+            err=True,
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -1,7 +1,8 @@
 """Did this device take version V? The one device-outcome check behind `fleet push --wait` and `fleet rollout`.
 
 Versions compare numerically (dotted integers: "2" == "2.0"), falling back to string equality for anything that
-does not parse. What runs wins: a committed V is success whatever older records say; otherwise the device's
+does not parse. Only a report the control plane verified (`trust == "verified"`: signed by the device's key in
+the registry) says anything: any other report is pending, whatever it claims. What runs wins: a committed V is success whatever older records say; otherwise the device's
 latest deployment record (or a rejection of V before the lifecycle) for V in a bad terminal state is failure.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 COMMITTED, PENDING = "committed", "pending"
+TRUSTED = "verified"  # the one trust state (agent.fleet.registry) whose reports count, as success or failure
 BAD_STATES = ("failed", "rejected", "rolled_back")
 
 
@@ -26,12 +28,21 @@ def same_version(a: Any, b: Any) -> bool:
         return str(a) == str(b)
 
 
+def untrusted(status: Any) -> str | None:
+    """Why a device's report is not believed ("report unsigned: not counted"); None when it is (or is absent)."""
+    if not isinstance(status, dict) or status.get("trust") == TRUSTED:
+        return None
+    return f"report {status.get('trust') or 'not verified'}: not counted"
+
+
 def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) -> tuple[str, str]:
     """(result, reason) for (name, version) from a device's status document: result is "committed", one of
     BAD_STATES, or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
     record count: an old failure of the same version says nothing about this push)."""
     if not isinstance(status, dict):
         return PENDING, "no status"
+    if untrusted(status):
+        return PENDING, str(untrusted(status))
     model = (status.get("models") or {}).get(name)
     if isinstance(model, dict) and same_version(model.get("version"), version):
         if model.get("state", COMMITTED) == COMMITTED:

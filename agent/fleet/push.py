@@ -14,8 +14,8 @@ from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope,
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
 from agent.fleet.outcome import device_outcome, same_version
-from agent.fleet.registry import registry_for_store
-from agent.fleet.status import BELIEVED, NO_REGISTRY, TERMINAL_BAD, FleetWatch
+from agent.fleet.registry import REMEDY, DeviceRegistry, registry_for_store, require_registry
+from agent.fleet.status import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
 
@@ -136,6 +136,12 @@ def push(
         check_name(d, "device id", ConfigError)
     for g in groups:
         check_name(g, "group", ConfigError)
+    registry: DeviceRegistry | None
+    if wait is not None:  # fail fast: waiting needs reports that can be verified
+        registry = require_registry(store, "fleet push --wait")
+        _check_waitable(registry, devices, groups, store)
+    else:
+        registry = registry_for_store(store)
     key = load_private_key(key_file)
     progress("store", package=str(package))
     art = store_package(package, store, chunk_size, validate=validate)
@@ -172,7 +178,6 @@ def push(
         "rollback": rollback,
         "waited": wait is not None,
     }
-    registry = registry_for_store(store)
     doc["registry"] = str(registry.path) if registry is not None else None
     with FleetWatch(broker, prefix, events=wait is not None, registry=registry) as watch:
         _check_monotonic(watch, topics, manifest, 15.0)
@@ -187,6 +192,19 @@ def push(
         else:
             doc["ok"] = True
     return doc
+
+
+def _check_waitable(registry: DeviceRegistry, devices: list[str], groups: list[str], store) -> None:
+    """Waiting is for devices whose reports can count: every targeted device registered, every group with a
+    registered member (membership comes only from the registry)."""
+    missing = [d for d in devices if d not in registry.devices]
+    empty = [g for g in groups if not registry.members(g)]
+    if missing or empty:
+        what = [f"device {d} is not in the device registry {registry.path}" for d in missing]
+        what += [f"no device of group {g} is in the device registry {registry.path}" for g in empty]
+        raise ConfigError(
+            f"fleet push --wait: {'; '.join(what)}: its reports would never count; " + REMEDY.format(store=store)
+        )
 
 
 def _dep_key(status: dict, name: str):
@@ -211,10 +229,9 @@ def wait_for_devices(
     deadline = time.monotonic() + timeout
     while True:
         for kind, dev, doc in watch.drain(timeout=0.5):
-            member = dev in results or set(groups) & set((watch.status.get(dev) or {}).get("groups") or [])
-            if (
+            if (  # FleetWatch hands on verified events only
                 kind == "events"
-                and member
+                and dev in results
                 and doc.get("model") == name
                 and same_version(doc.get("version"), version)
                 and doc.get("state") in TERMINAL_BAD
@@ -222,15 +239,10 @@ def wait_for_devices(
                 results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
                 progress("device", device_id=dev, **results[dev])
         for dev, status in watch.status.items():
-            if dev not in results and not set(groups) & set(status.get("groups") or []):
-                continue
-            if results.get(dev, {}).get("result") not in (None, "pending"):
-                continue
-            if status.get("trust", NO_REGISTRY) not in BELIEVED:
-                results[dev] = {"result": "pending", "reason": f"report {status.get('trust')}: not counted"}
+            if dev not in results or results[dev]["result"] != "pending":
                 continue
             result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
-            if results.get(dev, {}).get("result") != result and result != "pending":
+            if results[dev]["reason"] != reason and (result != "pending" or "not counted" in reason):
                 progress("device", device_id=dev, result=result, reason=reason)
             results[dev] = {"result": result, "reason": reason}
         pending = [d for d, r in results.items() if r["result"] == "pending"]

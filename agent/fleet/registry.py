@@ -3,6 +3,8 @@
 `fleet push --wait`, `fleet rollout` and `fleet status` verify every device report against it and take group
 membership from it, never from the device's own claim. An unsigned, unregistered or badly signed report is
 marked as such (`trust`) and its claims (models, deployments) are set aside: it never counts as success.
+Without a registry nothing can be verified: `fleet status` still lists the reports (trust
+"unverified (no device registry)", claims set aside), while push --wait, rollout and rollback --wait refuse to run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ from agent.util.atomic import atomic_write_json, read_json
 REGISTRY_NAME = "registry.json"
 FORMAT = 1
 CLAIMS = ("models", "deployments", "rejected", "recent_deployments")  # what an unverified report may not assert
+NO_REGISTRY = "unverified (no device registry)"
+REMEDY = (
+    "on each device run `edge-agent keys device --config agent.yaml`, then register its public key here: "
+    "`edge-agent fleet register DEVICE --public-key device.pub --group G --store {store}`"
+)
+
+
+def set_aside(doc: dict[str, Any], trust: str, groups: list[str] | None = None) -> dict[str, Any]:
+    """An unverified report as the control plane shows it: `trust` set, groups only from the registry (none
+    without one; the device's own claim kept as `claimed_groups`), its claims moved under `unverified_claims`."""
+    out = dict(doc, trust=trust, groups=list(groups or []))
+    out["unverified_claims"] = {k: out.pop(k) for k in CLAIMS if k in out}
+    out["claimed_groups"] = doc.get("groups")
+    return out
 
 
 class DeviceRegistry:
@@ -58,6 +74,15 @@ class DeviceRegistry:
         self._keys.pop(device_id, None)
         return entry
 
+    def unregister(self, device_id: str, key_id: str | None = None) -> bool:
+        """Drop a device (only while it still has `key_id`, when given); True when it was removed."""
+        entry = self.devices.get(device_id)
+        if entry is None or (key_id is not None and entry.get("key_id") != key_id):
+            return False
+        del self.devices[device_id]
+        self._keys.pop(device_id, None)
+        return True
+
     def groups(self, device_id: str) -> list[str]:
         return list((self.devices.get(device_id) or {}).get("groups") or [])
 
@@ -80,11 +105,9 @@ class DeviceRegistry:
         """The document as the control plane may believe it: `trust` set, groups from the registry, and the
         claims of an unverified report moved under `unverified_claims`."""
         trust = self.trust(device_id, doc)
-        out = dict(doc, trust=trust, groups=self.groups(device_id))
         if trust != "verified":
-            out["unverified_claims"] = {k: out.pop(k) for k in CLAIMS if k in out}
-            out["claimed_groups"] = doc.get("groups")
-        return out
+            return set_aside(doc, trust, self.groups(device_id))
+        return dict(doc, trust=trust, groups=self.groups(device_id))
 
 
 def registry_for_store(store: str | os.PathLike | None) -> DeviceRegistry | None:
@@ -93,3 +116,16 @@ def registry_for_store(store: str | os.PathLike | None) -> DeviceRegistry | None
         return None
     path = Path(store) / REGISTRY_NAME
     return DeviceRegistry.load(path) if path.exists() else None
+
+
+def require_registry(store: str | os.PathLike | None, command: str) -> DeviceRegistry:
+    """STORE/registry.json, or a ConfigError naming the remedy: `command` decides on device reports, and without
+    a registry none of them can be verified (so none could ever count)."""
+    registry = registry_for_store(store)
+    if registry is None:
+        where = Path(store) / REGISTRY_NAME if store is not None else REGISTRY_NAME
+        raise ConfigError(
+            f"{command}: no device registry ({where}): device reports cannot be verified, so none would count; "
+            + REMEDY.format(store=store if store is not None else "STORE")
+        )
+    return registry

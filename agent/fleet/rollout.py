@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
+from agent.fleet.outcome import untrusted as report_untrusted
 from agent.fleet.rollout_plan import RolloutSpec, over_budget, plan, rollout_id
 
 Progress = Callable[..., None]
@@ -148,11 +149,17 @@ class RolloutEngine:
         for dev, d in self.state["devices"].items():
             if d["cohort"] != key or d["result"] != rs.IN_PROGRESS:
                 continue
-            result, reason = rs.observe(statuses.get(dev), self.spec.name, self.spec.version)
+            doc = statuses.get(dev)
+            result, reason = rs.observe(doc, self.spec.name, self.spec.version)
+            untrusted = report_untrusted(doc)  # shown, never counted: neither a success nor a failure
+            if result is None and untrusted and d.get("reason") != untrusted:
+                d["reason"] = untrusted
+                self.progress("device", device_id=dev, cohort=key, result=rs.IN_PROGRESS, reason=untrusted)
+                changed = True
             if result is None and now - started[str(d["wave"])] > self.spec.deadline_s:
-                online = (statuses.get(dev) or {}).get("online")
+                seen = "online" if (doc or {}).get("online") else "offline"
                 result = rs.FAILED
-                reason = f"silent: no result within {self.spec.deadline_s:g} s ({'online' if online else 'offline'})"
+                reason = f"silent: no result within {self.spec.deadline_s:g} s ({seen}{'; ' + untrusted if untrusted else ''})"
             if result is not None:
                 d.update(result=result, reason=reason, finished=now)
                 self.progress("device", device_id=dev, cohort=key, result=result, reason=reason)

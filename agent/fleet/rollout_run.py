@@ -9,10 +9,10 @@ from typing import Any
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
-from agent.fleet.registry import registry_for_store
+from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
 from agent.fleet.rollout import RolloutEngine, open_rollout
 from agent.fleet.rollout_link import FleetLink, ManifestIssuer, base_manifest
-from agent.fleet.rollout_plan import RolloutSpec, check_name, check_version, select_devices
+from agent.fleet.rollout_plan import RolloutSpec, check_name, check_version
 
 MANIFEST_TTL_S = 30 * 86400
 DEFAULT_CHUNK = 256 * 1024
@@ -101,17 +101,18 @@ def run_rollout(
     from agent.artifacts.keys import load_private_key
 
     progress = progress or (lambda event, **f: None)
+    registry = require_registry(store, "fleet rollout")  # fail fast: every decision rests on verified reports
     key = load_private_key(key_file)
     _sources({"sha256": ""}, http_url, http_only)  # bad flags fail before anything is stored
     Path(store).mkdir(parents=True, exist_ok=True)
     artifact = _push().store_package(package, store, chunk_size)
     sources = _sources(artifact, http_url, http_only)
-    with FleetLink(broker, prefix, registry=registry_for_store(store)) as link:
+    with FleetLink(broker, prefix, registry=registry) as link:
         extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
         state, resumed = open_rollout(
             store,
             spec,
-            link.statuses(),
+            registered_population(registry, link.statuses(), progress),
             {"sha256": artifact["sha256"], "size": artifact["size"], "format": artifact.get("format")},
             extras=extras,
         )
@@ -121,6 +122,25 @@ def run_rollout(
         summary = engine.run(wait=wait, stop=stop, tick_s=tick_s)
         summary["warnings"] = state.get("warnings", [])
     return summary
+
+
+def registered_population(registry: DeviceRegistry, statuses: dict[str, dict], progress=None) -> dict[str, dict]:
+    """What a rollout plans on: every registered device (its groups from the registry), with its status as the
+    registry lets the control plane believe it; a registered device that never reported is an offline member
+    (it counts as silent at the deadline). A status of a device outside the registry is left out."""
+    out = {
+        dev: statuses.get(dev)
+        or {"device_id": dev, "online": False, "groups": registry.groups(dev), "trust": "no report"}
+        for dev in sorted(registry.devices)
+    }
+    strangers = sorted(d for d in statuses if d not in registry.devices)
+    if strangers and progress is not None:
+        progress(
+            "warning",
+            message=f"{len(strangers)} device(s) report a status but are not in the device registry: left out "
+            f"(first: {strangers[0]})",
+        )
+    return out
 
 
 def _previous_from_rollouts(store, name: str, device: str) -> tuple[str | None, dict | None]:
@@ -158,13 +178,23 @@ def run_rollback(
     check_name(name, "NAME")
     if version is not None:
         check_version(version)
+    if device:
+        check_name(device, "--device")
+    else:
+        check_name(group, "--group")
+    # membership comes only from the registry, and a confirmation only from a verified report
+    needs = "fleet rollback --wait" if wait_s > 0 else "fleet rollback --group" if not device else None
+    registry = require_registry(store, needs) if needs else registry_for_store(store)
     key = load_private_key(key_file)
     rows, manifests = [], {}
-    with FleetLink(broker, prefix, registry=registry_for_store(store)) as link:
-        statuses = link.statuses()
-        targets = [check_name(device, "--device")] if device else select_devices(statuses, check_name(group, "--group"))
-        if not targets:
-            raise ConfigError(f"no devices in group {group!r}: no retained status found")
+    with FleetLink(broker, prefix, registry=registry) as link:
+        if device:
+            targets = [device]
+        else:
+            assert registry is not None and group is not None  # require_registry and check_name above
+            targets = registry.members(group)
+            if not targets:
+                raise ConfigError(f"no device of group {group!r} is in the device registry {registry.path}")
         for dev in targets:
             ver, base = (
                 (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)

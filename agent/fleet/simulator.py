@@ -1,9 +1,15 @@
 """The fleet simulator: N real DeviceAgents in one process, each with its own MQTT client, state directory and
-hardware profile from a captured sysroot, qualifying what they receive for real (shared per-class cache)."""
+hardware profile from a captured sysroot, qualifying what they receive for real (shared per-class cache).
+
+The simulator owns its devices: given the control plane's store, it registers each device's own key and groups
+in STORE/registry.json before the devices start (as an operator does at install), so `fleet push --wait` and
+`fleet rollout --store STORE` believe their signed reports; devices whose state (and key) it made in a temporary
+directory are taken out of the registry again when it stops."""
 
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import tempfile
 import threading
@@ -36,6 +42,7 @@ class Simulator:
         latency_budget_s: float = 0.3,
         share_qualification: bool = True,
         serve_http: bool = False,
+        store: str | os.PathLike | None = None,
     ):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
@@ -52,6 +59,8 @@ class Simulator:
         self.transitions: dict[str, int] = {}
         self._lock = threading.Lock()
         self._progress: Callable[..., None] = lambda event, **f: None
+        self.store = Path(store) if store is not None else None  # whose registry.json gets the devices
+        self.registered: dict[str, str] = {}  # device id -> key id this simulator registered
 
     # -- life --------------------------------------------------------------------------------------------
     def start(self, progress: Callable[..., None] | None = None) -> "Simulator":
@@ -61,11 +70,15 @@ class Simulator:
         else:
             self.classes = load_classes(discover_sysroots(), strict=False)
         counters: dict[str, int] = {}
+        layout = []
+        for i in range(self.count):
+            cls = self.classes[i % len(self.classes)]
+            n = counters[cls.name] = counters.get(cls.name, 0) + 1
+            layout.append((f"{self.id_prefix}-{cls.name}-{n}"[:64], cls))
         try:
-            for i in range(self.count):
-                cls = self.classes[i % len(self.classes)]
-                n = counters[cls.name] = counters.get(cls.name, 0) + 1
-                self.start_device(f"{self.id_prefix}-{cls.name}-{n}"[:64], cls)
+            self.register([dev for dev, _ in layout])  # once for the whole fleet, before any device reports
+            for dev, cls in layout:
+                self.start_device(dev, cls)
             self.wait_ready()
         except BaseException:
             self.stop()
@@ -101,6 +114,8 @@ class Simulator:
         from agent.config import parse_config
         from agent.lifecycle.steps import StepConfig
 
+        if device_id not in self.registered:
+            self.register([device_id])
         cfg = parse_config(self._config_dict(device_id, cls))
         steps = StepConfig(
             probation_s=self.probation_s,
@@ -123,6 +138,32 @@ class Simulator:
         self._progress("device_started", device_id=device_id, target=cls.target, providers=list(cls.providers))
         return agent
 
+    def register(self, device_ids: list[str]) -> None:
+        """Make (once) each device's own key in its state directory and register its public key and the
+        simulator's groups in STORE/registry.json (nothing without a store)."""
+        if self.store is None or not device_ids:
+            return
+        from agent.artifacts.keys import device_key, public_pem
+        from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+
+        self.store.mkdir(parents=True, exist_ok=True)
+        registry = DeviceRegistry.load(self.store / REGISTRY_NAME)
+        for dev in device_ids:
+            entry = registry.register(dev, public_pem(device_key(self.state_dir / dev).public_key()), self.groups)
+            self.registered[dev] = entry["key_id"]
+        registry.save()
+
+    def _unregister(self) -> None:
+        """Take out of the registry the devices whose keys go with the temporary state directory."""
+        if self.store is None or not self.registered:
+            return
+        from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+
+        registry = DeviceRegistry.load(self.store / REGISTRY_NAME)
+        if any([registry.unregister(dev, kid) for dev, kid in self.registered.items()]):
+            registry.save()
+        self.registered = {}
+
     def stop_device(self, device_id: str, graceful: bool = True) -> None:
         agent = self.agents.pop(device_id, None)
         if agent is not None:
@@ -138,6 +179,7 @@ class Simulator:
         for agent in stopping:  # threads left behind by a timed-out drain must end before the files go
             agent.stopped(timeout=30)
         if self._own_dir:
+            self._unregister()
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> "Simulator":

@@ -9,13 +9,12 @@ import time
 import uuid
 
 from agent.errors import TransportError
+from agent.fleet.registry import NO_REGISTRY, set_aside
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
 
 TERMINAL_BAD = ("failed", "rejected", "rolled_back")
-NO_REGISTRY = "unverified (no device registry)"
 UNTRUSTED_EVENT = "untrusted event"
-BELIEVED = ("verified", NO_REGISTRY)  # a report in another trust state never counts as success
 
 
 class FleetWatch:
@@ -25,7 +24,8 @@ class FleetWatch:
     def __init__(self, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, events: bool = False, registry=None):
         """registry: agent.fleet.registry.DeviceRegistry; every report is verified against it (its `trust`
         set, groups taken from it, an unverified report's claims set aside; unverified events dropped).
-        Without one, reports carry trust "unverified (no device registry)"."""
+        Without one, every report carries trust "unverified (no device registry)" with its claims set aside
+        and no groups, and every event is dropped: nothing is believed."""
         self.registry = registry
         self.topics = Topics(prefix)
         self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
@@ -103,9 +103,7 @@ class FleetWatch:
                 out.append((parsed.kind, parsed.device, doc))
 
     def _believe(self, kind: str, device: str, doc: dict) -> dict:
-        if self.registry is None:
-            return dict(doc, trust=NO_REGISTRY)
-        out = self.registry.apply(device, doc)
+        out = set_aside(doc, NO_REGISTRY) if self.registry is None else self.registry.apply(device, doc)
         if kind == "events" and out["trust"] != "verified":
             out["trust"] = UNTRUSTED_EVENT  # not handed on: an unverified event decides nothing
         return out
@@ -142,7 +140,7 @@ def device_row(device_id: str, doc: dict) -> dict:
         "deployments": deployments,
         "last_deployment": last,
         "trust": doc.get("trust"),
-        **({"unverified_claims": doc["unverified_claims"]} if "unverified_claims" in doc else {}),
+        **({k: doc[k] for k in ("unverified_claims", "claimed_groups") if k in doc}),
     }
 
 
