@@ -161,3 +161,74 @@ def silero_vad_package(root: Path, *, rel: str = "data/silero_vad.onnx", name: s
 def silero_vad_half_package(root: Path) -> Path:
     """silero-vad's fp16 build (float32 inputs and outputs, float16 inside; no sr input)."""
     return silero_vad_package(root, rel="data/silero_vad_half.onnx", name="silero-vad-half")
+
+
+def ten_makers(sample_files: list[Path]) -> dict:
+    """Ten real-model packages (name -> writer(dir)): the pip-shipped OCR and VAD models, magika, skl2onnx
+    with and without ZipMap, onnxruntime's logreg_iris, an int8 QDQ classifier with its fp32 original."""
+    import realmodels as rm
+
+    return {
+        "ocr-det": ocr_det_package,
+        "ocr-rec": ocr_rec_package,
+        "ocr-cls": ocr_cls_package,
+        "silero-vad": silero_vad_package,
+        "silero-vad-half": silero_vad_half_package,
+        "magika": lambda d: rm.magika_package(d, sample_files),
+        "skl-logreg": lambda d: rm.sklearn_package(d, zipmap=False),
+        "qdq-int8": lambda d: rm.qdq_with_original(d),
+        "skl-zipmap": lambda d: rm.sklearn_package(d, zipmap=True),
+        "ort-logreg-iris": rm.ort_logreg_iris_package,
+    }
+
+
+def _ms(lat) -> str:
+    return f"{lat['p50']:.3g}" if isinstance(lat, dict) and lat.get("p50") is not None else "-"
+
+
+def verdict_rows(state_dir: Path) -> list[dict]:
+    """real model x provider x verdict from a daemon's state directory: one row per qualification row of each
+    deployment's decision record, or one row for a deployment refused before any provider ran."""
+    import json
+
+    out = []
+    for f in sorted((state_dir / "deployments").glob("*.json")):
+        dep = json.loads(f.read_text())
+        decision = state_dir / "decisions" / f"{dep['id']}.json"
+        base = {"model": dep["model"], "result": dep.get("result") or dep.get("state")}
+        if not decision.exists():
+            out.append({**base, "provider": "(all)", "status": "refused", "reason": dep.get("reason")})
+            continue
+        doc = json.loads(decision.read_text())
+        for r in doc["results"]:
+            out.append(
+                {
+                    **base,
+                    "provider": r["key"],
+                    "selected": r["key"] == doc.get("selected_key"),
+                    "status": r["status"],
+                    "precision": r.get("precision"),
+                    "p50_ms": _ms(r.get("latency_ms")),
+                    "p50_max_ms": _ms(r.get("latency_max_ms")),
+                    "contended": r.get("contended"),
+                    "reason": r.get("reason"),
+                }
+            )
+    return out
+
+
+def render_table(rows: list[dict], width: int = 110) -> str:
+    """The rows as a Markdown table (the selected provider's status is starred)."""
+    lines = [
+        "| model | result | provider | verdict | precision | p50 ms (opt) | p50 ms (max) | reason |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reason = (r.get("reason") or "").replace("|", "/").replace("\n", " ")
+        reason = reason if len(reason) <= width else reason[: width - 3] + "..."
+        verdict = r["status"] + (" *" if r.get("selected") else "") + (" (contended)" if r.get("contended") else "")
+        lines.append(
+            f"| {r['model']} | {r['result']} | {r['provider']} | {verdict} | {r.get('precision') or '-'} "
+            f"| {r.get('p50_ms', '-')} | {r.get('p50_max_ms', '-')} | {reason} |"
+        )
+    return "\n".join(lines)
