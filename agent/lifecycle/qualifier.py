@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agent import errors
 from agent.errors import LifecycleError
 from agent.lifecycle.actions import StepContext
 from agent.qualify.isolate import run_isolated
@@ -60,7 +61,15 @@ def run_qualification(
         raise LifecycleError(f"qualification process died: {res.error}")
     if res.kind == "memory":
         raise LifecycleError(f"qualification {res.error}")
-    raise LifecycleError(f"qualification failed: {res.error}")
+    raise LifecycleError(f"qualification failed: {_user_text(res.error)}")
+
+
+def _user_text(error: str | None) -> str:
+    """The child's error without the class prefix when it is one of ours (its message is written for the user:
+    `model.onnx: refused: ...`); a foreign exception keeps its type, which is part of what went wrong."""
+    name, sep, rest = (error or "").partition(": ")
+    ours = isinstance(getattr(errors, name, None), type) and issubclass(getattr(errors, name), errors.EdgeAgentError)
+    return rest if sep and ours else (error or "")
 
 
 def qualify_in_child(

@@ -392,6 +392,7 @@ class _Run:
             again = self._rerun[row.key]()
             if again.status != "passed":
                 continue
+            stale = latency.phrase(row.latency_ms)
             merged = row.latency_ms["samples_ms"] + again.latency_ms["samples_ms"]
             warm = row.latency_ms.get("warmup_runs", 0) + again.latency_ms.get("warmup_runs", 0)
             row.latency_ms = {
@@ -399,6 +400,8 @@ class _Run:
                 "rounds": 2,
             }
             row.throughput_ips = row.latency_ms.get("throughput_ips")
+            if row.reason and stale in row.reason:  # the reason states the merged figures, not round one's
+                row.reason = row.reason.replace(stale, latency.phrase(row.latency_ms))
             orig_p50 = (row.original or {}).get("p50_ms")
             if orig_p50 and row.latency_ms.get("p50"):  # the speed-up follows the merged samples
                 row.original = {**(row.original or {}), "speedup": round(orig_p50 / row.latency_ms["p50"], 3)}

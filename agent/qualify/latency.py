@@ -49,6 +49,11 @@ def measure(
     return summarize(samples, warmup_runs=warmup, total_s=total_s, batch=batch)
 
 
+def phrase(lat: dict[str, Any]) -> str:
+    """How a passed row's reason states its latency (rewritten after a close call's confirmation round)."""
+    return f"p50 {lat['p50']:.3g} ms over {lat['runs']} runs"
+
+
 def _warm_up(run_once: Callable[[], Any], warmup_s: float) -> int:
     """At least 3 runs, then until warmup_s has passed (at most 50 runs)."""
     t_end = time.perf_counter() + warmup_s

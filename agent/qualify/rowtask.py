@@ -216,7 +216,7 @@ def _passed_reason(row: dict[str, Any]) -> str:
     if "max_rel" in acc:
         parts.append(f"max_rel {acc['max_rel']:.2g}")
     if lat.get("p50") is not None:
-        parts.append(f"p50 {lat['p50']:.3g} ms over {lat['runs']} runs")
+        parts.append(latency.phrase(lat))
     return ", ".join(parts)
 
 
