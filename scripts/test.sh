@@ -39,12 +39,31 @@ echo "[test.sh] ruff check + ruff format --check"
 "$VENV/bin/ruff" format --check --quiet .
 echo "[test.sh] mypy"
 "$VENV/bin/mypy"
-echo "[test.sh] running pytest"
 set +e
-# Parallel by default (pytest-xdist, one worker per core, at least 2); pass -n 0 to run serially.
+# Parallel by default (pytest-xdist, one worker per core, at least 2, work stealing for the long tail); pass
+# -n 0 to run serially. With no arguments: the core suite, then the field lane (`-m field`: emulated Pi, ten
+# real models at once, the soak under load), each timed. With arguments: one pytest run of what they select.
 workers="${EDGE_AGENT_TEST_WORKERS:-$(python3 -c 'import os; print(max(2, os.cpu_count() or 1))')}"
-"$VENV/bin/python" -m pytest -n "$workers" "$@"
-rc=$?
+run_pytest() {  # run_pytest LABEL ARGS...
+  local label="$1" t0 rc
+  shift
+  echo "[test.sh] running pytest: $label"
+  t0=$(date +%s)
+  "$VENV/bin/python" -m pytest -n "$workers" --dist worksteal "$@"
+  rc=$?
+  echo "[test.sh] $label: exit $rc after $(($(date +%s) - t0)) s"
+  [ $rc -eq 5 ] && echo "[test.sh] $label: pytest collected no tests"
+  return $rc
+}
+if [ $# -gt 0 ]; then
+  run_pytest "selected tests" "$@"
+  rc=$?
+else
+  run_pytest "core suite" -m "not field"
+  rc=$?
+  run_pytest "field lane" -m field
+  rc_field=$?
+  [ $rc -eq 0 ] && rc=$rc_field
+fi
 set -e
-if [ $rc -eq 5 ]; then echo "[test.sh] pytest collected no tests"; fi
 exit $rc

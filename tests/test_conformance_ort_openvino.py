@@ -43,6 +43,7 @@ def _intel_python() -> list[str]:
     return [qemu, "-cpu", "Icelake-Server", sys.executable]
 
 
+@pytest.mark.field  # an Intel CPU presented by qemu-x86_64 where the host is not one
 @pytest.mark.timeout(900)
 def test_every_session_in_a_worker_is_bound_to_the_plugin():
     r = subprocess.run(

@@ -25,7 +25,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "sysroots"
 BOARDS = {"pi4": ("raspberry-pi-4", "rpi4-4gb"), "pi5": ("raspberry-pi-5", "rpi5-8gb")}
 NODE_SUBSET = ["test_conv*", "test_gemm*", "test_matmul*", "test_softmax*", "test_exp*", "test_cast_FLOAT*"]
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.field, pytest.mark.timeout(3600)]
 
 
 def _host_problem() -> str | None:

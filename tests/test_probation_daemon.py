@@ -36,6 +36,7 @@ def _serves(url: str) -> tuple[str, float]:
     return doc["model_version"], doc["outputs"][0]["data"][0]
 
 
+@pytest.mark.field
 @pytest.mark.timeout(1200)  # 13 deployments of a ~1 ms model under load on a shared 2-core machine
 def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp_path):
     serving = {"host": "127.0.0.1", "port": 0, "shadow": {"requests": 30, "duration_s": 15, "min_requests": 5}}

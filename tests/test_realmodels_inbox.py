@@ -53,6 +53,7 @@ def _served_matches_plain_onnxruntime(url: str, name: str, pkg_dir: Path, row: d
         assert err <= bound, (name, out, row["key"], err, bound)
 
 
+@pytest.mark.field
 def test_ten_real_models_dropped_at_once(tmp_path):
     makers = rp.ten_makers(sorted((ROOT / "agent" / "qualify").glob("*.py"))[:6])
     assert len(makers) == 10 and set(makers) == PASSES | REFUSED

@@ -62,6 +62,8 @@ class ArtifactServer:
         self.link.start(wait=wait)
         self.link.subscribe(self.topics.all_status(), self._on_status, qos=1)
         self.link.subscribe(self.topics.artifact_req_filter(shared=self.shared), self._on_request, qos=1)
+        if wait:  # chunk requests are not retained: one sent before the broker took our subscription is lost
+            self.link.wait_subscribed(wait)
         for n in range(self.workers):
             t = threading.Thread(target=self._work, name=f"artifact-server-{n}", daemon=True)
             t.start()

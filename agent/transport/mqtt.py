@@ -93,6 +93,8 @@ class MqttLink:
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
+        self._acked_early: set[int] = set()  # SUBACKs that arrived before subscribe() returned their mid
+        self._subs_cv = threading.Condition()
         self._refusal = threading.Event()
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
@@ -231,7 +233,17 @@ class MqttLink:
     def _send_subscribe(self, client, topic_filter: str, qos: int) -> None:
         rc, mid = client.subscribe(topic_filter, qos=qos)
         if mid is not None:
-            self._pending_subs[mid] = topic_filter
+            with self._subs_cv:
+                if mid in self._acked_early:
+                    self._acked_early.discard(mid)
+                else:
+                    self._pending_subs[mid] = topic_filter
+
+    def wait_subscribed(self, timeout: float = 15.0) -> bool:
+        """Block until the broker acknowledged every subscription sent so far (True) or `timeout` (False).
+        A subscriber that must not miss what is published next (a non-retained request, say) waits here."""
+        with self._subs_cv:
+            return self._subs_cv.wait_for(lambda: not self._pending_subs, timeout)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):
         if reason_code.is_failure:
@@ -248,6 +260,9 @@ class MqttLink:
         self.refused = None
         self._refusal.clear()
         self._failed.clear()
+        with self._subs_cv:  # a new session: SUBACKs owed by the old one will never come
+            self._pending_subs.clear()
+            self._acked_early.clear()
         for topic_filter, (qos, _handler) in self._subs.items():
             self._send_subscribe(client, topic_filter, qos)
         self.connected.set()
@@ -289,7 +304,11 @@ class MqttLink:
             self.on_connection(False, f"disconnected: {reason_code}")
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):
-        topic_filter = self._pending_subs.pop(mid, None)
+        with self._subs_cv:
+            topic_filter = self._pending_subs.pop(mid, None)
+            if topic_filter is None:
+                self._acked_early.add(mid)
+            self._subs_cv.notify_all()
         if topic_filter is not None and any(rc.is_failure for rc in reason_codes):
             self.denied[topic_filter] = str(reason_codes[0])
 
