@@ -196,6 +196,15 @@ def test_group_members_come_from_the_registry_and_a_silent_member_times_out(tmp_
                 validate=False,
                 wait=3,
             )
+        # waiting for a rollback on a device the registry does not know fails at once, like push --wait
+        t0 = time.monotonic()
+        out = _cli(
+            *["fleet", "rollback", "tiny", "--device", "ghost", "--version", "1", "--wait", 60],
+            *["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url],
+        )
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        assert "device ghost is not in the device registry" in out.stderr, out.stderr
+        assert time.monotonic() - t0 < 60  # failed fast: the wait did not run out
     finally:
         cp.close()
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from probation_models import chain_model, nan_guard_model, string_model
 from test_serving_probation import Clock
-from test_serving_support import log_model, open_session, reshape_model, x4
+from test_serving_support import SINGLE_THREAD, log_model, open_session, reshape_model, x4
 
 from agent.serving.errors import BadRequest, InferenceFailed
 from agent.serving.probation import PASSED, TROUBLE, WATCHING, Probation, Thresholds, incumbent_baseline
@@ -81,11 +81,11 @@ def _run(r, n):
 @pytest.mark.parametrize("redundant", [True, False])
 def test_compute_time_is_judged_against_the_incumbent_before_the_swap(tmp_path, redundant):
     r = ModelRegistry()
-    r.activate("m", "1", open_session(chain_model(), tmp_path, "v1.onnx"))
+    r.activate("m", "1", open_session(chain_model(), tmp_path, "v1.onnx", SINGLE_THREAD))
     _run(r, 200)
     base = incumbent_baseline(r, "m", "1", 60.0, None)
     assert base is not None and len(base.samples_s) >= 64 and base.rate
-    r.activate("m", "2", open_session(chain_model(redundant=redundant), tmp_path, "v2.onnx"))
+    r.activate("m", "2", open_session(chain_model(redundant=redundant), tmp_path, "v2.onnx", SINGLE_THREAD))
     clock = Clock()
     p = Probation(r, "m", "2", {"p50": 1e-6}, window=10, thresholds=Thresholds(), incumbent=base, clock=clock)
     _run(r, 200)

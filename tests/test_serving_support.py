@@ -38,12 +38,17 @@ def _model(nodes, inputs, outputs, inits=()):
     return m
 
 
-def open_session(model, directory: Path, name: str = "model.onnx") -> ProviderSession:
-    """Save `model` and open it with the real cpu provider."""
+# One intra-op thread: the serving thread's CPU time is then the whole of a run's compute. With a pool, the
+# pool's share is not counted and moves with what else the cores run (docs/serving.md, "Compute time").
+SINGLE_THREAD = {"intra_op_num_threads": 1}
+
+
+def open_session(model, directory: Path, name: str = "model.onnx", options: dict | None = None) -> ProviderSession:
+    """Save `model` and open it with the real cpu provider (`options`: the provider's session options)."""
     path = Path(directory) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
-    return get("cpu").open_session(path)
+    return get("cpu").open_session(path, options=options)
 
 
 def identity_all_types_model():

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 from probation_models import classifier_inputs, classifier_model, disagreement, nan_guard_model
-from test_serving_support import log_model, open_session
+from test_serving_support import SINGLE_THREAD, log_model, open_session
 
 from agent.config import ShadowConfig
 from agent.serving.registry import ModelRegistry
@@ -16,8 +16,8 @@ from agent.serving.shadow import FAIL, INCONCLUSIVE, PASS, Shadow
 
 def _shadowed(tmp_path, incumbent, candidate, feeds: list[dict], config: ShadowConfig):
     r = ModelRegistry()
-    r.activate("m", "1", open_session(incumbent, tmp_path, "inc.onnx"))
-    cand = open_session(candidate, tmp_path, "cand.onnx")
+    r.activate("m", "1", open_session(incumbent, tmp_path, "inc.onnx", SINGLE_THREAD))
+    cand = open_session(candidate, tmp_path, "cand.onnx", SINGLE_THREAD)
     shadow = Shadow(cand, config)
     r.attach_shadow("m", shadow)
     answers, stop = [], threading.Event()

@@ -253,10 +253,8 @@ def register(device_id, public_key, groups, store, as_json):
     from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
 
     path = Path(store) / REGISTRY_NAME
-    Path(store).mkdir(parents=True, exist_ok=True)
-    reg = DeviceRegistry.load(path)
-    entry = reg.register(device_id, Path(public_key).read_text(), groups)
-    reg.save(path)
+    with DeviceRegistry.edit(path) as reg:
+        entry = reg.register(device_id, Path(public_key).read_text(), groups)
     doc = {"device_id": device_id, "key_id": entry["key_id"], "groups": entry["groups"], "registry": str(path)}
     click.echo(
         json.dumps(doc)

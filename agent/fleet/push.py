@@ -14,7 +14,7 @@ from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope,
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
 from agent.fleet.outcome import device_outcome, same_version
-from agent.fleet.registry import REMEDY, DeviceRegistry, registry_for_store, require_registry
+from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
 from agent.fleet.status import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
@@ -139,7 +139,7 @@ def push(
     registry: DeviceRegistry | None
     if wait is not None:  # fail fast: waiting needs reports that can be verified
         registry = require_registry(store, "fleet push --wait")
-        _check_waitable(registry, devices, groups, store)
+        registry.check_waitable("fleet push --wait", devices, groups, store)
     else:
         registry = registry_for_store(store)
     key = load_private_key(key_file)
@@ -192,19 +192,6 @@ def push(
         else:
             doc["ok"] = True
     return doc
-
-
-def _check_waitable(registry: DeviceRegistry, devices: list[str], groups: list[str], store) -> None:
-    """Waiting is for devices whose reports can count: every targeted device registered, every group with a
-    registered member (membership comes only from the registry)."""
-    missing = [d for d in devices if d not in registry.devices]
-    empty = [g for g in groups if not registry.members(g)]
-    if missing or empty:
-        what = [f"device {d} is not in the device registry {registry.path}" for d in missing]
-        what += [f"no device of group {g} is in the device registry {registry.path}" for g in empty]
-        raise ConfigError(
-            f"fleet push --wait: {'; '.join(what)}: its reports would never count; " + REMEDY.format(store=store)
-        )
 
 
 def _dep_key(status: dict, name: str):

@@ -9,7 +9,10 @@ Without a registry nothing can be verified: `fleet status` still lists the repor
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,22 @@ class DeviceRegistry:
             raise ConfigError(f"{path}: not a device registry this version understands")
         return cls(doc["devices"], path)
 
+    @classmethod
+    @contextlib.contextmanager
+    def edit(cls, path: str | os.PathLike) -> Iterator["DeviceRegistry"]:
+        """Load, change, save under an exclusive lock (PATH.lock): two operators (or a simulator and an
+        operator) registering at once both land. Saved only when the block ends without an exception."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            registry = cls.load(path)
+            yield registry
+            registry.save(path)
+        finally:
+            os.close(fd)  # releases the lock
+
     def save(self, path: str | os.PathLike | None = None) -> Path:
         target = Path(path or self.path or REGISTRY_NAME)
         atomic_write_json(target, {"format": FORMAT, "devices": self.devices}, mode=0o600)
@@ -82,6 +101,18 @@ class DeviceRegistry:
         del self.devices[device_id]
         self._keys.pop(device_id, None)
         return True
+
+    def check_waitable(self, command: str, devices, groups, store) -> None:
+        """Waiting is for devices whose reports can count: every targeted device registered, every group with a
+        registered member (membership comes only from the registry). ConfigError with the remedy otherwise."""
+        missing = [d for d in devices if d not in self.devices]
+        empty = [g for g in groups if not self.members(g)]
+        if missing or empty:
+            what = [f"device {d} is not in the device registry {self.path}" for d in missing]
+            what += [f"no device of group {g} is in the device registry {self.path}" for g in empty]
+            raise ConfigError(
+                f"{command}: {'; '.join(what)}: its reports would never count; " + REMEDY.format(store=store)
+            )
 
     def groups(self, device_id: str) -> list[str]:
         return list((self.devices.get(device_id) or {}).get("groups") or [])

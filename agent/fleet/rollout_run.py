@@ -185,6 +185,9 @@ def run_rollback(
     # membership comes only from the registry, and a confirmation only from a verified report
     needs = "fleet rollback --wait" if wait_s > 0 else "fleet rollback --group" if not device else None
     registry = require_registry(store, needs) if needs else registry_for_store(store)
+    if device and wait_s > 0:
+        assert registry is not None  # require_registry above
+        registry.check_waitable("fleet rollback --wait", [device], [], store)
     key = load_private_key(key_file)
     rows, manifests = [], {}
     with FleetLink(broker, prefix, registry=registry) as link:

@@ -146,12 +146,10 @@ class Simulator:
         from agent.artifacts.keys import device_key, public_pem
         from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
 
-        self.store.mkdir(parents=True, exist_ok=True)
-        registry = DeviceRegistry.load(self.store / REGISTRY_NAME)
-        for dev in device_ids:
-            entry = registry.register(dev, public_pem(device_key(self.state_dir / dev).public_key()), self.groups)
-            self.registered[dev] = entry["key_id"]
-        registry.save()
+        with DeviceRegistry.edit(self.store / REGISTRY_NAME) as registry:
+            for dev in device_ids:
+                entry = registry.register(dev, public_pem(device_key(self.state_dir / dev).public_key()), self.groups)
+                self.registered[dev] = entry["key_id"]
 
     def _unregister(self) -> None:
         """Take out of the registry the devices whose keys go with the temporary state directory."""
@@ -159,9 +157,9 @@ class Simulator:
             return
         from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
 
-        registry = DeviceRegistry.load(self.store / REGISTRY_NAME)
-        if any([registry.unregister(dev, kid) for dev, kid in self.registered.items()]):
-            registry.save()
+        with DeviceRegistry.edit(self.store / REGISTRY_NAME) as registry:
+            for dev, kid in self.registered.items():
+                registry.unregister(dev, kid)
         self.registered = {}
 
     def stop_device(self, device_id: str, graceful: bool = True) -> None:
