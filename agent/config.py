@@ -93,7 +93,8 @@ class ShadowConfig:
     min_agreement: float = 0.9  # top-1 agreement of classifier outputs below this: fail
     max_rel: float | None = None  # max_rel of other float outputs above this: fail (None: reported only)
     max_failures: int = 0  # candidate failures or NaN/Inf where the incumbent answered finite values
-    max_latency_ratio: float = 3.0  # candidate / incumbent compute time (medians) above this: fail
+    max_latency_ratio: float = 3.0  # candidate / incumbent compute time (medians) above this ...
+    slack_ms: float = 0.5  # ... and above max_latency_ratio x the incumbent's + this: fail (as probation's)
 
 
 @dataclass(frozen=True)
@@ -454,6 +455,7 @@ def _shadow(v: "_Validator", raw: Any) -> ShadowConfig:
         max_rel=None if max_rel is None else _real(max_rel, f"{key}.max_rel", 0.0, 1e9),
         max_failures=v.integer(g("max_failures"), f"{key}.max_failures", 0, 1_000_000),
         max_latency_ratio=_real(g("max_latency_ratio"), f"{key}.max_latency_ratio", 1.0, 1000.0),
+        slack_ms=_real(g("slack_ms"), f"{key}.slack_ms", 0.0, 60_000.0),
     )
 
 

@@ -104,6 +104,19 @@ HOSTILE = {
 }
 
 
+def _wait_probation(a, version: str) -> None:
+    """Until `version` is in probation; a deployment that ended before it fails the test at once with its reason."""
+
+    def reached():
+        if (a.status()["models"].get("tiny") or {}).get("state") == "probation":
+            return True
+        dep = next((d for d in a.orchestrator.journal.all() if d.version == version and d.terminal), None)
+        assert dep is None, f"version {version} ended {dep.state.value} before probation: {dep.reason}"
+        return False
+
+    wait_until(reached, 240, "probation")
+
+
 @pytest.mark.parametrize("referee", [True, False])
 def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, referee):
     from agent.samples import tiny_model
@@ -117,7 +130,7 @@ def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, re
         load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
         load.wait_requests(100)
         drop(a.state_dir, "2", writer=lambda d: write_package(d, tiny_model(2.0), name="tiny", version="2"))
-        wait_until(lambda: (a.status()["models"].get("tiny") or {}).get("state") == "probation", 240, "probation")
+        _wait_probation(a, "2")
         codes = {}
         for what, (body, headers) in HOSTILE.items():
             for _ in range(3):
@@ -148,7 +161,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
     load = None
     try:
         drop(a.state_dir, "1", writer=lambda d: write_package(d, tiny_model(1.0), name="tiny", version="1"))
-        wait_until(lambda: (a.status()["models"].get("tiny") or {}).get("state") == "probation", 240, "probation")
+        _wait_probation(a, "1")
         load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
         dep = wait_until(
             lambda: next((d for d in a.orchestrator.journal.all() if d.version == "1" and d.terminal), None),

@@ -73,3 +73,17 @@ def test_no_traffic_is_inconclusive_and_offer_never_raises(tmp_path):
     result = shadow.run()
     assert result["verdict"] == INCONCLUSIVE and result["requests"] == 0
     cand.close()
+
+
+def test_compute_time_is_judged_with_the_probation_slack(tmp_path):
+    """A candidate giving the same answers with 2x the work (a redundant chain, a few ms a run) fails on compute
+    time against max_latency_ratio 1.5, the reason naming the ratio and the limit; the same model twice passes."""
+    from probation_models import WIDTH, chain_model
+
+    x = {"x": np.ones((1, WIDTH), np.float32)}
+    config = ShadowConfig(requests=40, duration_s=60, min_requests=20, cpu_share=0.5, max_latency_ratio=1.5)
+    slow, _ = _shadowed(tmp_path, chain_model(depth=16), chain_model(depth=16, redundant=True), [x], config)
+    assert slow["agreement"] == 1.0 and slow["latency_ratio"] is not None and slow["latency_ratio"] > 1.6, slow
+    assert slow["verdict"] == FAIL and "compute time" in slow["reason"] and "1.5 x + 0.5 ms" in slow["reason"], slow
+    same, _ = _shadowed(tmp_path, chain_model(depth=16), chain_model(depth=16), [x], config)
+    assert same["verdict"] == PASS, same

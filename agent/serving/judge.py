@@ -46,17 +46,23 @@ class QuantileTest:
         return d
 
 
+def limit_ms(reference_ms: float, factor: float, slack_ms: float) -> float:
+    """The one "too slow" line of probation and shadow: factor x the reference + slack_ms (scheduler noise and
+    a rarely-run session's cold caches dominate sub-millisecond models)."""
+    return factor * reference_ms + slack_ms
+
+
 def quantile_test(
     candidate_s: list[float], reference_ms: float, q: int, factor: float, slack_ms: float, alpha: float
 ) -> QuantileTest:
     """candidate_s: sorted compute times in seconds (at least one)."""
-    limit_ms = factor * reference_ms + slack_ms
-    cut = limit_ms / 1000.0
+    limit = limit_ms(reference_ms, factor, slack_ms)
+    cut = limit / 1000.0
     above = len(candidate_s) - _count_at_most(candidate_s, cut)
     value_ms = (percentile(candidate_s, q) or 0.0) * 1000.0
     pv = exceed_pvalue(len(candidate_s), above, 1.0 - q / 100.0)
     ratio = value_ms / reference_ms if reference_ms > 0 else math.inf
-    return QuantileTest(q, value_ms, reference_ms, ratio, limit_ms, above, len(candidate_s), pv, pv < alpha)
+    return QuantileTest(q, value_ms, reference_ms, ratio, limit, above, len(candidate_s), pv, pv < alpha)
 
 
 def _count_at_most(sorted_values: list[float], cut: float) -> int:

@@ -13,6 +13,7 @@ import numpy as np
 
 from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
+from agent.serving.judge import limit_ms
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 
@@ -126,9 +127,12 @@ class Shadow:
     def result(self) -> dict[str, Any]:
         agreement = round(self.agree / self.rows, 4) if self.rows else None
         ratio = None
+        slower = False  # over max_latency_ratio x the incumbent + slack_ms
         if self.candidate_s and self.incumbent_s:
-            inc = statistics.median(self.incumbent_s)
-            ratio = round(statistics.median(self.candidate_s) / inc, 3) if inc > 0 else None
+            inc, cand = statistics.median(self.incumbent_s), statistics.median(self.candidate_s)
+            ratio = round(cand / inc, 3) if inc > 0 else None
+            limit = limit_ms(inc * 1000.0, self.config.max_latency_ratio, self.config.slack_ms)
+            slower = cand * 1000.0 > limit
         doc: dict[str, Any] = {
             "requests": self.requests,
             "agreement": agreement,
@@ -140,10 +144,10 @@ class Shadow:
         }
         if self.last_error:
             doc["last_error"] = self.last_error
-        verdict, reason = self._verdict(agreement, ratio)
+        verdict, reason = self._verdict(agreement, ratio, slower)
         return {**doc, "verdict": verdict, "reason": reason}
 
-    def _verdict(self, agreement: float | None, ratio: float | None) -> tuple[str, str]:
+    def _verdict(self, agreement: float | None, ratio: float | None, slower: bool) -> tuple[str, str]:
         cfg, n = self.config, self.requests
         bad = self.failures + self.nonfinite
         if bad > cfg.max_failures:
@@ -159,10 +163,11 @@ class Shadow:
             )
         if cfg.max_rel is not None and self.max_rel is not None and self.max_rel > cfg.max_rel:
             return FAIL, f"shadow: max_rel {self.max_rel:.3g} against the incumbent over {n} requests > {cfg.max_rel:g}"
-        if ratio is not None and ratio > cfg.max_latency_ratio:
+        if ratio is not None and slower:
             return (
                 FAIL,
-                f"shadow: compute time {ratio:.2f}x the incumbent's over {n} requests > {cfg.max_latency_ratio:g}",
+                f"shadow: compute time {ratio:.2f}x the incumbent's over {n} requests > "
+                f"{cfg.max_latency_ratio:g} x + {cfg.slack_ms:g} ms",
             )
         return PASS, f"shadow passed: {n} requests" + (
             f", top-1 agreement {agreement:.3f}" if agreement is not None else ""
