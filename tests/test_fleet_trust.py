@@ -264,12 +264,13 @@ def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
         _fake_status(cp, "dev-2", "1")
         _fake_status(cp, "dev-3", "1", key=device_key(tmp_path / "not-dev3"))
         for fake, why in (("dev-2", "unsigned"), ("dev-3", "bad-signature")):
-            doc = push(pkg, version="1", devices=[fake], wait=8, **common)
+            doc = push(pkg, version="1", devices=[fake], wait=4, **common)
             assert doc["ok"] is False and doc["devices"][fake]["result"] == "timeout", doc
             assert f"report {why}: not counted" in doc["devices"][fake]["reason"], doc
         # a group push: the real, signed dev-1 counts; the intruder claiming group lab is not a member
         _fake_status(cp, "intruder", "2", groups=("lab",))
-        doc = push(pkg, version="2", groups=["lab"], wait=45, **common)
+        # (it waits out its whole deadline: dev-2's unsigned report never counts, as it should)
+        doc = push(pkg, version="2", groups=["lab"], wait=20, **common)
         assert doc["devices"]["dev-1"]["result"] == "committed", doc
         assert "intruder" not in doc["devices"] and "ghost" not in doc["devices"]
         assert doc["devices"]["dev-2"]["result"] != "committed"  # registered member, unsigned report

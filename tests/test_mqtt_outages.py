@@ -1,5 +1,5 @@
 """Transient failures mid-pull recover without a new push: the broker gone, the artifact server gone, each for
-EDGE_AGENT_TEST_OUTAGE_S seconds (default 20; the issue's figure is 60). The same deployment retries with
+EDGE_AGENT_TEST_OUTAGE_S seconds (default 12; the issue's figure is 60). The same deployment retries with
 backoff and jitter and keeps each reason; it commits the verified version once the outage ends."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from agent.artifacts.store import ContentStore
 from agent.samples import sample_tiny_package
 from agent.transport.mqtt import BrokerConfig
 
-OUTAGE_S = float(os.environ.get("EDGE_AGENT_TEST_OUTAGE_S", "20"))
+OUTAGE_S = float(os.environ.get("EDGE_AGENT_TEST_OUTAGE_S", "12"))
 PAD = 2 * 1024 * 1024
 
 
