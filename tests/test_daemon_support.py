@@ -95,7 +95,11 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return self.wait_ready()["serving"]["url"]
+        """The inference URL, once this daemon's status names it (a status written while it still restores its
+        models, before the HTTP server is up, says url: null)."""
+        return wait_for(
+            lambda: ((self.status() or {}).get("serving") or {}).get("url"), 90.0, "the daemon's URL", self.proc
+        )
 
     def wait_deployment(self, version: str, *, terminal: bool = True, timeout: float = 120.0) -> dict:
         def done():

@@ -43,6 +43,9 @@ class FleetWatch:
         self.link.subscribe(f"{self.topics.prefix}/rollouts/+", self._enqueue, qos=1)
         if self._want_events:
             self.link.subscribe(self.topics.all_events(), self._enqueue, qos=1)
+        # the broker takes the subscriptions first (NATS makes a JetStream consumer for each, slowly on a busy
+        # host), then the sync marker has its own `timeout` to come back behind the retained statuses
+        self.link.wait_subscribed(timeout)
         self.sync(timeout)
         return self
 
