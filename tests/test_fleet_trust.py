@@ -171,31 +171,12 @@ def test_group_members_come_from_the_registry_and_a_silent_member_times_out(tmp_
         register_device(cp.store_dir, "quiet", tmp_path / "quiet", ["lab"])  # registered, never reports
         _fake_status(cp, "claimer", "1")  # reports (unsigned) and claims group lab: not a member
         pkg = sample_tiny_package(tmp_path / "pkg", version="1")
-        doc = push(
-            pkg,
-            name="tiny",
-            version="1",
-            groups=["lab"],
-            key_file=cp.keyfile,
-            store=cp.store_dir,
-            broker=BrokerConfig(mosquitto.url),
-            validate=False,
-            wait=3,
-        )
+        common = dict(name="tiny", version="1", key_file=cp.keyfile, store=cp.store_dir, validate=False, wait=3)
+        doc = push(pkg, groups=["lab"], broker=BrokerConfig(mosquitto.url), **common)
         assert doc["ok"] is False and set(doc["devices"]) == {"quiet"}, doc
         assert doc["devices"]["quiet"]["result"] == "timeout", doc
         with pytest.raises(ConfigError, match="no device of group nobody is in the device registry"):
-            push(
-                pkg,
-                name="tiny",
-                version="1",
-                groups=["nobody"],
-                key_file=cp.keyfile,
-                store=cp.store_dir,
-                broker=BrokerConfig(mosquitto.url),
-                validate=False,
-                wait=3,
-            )
+            push(pkg, groups=["nobody"], broker=BrokerConfig(mosquitto.url), **common)
         # waiting for a rollback on a device the registry does not know fails at once, like push --wait
         t0 = time.monotonic()
         out = _cli(

@@ -104,13 +104,18 @@ HOSTILE = {
 }
 
 
+def _ended(a, version: str):
+    """The terminal journal record of `version`, or None while it is in flight."""
+    return next((d for d in a.orchestrator.journal.all() if d.version == version and d.terminal), None)
+
+
 def _wait_probation(a, version: str) -> None:
     """Until `version` is in probation; a deployment that ended before it fails the test at once with its reason."""
 
     def reached():
         if (a.status()["models"].get("tiny") or {}).get("state") == "probation":
             return True
-        dep = next((d for d in a.orchestrator.journal.all() if d.version == version and d.terminal), None)
+        dep = _ended(a, version)
         assert dep is None, f"version {version} ended {dep.state.value} before probation: {dep.reason}"
         return False
 
@@ -135,11 +140,7 @@ def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, re
         for what, (body, headers) in HOSTILE.items():
             for _ in range(3):
                 codes[what] = send(a.url, "/v2/models/tiny/infer", body, headers)[0]
-        ended = wait_until(
-            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "2" and d.terminal), None),
-            120,
-            "version 2 decided",
-        )
+        ended = wait_until(lambda: _ended(a, "2"), 120, "version 2 decided")
     finally:
         if load:
             load.stop()
@@ -163,11 +164,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
         drop(a.state_dir, "1", writer=lambda d: write_package(d, tiny_model(1.0), name="tiny", version="1"))
         _wait_probation(a, "1")
         load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
-        dep = wait_until(
-            lambda: next((d for d in a.orchestrator.journal.all() if d.version == "1" and d.terminal), None),
-            120,
-            "version 1 decided",
-        )
+        dep = wait_until(lambda: _ended(a, "1"), 120, "version 1 decided")
     finally:
         if load:
             load.stop()
