@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hostruntime import ort_openvino_devices
 from test_daemon_support import deploy, drop, fast, infer, wait_for, write_config
 
 from agent.app import DeviceAgent
@@ -119,14 +120,18 @@ def test_choose_swap_falls_back_when_memory_is_short():
 
 
 def test_status_lists_the_providers_available_here_in_target_order(tmp_path):
+    from agent.providers import PROVIDER_NAMES
     from agent.targets import get_target
 
     a = _agent(tmp_path).start()
     try:
         doc = wait_for(lambda: (d := a.write_status())["providers_source"] == "probed" and d, 180, "probe")
-        order = [p.name for p in get_target("generic-x86_64").providers]
+        listed = [p.name for p in get_target("generic-x86_64").providers]
+        order = listed + [n for n in PROVIDER_NAMES if n not in listed]  # the target's order, then the rest
         assert "cpu" in doc["providers"] and doc["models"] == {}  # available, not only what models use
         assert doc["providers"] == [p for p in order if p in doc["providers"]]
+        extra = [p for p in doc["providers"] if p not in listed]  # ort-openvino on Intel hosts with its plugin
+        assert ("ort-openvino" in extra) == bool(ort_openvino_devices()), doc["providers"]
     finally:
         a.stop()
     b = _agent(tmp_path / "given", providers=["openvino", "cpu"]).start()
