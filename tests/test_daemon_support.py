@@ -31,10 +31,10 @@ def write_config(directory: Path, *, mqtt: dict | None = None, extra: dict | Non
         "device_id": "dev-1",
         "state_dir": str(directory / "state"),
         "target": "generic-x86_64",
-        # a 3 s shadow phase: it compares live traffic for up to duration_s (default 30 s), and most daemon tests
-        # send none while a version deploys, so the phase ends `inconclusive` after 3 s instead of 30 and the
+        # a 1 s shadow phase: it compares live traffic for up to duration_s (default 30 s), and most daemon tests
+        # send none while a version deploys, so the phase ends `inconclusive` after 1 s instead of 30 and the
         # deployment goes on; the shadow's own tests set their phase (an `extra` serving block replaces this one)
-        "serving": {"host": "127.0.0.1", "port": 0, "shadow": {"duration_s": 3.0}},
+        "serving": {"host": "127.0.0.1", "port": 0, "shadow": {"duration_s": 1.0}},
         "telemetry": {"interval_s": 0},
     }
     if mqtt:

@@ -35,16 +35,17 @@ def _push(a, version: str, model, feeds=None):
 
 
 def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
-    shadow = ShadowConfig(requests=30, duration_s=20, min_requests=5, max_latency_ratio=100.0)
+    shadow = ShadowConfig(requests=10, duration_s=20, min_requests=5, max_latency_ratio=100.0)
     a = _agent(tmp_path, 4.0, shadow)
     load = None
     try:
-        assert _push(a, "1", chain_model(bias=1.0)).state.value == "committed"
+        # depth 20: ~5 ms a run on a 2-core host, so the shadow and the probation windows fill in seconds
+        assert _push(a, "1", chain_model(depth=20, bias=1.0)).state.value == "committed"
         x = np.random.default_rng(1).standard_normal((1, 1024)).astype(np.float32)
         load = Load(a.url, "tiny", [body_for("x", x)], clients=2).start()
         load.wait_requests(300)
         session_v1 = a.registry.entry("tiny").session
-        dep = _push(a, "2", chain_model(redundant=True, bias=1.0))
+        dep = _push(a, "2", chain_model(depth=20, redundant=True, bias=1.0))
         assert dep.state.value == "rolled_back", dep.reason
         assert a.registry.entry("tiny").session is session_v1  # rolled back to the referee: no rebuild
         assert "compute ratio" in dep.reason and "incumbent" in dep.reason, dep.reason

@@ -1,5 +1,6 @@
-"""The daemon over real HTTP: six good versions pushed one after another under 4 and then 8 clients all
-commit with no failed request, and after a SIGKILL and a restart the device serves the last one."""
+"""The daemon over real HTTP: six good versions pushed one after another, three under 4 clients and then three
+under 8 (issue 12: versions 4 to 7 of six such pushes were rolled back), all commit with no failed request, and
+after a SIGKILL and a restart the device serves the last one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_daemon_support import Daemon, drop, write_config
 
 from agent.samples import write_package
 
-PUSHES = 6
+PUSHES = 3  # per load level: six pushes in all, v2..v7 after the first deployment
 X = np.random.default_rng(5).standard_normal((1, 1024)).astype(np.float32)
 
 
@@ -37,7 +38,7 @@ def _serves(url: str) -> tuple[str, float]:
 
 
 @pytest.mark.field
-@pytest.mark.timeout(1200)  # 13 deployments of a ~1 ms model under load on a shared 2-core machine
+@pytest.mark.timeout(1200)  # 7 deployments of a ~1 ms model under load on a shared 2-core machine
 def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp_path):
     serving = {"host": "127.0.0.1", "port": 0, "shadow": {"requests": 30, "duration_s": 15, "min_requests": 5}}
     cfg = write_config(tmp_path, extra={"serving": serving})
@@ -79,7 +80,7 @@ def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp
     try:
         again.wait_ready()
         served, y0 = _serves(again.url)
-        assert served == str(version) == "13"
+        assert served == str(version) == "7"
         assert abs(y0 - (float(np.tanh(0)) + version)) < 2.0  # bias identifies the version (|tanh| < 1)
     finally:
         assert again.terminate() == 0, again.tail()
