@@ -30,6 +30,10 @@ def test_quickstart(mode, tmp_path):
         EDGE_AGENT_VENV=sys.prefix,
         TMPDIR=str(tmp_path),
         PATH=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin",
+        # the daemon's own knobs (agent/cli/daemon.py): a 1 s probation and 0.5 s of timed runs per provider row
+        # instead of the demo's 5 s each; every step and printed figure of the script stays the same
+        EDGE_AGENT_PROBATION_S="1",
+        EDGE_AGENT_QUALIFY_BUDGET_S="0.5",
     )
     args = ["bash", str(ROOT / "scripts/quickstart.sh")] + (["--local"] if mode == "local" else [])
     r = subprocess.run(args, capture_output=True, text=True, timeout=540, env=env, cwd=tmp_path)
