@@ -96,7 +96,9 @@ class Simulator:
             link = getattr(getattr(agent, "link", None), "link", None)
             if link is not None and not link.wait_connected(max(0.1, deadline - time.monotonic())):
                 raise TransportError(f"simulated device {dev} could not connect to {self.broker.redacted()}")
-        with FleetWatch(self.broker, self.prefix) as watch:
+        # the broker gets the rest of the deadline too (NATS builds JetStream state for each new session)
+        watch = FleetWatch(self.broker, self.prefix).start(timeout=max(15.0, deadline - time.monotonic()))
+        try:
             while True:
                 missing = [d for d in self.agents if not (watch.status.get(d) or {}).get("online")]
                 if not missing:
@@ -107,6 +109,8 @@ class Simulator:
                         f"after {timeout:g} s (first: {missing[0]})"
                     )
                 watch.drain(timeout=0.5)
+        finally:
+            watch.stop()
 
     def start_device(self, device_id: str, cls: DeviceClass):
         """Create and start one agent (also used to bring a stopped device back)."""
