@@ -63,6 +63,7 @@ def fleet(tmp_path_factory):
                     sysroots=[str(SYSROOTS / c) for c in classes],
                     state_dir=str(tmp / prefix),
                     store=store,  # registers its devices: the rollouts believe their signed reports
+                    probation_s=1.0,  # each wave waits for its devices' probation: 1 s, not the simulator's 2
                 )
                 sims.append(sim.start())
                 return sim
