@@ -23,7 +23,9 @@ PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 m
   manylinux_2_34_aarch64 manylinux_2_35_aarch64 manylinux_2_36_aarch64)
 # Runtime wheels for the Pi (install.sh's cpu runtime) plus OpenVINO's Arm CPU plugin, and the editable build's
 # backend. Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
-PKGS=(click pyyaml psutil numpy onnx onnxruntime paho-mqtt cryptography openvino setuptools wheel)
+# ml_dtypes is onnx's dependency, pinned as well: left to float, 0.7's module init took ~12 s under qemu-user
+# (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino setuptools wheel)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }
@@ -64,15 +66,19 @@ ensure_binfmt() {  # register qemu-aarch64 (F flag: the interpreter is loaded no
 sha() { sha256sum | cut -c1-16; }
 
 wheel_reqs() {  # one requirement per line, pinned to the host venv's versions where it has the package
-  local py="${EDGE_AGENT_VENV:-$SRC_DIR/.venv}/bin/python" p v
-  for p in "${PKGS[@]}"; do
-    v=""
-    [ -x "$py" ] && v="$("$py" -c 'import sys, importlib.metadata as m
-try: print(m.version(sys.argv[1]))
-except Exception: pass' "$p" 2>/dev/null || true)"
-    case "$p" in setuptools | wheel) v="" ;; esac  # build backend: any recent one
-    if [ -n "$v" ]; then echo "$p==$v"; else echo "$p"; fi
-  done
+  # One interpreter start for all of them: this runs on every call of this script (it keys the cache).
+  local py="${EDGE_AGENT_VENV:-$SRC_DIR/.venv}/bin/python" out
+  if [ -x "$py" ] && out="$("$py" -c 'import sys, importlib.metadata as m
+for p in sys.argv[1:]:
+    v = ""
+    if p not in ("setuptools", "wheel"):  # build backend: any recent one
+        try: v = m.version(p)
+        except Exception: pass
+    print(f"{p}=={v}" if v else p)' "${PKGS[@]}" 2>/dev/null)"; then
+    echo "$out"
+  else
+    printf '%s\n' "${PKGS[@]}"
+  fi
 }
 
 base_key() { printf 'recipe=%s suite=%s arch=arm64 variant=minbase include=%s\n' "$RECIPE" "$SUITE" "$DEB_INCLUDE" | sha; }
