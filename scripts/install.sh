@@ -255,6 +255,9 @@ if [ "$VENV_MODE" = 1 ]; then
         say "warning: onnxruntime-qnn has Linux aarch64 wheels for Python 3.11-3.13 only; staying on CPU"
       fi ;;
   esac
+  # Byte-compile the source now, as root: the service user cannot write into root-owned $OPT/src, so without
+  # this every process it starts (each qualification worker) compiles the agent's modules again.
+  run "$V/bin/python" -m compileall -q "$OPT/src/agent" || say "warning: byte-compiling $OPT/src failed"
   say "venv $V ready ($RUNTIME runtime)"
 else
   if [ -x "$R$VENV_DIR/bin/edge-agent" ]; then say "using existing venv $VENV_DIR"
