@@ -182,7 +182,8 @@ def test_daemon_on_emulated_pi_pulls_from_host_mosquitto_serves_and_hot_swaps(bo
                 "target": "auto",
                 "mqtt": {"url": mosquitto.url},  # 127.0.0.1: the host's loopback, seen from the chroot
                 "trust": {"public_keys": [str(pubfile)]},
-                "serving": {"host": "127.0.0.1", "port": 0},
+                # one request reaches v1 before the swap: its shadow phase would wait 30 s for more
+                "serving": {"host": "127.0.0.1", "port": 0, "shadow": {"duration_s": 1.0}},
                 "telemetry": {"interval_s": 0},
             }
         )
@@ -201,6 +202,7 @@ def test_daemon_on_emulated_pi_pulls_from_host_mosquitto_serves_and_hot_swaps(bo
         "EDGE_AGENT_PROBATION_S": "0.5",
         "EDGE_AGENT_QUALIFY_PROVIDERS": "cpu",
         "EDGE_AGENT_QUALIFY_BUDGET_S": "0.1",
+        "EDGE_AGENT_QUALIFY_ISOLATE": "0",  # the row inside the qualification process: one Python start less
     }
     with open(log, "ab") as f:
         daemon = subprocess.Popen(
