@@ -85,9 +85,9 @@ base_key() { printf 'recipe=%s suite=%s arch=arm64 variant=minbase include=%s\n'
 
 # ------------------------------------------------------------------ build stages (each: build in NAME.partial, then rename)
 
-with_lock() {  # serialise builds between concurrent callers (pytest-xdist workers, CI jobs)
+with_lock() {  # [NAME]: serialise builds between concurrent callers (pytest-xdist workers, CI jobs)
   mkdir -p "$CACHE"
-  exec 9>"$CACHE/.lock"
+  exec 9>"$CACHE/${1:-.lock}"  # fd 9 again: taking another lock releases the one held
   flock 9
 }
 
@@ -266,13 +266,13 @@ board_files "$BOARD" >/dev/null || die "unknown board '$BOARD': expected pi4 or 
 if [ "$(uname -m)" != aarch64 ]; then ensure_binfmt; fi
 command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed (apt-get install debootstrap)"
 
-(
+ROOT="$(
   with_lock
   base="$(build_base)"
   wh="$(build_wheels)"
   runtime="$(build_runtime "$base" "$wh")"
-  build_board "$BOARD" "$runtime" "$wh" > "$CACHE/.$BOARD.current"
-)
-ROOT="$(cat "$CACHE/.$BOARD.current")"
+  with_lock ".$BOARD.lock"  # the shared stages are done: one board installs while the other does
+  build_board "$BOARD" "$runtime" "$wh"
+)"
 if [ $# -eq 0 ]; then echo "$ROOT"; exit 0; fi
 RUN_EXEC=exec run_board "$BOARD" "$ROOT" "$PWD" -- "$@"
