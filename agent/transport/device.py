@@ -286,13 +286,9 @@ class DeviceLink:
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = None) -> "DeviceLink":
         """Connect in the background (a device starts even while the broker is down); wait=N blocks up to N s
-        for the CONNACK and then, within the same N s, for the SUBACKs of its desired and chunk topics (a pull
-        started before the broker holds the chunk subscription would lose the first answers; NATS builds a
-        JetStream consumer for each). A broker that never acknowledges them is not an error here."""
-        t0 = time.monotonic()
+        for the CONNACK and the SUBACKs of its desired and chunk topics (MqttLink.start: a pull started before
+        the broker holds the chunk subscription would lose the first answers)."""
         self._mqtt.start(wait=wait)
-        if wait is not None:
-            self._mqtt.wait_subscribed(max(0.0, wait - (time.monotonic() - t0)))
         return self
 
     def stop(self, graceful: bool = True, timeout: float = 5.0) -> None:

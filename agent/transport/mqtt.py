@@ -101,14 +101,20 @@ class MqttLink:
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
-        """Connect in the background; with `wait`, block until CONNACK or raise TransportError."""
+        """Connect in the background; with `wait`, block until CONNACK or raise TransportError, then, within the
+        same `wait`, until the broker acknowledged the subscriptions made before start() (a subscriber told
+        "started" must not miss what is published next; NATS builds a JetStream consumer for each). Missing
+        SUBACKs are not an error here: the subscriptions are sent again at each reconnect."""
+        deadline = time.monotonic() + (wait or 0.0)
         self._client = self._make_client()
         self._supervisor = threading.Thread(target=self._supervise, name=f"mqtt-{self.client_id}", daemon=True)
         self._supervisor.start()
-        if wait is not None and not self._wait_connack(wait):
-            why = self.refused or self._diagnose() or "no CONNACK from the broker"
-            self.stop()
-            raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
+        if wait is not None:
+            if not self._wait_connack(wait):
+                why = self.refused or self._diagnose() or "no CONNACK from the broker"
+                self.stop()
+                raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
+            self.wait_subscribed(max(0.0, deadline - time.monotonic()))
         return self
 
     def _wait_connack(self, timeout: float) -> bool:
