@@ -4,6 +4,10 @@ and a version of it whose top-1 class differs on a known share of inputs, and a 
 
 from __future__ import annotations
 
+import math
+import time
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -17,6 +21,28 @@ def _finish(graph) -> onnx.ModelProto:
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
+
+
+def chain_depth(directory: Path, ms: float, step: int = 16) -> int:
+    """The chain_model depth (a multiple of `step`) whose run in a single-threaded cpu session takes about `ms` of
+    CPU time or more on this host: a test that needs a 2x compute gap wider than a fixed slack (0.5 ms) sizes its
+    model on the host's own speed, not on the machine it was written on. Measured on a depth-16 chain."""
+    from agent.providers import get
+
+    path = Path(directory) / "depth-probe.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(chain_model(depth=16), str(path))
+    probe = get("cpu").open_session(path, options={"intra_op_num_threads": 1})
+    x = {"x": np.ones((1, WIDTH), np.float32)}
+    try:
+        probe.run(x)
+        c0 = time.thread_time()
+        for _ in range(5):
+            probe.run(x)
+        per_layer_ms = (time.thread_time() - c0) / 5 * 1000.0 / 16
+    finally:
+        probe.close()
+    return step * max(1, math.ceil(ms / max(per_layer_ms, 1e-6) / step))
 
 
 def chain_model(depth: int = 60, redundant: bool = False, bias: float = 0.0) -> onnx.ModelProto:

@@ -3,9 +3,7 @@ incumbent's answers only (real sessions, the real registry)."""
 
 from __future__ import annotations
 
-import math
 import threading
-import time
 
 import numpy as np
 from probation_models import classifier_inputs, classifier_model, disagreement, nan_guard_model
@@ -80,19 +78,12 @@ def test_no_traffic_is_inconclusive_and_offer_never_raises(tmp_path):
 def test_compute_time_is_judged_with_the_probation_slack(tmp_path):
     """A candidate giving the same answers with 2x the work (a redundant chain, ~3 ms a run on any host) fails on compute
     time against max_latency_ratio 1.5, the reason naming the ratio and the limit; the same model twice passes."""
-    from probation_models import WIDTH, chain_model
+    from probation_models import WIDTH, chain_depth, chain_model
 
     x = {"x": np.ones((1, WIDTH), np.float32)}
     config = ShadowConfig(requests=40, duration_s=60, min_requests=20, cpu_share=0.5, max_latency_ratio=1.5)
     # 2x over 1.5x + 0.5 ms needs an incumbent over 1 ms a run: the depth is sized on this host's own speed
-    probe = open_session(chain_model(depth=16), tmp_path, "probe.onnx", SINGLE_THREAD)
-    probe.run(x)
-    c0 = time.thread_time()
-    for _ in range(5):
-        probe.run(x)
-    run_ms = (time.thread_time() - c0) / 5 * 1000.0
-    probe.close()
-    depth = 16 * max(1, math.ceil(3.0 / max(run_ms, 1e-3)))  # about 3 ms a run or more
+    depth = chain_depth(tmp_path, 3.0)  # about 3 ms a run or more
     slow, _ = _shadowed(tmp_path, chain_model(depth=depth), chain_model(depth=depth, redundant=True), [x], config)
     assert slow["agreement"] == 1.0 and slow["latency_ratio"] is not None and slow["latency_ratio"] > 1.6, slow
     assert slow["verdict"] == FAIL and "compute time" in slow["reason"] and "1.5 x + 0.5 ms" in slow["reason"], slow
