@@ -62,7 +62,8 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
             what=f"v2 {state}",
         )
         if where == "queued":
-            assert agent.status()["qualification_queue"]["waiting"], agent.status()["qualification_queue"]
+            # the journal says qualifying a moment before the worker asks the queue for its turn
+            wait_for(lambda: agent.status()["qualification_queue"]["waiting"], what="v2 waiting in the queue")
 
         _push(plane, tmp_path, "1", rollback=True)  # what the rollout engine publishes at a halt
         v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 called off")  # the queue is still held / probation runs
