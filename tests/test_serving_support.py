@@ -38,8 +38,8 @@ def _model(nodes, inputs, outputs, inits=()):
     return m
 
 
-# One intra-op thread: the serving thread's CPU time is then the whole of a run's compute. With a pool, the
-# pool's share is not counted and moves with what else the cores run (docs/serving.md, "Compute time").
+# One intra-op thread: a test that compares compute times keeps the pool's cache effects out of its figures (a
+# run's CPU time counts the pool's threads too: docs/serving.md, "Compute time").
 SINGLE_THREAD = {"intra_op_num_threads": 1}
 
 

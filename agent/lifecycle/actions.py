@@ -251,10 +251,18 @@ def activate(
     referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
+
+    def build():  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)
+        registry.gate.building(True)
+        try:
+            return open_and_warm(entry, lock)
+        finally:
+            registry.gate.building(False)
+
     if swap == "stop-then-start":
-        result = registry.activate(name, entry["version"], lambda: open_and_warm(entry, lock), meta, **kwargs)
+        result = registry.activate(name, entry["version"], build, meta, **kwargs)
         return {**result, "build_priority": "serving priority (stop-then-start)"}
-    session, how = run_lowered(lambda: open_and_warm(entry, lock), build_nice)
+    session, how = run_lowered(build, build_nice)
     try:
         if before_swap is not None:
             before_swap(session)

@@ -68,7 +68,7 @@ class Rehearsal:
         return run
 
     def _shadow(self, session: Any, ctx: act.StepContext, incumbent: str | None) -> dict[str, Any]:
-        shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU)
+        shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU, gate=self.registry.gate)
         stats = self.registry.model_stats(self.name, incumbent)
         stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
         self.registry.attach_shadow(self.name, shadow)

@@ -62,7 +62,7 @@ class ModelStats:
         self._ring = array("d", bytes(8 * RECENT))  # 32 KB of raw doubles, not 4096 float objects
         self._stamps = array("d", bytes(8 * RECENT))  # perf_counter() when each kept latency's run ended
         self._seen = 0  # successful latencies recorded so far
-        # CPU time of the serving thread inside the run, measured on the sampled requests (those checked for
+        # CPU time of the run, every runtime thread counted (rungate.py), measured on the sampled requests (those checked for
         # NaN/Inf: all while watched and a version's first FINITE_FIRST, then one in finite_every).
         self._cpu = array("d", bytes(8 * RECENT))
         self._cpu_stamps = array("d", bytes(8 * RECENT))
@@ -98,7 +98,7 @@ class ModelStats:
     ) -> None:
         """One request that reached the runtime; nonfinite is None when its outputs were not checked; caused:
         the request itself caused the failure or the NaN/Inf (counted apart, never against the version);
-        cpu: the serving thread's CPU seconds inside the run, when measured."""
+        cpu: the run's CPU seconds, every runtime thread counted (rungate.py), when measured."""
         with self._lock:
             if ok and cpu is not None:
                 i = self._cpu_seen % RECENT
@@ -163,8 +163,8 @@ class ModelStats:
 
     def window(self, since: float, until: float = math.inf, cpu: bool = False) -> tuple[list[float], float]:
         """(kept successful latencies in seconds of the runs that ended in [since, until], the seconds between
-        the first and the last of those ends); times are time.perf_counter() values. cpu: the serving
-        thread's CPU time of the sampled runs instead of the wall time of every run."""
+        the first and the last of those ends); times are time.perf_counter() values. cpu: the CPU time
+        of the measured runs (rungate.py) instead of the wall time of every run."""
         with self._lock:
             self._fold()
             if cpu:

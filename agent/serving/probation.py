@@ -47,7 +47,7 @@ class Baseline:
 
 
 def compute_measure(provider: str | None, device: str | None = None) -> str:
-    """ "cpu" (the serving thread's CPU time in the run: immune to other processes taking the cores) where the
+    """ "cpu" (the run's CPU time, every runtime thread counted (rungate.py): immune to other processes taking the cores) where the
     model computes on the host CPU, "wall" (time inside the run) where it waits for an accelerator."""
     if provider in (None, "cpu", "xnnpack", "acl"):
         return CPU

@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from agent.serving import rungate
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.memory import trim_heap
 from agent.serving.metrics import FINITE_EVERY, ModelStats
+from agent.serving.rungate import CpuMark, RunGate
 
 MAKE_BEFORE_BREAK = "make-before-break"
 STOP_THEN_START = "stop-then-start"
@@ -194,7 +196,12 @@ class ModelRegistry:
     """Serves several models at once; activate() hot-swaps one without failing in-flight or new requests."""
 
     def __init__(
-        self, *, drain_timeout: float = 30.0, check_finite: bool = True, finite_every: int = FINITE_EVERY
+        self,
+        *,
+        drain_timeout: float = 30.0,
+        check_finite: bool = True,
+        finite_every: int = FINITE_EVERY,
+        gate: RunGate | None = None,
     ) -> None:
         """check_finite: look for NaN/Inf in outputs: every response while a probation watches a version and
         for its first FINITE_FIRST responses, then one in `finite_every` (1: every response)."""
@@ -212,6 +219,9 @@ class ModelRegistry:
         # The swapped-out incumbent kept during a probation (activate(keep_previous=True)): inputs that fail or
         # give NaN/Inf on the new version are re-run on it to tell the request's fault from the version's.
         self._referees: dict[str, ModelEntry] = {}
+        # Every run of a session this registry serves passes the gate; a CPU-time sample is a run that had the
+        # runtimes to itself (rungate.py). Shadow runs and session builds pass it too (Shadow, actions.activate).
+        self.gate = gate or rungate.PROCESS
 
     # ---- activation -------------------------------------------------------------------------------
     def activate(
@@ -459,29 +469,33 @@ class ModelRegistry:
                 entry.stats.reject()
                 raise
             want = list(outputs) if outputs is not None else None
-            sampled = entry.stats.check_finite()  # checked for NaN/Inf, its CPU time measured
-            c0 = time.thread_time() if sampled else 0.0
+            sampled = entry.stats.check_finite()  # checked for NaN/Inf; its CPU time measured when the gate allows
+            alone = self.gate.begin(sampled)  # alone: no other run in flight, the runtimes' CPU time is this run's
+            mark = CpuMark() if alone else None
             t0 = time.perf_counter()
+            failure: Exception | None = None
             try:
                 result = entry.session.run(feeds, want)
-            except Exception as exc:  # the runtime's own failure, after validation passed
                 end = time.perf_counter()
-                elapsed = end - t0
+                spent = mark.spent() if mark is not None else None
+            except Exception as exc:  # the runtime's own failure, after validation passed
+                end, failure, spent = time.perf_counter(), exc, None
+            finally:  # before any referee run: that one enters the gate itself
+                if self.gate.end(alone):  # the measurement held: no other run went in beside it
+                    cpu = spent
+            elapsed = end - t0
+            if failure is not None:
                 why = self._request_fault(entry, feeds, want)
                 caused = why is not None
                 if why is not None and why.startswith("input"):
-                    raise BadRequest(f"model {name!r}: {why}") from exc
+                    raise BadRequest(f"model {name!r}: {why}") from failure
                 tail = f" ({why}; not counted against the version)" if why else ""
-                raise InferenceFailed(f"model {name!r} version {entry.version}: {exc}{tail}") from exc
-            end = time.perf_counter()
-            elapsed = end - t0
+                raise InferenceFailed(f"model {name!r} version {entry.version}: {failure}{tail}") from failure
             ok = True
-            if sampled:
-                cpu = time.thread_time() - c0
-                if self.check_finite:
-                    nonfinite = _nonfinite(result)
-                    if nonfinite:
-                        caused = self._request_made_nonfinite(entry, feeds, want)
+            if sampled and self.check_finite:
+                nonfinite = _nonfinite(result)
+                if nonfinite:
+                    caused = self._request_made_nonfinite(entry, feeds, want)
             shadow = entry.shadow
             if shadow is not None:
                 shadow.offer(feeds, result, elapsed, cpu)
@@ -518,7 +532,11 @@ class ModelRegistry:
                 return None
             ref.holds.append(None)  # drop_referee waits for this hold before closing the session
         try:
-            return True, ref.version, ref.session.run(feeds, want)
+            self.gate.begin()
+            try:
+                return True, ref.version, ref.session.run(feeds, want)
+            finally:
+                self.gate.end(False)
         except Exception:  # noqa: BLE001 - the referee failing too is the answer
             return False, ref.version, {}
         finally:

@@ -13,7 +13,9 @@ import numpy as np
 
 from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
+from agent.serving import rungate
 from agent.serving.judge import limit_ms
+from agent.serving.rungate import CpuMark, RunGate
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 
@@ -35,9 +37,12 @@ class Shadow:
         config: ShadowConfig,
         clock: Callable[[], float] = time.perf_counter,
         cpu: bool = True,
+        gate: RunGate | None = None,
     ) -> None:
-        """cpu: compare the serving thread's CPU time in the run (both sides), else the wall time in it."""
+        """cpu: compare the run's CPU time, every runtime thread counted (both sides), else the wall time; gate:
+        the serving registry's (a shadow run measured for CPU time has the runtimes to itself, rungate.py)."""
         self.session, self.config, self.clock, self.cpu = session, config, clock, cpu
+        self.gate = gate or rungate.PROCESS
         self._slot: tuple[dict, dict, float] | None = None
         self._ready = threading.Event()
         self._next_at = 0.0  # perf_counter() before which no copy is taken (CPU share)
@@ -88,17 +93,25 @@ class Shadow:
         return self.result()
 
     def _one(self, feeds: dict, reference: dict, incumbent_s: float) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        alone = self.gate.begin(self.cpu, paced=False)  # paced by cpu_share here, not by the gate's duty
+        mark = CpuMark() if alone else None
+        t0 = time.perf_counter()
         try:
             try:
-                got = self.session.run(feeds, list(reference))
+                held = False
+                try:
+                    got = self.session.run(feeds, list(reference))
+                    spent = mark.spent() if mark is not None else time.perf_counter() - t0
+                finally:
+                    held = self.gate.end(alone)
             except Exception as exc:  # noqa: BLE001 - a candidate failure is a finding
                 self.requests += 1
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                 return
-            self.candidate_s.append(time.thread_time() - c0 if self.cpu else time.perf_counter() - t0)
-            self.incumbent_s.append(incumbent_s)
+            if held or not self.cpu:  # a CPU time read while other runs were in flight is not this run's
+                self.candidate_s.append(spent)
+                self.incumbent_s.append(incumbent_s)
             self.requests += 1
             self._compare(reference, got)
         finally:  # the run and the comparison count against the CPU share

@@ -1,0 +1,165 @@
+"""The CPU time of one inference run, every thread counted: the calling thread and the runtime's own (ORT's
+intra-op pool, OpenVINO's stream and TBB workers). A run's work is split between its calling thread and those
+pools, and the split moves with what else the cores run, so the calling thread's CPU time alone is no measure
+of the run (docs/serving.md, "Compute time"). The runtimes' threads serve every run in flight, so a measured
+run has them to itself: RunGate holds new runs back, waits for the runs in flight to end, and CpuMark reads
+the CPU clocks of the calling thread and of the runtimes' threads across the run.
+
+Holding other runs back (the drain, and a measured run that another waits for) takes at most `duty` of the
+time. A measured run nobody waited for costs nothing, so a lone client has every sampled run measured, while a
+busy server is not serialised. A run that cannot have the runtimes to itself within `drain_s` is not measured;
+one that holds the others back for longer than `hold_s` has its measurement spoiled (they go in beside it),
+so a slow or stuck run never stalls the rest for long."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+DUTY = 0.25  # at most this share of the time goes to holding other runs back for measured ones
+DRAIN_S = 0.25  # a measured run waits this long at most for the runs in flight to end
+HOLD_S = 0.25  # new runs wait this long at most for a measured run, then go in beside it (spoiling it)
+
+
+class RunGate:
+    """Every inference run of a process's sessions enters (shared) and leaves the gate; a measured run enters
+    alone. Shared entry is one uncontended lock round trip, unless a measured run holds the gate."""
+
+    def __init__(self, duty: float = DUTY, drain_s: float = DRAIN_S, hold_s: float = HOLD_S) -> None:
+        if not 0.0 < duty <= 1.0:
+            raise ValueError(f"duty must be in (0, 1], got {duty}")
+        self.duty, self.drain_s, self.hold_s = float(duty), float(drain_s), float(hold_s)
+        self._cond = threading.Condition(threading.Lock())
+        self._running = 0  # shared runs (and builds) in flight
+        self._building = 0  # session builds and warm-ups in flight: no run is measured meanwhile
+        self._alone = False  # a measured run holds the gate (or is draining it)
+        self._next_at = 0.0  # perf_counter() before which no run is measured (duty)
+        self._since = 0.0  # when the measured run began draining the gate
+        self._run_at: float | None = None  # when it began running (None while it drains)
+        self._spoiled = False  # a run went in beside the measured one (it overstayed hold_s)
+        self._waited = False  # a run waited for the measured one
+        self.measured = self.missed = self.spoiled = 0  # runs measured; drains given up; measurements spoiled
+
+    def due(self) -> bool:
+        """Would a run starting now be measured? (Unlocked read: a race only moves the sample by a run.)"""
+        return not self._alone and not self._building and time.perf_counter() >= self._next_at
+
+    def begin(self, measure: bool = False, paced: bool = True) -> bool:
+        """Enter for one run; True when it is measured: no other run is in flight, and new ones wait until end()
+        (for hold_s at most: then they go in beside it and its measurement is spoiled). measure: the caller
+        wants it measured; it is not (False) while a build runs, before the duty allows another (paced), or
+        when the runs in flight do not end within drain_s (then runs go on unmeasured for a while). Pair it
+        with end(the returned value)."""
+        with self._cond:
+            if self._alone:
+                self._wait_alone()
+            now = time.perf_counter()
+            if not measure or self._alone or self._building or (paced and now < self._next_at):
+                self._running += 1
+                return False
+            self._alone, self._spoiled, self._waited, self._since, self._run_at = True, False, False, now, None
+            drained = self._cond.wait_for(lambda: self._running == 0, self.drain_s)
+            self._running += 1
+            if drained:
+                self._run_at = time.perf_counter()
+                return True
+            self._alone = False
+            self.missed += 1
+            self._next_at = time.perf_counter() + self.drain_s / self.duty  # something runs long: back off
+            self._cond.notify_all()
+            return False
+
+    def _wait_alone(self) -> None:
+        """Under the lock: wait while a measured run drains the gate (drain_s at most) or runs (hold_s at most)."""
+        while self._alone:
+            self._waited = True
+            if self._run_at is None:
+                self._cond.wait()
+                continue
+            left = self._run_at + self.hold_s - time.perf_counter()
+            if left <= 0:
+                self._spoiled = True  # this run goes in beside the measured one: that one's CPU time is not its own
+                return
+            self._cond.wait(left)
+
+    def end(self, alone: bool) -> bool:
+        """Leave after a run; for a measured one (alone), whether its measurement holds (no run went in beside
+        it). Read the CPU clocks before calling it."""
+        with self._cond:
+            self._running -= 1
+            if not alone:
+                if self._alone and self._running == 0:
+                    self._cond.notify_all()
+                return False
+            self._alone = False
+            now = time.perf_counter()
+            held = not self._spoiled
+            # What measuring cost the other runs: the drain, and the run itself when one waited for it. A run
+            # nobody waited for cost nothing, and the next may be measured at once.
+            run_at = self._run_at if self._run_at is not None else now
+            cost = (run_at - self._since) + ((now - run_at) if self._waited else 0.0)
+            if held:
+                self.measured += 1
+                self._next_at = now + cost * (1.0 / self.duty - 1.0)
+            else:
+                self.spoiled += 1
+                self._next_at = now + max(cost, self.hold_s) / self.duty
+            self._cond.notify_all()
+            return held
+
+    def building(self, on: bool) -> None:
+        """A session build or warm-up starts (on) or ends: its CPU would count in any run measured meanwhile."""
+        with self._cond:
+            self._building = max(0, self._building + (1 if on else -1))
+
+    def figures(self) -> dict[str, int]:
+        return {"measured_runs": self.measured, "missed_drains": self.missed, "spoiled": self.spoiled}
+
+
+PROCESS = RunGate()  # the process's CPU clock is one: registries and shadows share this gate unless given one
+
+_TASKS = "/proc/self/task"
+_PER_THREAD_SCHED = 6  # Linux: CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED, the low bits of a thread's CPU clock id
+
+
+def _thread_clock(tid: int) -> float:
+    """A thread's CPU clock by its kernel id. Linux reads a running thread's clock up to the moment; the process
+    clock (CLOCK_PROCESS_CPUTIME_ID) adds other threads' time only as of their last tick or switch, and missed
+    half of a 1 ms run's work on a 2-thread ORT pool here."""
+    return time.clock_gettime((~tid << 3) | _PER_THREAD_SCHED)
+
+
+def _native_clocks() -> dict[int, float]:
+    """CPU clocks of the process's threads that Python did not start: the runtimes' pools (ORT intra-op threads,
+    OpenVINO stream and TBB workers). Python's own threads (request handlers, the broker link, timers) are left
+    out: their work is not the run's."""
+    python = {t.native_id for t in threading.enumerate()}
+    out = {}
+    for name in os.listdir(_TASKS):
+        tid = int(name)
+        if tid not in python:
+            try:
+                out[tid] = _thread_clock(tid)
+            except OSError:  # it ended meanwhile
+                pass
+    return out
+
+
+class CpuMark:
+    """Where a run's CPU time starts: the calling thread's clock and the runtimes' threads' clocks (on Linux;
+    elsewhere the process clock). spent() is the CPU seconds since, every runtime thread counted; a thread
+    started meanwhile counts whole, one that ended meanwhile is lost."""
+
+    __slots__ = ("_own", "_native", "_process")
+
+    def __init__(self) -> None:
+        self._process = not os.path.isdir(_TASKS)
+        self._native = {} if self._process else _native_clocks()
+        self._own = time.process_time() if self._process else time.thread_time()
+
+    def spent(self) -> float:
+        if self._process:
+            return time.process_time() - self._own
+        own = time.thread_time() - self._own
+        return own + sum(c - self._native.get(tid, 0.0) for tid, c in _native_clocks().items())
