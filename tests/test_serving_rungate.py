@@ -127,7 +127,7 @@ def test_the_cpu_time_of_a_run_counts_the_intra_op_pool_not_only_the_calling_thr
     onnx.save(chain_model(depth=16), str(path))
     x = {"x": np.ones((1, WIDTH), np.float32)}
     pooled = get("cpu").open_session(path, options={"intra_op_num_threads": 2})
-    registry = ModelRegistry(gate=RunGate(duty=1.0))  # every run measured (a version's first 1000 are sampled)
+    registry = ModelRegistry(gate=RunGate(duty=1.0, mark_share=1.0))  # every run measured (the first 1000 sampled)
     registry.activate("m", "1", pooled)
     runs = 200
     try:

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from agent.serving import rungate
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.memory import trim_heap
 from agent.serving.metrics import FINITE_EVERY, ModelStats
@@ -221,7 +220,8 @@ class ModelRegistry:
         self._referees: dict[str, ModelEntry] = {}
         # Every run of a session this registry serves passes the gate; a CPU-time sample is a run that had the
         # runtimes to itself (rungate.py). Shadow runs and session builds pass it too (Shadow, actions.activate).
-        self.gate = gate or rungate.PROCESS
+        # The daemon serves through one registry, so its gate sees every run of the process.
+        self.gate = gate or RunGate()
 
     # ---- activation -------------------------------------------------------------------------------
     def activate(
@@ -481,7 +481,7 @@ class ModelRegistry:
             except Exception as exc:  # the runtime's own failure, after validation passed
                 end, failure, spent = time.perf_counter(), exc, None
             finally:  # before any referee run: that one enters the gate itself
-                if self.gate.end(alone):  # the measurement held: no other run went in beside it
+                if self.gate.end(alone, mark.marking_s if mark is not None else 0.0):  # no run went in beside it
                     cpu = spent
             elapsed = end - t0
             if failure is not None:

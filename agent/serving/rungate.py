@@ -20,15 +20,19 @@ import time
 DUTY = 0.25  # at most this share of the time goes to holding other runs back for measured ones
 DRAIN_S = 0.25  # a measured run waits this long at most for the runs in flight to end
 HOLD_S = 0.25  # new runs wait this long at most for a measured run, then go in beside it (spoiling it)
+MARK_SHARE = 0.02  # reading the clocks (~30-60 us a run here: a spinning pool thread's clock) takes at most this
 
 
 class RunGate:
     """Every inference run of a process's sessions enters (shared) and leaves the gate; a measured run enters
     alone. Shared entry is one uncontended lock round trip, unless a measured run holds the gate."""
 
-    def __init__(self, duty: float = DUTY, drain_s: float = DRAIN_S, hold_s: float = HOLD_S) -> None:
-        if not 0.0 < duty <= 1.0:
-            raise ValueError(f"duty must be in (0, 1], got {duty}")
+    def __init__(
+        self, duty: float = DUTY, drain_s: float = DRAIN_S, hold_s: float = HOLD_S, mark_share: float = MARK_SHARE
+    ) -> None:
+        if not 0.0 < duty <= 1.0 or not 0.0 < mark_share <= 1.0:
+            raise ValueError(f"duty and mark_share must be in (0, 1], got {duty}, {mark_share}")
+        self.mark_share = float(mark_share)
         self.duty, self.drain_s, self.hold_s = float(duty), float(drain_s), float(hold_s)
         self._cond = threading.Condition(threading.Lock())
         self._running = 0  # shared runs (and builds) in flight
@@ -83,9 +87,9 @@ class RunGate:
                 return
             self._cond.wait(left)
 
-    def end(self, alone: bool) -> bool:
+    def end(self, alone: bool, marking_s: float = 0.0) -> bool:
         """Leave after a run; for a measured one (alone), whether its measurement holds (no run went in beside
-        it). Read the CPU clocks before calling it."""
+        it). Read the CPU clocks before calling it; marking_s: how long reading them took (mark_share)."""
         with self._cond:
             self._running -= 1
             if not alone:
@@ -101,7 +105,7 @@ class RunGate:
             cost = (run_at - self._since) + ((now - run_at) if self._waited else 0.0)
             if held:
                 self.measured += 1
-                self._next_at = now + cost * (1.0 / self.duty - 1.0)
+                self._next_at = now + max(cost * (1.0 / self.duty - 1.0), marking_s * (1.0 / self.mark_share - 1.0))
             else:
                 self.spoiled += 1
                 self._next_at = now + max(cost, self.hold_s) / self.duty
@@ -116,8 +120,6 @@ class RunGate:
     def figures(self) -> dict[str, int]:
         return {"measured_runs": self.measured, "missed_drains": self.missed, "spoiled": self.spoiled}
 
-
-PROCESS = RunGate()  # the process's CPU clock is one: registries and shadows share this gate unless given one
 
 _TASKS = "/proc/self/task"
 _PER_THREAD_SCHED = 6  # Linux: CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED, the low bits of a thread's CPU clock id
@@ -151,15 +153,20 @@ class CpuMark:
     elsewhere the process clock). spent() is the CPU seconds since, every runtime thread counted; a thread
     started meanwhile counts whole, one that ended meanwhile is lost."""
 
-    __slots__ = ("_own", "_native", "_process")
+    __slots__ = ("_own", "_native", "_process", "marking_s")
 
     def __init__(self) -> None:
+        t0 = time.thread_time()  # the readings' own CPU time: being preempted meanwhile costs the others nothing
         self._process = not os.path.isdir(_TASKS)
         self._native = {} if self._process else _native_clocks()
         self._own = time.process_time() if self._process else time.thread_time()
+        self.marking_s = self._own - t0 if not self._process else 0.0  # what reading the clocks costs (mark_share)
 
     def spent(self) -> float:
+        t0 = time.thread_time()
         if self._process:
-            return time.process_time() - self._own
-        own = time.thread_time() - self._own
-        return own + sum(c - self._native.get(tid, 0.0) for tid, c in _native_clocks().items())
+            total = time.process_time() - self._own
+        else:
+            total = t0 - self._own + sum(c - self._native.get(tid, 0.0) for tid, c in _native_clocks().items())
+        self.marking_s += time.thread_time() - t0
+        return total

@@ -13,7 +13,6 @@ import numpy as np
 
 from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
-from agent.serving import rungate
 from agent.serving.judge import limit_ms
 from agent.serving.rungate import CpuMark, RunGate
 
@@ -42,7 +41,7 @@ class Shadow:
         """cpu: compare the run's CPU time, every runtime thread counted (both sides), else the wall time; gate:
         the serving registry's (a shadow run measured for CPU time has the runtimes to itself, rungate.py)."""
         self.session, self.config, self.clock, self.cpu = session, config, clock, cpu
-        self.gate = gate or rungate.PROCESS
+        self.gate = gate or RunGate()
         self._slot: tuple[dict, dict, float] | None = None
         self._ready = threading.Event()
         self._next_at = 0.0  # perf_counter() before which no copy is taken (CPU share)
@@ -103,7 +102,7 @@ class Shadow:
                     got = self.session.run(feeds, list(reference))
                     spent = mark.spent() if mark is not None else time.perf_counter() - t0
                 finally:
-                    held = self.gate.end(alone)
+                    held = self.gate.end(alone, mark.marking_s if mark is not None else 0.0)
             except Exception as exc:  # noqa: BLE001 - a candidate failure is a finding
                 self.requests += 1
                 self.failures += 1
