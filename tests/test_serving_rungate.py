@@ -91,11 +91,11 @@ def test_measured_runs_keep_to_their_duty_and_builds_are_never_measured_through(
     gate.end(False)
     assert gate.begin(True, paced=False) is True  # a caller that paces itself (the shadow)
     gate.end(True)
-    gate.building(True)
+    gate.busy(True)
     assert not gate.due()
     assert gate.begin(True, paced=False) is False
     gate.end(False)
-    gate.building(False)
+    gate.busy(False)
     time.sleep(0.25)
     assert gate.due()
     with pytest.raises(ValueError):

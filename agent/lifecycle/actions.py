@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
+from agent.serving import rungate
 from agent.util.atomic import fsync_dir
 from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
@@ -208,6 +209,7 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
     if not Path(model_path).is_file():
         raise ModelError(f"model file {model_path} is missing")
     provider = get(entry["provider"])
+    before = rungate.native_tids()
     with lock or _NullLock():  # session creation is not thread-safe in every ORT version
         session = provider.open_session(
             model_path,
@@ -223,6 +225,7 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
     except Exception as exc:
         session.close()
         raise LifecycleError(f"warm-up on {entry['provider']} failed: {exc}") from exc
+    rungate.claim(session, before)  # the pool threads its build and warm-up started are its own (CPU time)
     return session
 
 
@@ -253,11 +256,11 @@ def activate(
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
     def build():  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)
-        registry.gate.building(True)
+        registry.gate.busy(True)
         try:
             return open_and_warm(entry, lock)
         finally:
-            registry.gate.building(False)
+            registry.gate.busy(False)
 
     if swap == "stop-then-start":
         result = registry.activate(name, entry["version"], build, meta, **kwargs)
@@ -270,5 +273,6 @@ def activate(
             kwargs["keep_previous"] = True
         return {**registry.activate(name, entry["version"], session, meta, **kwargs), "build_priority": how}
     except BaseException:
+        rungate.disown(session)
         session.close()
         raise

@@ -176,6 +176,7 @@ class Steps:
                 if ctx.deadline is not None:  # the state's deadline is for measuring, not for waiting in line
                     ctx.deadline += turn["queued_s"]
                 ctx.report("qualify_start", queued_s=turn["queued_s"])
+                self.registry.gate.busy(True)  # no serving run is measured for CPU time meanwhile (rungate.py)
                 try:
                     return run_qualification(
                         dep.data["package_dir"],
@@ -191,6 +192,7 @@ class Steps:
                         answers={"serving_requests": self.serving_requests},
                     )
                 finally:
+                    self.registry.gate.busy(False)
                     window.update(turn, finished=time.time())
                     ctx.report("qualify_end", seconds=round(window["finished"] - window["started"], 3))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.serving import rungate
 from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
 from agent.serving.memory import trim_heap
 from agent.serving.metrics import FINITE_EVERY, ModelStats
@@ -55,6 +56,7 @@ class ModelEntry:
             return
         self.closed = True
         session, self.session = self.session, None
+        rungate.disown(session)
         try:
             session.close()
         except Exception as exc:  # noqa: BLE001 - a failing close must not break a swap
@@ -471,7 +473,7 @@ class ModelRegistry:
             want = list(outputs) if outputs is not None else None
             sampled = entry.stats.check_finite()  # checked for NaN/Inf; its CPU time measured when the gate allows
             alone = self.gate.begin(sampled)  # alone: no other run in flight, the runtimes' CPU time is this run's
-            mark = CpuMark() if alone else None
+            mark = CpuMark(entry.session) if alone else None
             t0 = time.perf_counter()
             failure: Exception | None = None
             try:

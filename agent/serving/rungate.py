@@ -36,7 +36,7 @@ class RunGate:
         self.duty, self.drain_s, self.hold_s = float(duty), float(drain_s), float(hold_s)
         self._cond = threading.Condition(threading.Lock())
         self._running = 0  # shared runs (and builds) in flight
-        self._building = 0  # session builds and warm-ups in flight: no run is measured meanwhile
+        self._busy = 0  # builds, warm-ups and qualifications under way: no run is measured meanwhile
         self._alone = False  # a measured run holds the gate (or is draining it)
         self._next_at = 0.0  # perf_counter() before which no run is measured (duty)
         self._since = 0.0  # when the measured run began draining the gate
@@ -47,19 +47,19 @@ class RunGate:
 
     def due(self) -> bool:
         """Would a run starting now be measured? (Unlocked read: a race only moves the sample by a run.)"""
-        return not self._alone and not self._building and time.perf_counter() >= self._next_at
+        return not self._alone and not self._busy and time.perf_counter() >= self._next_at
 
     def begin(self, measure: bool = False, paced: bool = True) -> bool:
         """Enter for one run; True when it is measured: no other run is in flight, and new ones wait until end()
         (for hold_s at most: then they go in beside it and its measurement is spoiled). measure: the caller
-        wants it measured; it is not (False) while a build runs, before the duty allows another (paced), or
+        wants it measured; it is not (False) while a build or qualification runs (busy), before the duty allows another (paced), or
         when the runs in flight do not end within drain_s (then runs go on unmeasured for a while). Pair it
         with end(the returned value)."""
         with self._cond:
             if self._alone:
                 self._wait_alone()
             now = time.perf_counter()
-            if not measure or self._alone or self._building or (paced and now < self._next_at):
+            if not measure or self._alone or self._busy or (paced and now < self._next_at):
                 self._running += 1
                 return False
             self._alone, self._spoiled, self._waited, self._since, self._run_at = True, False, False, now, None
@@ -112,10 +112,13 @@ class RunGate:
             self._cond.notify_all()
             return held
 
-    def building(self, on: bool) -> None:
-        """A session build or warm-up starts (on) or ends: its CPU would count in any run measured meanwhile."""
+    def busy(self, on: bool) -> None:
+        """A session build or warm-up, or a qualification, starts (on) or ends. No run is measured meanwhile: a
+        build's CPU would count in it, and a qualification takes the cores that the runtime's pools spin on (a
+        pool thread preempted mid-run keeps the others spinning: an incumbent measured while a qualification
+        ran read p90 x1.4 of itself, and a 2x-compute candidate then passed)."""
         with self._cond:
-            self._building = max(0, self._building + (1 if on else -1))
+            self._busy = max(0, self._busy + (1 if on else -1))
 
     def figures(self) -> dict[str, int]:
         return {"measured_runs": self.measured, "missed_drains": self.missed, "spoiled": self.spoiled}
@@ -132,15 +135,50 @@ def _thread_clock(tid: int) -> float:
     return time.clock_gettime((~tid << 3) | _PER_THREAD_SCHED)
 
 
-def _native_clocks() -> dict[int, float]:
-    """CPU clocks of the process's threads that Python did not start: the runtimes' pools (ORT intra-op threads,
-    OpenVINO stream and TBB workers). Python's own threads (request handlers, the broker link, timers) are left
-    out: their work is not the run's."""
+# Runtime threads a session's build and warm-up started (ORT's intra-op pool is per session), by kernel id ->
+# the session's key. A run counts its own session's threads and the unowned ones (OpenVINO's TBB workers, shared
+# by its sessions), never another session's: an incumbent's pool spinning after its last run is not the
+# candidate's work (it made a same-compute shadow read 4x on 2 cores under 4 clients).
+_OWNER: dict[int, int] = {}
+_OWNER_LOCK = threading.Lock()
+
+
+def native_tids() -> set[int]:
+    """Kernel ids of the process's threads that Python did not start (empty where there is no /proc)."""
+    if not os.path.isdir(_TASKS):
+        return set()
     python = {t.native_id for t in threading.enumerate()}
+    return {int(n) for n in os.listdir(_TASKS) if int(n) not in python}
+
+
+def claim(session: object, before: set[int]) -> frozenset[int]:
+    """The runtime threads started since `before` (native_tids() before the session was opened) are the
+    session's. Builds running at once may take each other's; such a thread then counts for the wrong one."""
+    mine = frozenset(native_tids() - before)
+    with _OWNER_LOCK:
+        for tid in mine:
+            _OWNER[tid] = id(session)
+    return mine
+
+
+def disown(session: object) -> None:
+    """The session is closed: its threads end (and their ids may be reused)."""
+    key = id(session)
+    with _OWNER_LOCK:
+        for tid in [t for t, k in _OWNER.items() if k == key]:
+            del _OWNER[tid]
+
+
+def _native_clocks(owner: int | None) -> dict[int, float]:
+    """CPU clocks of the runtime threads a run of session `owner` may use: the process's threads that Python did
+    not start (the runtimes' pools: ORT intra-op threads, OpenVINO stream and TBB workers), less those another
+    session's build started. Python's own threads (request handlers, the broker link, timers) are left out."""
+    python = {t.native_id for t in threading.enumerate()}
+    owners = _OWNER
     out = {}
     for name in os.listdir(_TASKS):
         tid = int(name)
-        if tid not in python:
+        if tid not in python and owners.get(tid, owner) == owner:
             try:
                 out[tid] = _thread_clock(tid)
             except OSError:  # it ended meanwhile
@@ -149,16 +187,18 @@ def _native_clocks() -> dict[int, float]:
 
 
 class CpuMark:
-    """Where a run's CPU time starts: the calling thread's clock and the runtimes' threads' clocks (on Linux;
-    elsewhere the process clock). spent() is the CPU seconds since, every runtime thread counted; a thread
+    """Where a run's CPU time starts: the calling thread's clock and the clocks of the runtime threads the run
+    may use (on Linux; elsewhere the process clock). spent() is the CPU seconds since, every runtime thread counted; a thread
     started meanwhile counts whole, one that ended meanwhile is lost."""
 
-    __slots__ = ("_own", "_native", "_process", "marking_s")
+    __slots__ = ("_own", "_native", "_process", "_owner", "marking_s")
 
-    def __init__(self) -> None:
+    def __init__(self, session: object = None) -> None:
+        """session: the one about to run (its own threads count, other sessions' do not)."""
         t0 = time.thread_time()  # the readings' own CPU time: being preempted meanwhile costs the others nothing
+        self._owner = None if session is None else id(session)
         self._process = not os.path.isdir(_TASKS)
-        self._native = {} if self._process else _native_clocks()
+        self._native = {} if self._process else _native_clocks(self._owner)
         self._own = time.process_time() if self._process else time.thread_time()
         self.marking_s = self._own - t0 if not self._process else 0.0  # what reading the clocks costs (mark_share)
 
@@ -167,6 +207,7 @@ class CpuMark:
         if self._process:
             total = time.process_time() - self._own
         else:
-            total = t0 - self._own + sum(c - self._native.get(tid, 0.0) for tid, c in _native_clocks().items())
+            clocks = _native_clocks(self._owner)
+            total = t0 - self._own + sum(c - self._native.get(tid, 0.0) for tid, c in clocks.items())
         self.marking_s += time.thread_time() - t0
         return total

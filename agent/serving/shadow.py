@@ -93,7 +93,7 @@ class Shadow:
 
     def _one(self, feeds: dict, reference: dict, incumbent_s: float) -> None:
         alone = self.gate.begin(self.cpu, paced=False)  # paced by cpu_share here, not by the gate's duty
-        mark = CpuMark() if alone else None
+        mark = CpuMark(self.session) if alone else None
         t0 = time.perf_counter()
         try:
             try:
