@@ -62,6 +62,11 @@ class RunGate:
             if not measure or self._alone or self._busy or (paced and now < self._next_at):
                 self._running += 1
                 return False
+            if self._running == 0:  # nothing to drain: holding nobody back so far (being preempted is no cost)
+                self._alone, self._spoiled, self._waited, self._since = True, False, False, now
+                self._run_at = now
+                self._running += 1
+                return True
             self._alone, self._spoiled, self._waited, self._since, self._run_at = True, False, False, now, None
             drained = self._cond.wait_for(lambda: self._running == 0, self.drain_s)
             self._running += 1
