@@ -142,7 +142,10 @@ def session_options(attrs: dict[str, Any], config: dict[str, str], profile_dir: 
                 setattr(so, key, _SESSION_ATTRS[key](value))
             except (TypeError, ValueError) as exc:
                 raise ProviderError(f"session option {key}={value!r}: {exc}") from exc
-    for key, value in config.items():
+    # The intra-op pool stops spinning when a run ends (it still spins inside the run). Otherwise its threads
+    # spin on for tens of ms after each run: CPU burnt for nothing on a device, and counted in the compute time
+    # of a run measured after it (docs/serving.md, "Compute time"). A target or manifest may set it to 0.
+    for key, value in {"session.force_spinning_stop": "1", **config}.items():
         so.add_session_config_entry(key, value)
     if profile_dir is None:
         so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
