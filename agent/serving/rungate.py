@@ -121,7 +121,7 @@ class RunGate:
         """A session build or warm-up, or a qualification, starts (on) or ends. No run is measured meanwhile: a
         build's CPU would count in it, and a qualification takes the cores that the runtime's pools spin on (a
         pool thread preempted mid-run keeps the others spinning: an incumbent measured while a qualification
-        ran read p90 x1.4 of itself, and a 2x-compute candidate then passed)."""
+        ran read p50 2.58 ms and p90 7.38 ms, and a 2x-compute candidate then passed)."""
         with self._cond:
             self._busy = max(0, self._busy + (1 if on else -1))
 
@@ -193,8 +193,8 @@ def _native_clocks(owner: int | None) -> dict[int, float]:
 
 class CpuMark:
     """Where a run's CPU time starts: the calling thread's clock and the clocks of the runtime threads the run
-    may use (on Linux; elsewhere the process clock). spent() is the CPU seconds since, every runtime thread counted; a thread
-    started meanwhile counts whole, one that ended meanwhile is lost."""
+    may use (on Linux; elsewhere the process clock). spent() is the CPU seconds since; a thread started
+    meanwhile counts whole, one that ended meanwhile is lost."""
 
     __slots__ = ("_own", "_native", "_process", "_owner", "marking_s")
 
