@@ -130,6 +130,7 @@ class RunGate:
 
 
 _TASKS = "/proc/self/task"
+_PROC = os.path.isdir(_TASKS)  # Linux: threads' CPU clocks by kernel id; elsewhere the process clock
 _PER_THREAD_SCHED = 6  # Linux: CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED, the low bits of a thread's CPU clock id
 
 
@@ -150,20 +151,19 @@ _OWNER_LOCK = threading.Lock()
 
 def native_tids() -> set[int]:
     """Kernel ids of the process's threads that Python did not start (empty where there is no /proc)."""
-    if not os.path.isdir(_TASKS):
+    if not _PROC:
         return set()
     python = {t.native_id for t in threading.enumerate()}
-    return {int(n) for n in os.listdir(_TASKS) if int(n) not in python}
+    return {tid for tid in map(int, os.listdir(_TASKS)) if tid not in python}
 
 
-def claim(session: object, before: set[int]) -> frozenset[int]:
+def claim(session: object, before: set[int]) -> None:
     """The runtime threads started since `before` (native_tids() before the session was opened) are the
     session's. Builds running at once may take each other's; such a thread then counts for the wrong one."""
-    mine = frozenset(native_tids() - before)
+    mine = native_tids() - before
     with _OWNER_LOCK:
         for tid in mine:
             _OWNER[tid] = id(session)
-    return mine
 
 
 def disown(session: object) -> None:
@@ -178,12 +178,10 @@ def _native_clocks(owner: int | None) -> dict[int, float]:
     """CPU clocks of the runtime threads a run of session `owner` may use: the process's threads that Python did
     not start (the runtimes' pools: ORT intra-op threads, OpenVINO stream and TBB workers), less those another
     session's build started. Python's own threads (request handlers, the broker link, timers) are left out."""
-    python = {t.native_id for t in threading.enumerate()}
     owners = _OWNER
     out = {}
-    for name in os.listdir(_TASKS):
-        tid = int(name)
-        if tid not in python and owners.get(tid, owner) == owner:
+    for tid in native_tids():
+        if owners.get(tid, owner) == owner:
             try:
                 out[tid] = _thread_clock(tid)
             except OSError:  # it ended meanwhile
@@ -202,7 +200,7 @@ class CpuMark:
         """session: the one about to run (its own threads count, other sessions' do not)."""
         t0 = time.thread_time()  # the readings' own CPU time: being preempted meanwhile costs the others nothing
         self._owner = None if session is None else id(session)
-        self._process = not os.path.isdir(_TASKS)
+        self._process = not _PROC
         self._native = {} if self._process else _native_clocks(self._owner)
         self._own = time.process_time() if self._process else time.thread_time()
         self.marking_s = self._own - t0 if not self._process else 0.0  # what reading the clocks costs (mark_share)
