@@ -97,7 +97,6 @@ class Shadow:
         t0 = time.perf_counter()
         try:
             try:
-                held = False
                 try:
                     got = self.session.run(feeds, list(reference))
                     spent = mark.spent() if mark is not None else time.perf_counter() - t0
