@@ -78,6 +78,9 @@ class ProbationConfig:
     qualified_factor: float = 3.0  # no incumbent: qualified quantile x this + slack_ms
     qualified_quantiles: tuple[int, ...] = (50,)  # no incumbent: judged on these only (tails inflate under load)
     min_requests: int = 0  # requests needed to pass; 0: a quiet window passes
+    # too few runs measured for a compute verdict when the window ends (the runs' threads waited for the cores,
+    # rungate.py): watch on until there are, up to this many times the window; 1: never
+    extend: float = 3.0
     referee: bool = True  # make-before-break: keep the incumbent's session until the verdict, to re-run inputs
 
 
@@ -434,6 +437,7 @@ def _probation(v: "_Validator", raw: Any) -> ProbationConfig:
         qualified_factor=_real(g("qualified_factor"), f"{key}.qualified_factor", 1.0, 1000.0),
         qualified_quantiles=_quantiles(g("qualified_quantiles"), f"{key}.qualified_quantiles"),
         min_requests=v.integer(g("min_requests"), f"{key}.min_requests", 0, 100_000_000),
+        extend=_real(g("extend"), f"{key}.extend", 1.0, 100.0),
         referee=_flag(g("referee"), f"{key}.referee"),
     )
 

@@ -12,6 +12,7 @@ from test_serving_support import SINGLE_THREAD, log_model, open_session, reshape
 from agent.serving.errors import BadRequest, InferenceFailed
 from agent.serving.probation import PASSED, TROUBLE, WATCHING, Probation, Thresholds, incumbent_baseline
 from agent.serving.registry import ModelRegistry
+from agent.serving.rungate import RunGate
 
 NAN = {"x": np.array([[np.nan, 1.0, 2.0, 3.0]], np.float32)}
 
@@ -80,7 +81,7 @@ def _run(r, n):
 
 @pytest.mark.parametrize("redundant", [True, False])
 def test_compute_time_is_judged_against_the_incumbent_before_the_swap(tmp_path, redundant):
-    r = ModelRegistry()
+    r = ModelRegistry(gate=RunGate(mark_share=1.0))  # every run measured: this counts the judge's samples
     r.activate("m", "1", open_session(chain_model(), tmp_path, "v1.onnx", SINGLE_THREAD))
     _run(r, 200)
     base = incumbent_baseline(r, "m", "1", 60.0, None)

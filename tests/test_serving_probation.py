@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -82,29 +83,36 @@ def test_clean_window_passes_and_calls_on_pass(tmp_path):
     assert p.verdict.state == PASSED and p.verdict.figures["requests"] == 100
 
 
+def _measure(r, since: float, n: int) -> None:
+    """Requests until n runs since `since` were measured (a run whose threads waited for the cores is dropped)."""
+    stats = r.model_stats("m", "2")
+    while len(stats.window(since, cpu=True)[0]) < n:
+        r.infer("m", x4())
+
+
 def test_first_deployment_compute_time_against_the_qualified_figures(tmp_path):
     r = _registry(tmp_path, tiny_model(2.0))
-    strict = Thresholds(qualified_factor=1.0, slack_ms=0.0, p90_samples=64)
+    strict = Thresholds(qualified_factor=1.0, slack_ms=0.0, p90_samples=64, extend=1.0)
     clock = Clock()
+    since = time.perf_counter()
     p = Probation(r, "m", "2", {"p50": 1e-6}, window=10, thresholds=strict, clock=clock)
-    for _ in range(63):
-        r.infer("m", x4())
+    _measure(r, since, 63)
     clock.now = 10.0
     v = p.evaluate()
     assert v.state == PASSED and "not judged" in v.reason  # too few samples to judge compute time
-    r.infer("m", x4())
+    _measure(r, since, 64)
     v = p.evaluate()
     assert v.state == TROUBLE and "compute ratio" in v.reason and "qualified figure" in v.reason, v.reason
     assert v.figures["baseline"]["source"] == "qualified"
     clock2 = Clock()
+    since = time.perf_counter()
     lenient = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=strict, clock=clock2)
-    for _ in range(64):
-        r.infer("m", x4())
+    _measure(r, since, 64)
     clock2.now = 10.0
     assert lenient.evaluate().state == PASSED
+    since = time.perf_counter()
     contended = Probation(r, "m", "2", None, window=10, thresholds=strict, clock=clock2)  # no baseline at all
-    for _ in range(64):
-        r.infer("m", x4())
+    _measure(r, since, 64)
     clock2.now = 20.0
     v = contended.evaluate()
     assert v.state == PASSED and v.figures["baseline"]["source"] is None
@@ -129,3 +137,39 @@ def test_superseded_and_stopped_do_not_call_back(tmp_path):
     q.stop()
     assert q.verdict.state == STOPPED and q.done
     assert calls == []
+
+
+def test_too_few_runs_measured_because_they_were_contended_extends_the_window_then_says_why(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    clock = Clock()
+    t = Thresholds(p90_samples=64, extend=3.0)
+    p = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=t, clock=clock)
+    for _ in range(10):
+        r.infer("m", x4())  # measured (the gate has the host to itself, or a few are dropped as contended)
+    stats = r.model_stats("m", "2")
+    for _ in range(5):  # runs measured and dropped: their threads waited for the cores (CpuMark.contended)
+        stats.record(0.001, nonfinite=False, end=time.perf_counter(), contended=True)
+    measured = len(stats.window(0.0, cpu=True)[0])
+    assert measured <= 10
+    clock.now = 10.0
+    v = p.evaluate()
+    assert v.state == WATCHING and v.figures["extended"] is True, v
+    assert f"needs {64 - measured} more measured runs" in v.reason and "watching up to 30 s" in v.reason, v.reason
+    assert v.figures["compute_contended"] >= 5
+    clock.now = 30.0
+    v = p.evaluate()
+    assert v.state == PASSED and "compute time not judged" in v.reason, v.reason
+    assert f"{measured} runs measured of the 64 needed" in v.reason and "dropped" in v.reason, v.reason
+
+
+def test_a_window_short_of_requests_not_of_measurements_ends_on_time(tmp_path):
+    r = _registry(tmp_path, tiny_model(2.0))
+    clock = Clock()
+    p = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=Thresholds(extend=3.0), clock=clock)
+    stats = r.model_stats("m", "2")
+    for _ in range(10):
+        stats.record(0.001, nonfinite=False, end=time.perf_counter(), cpu=0.001)  # measured, none dropped
+    clock.now = 10.0
+    v = p.evaluate()
+    assert v.state == PASSED and "10 runs measured of the 64 needed" in v.reason, v.reason
+    assert "dropped" not in v.reason

@@ -32,7 +32,8 @@ def shadow_skip_reason(registry, name: str, swap: str, config: ShadowConfig) -> 
 
 
 class Rehearsal:
-    """One activation's shadow phase and the incumbent's baseline taken just before the swap."""
+    """One activation's shadow phase and the incumbent's baseline: its runs over baseline_s up to the swap (the
+    shadow phase included, where one runs)."""
 
     def __init__(
         self, registry, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
@@ -56,12 +57,15 @@ class Rehearsal:
 
         def run(session: Any) -> None:
             incumbent = self.registry.models().get(self.name)
-            self.take_baseline(time.perf_counter())  # the baseline window ends where the shadow starts
+            self.take_baseline(time.perf_counter())  # any live traffic to shadow?
             if self.figures is None and self.baseline is not None and not self.baseline.requests:
                 window = self.probation_config.baseline_s
                 self.figures = skipped(f"no live traffic to shadow (no request in the last {window:g} s)")
             if self.figures is None:
                 self.figures = self._shadow(session, ctx, incumbent)
+                # The incumbent's runs beside the candidate's shadow runs, measured alone like them, are the
+                # baseline's closest to the candidate's conditions: the window ends where the shadow ends.
+                self.take_baseline(time.perf_counter())
                 if self.figures["verdict"] == FAIL:
                     raise ShadowFailed(self.figures)
 

@@ -55,6 +55,7 @@ class ModelStats:
         self.rejected = 0  # requests refused by validation (client mistakes)
         self.nonfinite = 0  # successful responses found holding NaN or Inf
         self.finite_checked = 0  # successful responses checked for NaN/Inf
+        self.contended = 0  # runs measured for CPU time and dropped: their threads were kept off the cores (rungate)
         self.watchers = 0  # probations watching this version: every response is checked while > 0
         self.finite_every = FINITE_EVERY  # 1: check every response
         self.latency_sum = 0.0
@@ -95,11 +96,14 @@ class ModelStats:
         end: float = 0.0,
         caused: bool = False,
         cpu: float | None = None,
+        contended: bool = False,
     ) -> None:
         """One request that reached the runtime; nonfinite is None when its outputs were not checked; caused:
         the request itself caused the failure or the NaN/Inf (counted apart, never against the version);
-        cpu: the run's CPU seconds, every runtime thread counted (rungate.py), when measured."""
+        cpu: the run's CPU seconds, every runtime thread counted (rungate.py), when measured; contended: it was
+        measured and dropped (its threads were kept off the cores)."""
         with self._lock:
+            self.contended += bool(ok and contended)
             if ok and cpu is not None:
                 i = self._cpu_seen % RECENT
                 self._cpu[i], self._cpu_stamps[i] = cpu, end
@@ -199,6 +203,7 @@ class ModelStats:
                 "rejected": self.rejected,
                 "nonfinite": self.nonfinite,
                 "finite_checked": self.finite_checked,
+                "contended": self.contended,
                 "request_failures": self.request_failures,
                 "request_nonfinite": self.request_nonfinite,
             }

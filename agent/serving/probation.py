@@ -109,7 +109,8 @@ class Probation:
         self.clock = clock
         self.stats = registry.model_stats(name, self.version)
         snap = self.stats.snapshot()
-        self._base = {k: snap[k] for k in ("requests", "errors", "nonfinite", "request_failures", "request_nonfinite")}
+        counted = ("requests", "errors", "nonfinite", "request_failures", "request_nonfinite", "contended")
+        self._base = {k: snap[k] for k in counted}
         self._since = time.perf_counter()  # the candidate's runs from here on are judged
         self._started = clock()
         self.stats.watch(True)  # every response of this version is checked for NaN/Inf until the verdict
@@ -138,6 +139,7 @@ class Probation:
             "request_caused": d["request_failures"] + d["request_nonfinite"],
             "measure": self.measure,
             "compute_samples": len(lat),
+            "compute_contended": d["contended"],  # measured runs dropped: their threads waited for the cores
             **{f"compute_p{q}_ms": _ms(percentile(lat, q)) for q in (50, 90, 99)},
             "latency_samples": len(wall),  # wall time inside the run (reported, not judged with measure=cpu)
             **{f"p{q}_ms": _ms(percentile(wall, q)) for q in (50, 90, 99)},
@@ -160,7 +162,10 @@ class Probation:
         self._why_qualified = "no incumbent (first deployment)" if inc is None else None
         if inc is not None:
             if len(inc.samples_s) < t.p90_samples:
-                self._why_qualified = f"the incumbent ran only {len(inc.samples_s)} requests before the swap"
+                self._why_qualified = (
+                    f"only {len(inc.samples_s)} of the incumbent's {inc.requests} runs before the swap were measured "
+                    f"(need {t.p90_samples})"
+                )
             elif (
                 inc.rate is None
                 or req_rate is None
@@ -204,7 +209,8 @@ class Probation:
         """Judge what has been seen so far; does not call back. Failures and NaN/Inf blamed on the version trip
         at once; compute time is judged once, when the window has ended."""
         t = self.thresholds
-        ended = self.clock() - self._started >= self.window
+        elapsed = self.clock() - self._started
+        ended = elapsed >= self.window
         f = self.figures(judge=ended)
         slow = f.pop("_slow", None)
         if self.registry.models().get(self.name) != self.version:
@@ -224,6 +230,16 @@ class Probation:
             return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet", f)
         if slow is not None:
             return Verdict(TROUBLE, self._slow_reason(slow, f), f)
+        short = self._runs_short(f)
+        if short and elapsed < self.window * t.extend:
+            f["extended"] = True
+            return Verdict(
+                WATCHING,
+                f"{f['requests']} requests, no trouble yet; compute time needs {short} more measured runs "
+                f"({f['compute_contended']} dropped: their threads waited for the cores), watching up to "
+                f"{self.window * t.extend:g} s",
+                f,
+            )
         if f["requests"] < t.min_requests:
             return Verdict(
                 TROUBLE,
@@ -232,10 +248,32 @@ class Probation:
             )
         judged = ", ".join(f"p{c['q']} x{c['ratio']:.2f}" for c in f.get("compute", []))
         against = f["baseline"]["source"]
-        how = f"compute time {judged} of the {against}'s" if judged else "compute time not judged (too few samples)"
+        how = (
+            f"compute time {judged} of the {against}'s" if judged else f"compute time not judged ({self._unjudged(f)})"
+        )
         return Verdict(
             PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, {how}", f
         )
+
+    def _runs_short(self, f: dict) -> int:
+        """How many more of the candidate's runs a compute verdict needs, when none was judged only for want of
+        them (a baseline is there, and the requests came: their runs were dropped as contended); else 0."""
+        need = self.thresholds.p90_samples
+        if f.get("compute") or f["baseline"].get("source") is None or f["compute_samples"] >= need:
+            return 0
+        return need - f["compute_samples"] if f["compute_contended"] else 0
+
+    def _unjudged(self, f: dict) -> str:
+        """Why no compute-time quantile was judged."""
+        base = f["baseline"]
+        if base.get("source") is None:
+            return f"no baseline: {base.get('why')}"
+        need = self.thresholds.p90_samples
+        if f["compute_samples"] < need:
+            dropped = f["compute_contended"]
+            kept = f"{dropped} more measured while its threads waited for the cores, dropped" if dropped else ""
+            return f"{f['compute_samples']} runs measured of the {need} needed" + (f"; {kept}" if kept else "")
+        return f"the {base['source']}'s figures have too few samples"
 
     def _slow_reason(self, t: QuantileTest, f: dict) -> str:
         base = f["baseline"]

@@ -443,21 +443,22 @@ class ModelRegistry:
         end: float = 0.0,
         caused: bool = False,
         cpu: float | None = None,
+        contended: bool = False,
     ) -> None:
         """The request is done with the entry. Its accounting, when it reached the runtime: a plain success is
         appended lock-free (ModelStats.add); errors and sampled requests are recorded under the stats' lock."""
         if elapsed is not None:
-            if ok and nonfinite is None and cpu is None:
+            if ok and nonfinite is None and cpu is None and not contended:
                 entry.stats.add(elapsed, end)  # the common case: no lock
             else:
-                entry.stats.record(elapsed, ok, nonfinite, end, caused, cpu)
+                entry.stats.record(elapsed, ok, nonfinite, end, caused, cpu, contended)
         self._let_go(entry)
 
     def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
         """Run one request on the serving version; returns (version, outputs by name).
         Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
         entry = self._hold(name, version)
-        elapsed, ok, nonfinite, end, caused, cpu = None, False, None, 0.0, False, None
+        elapsed, ok, nonfinite, end, caused, cpu, contended = None, False, None, 0.0, False, None, False
         try:
             try:
                 _validate(entry, feeds)
@@ -483,8 +484,12 @@ class ModelRegistry:
             except Exception as exc:  # the runtime's own failure, after validation passed
                 end, failure, spent = time.perf_counter(), exc, None
             finally:  # before any referee run: that one enters the gate itself
-                if self.gate.end(alone, mark.marking_s if mark is not None else 0.0):  # no run went in beside it
+                if mark is None:
+                    self.gate.end(alone)
+                elif self.gate.end(alone, mark.marking_s, mark.contended):  # none beside it, not kept off the cores
                     cpu = spent
+                else:
+                    contended = mark.contended and spent is not None  # measured, and dropped (counted per version)
             elapsed = end - t0
             if failure is not None:
                 why = self._request_fault(entry, feeds, want)
@@ -503,7 +508,7 @@ class ModelRegistry:
                 shadow.offer(feeds, result, elapsed, cpu)
             return entry.version, result
         finally:
-            self._release(entry, elapsed, ok, nonfinite, end, caused, cpu)
+            self._release(entry, elapsed, ok, nonfinite, end, caused, cpu, contended)
 
     # ---- blame: the request's fault or the version's (failure paths only) --------------------------------
     def _request_fault(self, entry: ModelEntry, feeds: dict, want: list[str] | None) -> str | None:

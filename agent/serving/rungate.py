@@ -21,6 +21,11 @@ DUTY = 0.25  # at most this share of the time goes to holding other runs back fo
 DRAIN_S = 0.25  # a measured run waits this long at most for the runs in flight to end
 HOLD_S = 0.25  # new runs wait this long at most for a measured run, then go in beside it (spoiling it)
 MARK_SHARE = 0.02  # reading the clocks (~30-60 us a run here: a spinning pool thread's clock) takes at most this
+# A measured run whose threads waited on a run queue (runnable, not running) for longer than this share of its
+# wall time, or CONTENDED_FLOOR_S, was contended: not used. A pool thread preempted mid-run keeps the others
+# spinning at its barrier, so such a run's CPU time is the scheduler's, not the model's (docs/serving.md).
+CONTENDED_SHARE = 0.05
+CONTENDED_FLOOR_S = 50e-6  # waking a sleeping pool thread at the start of a run waits a few us to tens of us
 
 
 class RunGate:
@@ -43,7 +48,8 @@ class RunGate:
         self._run_at: float | None = None  # when it began running (None while it drains)
         self._spoiled = False  # a run went in beside the measured one (it overstayed hold_s)
         self._waited = False  # a run waited for the measured one
-        self.measured = self.missed = self.spoiled = 0  # runs measured; drains given up; measurements spoiled
+        # runs measured; drains given up; measurements spoiled (a run went in beside); contended (CpuMark)
+        self.measured = self.missed = self.spoiled = self.contended = 0
 
     def due(self) -> bool:
         """Would a run starting now be measured? (Unlocked read: a race only moves the sample by a run.)"""
@@ -92,9 +98,10 @@ class RunGate:
                 return
             self._cond.wait(left)
 
-    def end(self, alone: bool, marking_s: float = 0.0) -> bool:
+    def end(self, alone: bool, marking_s: float = 0.0, contended: bool = False) -> bool:
         """Leave after a run; for a measured one (alone), whether its measurement holds (no run went in beside
-        it). Read the CPU clocks before calling it; marking_s: how long reading them took (mark_share)."""
+        it, and its threads were not kept off the cores: `contended`, CpuMark). Read the CPU clocks before
+        calling it; marking_s: how long reading them took (mark_share)."""
         with self._cond:
             self._running -= 1
             if not alone:
@@ -109,13 +116,16 @@ class RunGate:
             run_at = self._run_at if self._run_at is not None else now
             cost = (run_at - self._since) + ((now - run_at) if self._waited else 0.0)
             if held:
-                self.measured += 1
+                if contended:
+                    self.contended += 1
+                else:
+                    self.measured += 1
                 self._next_at = now + max(cost * (1.0 / self.duty - 1.0), marking_s * (1.0 / self.mark_share - 1.0))
             else:
                 self.spoiled += 1
                 self._next_at = now + max(cost, self.hold_s) / self.duty
             self._cond.notify_all()
-            return held
+            return held and not contended
 
     def busy(self, on: bool) -> None:
         """A session build or warm-up, or a qualification, starts (on) or ends. No run is measured meanwhile: a
@@ -126,11 +136,17 @@ class RunGate:
             self._busy = max(0, self._busy + (1 if on else -1))
 
     def figures(self) -> dict[str, int]:
-        return {"measured_runs": self.measured, "missed_drains": self.missed, "spoiled": self.spoiled}
+        return {
+            "measured_runs": self.measured,
+            "missed_drains": self.missed,
+            "spoiled": self.spoiled,
+            "contended": self.contended,
+        }
 
 
 _TASKS = "/proc/self/task"
 _PROC = os.path.isdir(_TASKS)  # Linux: threads' CPU clocks by kernel id; elsewhere the process clock
+_SCHED = _PROC and os.path.exists(f"{_TASKS}/{os.getpid()}/schedstat")  # run-queue waits (CONFIG_SCHED_INFO)
 _PER_THREAD_SCHED = 6  # Linux: CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED, the low bits of a thread's CPU clock id
 
 
@@ -147,6 +163,46 @@ def _thread_clock(tid: int) -> float:
 # candidate's work (it made a same-compute shadow read 4x on 2 cores under 4 clients).
 _OWNER: dict[int, int] = {}
 _OWNER_LOCK = threading.Lock()
+
+
+# Open schedstat files by thread id: pread on an open one costs ~1 us, open/read/close ~7 us here. A thread that
+# ended fails its read (its id is then opened afresh, should it be reused); the ones not read since are closed
+# once the cache outgrows the process's threads.
+_SCHED_FDS: dict[int, int] = {}
+_SCHED_LOCK = threading.Lock()
+
+
+def _sched_read(tid: int) -> bytes:
+    fd = _SCHED_FDS.get(tid)
+    if fd is not None:
+        try:
+            return os.pread(fd, 128, 0)
+        except OSError:  # the thread ended
+            with _SCHED_LOCK:
+                if _SCHED_FDS.get(tid) == fd:
+                    del _SCHED_FDS[tid]
+                    os.close(fd)
+    with _SCHED_LOCK:
+        if len(_SCHED_FDS) > 4 * len(os.listdir(_TASKS)) + 16:
+            alive = set(map(int, os.listdir(_TASKS)))
+            for old in [t for t in _SCHED_FDS if t not in alive]:
+                os.close(_SCHED_FDS.pop(old))
+        fd = _SCHED_FDS.get(tid)
+        if fd is None:
+            fd = _SCHED_FDS[tid] = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+    return os.pread(fd, 128, 0)
+
+
+def _run_delay(tids) -> float:
+    """Seconds the threads have waited on a run queue, runnable but not running (the second field of each
+    thread's /proc schedstat; a thread that ended meanwhile reads 0)."""
+    total = 0
+    for tid in tids:
+        try:
+            total += int(_sched_read(tid).split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
 
 
 def native_tids() -> set[int]:
@@ -192,9 +248,24 @@ def _native_clocks(owner: int | None) -> dict[int, float]:
 class CpuMark:
     """Where a run's CPU time starts: the calling thread's clock and the clocks of the runtime threads the run
     may use (on Linux; elsewhere the process clock). spent() is the CPU seconds since; a thread started
-    meanwhile counts whole, one that ended meanwhile is lost."""
+    meanwhile counts whole, one that ended meanwhile is lost. After spent(), `contended` says whether a run
+    that used runtime threads besides the calling one had those threads wait on a run queue for longer than
+    CONTENDED_SHARE of the run (or CONTENDED_FLOOR_S): then the figure is the scheduler's (spinning at a
+    barrier while a peer was preempted), not the model's. A run on the calling thread alone is never contended:
+    a thread's clock stops while it waits."""
 
-    __slots__ = ("_own", "_native", "_process", "_owner", "marking_s")
+    __slots__ = (
+        "_own",
+        "_native",
+        "_process",
+        "_owner",
+        "_tids",
+        "_delay",
+        "_at",
+        "marking_s",
+        "waited_s",
+        "contended",
+    )
 
     def __init__(self, session: object = None) -> None:
         """session: the one about to run (its own threads count, other sessions' do not)."""
@@ -202,15 +273,25 @@ class CpuMark:
         self._owner = None if session is None else id(session)
         self._process = not _PROC
         self._native = {} if self._process else _native_clocks(self._owner)
+        self._tids = (threading.get_native_id(), *self._native) if _SCHED else ()
+        self._delay = _run_delay(self._tids)
+        self.waited_s, self.contended = 0.0, False
         self._own = time.process_time() if self._process else time.thread_time()
         self.marking_s = self._own - t0 if not self._process else 0.0  # what reading the clocks costs (mark_share)
+        self._at = time.perf_counter()
 
     def spent(self) -> float:
+        wall = time.perf_counter() - self._at
         t0 = time.thread_time()
         if self._process:
             total = time.process_time() - self._own
         else:
             clocks = _native_clocks(self._owner)
-            total = t0 - self._own + sum(c - self._native.get(tid, 0.0) for tid, c in clocks.items())
+            pooled = [c - self._native.get(tid, 0.0) for tid, c in clocks.items()]
+            total = t0 - self._own + sum(pooled)
+            # A run on the calling thread alone spins on nobody: its waits do not add to its CPU time.
+            if self._tids and any(d > 0.0 for d in pooled):
+                self.waited_s = max(0.0, _run_delay(self._tids) - self._delay)
+                self.contended = self.waited_s > max(CONTENDED_SHARE * wall, CONTENDED_FLOOR_S)
         self.marking_s += time.thread_time() - t0
         return total

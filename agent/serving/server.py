@@ -327,8 +327,9 @@ class OIPServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # out of file descriptors: make room from the idle crowd, or pause accepting
-                if self._idle:
-                    self._drop(next(iter(self._idle)), "idle_evicted")
+                victim = self._idle_victim(None)
+                if victim is not None:
+                    self._drop(victim, "idle_evicted")
                 elif self._listening:
                     self._sel.unregister(self._listener)
                     self._paused_until = time.monotonic() + SWEEP_S
@@ -349,9 +350,9 @@ class OIPServer:
             over_all = self._regular >= self.max_connections
         probe = False
         if over_peer or over_all:
-            victim = next((c for c in self._idle if c.peer == peer), None) if over_peer else None
+            victim = self._idle_victim(peer) if over_peer else None
             if victim is None and over_all and not over_peer:
-                victim = next(iter(self._idle), None)
+                victim = self._idle_victim(None)
             if victim is not None:
                 self._drop(victim, "idle_evicted")
             else:
@@ -375,6 +376,23 @@ class OIPServer:
         self._parked.add(conn)
         if not probe:
             self._idle[conn] = None
+
+    def _idle_victim(self, peer: str | None) -> Conn | None:
+        """The oldest idle connection (of `peer`, when given) that is idle indeed. One whose first bytes arrived
+        but were not read yet is not: it is read now (its head is arriving). One its client closed will do."""
+        for conn in list(self._idle):
+            if peer is not None and conn.peer != peer:
+                continue
+            try:
+                pending = conn.sock.recv(1, socket.MSG_PEEK)  # parked sockets do not block
+            except (BlockingIOError, InterruptedError):
+                return conn
+            except OSError:
+                return conn  # broken: the client is gone
+            if not pending:
+                return conn  # closed by its client
+            self._readable(conn)  # not idle: its bytes are read (and it leaves the idle books)
+        return None
 
     def _refuse(self, sock: socket.socket, reason: str) -> None:
         try:
