@@ -172,6 +172,20 @@ _SCHED_FDS: dict[int, int] = {}
 _SCHED_LOCK = threading.Lock()
 
 
+def _forget_sched_fds() -> None:
+    """In a forked child: its threads are not its parent's, it opens its own."""
+    for fd in _SCHED_FDS.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _SCHED_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_sched_fds)
+
+
 def _sched_read(tid: int) -> bytes:
     fd = _SCHED_FDS.get(tid)
     if fd is not None:
