@@ -127,7 +127,7 @@ def test_declared_range_measures_opt_and_max_and_assumes_nothing(tmp_path):
     assert row.latency_ms["runs"] > 0 and row.latency_max_ms and row.latency_max_ms["runs"] > 0
     assert "samples_ms" not in row.to_dict()["latency_max_ms"]
     assert row.memory_peak_bytes is not None and row.memory_peak_bytes >= 0
-    assert set(row.conditions) >= {"loadavg", "nice", "cpu_count", "others_cpu_share", "throttled"}
+    assert set(row.conditions) >= {"loadavg", "nice", "cpu_count", "others_cpu_share", "own_wait_share", "throttled"}
     assert isinstance(row.contended, bool)
 
 

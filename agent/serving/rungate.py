@@ -207,6 +207,14 @@ def _sched_read(tid: int) -> bytes:
     return os.pread(fd, 128, 0)
 
 
+def run_queue_wait_s() -> float | None:
+    """Seconds all of this process's threads have waited on a run queue so far, summed (None where the kernel
+    does not say). Threads that ended are not in it: compare two readings over threads that live across both."""
+    if not _SCHED:
+        return None
+    return _run_delay(map(int, os.listdir(_TASKS)))
+
+
 def _run_delay(tids) -> float:
     """Seconds the threads have waited on a run queue, runnable but not running (the second field of each
     thread's /proc schedstat; a thread that ended meanwhile reads 0)."""
