@@ -10,23 +10,30 @@ import threading
 from agent.qualify import conditions
 
 
-def _hash_on(cpus: set[int], data: bytes, out: list) -> None:
+def _hash_on(cpus: set[int], data: bytes, out: list, done: threading.Barrier, leave: threading.Event) -> None:
     os.sched_setaffinity(0, cpus)  # this thread only
     for _ in range(6):
         out.append(hashlib.sha256(data).digest())  # releases the GIL: threads hash at once
+    done.wait(120)
+    leave.wait(120)  # alive until the row's conditions are read: a thread that ended takes its figures along
 
 
 def test_threads_that_share_one_core_make_the_row_contended():
     data = os.urandom(16 << 20)
     one = {min(os.sched_getaffinity(0))}
-    sampler = conditions.Sampler()
+    done, leave = threading.Barrier(3), threading.Event()
     out: list = []
-    threads = [threading.Thread(target=_hash_on, args=(one, data, out)) for _ in range(2)]
+    threads = [threading.Thread(target=_hash_on, args=(one, data, out, done, leave)) for _ in range(2)]
+    sampler = conditions.Sampler()
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(120)
-    seen = sampler.stop()
+    try:
+        done.wait(120)
+        seen = sampler.stop()
+    finally:
+        leave.set()
+        for t in threads:
+            t.join(120)
     assert len(out) == 12
     # two threads runnable on one core: each waited for about as long as the other ran
     assert seen["own_wait_share"] is not None and seen["own_wait_share"] > 0.3, seen

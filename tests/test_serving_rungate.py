@@ -142,16 +142,16 @@ def test_the_cpu_time_of_a_run_counts_the_intra_op_pool_not_only_the_calling_thr
         time.sleep(0.3)
         total, since = _process_cpu() - c0, t0
         cpu, _span = registry.model_stats("m", "1").window(since, cpu=True)
-        # Run by run: the calling thread's own clock against the run's CPU time, on the runs not contended.
+        # Run by run: the calling thread's own clock against the run's CPU time (contended or not: on a busy
+        # host the runs kept are mostly those the calling thread did alone, before the pool thread got a core)
         for _ in range(runs):
             mark = CpuMark(pooled)
             t = time.thread_time()
             pooled.run(x)
             caller = time.thread_time() - t
             spent = mark.spent()
-            if not mark.contended:
-                own += spent
-                pooled_share += spent - caller
+            own += spent
+            pooled_share += spent - caller
     finally:
         registry.deactivate("m")
     figures = registry.gate.figures()
@@ -163,10 +163,10 @@ def test_the_cpu_time_of_a_run_counts_the_intra_op_pool_not_only_the_calling_thr
     if not dropped:  # ... and, on a host this test had to itself, they are most of it
         assert sum(cpu) >= 0.7 * total, (sum(cpu), total)
     # The pool thread computes about half of a run where a second core is free (the calling thread's clock
-    # read 0.42 of the process's CPU time on a quiet Xeon), less where the cores are busy (0.23 beside another
-    # pytest worker: the caller takes over the pool's share); a caller-only clock would read 0.
+    # read 0.42 of the process's CPU time on a quiet Xeon), less where the cores are busy (the caller takes
+    # over the pool's share); a caller-only clock would read 0.
     assert own > 0.0
-    assert pooled_share >= 0.1 * own, (pooled_share, own)
+    assert pooled_share >= 0.2 * own, (pooled_share, own)  # 0.38-0.51 here, quiet or beside two busy loops
 
 
 def test_a_run_whose_pool_thread_waited_for_the_core_is_dropped_as_contended(tmp_path):

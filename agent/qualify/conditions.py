@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from agent.serving.rungate import run_queue_wait_s
+from agent.schedstat import run_queue_wait_s
 
 CONTENDED_SHARE = 0.25  # other processes used more than this share of the machine's CPU time meanwhile
 # ... or the row's own threads waited on a run queue (runnable, not running) for more than this many seconds

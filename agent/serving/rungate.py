@@ -17,6 +17,8 @@ import os
 import threading
 import time
 
+from agent import schedstat
+
 DUTY = 0.25  # at most this share of the time goes to holding other runs back for measured ones
 DRAIN_S = 0.25  # a measured run waits this long at most for the runs in flight to end
 HOLD_S = 0.25  # new runs wait this long at most for a measured run, then go in beside it (spoiling it)
@@ -146,7 +148,6 @@ class RunGate:
 
 _TASKS = "/proc/self/task"
 _PROC = os.path.isdir(_TASKS)  # Linux: threads' CPU clocks by kernel id; elsewhere the process clock
-_SCHED = _PROC and os.path.exists(f"{_TASKS}/{os.getpid()}/schedstat")  # run-queue waits (CONFIG_SCHED_INFO)
 _PER_THREAD_SCHED = 6  # Linux: CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED, the low bits of a thread's CPU clock id
 
 
@@ -163,68 +164,6 @@ def _thread_clock(tid: int) -> float:
 # candidate's work (it made a same-compute shadow read 4x on 2 cores under 4 clients).
 _OWNER: dict[int, int] = {}
 _OWNER_LOCK = threading.Lock()
-
-
-# Open schedstat files by thread id: pread on an open one costs ~1 us, open/read/close ~7 us here. A thread that
-# ended fails its read (its id is then opened afresh, should it be reused); the ones not read since are closed
-# once the cache outgrows the process's threads.
-_SCHED_FDS: dict[int, int] = {}
-_SCHED_LOCK = threading.Lock()
-
-
-def _forget_sched_fds() -> None:
-    """In a forked child: its threads are not its parent's, it opens its own."""
-    for fd in _SCHED_FDS.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _SCHED_FDS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_sched_fds)
-
-
-def _sched_read(tid: int) -> bytes:
-    fd = _SCHED_FDS.get(tid)
-    if fd is not None:
-        try:
-            return os.pread(fd, 128, 0)
-        except OSError:  # the thread ended
-            with _SCHED_LOCK:
-                if _SCHED_FDS.get(tid) == fd:
-                    del _SCHED_FDS[tid]
-                    os.close(fd)
-    with _SCHED_LOCK:
-        if len(_SCHED_FDS) > 4 * len(os.listdir(_TASKS)) + 16:
-            alive = set(map(int, os.listdir(_TASKS)))
-            for old in [t for t in _SCHED_FDS if t not in alive]:
-                os.close(_SCHED_FDS.pop(old))
-        fd = _SCHED_FDS.get(tid)
-        if fd is None:
-            fd = _SCHED_FDS[tid] = os.open(f"{_TASKS}/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-    return os.pread(fd, 128, 0)
-
-
-def run_queue_wait_s() -> float | None:
-    """Seconds all of this process's threads have waited on a run queue so far, summed (None where the kernel
-    does not say). Threads that ended are not in it: compare two readings over threads that live across both."""
-    if not _SCHED:
-        return None
-    return _run_delay(map(int, os.listdir(_TASKS)))
-
-
-def _run_delay(tids) -> float:
-    """Seconds the threads have waited on a run queue, runnable but not running (the second field of each
-    thread's /proc schedstat; a thread that ended meanwhile reads 0)."""
-    total = 0
-    for tid in tids:
-        try:
-            total += int(_sched_read(tid).split()[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / 1e9
 
 
 def native_tids() -> set[int]:
@@ -295,8 +234,8 @@ class CpuMark:
         self._owner = None if session is None else id(session)
         self._process = not _PROC
         self._native = {} if self._process else _native_clocks(self._owner)
-        self._tids = (threading.get_native_id(), *self._native) if _SCHED else ()
-        self._delay = _run_delay(self._tids)
+        self._tids = (threading.get_native_id(), *self._native) if schedstat.AVAILABLE else ()
+        self._delay = schedstat.run_delay(self._tids)
         self.waited_s, self.contended = 0.0, False
         self._own = time.process_time() if self._process else time.thread_time()
         self.marking_s = self._own - t0 if not self._process else 0.0  # what reading the clocks costs (mark_share)
@@ -313,7 +252,7 @@ class CpuMark:
             total = t0 - self._own + sum(pooled)
             # A run on the calling thread alone spins on nobody: its waits do not add to its CPU time.
             if self._tids and any(d > 0.0 for d in pooled):
-                self.waited_s = max(0.0, _run_delay(self._tids) - self._delay)
+                self.waited_s = max(0.0, schedstat.run_delay(self._tids) - self._delay)
                 self.contended = self.waited_s > max(CONTENDED_SHARE * wall, CONTENDED_FLOOR_S)
         self.marking_s += time.thread_time() - t0
         return total
