@@ -43,8 +43,8 @@ def _sched_read(tid: int) -> bytes:
                     del _SCHED_FDS[tid]
                     os.close(fd)
     with _SCHED_LOCK:
-        if len(_SCHED_FDS) > 4 * len(os.listdir(_TASKS)) + 16:
-            alive = set(map(int, os.listdir(_TASKS)))
+        alive = set(map(int, os.listdir(_TASKS)))
+        if len(_SCHED_FDS) > 4 * len(alive) + 16:
             for old in [t for t in _SCHED_FDS if t not in alive]:
                 os.close(_SCHED_FDS.pop(old))
         fd = _SCHED_FDS.get(tid)

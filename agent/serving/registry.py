@@ -484,12 +484,10 @@ class ModelRegistry:
             except Exception as exc:  # the runtime's own failure, after validation passed
                 end, failure, spent = time.perf_counter(), exc, None
             finally:  # before any referee run: that one enters the gate itself
-                if mark is None:
-                    self.gate.end(alone)
-                elif self.gate.end(alone, mark.marking_s, mark.contended):  # none beside it, not kept off the cores
+                if self.gate.end(alone, mark):  # none beside it, not kept off the cores
                     cpu = spent
-                else:
-                    contended = mark.contended and spent is not None  # measured, and dropped (counted per version)
+                elif mark is not None:
+                    contended = mark.contended  # measured, and dropped (counted per version)
             elapsed = end - t0
             if failure is not None:
                 why = self._request_fault(entry, feeds, want)

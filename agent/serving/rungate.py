@@ -100,10 +100,11 @@ class RunGate:
                 return
             self._cond.wait(left)
 
-    def end(self, alone: bool, marking_s: float = 0.0, contended: bool = False) -> bool:
+    def end(self, alone: bool, mark: "CpuMark | None" = None) -> bool:
         """Leave after a run; for a measured one (alone), whether its measurement holds (no run went in beside
-        it, and its threads were not kept off the cores: `contended`, CpuMark). Read the CPU clocks before
-        calling it; marking_s: how long reading them took (mark_share)."""
+        it, and its threads were not kept off the cores: mark.contended). Call mark.spent() before; the mark's
+        marking_s (what reading the clocks cost) paces the next measurement (mark_share)."""
+        marking_s, contended = (mark.marking_s, mark.contended) if mark is not None else (0.0, False)
         with self._cond:
             self._running -= 1
             if not alone:

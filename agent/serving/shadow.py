@@ -101,7 +101,7 @@ class Shadow:
                     got = self.session.run(feeds, list(reference))
                     spent = mark.spent() if mark is not None else time.perf_counter() - t0
                 finally:
-                    held = self.gate.end(alone, mark.marking_s, mark.contended) if mark else self.gate.end(alone)
+                    held = self.gate.end(alone, mark)
             except Exception as exc:  # noqa: BLE001 - a candidate failure is a finding
                 self.requests += 1
                 self.failures += 1
