@@ -7,7 +7,10 @@ from pathlib import Path
 
 from clirunner import edge_agent as run_cli
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+from agent import sysroots as captures
+
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 
 
 def test_profile_json_on_a_sysroot():
@@ -39,7 +42,7 @@ def test_profile_garbage_lists_notes():
 
     from agent.cli.profile import profile
 
-    out = CliRunner().invoke(profile, ["--sysroot", str(SYSROOTS / "garbage")])
+    out = CliRunner().invoke(profile, ["--sysroot", str(NOT_DEVICES / "garbage")])
     assert out.exit_code == 0
     assert "arch          unknown" in out.output and "- /proc/cpuinfo: not understood" in out.output
 

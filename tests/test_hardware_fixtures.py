@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from agent import sysroots as captures
 from agent.targets import detect_device as detect  # detection plus the matched target
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 GIB = 1 << 30
 
 # name -> expected fields; memory is MemTotal (kB) * 1024 from the capture.
@@ -267,8 +269,7 @@ def profiles():
 
 
 def test_every_fixture_has_expectations():
-    present = {p.name for p in SYSROOTS.iterdir() if p.is_dir()} - {"garbage", "empty"}
-    assert present == set(EXPECTED)
+    assert set(captures.names()) == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -342,7 +343,7 @@ def test_accelerator_names(profiles):
 
 @pytest.mark.parametrize("name", ["garbage", "empty"])
 def test_garbage_and_empty_give_valid_json_with_nulls(name):
-    prof = detect(SYSROOTS / name)
+    prof = detect(NOT_DEVICES / name)
     d = json.loads(json.dumps(prof.to_dict()))
     assert d["arch"] is None and d["os"] is None and d["memory_bytes"] is None and d["board"] is None
     assert d["cpu"] == {"vendor": None, "model": None, "cores": None, "flags": []}
@@ -353,7 +354,7 @@ def test_garbage_and_empty_give_valid_json_with_nulls(name):
 
 
 def test_garbage_notes_name_the_files():
-    notes = detect(SYSROOTS / "garbage").notes
+    notes = detect(NOT_DEVICES / "garbage").notes
     for rel in (
         "/proc/cpuinfo",
         "/proc/meminfo",

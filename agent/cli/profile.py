@@ -32,7 +32,7 @@ def profile(sysroot: str | None, as_json: bool) -> None:
     Examples:
       edge-agent profile
       edge-agent profile --json | jq .accelerators
-      edge-agent profile --sysroot tests/fixtures/sysroots/jetson-orin-nano-jp6
+      edge-agent profile --sysroot agent/sysroots/jetson-orin-nano-jp6
       sh scripts/capture-sysroot.sh pi.tar.gz && edge-agent profile --sysroot pi.tar.gz
     """
     prof = detect_profile(sysroot)
