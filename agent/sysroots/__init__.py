@@ -30,3 +30,21 @@ def path(name: str) -> Path:
     if name not in names():
         raise ConfigError(f"no captured sysroot {name!r}; known: {', '.join(names())}")
     return p
+
+
+INFO = ".captures/info.txt"
+
+
+def provenance(root: str | Path) -> dict[str, list[str]]:
+    """A capture's .captures/info.txt as key -> values (keys repeat: one `real:` line per file); {} without one.
+    Keys: captured, uname, tool, anonymised (capture-sysroot.sh writes these), real, transcribed, hand-built."""
+    try:
+        text = (Path(root) / INFO).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip():
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
