@@ -21,6 +21,13 @@ def test_profile_json_on_a_sysroot():
     assert d["software"]["jetpack"] == "6.2" and d["accelerators"][0]["vendor"] == "nvidia"
 
 
+def test_profile_takes_the_name_of_a_shipped_capture(tmp_path):
+    res = run_cli("profile", "--sysroot", "rpi4-4gb", "--json", cwd=tmp_path)  # no such path here: the package's
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["board"]["model"] == "Raspberry Pi 4 Model B Rev 1.1" and d["target"] == "raspberry-pi-4"
+
+
 def test_profile_human_summary():
     from click.testing import CliRunner
 
