@@ -35,8 +35,8 @@ usage() { sed -n '2,10p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 board_files() {  # captured sysroot for a board
   case "$1" in
-    pi4) echo "$SRC_DIR/tests/fixtures/sysroots/rpi4-4gb" ;;
-    pi5) echo "$SRC_DIR/tests/fixtures/sysroots/rpi5-8gb" ;;
+    pi4) echo "$SRC_DIR/agent/sysroots/rpi4-4gb" ;;
+    pi5) echo "$SRC_DIR/agent/sysroots/rpi5-8gb" ;;
     *) return 1 ;;
   esac
 }

@@ -9,12 +9,13 @@ import pytest
 from clirunner import edge_agent
 from hostruntime import ort_openvino_devices
 
+from agent import sysroots as captures
 from agent.hardware import detect
 from agent.providers import PROVIDER_NAMES
 from agent.providers._common import has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 KEYS = {"name", "available", "reason", "remedy", "devices", "options", "versions"}
 
 ORIN_NANO = {

@@ -21,8 +21,10 @@ import pytest
 from mqtt_support import register_device
 from test_daemon_support import EXE, ROOT, infer, wait_for
 
+from agent import sysroots as captures
+
 SCRIPT = ROOT / "scripts" / "emulated-device.sh"
-FIXTURES = ROOT / "tests" / "fixtures" / "sysroots"
+FIXTURES = captures.root()  # the device captures: package data (agent/sysroots)
 BOARDS = {"pi4": ("raspberry-pi-4", "rpi4-4gb"), "pi5": ("raspberry-pi-5", "rpi5-8gb")}
 NODE_SUBSET = ["test_conv*", "test_gemm*", "test_matmul*", "test_softmax*", "test_exp*", "test_cast_FLOAT*"]
 

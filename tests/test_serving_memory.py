@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from agent import sysroots as captures
 from agent.serving.memory import choose_swap, mem_available, trim_heap
 from agent.targets import get_target
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 MIB = 1 << 20
 
 

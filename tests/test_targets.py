@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent import sysroots as captures
 from agent.errors import ConfigError
 from agent.hardware.profile import Accelerator, CpuInfo, HardwareProfile
 from agent.providers import PROVIDER_NAMES
@@ -15,7 +16,7 @@ from agent.targets import Tolerance, features_for, get_target, load_targets, mat
 from agent.targets import detect_device as detect  # detection plus the matched target
 
 TARGETS = Path(__file__).resolve().parent.parent / "targets"
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 PINNED = {
     "raspberry-pi-4",
     "raspberry-pi-5",

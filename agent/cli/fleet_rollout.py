@@ -213,8 +213,8 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 @click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
 @click.option(
     "--sysroots",
-    help="Comma-separated captured sysroots: directories, or names under "
-    "tests/fixtures/sysroots (default: every capture there).",
+    help="Comma-separated captured sysroots: directories, or names of "
+    "the shipped captures (agent/sysroots; default: every one).",
 )
 @click.option(
     "--state-dir",

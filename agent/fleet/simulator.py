@@ -47,7 +47,7 @@ class Simulator:
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
         self.count, self.broker, self.prefix, self.trust, self.groups = count, broker, prefix, trust, groups
-        self.sysroots, self.id_prefix = sysroots, id_prefix  # None: every capture in tests/fixtures/sysroots
+        self.sysroots, self.id_prefix = sysroots, id_prefix  # None: every capture shipped in agent/sysroots
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="edge-sim-"))
         self.probation_s, self.latency_budget_s = probation_s, latency_budget_s
