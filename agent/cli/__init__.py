@@ -78,6 +78,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("agent.cli.daemon:cancel", "Cancel a model's in-flight deployment, in any state."),
     "config": ("agent.cli.config:config", "Check agent configuration files."),
     "quantize": ("agent.cli.quantize:quantize", "Write an fp32 package's int8 variant (onnxruntime.quantization)."),
+    "package": ("agent.cli.package:package", "Build a model package from your model and real inputs, or check one."),
 }
 
 
