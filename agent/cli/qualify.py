@@ -74,7 +74,7 @@ def _resolve_target(profile, name):
 @click.option(
     "--memory-max",
     metavar="SIZE",
-    help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemTotal).",
+    help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemAvailable or the cgroup room).",
 )
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against

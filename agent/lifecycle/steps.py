@@ -46,6 +46,7 @@ ENTRY_KEYS = (
     "input_specs",
     "contended",
     "requalified",
+    "memory_peak_bytes",
 )
 
 
@@ -327,7 +328,10 @@ class Steps:
 
         if self.config.swap:
             return self.config.swap, f"{self.config.swap} (set by configuration)"
-        return choose_swap(self.config.serving, _model_bytes(entry), mem_available())
+        peak = entry.get("memory_peak_bytes")  # measured by qualification (session, warm-up, timed runs)
+        if peak:
+            return choose_swap(self.config.serving, int(peak), mem_available(), "measured peak")
+        return choose_swap(self.config.serving, _model_bytes(entry), mem_available(), "size on disk")
 
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         from agent.lifecycle.watch import probation_watch
