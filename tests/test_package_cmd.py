@@ -160,3 +160,23 @@ def test_input_value_ranges_generate_token_ids_in_the_vocabulary(tmp_path):
 
     with pytest.raises(ModelError, match="input_values.ids: expected numbers with low < high"):
         load_package(tmp_path / "tok")
+
+
+def test_the_readme_walkthrough_runs_as_written(tmp_path):
+    """README "Deploy your own model": its script and commands, run as written, print what it shows."""
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Deploy your own model", 1)[1].split("\n## ", 1)[0]
+    script = re.search(r"python - <<'PY'\n(.*?)\n    PY\n", section, re.S).group(1)
+    code = "\n".join(line[4:] for line in script.splitlines())
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120)
+    cmd = re.search(r"^    edge-agent package (iris.onnx .*)$", section, re.M).group(1).split()
+    r = edge_agent("package", *cmd, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    shown = re.search(r"```\n(wrote .*?)\n```", section, re.S).group(1).splitlines()
+    got = r.stdout.splitlines()
+    assert got[:2] == shown[:2], (got, shown)  # the golden_source line names this host's onnxruntime version
+    assert edge_agent("package", "--check", "iris-pkg", cwd=tmp_path).returncode == 0
