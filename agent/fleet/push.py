@@ -204,6 +204,20 @@ def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[s
     return device_outcome(status, name, version, fresh=fresh)
 
 
+def _prefix_hint(watch: FleetWatch) -> str:
+    """When no device at all reports under this prefix: where devices do report (a prefix or broker mismatch)."""
+    if watch.status:
+        return ""
+    from agent.fleet.clear import heard_prefixes
+
+    others = [p for p in heard_prefixes(watch.link) if p != watch.topics.prefix]
+    where = f"devices report under: {', '.join(others)}" if others else "no device reports on this broker at all"
+    return (
+        f"; no device has a status under prefix {watch.topics.prefix!r}: {where} (check --prefix and --broker; "
+        f"`edge-agent fleet clear` removes a desired state left on a wrong prefix)"
+    )
+
+
 def wait_for_devices(
     watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict, progress
 ) -> dict[str, dict]:
@@ -229,15 +243,17 @@ def wait_for_devices(
             if dev not in results or results[dev]["result"] != "pending":
                 continue
             result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
-            if results[dev]["reason"] != reason and (result != "pending" or "not counted" in reason):
+            if results[dev]["reason"] != reason:  # every change of a device's state is said as it happens
                 progress("device", device_id=dev, result=result, reason=reason)
             results[dev] = {"result": result, "reason": reason}
         pending = [d for d, r in results.items() if r["result"] == "pending"]
         if results and not pending:
             return results
         if time.monotonic() >= deadline:
+            hint = _prefix_hint(watch)
             for d in pending:
-                results[d] = {"result": "timeout", "reason": f"timed out after {timeout:g} s ({results[d]['reason']})"}
+                why = f"timed out after {timeout:g} s ({results[d]['reason']})"
+                results[d] = {"result": "timeout", "reason": why + hint}
             if not results:
                 results = {
                     f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}

@@ -46,6 +46,7 @@ ENTRY_KEYS = (
     "input_specs",
     "contended",
     "requalified",
+    "memory_peak_bytes",
 )
 
 
@@ -199,9 +200,11 @@ class Steps:
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
         summary = _summary(decision)
+        guessed = shapes_guessed(decision)
+        if not decision.get("selected") and guessed:  # the fix first: the runtimes' errors follow from the guess
+            raise LifecycleError(f"{guessed}; on those shapes no provider passed: {brief_failures(decision)}")
         if not decision.get("selected"):
             raise LifecycleError(f"no provider passed qualification: {summary['why']}")
-        guessed = shapes_guessed(decision)
         if guessed:
             raise LifecycleError(guessed)
         row = _selected_row(decision)
@@ -327,7 +330,10 @@ class Steps:
 
         if self.config.swap:
             return self.config.swap, f"{self.config.swap} (set by configuration)"
-        return choose_swap(self.config.serving, _model_bytes(entry), mem_available())
+        peak = entry.get("memory_peak_bytes")  # measured by qualification (session, warm-up, timed runs)
+        if peak:
+            return choose_swap(self.config.serving, int(peak), mem_available(), "measured peak")
+        return choose_swap(self.config.serving, _model_bytes(entry), mem_available(), "size on disk")
 
     def on_probation(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
         from agent.lifecycle.watch import probation_watch
@@ -588,6 +594,16 @@ def shapes_guessed(decision: dict[str, Any]) -> str:
         "shapes; add input_shapes (a shape, or min/opt/max) or dynamic_dims to model.yaml, or a "
         "test_data_set_0 with real inputs"
     )
+
+
+def brief_failures(decision: dict[str, Any], width: int = 160) -> str:
+    """The failed rows' reasons, each once (rows failing the same way are named together), cut to `width`."""
+    by_reason: dict[str, list[str]] = {}
+    for r in decision.get("results", []):
+        reason = " ".join(str(r.get("reason") or r.get("status")).split())
+        reason = reason if len(reason) <= width else reason[: width - 3] + "..."
+        by_reason.setdefault(reason, []).append(str(r.get("provider")))
+    return "; ".join(f"{', '.join(p)}: {why}" for why, p in by_reason.items()) or "no candidate provider"
 
 
 def _summary(decision: dict[str, Any]) -> dict[str, Any]:

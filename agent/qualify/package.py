@@ -28,6 +28,7 @@ _META_KEYS = {
     "description",
     "reference",
     "variants",
+    "golden_source",  # how the golden outputs were made (edge-agent package writes it)
 }
 
 
@@ -219,8 +220,10 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
     if not isinstance(meta.get("input_values") or {}, dict):
         raise bad("input_values", "expected a mapping of input name to a value (a number or a list)")
     for name, value in (meta.get("input_values") or {}).items():
-        if not _plain_value(value):
-            raise bad(f"input_values.{name}", "expected a number, a boolean or a (nested) list of them")
+        if isinstance(value, dict):
+            _validate_range(value, f"input_values.{name}", bad)
+        elif not _plain_value(value):
+            raise bad(f"input_values.{name}", "expected a number, a boolean, a (nested) list of them, or {low, high}")
     _validate_tolerances(meta.get("tolerances") or {}, bad)
     req = meta.get("required_providers", [])
     if not isinstance(req, list) or not all(isinstance(p, str) for p in req):
@@ -248,6 +251,15 @@ def _validate_shape(shape: Any, key: str, bad) -> None:
     for lo, hi in zip(order, order[1:]):
         if any(a > b for a, b in zip(lo, hi)):
             raise bad(key, f"expected min <= opt <= max in every dim, got {lo} then {hi}")
+
+
+def _validate_range(value: dict[str, Any], key: str, bad) -> None:
+    """input_values range: {low, high} (integers: token ids in [low, high); floats: uniform in [low, high])."""
+    if set(value) - {"low", "high"} or "high" not in value:
+        raise bad(key, "a range is {low: N, high: M} (high required; integers are drawn from [low, high))")
+    low, high = value.get("low", 0), value["high"]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or not low < high:
+        raise bad(key, f"expected numbers with low < high, got low {low!r}, high {high!r}")
 
 
 def _plain_value(value: Any) -> bool:

@@ -104,15 +104,26 @@ def measure_row(
     except EdgeAgentError as exc:
         sess.close()
         return _fail_run(row, rss0, memory_max, "inference failed", exc)
-    emit("latency", provider=provider, precision=row["precision"])
     timed = latency_feeds if latency_feeds is not None else feeds
+    said = {"provider": provider, "precision": row["precision"]}
+    emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
     sampler = conditions.Sampler()
     try:
-        lat = latency.measure(lambda: sess.run(timed), budget_s=budget_s if not problems else budget_s / 4, batch=batch)
+        lat = latency.measure(
+            lambda: sess.run(timed),
+            budget_s=budget_s if not problems else budget_s / 4,
+            batch=batch,
+            progress=lambda event, **f: emit(event, **said, **f),
+        )
         if max_feeds is not None and not problems:
-            emit("latency", provider=provider, precision=row["precision"], shape="max")
+            emit("latency", **said, shape="max", inputs=_shapes(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET)
             row["latency_max_ms"] = _without_samples(
-                latency.measure(lambda: sess.run(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET, batch=batch)
+                latency.measure(
+                    lambda: sess.run(max_feeds),
+                    budget_s=budget_s * MAX_SHAPE_BUDGET,
+                    batch=batch,
+                    progress=lambda event, **f: emit(event, **said, shape="max", **f),
+                )
             )
     except EdgeAgentError as exc:
         sess.close()
@@ -241,3 +252,8 @@ def reference_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[s
     except Exception as exc:  # noqa: BLE001
         raise EdgeAgentError(f"no reference: ORT CPU failed ({first_error}); onnx reference failed ({exc})") from exc
     return dict(zip([o.name for o in model.graph.output], values)), "onnx-reference-evaluator"
+
+
+def _shapes(feeds: dict[str, Any]) -> str:
+    """x[1, 3, 224, 224], ids[1, 64]: the shapes a latency measurement times (its progress says them)."""
+    return ", ".join(f"{k}{list(getattr(v, 'shape', ()))}" for k, v in feeds.items())
