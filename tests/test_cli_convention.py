@@ -105,3 +105,44 @@ def test_progress_heartbeat_repeats_the_step_while_nothing_else_is_said(capsys):
     assert docs[0]["event"] == "published" and docs[0]["line"] == "push: published" and docs[0]["topics"] == ["t"]
     assert docs[1]["event"] == "quiet" and "line" not in docs[1]
     assert any(d["event"] == "heartbeat" and d["step"] == "published" for d in docs[2:]), docs
+
+
+def test_qualify_progress_within_2_s_and_at_least_every_5_s(tmp_path):
+    """`qualify --json` on a model whose timed runs take seconds: JSON progress lines on stderr, the first within
+    2 s of the command's progress clock starting and none more than 5 s apart (plus the heartbeat's 0.25 s
+    tick); the latency lines say the shapes timed, the runs done and an estimate; stdout stays one document."""
+    import json
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from agent.samples import write_package
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(8):
+        inits.append(numpy_helper.from_array((rng.standard_normal((768, 768)) / 28).astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"h{i}"]))
+        prev = f"h{i}"
+    g = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 768])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [32, 768])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    pkg = write_package(tmp_path / "slow", m, name="slow")
+    r = edge_agent("qualify", pkg, "--provider", "cpu", "--budget", "6", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["selected"] == "cpu"
+    lines = [json.loads(ln) for ln in r.stderr.splitlines() if ln.startswith("{")]
+    assert lines and all(d["progress"] == "qualify" for d in lines)
+    times = [d["elapsed_s"] for d in lines]
+    assert times[0] <= 2.0, times
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert max(gaps) <= 5.5, (gaps, [d["event"] for d in lines])
+    runs = [d for d in lines if d["event"] == "latency" and "runs" in d]
+    assert runs and "runs" in runs[-1]["line"] and "left" in runs[-1]["line"], runs
+    assert any("x[32, 768]" in (d.get("line") or "") for d in lines)
