@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from agent.errors import ConfigError
 from agent.names import is_valid_name
+from agent.util import yamlsafe
+from agent.util.textfile import read_text
 
 DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
@@ -22,12 +22,13 @@ MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
 
 
+MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is refused (config check, start-up, reload)
+
+
 def first_line(path: Path, key: str) -> str:
-    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from exc
+    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file).
+    ConfigError naming `key` and the file when it cannot be read or is not UTF-8 text."""
+    lines = read_text(path, key, ConfigError, max_bytes=65536).splitlines()
     return lines[0].strip() if lines else ""
 
 
@@ -123,6 +124,11 @@ class ServingConfig:
         token = first_line(self.token_file, "serving.token_file")
         if not token:
             raise ConfigError(f"serving.token_file: {self.token_file} is empty")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"serving.token_file: the token in {self.token_file} has {len(token)} characters, at least "
+                f"{MIN_TOKEN_CHARS} are required (e.g. `openssl rand -hex 32 > {self.token_file}`)"
+            )
         return token
 
 
@@ -175,22 +181,11 @@ from agent.device_id import default_device_id  # noqa: E402,F401 - part of this 
 def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check_files: bool = True) -> AgentConfig:
     """Read and validate `path`. `root` is where the default device id is looked up (tests use sysroots)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML config file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected a YAML config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(f"{path}: no such config file")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a YAML config file")
+    data = yamlsafe.loads(read_text(path, "config file", ConfigError), str(path), ConfigError)
     cfg = parse_config({} if data is None else data, base_dir=path.resolve().parent, root=root, source=path)
     return check_config_files(cfg) if check_files else cfg
 
@@ -259,7 +254,19 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
         secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file")
         if secret and st.st_mode & stat.S_IROTH:
             warnings.append(f"{key}: {p} is world-readable; chmod 600 (or 640 with group edge-agent)")
+    _decode_files(cfg)
     return replace(cfg, warnings=tuple(warnings))
+
+
+def _decode_files(cfg: AgentConfig) -> None:
+    """Decode what the daemon will read from the files (token, password, trusted keys), so that a bad one is a
+    ConfigError naming the key and the reason here: at `config check`, at start-up and on reload. (The keys'
+    contents are parsed where they are used, agent.artifacts.keys, also with a ConfigError.)"""
+    cfg.serving.token()
+    if cfg.mqtt is not None:
+        cfg.mqtt.password()
+    for i, p in enumerate(cfg.trust.public_keys):
+        read_text(p, f"trust.public_keys[{i}]", ConfigError, max_bytes=65536)
 
 
 def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:
