@@ -133,6 +133,14 @@ class ServingConfig:
 
 
 @dataclass(frozen=True)
+class DownloadsConfig:
+    allow_http: bool = False  # plain http:// sources in manifests (integrity is the chunk hashes'; not availability)
+    min_bytes: int = 64 * 1024  # a source must deliver at least this many bytes ...
+    interval_s: float = 30.0  # ... every interval, or it is abandoned for the manifest's next source
+    timeout_s: float = 6 * 3600.0  # one download attempt, every source together
+
+
+@dataclass(frozen=True)
 class TelemetryConfig:
     interval_s: float = 60.0  # 0 disables the periodic health message
 
@@ -151,6 +159,7 @@ class AgentConfig:
     telemetry: TelemetryConfig
     source: Path | None = None  # the file this came from
     warnings: tuple[str, ...] = ()
+    downloads: DownloadsConfig = DownloadsConfig()
 
     @property
     def mode(self) -> str:
@@ -224,6 +233,7 @@ def parse_config(
         serving=serving,
         inbox=inbox,
         telemetry=_telemetry(v, top.get("telemetry")),
+        downloads=_downloads(v, top.get("downloads")),
         source=source,
         warnings=tuple(warnings),
     )
@@ -288,7 +298,28 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 # ---------------------------------------------------------------- sections
 
-_TOP_KEYS = ("device_id", "groups", "state_dir", "target", "mqtt", "trust", "serving", "inbox", "telemetry")
+_TOP_KEYS = (
+    "device_id",
+    "groups",
+    "state_dir",
+    "target",
+    "mqtt",
+    "trust",
+    "serving",
+    "inbox",
+    "telemetry",
+    "downloads",
+)
+
+
+def _downloads(v: "_Validator", raw: Any) -> DownloadsConfig:
+    d = v.mapping(raw if raw is not None else {}, "downloads", ("allow_http", "min_bytes", "interval_s", "timeout_s"))
+    return DownloadsConfig(
+        allow_http=_flag(d.get("allow_http", False), "downloads.allow_http"),
+        min_bytes=v.integer(d.get("min_bytes", 64 * 1024), "downloads.min_bytes", 1, 1 << 40),
+        interval_s=v.number(d.get("interval_s", 30.0), "downloads.interval_s", 0.5, 86400),
+        timeout_s=v.number(d.get("timeout_s", 6 * 3600.0), "downloads.timeout_s", 1, 30 * 86400),
+    )
 
 
 def _device_id(v: "_Validator", top: dict, root) -> tuple[str, str]:
