@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import os
 import resource
 import socket
@@ -23,6 +24,7 @@ from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 
 MAX_HEAD = 16384
+ROOM_BATCH = 16  # idle connections closed at once when a new one waits and every slot is taken
 
 
 def fd_room(reserve: int) -> int:
@@ -168,11 +170,15 @@ class BlobServer:
         self._make_room()
 
     def _make_room(self) -> None:
-        """Someone waits in the backlog while we are full: close the oldest idle connection (none idle yet: the
-        next connection to become idle is the one)."""
-        victim = next((c for c in self._conns if c.idle), None) if self._want_room else None
-        if victim is not None:
+        """Someone waits in the backlog while we are full: close the oldest idle connections, ROOM_BATCH at a
+        time so a crowd queued in the backlog is cycled through quickly (none idle yet: the next connection to
+        become idle is the one)."""
+        if not self._want_room:
+            return
+        victims = [c for c in itertools.islice((c for c in self._conns if c.idle), ROOM_BATCH)]
+        if victims:
             self._want_room = False
+        for victim in victims:
             self._evict(victim)
 
     def _evict(self, victim: _Conn) -> None:
