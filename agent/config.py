@@ -270,13 +270,15 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
 
 def _decode_files(cfg: AgentConfig) -> None:
     """Decode what the daemon will read from the files (token, password, trusted keys), so that a bad one is a
-    ConfigError naming the key and the reason here: at `config check`, at start-up and on reload. (The keys'
-    contents are parsed where they are used, agent.artifacts.keys, also with a ConfigError.)"""
+    ConfigError naming the key and the reason here: at `config check`, at start-up and on reload."""
     cfg.serving.token()
     if cfg.mqtt is not None:
         cfg.mqtt.password()
+    from agent.artifacts.keys import parse_public_key
+
     for i, p in enumerate(cfg.trust.public_keys):
-        read_text(p, f"trust.public_keys[{i}]", ConfigError, max_bytes=65536)
+        key = f"trust.public_keys[{i}]"
+        parse_public_key(read_text(p, key, ConfigError, max_bytes=65536), where=f"{key}: {p}")
 
 
 def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:

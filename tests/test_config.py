@@ -25,6 +25,9 @@ def files(tmp_path):
         p.write_text("secret-token-0123456789\n")
         p.chmod(0o600)
         out[name] = str(p)
+    from agent.artifacts.keys import generate
+
+    out["fleet.pub"] = str(generate(tmp_path / "fleet-keys")[1])  # a real public key: its contents are parsed
     return out
 
 

@@ -201,3 +201,21 @@ def test_cancel_stops_a_download_stuck_on_a_tarpit_at_once(tmp_path, mosquitto, 
         assert "cancel" in ((_dep(a, "1") or dep).reason or "")
     finally:
         a.stop()
+
+
+def test_stopping_the_daemon_ends_a_download_stuck_on_a_tarpit(tmp_path, mosquitto, plane, tarpit):
+    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3600, "min_bytes": 1})
+    stopped = False
+    try:
+        pkg = sample_tiny_package(tmp_path / "pkg-1", version="1")
+        m = plane.manifest(pkg, "tiny", "1", sources=_sources_with(tarpit)(plane, pkg)[:1])
+        plane.to_device("tiny", plane.envelope(m))
+        wait_for(lambda: tarpit.open > 0, 60, "the download hangs on the tarpit")
+        a.stop()
+        stopped = True
+        assert a.stopped(15)  # the state_dir lock is released: no thread was left behind holding it
+        wait_for(lambda: tarpit.open == 0, 10, "the tarpit connection is closed")
+        assert not _puller_frames()
+    finally:
+        if not stopped:
+            a.stop()

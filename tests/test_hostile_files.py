@@ -158,3 +158,13 @@ def test_declared_dims_over_the_memory_budget_name_the_key(tmp_path, extra, key)
         tmp_path / "q", _dynamic_model(), name="dyn", golden=False, extra_yaml={"dynamic_dims": {"N": 8}}
     )
     assert load_package(ok).dynamic_dims == {"N": 8}
+
+
+def test_a_trusted_key_file_that_is_not_a_key_is_named(tmp_path):
+    bad = tmp_path / "fleet.pub"
+    for data, why in ((BAD_BYTES, "not UTF-8"), (b"hello\n", "not an Ed25519 public key")):
+        bad.write_bytes(data)
+        cfg = write_config(tmp_path, extra={"trust": {"public_keys": [str(bad)]}})
+        check = cli("config", "check", cfg, timeout=120)
+        assert check.returncode == 2 and f"trust.public_keys[0]: {bad}" in check.stderr, check.stderr
+        assert why in check.stderr and "Traceback" not in check.stderr
