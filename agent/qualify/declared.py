@@ -5,6 +5,7 @@ cannot fit names its key (a 10^12 dim is a package error, not a MemoryError in n
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -13,15 +14,20 @@ from agent.errors import ModelError
 from agent.providers.base import TensorSpec
 from agent.qualify.inputs import DEFAULT_DYNAMIC
 
-FALLBACK_BUDGET = 4 << 30  # bytes, when MemTotal cannot be read
+FALLBACK_BUDGET = 4 << 30  # bytes, when physical memory cannot be read
 
 
 def default_budget() -> tuple[int, str]:
-    """(bytes, where the figure comes from): serving.memory_max's default, 80% of MemTotal."""
-    from agent.serving.memory import resolve_memory_max
-
-    found, source = resolve_memory_max(None, None)
-    return (found, source) if found else (FALLBACK_BUDGET, f"{FALLBACK_BUDGET >> 30} GiB (MemTotal unknown)")
+    """(bytes, where the figure comes from): this machine's physical memory (sysconf). A declared input larger than
+    that cannot be allocated here at all; serving.memory_max (agent.serving.memory) bounds what a model may use
+    once it runs, and qualification enforces it."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        pages = page = -1
+    if pages > 0 and page > 0:
+        return pages * page, "physical memory"
+    return FALLBACK_BUDGET, f"{FALLBACK_BUDGET >> 30} GiB (physical memory unknown)"
 
 
 def check_declared_memory(
