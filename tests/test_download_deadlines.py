@@ -219,3 +219,55 @@ def test_stopping_the_daemon_ends_a_download_stuck_on_a_tarpit(tmp_path, mosquit
     finally:
         if not stopped:
             a.stop()
+
+
+class SlowSource(Tarpit):
+    """Serves the real bytes, `block` of them every `every` s (slower than one chunk per stall timeout)."""
+
+    def __init__(self, data: bytes, block: int, every: float):
+        self.data, self.block = data, block
+        super().__init__(every)
+
+    def _drip(self, conn: socket.socket) -> None:
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                got = conn.recv(4096)
+                if not got:
+                    return
+                head += got
+            m = re.search(rb"Range: bytes=(\d+)-", head)
+            start = int(m.group(1)) if m else 0
+            size = len(self.data)
+            conn.sendall(
+                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
+                f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
+            )
+            for at in range(start, size, self.block):
+                conn.sendall(self.data[at : at + self.block])
+                time.sleep(self.every)
+        except OSError:
+            return
+        finally:
+            conn.close()
+            with self._lock:
+                self.open -= 1
+
+
+def test_a_slow_source_above_the_progress_deadline_completes(tmp_path):
+    """Gaps longer than a read's 0.5 s poll and chunks slower than the stall timeout: partial chunks are kept
+    across the resumed requests, so a source that keeps its bytes-per-interval finishes."""
+    from test_pull import make_artifact
+
+    from agent.artifacts.deadline import DownloadLimits
+    from agent.artifacts.http import HttpPuller
+
+    _, m, data = make_artifact(tmp_path / "cp", 3 * 16384, 16384)
+    src = SlowSource(data, 4096, 0.7)
+    try:
+        watch = DownloadLimits(min_bytes=2048, interval_s=2.0).watch("slow")
+        puller = HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=2.0, retry_delay=0.05)
+        assert puller.pull(m, src.url(m.artifact.sha256), watch).read_bytes() == data
+        assert src.connections > 1  # reads timed out and were resumed mid-chunk
+    finally:
+        src.close()

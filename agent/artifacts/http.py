@@ -73,7 +73,7 @@ class HttpPuller:
                 self._fetch_from(manifest, staging, url, staging.missing()[0], watch)
             except (OSError, urllib.error.URLError, ConnectionError) as exc:
                 last_error = str(getattr(exc, "reason", None) or exc)[:200]
-            if staging.bytes_have() > before[0]:
+            if (staging.bytes_have(), len(self._partial[1])) != before:  # whole chunks or part of one
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress >= self.stall_timeout:
                 raise ArtifactError(
