@@ -296,10 +296,11 @@ class DeviceAgent:
         from agent.config import changed_keys
 
         live, restart = changed_keys(self.config, new)
+        token = new.serving.token()  # a bad token file fails here (ConfigError), before anything changed
         if self.notifier is not None:
             self.notifier.reloading()
         if self.server is not None:
-            self.server.set_token(new.serving.token())
+            self.server.set_token(token)
         if self.link is not None and "trust.public_keys" in live:
             self.link.reload_keys(new.trust.public_keys)
         if self.health is not None:

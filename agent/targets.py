@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from agent.errors import ConfigError
 from agent.providers import PROVIDER_NAMES
+from agent.util import yamlsafe
+from agent.util.textfile import read_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.hardware.profile import HardwareProfile
@@ -392,12 +392,7 @@ def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
 
 def parse_target(path: Path) -> Target:
     """Read and validate one target YAML; ConfigError names the file and the key."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path.name}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path.name}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = yamlsafe.loads(read_text(path, path.name, ConfigError), path.name, ConfigError)
     if not isinstance(raw, dict):
         raise _fail(path, "(top level)", "expected a mapping")
     unknown = set(raw) - TOP_KEYS

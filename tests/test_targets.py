@@ -190,7 +190,7 @@ def test_bad_yaml_names_file_and_key(target_dir, change, key):
 
 def test_unparseable_yaml(target_dir):
     (target_dir / "jetson-nano.yaml").write_text("name: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"^jetson-nano.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"^jetson-nano.yaml: line 2 column 1 invalid YAML"):
         load_targets(target_dir)
 
 

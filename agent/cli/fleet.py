@@ -63,13 +63,9 @@ def _render_push(event: str, f: dict) -> str | None:
 def _load_overrides(path):
     if not path:
         return None
-    import yaml
+    from agent.util.yamlsafe import load_file
 
-    try:
-        with open(path) as fh:
-            doc = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--qualification: cannot read {path}: {exc}") from None
+    doc = load_file(path, "--qualification", ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"--qualification: {path} must hold a mapping")
     return doc
@@ -268,22 +264,35 @@ def status(as_json, store, registry_file, **kw):
 )
 @click.option("--group", "groups", multiple=True, metavar="G", help="Group the device belongs to (repeatable).")
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (registry.json).")
+@click.option(
+    "--replace", is_flag=True, help="Move a key another device holds to DEVICE_ID (revokes that device's binding)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def register(device_id, public_key, groups, store, as_json):
+def register(device_id, public_key, groups, store, replace, as_json):
     """Add or replace DEVICE_ID in STORE/registry.json: its public key (from `edge-agent keys device`) and its
-    groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here."""
+    groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here.
+    A key already registered to another device is refused unless --replace."""
     from pathlib import Path
 
     from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+    from agent.util.textfile import read_text
 
     path = Path(store) / REGISTRY_NAME
+    pem = read_text(public_key, "--public-key", ConfigError)
     with DeviceRegistry.edit(path) as reg:
-        entry = reg.register(device_id, Path(public_key).read_text(), groups)
-    doc = {"device_id": device_id, "key_id": entry["key_id"], "groups": entry["groups"], "registry": str(path)}
+        entry = reg.register(device_id, pem, groups, replace=replace)
+    doc = {
+        "device_id": device_id,
+        "key_id": entry["key_id"],
+        "groups": entry["groups"],
+        "registry": str(path),
+        "revoked": entry["revoked"],
+    }
+    revoked = f"; revoked the binding of {', '.join(entry['revoked'])}" if entry["revoked"] else ""
     click.echo(
         json.dumps(doc)
         if as_json
-        else f"registered {device_id} (key {entry['key_id']}, groups {entry['groups']}) in {path}"
+        else f"registered {device_id} (key {entry['key_id']}, groups {entry['groups']}) in {path}{revoked}"
     )
 
 

@@ -216,6 +216,7 @@ class Simulator:
             "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
             "telemetry": {"interval_s": 0},
             "serving": {"host": "127.0.0.1", "port": 0},
+            "downloads": {"allow_http": True},  # simulated devices on loopback pull from the bench's plain http server
         }
 
     def _shared_qualifier(self, device_id: str, cls: DeviceClass):

@@ -211,6 +211,7 @@ class MqttSource:
     def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
+        from agent.artifacts.deadline import DownloadLimits
         from agent.artifacts.fetch import fetch_artifact, is_transient
         from agent.artifacts.manifest import Manifest
 
@@ -220,8 +221,21 @@ class MqttSource:
             ctx.check()
             ctx.report(event, **fields)
 
-        def attempt() -> None:
-            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s)
+        dl = self.config.downloads
+        limits = DownloadLimits(min_bytes=dl.min_bytes, interval_s=dl.interval_s, overall_s=dl.timeout_s)
+
+        def attempt() -> None:  # ctx.check: a cancel or the state's deadline ends the pull within 0.5 s
+            fetch_artifact(
+                m,
+                self.store,
+                link=self.link,
+                progress=progress,
+                ca=self.ca,
+                stall_timeout=self.stall_s,
+                limits=limits,
+                check=ctx.check,
+                allow_http=dl.allow_http,
+            )
 
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):

@@ -11,11 +11,13 @@ from typing import Any
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
+from agent.qualify.declared import check_declared_memory, default_budget
 from agent.qualify.onnxfile import graph_specs
 from agent.util.hashing import sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000
+MAX_META_BYTES = 1 << 20  # model.yaml
 _META_KEYS = {
     "name",
     "version",
@@ -187,12 +189,9 @@ def _read_meta(root: Path) -> dict[str, Any]:
     path = root / "model.yaml"
     if not path.exists():
         return {}
-    import yaml
+    from agent.util.yamlsafe import load_file
 
-    try:
-        meta = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ModelError(f"{path}: invalid YAML: {exc}") from exc
+    meta = load_file(path, "model.yaml", ModelError, max_bytes=MAX_META_BYTES) or {}
     if not isinstance(meta, dict):
         raise ModelError(f"{path}: expected a mapping at the top level")
     _validate_meta(meta, path)
@@ -209,8 +208,10 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
     for key in ("name", "task"):
         if key in meta and not isinstance(meta[key], str):
             raise bad(key, "expected a string")
+    if not isinstance(meta.get("dynamic_dims") or {}, dict):
+        raise bad("dynamic_dims", "expected a mapping of dim name to a positive integer")
     for dim, val in (meta.get("dynamic_dims") or {}).items():
-        if not isinstance(val, int) or val < 1:
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise bad(f"dynamic_dims.{dim}", "expected a positive integer")
     shapes = meta.get("input_shapes") or {}
     if not isinstance(shapes, dict):
@@ -341,6 +342,7 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         variants=declared_variants,
     )
     check_declared_shapes(pkg)
+    check_declared_memory(pkg.inputs, pkg.dynamic_dims, pkg.input_shapes, default_budget())
     return pkg
 
 
