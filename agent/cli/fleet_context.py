@@ -44,17 +44,11 @@ def load_context(name: str | None) -> tuple[str | None, dict[str, Any]]:
     path = contexts_path()
     if not path.is_file():
         if name:
-            raise ConfigError(f"--context {name}: no contexts file at {path} (see docs/fleet.md, 'Contexts')")
+            raise ConfigError(f"--context {name}: no contexts file at {path} (docs/scaling.md, 'Fleet contexts', shows its form)")
         return None, {}
-    import yaml
+    from agent.util.yamlsafe import load_file
 
-    try:
-        raw = path.read_bytes()
-        if len(raw) > MAX_BYTES:
-            raise ConfigError(f"{path}: {len(raw)} bytes, over the {MAX_BYTES} byte limit of a contexts file")
-        doc = yaml.safe_load(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    doc = load_file(path, "fleet contexts", ConfigError, max_bytes=MAX_BYTES)
     if not isinstance(doc, dict) or not isinstance(doc.get("contexts", {}), dict):
         raise ConfigError(f"{path}: expected `contexts: {{NAME: {{broker: ..., store: ...}}}}`")
     name = name or doc.get("current")
