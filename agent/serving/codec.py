@@ -14,6 +14,7 @@ import numpy as np
 from agent.datatypes import DATATYPES
 from agent.serving.budget import BYTES_CHAR_FACTOR, BYTES_ELEMENT_COST, JSON_DECODE_FACTOR
 from agent.serving.errors import BadRequest, InferenceFailed
+from agent.serving.params import check_request, class_count
 
 _LITTLE = sys.byteorder == "little"  # wire order is little-endian: native dtypes (the singletons) need no swap
 _BYTES_NAMES = {"object", "str", "string", "bytes", "bytes_", "str_"}
@@ -68,6 +69,8 @@ class InferRequest:
     binary: dict[str, bool] = field(default_factory=dict)  # per requested output
     binary_default: bool = False
     id: str | None = None
+    classes: dict[str, int] = field(default_factory=dict)  # output -> class_count (classification extension)
+    params: dict[str, Any] = field(default_factory=dict)  # the request's parameters (checked: params.py)
 
 
 class BinarySlot(NamedTuple):
@@ -91,6 +94,8 @@ class Plan(NamedTuple):
     binary: dict[str, bool]
     binary_default: bool
     id: str | None
+    classes: dict[str, int]
+    params: dict[str, Any]
 
 
 _MAX_BYTES = 1 << 63  # numpy (and ONNX's int64 dims) cannot describe a tensor of this many bytes
@@ -292,8 +297,9 @@ def _outputs(raw: Any, req: InferRequest) -> None:
         params = spec.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f"output {spec['name']!r}: 'parameters' must be an object")
-        if params.get("classification"):
-            raise BadRequest("the classification extension is not supported")
+        count = class_count(spec["name"], params)
+        if count is not None:
+            req.classes[spec["name"]] = count
         req.outputs.append(spec["name"])
         if "binary_data" in params:
             req.binary[spec["name"]] = bool(params["binary_data"])
@@ -328,6 +334,8 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
         binary=plan.binary,
         binary_default=plan.binary_default,
         id=plan.id,
+        classes=plan.classes,
+        params=plan.params,
     )
 
 
@@ -384,6 +392,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    check_request(params)
     rid = doc.get("id")
     req = InferRequest(
         inputs={},
@@ -398,6 +407,8 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
         req.binary,
         req.binary_default,
         req.id,
+        req.classes,
+        params,
     )
 
 

@@ -14,7 +14,6 @@ bodies are refused (411); a length header that is not plain ASCII digits is a 40
 from __future__ import annotations
 
 import ctypes
-import hmac
 import select
 import socket
 import time
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import agent
 from agent.serving.budget import Ledger
-from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
+from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from agent.serving.handlers import Response, error_for, error_response, header_length
 
 if TYPE_CHECKING:
@@ -312,7 +311,7 @@ class Worker:
                 except BadRequest:
                     close = True  # a length header that lies about its digits: nothing after it is trusted
                     raise
-                self._authorize(head)
+                self._authorize(head, conn.peer)
                 if n > oip.max_body_bytes:
                     raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {oip.max_body_bytes} bytes")
                 ledger.charge(n, "the request body")
@@ -321,7 +320,7 @@ class Worker:
                 body = self._read(conn, nxt, n, hlen or 0, began + oip.request_timeout)
                 read = True
                 body = self._inflate(body, head, ledger)
-                resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge)
+                resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge, ledger.hold)
             except Exception as exc:  # noqa: BLE001 - a ServingError, or a bug: answered, and we keep serving
                 resp = error_for(exc)
             left = 0 if read or self._started else self._unread(conn, nxt, n)
@@ -343,15 +342,12 @@ class Worker:
         del conn.buf[: skip + have]
         return n - have
 
-    def _authorize(self, head: Head) -> None:
-        token = self.oip.token
-        if token is None or head.target.split("?", 1)[0] in OPEN_PATHS:
+    def _authorize(self, head: Head, peer: str) -> None:
+        auth = self.oip.plane.auth
+        if auth.token is None or head.target.split("?", 1)[0] in OPEN_PATHS:
             return
         scheme, _, cred = head.headers.get("authorization", "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            cred.strip().encode("utf-8", "replace"), token.encode()
-        ):
-            raise Unauthorized("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
+        auth.check(peer, cred.strip() if scheme.lower() == "bearer" else None, "http")
 
     def _read(self, conn: Conn, skip: int, n: int, align_at: int, deadline: float) -> memoryview | bytes:
         """Read the n body bytes that follow the head (skip bytes of conn.buf) into the connection's buffer,

@@ -1,0 +1,398 @@
+"""KServe v2 gRPC front end (grpcio): GRPCInferenceService + grpc.health.v1 over the same DataPlane as HTTP.
+
+Domain errors become gRPC status codes here and nowhere else (`code_of`). Limits: a message's declared length is
+checked against max_body_bytes by gRPC's core before it is allocated (RESOURCE_EXHAUSTED); a message that arrived
+is counted against the shared request memory budget before it is decoded; requests are handled by a bounded pool
+only once complete (slow senders hold a connection, not a thread), at most `max_rpcs` at once (the rest get
+RESOURCE_EXHAUSTED at once), and connections idle for idle_timeout are closed. Token: metadata
+`authorization: Bearer <token>` on every RPC but ServerLive, ServerReady and the health service.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agent.errors import ServingError
+from agent.serving import codec
+from agent.serving.auth import TooManyFailures
+from agent.serving.budget import Ledger
+from agent.serving.dataplane import DataPlane
+from agent.serving.errors import BadRequest, status_of
+from agent.serving.params import check_request, class_count
+from agent.serving.proto import oip_pb2 as pb
+from agent.serving.proto import oip_pb2_grpc as pbg
+
+SERVICE = "inference.GRPCInferenceService"
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    411: grpc.StatusCode.INVALID_ARGUMENT,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+# typed contents field of InferTensorContents by datatype (when raw_input_contents is not used)
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+OPEN_METHODS = ("ServerLive", "ServerReady")
+
+
+class Unsupported(ServingError):
+    """An extension this server does not implement (gRPC UNIMPLEMENTED, HTTP 400)."""
+
+    status = 501
+
+
+def code_of(exc: BaseException) -> grpc.StatusCode:
+    """The one place a domain error becomes a gRPC status code (INTERNAL for anything not a ServingError)."""
+    return _CODES.get(status_of(exc), grpc.StatusCode.INTERNAL)
+
+
+def _param(p: Any) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    return None if which is None else getattr(p, which)
+
+
+def _params(m: Any) -> dict[str, Any]:
+    return {k: _param(v) for k, v in m.items()}
+
+
+def _input(t: Any, raw: bytes | None, charge: codec.Charge) -> np.ndarray:
+    where = f"input {t.name!r}"
+    dtype = codec.numpy_dtype(t.datatype, f"{where}: ")
+    if any(d < 0 for d in t.shape) or len(t.shape) > 32:
+        raise BadRequest(f"{where}: 'shape' must be at most 32 non-negative integers, got {list(t.shape)[:40]}")
+    shape = tuple(int(d) for d in t.shape)
+    count = int(np.prod(shape, dtype=np.float64)) if shape else 1
+    if raw is not None:
+        if t.datatype == "BYTES":
+            return codec._parse_bytes(t.name, memoryview(raw), count, charge).reshape(shape)
+        if len(raw) != count * dtype.itemsize:
+            raise BadRequest(
+                f"{where}: raw contents of {len(raw)} bytes != {count} elements x {dtype.itemsize} bytes of "
+                f"{t.datatype} for shape {list(shape)}"
+            )
+        wire = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+        arr = np.frombuffer(raw, dtype=wire, count=count)
+        return (arr.view(np.uint8) != 0 if dtype == np.bool_ else arr).reshape(shape)
+    field = _CONTENTS.get(t.datatype)
+    if field is None:
+        raise BadRequest(f"{where}: {t.datatype} has no typed contents field; send raw_input_contents")
+    values = getattr(t.contents, field)
+    if len(values) != count:
+        raise BadRequest(f"{where}: shape holds {count} elements but contents have {len(values)}")
+    if t.datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+        return arr.reshape(shape)
+    try:
+        return np.array(values, dtype=dtype).reshape(shape)
+    except OverflowError:
+        raise BadRequest(f"{where}: a value is out of range for {t.datatype}") from None
+
+
+def decode(request: Any, charge: codec.Charge) -> codec.InferRequest:
+    """A ModelInferRequest as the data plane's InferRequest (raw contents are read in place, not copied)."""
+    params = _params(request.parameters)
+    check_request(params)
+    raws = list(request.raw_input_contents)
+    if raws and len(raws) != len(request.inputs):
+        raise BadRequest(f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs")
+    inputs: dict[str, np.ndarray] = {}
+    for i, t in enumerate(request.inputs):
+        if t.name in inputs:
+            raise BadRequest(f"input {t.name!r} appears twice")
+        inputs[t.name] = _input(t, raws[i] if raws else None, charge)
+    if not inputs:
+        raise BadRequest("'inputs' must be a non-empty list")
+    req = codec.InferRequest(inputs=inputs, binary_default=True, id=request.id or None, params=params)
+    if request.outputs:
+        req.outputs = []
+        for o in request.outputs:
+            count = class_count(o.name, _params(o.parameters))
+            if count is not None:
+                req.classes[o.name] = count
+            req.outputs.append(o.name)
+    return req
+
+
+def encode(name: str, version: str, outputs: dict[str, Any], rid: str | None) -> Any:
+    resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid or "")
+    for out_name, value in outputs.items():
+        arr = codec.carriable(out_name, value)
+        datatype = codec.datatype_of(arr.dtype)
+        resp.outputs.add(name=out_name, datatype=datatype, shape=list(arr.shape))
+        resp.raw_output_contents.append(codec._binary_blob(arr, datatype))
+    return resp
+
+
+class _Health(health.HealthServicer):
+    """grpc.health.v1: "" and the inference service are SERVING while the data plane is ready (polled)."""
+
+    def __init__(self, plane: DataPlane):
+        super().__init__()
+        self._plane = plane
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="grpc-health", daemon=True)
+
+    def start(self) -> None:
+        self._poll_once()
+        self._thread.start()
+
+    def _poll_once(self) -> None:
+        ok = self._plane.ready()
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE):
+            self.set(name, status)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.5):
+            self._poll_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.enter_graceful_shutdown()
+
+
+class InferenceServicer(pbg.GRPCInferenceServiceServicer):
+    """Each RPC: authorize, call the data plane, map its domain errors to a status code."""
+
+    def __init__(self, plane: DataPlane):
+        self.plane = plane
+
+    # ---- plumbing -----------------------------------------------------------------------------------
+    def _auth(self, context: Any) -> None:
+        auth = self.plane.auth
+        if auth.token is None:
+            return
+        cred = None
+        for key, value in context.invocation_metadata():
+            if key == "authorization" and isinstance(value, str):
+                scheme, _, rest = value.strip().partition(" ")
+                cred = rest.strip() if scheme.lower() == "bearer" else None
+        auth.check(peer_host(context.peer()), cred, "grpc")
+
+    def _call(self, context: Any, fn, *, open_: bool = False) -> Any:
+        try:
+            if not open_:
+                self._auth(context)
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - every failure answered with a status, the server keeps serving
+            if isinstance(exc, TooManyFailures):
+                context.set_trailing_metadata((("retry-after", str(max(1, int(exc.retry_after + 0.999)))),))
+            message = str(exc) if isinstance(exc, ServingError) else f"internal error: {type(exc).__name__}: {exc}"
+            context.abort(code_of(exc), message)
+
+    # ---- health and metadata ------------------------------------------------------------------------
+    def ServerLive(self, request, context):
+        return self._call(context, lambda: pb.ServerLiveResponse(live=True), open_=True)
+
+    def ServerReady(self, request, context):
+        return self._call(context, lambda: pb.ServerReadyResponse(ready=self.plane.ready()), open_=True)
+
+    def ModelReady(self, request, context):
+        return self._call(
+            context, lambda: pb.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
+        )
+
+    def ServerMetadata(self, request, context):
+        return self._call(context, lambda: pb.ServerMetadataResponse(**self.plane.server_metadata()))
+
+    def ModelMetadata(self, request, context):
+        def run() -> Any:
+            doc = self.plane.model_metadata(request.name, request.version)
+            doc.pop("parameters", None)
+            return json_format.ParseDict(doc, pb.ModelMetadataResponse())
+
+        return self._call(context, run)
+
+    def ModelConfig(self, request, context):
+        def run() -> Any:
+            doc = self.plane.model_config(request.name, request.version)
+            return pb.ModelConfigResponse(config=json_format.ParseDict(doc, pb.ModelConfig()))
+
+        return self._call(context, run)
+
+    def ModelStatistics(self, request, context):
+        def run() -> Any:
+            doc = self.plane.statistics(request.name or None, request.version or None)
+            return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+        return self._call(context, run)
+
+    # ---- inference ------------------------------------------------------------------------------------
+    def _infer(self, request: Any) -> Any:
+        plane = self.plane
+        plane.entry_check(request.model_name, request.model_version)
+        if not plane.accepting:
+            raise ServingError("server is shutting down")
+        ledger = Ledger(plane.budget)
+        try:
+            ledger.hold(request.ByteSize())  # the message as received (gRPC checked its length before allocating)
+            req = decode(request, ledger.charge)
+            served, outputs = plane.infer(
+                request.model_name, request.model_version, req, ledger.charge, req.classes, ledger.hold
+            )
+            ledger.charge(sum(getattr(v, "nbytes", 0) for v in outputs.values()), "the response message")
+            return encode(request.model_name, served, outputs, req.id)
+        finally:
+            ledger.close()
+
+    def ModelInfer(self, request, context):
+        return self._call(context, lambda: self._infer(request))
+
+    def ModelStreamInfer(self, request_iterator, context):
+        try:
+            self._auth(context)
+        except Exception as exc:  # noqa: BLE001
+            context.abort(code_of(exc), str(exc))
+        for request in request_iterator:
+            try:
+                yield pb.ModelStreamInferResponse(infer_response=self._infer(request))
+            except Exception as exc:  # noqa: BLE001 - the stream carries the error and goes on (Triton's way)
+                msg = str(exc) if isinstance(exc, ServingError) else f"internal error: {type(exc).__name__}: {exc}"
+                yield pb.ModelStreamInferResponse(error_message=msg)
+
+    # ---- extensions: served by the data plane's hooks, or refused --------------------------------------
+    def _extension(self, context: Any, kind: str, method: str, doc: dict, response: Any) -> Any:
+        def run() -> Any:
+            hook = self.plane.grpc_hooks.get(kind)
+            if hook is None:
+                raise Unsupported(f"the {kind} extension is not supported by this server (see ServerMetadata)")
+            result = hook(method, doc)
+            if result is not None:
+                json_format.ParseDict(result, response, ignore_unknown_fields=True)
+            return response
+
+        return self._call(context, run)
+
+    def RepositoryIndex(self, request, context):
+        doc = {"ready": request.ready}
+        return self._extension(context, "repository", "index", doc, pb.RepositoryIndexResponse())
+
+    def RepositoryModelLoad(self, request, context):
+        doc = {"model_name": request.model_name, "parameters": _params(request.parameters)}
+        return self._extension(context, "repository", "load", doc, pb.RepositoryModelLoadResponse())
+
+    def RepositoryModelUnload(self, request, context):
+        doc = {"model_name": request.model_name, "parameters": _params(request.parameters)}
+        return self._extension(context, "repository", "unload", doc, pb.RepositoryModelUnloadResponse())
+
+    def SystemSharedMemoryStatus(self, request, context):
+        doc = {"name": request.name}
+        return self._extension(context, "systemsharedmemory", "status", doc, pb.SystemSharedMemoryStatusResponse())
+
+    def SystemSharedMemoryRegister(self, request, context):
+        doc = {"name": request.name, "key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+        return self._extension(context, "systemsharedmemory", "register", doc, pb.SystemSharedMemoryRegisterResponse())
+
+    def SystemSharedMemoryUnregister(self, request, context):
+        doc = {"name": request.name}
+        return self._extension(
+            context, "systemsharedmemory", "unregister", doc, pb.SystemSharedMemoryUnregisterResponse()
+        )
+
+    def CudaSharedMemoryStatus(self, request, context):
+        return self._extension(context, "cudasharedmemory", "status", {}, pb.CudaSharedMemoryStatusResponse())
+
+    def CudaSharedMemoryRegister(self, request, context):
+        return self._extension(context, "cudasharedmemory", "register", {}, pb.CudaSharedMemoryRegisterResponse())
+
+    def CudaSharedMemoryUnregister(self, request, context):
+        return self._extension(context, "cudasharedmemory", "unregister", {}, pb.CudaSharedMemoryUnregisterResponse())
+
+    def TraceSetting(self, request, context):
+        return self._extension(context, "trace", "setting", {}, pb.TraceSettingResponse())
+
+    def LogSettings(self, request, context):
+        return self._extension(context, "logging", "settings", {}, pb.LogSettingsResponse())
+
+
+def peer_host(peer: str) -> str:
+    """The client's address from gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000")."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1 : rest.find("]")]
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    return peer
+
+
+class GRPCServer:
+    """The gRPC front: port=0 picks a free one (see .port); shutdown(grace) lets RPCs in flight finish."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        *,
+        workers: int = 16,
+        max_rpcs: int = 64,
+        idle_timeout: float = 60.0,
+    ):
+        self.plane = plane
+        limit = plane.max_body_bytes
+        options = [
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", max(limit, plane.budget.limit)),
+            ("grpc.max_connection_idle_ms", int(idle_timeout * 1000)),
+            ("grpc.max_concurrent_streams", 16),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._pool = futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grpc")
+        self.server = grpc.server(self._pool, options=options, maximum_concurrent_rpcs=max(1, max_rpcs))
+        pbg.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self.server)
+        self.health = _Health(plane)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise ServingError(f"cannot listen on {address} (gRPC): {exc}") from exc
+        if not self.port:
+            raise ServingError(f"cannot listen on {address} (gRPC)")
+        self.host = host
+
+    @property
+    def target(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def start(self) -> "GRPCServer":
+        self.server.start()
+        self.health.start()
+        return self
+
+    def shutdown(self, grace: float = 5.0) -> None:
+        self.health.stop()
+        self.server.stop(grace).wait(grace + 1)
+        self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> "GRPCServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
