@@ -343,6 +343,10 @@ class DeviceAgent:
         ).start()
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
+        if self.orchestrator is not None and self.steps is not None:
+            from agent.services.repository import RepositoryService
+
+            RepositoryService(self.state_dir, self.orchestrator, self.steps, self.server.plane).install()
         if s.grpc_port is not None:
             from agent.serving.grpc_front import GRPCServer
 

@@ -18,10 +18,11 @@ from agent.serving.budget import BodyBudget
 from agent.serving.errors import BadRequest, NotFound
 from agent.serving.metrics import Metric, model_families, render
 from agent.serving.outsize import Hold, check_response, no_hold
+from agent.serving.shm import SharedMemory, ShmSlot
 
 SERVER_NAME = "edge-agent"
 # Exactly the extensions that work on both transports (docs/serving.md lists Triton's beside them).
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "classification"]
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "classification", "system_shared_memory"]
 
 
 def _dims(shape: Iterable[Any]) -> list[int]:
@@ -114,6 +115,10 @@ class DataPlane:
         self.transport_metrics: list[Callable[[], Iterable[Metric]]] = []
         self.hooks: dict[str, Callable[[str, dict], Any]] = {}  # path prefix -> extension handler (HTTP)
         self.grpc_hooks: dict[str, Callable[[str, dict], Any]] = {}  # extension -> handler(method, doc) (gRPC)
+        self.shm = SharedMemory()
+        self.hooks["/v2/systemsharedmemory"] = self.shm.http
+        self.grpc_hooks["systemsharedmemory"] = self.shm.call
+        self.extensions = list(EXTENSIONS)  # what /v2 and ServerMetadata list: grows as extensions are installed
         self.accepting = True
 
     def extension_hook(self, path: str) -> Callable[[str, dict], Any] | None:
@@ -124,7 +129,7 @@ class DataPlane:
 
     # ---- health and metadata ------------------------------------------------------------------------
     def server_metadata(self) -> dict:
-        return {"name": SERVER_NAME, "version": agent.__version__, "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": agent.__version__, "extensions": list(self.extensions)}
 
     def ready(self) -> bool:
         return self.accepting and bool(self.registry.ready())
@@ -153,13 +158,20 @@ class DataPlane:
     ) -> tuple[str, dict[str, Any]]:
         """Run one decoded request; the response's encoded size is checked and its memory charged before any
         byte of it is produced. classes: output name -> class_count (classification extension)."""
-        served, outputs = self.registry.infer(name, req.inputs, version=version or None, outputs=req.outputs)
+        feeds = req.inputs
+        if any(isinstance(v, ShmSlot) for v in feeds.values()):
+            feeds = {k: self.shm.read(v) if isinstance(v, ShmSlot) else v for k, v in feeds.items()}
+        served, outputs = self.registry.infer(name, feeds, version=version or None, outputs=req.outputs)
         if classes:
             labels = self.registry.entry(name, served).meta.get("_labels")
             for out, count in classes.items():
                 value = outputs.get(out)
                 if isinstance(value, np.ndarray):
                     outputs[out] = classify(value, count, labels if isinstance(labels, list) else None)
+        for out, target in req.shm_out.items():
+            value = outputs.get(out)
+            if isinstance(value, np.ndarray):
+                req.shm_written[out] = self.shm.write(out, value, target)
         check_response(outputs, req, self.max_response_bytes, charge, hold)
         return served, outputs
 

@@ -15,17 +15,15 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.errors import ServingError
-from agent.serving import codec
 from agent.serving.auth import TooManyFailures
 from agent.serving.budget import Ledger
 from agent.serving.dataplane import DataPlane
-from agent.serving.errors import BadRequest, status_of
-from agent.serving.params import check_request, class_count
+from agent.serving.errors import status_of
+from agent.serving.grpc_codec import decode, encode, params_of
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.proto import oip_pb2_grpc as pbg
 
@@ -33,7 +31,9 @@ SERVICE = "inference.GRPCInferenceService"
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
     405: grpc.StatusCode.UNIMPLEMENTED,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
     411: grpc.StatusCode.INVALID_ARGUMENT,
@@ -41,21 +41,6 @@ _CODES = {
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     501: grpc.StatusCode.UNIMPLEMENTED,
     503: grpc.StatusCode.UNAVAILABLE,
-}
-# typed contents field of InferTensorContents by datatype (when raw_input_contents is not used)
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
 }
 OPEN_METHODS = ("ServerLive", "ServerReady")
 
@@ -69,84 +54,6 @@ class Unsupported(ServingError):
 def code_of(exc: BaseException) -> grpc.StatusCode:
     """The one place a domain error becomes a gRPC status code (INTERNAL for anything not a ServingError)."""
     return _CODES.get(status_of(exc), grpc.StatusCode.INTERNAL)
-
-
-def _param(p: Any) -> Any:
-    which = p.WhichOneof("parameter_choice")
-    return None if which is None else getattr(p, which)
-
-
-def _params(m: Any) -> dict[str, Any]:
-    return {k: _param(v) for k, v in m.items()}
-
-
-def _input(t: Any, raw: bytes | None, charge: codec.Charge) -> np.ndarray:
-    where = f"input {t.name!r}"
-    dtype = codec.numpy_dtype(t.datatype, f"{where}: ")
-    if any(d < 0 for d in t.shape) or len(t.shape) > 32:
-        raise BadRequest(f"{where}: 'shape' must be at most 32 non-negative integers, got {list(t.shape)[:40]}")
-    shape = tuple(int(d) for d in t.shape)
-    count = int(np.prod(shape, dtype=np.float64)) if shape else 1
-    if raw is not None:
-        if t.datatype == "BYTES":
-            return codec._parse_bytes(t.name, memoryview(raw), count, charge).reshape(shape)
-        if len(raw) != count * dtype.itemsize:
-            raise BadRequest(
-                f"{where}: raw contents of {len(raw)} bytes != {count} elements x {dtype.itemsize} bytes of "
-                f"{t.datatype} for shape {list(shape)}"
-            )
-        wire = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
-        arr = np.frombuffer(raw, dtype=wire, count=count)
-        return (arr.view(np.uint8) != 0 if dtype == np.bool_ else arr).reshape(shape)
-    field = _CONTENTS.get(t.datatype)
-    if field is None:
-        raise BadRequest(f"{where}: {t.datatype} has no typed contents field; send raw_input_contents")
-    values = getattr(t.contents, field)
-    if len(values) != count:
-        raise BadRequest(f"{where}: shape holds {count} elements but contents have {len(values)}")
-    if t.datatype == "BYTES":
-        arr = np.empty(count, dtype=object)
-        arr[:] = list(values)
-        return arr.reshape(shape)
-    try:
-        return np.array(values, dtype=dtype).reshape(shape)
-    except OverflowError:
-        raise BadRequest(f"{where}: a value is out of range for {t.datatype}") from None
-
-
-def decode(request: Any, charge: codec.Charge) -> codec.InferRequest:
-    """A ModelInferRequest as the data plane's InferRequest (raw contents are read in place, not copied)."""
-    params = _params(request.parameters)
-    check_request(params)
-    raws = list(request.raw_input_contents)
-    if raws and len(raws) != len(request.inputs):
-        raise BadRequest(f"{len(raws)} raw_input_contents for {len(request.inputs)} inputs")
-    inputs: dict[str, np.ndarray] = {}
-    for i, t in enumerate(request.inputs):
-        if t.name in inputs:
-            raise BadRequest(f"input {t.name!r} appears twice")
-        inputs[t.name] = _input(t, raws[i] if raws else None, charge)
-    if not inputs:
-        raise BadRequest("'inputs' must be a non-empty list")
-    req = codec.InferRequest(inputs=inputs, binary_default=True, id=request.id or None, params=params)
-    if request.outputs:
-        req.outputs = []
-        for o in request.outputs:
-            count = class_count(o.name, _params(o.parameters))
-            if count is not None:
-                req.classes[o.name] = count
-            req.outputs.append(o.name)
-    return req
-
-
-def encode(name: str, version: str, outputs: dict[str, Any], rid: str | None) -> Any:
-    resp = pb.ModelInferResponse(model_name=name, model_version=version, id=rid or "")
-    for out_name, value in outputs.items():
-        arr = codec.carriable(out_name, value)
-        datatype = codec.datatype_of(arr.dtype)
-        resp.outputs.add(name=out_name, datatype=datatype, shape=list(arr.shape))
-        resp.raw_output_contents.append(codec._binary_blob(arr, datatype))
-    return resp
 
 
 class _Health(health.HealthServicer):
@@ -257,7 +164,7 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 request.model_name, request.model_version, req, ledger.charge, req.classes, ledger.hold
             )
             ledger.charge(sum(getattr(v, "nbytes", 0) for v in outputs.values()), "the response message")
-            return encode(request.model_name, served, outputs, req.id)
+            return encode(request.model_name, served, outputs, req)
         finally:
             ledger.close()
 
@@ -290,19 +197,19 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return self._call(context, run)
 
     def RepositoryIndex(self, request, context):
-        doc = {"ready": request.ready}
+        doc = {"ready": request.ready, "_grpc": True}
         return self._extension(context, "repository", "index", doc, pb.RepositoryIndexResponse())
 
     def RepositoryModelLoad(self, request, context):
-        doc = {"model_name": request.model_name, "parameters": _params(request.parameters)}
+        doc = {"model_name": request.model_name, "parameters": params_of(request.parameters)}
         return self._extension(context, "repository", "load", doc, pb.RepositoryModelLoadResponse())
 
     def RepositoryModelUnload(self, request, context):
-        doc = {"model_name": request.model_name, "parameters": _params(request.parameters)}
+        doc = {"model_name": request.model_name, "parameters": params_of(request.parameters)}
         return self._extension(context, "repository", "unload", doc, pb.RepositoryModelUnloadResponse())
 
     def SystemSharedMemoryStatus(self, request, context):
-        doc = {"name": request.name}
+        doc = {"name": request.name, "_grpc": True}
         return self._extension(context, "systemsharedmemory", "status", doc, pb.SystemSharedMemoryStatusResponse())
 
     def SystemSharedMemoryRegister(self, request, context):

@@ -135,7 +135,9 @@ class Router:
         doc = codec.parse_json(body, what="the request") if len(body) else {}
         if not isinstance(doc, dict):
             raise BadRequest("the request body must be a JSON object")
-        self._only(method, "POST" if path.endswith(("/load", "/unload", "/register", "/index")) else "GET")
+        self._only(
+            method, "POST" if path.endswith(("/load", "/unload", "/register", "/unregister", "/index")) else "GET"
+        )
         result = hook(path, doc)
         return json_response(200, result) if result is not None else Response(200, b"")
 

@@ -87,6 +87,9 @@ def check_response(outputs: dict[str, Any], req: InferRequest, limit: int, charg
     encoded = extra = arrays = 0
     as_json = []
     for name, value in outputs.items():
+        if name in req.shm_written:  # written to the client's shared memory: only its entry is encoded
+            encoded += HEAD_SLACK
+            continue
         binary = bool(req.binary.get(name, req.binary_default))
         size, more = output_cost(name, value, binary)
         encoded += size

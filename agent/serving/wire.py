@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import agent
 from agent.serving.budget import Ledger
+from agent.serving.compress import compress
 from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from agent.serving.handlers import Response, error_for, error_response, header_length
 
@@ -34,6 +35,9 @@ MAX_LINE = 16 * 1024
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # request line and headers together
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
+# POSTs that may come without a body and without Content-Length (tritonclient.http sends unload, unregister
+# and the like so): none means an empty body (RFC 9112 6.3); infer requests still need one (411)
+NO_BODY_POSTS = ("/v2/repository/", "/v2/systemsharedmemory/", "/v2/cudasharedmemory/", "/v2/trace/", "/v2/logging")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
@@ -160,7 +164,7 @@ def content_length(head: Head) -> int:
         raise Framing(411, "chunked request bodies are not supported; send Content-Length")
     raw = head.headers.get("content-length")
     if raw is None:
-        if head.method == "POST":
+        if head.method == "POST" and not head.target.startswith(NO_BODY_POSTS):
             raise Framing(411, "POST needs a Content-Length header")
         return 0
     if not (raw.isascii() and raw.isdigit()):
@@ -325,6 +329,9 @@ class Worker:
                 resp = error_for(exc)
             left = 0 if read or self._started else self._unread(conn, nxt, n)
             close = close or (not read and n > 0)  # refused before its body was read: the connection ends
+            accept = head.headers.get("accept-encoding")
+            if accept and resp.status == 200:
+                resp = compress(resp, accept, ledger)
             self._send(conn, resp, close, head.method == "HEAD")
             conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
         finally:
