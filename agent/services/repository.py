@@ -139,8 +139,9 @@ class RepositoryService:
         )
 
     def unload(self, name: str, params: dict[str, Any]) -> None:
-        if params:
-            raise BadRequest(f"unload parameter(s) {sorted(params)[:4]} not supported")
+        unknown = sorted(k for k in params if k != "unload_dependents")  # no ensembles here: no dependents
+        if unknown:
+            raise BadRequest(f"unload parameter(s) {unknown[:4]} not supported")
         slots = self._slots(name)
         self._idle(name)
         committed = slots.get("committed")
