@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.errors import ServingError
@@ -25,7 +26,7 @@ from agent.serving.dataplane import DataPlane
 from agent.serving.errors import status_of
 from agent.serving.grpc_codec import decode, encode, params_of
 from agent.serving.proto import oip_pb2 as pb
-from agent.serving.proto import oip_pb2_grpc as pbg
+from agent.serving.proto import oip_pb2_grpc as pbg  # the servicer base class (its registration is not used)
 
 SERVICE = "inference.GRPCInferenceService"
 _CODES = {
@@ -177,6 +178,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         except Exception as exc:  # noqa: BLE001
             context.abort(code_of(exc), str(exc))
         for request in request_iterator:
+            if isinstance(request, Exception):  # bytes that were not a ModelInferRequest (_parsing_stream)
+                yield pb.ModelStreamInferResponse(error_message=f"malformed ModelInferRequest: {request}")
+                continue
             try:
                 yield pb.ModelStreamInferResponse(infer_response=self._infer(request))
             except Exception as exc:  # noqa: BLE001 - the stream carries the error and goes on (Triton's way)
@@ -238,6 +242,53 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return self._extension(context, "logging", "settings", {}, pb.LogSettingsResponse())
 
 
+def _parsing(method: Any, message: Any):
+    """A unary handler that parses its request itself: bytes that are not the message get INVALID_ARGUMENT.
+    (grpcio's own deserializer answers INTERNAL and leaves the HTTP/2 stream open: after max_concurrent_streams
+    such messages the client's connection refuses every stream.)"""
+
+    def handle(raw: bytes, context: Any) -> Any:
+        try:
+            request = message.FromString(raw)
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {message.DESCRIPTOR.name}: {exc}")
+        return method(request, context)
+
+    return handle
+
+
+def _parsing_stream(method: Any, message: Any):
+    def handle(raws: Any, context: Any) -> Any:
+        def parsed() -> Any:
+            for raw in raws:
+                try:
+                    yield message.FromString(raw)
+                except DecodeError as exc:
+                    yield exc
+
+        return method(parsed(), context)
+
+    return handle
+
+
+def _handlers(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """GRPCInferenceService's methods, each parsing its own request (_parsing)."""
+    handlers = {}
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        request = getattr(pb, m.input_type.name)
+        impl = getattr(servicer, m.name)
+        serialize = getattr(pb, m.output_type.name).SerializeToString
+        if m.client_streaming:
+            handlers[m.name] = grpc.stream_stream_rpc_method_handler(
+                _parsing_stream(impl, request), response_serializer=serialize
+            )
+        else:
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                _parsing(impl, request), response_serializer=serialize
+            )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
 def peer_host(peer: str) -> str:
     """The client's address from gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000")."""
     kind, _, rest = peer.partition(":")
@@ -272,7 +323,7 @@ class GRPCServer:
         ]
         self._pool = futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grpc")
         self.server = grpc.server(self._pool, options=options, maximum_concurrent_rpcs=max(1, max_rpcs))
-        pbg.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), self.server)
+        self.server.add_generic_rpc_handlers((_handlers(InferenceServicer(plane)),))
         self.health = _Health(plane)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
