@@ -1,12 +1,14 @@
 """Write agent/serving/proto/oip.proto: the KServe v2 / Triton GRPCInferenceService wire contract (package
 `inference`, same service, message names and field numbers as Triton's grpc_service.proto, so that unmodified
 tritonclient.grpc and perf_analyzer talk to it), rendered from the descriptors tritonclient ships, with Triton's
-ModelConfig cut to the fields the server fills. Then compile it:
+ModelConfig cut to the fields the server fills; then compile it with grpcio-tools (oip_pb2.py, oip_pb2.pyi,
+oip_pb2_grpc.py). Needs the test extra (tritonclient[grpc], grpcio-tools):
 
     python scripts/gen_oip_proto.py
-    python -m grpc_tools.protoc -I agent/serving/proto --python_out=agent/serving/proto \
-        --grpc_python_out=agent/serving/proto --pyi_out=agent/serving/proto agent/serving/proto/oip.proto
-    sed -i 's/^import oip_pb2 as/from agent.serving.proto import oip_pb2 as/' agent/serving/proto/oip_pb2_grpc.py
+
+Two edits follow protoc: the stub module imports oip_pb2 from its package, and oip_pb2 registers its descriptors
+in a private pool, so that the server's stubs and tritonclient's (same package and message names) can live in one
+process, as they do in the tests (the wire format is unaffected).
 """
 
 from __future__ import annotations
@@ -99,6 +101,26 @@ def main() -> None:
     for m in service_pb2.DESCRIPTOR.message_types_by_name.values():
         lines += [""] + _message(m)
     OUT.write_text("\n".join(lines) + "\n")
+    _compile()
+
+
+def _compile() -> None:
+    from grpc_tools import protoc
+
+    d = str(OUT.parent)
+    rc = protoc.main(["protoc", f"-I{d}", f"--python_out={d}", f"--grpc_python_out={d}", f"--pyi_out={d}", str(OUT)])
+    if rc:
+        raise SystemExit(f"protoc failed ({rc})")
+    stubs = OUT.parent / "oip_pb2_grpc.py"
+    stubs.write_text(stubs.read_text().replace("\nimport oip_pb2 as", "\nfrom agent.serving.proto import oip_pb2 as"))
+    msgs = OUT.parent / "oip_pb2.py"
+    msgs.write_text(
+        msgs.read_text().replace(
+            "\nDESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(",
+            "\n_POOL = _descriptor_pool.DescriptorPool()  # private: tritonclient registers the same names in the "
+            "default pool\nDESCRIPTOR = _POOL.AddSerializedFile(",
+        )
+    )
 
 
 if __name__ == "__main__":
