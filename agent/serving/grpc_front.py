@@ -10,6 +10,7 @@ RESOURCE_EXHAUSTED at once), and connections idle for idle_timeout are closed. T
 
 from __future__ import annotations
 
+import collections
 import threading
 from concurrent import futures
 from typing import Any
@@ -25,6 +26,7 @@ from agent.serving.budget import Ledger
 from agent.serving.dataplane import DataPlane
 from agent.serving.errors import status_of
 from agent.serving.grpc_codec import decode, encode, params_of
+from agent.serving.metrics import Metric
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.proto import oip_pb2_grpc as pbg  # the servicer base class (its registration is not used)
 
@@ -90,6 +92,25 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
 
     def __init__(self, plane: DataPlane):
         self.plane = plane
+        self._lock = threading.Lock()
+        self.codes: collections.Counter[str] = collections.Counter()  # RPCs answered, by status code name
+        plane.transport_metrics.append(self._metrics)
+
+    def _count(self, code: grpc.StatusCode) -> None:
+        with self._lock:
+            self.codes[code.name] += 1
+
+    def _metrics(self) -> list[Metric]:
+        with self._lock:
+            codes = sorted(self.codes.items())
+        return [
+            Metric(
+                "edge_agent_grpc_responses_total",
+                "counter",
+                "gRPC calls answered (inference service), by status code.",
+                [("", {"code": c}, n) for c, n in codes],
+            )
+        ]
 
     # ---- plumbing -----------------------------------------------------------------------------------
     def _auth(self, context: Any) -> None:
@@ -107,8 +128,11 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         try:
             if not open_:
                 self._auth(context)
-            return fn()
+            result = fn()
+            self._count(grpc.StatusCode.OK)
+            return result
         except Exception as exc:  # noqa: BLE001 - every failure answered with a status, the server keeps serving
+            self._count(code_of(exc))
             if isinstance(exc, TooManyFailures):
                 context.set_trailing_metadata((("retry-after", str(max(1, int(exc.retry_after + 0.999)))),))
             message = str(exc) if isinstance(exc, ServingError) else f"internal error: {type(exc).__name__}: {exc}"
