@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from concurrent import futures
 from typing import Any
 
@@ -46,6 +47,12 @@ _CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 OPEN_METHODS = ("ServerLive", "ServerReady")
+
+
+class PeerBusy(ServingError):
+    """One client address has max_per_peer calls in flight already (RESOURCE_EXHAUSTED)."""
+
+    status = 429
 
 
 class Unsupported(ServingError):
@@ -87,11 +94,50 @@ class _Health(health.HealthServicer):
         self.enter_graceful_shutdown()
 
 
+class Streams:
+    """Open ModelStreamInfer streams: a cap on how many at once, and a watchdog that cancels idle ones."""
+
+    def __init__(self, limit: int, idle_s: float):
+        self.limit, self.idle_s = max(1, int(limit)), float(idle_s)
+        self._lock = threading.Lock()
+        self._open: dict[Any, float] = {}  # context -> when its last message arrived
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="grpc-streams", daemon=True)
+        self._thread.start()
+
+    def open(self, context: Any) -> None:
+        with self._lock:
+            if len(self._open) >= self.limit:
+                raise PeerBusy(f"{self.limit} streams are open, the most this server keeps; retry shortly")
+            self._open[context] = time.monotonic()
+
+    def touch(self, context: Any) -> None:
+        self._open[context] = time.monotonic()
+
+    def close(self, context: Any) -> None:
+        with self._lock:
+            self._open.pop(context, None)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(min(1.0, self.idle_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                idle = [c for c, t in self._open.items() if now - t > self.idle_s]
+            for context in idle:
+                context.cancel()  # the handler's iterator ends and its thread is free again
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
     """Each RPC: authorize, call the data plane, map its domain errors to a status code."""
 
-    def __init__(self, plane: DataPlane):
+    def __init__(self, plane: DataPlane, max_per_peer: int = 32, streams: Streams | None = None):
         self.plane = plane
+        self.streams = streams or Streams(4, 60.0)
+        self.max_per_peer = max(1, int(max_per_peer))
+        self._busy: collections.Counter[str] = collections.Counter()  # RPCs in flight per client address
         self._lock = threading.Lock()
         self.codes: collections.Counter[str] = collections.Counter()  # RPCs answered, by status code name
         plane.transport_metrics.append(self._metrics)
@@ -124,10 +170,29 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 cred = rest.strip() if scheme.lower() == "bearer" else None
         auth.check(peer_host(context.peer()), cred, "grpc")
 
+    def _enter(self, peer: str) -> None:
+        """One more RPC in flight for this client address; at max_per_peer it is refused (one client cannot take
+        every slot of the server's max_rpcs)."""
+        with self._lock:
+            if self._busy[peer] >= self.max_per_peer:
+                raise PeerBusy(
+                    f"{peer} has {self.max_per_peer} calls in flight, the most one client may; retry shortly"
+                )
+            self._busy[peer] += 1
+
+    def _leave(self, peer: str) -> None:
+        with self._lock:
+            self._busy[peer] -= 1
+            if not self._busy[peer]:
+                del self._busy[peer]
+
     def _call(self, context: Any, fn, *, open_: bool = False) -> Any:
+        peer, entered = peer_host(context.peer()), False
         try:
             if not open_:
                 self._auth(context)
+            self._enter(peer)
+            entered = True
             result = fn()
             self._count(grpc.StatusCode.OK)
             return result
@@ -137,6 +202,9 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
                 context.set_trailing_metadata((("retry-after", str(max(1, int(exc.retry_after + 0.999)))),))
             message = str(exc) if isinstance(exc, ServingError) else f"internal error: {type(exc).__name__}: {exc}"
             context.abort(code_of(exc), message)
+        finally:
+            if entered:
+                self._leave(peer)
 
     # ---- health and metadata ------------------------------------------------------------------------
     def ServerLive(self, request, context):
@@ -197,11 +265,22 @@ class InferenceServicer(pbg.GRPCInferenceServiceServicer):
         return self._call(context, lambda: self._infer(request))
 
     def ModelStreamInfer(self, request_iterator, context):
+        """A stream holds a handler thread while it is open (grpcio's sync server): at most max_streams are open
+        at once (the rest get RESOURCE_EXHAUSTED), and one that sends nothing for stream_idle_s is cancelled."""
         try:
             self._auth(context)
+            self.streams.open(context)
         except Exception as exc:  # noqa: BLE001
+            self._count(code_of(exc))
             context.abort(code_of(exc), str(exc))
+        try:
+            yield from self._stream(request_iterator, context)
+        finally:
+            self.streams.close(context)
+
+    def _stream(self, request_iterator: Any, context: Any) -> Any:
         for request in request_iterator:
+            self.streams.touch(context)
             if isinstance(request, Exception):  # bytes that were not a ModelInferRequest (_parsing_stream)
                 yield pb.ModelStreamInferResponse(error_message=f"malformed ModelInferRequest: {request}")
                 continue
@@ -334,6 +413,7 @@ class GRPCServer:
         *,
         workers: int = 16,
         max_rpcs: int = 64,
+        max_per_peer: int = 32,
         idle_timeout: float = 60.0,
     ):
         self.plane = plane
@@ -347,7 +427,9 @@ class GRPCServer:
         ]
         self._pool = futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="grpc")
         self.server = grpc.server(self._pool, options=options, maximum_concurrent_rpcs=max(1, max_rpcs))
-        self.server.add_generic_rpc_handlers((_handlers(InferenceServicer(plane)),))
+        self.streams = Streams(max(1, workers // 4), idle_timeout)
+        self.servicer = InferenceServicer(plane, min(max_per_peer, max_rpcs), self.streams)
+        self.server.add_generic_rpc_handlers((_handlers(self.servicer),))
         self.health = _Health(plane)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -370,6 +452,7 @@ class GRPCServer:
 
     def shutdown(self, grace: float = 5.0) -> None:
         self.health.stop()
+        self.streams.stop()
         self.server.stop(grace).wait(grace + 1)
         self._pool.shutdown(wait=False)
 
