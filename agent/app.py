@@ -76,6 +76,7 @@ class DeviceAgent:
         self.steps: Steps | None = None
         self.orchestrator: Orchestrator | None = None
         self.server: OIPServer | None = None
+        self.grpc_server: Any = None  # serving.grpc_front.GRPCServer when serving.grpc_port is set
         self.link: MqttSource | None = None
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
@@ -245,6 +246,8 @@ class DeviceAgent:
             self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
             self.orchestrator.stop(timeout=drain_timeout)
+        if self.grpc_server is not None:
+            self.grpc_server.shutdown(drain_timeout)
         if self.server is not None:
             self.server.shutdown(drain_timeout)
         if self.link is not None:
@@ -341,6 +344,14 @@ class DeviceAgent:
         ).start()
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
+        if self.orchestrator is not None and self.steps is not None:
+            from agent.services.repository import RepositoryService
+
+            RepositoryService(self.state_dir, self.orchestrator, self.steps, self.server.plane).install()
+        if s.grpc_port is not None:
+            from agent.serving.grpc_front import GRPCServer
+
+            self.grpc_server = GRPCServer(self.server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()
 
     def _start_telemetry(self) -> None:
         try:
@@ -384,7 +395,7 @@ class DeviceAgent:
             raise RuntimeError("DeviceAgent.status() before start(): no lifecycle yet")
         extra = {
             "mode": self.config.mode,
-            "serving": {"url": self.url},
+            "serving": {"url": self.url, "grpc": self.grpc_server.target if self.grpc_server is not None else None},
             "pid": _pid(),
             "providers_source": self.probe.source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},

@@ -105,6 +105,7 @@ class ShadowConfig:
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = 8001  # KServe v2 gRPC; None: off; 0 (or port 0 with grpc_port unset): a free port
     token_file: Path | None = None
     probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
@@ -406,6 +407,7 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         (
             "host",
             "port",
+            "grpc_port",
             "token_file",
             "probation_s",
             "build_nice",
@@ -424,9 +426,12 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         raise ConfigError(f"serving.host: expected a host name or IP address, got {host!r}")
     port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
     token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
+    grpc_raw = s.get("grpc_port", 0 if port == 0 else 8001)  # tests on free ports get a free gRPC port too
+    grpc_port = None if grpc_raw is None or grpc_raw is False else v.integer(grpc_raw, "serving.grpc_port", 0, 65535)
     return ServingConfig(
         host=host,
         port=port,
+        grpc_port=grpc_port,
         token_file=token,
         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),

@@ -25,7 +25,7 @@ PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 m
 # backend. Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
 # ml_dtypes is onnx's dependency, pinned as well: left to float, 0.7's module init took ~12 s under qemu-user
 # (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
-PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino setuptools wheel)
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf setuptools wheel)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }

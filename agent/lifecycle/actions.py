@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.serving import rungate
+from agent.serving.labels import read_labels
 from agent.util.atomic import fsync_dir
 from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
@@ -253,6 +254,7 @@ def activate(
     before_swap(session) (the shadow phase; raising stops the deployment) and keeps the old session as the
     referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
+    meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (serving/labels.py)
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
     def build():  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)

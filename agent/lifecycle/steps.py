@@ -13,7 +13,7 @@ from typing import Any
 from agent.config import ProbationConfig, ServingConfig, ShadowConfig
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
-from agent.lifecycle import integrity, repair
+from agent.lifecycle import integrity, repair, unloaded
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.perms import harden
 from agent.lifecycle.qualifier import run_qualification
@@ -425,6 +425,8 @@ class Steps:
             except LifecycleError as exc:
                 why = str(exc).split(": ", 1)[-1]
                 self.note(name, repair.rebuild_slots(self.slots, self.journal, name, self.entry, why))
+            if unloaded.held(self.state_dir, name, self.slots.get(name)["committed"]):
+                continue  # stopped by the operator (repository unload): stays stopped across restarts
             self.ensure_committed(name)
 
     def note(self, name: str, reason: str) -> None:
