@@ -44,7 +44,9 @@ def load_context(name: str | None) -> tuple[str | None, dict[str, Any]]:
     path = contexts_path()
     if not path.is_file():
         if name:
-            raise ConfigError(f"--context {name}: no contexts file at {path} (docs/scaling.md, 'Fleet contexts', shows its form)")
+            raise ConfigError(
+                f"--context {name}: no contexts file at {path} (docs/scaling.md, 'Fleet contexts', shows its form)"
+            )
         return None, {}
     from agent.util.yamlsafe import load_file
 
