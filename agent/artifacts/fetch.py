@@ -36,8 +36,10 @@ def fetch_artifact(
     window: int | None = None,
     reserve_bytes: int = 0,
     ca: str | None = None,
+    layout=None,
 ) -> Path:
-    """Return the blob path; ArtifactError naming every source's failure when none delivered."""
+    """Return the blob path; ArtifactError naming every source's failure when none delivered.
+    layout: a recipe.Layout for a delta pull (agent.artifacts.delta), else the manifest's fixed chunks."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
     errors: list[str] = []
@@ -49,7 +51,7 @@ def fetch_artifact(
         if progress is not None:
             progress("source", model=manifest.name, version=manifest.version, source=src.url or src.type)
         try:
-            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca)
+            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca, layout)
         except ArtifactError as exc:
             if isinstance(exc, DiskFull):  # no other source can help
                 raise
@@ -70,17 +72,18 @@ def _pull(
     window: int | None,
     reserve_bytes: int,
     ca: str | None,
+    layout=None,
 ) -> Path:
     if src.type == "mqtt":
         from agent.artifacts.pull import ChunkPuller
 
         return ChunkPuller(
             link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes, progress=progress
-        ).pull(manifest)
+        ).pull(manifest, layout)
     from agent.artifacts.http import HttpPuller
 
     return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes, progress=progress).pull(
-        manifest, src.url
+        manifest, src.url, layout
     )
 
 

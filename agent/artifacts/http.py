@@ -36,8 +36,9 @@ class HttpPuller:
         self._ctx = ssl.create_default_context(cafile=ca) if ca else None
         self.stats: dict[str, int] = {}
 
-    def pull(self, manifest: Manifest, url: str | None = None) -> Path:
-        a = manifest.artifact
+    def pull(self, manifest: Manifest, url: str | None = None, layout=None) -> Path:
+        """layout: a recipe.Layout (a delta pull): one Range request per run of missing chunks."""
+        a = layout or manifest.artifact
         if url is None:
             src = manifest.source("http")
             if src is None:
@@ -53,17 +54,17 @@ class HttpPuller:
                 self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}"
             )
             self.stats = {"resumed_bytes": staging.bytes_have(), "requests": 0, "received_bytes": 0}
-            self._loop(manifest, staging, url)
+            self._loop(manifest, staging, url, a)
             return staging.finish()
         finally:
             staging.close()
 
-    def _loop(self, manifest: Manifest, staging: Staging, url: str) -> None:
+    def _loop(self, manifest: Manifest, staging: Staging, url: str, a) -> None:
         last_progress, last_error = time.monotonic(), ""
         while not staging.done:
             before = staging.bytes_have()
             try:
-                self._fetch_from(manifest, staging, url, staging.missing()[0])
+                self._fetch_from(manifest, staging, url, staging.missing()[0], a)
             except (OSError, urllib.error.URLError, ConnectionError) as exc:
                 last_error = str(getattr(exc, "reason", None) or exc)[:200]
             if staging.bytes_have() > before:
@@ -76,10 +77,12 @@ class HttpPuller:
             if not staging.done:
                 time.sleep(self.retry_delay)
 
-    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int) -> None:
-        a = manifest.artifact
-        start = first * a.chunk_size
-        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-", "User-Agent": "edge-agent"})
+    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int, a) -> None:
+        start, stop = a.offset(first), first
+        while stop < a.count and not staging.have[stop]:
+            stop += 1  # this run of missing chunks: one Range request (chunks held already are not fetched)
+        last = "" if stop == a.count else str(a.offset(stop) - 1)  # open-ended when the run reaches the end
+        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{last}", "User-Agent": "edge-agent"})
         self.stats["requests"] += 1
         try:
             resp = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
@@ -96,7 +99,8 @@ class HttpPuller:
                 index = first
             else:
                 raise ArtifactError(f"{url}: unexpected HTTP {resp.status} {resp.headers.get('Content-Range', '')}")
-            while index < a.count:
+            end = a.count if resp.status == 200 else stop
+            while index < end:
                 n = a.chunk_len(index)
                 data = _read_exact(resp, n)
                 self.stats["received_bytes"] += len(data)

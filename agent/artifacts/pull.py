@@ -70,12 +70,13 @@ class ChunkPuller:
         self._not_found = ""
         self.stats: dict[str, float] = {}
 
-    def pull(self, manifest: Manifest) -> Path:
-        a = manifest.artifact
+    def pull(self, manifest: Manifest, layout=None) -> Path:
+        """layout: a recipe.Layout to pull the artifact's variable chunks by recipe index (a delta pull)."""
+        a = layout or manifest.artifact
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
-            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
+            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // (a.chunk_size or max(layout.lens))))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -94,15 +95,14 @@ class ChunkPuller:
                 "retries": 0,
             }
             with self.link.chunk_channel(a.sha256) as channel:
-                self._loop(manifest, staging, channel)
+                self._loop(manifest, staging, channel, a)
             self._report("verify", manifest, staging)
             return staging.finish()
         finally:
             staging.close()
 
     # --- the loop -------------------------------------------------------------------------------
-    def _loop(self, manifest: Manifest, staging: Staging, channel) -> None:
-        a = manifest.artifact
+    def _loop(self, manifest: Manifest, staging: Staging, channel, a) -> None:
         missing = collections.deque(staging.missing())
         flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
         bad: collections.Counter = collections.Counter()

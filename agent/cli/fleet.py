@@ -74,6 +74,7 @@ def _load_overrides(path):
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
 @click.option("--rollback", is_flag=True, help="Sign as a rollback (allows an older version).")
+@click.option("--no-delta", is_flag=True, help="Leave out the chunk recipe (devices older than delta pulls refuse it).")
 @click.option(
     "--qualification",
     "qualification_file",
@@ -94,6 +95,7 @@ def push(
     chunk_size,
     ttl_s,
     rollback,
+    no_delta,
     qualification_file,
     as_json,
     **kw,
@@ -118,6 +120,7 @@ def push(
         qualification=_load_overrides(qualification_file),
         wait=wait,
         progress=_progress,
+        delta=not no_delta,
     )
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))

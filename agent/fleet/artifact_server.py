@@ -51,6 +51,7 @@ class ArtifactServer:
         self._sent_lock = threading.Lock()
         self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._fd_lock = threading.Lock()
+        self._layouts: dict = {}  # sha256 -> recipe.Layout, for requests by recipe index
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -123,7 +124,8 @@ class ArtifactServer:
                 self.stats["bad_request"] += 1
                 continue
             self.stats["requests"] += 1
-            if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
+            size = req.chunk_size or MAX_CHUNK  # by recipe index (a delta pull): at most MAX_CHUNK each
+            if req.chunk_size > MAX_CHUNK or size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
             assert parsed.device is not None  # Topics.parse: artifacts/req/<id> always names it
@@ -174,12 +176,35 @@ class ArtifactServer:
                 chunks.NOT_FOUND,
                 f"artifact {req.sha256[:16]} is not in this server's store".encode(),
             )
-        data = os.pread(fd, req.chunk_size, index * req.chunk_size)
+        if req.chunk_size == chunks.RECIPE:
+            span = self._recipe_span(req.sha256, index)
+            if span is None:
+                return chunks.encode_response(
+                    req.sha256, 0, index, chunks.BAD_REQUEST, b"no recipe chunk with this index in this store"
+                )
+            data = os.pread(fd, span[1], span[0])
+        else:
+            data = os.pread(fd, req.chunk_size, index * req.chunk_size)
         if not data:
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")
         self.stats["chunks"] += 1
         self.stats["bytes"] += len(data)
         return chunks.response_header(req.sha256, req.chunk_size, index) + data
+
+    def _recipe_span(self, sha256: str, index: int) -> tuple[int, int] | None:
+        """(offset, length) of chunk `index` of the artifact's recipe (kept beside the store by fleet push)."""
+        from agent.artifacts.recipe import Layout, RecipeBook
+
+        with self._fd_lock:
+            layout = self._layouts.get(sha256)
+            if layout is None:
+                rec = RecipeBook(self.store).ensure(sha256, None)
+                if rec is None:
+                    return None
+                layout = self._layouts[sha256] = Layout.from_recipe(sha256, self.store.size(sha256), rec)
+        if not 0 <= index < layout.count:
+            return None
+        return layout.offsets[index], layout.lens[index]
 
     def _fd(self, sha256: str) -> int | None:
         with self._fd_lock:

@@ -44,8 +44,9 @@ def _tar_dir(directory: Path, out: Path) -> None:
                 tar.addfile(info)
 
 
-def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True) -> dict:
-    """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields."""
+def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True, delta: bool = True) -> dict:
+    """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields
+    (with `recipe`, the content-defined chunks a delta pull needs, unless delta is off or it is a gzip stream)."""
     package = Path(package)
     if not package.exists():
         raise ModelError(f"package {package} does not exist")
@@ -66,7 +67,14 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
             raise ModelError(f"{package}: a package is a directory, a .tar.gz or a bare .onnx file")
         sha = cs.put_file(src)
     sha2, size, chunks = hash_file(cs.path(sha), chunk_size)
-    return {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    art = {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    if delta:
+        from agent.artifacts.recipe import RecipeBook
+
+        recipe = RecipeBook(cs).ensure(sha2)
+        if recipe is not None:
+            art["recipe"] = recipe
+    return art
 
 
 def _targets(prefix: str, name: str, devices, groups) -> list[str]:
@@ -122,8 +130,10 @@ def push(
     wait: float | None = None,
     validate: bool = True,
     progress: Callable[..., None] | None = None,
+    delta: bool = True,
 ) -> dict:
-    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed."""
+    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed.
+    delta: the manifest carries the chunk recipe devices use to fetch only what changed (agent.artifacts.delta)."""
     from agent.artifacts.keys import key_id, load_private_key
 
     progress = progress or (lambda event, **f: None)
@@ -144,7 +154,7 @@ def push(
         registry = registry_for_store(store)
     key = load_private_key(key_file)
     progress("store", package=str(package))
-    art = store_package(package, store, chunk_size, validate=validate)
+    art = store_package(package, store, chunk_size, validate=validate, delta=delta)
     sources = [{"type": "mqtt"}] + (
         [{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else []
     )
@@ -162,6 +172,7 @@ def push(
         qualification=qualification,
         ttl_s=ttl_s,
         rollback=rollback,
+        recipe=art.get("recipe"),
     )
     envelope = manifest.sign(key)
     topics = _targets(prefix, name, devices, groups)

@@ -211,7 +211,8 @@ class MqttSource:
     def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
-        from agent.artifacts.fetch import fetch_artifact, is_transient
+        from agent.artifacts.delta import fetch_delta
+        from agent.artifacts.fetch import is_transient
         from agent.artifacts.manifest import Manifest
 
         m = Manifest.from_dict(dep.data["manifest"], dep.data.get("key_id"))
@@ -220,13 +221,18 @@ class MqttSource:
             ctx.check()
             ctx.report(event, **fields)
 
+        moved: dict[str, int] = {}
+
         def attempt() -> None:
-            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s)
+            _, got = fetch_delta(
+                m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s
+            )
+            moved.update(got)
 
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
-        return {"sha256": m.artifact.sha256, "size": m.artifact.size}
+        return {"sha256": m.artifact.sha256, "size": m.artifact.size, **moved}
 
     # ---- reporting -----------------------------------------------------------------------------
     def publish_status(self, doc: dict[str, Any]) -> None:
