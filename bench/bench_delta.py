@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which chunking reuses more between model versions: fixed blocks, FastCDC, cuts at ONNX tensor data, or both.
 
-    .venv/bin/python bench/bench_delta.py [--layers 16] [--width 1024] [--json]
+    .venv/bin/python bench/bench_delta.py [--layers 16] [--width 1024] [--json] [--pull]
 
 Builds a ~64 MB fp32 MLP (layers x width x width weights) in code and its variants:
   finetune    one weight tensor rewritten (the changed bytes are that tensor's data)
@@ -10,7 +10,9 @@ Builds a ~64 MB fp32 MLP (layers x width x width weights) in code and its varian
   int8-ft     the fine-tune, quantized the same way, against `int8` (a re-quantized variant)
 For each pair and chunker it prints the bytes a device holding the old version must fetch (chunks of the new
 version whose sha256 the old version lacks), the ratio to the bytes that really changed where that is known, the
-chunk count and the recipe's size in the manifest. Not run by the test suite.
+chunk count and the recipe's size in the manifest. --pull also moves the versions for real (Mosquitto on
+loopback, ArtifactServer, the device's fetch_delta) and prints the bytes the server sent against the changed bytes
+plus the signed envelope (goal for the fine-tune: <= 1.1 x changed + envelope). Not run by the test suite.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 CHUNKERS = ("fixed-256k", "fastcdc-v1", "onnx-tensors-v1", "onnx-tensors+fastcdc-v1")
 
@@ -107,11 +109,78 @@ def to_fetch(old: list[list], new: list[list]) -> int:
     return n
 
 
+def real_pulls(t: Path, changed: int) -> list[dict]:
+    """Device pulls over a real broker: (held version, new version) -> bytes the server sent."""
+    from brokers import Mosquitto
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agent.artifacts.delta import fetch_delta
+    from agent.artifacts.manifest import Manifest
+    from agent.artifacts.store import ContentStore
+    from agent.fleet.artifact_server import ArtifactServer
+    from agent.fleet.push import store_package
+    from agent.transport.device import DeviceLink
+    from agent.transport.mqtt import BrokerConfig
+
+    key = Ed25519PrivateKey.generate()
+    cp = ContentStore(t / "cp")
+
+    def manifest(f: str) -> Manifest:
+        art = store_package(t / f, cp.root, validate=False)
+        return Manifest.create(
+            name="mlp",
+            version="1",
+            sha256=art["sha256"],
+            size=art["size"],
+            chunk_size=art["chunk_size"],
+            chunks=art["chunks"],
+            devices=["bench-dev"],
+            recipe=art.get("recipe"),
+        )
+
+    rows = []
+    with Mosquitto(t / "broker", persistence=False) as broker:
+        server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
+        link = DeviceLink(broker.url, "bench-dev").start(wait=15)
+        try:
+            for n, (what, old, new, chg) in enumerate(
+                [
+                    ("finetune", "v1.onnx", "ft.onnx", changed),
+                    ("int8 re-quantized fine-tune", "q1.onnx", "q2.onnx", None),
+                    ("fp32->int8", "v1.onnx", "q1.onnx", None),
+                ]
+            ):
+                store = ContentStore(t / f"dev{n}")
+                fetch_delta(manifest(old), store, link=link)  # the version the device runs (a full pull)
+                m = manifest(new)
+                sent0, t0 = server.stats["bytes"], time.perf_counter()
+                _, moved = fetch_delta(m, store, link=link)
+                secs, sent = time.perf_counter() - t0, server.stats["bytes"] - sent0
+                env = len(m.sign(key))
+                rows.append(
+                    {
+                        "pair": what,
+                        "size": m.artifact.size,
+                        "server_sent": sent,
+                        "envelope_bytes": env,
+                        **moved,
+                        "changed_bytes": chg,
+                        "seconds": round(secs, 2),
+                        "goal_1.1x_changed_plus_envelope": (sent <= 1.1 * chg + env) if chg else None,
+                    }
+                )
+        finally:
+            link.stop()
+            server.stop()
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pull", action="store_true", help="also pull the versions over a real broker")
     args = ap.parse_args()
     import onnx
 
@@ -152,8 +221,9 @@ def main() -> int:
                         "chunking_s_per_file": round(secs, 3),
                     }
                 )
+        pulls = real_pulls(t, changed) if args.pull else []
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"chunkers": rows, "pulls": pulls}, indent=1))
         return 0
     print(
         f"{'pair':30} {'chunker':26} {'size MB':>8} {'fetch MB':>9} {'reused':>7} {'/changed':>9} {'chunks':>7} {'recipe KB':>9}"
@@ -163,6 +233,12 @@ def main() -> int:
         print(
             f"{r['pair']:30} {r['chunker']:26} {r['size'] / 1e6:8.2f} {r['fetch_bytes'] / 1e6:9.3f} "
             f"{100 * r['reused_share']:6.1f}% {oc:>9} {r['chunks']:7d} {r['recipe_json_bytes'] / 1e3:9.1f}"
+        )
+    for p in pulls:
+        print(
+            f"pull over MQTT, {p['pair']}: server sent {p['server_sent']} of {p['size']} bytes "
+            f"(bytes_fetched {p['bytes_fetched']}, bytes_reused {p['bytes_reused']}, envelope {p['envelope_bytes']} B, "
+            f"changed {p['changed_bytes'] or 'n/a'}, goal met: {p['goal_1.1x_changed_plus_envelope']}, {p['seconds']} s)"
         )
     return 0
 

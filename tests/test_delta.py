@@ -60,8 +60,8 @@ def test_manifest_with_recipe_round_trips_and_old_manifests_still_parse(models, 
         Manifest.from_dict(bad)
 
 
-def test_delta_pull_over_mqtt_moves_only_the_changed_tensor(mosquitto, models, tmp_path):
-    v1, v2, changed = models
+def test_delta_pull_over_mqtt_moves_only_the_changed_tensor(mosquitto, tmp_path):
+    v1, v2, changed = versions(tmp_path, layers=4, width=1024)  # a 4 MB tensor: 16 chunks in one request
     cp = ContentStore(tmp_path / "cp")
     m1, m2 = manifest_for(v1, cp.root, "1"), manifest_for(v2, cp.root, "2")
     server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()

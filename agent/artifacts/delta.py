@@ -42,14 +42,16 @@ def prefill(store: ContentStore, layout: Layout, chunker: str) -> int:
         before = int((read_json(mark) or {}).get("bytes", 0)) if mark.exists() else 0
     except (OSError, ValueError, AttributeError):
         before = 0
+    found = {i: index[c] for i, c in enumerate(layout.chunks) if c in index and index[c][2] == layout.lens[i]}
+    if not found:  # nothing held to reuse: leave no staging file behind (the full pull starts fresh)
+        return before
     added, fds = 0, {}
     staging = Staging(store, layout).open()
     try:
         for i in staging.missing():
-            loc = index.get(layout.chunks[i])
-            if loc is None or loc[2] != layout.lens[i]:
+            if i not in found:
                 continue
-            path, offset, length = loc
+            path, offset, length = found[i]
             if path not in fds:
                 fds[path] = os.open(path, os.O_RDONLY)
             if staging.write(i, os.pread(fds[path], length, offset)):

@@ -124,7 +124,7 @@ class ArtifactServer:
                 self.stats["bad_request"] += 1
                 continue
             self.stats["requests"] += 1
-            size = req.chunk_size or MAX_CHUNK  # by recipe index (a delta pull): at most MAX_CHUNK each
+            size = req.chunk_size or self._recipe_max(req.sha256)  # by recipe index: its longest chunk
             if req.chunk_size > MAX_CHUNK or size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
@@ -191,18 +191,30 @@ class ArtifactServer:
         self.stats["bytes"] += len(data)
         return chunks.response_header(req.sha256, req.chunk_size, index) + data
 
-    def _recipe_span(self, sha256: str, index: int) -> tuple[int, int] | None:
-        """(offset, length) of chunk `index` of the artifact's recipe (kept beside the store by fleet push)."""
+    def _layout(self, sha256: str):
+        """The artifact's recipe.Layout (kept beside the store by fleet push; computed once if missing)."""
         from agent.artifacts.recipe import Layout, RecipeBook
 
         with self._fd_lock:
             layout = self._layouts.get(sha256)
             if layout is None:
-                rec = RecipeBook(self.store).ensure(sha256, None)
+                try:
+                    rec = RecipeBook(self.store).ensure(sha256, None)
+                except (OSError, ArtifactError):
+                    rec = None
                 if rec is None:
                     return None
                 layout = self._layouts[sha256] = Layout.from_recipe(sha256, self.store.size(sha256), rec)
-        if not 0 <= index < layout.count:
+            return layout
+
+    def _recipe_max(self, sha256: str) -> int:
+        layout = self._layout(sha256)
+        return max(layout.lens) if layout is not None else 1
+
+    def _recipe_span(self, sha256: str, index: int) -> tuple[int, int] | None:
+        """(offset, length) of chunk `index` of the artifact's recipe."""
+        layout = self._layout(sha256)
+        if layout is None or not 0 <= index < layout.count:
             return None
         return layout.offsets[index], layout.lens[index]
 
