@@ -149,6 +149,7 @@ class DeviceAgent:
         )
         self.steps.qualifier = self.qualifier
         self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
+        self.steps.attestor = _attestor(self.state_dir, self.config.device_id)
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
@@ -157,6 +158,7 @@ class DeviceAgent:
             self.link = self._mqtt_source(self.orchestrator, self.steps)
             self.steps.add_source(self.link)
             self.reporter.publish_event = self.link.publish_event
+            self.steps.attestor.publish = self.link.publish_attestation
         self._start_telemetry()
         self._wire_services(self.orchestrator, self.steps, self.registry)
 
@@ -450,3 +452,10 @@ def _with(cfg, **changes):
 
 def _pid() -> int:
     return os.getpid()
+
+
+def _attestor(state_dir, device_id: str):
+    """Signs qualification decisions and trial verdicts with the device key (agent.evidence.attest)."""
+    from agent.evidence.attest import Attestor
+
+    return Attestor(state_dir, device_id)

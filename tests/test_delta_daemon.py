@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from clirunner import edge_agent
 from delta_models import versions
 from mqtt_support import register_device
 from test_daemon_support import EXE, ROOT, Daemon, wait_for, write_config
@@ -51,6 +52,29 @@ def test_second_version_moves_only_the_changed_tensor(tmp_path, mosquitto):
         assert dep["state"] == "committed"
         assert changed <= dep["bytes_fetched"] <= 1.1 * changed, dep
         assert dep["bytes_fetched"] + dep["bytes_reused"] == v2.stat().st_size
+
+        # the device signed its qualification and its trial verdict, kept them and published them
+        files = sorted((tmp_path / "dev" / "state" / "attestations").glob(f"{dep['id']}.*.intoto.json"))
+        assert [f.name.split(".")[1] for f in files] == ["qualification", "trial"]
+        pub = tmp_path / "dev" / "state" / "device.pub"
+        out = edge_agent("attestation", "verify", files[1], "--device-key", pub, "--device", "dev-1", "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["verdict"] == "committed", out.stderr
+        out = edge_agent(
+            "fleet",
+            "attestations",
+            "--store",
+            tmp_path / "cp-store",
+            "--broker",
+            mosquitto.url,
+            "--model",
+            "mlp",
+            "--json",
+        )
+        rows = json.loads(out.stdout)
+        assert {(r["kind"], r["version"], r["verified"]) for r in rows} == {
+            ("qualification", "2", True),
+            ("trial", "2", True),
+        }
     finally:
         assert d.terminate() == 0, d.tail()
         server.terminate()

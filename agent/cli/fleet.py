@@ -19,6 +19,7 @@ FLEET_COMMANDS = {
     "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
     "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
+    "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),
 }
 
 

@@ -244,6 +244,12 @@ class MqttSource:
     def publish_health(self, doc: dict[str, Any]) -> None:
         self._quiet(self.link.publish_health, doc)
 
+    def publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
+        try:
+            self.link.publish_attestation(model, kind, envelope)
+        except EdgeAgentError:
+            pass  # offline: the file stays in state_dir/attestations
+
     def _quiet(self, fn, doc) -> None:
         try:
             fn(doc)
