@@ -180,6 +180,11 @@ class DeviceAgent:
             sc.probation = serving.probation
         if sc.shadow is None:
             sc.shadow = serving.shadow
+        if sc.model_trust is None:
+            from agent.artifacts.modelsig import ModelTrust
+
+            t = self.config.trust
+            sc.model_trust = ModelTrust(t.model_signing_keys, t.model_signing_certificates)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
         from agent.lifecycle.mqttmode import MqttSource

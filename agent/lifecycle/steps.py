@@ -65,6 +65,7 @@ class StepConfig:
     stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
     probation: ProbationConfig | None = None  # None: serving.probation (the daemon fills it in)
     shadow: ShadowConfig | None = None  # None: serving.shadow (the daemon fills it in)
+    model_trust: Any = None  # agent.artifacts.modelsig.ModelTrust: packages must carry a trusted model signature
 
 
 class Steps:
@@ -163,7 +164,14 @@ class Steps:
         return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        got = act.verify(self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max)
+        got = act.verify(
+            self.store,
+            dep.data["sha256"],
+            self.packages,
+            ctx,
+            memory_max=self.config.memory_max,
+            before_check=self._signature,
+        )
         integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
         return Event.VERIFIED, got
 
@@ -369,6 +377,15 @@ class Steps:
             self.journal.prune(self.config.keep_deployments, keep_ids={k for k in keep if k})
         except (OSError, LifecycleError):
             pass  # compacted at the next end
+
+    def _signature(self, package_dir: Path) -> dict[str, Any]:
+        """The package's OpenSSF model signature, when this device requires one (agent.artifacts.modelsig)."""
+        trust = self.config.model_trust
+        if trust is None or not trust.enabled:
+            return {}
+        from agent.artifacts.modelsig import verify_package
+
+        return {"model_signature": verify_package(package_dir, trust)}
 
     def _attest(self, dep: Deployment, kind: str, *args: Any) -> None:
         """Sign the qualification decision or the trial verdict (agent.evidence); a failure is a note, never
