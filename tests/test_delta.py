@@ -25,6 +25,7 @@ def manifest_for(path, cp_dir, version, sources=({"type": "mqtt"},), delta=True)
         size=art["size"],
         chunk_size=art["chunk_size"],
         chunks=art["chunks"],
+        fmt=art["format"],
         sources=[dict(s, url=s["url"].format(sha=art["sha256"])) if "url" in s else s for s in sources],
         devices=["pi-1"],
         recipe=art.get("recipe"),
@@ -113,3 +114,40 @@ def test_gc_drops_the_chunks_of_collected_versions(models, tmp_path):
     index = book.index()
     assert not only_v1 & set(index) and not book.path(s1).exists()
     assert all(path.name == s2 for path, _, _ in index.values())
+
+
+def test_package_tarballs_are_cut_before_compression_so_versions_share_pieces(mosquitto, tmp_path):
+    """A package directory (model + config) becomes a gzip stream reset at content-defined points: a fine-tuned
+    model in the same package moves about the changed tensor, and the tarball is an ordinary, reproducible one."""
+    import shutil
+    import tarfile
+
+    from agent.qualify.package import load_package
+
+    v1, v2, changed = versions(tmp_path, layers=4, width=512)
+    pkgs = []
+    for n, model in enumerate((v1, v2), 1):
+        d = tmp_path / f"pkg{n}"
+        d.mkdir()
+        shutil.copy(model, d / "model.onnx")
+        (d / "config.json").write_text('{"labels": ["a", "b"]}')
+        pkgs.append(d)
+    cp = ContentStore(tmp_path / "cp")
+    m1, m2 = manifest_for(pkgs[0], cp.root, "1"), manifest_for(pkgs[1], cp.root, "2")
+    assert m2.artifact.format == "tar.gz" and m2.artifact.recipe is not None
+    assert manifest_for(pkgs[1], tmp_path / "cp-again", "2").artifact.sha256 == m2.artifact.sha256  # reproducible
+    with tarfile.open(cp.path(m2.artifact.sha256)) as tar:
+        assert tar.extractfile("model.onnx").read() == v2.read_bytes()
+    assert load_package(cp.path(m2.artifact.sha256)).model_path.name == "model.onnx"
+
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+    try:
+        store = ContentStore(tmp_path / "dev")
+        fetch_delta(m1, store, link=dev)
+        path, moved = fetch_delta(m2, store, link=dev)
+        assert path.read_bytes() == cp.path(m2.artifact.sha256).read_bytes()
+        assert moved["bytes_fetched"] <= 1.1 * changed and moved["bytes_reused"] > 0, (moved, changed)
+    finally:
+        dev.stop()
+        server.stop()

@@ -3,8 +3,6 @@ and optionally wait until every targeted device reports that version committed (
 
 from __future__ import annotations
 
-import gzip
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,27 +21,6 @@ DEFAULT_CHUNK = 256 * 1024
 DEFAULT_TTL_S = 30 * 86400
 
 
-def _tar_dir(directory: Path, out: Path) -> None:
-    """A reproducible tar.gz of a package directory (sorted, mtime 0, no owners, regular files and dirs only)."""
-    with (
-        open(out, "wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for path in sorted(directory.rglob("*")):
-            rel = path.relative_to(directory).as_posix()
-            if path.is_symlink():
-                raise ModelError(f"package {directory} contains a symlink ({rel}); copy the file instead")
-            info = tar.gettarinfo(str(path), arcname=rel)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            info.mode = 0o755 if path.is_dir() else 0o644
-            if path.is_file():
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-
-
 def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True, delta: bool = True) -> dict:
     """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields
     (with `recipe`, the content-defined chunks a delta pull needs, unless delta is off or it is a gzip stream)."""
@@ -55,10 +32,13 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
 
         load_package(package)  # checker + shape inference: refuse to ship a broken model
     cs = ContentStore(store)
+    recipe = None
     with tempfile.TemporaryDirectory(dir=cs.staging) as tmp:
-        if package.is_dir():
+        if package.is_dir():  # reproducible, and cut before compression so that versions share pieces
+            from agent.artifacts.packtar import write_targz
+
             src, fmt = Path(tmp) / "package.tar.gz", "tar.gz"
-            _tar_dir(package, src)
+            recipe = write_targz(package, src)
         elif package.name.endswith((".tar.gz", ".tgz")):
             src, fmt = package, "tar.gz"
         elif package.suffix == ".onnx":
@@ -71,6 +51,8 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
     if delta:
         from agent.artifacts.recipe import RecipeBook
 
+        if recipe is not None:
+            RecipeBook(cs).put(sha2, recipe)
         recipe = RecipeBook(cs).ensure(sha2)
         if recipe is not None:
             art["recipe"] = recipe
