@@ -150,6 +150,7 @@ class DeviceAgent:
         )
         self.steps.qualifier = self.qualifier
         self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
+        self.steps.attestor = _attestor(self.state_dir, self.config.device_id)
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
@@ -158,6 +159,7 @@ class DeviceAgent:
             self.link = self._mqtt_source(self.orchestrator, self.steps)
             self.steps.add_source(self.link)
             self.reporter.publish_event = self.link.publish_event
+            self.steps.attestor.publish = self.link.publish_attestation
         self._start_telemetry()
         self._wire_services(self.orchestrator, self.steps, self.registry)
 
@@ -179,6 +181,11 @@ class DeviceAgent:
             sc.probation = serving.probation
         if sc.shadow is None:
             sc.shadow = serving.shadow
+        if sc.model_trust is None:
+            from agent.artifacts.modelsig import ModelTrust
+
+            t = self.config.trust
+            sc.model_trust = ModelTrust(t.model_signing_keys, t.model_signing_certificates)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
         from agent.lifecycle.mqttmode import MqttSource
@@ -462,3 +469,10 @@ def _with(cfg, **changes):
 
 def _pid() -> int:
     return os.getpid()
+
+
+def _attestor(state_dir, device_id: str):
+    """Signs qualification decisions and trial verdicts with the device key (agent.evidence.attest)."""
+    from agent.evidence.attest import Attestor
+
+    return Attestor(state_dir, device_id)

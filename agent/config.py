@@ -60,6 +60,9 @@ class MqttConfig:
 class TrustConfig:
     public_keys: tuple[Path, ...] = ()
     max_skew_s: float = 300.0  # an issue time further ahead of the device clock is refused as future-dated
+    # OpenSSF model signing (agent.artifacts.modelsig): when any is set, a package must carry model.sig
+    model_signing_keys: tuple[Path, ...] = ()
+    model_signing_certificates: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,8 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
     """The I/O half of validation: every referenced credential file exists; warn on loose permissions."""
     files: list[tuple[str, Path | None]] = [("serving.token_file", cfg.serving.token_file)]
     files += [(f"trust.public_keys[{i}]", p) for i, p in enumerate(cfg.trust.public_keys)]
+    for name in ("model_signing_keys", "model_signing_certificates"):
+        files += [(f"trust.{name}[{i}]", p) for i, p in enumerate(getattr(cfg.trust, name))]
     if cfg.mqtt is not None:
         files.append(("mqtt.password_file", cfg.mqtt.password_file))
         tls = cfg.mqtt.tls or TlsConfig()
@@ -390,14 +395,18 @@ def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
 
 
 def _trust(v: "_Validator", raw: Any) -> TrustConfig:
-    t = v.mapping(raw if raw is not None else {}, "trust", ("public_keys", "max_skew_s"))
-    keys = t.get("public_keys") or []
-    if isinstance(keys, str):
-        keys = [keys]
-    if not isinstance(keys, list):
-        raise ConfigError(f"trust.public_keys: expected a list of file paths, got {_show(keys)}")
+    names = ("public_keys", "max_skew_s", "model_signing_keys", "model_signing_certificates")
+    t = v.mapping(raw if raw is not None else {}, "trust", names)
+    paths = {}
+    for name in ("public_keys", "model_signing_keys", "model_signing_certificates"):
+        keys = t.get(name) or []
+        if isinstance(keys, str):
+            keys = [keys]
+        if not isinstance(keys, list):
+            raise ConfigError(f"trust.{name}: expected a list of file paths, got {_show(keys)}")
+        paths[name] = tuple(v.path(k, f"trust.{name}[{i}]") for i, k in enumerate(keys))
     skew = v.number(t["max_skew_s"], "trust.max_skew_s", 0, 7 * 86400) if "max_skew_s" in t else 300.0
-    return TrustConfig(tuple(v.path(k, f"trust.public_keys[{i}]") for i, k in enumerate(keys)), skew)
+    return TrustConfig(paths["public_keys"], skew, paths["model_signing_keys"], paths["model_signing_certificates"])
 
 
 def _serving(v: "_Validator", raw: Any) -> ServingConfig:

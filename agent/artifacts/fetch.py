@@ -43,10 +43,12 @@ def fetch_artifact(
     limits: DownloadLimits | None = None,
     check: Callable[[], None] | None = None,
     allow_http: bool = True,
+    layout=None,
 ) -> Path:
     """Return the blob path; ArtifactError naming every source's failure when none delivered. `check` (the
     step's cancel/deadline) is called at least every 0.5 s while a source is pulled; what it raises ends the
-    pull at once."""
+    pull at once. layout: a recipe.Layout for a delta pull (agent.artifacts.delta), else the manifest's fixed
+    chunks."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
     errors: list[str] = []
@@ -63,7 +65,7 @@ def fetch_artifact(
             progress("source", model=manifest.name, version=manifest.version, source=src.url or src.type)
         watch.source(src.url or src.type)
         try:
-            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca, watch)
+            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca, watch, layout)
         except ArtifactError as exc:
             if isinstance(exc, DiskFull):  # no other source can help
                 raise
@@ -85,17 +87,18 @@ def _pull(
     reserve_bytes: int,
     ca: str | None,
     watch: DownloadWatch,
+    layout=None,
 ) -> Path:
     if src.type == "mqtt":
         from agent.artifacts.pull import ChunkPuller
 
         return ChunkPuller(
             link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes, progress=progress
-        ).pull(manifest, watch)
+        ).pull(manifest, watch, layout)
     from agent.artifacts.http import HttpPuller
 
     return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes, progress=progress).pull(
-        manifest, src.url, watch
+        manifest, src.url, watch, layout
     )
 
 

@@ -38,10 +38,11 @@ class HttpPuller:
         self._ctx = ssl.create_default_context(cafile=ca) if ca else None
         self.stats: dict[str, int] = {}
 
-    def pull(self, manifest: Manifest, url: str | None = None, watch: DownloadWatch | None = None) -> Path:
+    def pull(self, manifest: Manifest, url: str | None = None, watch: DownloadWatch | None = None, layout=None) -> Path:
         """`watch` (agent.artifacts.deadline): progress and overall deadlines and the caller's cancel, checked at
-        least every POLL_S while bytes trickle in or nothing comes."""
-        a = manifest.artifact
+        least every POLL_S while bytes trickle in or nothing comes. layout: a recipe.Layout (a delta pull): one
+        Range request per run of missing chunks."""
+        a = layout or manifest.artifact
         if url is None:
             src = manifest.source("http")
             if src is None:
@@ -57,12 +58,12 @@ class HttpPuller:
                 self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}"
             )
             self.stats = {"resumed_bytes": staging.bytes_have(), "requests": 0, "received_bytes": 0}
-            self._loop(manifest, staging, url, watch)
+            self._loop(manifest, staging, url, a, watch)
             return staging.finish()
         finally:
             staging.close()
 
-    def _loop(self, manifest: Manifest, staging: Staging, url: str, watch: DownloadWatch | None) -> None:
+    def _loop(self, manifest: Manifest, staging: Staging, url: str, a, watch: DownloadWatch | None) -> None:
         last_progress, last_error = time.monotonic(), ""
         self._partial = (-1, bytearray())  # a chunk begun on a connection that timed out: resumed mid-chunk
         while not staging.done:
@@ -70,7 +71,7 @@ class HttpPuller:
             if watch is not None:
                 watch.check()
             try:
-                self._fetch_from(manifest, staging, url, staging.missing()[0], watch)
+                self._fetch_from(manifest, staging, url, staging.missing()[0], a, watch)
             except (OSError, urllib.error.URLError, ConnectionError) as exc:
                 last_error = str(getattr(exc, "reason", None) or exc)[:200]
             if (staging.bytes_have(), len(self._partial[1])) != before:  # whole chunks or part of one
@@ -83,11 +84,13 @@ class HttpPuller:
             if not staging.done and (staging.bytes_have(), len(self._partial[1])) == before:
                 time.sleep(self.retry_delay)  # nothing came on that request: not a tight loop
 
-    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int, watch) -> None:
-        a = manifest.artifact
+    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int, a, watch) -> None:
         index, buf = self._partial if self._partial[0] == first else (first, bytearray())
-        start = first * a.chunk_size + len(buf)
-        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-", "User-Agent": "edge-agent"})
+        start, stop = a.offset(first) + len(buf), first
+        while stop < a.count and not staging.have[stop]:
+            stop += 1  # this run of missing chunks: one Range request (chunks held already are not fetched)
+        last = "" if stop == a.count else str(a.offset(stop) - 1)  # open-ended when the run reaches the end
+        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{last}", "User-Agent": "edge-agent"})
         self.stats["requests"] += 1
         try:
             resp = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
@@ -103,7 +106,8 @@ class HttpPuller:
             elif resp.status != 206 or not resp.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
                 raise ArtifactError(f"{url}: unexpected HTTP {resp.status} {resp.headers.get('Content-Range', '')}")
             _poll_reads(resp)
-            while index < a.count:
+            end = a.count if resp.status == 200 else stop
+            while index < end:
                 n = a.chunk_len(index)
                 complete = _read_into(resp, buf, n, watch)
                 self.stats["received_bytes"] += len(buf) if complete else 0

@@ -70,14 +70,15 @@ class ChunkPuller:
         self._not_found = ""
         self.stats: dict[str, float] = {}
 
-    def pull(self, manifest: Manifest, watch=None) -> Path:
+    def pull(self, manifest: Manifest, watch=None, layout=None) -> Path:
         """`watch` (agent.artifacts.deadline.DownloadWatch): progress/overall deadlines and the caller's cancel,
-        checked on every turn of the loop (at least every 0.5 s)."""
-        a = manifest.artifact
+        checked on every turn of the loop (at least every 0.5 s). layout: a recipe.Layout to pull the artifact's
+        variable chunks by recipe index (a delta pull)."""
+        a = layout or manifest.artifact
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
-            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
+            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // (a.chunk_size or max(layout.lens))))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -96,15 +97,14 @@ class ChunkPuller:
                 "retries": 0,
             }
             with self.link.chunk_channel(a.sha256) as channel:
-                self._loop(manifest, staging, channel, watch)
+                self._loop(manifest, staging, channel, a, watch)
             self._report("verify", manifest, staging)
             return staging.finish()
         finally:
             staging.close()
 
     # --- the loop -------------------------------------------------------------------------------
-    def _loop(self, manifest: Manifest, staging: Staging, channel, watch=None) -> None:
-        a = manifest.artifact
+    def _loop(self, manifest: Manifest, staging: Staging, channel, a, watch=None) -> None:
         missing = collections.deque(staging.missing())
         flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
         bad: collections.Counter = collections.Counter()

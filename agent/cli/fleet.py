@@ -22,6 +22,7 @@ FLEET_COMMANDS = {
     "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
     "clear": ("agent.cli.fleet:clear", "Remove a retained desired state (a push to the wrong prefix or target)."),
+    "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),
 }
 
 
@@ -87,6 +88,7 @@ def _load_overrides(path):
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
 @click.option("--rollback", is_flag=True, help="Sign as a rollback (allows an older version).")
+@click.option("--no-delta", is_flag=True, help="Leave out the chunk recipe (devices older than delta pulls refuse it).")
 @click.option(
     "--qualification",
     "qualification_file",
@@ -107,6 +109,7 @@ def push(
     chunk_size,
     ttl_s,
     rollback,
+    no_delta,
     qualification_file,
     as_json,
     **kw,
@@ -133,6 +136,7 @@ def push(
             qualification=_load_overrides(qualification_file),
             wait=wait,
             progress=progress,
+            delta=not no_delta,
         )
     _report_push(doc, name, version, as_json)
 

@@ -51,6 +51,7 @@ class ArtifactServer:
         self._sent_lock = threading.Lock()
         self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._fd_lock = threading.Lock()
+        self._layouts: dict = {}  # sha256 -> recipe.Layout, for requests by recipe index
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -123,7 +124,8 @@ class ArtifactServer:
                 self.stats["bad_request"] += 1
                 continue
             self.stats["requests"] += 1
-            if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
+            size = req.chunk_size or self._recipe_max(req.sha256)  # by recipe index: its longest chunk
+            if req.chunk_size > MAX_CHUNK or size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
             assert parsed.device is not None  # Topics.parse: artifacts/req/<id> always names it
@@ -174,12 +176,47 @@ class ArtifactServer:
                 chunks.NOT_FOUND,
                 f"artifact {req.sha256[:16]} is not in this server's store".encode(),
             )
-        data = os.pread(fd, req.chunk_size, index * req.chunk_size)
+        if req.chunk_size == chunks.RECIPE:
+            span = self._recipe_span(req.sha256, index)
+            if span is None:
+                return chunks.encode_response(
+                    req.sha256, 0, index, chunks.BAD_REQUEST, b"no recipe chunk with this index in this store"
+                )
+            data = os.pread(fd, span[1], span[0])
+        else:
+            data = os.pread(fd, req.chunk_size, index * req.chunk_size)
         if not data:
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")
         self.stats["chunks"] += 1
         self.stats["bytes"] += len(data)
         return chunks.response_header(req.sha256, req.chunk_size, index) + data
+
+    def _layout(self, sha256: str):
+        """The artifact's recipe.Layout (kept beside the store by fleet push; computed once if missing)."""
+        from agent.artifacts.recipe import Layout, RecipeBook
+
+        with self._fd_lock:
+            layout = self._layouts.get(sha256)
+            if layout is None:
+                try:
+                    rec = RecipeBook(self.store).ensure(sha256, None)
+                except (OSError, ArtifactError):
+                    rec = None
+                if rec is None:
+                    return None
+                layout = self._layouts[sha256] = Layout.from_recipe(sha256, self.store.size(sha256), rec)
+            return layout
+
+    def _recipe_max(self, sha256: str) -> int:
+        layout = self._layout(sha256)
+        return max(layout.lens) if layout is not None else 1
+
+    def _recipe_span(self, sha256: str, index: int) -> tuple[int, int] | None:
+        """(offset, length) of chunk `index` of the artifact's recipe."""
+        layout = self._layout(sha256)
+        if layout is None or not 0 <= index < layout.count:
+            return None
+        return layout.offsets[index], layout.lens[index]
 
     def _fd(self, sha256: str) -> int | None:
         with self._fd_lock:

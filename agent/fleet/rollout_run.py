@@ -35,7 +35,11 @@ def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int 
     if fmt is None:
         with open(cs.path(sha256), "rb") as f:
             fmt = "tar.gz" if f.read(2) == b"\x1f\x8b" else "onnx"
-    return {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    from agent.artifacts.recipe import RecipeBook
+
+    art = {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    recipe = RecipeBook(cs).ensure(sha)  # a delta-capable manifest for the rollback version too
+    return {**art, "recipe": recipe} if recipe is not None else art
 
 
 def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> list[dict]:

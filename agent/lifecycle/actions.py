@@ -134,10 +134,13 @@ def unpack(store, sha: str, packages_root: Path) -> Path:
     return final
 
 
-def verify(store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None) -> dict[str, Any]:
+def verify(
+    store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None, before_check=None
+) -> dict[str, Any]:
     """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
     (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
-    daemon never does."""
+    daemon never does. before_check(root) -> dict: runs on the unpacked files before any of them is parsed
+    (the model signature); what it returns is added to the result."""
     if not store.has(sha):
         raise LifecycleError(f"artifact {sha[:12]} is not in the store")
     actual = sha256_file(store.path(sha))
@@ -145,6 +148,7 @@ def verify(store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max
         raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
     ctx.check()
     root = unpack(store, sha, packages_root)
+    first = before_check(root) if before_check is not None else {}
     from agent.qualify.isolate import run_isolated
 
     left = ctx.remaining()
@@ -159,7 +163,7 @@ def verify(store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max
     if not res.ok:
         why = res.error.removeprefix("ModelError: ")
         raise ModelError(why if res.kind == "exception" else f"package check: {why}")
-    return res.value
+    return {**res.value, **first}
 
 
 def check_package(root: str) -> dict[str, Any]:

@@ -114,6 +114,9 @@ class Deployment:
         }
         if isinstance(self.data.get("swap"), dict):
             out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
+        for key in ("bytes_fetched", "bytes_reused"):  # what the pull moved and reused (agent.artifacts.delta)
+            if isinstance(self.data.get(key), int):
+                out[key] = self.data[key]
         for key in ("shadow", "probation"):  # the figures behind the verdicts (docs/serving.md)
             if isinstance(self.data.get(key), dict):
                 out[key] = self.data[key]

@@ -66,6 +66,7 @@ class StepConfig:
     stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
     probation: ProbationConfig | None = None  # None: serving.probation (the daemon fills it in)
     shadow: ShadowConfig | None = None  # None: serving.shadow (the daemon fills it in)
+    model_trust: Any = None  # agent.artifacts.modelsig.ModelTrust: packages must carry a trusted model signature
 
 
 class Steps:
@@ -102,6 +103,7 @@ class Steps:
         self.sources: dict[str, Any] = {"inbox": InboxSource(store, self.journal, self.staging)}
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier: Qualifier | None = None
+        self.attestor: Any = None  # agent.evidence.attest.Attestor: signs decisions and trial verdicts
         self._model_locks: dict[str, threading.Lock] = {}
         self._baselines: dict[str, Any] = {}  # model -> the incumbent's Baseline taken at its last swap
 
@@ -163,7 +165,14 @@ class Steps:
         return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        got = act.verify(self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max)
+        got = act.verify(
+            self.store,
+            dep.data["sha256"],
+            self.packages,
+            ctx,
+            memory_max=self.config.memory_max,
+            before_check=self._signature,
+        )
         integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
         return Event.VERIFIED, got
 
@@ -199,6 +208,7 @@ class Steps:
 
         decision = self.qualifier(dep, ctx, measure) if self.qualifier is not None else measure()
         atomic_write_json(self.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
+        self._attest(dep, "qualification", decision)
         summary = _summary(decision)
         guessed = shapes_guessed(decision)
         if not decision.get("selected") and guessed:  # the fix first: the runtimes' errors follow from the guess
@@ -365,12 +375,34 @@ class Steps:
                 f"decided under other versions ({dep.source.get('drift')}); re-qualification "
                 f"{dep.state.value}: {dep.reason}; still serving the old decision"
             )
+        if dep.state in (State.COMMITTED, State.ROLLED_BACK) or (dep.state is State.FAILED and "selected" in dep.data):
+            self._attest(dep, "trial", dep.state.value, dep.reason)
         harden(self.state_dir)
         try:
             keep = {e.get("deployment_id") for e in _slot_entries(self.slots) if e}
             self.journal.prune(self.config.keep_deployments, keep_ids={k for k in keep if k})
         except (OSError, LifecycleError):
             pass  # compacted at the next end
+
+    def _signature(self, package_dir: Path) -> dict[str, Any]:
+        """The package's OpenSSF model signature, when this device requires one (agent.artifacts.modelsig)."""
+        trust = self.config.model_trust
+        if trust is None or not trust.enabled:
+            return {}
+        from agent.artifacts.modelsig import verify_package
+
+        return {"model_signature": verify_package(package_dir, trust)}
+
+    def _attest(self, dep: Deployment, kind: str, *args: Any) -> None:
+        """Sign the qualification decision or the trial verdict (agent.evidence); a failure is a note, never
+        the deployment's failure."""
+        if self.attestor is None:
+            return
+        try:
+            getattr(self.attestor, kind)(dep, *args)
+        except Exception as exc:  # noqa: BLE001 - evidence must not break the lifecycle
+            if self.on_note is not None:
+                self.on_note(dep.model, f"{kind} attestation not written: {exc}")
 
     # ---- serving from slots --------------------------------------------------------------------
     def entry(self, dep: Deployment) -> dict[str, Any]:
