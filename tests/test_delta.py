@@ -96,7 +96,7 @@ def test_delta_pull_over_http_asks_one_range_per_run_of_missing_chunks(models, t
         reused = prefill(store, layout, a.recipe["chunker"])
         url = f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/{a.sha256}"
         puller = HttpPuller(store)
-        assert puller.pull(m2, url, layout).read_bytes() == v2.read_bytes()
+        assert puller.pull(m2, url, layout=layout).read_bytes() == v2.read_bytes()
         assert puller.stats["received_bytes"] == a.size - reused <= 1.1 * changed
         assert puller.stats["requests"] == 1  # the changed tensor is one run of chunks
     finally:

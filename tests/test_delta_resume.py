@@ -87,7 +87,7 @@ def test_sigkill_mid_delta_pull_resumes_without_refetching(mosquitto, tmp_path):
         dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
         try:
             puller = ChunkPuller(dev, store, window=WINDOW)
-            assert puller.pull(m2, layout).read_bytes() == v2.read_bytes()
+            assert puller.pull(m2, layout=layout).read_bytes() == v2.read_bytes()
         finally:
             dev.stop()
         missing_at_restart = layout.count - puller.stats["resumed"]
