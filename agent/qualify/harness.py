@@ -11,6 +11,7 @@ from typing import Any
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
 from agent.qualify import caches, latency, select
+from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -39,6 +40,7 @@ def qualify(
     all_precisions: bool = False,
     memory_max: int | None = None,
     deadline_s: float | None = None,
+    optimize: Any = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
@@ -50,7 +52,10 @@ def qualify(
 
     deadline_s bounds the whole qualification (the conformance models suite gives each model a budget): a
     row that would start after it is an error at stage "budget"; rows in flight are cut at it; there is no
-    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused."""
+    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused.
+
+    optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
+    is also measured after those offline optimisations, as variants against the unoptimised graph."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
@@ -58,6 +63,11 @@ def qualify(
         io.check_servable(v.model_path)  # outputs OIP cannot carry: refused with the remedy, never served wrong
     names = candidates(target, providers, pkg)
     deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+    kinds = opt.kinds_of(getattr(target, "optimize", ()) if optimize is None else optimize)
+    built: list[dict[str, Any]] = []
+    if kinds:
+        more, built = opt.variants_for(found, kinds, cache_dir, _child_runner(isolate, row_timeout_s, memory_max))
+        found = found + more
     rows: list[Row] = []
     reruns: dict[str, Callable[[], Row]] = {}
     refs: list[str] = []
@@ -75,8 +85,8 @@ def qualify(
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
     model = pkg.to_dict()
-    if pkg.variants:
-        model["variants"] = {v.name: v.to_dict() for v in found}
+    if pkg.variants or built:
+        model["variants"] = {v.name: v.to_dict() for v in found if v.name}
     return Decision(
         model=model,
         results=rows,
@@ -96,6 +106,14 @@ def qualify(
         assumed_shapes=run.plan.assumed,
         memory_max=memory_max,
         emulated=run.emulated,
+        optimizations=built,
+        graph=opt.serving_graph(winner, built) if built else {},
+    )
+
+
+def _child_runner(isolate: bool, timeout: float, memory_max: int | None) -> Callable[..., Any]:
+    return lambda func, kwargs, tag: run_isolated(
+        func, kwargs, timeout=timeout, isolate=isolate, tag=tag, memory_max=memory_max
     )
 
 
@@ -304,6 +322,9 @@ class _Run:
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
+        row.optimization = opt.kind_of(v.name)
+        if row.optimization and row.stage == "accuracy":
+            row.reason = opt.refusal(row.optimization, row.reason)
         return row
 
     def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:

@@ -4,6 +4,9 @@ Noise rule: a passing row B is a near-tie of the fastest row A when B's p50 is w
 two p50 bootstrap 95% confidence intervals overlap. Among A and its near-ties the provider that comes
 first in the target's preference order wins (then lower p50, then lower p99).
 
+Among near-ties on one provider the graph as delivered beats an offline-optimised one (agent.qualify.optimize):
+an optimised graph serves only when it is faster beyond noise.
+
 Rows measured under an emulator (qemu-user) carry `emulated`: their latency says nothing about the real
 device, so it is never compared; the first passing row in the target's preference order is selected.
 """
@@ -45,7 +48,7 @@ def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dic
         return _by_preference(passing, rank, emulated, losers)
     fastest = passing[0]
     ties = [r for r in passing if r is fastest or is_near_tie(fastest, r)]
-    winner = min(ties, key=lambda r: (rank(r), _p(r, "p50"), _p(r, "p99")))
+    winner = min(ties, key=lambda r: (rank(r), r.optimization is not None, _p(r, "p50"), _p(r, "p99")))
     why = _why_won(winner, fastest)
     for r in passing:
         if r is not winner:
@@ -81,6 +84,11 @@ def _why_won(winner: Row, fastest: Row) -> str:
 
 def _why_lost(row: Row, winner: Row, tied: bool, later: bool) -> str:
     a, b = _p(row, "p50"), _p(winner, "p50")
+    if tied and not later and row.optimization and not winner.optimization:
+        return (
+            f"within noise of {winner.key} (p50 {_ms(a)} vs {_ms(b)}): on a near-tie the graph as delivered serves, "
+            "not the optimised one"
+        )
     if tied and later:
         return f"within noise of {winner.key} (p50 {_ms(a)} vs {_ms(b)}) but later in the target's preference order"
     if tied:
