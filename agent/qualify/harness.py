@@ -178,13 +178,16 @@ def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
 
 
 def tolerances_for(target: Any, pkg: ModelPackage, provider: str) -> dict[str | None, dict[str, Any]]:
-    """Tolerance per possible runtime precision: the target's, overridden by model.yaml."""
+    """Tolerance per possible runtime precision: the target's, then its `tasks:` bounds for the package's task
+    (model.yaml `task`), then model.yaml's own."""
     from agent.qualify.accuracy import as_tolerance, override
+    from agent.targets import normalize_precision, task_of
 
     getter = getattr(target, "tolerances", None) or getattr(target, "tolerance", None)
+    by_task = (getattr(target, "tasks", None) or {}).get(task_of(pkg.task) or "") or {}
     out = {}
     for p in _PRECISION_KEYS:
-        base = as_tolerance(getter(provider, p) if getter else None)
+        base = override(as_tolerance(getter(provider, p) if getter else None), by_task.get(normalize_precision(p)))
         out[p] = override(base, pkg.tolerance_override(provider, p)).to_dict()
     return out
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-KINDS = ("ort-basic", "ort-extended", "ort-all", "slim", "fusions")
+from agent.targets import OPTIMIZE_KINDS as KINDS
+
 _ORT_LEVELS = {"ort-basic": "ORT_ENABLE_BASIC", "ort-extended": "ORT_ENABLE_EXTENDED", "ort-all": "ORT_ENABLE_ALL"}
 PREFIX = "opt-"  # variant names of optimised graphs: opt-<kind> (or <variant>-opt-<kind>)
 
