@@ -97,6 +97,8 @@ class Deployment:
         }
         if isinstance(self.data.get("swap"), dict):
             out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
+            if self.data["swap"].get("first_answer_s") is not None:  # session creation + first warm-up answer
+                out["first_answer_s"] = self.data["swap"]["first_answer_s"]
         for key in ("shadow", "probation"):  # the figures behind the verdicts (docs/serving.md)
             if isinstance(self.data.get(key), dict):
                 out[key] = self.data[key]

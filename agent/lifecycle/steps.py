@@ -46,6 +46,8 @@ ENTRY_KEYS = (
     "input_specs",
     "contended",
     "requalified",
+    "session_s",
+    "optimization",
 )
 
 
@@ -217,6 +219,8 @@ class Steps:
             "versions": row.get("versions") or {},
             "contended": bool(row.get("contended")),
             "memory_peak_bytes": row.get("memory_peak_bytes"),
+            "session_s": row.get("session_s") or {},
+            "optimization": row.get("optimization"),
             "input_specs": (decision.get("model") or {}).get("inputs") or [],
             **({"requalified": note} if note else {}),
         }
@@ -288,7 +292,11 @@ class Steps:
                     self.journal.save(dep)
                     self._record_decision(dep.id, shadow=rehearsal.figures)
             self._baselines[dep.model] = rehearsal.baseline
-        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}, "shadow": rehearsal.figures}
+        timings = done.get("timings") or {}
+        if timings:  # session creation and time to first answer of the swap, beside the qualification's figures
+            self._record_decision(dep.id, swap_timings=timings)
+        swapped = {**swap, "build": done.get("build_priority"), **timings}
+        return Event.ACTIVATED, {"swap": swapped, "shadow": rehearsal.figures}
 
     def _rehearsal(self, name: str, mode: str, entry: dict[str, Any]):
         from agent.lifecycle.watch import Rehearsal, shadow_skip_reason

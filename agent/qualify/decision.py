@@ -30,6 +30,7 @@ class Row:
     latency_ms: dict[str, Any] = field(default_factory=dict)
     throughput_ips: float | None = None
     compile_s: float | None = None
+    session_s: dict[str, Any] = field(default_factory=dict)  # cold_s / warm_s session creation (coldstart.py)
     rss_growth_mb: float | None = None
     memory_peak_bytes: int | None = None  # peak RSS growth of the session: create, warm-up, timed runs
     latency_max_ms: dict[str, Any] | None = None  # at model.yaml's declared max shape

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, latency, select
+from agent.qualify import caches, coldstart, latency, select
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
@@ -325,6 +325,10 @@ class _Run:
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
+        budget = (getattr(self.target, "qualify", None) or {}).get("cold_start_budget_s")
+        late = coldstart.over_budget(row.session_s, budget) if row.status == "passed" else ""
+        if late:
+            row.status, row.stage, row.reason = "failed", "cold_start", late
         row.optimization = opt.kind_of(v.name)
         if row.optimization and row.stage == "accuracy":
             row.reason = opt.refusal(row.optimization, row.reason)

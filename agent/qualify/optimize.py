@@ -93,8 +93,10 @@ def build(*, model_path: str, out_dir: str, kinds: list[str]) -> list[dict[str, 
     error, skipped}. A file already built for these versions is reused (its digest is recomputed)."""
     import onnx
 
+    from agent.qualify import cacheseal
     from agent.util.hashing import sha256_file
 
+    rebuilt = cacheseal.verify_or_reset(out_dir)  # a corrupt or foreign optimised file is rebuilt, never measured
     original = onnx.load(model_path)
     seen = {graph_digest(original): "original"}
     before = len(original.graph.node)
@@ -122,6 +124,10 @@ def build(*, model_path: str, out_dir: str, kinds: list[str]) -> list[dict[str, 
             seen[digest] = kind
             rec["sha256"] = sha256_file(dest)
         out.append(rec)
+    cacheseal.seal(out_dir)
+    if rebuilt:
+        for rec in out:
+            rec["cache_rebuilt"] = rebuilt
     return out
 
 
