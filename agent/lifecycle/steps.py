@@ -164,7 +164,12 @@ class Steps:
         return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        got = act.verify(self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max)
+        # the package check (checker + shape inference in a child) waits in the qualification queue: one native
+        # child at a time, never beside a timed row; the state's deadline does not run while it waits
+        with self.qualify_queue.turn(f"check {dep.model} {dep.version} ({dep.id})", ctx) as turn:
+            if ctx.deadline is not None:
+                ctx.deadline += turn["queued_s"]
+            got = act.verify(self.store, dep.data["sha256"], self.packages, ctx, memory_max=self.config.memory_max)
         integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
         return Event.VERIFIED, got
 

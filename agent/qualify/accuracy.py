@@ -26,7 +26,10 @@ class Tolerance:
     min_sqnr_db: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["min_sqnr_db"] is None:  # the SQNR floor is shown only where a target, task or model sets one
+            del d["min_sqnr_db"]
+        return d
 
 
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerance))

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
+from agent.qualify import forkserver
+
 FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
 _CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
 STDERR_LINES = 3  # how many last stderr lines a crash report carries
@@ -77,11 +79,20 @@ class IsolatedWorker:
         (the worker is killed over it); `answers`: question -> function, for child_ask() in the child."""
         self._env = env
         self.nice, self.memory_max, self.answers = max(0, int(nice)), memory_max, dict(answers or {})
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | forkserver.Forked | None = None
         self._conn: Connection | None = None
         self._stderr: IO[bytes] | None = None
         self.restarts = 0
         self._starts = 0
+        self._stderr_path: str | None = None
+
+    def _drop_stderr_path(self) -> None:
+        if self._stderr_path:
+            try:
+                os.unlink(self._stderr_path)
+            except OSError:
+                pass
+            self._stderr_path = None
 
     def __enter__(self) -> IsolatedWorker:
         return self
@@ -90,16 +101,24 @@ class IsolatedWorker:
         self.close()
 
     def _start(self) -> None:
-        parent, child = socket.socketpair()
         if self._stderr is not None:
             self._stderr.close()
+        limit = DATA_LIMIT_FACTOR * self.memory_max + WORKER_BASE_BYTES + (1 << 30) if self.memory_max else 0
+        if forkserver.available(self._env):  # forked from a server that imported the runtimes once
+            fd, path = tempfile.mkstemp(prefix="edge-agent-worker-", suffix=".stderr")
+            self._stderr = os.fdopen(fd, "w+b")
+            self._drop_stderr_path()
+            self._stderr_path = path  # the child opens it by name; removed when the worker closes
+            self._proc, self._conn = forkserver.start({"nice": self.nice, "data_limit": limit}, path)
+            return
+        parent, child = socket.socketpair()
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ if self._env is None else self._env)
         argv = [sys.executable, "-m", "agent.qualify.worker", str(child.fileno()), "--parent", str(os.getpid())]
         if self.nice:
             argv += ["--nice", str(self.nice)]
-        if self.memory_max:
-            argv += ["--data-limit", str(DATA_LIMIT_FACTOR * self.memory_max + WORKER_BASE_BYTES + (1 << 30))]
+        if limit:
+            argv += ["--data-limit", str(limit)]
         self._proc = subprocess.Popen(
             argv,
             pass_fds=[child.fileno()],
@@ -194,6 +213,7 @@ class IsolatedWorker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        self._drop_stderr_path()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

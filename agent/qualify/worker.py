@@ -55,7 +55,7 @@ def serve(conn: Connection) -> None:
             conn.send(("error", f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")))
 
 
-def _apply(options: dict[str, int]) -> None:
+def apply_options(options: dict[str, int]) -> None:
     """Die with the parent (Linux PDEATHSIG), lower the priority, cap the data segment: before any import."""
     parent = options.get("parent")
     if parent:
@@ -93,5 +93,5 @@ def _options(argv: list[str]) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    _apply(_options(sys.argv[2:]))
+    apply_options(_options(sys.argv[2:]))
     serve(Connection(int(sys.argv[1])))

@@ -1,0 +1,108 @@
+"""Row workers forked from a server that imported the runtimes once (multiprocessing's forkserver).
+
+A fresh `python -m agent.qualify.worker` per row pays interpreter start-up and the numpy / onnxruntime /
+OpenVINO imports every time; on a small model that is most of a qualification's wall time. The forkserver
+imports them once, before any session or thread pool exists, and forks a clean process per worker: a crash
+still kills only that child (a row), the child's memory and thread pools start empty, and start-up costs a
+fork. The child applies the same options as a spawned worker (priority, RLIMIT_DATA, dies with its parent)
+and writes its stderr to the file the parent reads a crash's last lines from.
+
+Used on Linux when the caller passes no environment of its own (a worker with another environment is spawned);
+EDGE_AGENT_SPAWN_WORKERS=1 spawns every worker (the former way, for comparison).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+SPAWN_ENV = "EDGE_AGENT_SPAWN_WORKERS"
+PRELOAD = ["numpy", "onnx", "onnxruntime", "openvino", "agent.qualify.rowtask", "agent.qualify.worker"]
+PASSED_ENV = ("EDGE_AGENT_TEST_WORKER_FAULT",)  # read by the child at call time: passed as the caller has it now
+_CONTEXT: list[Any] = []
+WORKER_NAME = "edge-worker"  # the forked child's process name (15 bytes at most)
+
+
+def available(env: dict[str, str] | None) -> bool:
+    return env is None and sys.platform.startswith("linux") and os.environ.get(SPAWN_ENV, "") in ("", "0")
+
+
+def _context() -> Any:
+    if not _CONTEXT:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)  # a module that fails to import is skipped by the server
+        _CONTEXT.append(ctx)
+    return _CONTEXT[0]
+
+
+class Forked:
+    """The Popen calls IsolatedWorker makes (pid, poll, wait, kill) over a forkserver child."""
+
+    def __init__(self, proc: Any) -> None:
+        self._p = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self._p.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._p.join(timeout)
+        if self._p.exitcode is None:
+            raise subprocess.TimeoutExpired("forked worker", timeout or 0)
+        return int(self._p.exitcode)
+
+    def kill(self) -> None:
+        self._p.kill()
+
+
+def start(options: dict[str, int], stderr_path: str) -> tuple[Forked, Connection]:
+    """Fork a worker from the server; (process, our end of its connection)."""
+    ctx = _context()
+    ours, theirs = ctx.Pipe(duplex=True)
+    env = {k: os.environ.get(k, "") for k in PASSED_ENV}
+    priority = os.getpriority(os.PRIO_PROCESS, 0) + int(options.get("nice") or 0)
+    proc = ctx.Process(
+        target=child_main,
+        args=(theirs, {**options, "priority": priority}, stderr_path, env),
+        name="edge-agent-worker",
+    )
+    proc.start()
+    theirs.close()
+    return Forked(proc), ours
+
+
+def child_main(conn: Connection, options: dict[str, int], stderr_path: str, env: dict[str, str]) -> None:
+    """In the forked child: its name, stdout to /dev/null, stderr to the parent's file, the worker's options,
+    serve."""
+    try:  # `ps` and /proc/PID/comm show what it is (it shares the server's command line)
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, WORKER_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    for k, v in env.items():
+        if v:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
+    from agent.qualify import worker
+
+    priority = options.pop("priority", None)
+    if priority is not None:
+        try:  # absolute: the server's own priority is whatever its starter's thread had
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, priority))
+        except OSError:
+            pass
+    worker.apply_options({**options, "nice": 0, "parent": os.getppid()})
+    worker.serve(conn)
