@@ -76,7 +76,14 @@ def _resolve_target(profile, name):
     metavar="SIZE",
     help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemTotal).",
 )
-def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
+@click.option(
+    "--optimize",
+    "optimize",
+    multiple=True,
+    type=click.Choice(["all", "ort-basic", "ort-extended", "ort-all", "slim", "fusions"]),
+    help="Also measure offline-optimised graphs (repeatable; default: the target's qualify.optimize).",
+)
+def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
@@ -99,6 +106,7 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
             latency_budget_s=budget,
             row_timeout_s=timeout,
             memory_max=cap,
+            optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
         )
     doc = decision.to_dict()
     if save:
@@ -150,6 +158,9 @@ def render(doc: dict) -> str:
         "P99ms",
         "RUNS",
         "COMPILE_s",
+        "COLD_s",
+        "WARM_s",
+        "SQNR_dB",
         "RSS+MB",
     )
     table = [head] + [_row_cells(r) for r in doc["results"]]
@@ -160,6 +171,8 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    if (doc.get("graph") or {}).get("why"):
+        lines.append(f"graph: {doc['graph']['why']}")
     busy = [r["key"] for r in doc["results"] if r.get("contended")]
     if busy:
         lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
@@ -211,5 +224,8 @@ def _row_cells(r: dict) -> tuple:
         _fmt(lat.get("p99")) + ("" if sup.get("p99", True) else "*"),
         lat.get("runs", "-"),
         _fmt(r.get("compile_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("cold_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("warm_s"), ".3f"),
+        ("exact" if acc["sqnr_db"] is None else f"{acc['sqnr_db']:.1f}") if "sqnr_db" in acc else "-",
         _fmt(r.get("rss_growth_mb"), ".1f"),
     )
