@@ -16,6 +16,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,6 +26,7 @@ SPAWN_ENV = "EDGE_AGENT_SPAWN_WORKERS"
 PRELOAD = ["numpy", "onnx", "onnxruntime", "openvino", "agent.qualify.rowtask", "agent.qualify.worker"]
 PASSED_ENV = ("EDGE_AGENT_TEST_WORKER_FAULT",)  # read by the child at call time: passed as the caller has it now
 _CONTEXT: list[Any] = []
+_LOCK = threading.Lock()  # one start at a time: __main__ is hidden meanwhile
 WORKER_NAME = "edge-worker"  # the forked child's process name (15 bytes at most)
 
 
@@ -70,15 +74,38 @@ def start(options: dict[str, int], stderr_path: str) -> tuple[Forked, Connection
         target=child_main,
         args=(theirs, {**options, "priority": priority}, stderr_path, env),
         name="edge-agent-worker",
+        daemon=True,  # never joined at our exit: terminated, as a spawned worker dies with us (PDEATHSIG)
     )
-    proc.start()
+    with _LOCK, _main_hidden():
+        proc.start()
     theirs.close()
     return Forked(proc), ours
+
+
+@contextmanager
+def _main_hidden() -> Iterator[None]:
+    """multiprocessing re-runs the caller's __main__ in the child (as __mp_main__) so that functions defined
+    there resolve; the worker's entry lives here, so the child must not run a script or stdin again."""
+    main = sys.modules.get("__main__")
+    saved = {k: getattr(main, k) for k in ("__file__", "__spec__") if hasattr(main, k)}
+    try:
+        for k in saved:
+            if k == "__file__":
+                delattr(main, k)
+            else:
+                setattr(main, k, None)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(main, k, v)
 
 
 def child_main(conn: Connection, options: dict[str, int], stderr_path: str, env: dict[str, str]) -> None:
     """In the forked child: its name, stdout to /dev/null, stderr to the parent's file, the worker's options,
     serve."""
+    import multiprocessing
+
+    multiprocessing.current_process().daemon = False  # a worker may start workers (the daemon's qualification)
     try:  # `ps` and /proc/PID/comm show what it is (it shares the server's command line)
         import ctypes
 

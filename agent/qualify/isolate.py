@@ -13,7 +13,6 @@ questions about the parent's state (`answers`, asked with child_ask()).
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -27,9 +26,11 @@ from multiprocessing.connection import Connection
 from typing import IO, Any
 
 from agent.qualify import forkserver
+from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
 
-FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
-_CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
+__all__ = ["FAULT_ENV", "IsolatedResult", "IsolatedWorker", "child_ask", "child_progress", "resolve", "run_isolated"]
+
+_CHILD_CONN = CHILD_CONN  # set inside a worker process (agent.qualify.worker)
 STDERR_LINES = 3  # how many last stderr lines a crash report carries
 WATCH_S = 0.02  # RSS sampling period of the memory watchdog
 WORKER_BASE_BYTES = 384 << 20  # what a worker holds before its task allocates (Python, numpy, runtimes)
@@ -331,8 +332,3 @@ def run_isolated(
             )
     with IsolatedWorker(nice=nice, memory_max=memory_max, answers=answers) as worker:
         return worker.call(func, kwargs, timeout=timeout, tag=tag, progress=progress, check=check)
-
-
-def resolve(func: str) -> Callable[..., Any]:
-    module, name = func.split(":")
-    return getattr(importlib.import_module(module), name)

@@ -11,8 +11,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from agent.errors import without_source_locations
-from agent.qualify import isolate
-from agent.qualify.isolate import FAULT_ENV, resolve
+from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
 
 
 def _inject_fault(tag: str) -> None:
@@ -35,7 +34,7 @@ def _inject_fault(tag: str) -> None:
 
 
 def serve(conn: Connection) -> None:
-    isolate._CHILD_CONN[:] = [conn]
+    CHILD_CONN[:] = [conn]
     while True:
         try:
             msg = conn.recv()
