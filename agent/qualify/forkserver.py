@@ -5,7 +5,8 @@ OpenVINO imports every time; on a small model that is most of a qualification's 
 imports them once, before any session or thread pool exists, and forks a clean process per worker: a crash
 still kills only that child (a row), the child's memory and thread pools start empty, and start-up costs a
 fork. The child applies the same options as a spawned worker (priority, RLIMIT_DATA, dies with its parent)
-and writes its stderr to the file the parent reads a crash's last lines from.
+and writes its stderr to the file the parent reads a crash's last lines from. The child gets the caller's
+environment as it is at the fork (what a library read while the server imported it stays as it was then).
 
 Used on Linux when the caller passes no environment of its own (a worker with another environment is spawned);
 EDGE_AGENT_SPAWN_WORKERS=1 spawns every worker (the former way, for comparison).
@@ -24,7 +25,6 @@ from typing import Any
 
 SPAWN_ENV = "EDGE_AGENT_SPAWN_WORKERS"
 PRELOAD = ["numpy", "onnx", "onnxruntime", "openvino", "agent.qualify.rowtask", "agent.qualify.worker"]
-PASSED_ENV = ("EDGE_AGENT_TEST_WORKER_FAULT",)  # read by the child at call time: passed as the caller has it now
 _CONTEXT: list[Any] = []
 _LOCK = threading.Lock()  # one start at a time: __main__ is hidden meanwhile
 WORKER_NAME = "edge-worker"  # the forked child's process name (15 bytes at most)
@@ -68,7 +68,7 @@ def start(options: dict[str, int], stderr_path: str) -> tuple[Forked, Connection
     """Fork a worker from the server; (process, our end of its connection)."""
     ctx = _context()
     ours, theirs = ctx.Pipe(duplex=True)
-    env = {k: os.environ.get(k, "") for k in PASSED_ENV}
+    env = dict(os.environ)  # the caller's environment now, as a spawned worker would get it
     priority = os.getpriority(os.PRIO_PROCESS, 0) + int(options.get("nice") or 0)
     proc = ctx.Process(
         target=child_main,
@@ -118,11 +118,8 @@ def child_main(conn: Connection, options: dict[str, int], stderr_path: str, env:
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.close(null)
-    for k, v in env.items():
-        if v:
-            os.environ[k] = v
-        else:
-            os.environ.pop(k, None)
+    os.environ.clear()
+    os.environ.update(env)
     from agent.qualify import worker
 
     priority = options.pop("priority", None)
