@@ -19,8 +19,9 @@ from test_daemon_support import deploy, write_config
 
 from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.qualify import optimize
+from agent.qualify.decision import Row
 from agent.qualify.harness import qualify
-from agent.qualify.select import is_near_tie
+from agent.qualify.select import choose, is_near_tie
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="GenuineIntel", model="test", cores=2))
@@ -181,3 +182,38 @@ def test_the_daemon_serves_the_graph_the_decision_names(block, tmp_path):
             assert status["models"]["block"]["optimization"] == "fusions"
     finally:
         agent.stop()
+
+
+def _row(key: str, p50: float, half_ci: float) -> Row:
+    variant, _, provider = key.rpartition("/")
+    return Row(
+        provider=provider,
+        status="passed",
+        variant=variant or None,
+        optimization=optimize.kind_of(variant or None),
+        latency_ms={"p50": p50, "p99": p50 * 2, "p50_ci95": [p50 - half_ci, p50 + half_ci]},
+    )
+
+
+@pytest.mark.parametrize(
+    "rows,winner,loser_says",
+    [
+        # faster beyond noise: the optimised graph serves
+        ([("cpu", 10.0, 0.2), ("opt-fusions/cpu", 6.0, 0.2)], "opt-fusions/cpu", "slower: p50 10 ms"),
+        # within noise of the graph as delivered: the delivered graph serves
+        ([("cpu", 10.0, 0.2), ("opt-fusions/cpu", 9.9, 0.2)], "cpu", "graph as delivered serves"),
+        # openvino wins on preference through its variant's near-tie with the noisy fastest row; the delivered
+        # graph, within noise of that variant (but not of the fastest row), serves on openvino
+        (
+            [("cpu", 4.6, 7.5), ("openvino", 12.5, 0.05), ("opt-slim/openvino", 12.0, 0.1)],
+            "openvino",
+            "graph as delivered serves",
+        ),
+    ],
+)
+def test_selection_serves_an_optimised_graph_only_when_faster_beyond_noise(rows, winner, loser_says):
+    made = [_row(*r) for r in rows]
+    won, why, losers = choose(made, ["openvino", "cpu"])
+    assert won.key == winner, (why, losers)
+    opt_keys = [r.key for r in made if r.optimization and r.key != winner]
+    assert any(loser_says in losers[k] for k in opt_keys or list(losers)), losers

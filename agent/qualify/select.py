@@ -49,11 +49,30 @@ def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dic
     fastest = passing[0]
     ties = [r for r in passing if r is fastest or is_near_tie(fastest, r)]
     winner = min(ties, key=lambda r: (rank(r), r.optimization is not None, _p(r, "p50"), _p(r, "p99")))
+    optimised, winner = winner, _delivered_if_tied(winner, passing)
+    ties = ties if any(r is winner for r in ties) else [*ties, winner]
     why = _why_won(winner, fastest)
+    if optimised is not winner:
+        why += f"; {optimised.key} is within noise of it: the graph as delivered serves"
     for r in passing:
         if r is not winner:
-            losers[r.key] = _why_lost(r, winner, r in ties, rank(r) > rank(winner))
+            losers[r.key] = _why_lost(r, winner, any(r is t for t in ties), rank(r) > rank(winner))
     return winner, why, losers
+
+
+def _delivered_if_tied(winner: Row, passing: list[Row]) -> Row:
+    """An optimised graph serves only when it beats the graph as delivered on the same provider beyond noise."""
+    if winner.optimization is None:
+        return winner
+    same = [
+        r
+        for r in passing
+        if r.optimization is None
+        and (r.provider, r.requested_device, r.requested_precision)
+        == (winner.provider, winner.requested_device, winner.requested_precision)
+        and (_p(r, "p50") <= _p(winner, "p50") or is_near_tie(winner, r))
+    ]
+    return min(same, key=lambda r: (_p(r, "p50"), _p(r, "p99"))) if same else winner
 
 
 def _by_preference(passing: list[Row], rank, emulated: str, losers: dict[str, str]):
