@@ -70,3 +70,19 @@ def test_serving_rebuilds_a_corrupted_openvino_cache_and_never_loads_it(tmp_path
     if victim.exists():  # the runtime wrote it anew: not the corrupted bytes
         assert victim.read_bytes() != bytes(data)
     assert json.loads((cache / cacheseal.SEAL).read_text())["files"].keys() == sealed.keys()
+
+
+def test_serving_refuses_an_optimised_graph_that_fails_its_seal(tmp_path):
+    from agent.errors import ModelError
+    from agent.qualify.optimize import build
+
+    pkg = rm.classifier_package(tmp_path / "pkg", sets=2)
+    out = tmp_path / "optimized"
+    out.mkdir()
+    rec = next(r for r in build(model_path=str(pkg / "model.onnx"), out_dir=str(out), kinds=["ort-basic"]))
+    entry = {"provider": "cpu", "package_dir": str(pkg), "model_path": rec["file"], "optimization": "ort-basic"}
+    open_and_warm(entry).close()  # sealed when built: it serves
+    with open(rec["file"], "ab") as f:
+        f.write(b"\0")  # one byte more: still parses as ONNX, but not what was built and measured
+    with pytest.raises(ModelError, match="is not loaded: .*content differs from its sealed sha256"):
+        open_and_warm(entry)

@@ -211,6 +211,9 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None, tim
     model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
     if not Path(model_path).is_file():
         raise ModelError(f"model file {model_path} is missing")
+    sealed = cacheseal.problems(Path(model_path).parent) if entry.get("optimization") else []
+    if sealed:  # an optimised graph lives in the cache, outside the verified package: its seal vouches for it
+        raise ModelError(f"optimised graph {model_path} is not loaded: {sealed[0]}")
     provider = get(entry["provider"])
     before = rungate.native_tids()
     timings = {} if timings is None else timings
