@@ -71,9 +71,10 @@ def qualify(
     rows: list[Row] = []
     reruns: dict[str, Callable[[], Row]] = {}
     refs: list[str] = []
+    originals: dict[str, IsolatedResult] = {}
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
-        run.memory_max, run.deadline = memory_max, deadline
+        run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
         if not refs:
             run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
@@ -204,6 +205,7 @@ class _Run:
         self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
         self.deadline: float | None = None
+        self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[[], Row]] = {}
@@ -239,14 +241,16 @@ class _Run:
         sets = [var.adapt_feeds(f, v.declared) for f in raw_sets]
         ref_declared = var.describe(v.reference)[1]
         ref_sets = [var.adapt_feeds(f, ref_declared) for f in raw_sets]
-        res = run_isolated(
-            "agent.qualify.original:original_outputs",
-            {"model_path": str(v.reference), "sets": ref_sets},
-            timeout=self.timeout,
-            isolate=self.isolate,
-            tag="original",
-            memory_max=self.memory_max,
-        )
+        res = self.originals.get(str(v.reference))  # optimised graphs share their original's outputs
+        if res is None:
+            res = self.originals[str(v.reference)] = run_isolated(
+                "agent.qualify.original:original_outputs",
+                {"model_path": str(v.reference), "sets": ref_sets},
+                timeout=self.timeout,
+                isolate=self.isolate,
+                tag="original",
+                memory_max=self.memory_max,
+            )
         if not res.ok:
             self.reference, self.ref_desc = None, "none"
             self.ref_error = f"the fp32 original {v.reference.name} does not run on onnxruntime-cpu: {res.error}"
