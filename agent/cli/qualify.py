@@ -32,6 +32,8 @@ def _render(event: str, f: dict) -> str | None:
         return f"{head}: measuring the fp32 original for the speed-up"
     if event == "session":
         return f"{head}: creating session"
+    if event == "session_times":
+        return f"{head}: timing session creation, cold and warm"
     at = " at max" if f.get("shape") == "max" else ""
     if event == "latency" and "runs" in f:
         left = eta(f["runs"], f["target"], f.get("elapsed_s") or 0, f.get("budget_s") or 0)
@@ -86,7 +88,14 @@ def _resolve_target(profile, name):
     metavar="SIZE",
     help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemAvailable or the cgroup room).",
 )
-def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
+@click.option(
+    "--optimize",
+    "optimize",
+    multiple=True,
+    type=click.Choice(["all", "ort-basic", "ort-extended", "ort-all", "slim", "fusions"]),
+    help="Also measure offline-optimised graphs (repeatable; default: the target's qualify.optimize).",
+)
+def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
@@ -111,6 +120,7 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
                 latency_budget_s=budget,
                 row_timeout_s=timeout,
                 memory_max=cap,
+                optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
             )
     doc = decision.to_dict()
     if save:
@@ -163,6 +173,9 @@ def render(doc: dict) -> str:
         "RUNS",
         "MAX_P50ms",
         "COMPILE_s",
+        "COLD_s",
+        "WARM_s",
+        "SQNR_dB",
         "RSS+MB",
     )
     table = [head] + [_row_cells(r) for r in doc["results"]]
@@ -173,6 +186,8 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    if (doc.get("graph") or {}).get("why"):
+        lines.append(f"graph: {doc['graph']['why']}")
     busy = [r["key"] for r in doc["results"] if r.get("contended")]
     if busy:
         lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
@@ -225,5 +240,8 @@ def _row_cells(r: dict) -> tuple:
         lat.get("runs", "-"),
         ms((r.get("latency_max_ms") or {}).get("p50")) if r.get("latency_max_ms") else "-",
         _fmt(r.get("compile_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("cold_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("warm_s"), ".3f"),
+        ("exact" if acc["sqnr_db"] is None else f"{acc['sqnr_db']:.1f}") if "sqnr_db" in acc else "-",
         _fmt(r.get("rss_growth_mb"), ".1f"),
     )

@@ -206,15 +206,26 @@ def _zeros(session) -> dict[str, Any]:
     return feeds
 
 
-def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
-    """Build the session a slot entry or a decision describes, and run it a few times before it serves."""
+def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict | None = None):
+    """Build the session a slot entry or a decision describes, and run it a few times before it serves.
+    A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.qualify.cacheseal).
+    `timings` gets session_s (creation), first_answer_s (creation + the first warm-up run) and cache_rebuilt."""
     from agent.providers import get
+    from agent.qualify import cacheseal
 
     model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
     if not Path(model_path).is_file():
         raise ModelError(f"model file {model_path} is missing")
+    sealed = cacheseal.problems(Path(model_path).parent) if entry.get("optimization") else []
+    if sealed:  # an optimised graph lives in the cache, outside the verified package: its seal vouches for it
+        raise ModelError(f"optimised graph {model_path} is not loaded: {sealed[0]}")
     provider = get(entry["provider"])
     before = rungate.native_tids()
+    timings = {} if timings is None else timings
+    note = cacheseal.verify_or_reset(entry.get("cache_dir"))
+    if note:
+        timings["cache_rebuilt"] = note
+    t0 = time.perf_counter()
     with lock or _NullLock():  # session creation is not thread-safe in every ORT version
         session = provider.open_session(
             model_path,
@@ -223,10 +234,14 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None):
             device=entry.get("device"),
             cache_dir=entry.get("cache_dir"),
         )
+    timings["session_s"] = round(time.perf_counter() - t0, 4)
+    cacheseal.seal(entry.get("cache_dir"))
     try:
         sets = warm_feeds(session, entry)
-        for feeds in sets + [sets[0]] * max(0, WARM_RUNS - len(sets)):
+        for i, feeds in enumerate(sets + [sets[0]] * max(0, WARM_RUNS - len(sets))):
             session.run(feeds)
+            if i == 0:
+                timings["first_answer_s"] = round(time.perf_counter() - t0, 4)
     except Exception as exc:
         session.close()
         raise LifecycleError(f"warm-up on {entry['provider']} failed: {exc}") from exc
@@ -261,23 +276,29 @@ def activate(
     meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (serving/labels.py)
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
+    timings: dict[str, Any] = {}
+
     def build():  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)
         registry.gate.busy(True)
         try:
-            return open_and_warm(entry, lock)
+            return open_and_warm(entry, lock, timings)
         finally:
             registry.gate.busy(False)
 
     if swap == "stop-then-start":
         result = registry.activate(name, entry["version"], build, meta, **kwargs)
-        return {**result, "build_priority": "serving priority (stop-then-start)"}
+        return {**result, "build_priority": "serving priority (stop-then-start)", "timings": timings}
     session, how = run_lowered(build, build_nice)
     try:
         if before_swap is not None:
             before_swap(session)
         if keep_previous:
             kwargs["keep_previous"] = True
-        return {**registry.activate(name, entry["version"], session, meta, **kwargs), "build_priority": how}
+        return {
+            **registry.activate(name, entry["version"], session, meta, **kwargs),
+            "build_priority": how,
+            "timings": timings,
+        }
     except BaseException:
         rungate.disown(session)
         session.close()

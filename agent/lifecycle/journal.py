@@ -114,6 +114,8 @@ class Deployment:
         }
         if isinstance(self.data.get("swap"), dict):
             out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
+            if self.data["swap"].get("first_answer_s") is not None:  # session creation + first warm-up answer
+                out["first_answer_s"] = self.data["swap"]["first_answer_s"]
         for key in ("bytes_fetched", "bytes_reused"):  # what the pull moved and reused (agent.artifacts.delta)
             if isinstance(self.data.get(key), int):
                 out[key] = self.data[key]

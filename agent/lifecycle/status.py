@@ -46,6 +46,10 @@ def models_block(
         }
         if c.get("variant"):  # a package of variants: which one serves
             out[name]["variant"] = c["variant"]
+        if c.get("optimization"):  # an offline-optimised graph serves (agent.qualify.optimize)
+            out[name]["optimization"] = c["optimization"]
+        if c.get("session_s"):  # cold / warm session creation measured by qualification
+            out[name]["session_s"] = c["session_s"]
         if stale and stale.get(name):
             out[name]["stale"] = stale[name]
         if c.get("requalified"):

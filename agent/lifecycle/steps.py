@@ -47,6 +47,8 @@ ENTRY_KEYS = (
     "contended",
     "requalified",
     "memory_peak_bytes",
+    "session_s",
+    "optimization",
 )
 
 
@@ -165,14 +167,19 @@ class Steps:
         return Event.FETCHED, {**got, "fetched": True}
 
     def on_verifying(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
-        got = act.verify(
-            self.store,
-            dep.data["sha256"],
-            self.packages,
-            ctx,
-            memory_max=self.config.memory_max,
-            before_check=self._signature,
-        )
+        # the package check (checker + shape inference in a child) waits in the qualification queue: one native
+        # child at a time, never beside a timed row; the state's deadline does not run while it waits
+        with self.qualify_queue.turn(f"check {dep.model} {dep.version} ({dep.id})", ctx) as turn:
+            if ctx.deadline is not None:
+                ctx.deadline += turn["queued_s"]
+            got = act.verify(
+                self.store,
+                dep.data["sha256"],
+                self.packages,
+                ctx,
+                memory_max=self.config.memory_max,
+                before_check=self._signature,
+            )
         integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
         return Event.VERIFIED, got
 
@@ -230,6 +237,8 @@ class Steps:
             "versions": row.get("versions") or {},
             "contended": bool(row.get("contended")),
             "memory_peak_bytes": row.get("memory_peak_bytes"),
+            "session_s": row.get("session_s") or {},
+            "optimization": row.get("optimization"),
             "input_specs": (decision.get("model") or {}).get("inputs") or [],
             **({"requalified": note} if note else {}),
         }
@@ -301,7 +310,11 @@ class Steps:
                     self.journal.save(dep)
                     self._record_decision(dep.id, shadow=rehearsal.figures)
             self._baselines[dep.model] = rehearsal.baseline
-        return Event.ACTIVATED, {"swap": {**swap, "build": done.get("build_priority")}, "shadow": rehearsal.figures}
+        timings = done.get("timings") or {}
+        if timings:  # session creation and time to first answer of the swap, beside the qualification's figures
+            self._record_decision(dep.id, swap_timings=timings)
+        swapped = {**swap, "build": done.get("build_priority"), **timings}
+        return Event.ACTIVATED, {"swap": swapped, "shadow": rehearsal.figures}
 
     def _rehearsal(self, name: str, mode: str, entry: dict[str, Any]):
         from agent.lifecycle.watch import Rehearsal, shadow_skip_reason

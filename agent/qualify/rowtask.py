@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, conditions, latency
+from agent.qualify import accuracy, cacheseal, coldstart, conditions, latency
 from agent.qualify.isolate import child_progress as emit
 from agent.qualify.isolate import size_text
 
@@ -69,13 +69,16 @@ def measure_row(
     }
     rss0 = _rss()
     emit("session", provider=provider, precision=precision)
+    cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
+    opener = lambda d: get(provider).open_session(  # noqa: E731
+        model_path, options=options, precision=precision, device=device, cache_dir=d
+    )
     try:
-        sess = get(provider).open_session(
-            model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
-        )
+        sess = opener(cache_dir)
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
+    cacheseal.seal(cache_dir)
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
     row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
@@ -136,6 +139,13 @@ def measure_row(
     sess.close()
     if memory_max and row["memory_peak_bytes"] > memory_max:
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
+    emit("session_times", provider=provider, precision=row["precision"])
+    try:
+        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s)
+    except EdgeAgentError as exc:
+        row["session_s"] = {"error": f"not measured: {exc}"}
+    if cache_note:
+        row["session_s"]["cache_rebuilt"] = cache_note
     if original and not problems:
         emit("original", provider=provider, precision=row["precision"])
         reopen = lambda: get(provider).open_session(  # noqa: E731
