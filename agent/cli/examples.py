@@ -6,6 +6,10 @@ from __future__ import annotations
 import click
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
+    "attestation verify": ("edge-agent attestation verify qualification.json --device-key pi-1.pub --device pi-1",),
+    "fleet attestations": (
+        "edge-agent fleet attestations --store cp --broker mqtt://broker:1883 --model resnet --json",
+    ),
     "cancel": ("edge-agent cancel resnet --config /etc/edge-agent/agent.yaml",),
     "config device-id": ("edge-agent config device-id --json",),
     "conformance": (
