@@ -75,6 +75,8 @@ def measure_row(
         )
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
+        if getattr(exc, "assignment", None) is not None:  # measured on the part the runtime converts
+            row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
     row.update(compile_s=sess.compile_s, model_precision=model_precision)
@@ -212,7 +214,7 @@ def _passed_reason(row: dict[str, Any]) -> str:
     acc = row.get("accuracy", {})
     lat = row.get("latency_ms", {})
     cov = row.get("coverage")
-    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage unknown"]
+    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage not measured"]
     if "max_rel" in acc:
         parts.append(f"max_rel {acc['max_rel']:.2g}")
     if lat.get("p50") is not None:
