@@ -78,7 +78,7 @@ def _resolve_target(profile, name):
 )
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
-    golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
+    golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
     from agent.qualify.harness import qualify as run_qualify
     from agent.qualify.package import load_package

@@ -45,6 +45,7 @@ class Row:
     model_precision: str | None = None  # the graph's own precision (fp32, fp16, bf16, int8)
     original: dict[str, Any] | None = None  # against the fp32 original: file, p50_ms, speedup
     emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
+    accuracy_checked: bool | None = None  # False: compared with ORT CPU itself (agent.qualify.reference)
 
     @property
     def key(self) -> str:
@@ -85,6 +86,7 @@ class Decision:
     assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # the daemon refuses these
     memory_max: int | None = None
     emulated: str | None = None
+    accuracy_checked: bool | None = None  # the selected row's: was its accuracy independently checked?
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -121,6 +123,7 @@ class Decision:
             "assumed_shapes": self.assumed_shapes,
             "memory_max": self.memory_max,
             "emulated": self.emulated,
+            "accuracy_checked": self.accuracy_checked,
         }
 
     @classmethod

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, latency, select
+from agent.qualify import caches, latency, reference, select
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -71,6 +71,7 @@ def qualify(
         for name in names:
             rows.extend(run.provider_rows(name))
     run.confirm_close_call(rows)
+    reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
     winner, why, losers = select.choose(rows, select.preference_of(target))
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
@@ -96,6 +97,7 @@ def qualify(
         assumed_shapes=run.plan.assumed,
         memory_max=memory_max,
         emulated=run.emulated,
+        accuracy_checked=winner.accuracy_checked if winner else None,
     )
 
 
@@ -137,19 +139,12 @@ def _reference(
     cached = caches.load_reference(cache_root, sha256, feeds) if cache_root else None
     if cached is not None:
         return cached[0], f"{cached[1]} (reused)", ""
-    res = run_isolated(
-        "agent.qualify.rowtask:reference_outputs",
-        {"model_path": str(model_path), "feeds": feeds},
-        timeout=timeout,
-        isolate=isolate,
-        tag="reference",
-        memory_max=memory_max,
+    values, desc, error = reference.compute(
+        str(model_path), feeds, timeout=timeout, isolate=isolate, memory_max=memory_max
     )
-    if res.ok:
-        if cache_root:
-            caches.save_reference(cache_root, sha256, feeds, res.value[0], res.value[1])
-        return res.value[0], res.value[1], ""
-    return None, "none", f"no reference outputs: {res.error}"
+    if values is not None and cache_root:
+        caches.save_reference(cache_root, sha256, feeds, values, desc)
+    return values, desc, error
 
 
 def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
@@ -304,6 +299,7 @@ class _Run:
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
+        reference.mark(row, self.ref_desc)
         return row
 
     def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:

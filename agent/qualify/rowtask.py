@@ -220,26 +220,3 @@ def _passed_reason(row: dict[str, Any]) -> str:
     if lat.get("p50") is not None:
         parts.append(latency.phrase(lat))
     return ", ".join(parts)
-
-
-def reference_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """ORT CPU fp32 outputs (the reference when a package has no golden data); onnx's evaluator as fallback."""
-    from agent.providers import get
-
-    try:
-        sess = get("cpu").open_session(model_path)
-        try:
-            return sess.run(feeds), "onnxruntime-cpu-fp32"
-        finally:
-            sess.close()
-    except EdgeAgentError as exc:
-        first_error = str(exc)
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
-    model = onnx.load(model_path)
-    try:
-        values = ReferenceEvaluator(model).run(None, feeds)
-    except Exception as exc:  # noqa: BLE001
-        raise EdgeAgentError(f"no reference: ORT CPU failed ({first_error}); onnx reference failed ({exc})") from exc
-    return dict(zip([o.name for o in model.graph.output], values)), "onnx-reference-evaluator"
