@@ -115,6 +115,7 @@ class ToleranceTable:
 class ProviderPref:
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+    exclude: str | None = None  # the stated reason this provider is never measured on the target
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -153,7 +154,10 @@ class Target:
         return {
             "name": self.name,
             "description": self.description,
-            "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
+            "providers": [
+                {"name": p.name, "options": dict(p.options), **({"exclude": p.exclude} if p.exclude else {})}
+                for p in self.providers
+            ],
             "tolerances": {
                 prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()
             },
@@ -324,8 +328,10 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
     out: list[ProviderPref] = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or set(item) - {"name", "options"}:
-            raise _fail(path, f"providers[{i}]", "expected {name, options}")
+        if not isinstance(item, dict) or set(item) - {"name", "options", "exclude"}:
+            raise _fail(path, f"providers[{i}]", "expected {name, options} (and exclude: reason)")
+        if "exclude" in item and not (isinstance(item["exclude"], str) and item["exclude"].strip()):
+            raise _fail(path, f"providers[{i}].exclude", "expected the reason, as a non-empty string")
         name, options = item.get("name"), item.get("options") or {}
         if name not in PROVIDER_NAMES:
             raise _fail(path, f"providers[{i}].name", f"{name!r} is not one of {', '.join(PROVIDER_NAMES)}")
@@ -333,7 +339,7 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
             raise _fail(path, f"providers[{i}].options", "expected a mapping")
         if name in (p.name for p in out):
             raise _fail(path, f"providers[{i}].name", f"{name!r} is listed twice")
-        out.append(ProviderPref(name=name, options=dict(options)))
+        out.append(ProviderPref(name=name, options=dict(options), exclude=item.get("exclude")))
     return tuple(out)
 
 

@@ -48,7 +48,7 @@ def _resolve_target(profile, name):
     "providers",
     multiple=True,
     metavar="NAME",
-    help="Qualify only these providers (repeatable). Default: the target's preference order.",
+    help="Qualify only these providers (repeatable). Default: every available provider, the target's order first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the decision record as JSON.")
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, latency, reference, select
+from agent.qualify import caches, coverage_set, latency, reference, select
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -64,6 +64,7 @@ def qualify(
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
         run.memory_max, run.deadline = memory_max, deadline
+        run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
         if not refs:
             run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
@@ -110,10 +111,11 @@ def _match_target(profile: Any) -> Any:
 
 
 def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> list[str]:
-    """Requested providers, else the target's preference order; model.yaml required_providers restrict both."""
+    """Requested providers, else the target's preference order then every other provider (each measured
+    where available: agent.qualify.coverage_set); model.yaml required_providers restrict both."""
     from agent.providers import PROVIDER_NAMES
 
-    names = list(providers) if providers else (select.preference_of(target) or ["cpu"])
+    names = list(providers) if providers else coverage_set.with_unlisted(select.preference_of(target) or ["cpu"])
     unknown = [n for n in names if n not in PROVIDER_NAMES]
     if unknown:
         raise ProviderError(f"unknown provider {unknown[0]!r}; known: {', '.join(PROVIDER_NAMES)}")
@@ -177,6 +179,7 @@ class _Run:
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
         self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
+        self.asked: set[str] = set()
         self.deadline: float | None = None
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
@@ -247,7 +250,12 @@ class _Run:
 
         prov = get(name)
         options = _options(self.target, name, None)
+        excluded = coverage_set.exclusion(self.target, name)
+        if excluded:
+            return [coverage_set.excluded_row(self.target, name, excluded)]
         probe = prov.probe(self.profile, options)
+        if not probe.available and name not in self.asked:
+            return []  # not in the target's list and not here: no row
         if not probe.available:
             remedy = f" (fix: {probe.remedy})" if probe.remedy else ""
             self.say("row", provider=name, status="unavailable", reason=probe.reason)
