@@ -110,6 +110,7 @@ def test_installed_like_a_pi_and_profiled_as_one(boards, board):
 def test_providers_find_cpu_and_openvino_and_explain_the_rest(boards, board):
     rows = {p["name"]: p for p in json.loads(emu(board, "edge-agent", "providers", "--json").stdout)}
     assert rows["cpu"]["available"] and rows["openvino"]["available"], rows
+    assert rows["cpu"]["opened"] and rows["openvino"]["opened"]  # a session opened on the (emulated) device
     assert rows["openvino"]["devices"] == ["CPU"]
     fp16 = "asimdhp" in _fixture(board, "proc/cpuinfo")  # Cortex-A76 (Pi 5) has it, A72 (Pi 4) does not
     assert ("default precision f16" in rows["openvino"]["reason"]) == fp16

@@ -29,6 +29,8 @@ class ProbeResult:
     options: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     preferred: bool = True  # False: listed after the target's own preference order (ranking.rank)
+    opened: bool | None = None  # True: a session opened on it here (agent.providers.opened); None: not tried
+    expected: bool = False  # from a capture's profile: what that device would offer, not opened here
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
