@@ -45,9 +45,9 @@ def test_the_result_is_cached_per_runtime_version_and_profile(tmp_path):
     (first,) = opened.confirm([probe], HOST, cache)
     assert first.available and first.opened
     stored = json.loads(cache.read_text())
-    assert list(stored.values()) == [{"default": None}]
+    assert list(stored.values()) == [{"CPU": None}]  # the device the session says it runs on
     # a cached failure for the same runtime and profile is believed without opening again
-    cache.write_text(json.dumps({k: {"default": "cached failure"} for k in stored}))
+    cache.write_text(json.dumps({k: {"cpu": "cached failure"} for k in stored}))
     (again,) = opened.confirm([probe], HOST, cache)
     assert not again.available and "cached failure" in again.reason
     # another runtime version is another key: opened afresh

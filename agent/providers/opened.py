@@ -80,11 +80,11 @@ def open_each_device(r: ProbeResult, model_path: str) -> dict[str, str | None]:
             try:
                 y = sess.run({"x": x})["y"]
                 ok = np.allclose(np.asarray(y, dtype=np.float32), x + 1.0, atol=1e-2)
-                found[dev or "default"] = None if ok else "the session ran but returned a wrong answer"
+                found[dev or sess.device or r.name] = None if ok else "the session ran but returned a wrong answer"
             finally:
                 sess.close()
         except EdgeAgentError as exc:
-            found[dev or "default"] = str(exc)
+            found[dev or r.name] = str(exc)
     return found
 
 
