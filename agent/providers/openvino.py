@@ -49,6 +49,14 @@ def profile_devices(profile: "HardwareProfile") -> list[str]:
     return devices
 
 
+def members(device: str) -> list[str]:
+    """The devices a device string names: CPU -> [CPU]; HETERO:GPU,CPU -> [GPU, CPU]; AUTO (no list) -> []."""
+    head, _, rest = device.partition(":")
+    if head in ("HETERO", "AUTO", "MULTI"):
+        return [d.strip() for d in rest.split(",") if d.strip()]
+    return [device]
+
+
 def unsupported_ops(message: str) -> list[str]:
     """Op names from OpenVINO's 'No conversion rule found for operations: a, b' (or similar) report."""
     ops: list[str] = []
@@ -84,7 +92,7 @@ class OpenVINOProvider(Provider):
         devices = profile_devices(profile)
         wanted = [str(d).upper() for d in (options or {}).get("devices") or []]
         if wanted:
-            devices = [d for d in wanted if d in devices]
+            devices = [d for d in wanted if set(members(d)) <= set(devices)]  # HETERO:GPU,CPU: all of them
             if not devices:
                 return unavailable(
                     self.name,
