@@ -127,6 +127,7 @@ class ToleranceTable:
 class ProviderPref:
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+    exclude: str | None = None  # the stated reason this provider is never measured on the target
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -172,7 +173,10 @@ class Target:
         return {
             "name": self.name,
             "description": self.description,
-            "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
+            "providers": [
+                {"name": p.name, "options": dict(p.options), **({"exclude": p.exclude} if p.exclude else {})}
+                for p in self.providers
+            ],
             "tolerances": {
                 prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()
             },
@@ -343,8 +347,10 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
     out: list[ProviderPref] = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or set(item) - {"name", "options"}:
-            raise _fail(path, f"providers[{i}]", "expected {name, options}")
+        if not isinstance(item, dict) or set(item) - {"name", "options", "exclude"}:
+            raise _fail(path, f"providers[{i}]", "expected {name, options} (and exclude: reason)")
+        if "exclude" in item and not (isinstance(item["exclude"], str) and item["exclude"].strip()):
+            raise _fail(path, f"providers[{i}].exclude", "expected the reason, as a non-empty string")
         name, options = item.get("name"), item.get("options") or {}
         if name not in PROVIDER_NAMES:
             raise _fail(path, f"providers[{i}].name", f"{name!r} is not one of {', '.join(PROVIDER_NAMES)}")
@@ -352,7 +358,7 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
             raise _fail(path, f"providers[{i}].options", "expected a mapping")
         if name in (p.name for p in out):
             raise _fail(path, f"providers[{i}].name", f"{name!r} is listed twice")
-        out.append(ProviderPref(name=name, options=dict(options)))
+        out.append(ProviderPref(name=name, options=dict(options), exclude=item.get("exclude")))
     return tuple(out)
 
 
@@ -407,6 +413,10 @@ def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
     for key in ("swap", "swap_when_memory_short"):
         if key in raw and raw[key] not in SWAPS:
             raise _fail(path, f"serving.{key}", f"{raw[key]!r} is not one of {', '.join(SWAPS)}")
+    if raw.get("unjudged", "commit-flagged") not in ("commit-flagged", "rollback"):
+        raise _fail(path, "serving.unjudged", f"{raw['unjudged']!r} is not one of commit-flagged, rollback")
+    if raw.get("unchecked_accuracy", "allow") not in ("allow", "refuse"):
+        raise _fail(path, "serving.unchecked_accuracy", f"{raw['unchecked_accuracy']!r} is not one of allow, refuse")
     if "memory_max" in raw and not isinstance(raw["memory_max"], (str, int)):
         raise _fail(path, "serving.memory_max", "expected a systemd size like 2G or 75%")
     return {"swap": "make-before-break", **raw}

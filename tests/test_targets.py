@@ -62,9 +62,9 @@ def test_provider_preferences(name, first, options):
 
 
 def test_provider_order():
-    assert get_target("jetson-orin").provider_names == ("tensorrt", "cuda", "cpu")
+    assert get_target("jetson-orin").provider_names == ("tensorrt", "cuda", "openvino", "cpu")
     assert get_target("intel-x86_64").provider_names == ("openvino", "ort-openvino", "cpu")
-    assert get_target("raspberry-pi-4").provider_names == ("xnnpack", "acl", "cpu")
+    assert get_target("raspberry-pi-4").provider_names == ("xnnpack", "acl", "openvino", "cpu")
 
 
 def test_tolerance_fallback_and_aliases():
@@ -169,7 +169,7 @@ def edit(d: Path, name: str, change) -> None:
 @pytest.mark.parametrize(
     "change, key",
     [
-        (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[3].name"),
+        (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[4].name"),
         (lambda d: d["tolerances"]["default"].pop("bf16"), "tolerances.default.bf16"),
         (lambda d: d["tolerances"]["default"]["fp32"].update(min_cosine=1.5), "tolerances.default.fp32.min_cosine"),
         (lambda d: d["tolerances"].update(tensorrt={"fp8": {"max_rel": 0.1}}), "tolerances.tensorrt.fp8"),

@@ -98,6 +98,12 @@ def render_summary(doc: dict) -> str:
 @click.option(
     "--http-only", is_flag=True, help="Offer the artifact only at --http-url (keeps artifact bytes off the broker)."
 )
+@click.option(
+    "--halt-on-unjudged",
+    is_flag=True,
+    help="Count devices whose probation could not judge the version (not judged) as failures; "
+    "by default they are counted apart.",
+)
 @wait_option("the rollout to end (driving it); without --wait it is advanced once; run again to resume")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @broker_options
@@ -117,6 +123,7 @@ def rollout(
     chunk_size,
     http_url,
     http_only,
+    halt_on_unjudged,
     wait,
     as_json,
     **broker_kw,
@@ -143,6 +150,7 @@ def rollout(
         wave_size=wave_size,
         max_failures=max_failures,
         deadline_s=deadline,
+        halt_on_unjudged=halt_on_unjudged,
     ).validate()
     with Progress("rollout", _render_progress, as_json) as progress:
         summary = run_rollout(

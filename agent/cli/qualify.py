@@ -60,7 +60,7 @@ def _resolve_target(profile, name):
     "providers",
     multiple=True,
     metavar="NAME",
-    help="Qualify only these providers (repeatable). Default: the target's preference order.",
+    help="Qualify only these providers (repeatable). Default: every available provider, the target's order first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the decision record as JSON.")
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
@@ -97,7 +97,7 @@ def _resolve_target(profile, name):
 )
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
-    golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
+    golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
     from agent.cli.progress import Progress
     from agent.qualify.harness import qualify as run_qualify

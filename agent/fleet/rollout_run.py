@@ -236,7 +236,7 @@ def _wait_rollback(link: FleetLink, name: str, rows: list[dict], wait_s: float) 
         for r in list(pending):
             result, reason = rs.observe(statuses.get(r["device_id"]), name, r["version"])
             if result is not None:
-                r.update(result="rolled_back" if result == rs.SUCCEEDED else "failed", reason=reason)
+                r.update(result="rolled_back" if result in rs.TOOK else "failed", reason=reason)
                 pending.remove(r)
         if not pending or time.monotonic() > deadline:
             break

@@ -365,7 +365,7 @@ class Steps:
         window = _or(self.config.probation_s, ServingConfig.probation_s)
         config = self.config.probation or ProbationConfig()
         state, reason, figures = probation_watch(
-            self.registry, dep, ctx, window, config, self._baselines.pop(dep.model, None)
+            self.registry, dep, ctx, window, config, self._baselines.pop(dep.model, None), self.config.serving
         )
         self._record_decision(dep.id, probation=figures)
         ctx.report("probation", verdict=state, reason=reason, **figures)

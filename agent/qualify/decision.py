@@ -47,6 +47,7 @@ class Row:
     original: dict[str, Any] | None = None  # against the fp32 original: file, p50_ms, speedup
     emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
     optimization: str | None = None  # an offline-optimised graph (agent.qualify.optimize kind), else None
+    accuracy_checked: bool | None = None  # False: compared with ORT CPU itself (agent.qualify.reference)
 
     @property
     def key(self) -> str:
@@ -89,6 +90,7 @@ class Decision:
     emulated: str | None = None
     optimizations: list[dict[str, Any]] = field(default_factory=list)  # optimised graphs built (optimize.build)
     graph: dict[str, Any] = field(default_factory=dict)  # which graph serves and why
+    accuracy_checked: bool | None = None  # the selected row's: was its accuracy independently checked?
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -127,6 +129,7 @@ class Decision:
             "emulated": self.emulated,
             "optimizations": self.optimizations,
             "graph": self.graph,
+            "accuracy_checked": self.accuracy_checked,
         }
 
     @classmethod

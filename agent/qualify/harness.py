@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, coldstart, latency, select
+from agent.qualify import caches, coldstart, coverage_set, latency, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
@@ -75,6 +75,7 @@ def qualify(
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
         run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
+        run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
         if not refs:
             run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
@@ -82,6 +83,7 @@ def qualify(
         for name in names:
             rows.extend(run.provider_rows(name))
     run.confirm_close_call(rows)
+    reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
     winner, why, losers = select.choose(rows, select.preference_of(target))
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
@@ -109,6 +111,7 @@ def qualify(
         emulated=run.emulated,
         optimizations=built,
         graph=opt.serving_graph(winner, built) if built else {},
+        accuracy_checked=winner.accuracy_checked if winner else None,
     )
 
 
@@ -127,10 +130,11 @@ def _match_target(profile: Any) -> Any:
 
 
 def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> list[str]:
-    """Requested providers, else the target's preference order; model.yaml required_providers restrict both."""
+    """Requested providers, else the target's preference order then every other provider (each measured
+    where available: agent.qualify.coverage_set); model.yaml required_providers restrict both."""
     from agent.providers import PROVIDER_NAMES
 
-    names = list(providers) if providers else (select.preference_of(target) or ["cpu"])
+    names = list(providers) if providers else coverage_set.with_unlisted(select.preference_of(target) or ["cpu"])
     unknown = [n for n in names if n not in PROVIDER_NAMES]
     if unknown:
         raise ProviderError(f"unknown provider {unknown[0]!r}; known: {', '.join(PROVIDER_NAMES)}")
@@ -156,19 +160,12 @@ def _reference(
     cached = caches.load_reference(cache_root, sha256, feeds) if cache_root else None
     if cached is not None:
         return cached[0], f"{cached[1]} (reused)", ""
-    res = run_isolated(
-        "agent.qualify.rowtask:reference_outputs",
-        {"model_path": str(model_path), "feeds": feeds},
-        timeout=timeout,
-        isolate=isolate,
-        tag="reference",
-        memory_max=memory_max,
+    values, desc, error = reference.compute(
+        str(model_path), feeds, timeout=timeout, isolate=isolate, memory_max=memory_max
     )
-    if res.ok:
-        if cache_root:
-            caches.save_reference(cache_root, sha256, feeds, res.value[0], res.value[1])
-        return res.value[0], res.value[1], ""
-    return None, "none", f"no reference outputs: {res.error}"
+    if values is not None and cache_root:
+        caches.save_reference(cache_root, sha256, feeds, values, desc)
+    return values, desc, error
 
 
 def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
@@ -204,6 +201,7 @@ class _Run:
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
         self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
+        self.asked: set[str] = set()
         self.deadline: float | None = None
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.versions = caches.runtime_versions(profile)
@@ -277,7 +275,12 @@ class _Run:
 
         prov = get(name)
         options = _options(self.target, name, None)
+        excluded = coverage_set.exclusion(self.target, name)
+        if excluded:
+            return [coverage_set.excluded_row(self.target, name, excluded)]
         probe = prov.probe(self.profile, options)
+        if not probe.available and name not in self.asked:
+            return []  # not in the target's list and not here: no row
         if not probe.available:
             remedy = f" (fix: {probe.remedy})" if probe.remedy else ""
             self.say("row", provider=name, status="unavailable", reason=probe.reason)
@@ -329,6 +332,7 @@ class _Run:
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
+        reference.mark(row, self.ref_desc)
         budget = (getattr(self.target, "qualify", None) or {}).get("cold_start_budget_s")
         late = coldstart.over_budget(row.session_s, budget) if row.status == "passed" else ""
         if late:

@@ -77,6 +77,8 @@ def measure_row(
         sess = opener(cache_dir)
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
+        if getattr(exc, "assignment", None) is not None:  # measured on the part the runtime converts
+            row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
     cacheseal.seal(cache_dir)
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
@@ -233,35 +235,12 @@ def _passed_reason(row: dict[str, Any]) -> str:
     acc = row.get("accuracy", {})
     lat = row.get("latency_ms", {})
     cov = row.get("coverage")
-    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage unknown"]
+    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage not measured"]
     if "max_rel" in acc:
         parts.append(f"max_rel {acc['max_rel']:.2g}")
     if lat.get("p50") is not None:
         parts.append(latency.phrase(lat))
     return ", ".join(parts)
-
-
-def reference_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """ORT CPU fp32 outputs (the reference when a package has no golden data); onnx's evaluator as fallback."""
-    from agent.providers import get
-
-    try:
-        sess = get("cpu").open_session(model_path)
-        try:
-            return sess.run(feeds), "onnxruntime-cpu-fp32"
-        finally:
-            sess.close()
-    except EdgeAgentError as exc:
-        first_error = str(exc)
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
-    model = onnx.load(model_path)
-    try:
-        values = ReferenceEvaluator(model).run(None, feeds)
-    except Exception as exc:  # noqa: BLE001
-        raise EdgeAgentError(f"no reference: ORT CPU failed ({first_error}); onnx reference failed ({exc})") from exc
-    return dict(zip([o.name for o in model.graph.output], values)), "onnx-reference-evaluator"
 
 
 def _shapes(feeds: dict[str, Any]) -> str:
