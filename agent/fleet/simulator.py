@@ -192,9 +192,10 @@ class Simulator:
 
     # -- pieces --------------------------------------------------------------------------------------------
     def _config_dict(self, device_id: str, cls: DeviceClass) -> dict[str, Any]:
-        host, port, tls, _ = self.broker.endpoint()
-        scheme = "mqtts" if tls else "mqtt"
-        mqtt: dict[str, Any] = {"url": f"{scheme}://{host}:{port}", "topic_prefix": self.prefix}
+        ends = self.broker.endpoints()  # a cluster's nodes: the device fails over from one to the next
+        tls = ends[0][2]
+        urls = [f"{'mqtts' if tls else 'mqtt'}://{host}:{port}" for host, port, _, _ in ends]
+        mqtt: dict[str, Any] = {"url": urls if len(urls) > 1 else urls[0], "topic_prefix": self.prefix}
         if self.broker.username:
             mqtt["username"] = self.broker.username
         if self.broker.password is not None:

@@ -27,7 +27,11 @@ _PROTOCOLS = {"5": 5, "5.0": 5, "v5": 5, "3.1.1": 4, "311": 4, "v311": 4, "auto"
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """Where and how to connect: mqtt://host[:1883] or mqtts://host[:8883], optional ?protocol=5|3.1.1."""
+    """Where and how to connect: mqtt://host[:1883] or mqtts://host[:8883], optional ?protocol=5|3.1.1.
+
+    Several brokers (the nodes of a cluster) are given comma-separated in `url` ("mqtt://a:1883,mqtt://b:1883")
+    or as `fallbacks`: MqttLink connects to the first and moves to the next whenever a connection drops or fails.
+    After construction `url` holds the first URL only and `fallbacks` the rest."""
 
     url: str
     username: str | None = None
@@ -37,16 +41,38 @@ class BrokerConfig:
     key: str | None = None
     protocol: str = "auto"
     keepalive: int = 30
+    fallbacks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        urls = [u.strip() for u in self.url.split(",")] + [u.strip() for u in self.fallbacks]
+        if not all(urls):
+            raise TransportError(f"bad broker URL list {self.url!r}: an empty entry")
+        object.__setattr__(self, "url", urls[0])
+        object.__setattr__(self, "fallbacks", tuple(urls[1:]))
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.fallbacks)
 
     def endpoint(self) -> tuple[str, int, bool, int]:
-        """(host, port, tls, protocol 5/4/0=auto); TransportError on a bad URL."""
+        """(host, port, tls, protocol 5/4/0=auto) of the first URL; TransportError on a bad URL."""
+        return self.endpoints()[0]
+
+    def endpoints(self) -> list[tuple[str, int, bool, int]]:
+        """endpoint() for every URL, in order; TransportError when one is bad or they mix TLS and plain."""
+        found = [self._endpoint(url) for url in self.urls]
+        if len({tls for _, _, tls, _ in found}) > 1:
+            raise TransportError(f"broker URLs mix mqtt:// and mqtts://: {self.redacted()}")
+        return found
+
+    def _endpoint(self, url: str) -> tuple[str, int, bool, int]:
         try:
-            u = urlsplit(self.url)
+            u = urlsplit(url)
             port = u.port
         except ValueError as exc:
-            raise TransportError(f"bad broker URL {self.url!r}: {exc}") from None
+            raise TransportError(f"bad broker URL {url!r}: {exc}") from None
         if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not u.hostname:
-            raise TransportError(f"bad broker URL {self.url!r}: use mqtt://host:port or mqtts://host:port")
+            raise TransportError(f"bad broker URL {url!r}: use mqtt://host:port or mqtts://host:port")
         tls = u.scheme in ("mqtts", "ssl")
         proto = parse_qs(u.query).get("protocol", [self.protocol])[-1]
         if proto not in _PROTOCOLS:
@@ -60,8 +86,12 @@ class BrokerConfig:
         return user, pw
 
     def redacted(self) -> str:
-        u = urlsplit(self.url)
-        return self.url.replace(f"{u.password}@", "***@") if u.password else self.url
+        return ",".join(_redact(url) for url in self.urls)
+
+
+def _redact(url: str) -> str:
+    u = urlsplit(url)
+    return url.replace(f"{u.password}@", "***@") if u.password else url
 
 
 class MqttLink:
@@ -78,6 +108,9 @@ class MqttLink:
         on_connection: Callable[[bool, str], None] | None = None,
     ):
         self.broker = broker
+        self._endpoints = [(host, port) for host, port, _tls, _proto in broker.endpoints()]
+        self._at = 0  # index of the endpoint in use; moves on at each dropped or failed connection
+        self._fails = 0  # failed attempts since the last CONNACK; start() gives up once every endpoint failed
         self.host, self.port, self.tls, proto = broker.endpoint()
         self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
         self.will, self.max_queued, self.max_inflight = will, max_queued, max_inflight
@@ -264,6 +297,7 @@ class MqttLink:
                     self.on_connection(False, f"refused: {reason_code}")
             return
         self.refused = None
+        self._fails = 0
         self._refusal.clear()
         self._failed.clear()
         with self._subs_cv:  # a new session: SUBACKs owed by the old one will never come
@@ -276,7 +310,20 @@ class MqttLink:
             self.on_connection(True, "connected")
 
     def _on_connect_fail(self, client, userdata):
-        self._failed.set()
+        self._fails += 1
+        if self._fails >= len(self._endpoints):
+            self._failed.set()
+        self._next_endpoint(client)
+
+    def _next_endpoint(self, client) -> None:
+        """Failover (network thread, inside a paho callback): the next reconnect goes to the next broker URL.
+        paho's loop reconnects to client.host/port after its back-off; connect_async only sets them."""
+        if len(self._endpoints) < 2 or self._stopping.is_set() or self._switching:
+            return
+        self._at = (self._at + 1) % len(self._endpoints)
+        self.host, self.port = self._endpoints[self._at]
+        kwargs = {"clean_start": True} if self.protocol == 5 else {}
+        client.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
 
     def _diagnose(self) -> str | None:
         """Why a connection attempt fails, in words: a plain TCP (and TLS) handshake outside paho."""
@@ -305,9 +352,12 @@ class MqttLink:
         was = self.connected.is_set()
         self.connected.clear()
         if not was and not self._switching:
-            self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
+            self._fails += 1
+            if self._fails >= len(self._endpoints):
+                self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
         if was and self.on_connection and not self._stopping.is_set():
             self.on_connection(False, f"disconnected: {reason_code}")
+        self._next_endpoint(client)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):
         with self._subs_cv:
