@@ -2,7 +2,9 @@
 
 Rules kept here (docs/field-notes.md): CallbackAPIVersion.VERSION2; callbacks only hand data to the caller's handler
 (which must only enqueue); the subscription list is ours and replayed in on_connect; CONNACK is checked before
-we call ourselves connected; the outgoing queue is bounded.
+we call ourselves connected; the outgoing queue is bounded; a refused SUBACK is asked again with back-off
+(a NATS node refuses while its JetStream times out); with several broker URLs (BrokerConfig) a dropped or failed
+connection moves on to the next one.
 """
 
 from __future__ import annotations
@@ -12,86 +14,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent.errors import TransportError
+from agent.transport.broker import BrokerConfig
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
 
+__all__ = ["BrokerConfig", "MqttLink"]
+
 Handler = Callable[[str, bytes, bool], None]  # (topic, payload, retained) -> None; must not block
-_PROTOCOLS = {"5": 5, "5.0": 5, "v5": 5, "3.1.1": 4, "311": 4, "v311": 4, "auto": 0}
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    """Where and how to connect: mqtt://host[:1883] or mqtts://host[:8883], optional ?protocol=5|3.1.1.
-
-    Several brokers (the nodes of a cluster) are given comma-separated in `url` ("mqtt://a:1883,mqtt://b:1883")
-    or as `fallbacks`: MqttLink connects to the first and moves to the next whenever a connection drops or fails.
-    After construction `url` holds the first URL only and `fallbacks` the rest."""
-
-    url: str
-    username: str | None = None
-    password: str | None = None
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    protocol: str = "auto"
-    keepalive: int = 30
-    fallbacks: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        urls = [u.strip() for u in self.url.split(",")] + [u.strip() for u in self.fallbacks]
-        if not all(urls):
-            raise TransportError(f"bad broker URL list {self.url!r}: an empty entry")
-        object.__setattr__(self, "url", urls[0])
-        object.__setattr__(self, "fallbacks", tuple(urls[1:]))
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        return (self.url, *self.fallbacks)
-
-    def endpoint(self) -> tuple[str, int, bool, int]:
-        """(host, port, tls, protocol 5/4/0=auto) of the first URL; TransportError on a bad URL."""
-        return self.endpoints()[0]
-
-    def endpoints(self) -> list[tuple[str, int, bool, int]]:
-        """endpoint() for every URL, in order; TransportError when one is bad or they mix TLS and plain."""
-        found = [self._endpoint(url) for url in self.urls]
-        if len({tls for _, _, tls, _ in found}) > 1:
-            raise TransportError(f"broker URLs mix mqtt:// and mqtts://: {self.redacted()}")
-        return found
-
-    def _endpoint(self, url: str) -> tuple[str, int, bool, int]:
-        try:
-            u = urlsplit(url)
-            port = u.port
-        except ValueError as exc:
-            raise TransportError(f"bad broker URL {url!r}: {exc}") from None
-        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not u.hostname:
-            raise TransportError(f"bad broker URL {url!r}: use mqtt://host:port or mqtts://host:port")
-        tls = u.scheme in ("mqtts", "ssl")
-        proto = parse_qs(u.query).get("protocol", [self.protocol])[-1]
-        if proto not in _PROTOCOLS:
-            raise TransportError(f"bad MQTT protocol {proto!r}: use 5, 3.1.1 or auto")
-        return u.hostname, port or (8883 if tls else 1883), tls, _PROTOCOLS[proto]
-
-    def credentials(self) -> tuple[str | None, str | None]:
-        u = urlsplit(self.url)
-        user = self.username or (unquote(u.username) if u.username else None)
-        pw = self.password if self.password is not None else (unquote(u.password) if u.password else None)
-        return user, pw
-
-    def redacted(self) -> str:
-        return ",".join(_redact(url) for url in self.urls)
-
-
-def _redact(url: str) -> str:
-    u = urlsplit(url)
-    return url.replace(f"{u.password}@", "***@") if u.password else url
 
 
 class MqttLink:
@@ -131,6 +64,7 @@ class MqttLink:
         self._refusal = threading.Event()
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
+        self._resub_delay: dict[str, float] = {}  # filter -> seconds before asking again after a refused SUBACK
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -219,8 +153,12 @@ class MqttLink:
         info = client.publish(topic, payload, qos=qos, retain=retain)
         if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:
             raise TransportError(f"outgoing MQTT queue is full ({self.max_queued} messages): is the broker reachable?")
-        if qos == 0 and info.rc == mqtt.MQTT_ERR_NO_CONN:
-            raise TransportError("not connected to the broker")
+        if info.rc == mqtt.MQTT_ERR_NO_CONN:
+            if qos == 0:
+                raise TransportError("not connected to the broker")
+            # paho keeps a QoS 1/2 message and sends it after the reconnect (to the next node, failing over): it
+            # is queued, not failed, so is_published()/wait_for_publish() wait for its PUBACK instead of raising
+            info.rc = mqtt.MQTT_ERR_SUCCESS
         return info
 
     # --- internals ------------------------------------------------------------------------------
@@ -257,7 +195,12 @@ class MqttLink:
         """Outside the callbacks: switch an 'auto' link to MQTT 3.1.1 when the broker refuses MQTT 5."""
         while not self._stopping.is_set():
             cmd = self._control.get()
-            if cmd == "downgrade" and not self._stopping.is_set():
+            if cmd.startswith("resub:"):
+                topic_filter, client = cmd[6:], self._client
+                sub = self._subs.get(topic_filter)
+                if sub is not None and client is not None and self.connected.is_set():
+                    self._send_subscribe(client, topic_filter, sub[0])
+            elif cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
                 assert old is not None  # start() made it before this thread; only its callback asks this
                 old.loop_stop()
@@ -365,8 +308,18 @@ class MqttLink:
             if topic_filter is None:
                 self._acked_early.add(mid)
             self._subs_cv.notify_all()
-        if topic_filter is not None and any(rc.is_failure for rc in reason_codes):
+        if topic_filter is None:
+            return
+        if any(rc.is_failure for rc in reason_codes):
             self.denied[topic_filter] = str(reason_codes[0])
+            # a cluster node refuses while its JetStream times out (NATS after a node died): ask again later
+            delay = self._resub_delay[topic_filter] = min(30.0, 2 * self._resub_delay.get(topic_filter, 0.5))
+            timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
+            timer.daemon = True
+            timer.start()
+        else:
+            self.denied.pop(topic_filter, None)
+            self._resub_delay.pop(topic_filter, None)
 
     def _on_message(self, client, userdata, msg):
         for topic_filter, (_qos, handler) in self._subs.items():
