@@ -109,3 +109,18 @@ def test_rollout_completes_with_one_nats_node_killed_mid_rollout(nats_cluster, t
 @pytest.mark.field
 def test_rollout_to_200_devices_completes_with_one_nats_node_killed(nats_cluster, tmp_path):
     _rollout_with_a_node_killed(nats_cluster, tmp_path, 200)
+
+
+def test_fleet_cli_reads_the_cluster_with_its_first_node_dead(nats_cluster):
+    from clirunner import edge_agent
+
+    seed = MqttLink(BrokerConfig(nats_cluster.urls[1])).start()
+    try:
+        doc = b'{"device_id":"d-cli","online":true,"models":{}}'
+        seed.publish("edge/devices/d-cli/status", doc, qos=1, retain=True).wait_for_publish(30)
+    finally:
+        seed.stop()
+    nats_cluster.kill(0)
+    res = edge_agent("fleet", "status", "--broker", nats_cluster.url, "--json", timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "d-cli" in res.stdout

@@ -79,7 +79,8 @@ class Simulator:
             self.register([dev for dev, _ in layout])  # once for the whole fleet, before any device reports
             for dev, cls in layout:
                 self.start_device(dev, cls)
-            self.wait_ready()
+            # a clustered broker (NATS: JetStream state per session and subscription) takes longer per device
+            self.wait_ready(timeout=max(60.0, 1.0 * self.count))
         except BaseException:
             self.stop()
             raise

@@ -227,6 +227,16 @@ class MqttLink:
         with self._subs_cv:
             return self._subs_cv.wait_for(lambda: not self._pending_subs, timeout)
 
+    def wait_granted(self, timeout: float = 15.0) -> bool:
+        """wait_subscribed, and also until no subscription stands refused (refused ones are asked again): a
+        reader of retained state (a NATS node refuses SUBSCRIBEs for a while after a peer died) waits here."""
+        deadline = time.monotonic() + timeout
+        while self.wait_subscribed(max(0.0, deadline - time.monotonic())) and self.denied:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return not self.denied and not self._pending_subs
+
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):
         if reason_code.is_failure:
             self.refused = str(reason_code)
