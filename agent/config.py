@@ -349,20 +349,14 @@ def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
             "mqtt.url: required when an mqtt section is present (e.g. mqtt://broker:1883); "
             "remove the mqtt section for local inbox mode"
         )
-    url = v.string(m["url"], "mqtt.url")
-    parts = urlsplit(url)
-    if parts.scheme not in MQTT_PORTS or not parts.netloc:
-        raise ConfigError(f"mqtt.url: expected mqtt:// or mqtts://, got {url!r}")
-    if parts.username or parts.password:
-        raise ConfigError("mqtt.url: credentials in the URL are not allowed; use mqtt.username and mqtt.password_file")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ConfigError(f"mqtt.url: expected mqtt[s]://host[:port] with nothing after the port, got {url!r}")
-    try:
-        port = parts.port or MQTT_PORTS[parts.scheme]
-    except ValueError:
-        raise ConfigError(f"mqtt.url: port must be 1-65535, got {url!r}") from None
-    if not parts.hostname:
-        raise ConfigError(f"mqtt.url: missing host in {url!r}")
+    raw_urls = m["url"] if isinstance(m["url"], list) else [m["url"]]
+    if not raw_urls:
+        raise ConfigError("mqtt.url: an empty list; give one broker URL or the URLs of a cluster's nodes")
+    urls = [_mqtt_url(v, u) for u in raw_urls]  # a list: the nodes of a cluster, tried in turn (failover)
+    if len({urlsplit(u).scheme for u in urls}) > 1:
+        raise ConfigError(f"mqtt.url: the list mixes mqtt:// and mqtts://: {urls}")
+    parts = urlsplit(urls[0])
+    port = parts.port or MQTT_PORTS[parts.scheme]
     tls = _tls(v, m.get("tls"), parts.scheme)
     user = v.string(m["username"], "mqtt.username") if m.get("username") is not None else None
     pw = v.path(m["password_file"], "mqtt.password_file") if m.get("password_file") is not None else None
@@ -374,9 +368,37 @@ def _mqtt(v: "_Validator", raw: Any) -> MqttConfig:
             f"mqtt.topic_prefix: expected '/'-separated names of [A-Za-z0-9._-] (no wildcards, "
             f"no empty levels), got {prefix!r}"
         )
+    assert parts.hostname  # _mqtt_url checked it
     return MqttConfig(
-        url=url, host=parts.hostname, port=port, tls=tls, username=user, password_file=pw, topic_prefix=prefix
+        url=",".join(urls),  # BrokerConfig splits it again: connect to the first, fail over to the next
+        host=parts.hostname,
+        port=port,
+        tls=tls,
+        username=user,
+        password_file=pw,
+        topic_prefix=prefix,
     )
+
+
+def _mqtt_url(v: "_Validator", raw: Any) -> str:
+    """One mqtt.url entry: mqtt[s]://host[:port], no credentials, nothing after the port."""
+    url = v.string(raw, "mqtt.url")
+    if "," in url:
+        raise ConfigError(f"mqtt.url: {url!r} holds a comma; give a cluster's nodes as a list of URLs")
+    parts = urlsplit(url)
+    if parts.scheme not in MQTT_PORTS or not parts.netloc:
+        raise ConfigError(f"mqtt.url: expected mqtt:// or mqtts://, got {url!r}")
+    if parts.username or parts.password:
+        raise ConfigError("mqtt.url: credentials in the URL are not allowed; use mqtt.username and mqtt.password_file")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"mqtt.url: expected mqtt[s]://host[:port] with nothing after the port, got {url!r}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port range only when asked
+    except ValueError:
+        raise ConfigError(f"mqtt.url: port must be 1-65535, got {url!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"mqtt.url: missing host in {url!r}")
+    return url
 
 
 def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:

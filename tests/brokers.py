@@ -158,3 +158,143 @@ max_payload: 8MB
 """
         )
         return [_which("nats-server"), "-c", str(conf)]
+
+
+class NatsNode(NatsMqtt):
+    """One node of a NatsCluster: its own client, cluster and MQTT ports, server_name and JetStream store."""
+
+    def __init__(self, workdir: Path, name: str, cluster: str, route_ports: list[int]):
+        super().__init__(workdir)
+        self.name, self.cluster_name = name, cluster
+        self.cluster_port = free_port()
+        self.route_ports = route_ports  # every node's cluster port, this one's included (NATS skips itself)
+
+    def _argv(self) -> list[str]:
+        conf = self.workdir / "nats.conf"
+        routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.route_ports)
+        conf.write_text(
+            f"""server_name: {self.name}
+listen: 127.0.0.1:{self.nats_port}
+jetstream {{ store_dir: "{self.workdir}/js" }}
+cluster {{
+  name: {self.cluster_name}
+  listen: 127.0.0.1:{self.cluster_port}
+  routes: [{routes}]
+}}
+mqtt {{
+  listen: 127.0.0.1:{self.port}
+  stream_replicas: 3
+  consumer_memory_storage: true
+}}
+max_payload: 8MB
+"""
+        )
+        return [_which("nats-server"), "-c", str(conf)]
+
+
+class NatsCluster:
+    """Three nats-server nodes routed to each other, JetStream clustered (R3 MQTT streams), MQTT on each node.
+
+    .urls: the MQTT URL of each node; .url: all of them comma-separated (what BrokerConfig and --broker take);
+    .kill(i) SIGKILLs node i; .restart(i) starts it again on the same ports and store, rejoining the cluster.
+    start() returns once an MQTT client on every node receives a retained message published through node 0:
+    JetStream has a meta leader and the MQTT streams exist on all three."""
+
+    def __init__(self, workdir: Path, size: int = 3, name: str = "edge_test"):
+        self.workdir = Path(workdir)
+        ports = [free_port() for _ in range(size)]
+        self.nodes = [NatsNode(self.workdir / f"n{i}", f"n{i}", name, ports) for i in range(size)]
+        for node, port in zip(self.nodes, ports):
+            node.cluster_port = port
+
+    @property
+    def urls(self) -> list[str]:
+        return [n.url for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return ",".join(self.urls)
+
+    def start(self, timeout: float = 60.0) -> "NatsCluster":
+        try:
+            for node in self.nodes:
+                node.start()
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = 60.0, nodes: list[int] | None = None) -> None:
+        """A retained message published through the first live node reaches a subscriber on each of `nodes`."""
+        live = [i for i, n in enumerate(self.nodes) if n.proc is not None]
+        nodes = live if nodes is None else nodes
+        deadline = time.monotonic() + timeout
+        token = f"{time.monotonic_ns()}".encode()
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            try:
+                _mqtt_once(self.nodes[live[0]].port, lambda c: c.publish("edge-test/ready", token, 1, retain=True))
+                for i in nodes:
+                    got = _mqtt_once(self.nodes[i].port, None, "edge-test/ready")
+                    if got != token:
+                        raise RuntimeError(f"node n{i} returned {got!r}")
+                return
+            except (OSError, RuntimeError) as exc:
+                last = str(exc)
+                time.sleep(0.5)
+        logs = "\n".join(n.log.read_text()[-1500:] for n in self.nodes)
+        raise RuntimeError(f"NATS cluster not ready in {timeout:.0f} s ({last}):\n{logs}") from None
+
+    def kill(self, i: int) -> None:
+        self.nodes[i].kill()
+
+    def restart(self, i: int, timeout: float = 60.0) -> None:
+        self.nodes[i].stop()
+        self.nodes[i].start()
+        self.wait_ready(timeout, nodes=[i])
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> "NatsCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _mqtt_once(port: int, action, topic: str | None = None, timeout: float = 5.0) -> bytes | None:
+    """Connect (MQTT 3.1.1) to 127.0.0.1:port; run `action(client)` and wait for its PUBACK, or subscribe to
+    `topic` and return the first message's payload. RuntimeError when the broker does not answer in time."""
+    import threading
+
+    import paho.mqtt.client as mqtt
+
+    connected, done = threading.Event(), threading.Event()
+    got: list[bytes] = []
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"ready-{port}-{time.monotonic_ns()}")
+    c.on_connect = lambda cl, u, f, rc, p=None: connected.set() if not rc.is_failure else None
+
+    def on_message(cl, u, m):
+        got.append(m.payload)
+        done.set()
+
+    c.on_message = on_message
+    c.on_publish = lambda *a: done.set()
+    c.connect("127.0.0.1", port, keepalive=10)
+    c.loop_start()
+    try:
+        if not connected.wait(timeout):
+            raise RuntimeError(f"no CONNACK from 127.0.0.1:{port}")
+        if topic is not None:
+            c.subscribe(topic, qos=1)
+        else:
+            action(c)
+        if not done.wait(timeout):
+            raise RuntimeError(f"127.0.0.1:{port}: no {'message' if topic else 'PUBACK'}")
+        return got[0] if got else None
+    finally:
+        c.disconnect()
+        c.loop_stop()

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from brokers import Mosquitto, NatsMqtt  # noqa: E402
+from brokers import Mosquitto, NatsCluster, NatsMqtt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,6 +25,13 @@ def mosquitto(tmp_path):
 def nats_mqtt(tmp_path):
     with NatsMqtt(tmp_path / "nats") as broker:
         yield broker
+
+
+@pytest.fixture
+def nats_cluster(tmp_path):
+    """Three nats-server nodes, JetStream clustered, MQTT on each: .urls, .url (comma-joined), .kill(i), .restart(i)."""
+    with NatsCluster(tmp_path / "nats-cluster") as cluster:
+        yield cluster
 
 
 @pytest.fixture(params=["mosquitto", "nats"])

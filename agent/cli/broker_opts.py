@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--broker and the authentication/TLS options every fleet command takes."""
     opts = [
-        click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
+        click.option(
+            "--broker",
+            required=True,
+            metavar="URL[,URL...]",
+            help="mqtt://host:port or mqtts://host:port; a cluster's nodes comma-separated (fails over to the next)",
+        ),
         click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
         click.option("--username", help="Broker user name."),
         click.option("--password-file", type=click.Path(dir_okay=False), help="File holding the broker password."),

@@ -79,7 +79,8 @@ class Simulator:
             self.register([dev for dev, _ in layout])  # once for the whole fleet, before any device reports
             for dev, cls in layout:
                 self.start_device(dev, cls)
-            self.wait_ready()
+            # a clustered broker (NATS: JetStream state per session and subscription) takes longer per device
+            self.wait_ready(timeout=max(60.0, 1.0 * self.count))
         except BaseException:
             self.stop()
             raise
@@ -192,9 +193,10 @@ class Simulator:
 
     # -- pieces --------------------------------------------------------------------------------------------
     def _config_dict(self, device_id: str, cls: DeviceClass) -> dict[str, Any]:
-        host, port, tls, _ = self.broker.endpoint()
-        scheme = "mqtts" if tls else "mqtt"
-        mqtt: dict[str, Any] = {"url": f"{scheme}://{host}:{port}", "topic_prefix": self.prefix}
+        ends = self.broker.endpoints()  # a cluster's nodes: the device fails over from one to the next
+        tls = ends[0][2]
+        urls = [f"{'mqtts' if tls else 'mqtt'}://{host}:{port}" for host, port, _, _ in ends]
+        mqtt: dict[str, Any] = {"url": urls if len(urls) > 1 else urls[0], "topic_prefix": self.prefix}
         if self.broker.username:
             mqtt["username"] = self.broker.username
         if self.broker.password is not None:

@@ -45,7 +45,7 @@ class FleetWatch:
             self.link.subscribe(self.topics.all_events(), self._enqueue, qos=1)
         # the broker takes the subscriptions first (NATS makes a JetStream consumer for each, slowly on a busy
         # host), then the sync marker has its own `timeout` to come back behind the retained statuses
-        self.link.wait_subscribed(timeout)
+        self.link.wait_granted(timeout)
         self.sync(timeout)
         return self
 

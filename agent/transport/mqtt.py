@@ -2,7 +2,9 @@
 
 Rules kept here (docs/field-notes.md): CallbackAPIVersion.VERSION2; callbacks only hand data to the caller's handler
 (which must only enqueue); the subscription list is ours and replayed in on_connect; CONNACK is checked before
-we call ourselves connected; the outgoing queue is bounded.
+we call ourselves connected; the outgoing queue is bounded; a refused SUBACK is asked again with back-off
+(a NATS node refuses while its JetStream times out); with several broker URLs (BrokerConfig) a dropped or failed
+connection moves on to the next one.
 """
 
 from __future__ import annotations
@@ -12,56 +14,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent.errors import TransportError
+from agent.transport.broker import BrokerConfig
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
 
+__all__ = ["BrokerConfig", "MqttLink"]
+
 Handler = Callable[[str, bytes, bool], None]  # (topic, payload, retained) -> None; must not block
-_PROTOCOLS = {"5": 5, "5.0": 5, "v5": 5, "3.1.1": 4, "311": 4, "v311": 4, "auto": 0}
-
-
-@dataclass(frozen=True)
-class BrokerConfig:
-    """Where and how to connect: mqtt://host[:1883] or mqtts://host[:8883], optional ?protocol=5|3.1.1."""
-
-    url: str
-    username: str | None = None
-    password: str | None = None
-    ca: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    protocol: str = "auto"
-    keepalive: int = 30
-
-    def endpoint(self) -> tuple[str, int, bool, int]:
-        """(host, port, tls, protocol 5/4/0=auto); TransportError on a bad URL."""
-        try:
-            u = urlsplit(self.url)
-            port = u.port
-        except ValueError as exc:
-            raise TransportError(f"bad broker URL {self.url!r}: {exc}") from None
-        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl") or not u.hostname:
-            raise TransportError(f"bad broker URL {self.url!r}: use mqtt://host:port or mqtts://host:port")
-        tls = u.scheme in ("mqtts", "ssl")
-        proto = parse_qs(u.query).get("protocol", [self.protocol])[-1]
-        if proto not in _PROTOCOLS:
-            raise TransportError(f"bad MQTT protocol {proto!r}: use 5, 3.1.1 or auto")
-        return u.hostname, port or (8883 if tls else 1883), tls, _PROTOCOLS[proto]
-
-    def credentials(self) -> tuple[str | None, str | None]:
-        u = urlsplit(self.url)
-        user = self.username or (unquote(u.username) if u.username else None)
-        pw = self.password if self.password is not None else (unquote(u.password) if u.password else None)
-        return user, pw
-
-    def redacted(self) -> str:
-        u = urlsplit(self.url)
-        return self.url.replace(f"{u.password}@", "***@") if u.password else self.url
 
 
 class MqttLink:
@@ -78,6 +41,9 @@ class MqttLink:
         on_connection: Callable[[bool, str], None] | None = None,
     ):
         self.broker = broker
+        self._endpoints = [(host, port) for host, port, _tls, _proto in broker.endpoints()]
+        self._at = 0  # index of the endpoint in use; moves on at each dropped or failed connection
+        self._fails = 0  # failed attempts since the last CONNACK; start() gives up once every endpoint failed
         self.host, self.port, self.tls, proto = broker.endpoint()
         self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
         self.will, self.max_queued, self.max_inflight = will, max_queued, max_inflight
@@ -98,6 +64,7 @@ class MqttLink:
         self._refusal = threading.Event()
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
+        self._resub_delay: dict[str, float] = {}  # filter -> seconds before asking again after a refused SUBACK
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -186,8 +153,12 @@ class MqttLink:
         info = client.publish(topic, payload, qos=qos, retain=retain)
         if info.rc == mqtt.MQTT_ERR_QUEUE_SIZE:
             raise TransportError(f"outgoing MQTT queue is full ({self.max_queued} messages): is the broker reachable?")
-        if qos == 0 and info.rc == mqtt.MQTT_ERR_NO_CONN:
-            raise TransportError("not connected to the broker")
+        if info.rc == mqtt.MQTT_ERR_NO_CONN:
+            if qos == 0:
+                raise TransportError("not connected to the broker")
+            # paho keeps a QoS 1/2 message and sends it after the reconnect (to the next node, failing over): it
+            # is queued, not failed, so is_published()/wait_for_publish() wait for its PUBACK instead of raising
+            info.rc = mqtt.MQTT_ERR_SUCCESS
         return info
 
     # --- internals ------------------------------------------------------------------------------
@@ -224,7 +195,12 @@ class MqttLink:
         """Outside the callbacks: switch an 'auto' link to MQTT 3.1.1 when the broker refuses MQTT 5."""
         while not self._stopping.is_set():
             cmd = self._control.get()
-            if cmd == "downgrade" and not self._stopping.is_set():
+            if cmd.startswith("resub:"):
+                topic_filter, client = cmd[6:], self._client
+                sub = self._subs.get(topic_filter)
+                if sub is not None and client is not None and self.connected.is_set():
+                    self._send_subscribe(client, topic_filter, sub[0])
+            elif cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
                 assert old is not None  # start() made it before this thread; only its callback asks this
                 old.loop_stop()
@@ -251,6 +227,16 @@ class MqttLink:
         with self._subs_cv:
             return self._subs_cv.wait_for(lambda: not self._pending_subs, timeout)
 
+    def wait_granted(self, timeout: float = 15.0) -> bool:
+        """wait_subscribed, and also until no subscription stands refused (refused ones are asked again): a
+        reader of retained state (a NATS node refuses SUBSCRIBEs for a while after a peer died) waits here."""
+        deadline = time.monotonic() + timeout
+        while self.wait_subscribed(max(0.0, deadline - time.monotonic())) and self.denied:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return not self.denied and not self._pending_subs
+
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):
         if reason_code.is_failure:
             self.refused = str(reason_code)
@@ -264,6 +250,7 @@ class MqttLink:
                     self.on_connection(False, f"refused: {reason_code}")
             return
         self.refused = None
+        self._fails = 0
         self._refusal.clear()
         self._failed.clear()
         with self._subs_cv:  # a new session: SUBACKs owed by the old one will never come
@@ -276,7 +263,20 @@ class MqttLink:
             self.on_connection(True, "connected")
 
     def _on_connect_fail(self, client, userdata):
-        self._failed.set()
+        self._fails += 1
+        if self._fails >= len(self._endpoints):
+            self._failed.set()
+        self._next_endpoint(client)
+
+    def _next_endpoint(self, client) -> None:
+        """Failover (network thread, inside a paho callback): the next reconnect goes to the next broker URL.
+        paho's loop reconnects to client.host/port after its back-off; connect_async only sets them."""
+        if len(self._endpoints) < 2 or self._stopping.is_set() or self._switching:
+            return
+        self._at = (self._at + 1) % len(self._endpoints)
+        self.host, self.port = self._endpoints[self._at]
+        kwargs = {"clean_start": True} if self.protocol == 5 else {}
+        client.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
 
     def _diagnose(self) -> str | None:
         """Why a connection attempt fails, in words: a plain TCP (and TLS) handshake outside paho."""
@@ -305,9 +305,12 @@ class MqttLink:
         was = self.connected.is_set()
         self.connected.clear()
         if not was and not self._switching:
-            self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
+            self._fails += 1
+            if self._fails >= len(self._endpoints):
+                self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
         if was and self.on_connection and not self._stopping.is_set():
             self.on_connection(False, f"disconnected: {reason_code}")
+        self._next_endpoint(client)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):
         with self._subs_cv:
@@ -315,8 +318,18 @@ class MqttLink:
             if topic_filter is None:
                 self._acked_early.add(mid)
             self._subs_cv.notify_all()
-        if topic_filter is not None and any(rc.is_failure for rc in reason_codes):
+        if topic_filter is None:
+            return
+        if any(rc.is_failure for rc in reason_codes):
             self.denied[topic_filter] = str(reason_codes[0])
+            # a cluster node refuses while its JetStream times out (NATS after a node died): ask again later
+            delay = self._resub_delay[topic_filter] = min(30.0, 2 * self._resub_delay.get(topic_filter, 0.5))
+            timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
+            timer.daemon = True
+            timer.start()
+        else:
+            self.denied.pop(topic_filter, None)
+            self._resub_delay.pop(topic_filter, None)
 
     def _on_message(self, client, userdata, msg):
         for topic_filter, (_qos, handler) in self._subs.items():
