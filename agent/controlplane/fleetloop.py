@@ -81,8 +81,10 @@ class FleetLoop:
             fresh = registry_from_db(self.factory)
             self.registry.devices, self.registry._keys = fresh.devices, {}
             self._seen.clear()
-            self.link.watch.status.clear()  # re-believe retained statuses with the new keys
-            self.link.watch.sync()
+            # subscribe again: the broker hands every retained status over once more, believed with the new keys
+            watch = self.link.watch
+            watch.link.unsubscribe(watch.topics.all_status())
+            watch.link.subscribe(watch.topics.all_status(), watch._enqueue, qos=1)
         self._ingest(self.link.statuses())
         self._rollouts()
 
