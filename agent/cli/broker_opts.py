@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--broker and the authentication/TLS options every fleet command takes."""
     opts = [
-        click.option("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port"),
+        click.option("--broker", metavar="URL", help="mqtt://host:port or mqtts://host:port (required)"),
         click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
         click.option("--username", help="Broker user name."),
         click.option("--password-file", type=click.Path(dir_okay=False), help="File holding the broker password."),
@@ -32,6 +32,8 @@ def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def broker_config(kw: dict[str, Any]) -> BrokerConfig:
     from agent.transport.mqtt import BrokerConfig
 
+    if not kw.get("broker"):
+        raise click.UsageError("missing option '--broker URL' (or --control-plane URL where the command takes it)")
     password = None
     if kw.get("password_file"):
         try:

@@ -9,6 +9,7 @@ import click
 
 from agent.cli import LazyGroup
 from agent.cli.broker_opts import broker_config, broker_options
+from agent.cli.fleet_cp import control_plane_options, cp_status
 from agent.errors import ConfigError
 
 FLEET_COMMANDS = {
@@ -178,9 +179,12 @@ def serve(store, workers, http_bind, **kw):
 )
 @click.option("--registry", "registry_file", type=click.Path(dir_okay=False), help="Device registry file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def status(as_json, store, registry_file, **kw):
+@control_plane_options
+def status(as_json, store, registry_file, control_plane=None, cp_token_file=None, **kw):
     """One row per device: online, models (version, provider, state), last deployment result and reason;
     `trust` says whether the report is signed by the device's registered key."""
+    if control_plane:
+        return cp_status(control_plane, cp_token_file, as_json)
     from agent.fleet.registry import NO_REGISTRY, REMEDY, DeviceRegistry, registry_for_store
     from agent.fleet.status import device_row, fleet_status
     from agent.lifecycle.status import figures_brief

@@ -61,3 +61,21 @@ def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | No
     for f in files:
         post_json(url, f"/api/v1/devices/{device_id}/decisions", signed_decision(device_id, key, f))
     return len(files)
+
+
+def put_bytes(url: str, path: str, file: Path, token: str | None = None, timeout: float = 600.0) -> Any:
+    req = urllib.request.Request(url.rstrip("/") + path, data=file.read_bytes(), method="PUT")
+    req.add_header("Content-Type", "application/octet-stream")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            why = json.loads(exc.read()).get("error")
+        except ValueError:
+            why = exc.reason
+        raise ConfigError(f"control plane PUT {path}: HTTP {exc.code}: {why}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise TransportError(f"control plane {url}: {exc}") from None
