@@ -73,8 +73,15 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
     click.echo(f"{doc['online']}/{doc['count']} online (verified reports only, from {url})")
 
 
-def cp_rollout(url: str, token_file: str | None, package: str, body: dict[str, Any], wait: bool, as_json: bool) -> None:
-    from agent.cli.fleet_rollout import render_summary
+def cp_rollout(
+    url: str,
+    token_file: str | None,
+    package: str,
+    body: dict[str, Any],
+    wait: bool,
+    as_json: bool,
+    render: Callable[[dict], str],
+) -> None:
     from agent.controlplane.client import call, put_bytes
     from agent.fleet.push import _tar_dir
 
@@ -96,8 +103,6 @@ def cp_rollout(url: str, token_file: str | None, package: str, body: dict[str, A
     if doc["phase"] == "failed":
         raise ConfigError(f"rollout {rid} could not start: {doc['reason']}")
     summary = doc.get("progress") or {"rollout_id": rid, "state": doc["phase"]}
-    click.echo(
-        json.dumps(summary, indent=2, sort_keys=True) if as_json or not doc.get("progress") else render_summary(summary)
-    )
+    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json or not doc.get("progress") else render(summary))
     if summary.get("state") in ("halted", "partial"):
         sys.exit(1)

@@ -145,7 +145,7 @@ def rollout(
             "max_failures": max_failures,
             "deadline_s": deadline,
         }
-        return cp_rollout(control_plane, cp_token_file, package, body, wait, as_json)
+        return cp_rollout(control_plane, cp_token_file, package, body, wait, as_json, render_summary)
     if not key_file or not store:
         raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     spec = RolloutSpec(
