@@ -22,8 +22,17 @@ QUEUED = "queued"  # a device of a started wave the rate limit has not published
 class ServiceRolloutEngine(RolloutEngine):
     """The engine with its state saved to the rollouts table and the service's knobs applied."""
 
-    def __init__(self, factory: sessionmaker[Session], state: dict, link, issuer, knobs: dict[str, Any], progress=None):
-        super().__init__(None, state, link, issuer, progress)
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        state: dict,
+        link,
+        issuer,
+        knobs: dict[str, Any],
+        progress=None,
+        clock=time.time,
+    ):
+        super().__init__(None, state, link, issuer, progress, clock=clock)
         self.factory, self.knobs = factory, dict(knobs)
 
     # rate limit: a started wave's devices are published at most rate_per_minute a minute
