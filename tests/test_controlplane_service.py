@@ -60,7 +60,19 @@ def _until(what, check, timeout=WAIT_S, every=0.5):
         time.sleep(every)
 
 
-def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path):
+    """The service's database: SQLite beside the store, or a real PostgreSQL server of the test's own."""
+    if request.param == "sqlite":
+        yield {}
+        return
+    from cp_support import postgres
+
+    with postgres(tmp_path / "pg") as url:
+        yield {"url": url}
+
+
+def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database):
     with Mosquitto(tmp_path / "mosquitto") as broker:
         key, pub, _ = generate(tmp_path / "keys")
         port = free_port()
@@ -75,6 +87,7 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path):
                     "signing_key": str(key),
                     "mqtt": {"url": broker.url},
                     "tick_s": 0.3,
+                    **({"database": database} if database else {}),
                 }
             )
         )
