@@ -24,6 +24,18 @@ from agent.errors import EdgeAgentError
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+
+def _when(ts: float | None) -> str:
+    """A unix time as UTC text (the dashboard's one time format)."""
+    import datetime
+
+    if not ts:
+        return "never"
+    return datetime.datetime.fromtimestamp(float(ts), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters["when"] = _when
 router = APIRouter(include_in_schema=False)
 PAGE = 50
 
