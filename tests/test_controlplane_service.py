@@ -191,6 +191,29 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database)
             assert r.returncode == 0, r.stderr
             rows = json.loads(r.stdout)["devices"]
             assert {d["device_id"]: d["models"]["tiny"]["version"] for d in rows} == {d: "1" for d in sim.agents}
+            # a plain push of version 2 to the group through the service, waiting for verified reports
+            pkg2 = write_package(tmp_path / "tiny-2", tiny_model(2.0), name="tiny", version="2")
+            r = edge_agent(
+                "fleet",
+                "push",
+                pkg2,
+                "--name",
+                "tiny",
+                "--version",
+                "2",
+                "--group",
+                "lab",
+                "--control-plane",
+                url,
+                "--token-file",
+                token_file,
+                "--wait",
+                str(int(WAIT_S)),
+                "--json",
+            )
+            assert r.returncode == 0, r.stdout + r.stderr
+            pushed = json.loads(r.stdout)
+            assert pushed["ok"] and set(pushed["devices"]) == set(sim.agents), pushed
         finally:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -9,7 +9,7 @@ import click
 
 from agent.cli import LazyGroup
 from agent.cli.broker_opts import broker_config, broker_options
-from agent.cli.fleet_cp import control_plane_options, cp_status
+from agent.cli.fleet_cp import control_plane_options, cp_push, cp_status
 from agent.errors import ConfigError
 
 FLEET_COMMANDS = {
@@ -59,11 +59,10 @@ def _load_overrides(path):
 @click.option("--version", "version", required=True, help="Dotted integers, newer than what devices run.")
 @click.option("--device", "devices", multiple=True, metavar="ID", help="Target device (repeatable).")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Target group (repeatable).")
-@click.option(
-    "--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key)."
-)
-@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key; required).")
+@click.option("--store", type=click.Path(file_okay=False), help="Control-plane content store (required).")
 @broker_options
+@control_plane_options
 @click.option(
     "--wait",
     type=float,
@@ -97,10 +96,18 @@ def push(
     rollback,
     qualification_file,
     as_json,
+    control_plane=None,
+    cp_token_file=None,
     **kw,
 ):
     """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
     from agent.fleet.push import push as do_push
+
+    if control_plane:  # the service stores, signs and publishes
+        body = {"model": name, "version": version, "devices": list(devices), "groups": list(groups)}
+        return cp_push(control_plane, cp_token_file, package, body, wait, as_json)
+    if not key_file or not store:
+        raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
 
     doc = do_push(
         package,

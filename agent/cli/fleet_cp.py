@@ -73,6 +73,65 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
     click.echo(f"{doc['online']}/{doc['count']} online (verified reports only, from {url})")
 
 
+def _upload(url: str, token: str, package: str, name: str, version: str) -> None:
+    from agent.controlplane.client import put_bytes
+    from agent.fleet.push import _tar_dir
+
+    src = Path(package)
+    with tempfile.TemporaryDirectory() as tmp:
+        if src.is_dir():
+            out = Path(tmp) / "package.tar.gz"
+            _tar_dir(src, out)
+            src = out
+        put_bytes(url, f"/api/v1/models/{name}/versions/{version}", src, token)
+
+
+def cp_push(
+    url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
+) -> None:
+    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
+    from agent.controlplane.client import call
+
+    token = _token(token_file)
+    _upload(url, token, package, body["model"], body["version"])
+    doc = call(url, "POST", "/api/v1/push", body, token=token)
+    if wait is not None:
+        deadline = time.monotonic() + wait
+        while True:
+            rows: dict[str, dict[str, Any]] = {}
+            for g in body["groups"]:
+                for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)[
+                    "devices"
+                ]:
+                    rows[d["device_id"]] = d
+            for dev in body["devices"]:
+                rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
+            have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
+            if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        doc["devices"] = {
+            d: {
+                "result": "committed" if v == body["version"] else "not confirmed",
+                "reason": None if v == body["version"] else f"runs {v}",
+            }
+            for d, v in have.items()
+        }
+        doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
+    else:
+        doc["ok"] = True
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        click.echo(
+            f"pushed {body['model']} {body['version']} ({doc['sha256'][:16]}, {doc['size']} bytes, key {doc['key_id']}) through {url}"
+        )
+        for dev, r in sorted((doc.get("devices") or {}).items()):
+            click.echo(f"  {dev}: {r['result']}" + (f" - {r['reason']}" if r.get("reason") else ""))
+    if not doc["ok"]:
+        raise click.exceptions.Exit(1)
+
+
 def cp_rollout(
     url: str,
     token_file: str | None,
@@ -82,17 +141,10 @@ def cp_rollout(
     as_json: bool,
     render: Callable[[dict], str],
 ) -> None:
-    from agent.controlplane.client import call, put_bytes
-    from agent.fleet.push import _tar_dir
+    from agent.controlplane.client import call
 
     token = _token(token_file)
-    src = Path(package)
-    with tempfile.TemporaryDirectory() as tmp:
-        if src.is_dir():
-            out = Path(tmp) / "package.tar.gz"
-            _tar_dir(src, out)
-            src = out
-        put_bytes(url, f"/api/v1/models/{body['model']}/versions/{body['version']}", src, token)
+    _upload(url, token, package, body["model"], body["version"])
     rid = call(url, "POST", "/api/v1/rollouts", body, token=token)["rollout_id"]
     click.echo(f"rollout {rid} started on {url}", err=True)
     while True:

@@ -16,7 +16,16 @@ from agent.controlplane.auth import Operator, need
 from agent.controlplane.db import write
 from agent.controlplane.models import DEVICE_STATES, AuditEntry, Device, DeviceDocument, ModelVersion, Rollout
 from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
-from agent.controlplane.schemas import NAME, VERSION, Decide, Groups, NewEnrollToken, NewOperatorToken, NewRollout
+from agent.controlplane.schemas import (
+    NAME,
+    VERSION,
+    Decide,
+    Groups,
+    NewEnrollToken,
+    NewOperatorToken,
+    NewRollout,
+    Push,
+)
 
 router = APIRouter(prefix="/api/v1")
 AsViewer = Annotated[Operator, Depends(need("viewer"))]
@@ -259,6 +268,18 @@ async def upload_model(request: Request, name: str, version: str, op: AsOperator
             )
             repo.audit(s, op.actor, "model.upload", f"{name}/{version}", sha256=artifact["sha256"])
     return {"name": name, "version": version, "sha256": artifact["sha256"], "size": artifact["size"]}
+
+
+@router.post("/push", tags=["models"])
+def push_model(request: Request, body: Push, op: AsOperator):
+    """Sign an uploaded version and publish it as retained desired state for devices or groups."""
+    from agent.controlplane.pushes import push_version
+
+    if bool(body.devices) == bool(body.groups):
+        raise HTTPException(422, "devices: give the targets as devices or as groups (one of the two)")
+    for name in [*body.devices, *body.groups]:
+        _name(name, "devices" if name in body.devices else "groups")
+    return push_version(cp(request), body, op.actor)
 
 
 # -- rollouts --------------------------------------------------------------------------------------------------
