@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from agent.controlplane import enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
@@ -346,5 +346,5 @@ def audit_log(request: Request, _: AsAdmin, limit: int = Query(100, ge=1, le=100
 def health(request: Request):
     ctx = cp(request)
     with ctx.factory() as s:
-        devices = s.scalar(select(__import__("sqlalchemy").func.count()).select_from(Device)) or 0
+        devices = s.scalar(select(func.count()).select_from(Device)) or 0
     return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state()}
