@@ -51,3 +51,16 @@ def test_token_command_and_missing_config(tmp_path):
     assert r.returncode != 0 and "exists already" in r.stderr
     r = edge_agent("control-plane")
     assert r.returncode == 2 and "--config" in r.stderr
+
+
+def test_a_broker_that_does_not_answer_does_not_stop_the_service(tmp_path):
+    import httpx
+    from brokers import free_port
+    from cp_support import running_service
+
+    dead = f"mqtt://127.0.0.1:{free_port()}"
+    with running_service(tmp_path, mqtt={"url": dead}) as (cp, url):
+        health = httpx.get(url + "/api/v1/health").json()
+        assert health["fleet_loop"]["running"] is False and "retrying" in health["fleet_loop"]["why"]
+        r = httpx.get(url + "/api/v1/devices", headers={"Authorization": f"Bearer {cp.admin_token}"})
+        assert r.status_code == 200

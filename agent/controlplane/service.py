@@ -36,6 +36,8 @@ class ControlPlane:
         self.factory = db.sessions(self.engine)
         self.loop: Any = None
         self.artifacts: Any = None
+        self.fleet_error: str | None = None
+        self.stopping = threading.Event()
         self.imported: dict[str, int] = {}
         self.admin_token: str | None = None
 
@@ -54,25 +56,45 @@ class ControlPlane:
         return self
 
     def start_fleet(self) -> None:
+        """The fleet side (artifact server, fleet loop). A broker that does not answer does not stop the service:
+        the API and dashboard serve (the pages show why the fleet link is down) while a thread retries."""
         if not self.settings.broker_url:
             return
-        from agent.controlplane.fleetloop import FleetLoop
-
         key = None
         if self.settings.signing_key is not None:
             from agent.artifacts.keys import load_private_key
 
-            key = load_private_key(self.settings.signing_key)
+            key = load_private_key(self.settings.signing_key)  # a bad key is a config error: fail at start
+        try:
+            self._connect(key)
+        except EdgeAgentError as exc:
+            self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
+            log.warning("fleet link: %s", self.fleet_error)
+            threading.Thread(target=self._retry, args=(key,), name="cp-fleet-connect", daemon=True).start()
+
+    def _connect(self, key) -> None:
         from agent.artifacts.store import ContentStore
+        from agent.controlplane.fleetloop import FleetLoop
         from agent.fleet.artifact_server import ArtifactServer
         from agent.transport.mqtt import BrokerConfig
 
-        broker = BrokerConfig(self.settings.broker_url)
+        broker = BrokerConfig(str(self.settings.broker_url))
         self.settings.store.mkdir(parents=True, exist_ok=True)
-        self.artifacts = ArtifactServer(ContentStore(self.settings.store), broker, self.settings.prefix).start()
+        if self.artifacts is None:
+            self.artifacts = ArtifactServer(ContentStore(self.settings.store), broker, self.settings.prefix).start()
         self.loop = FleetLoop(self.factory, self.settings, key).start()
+        self.fleet_error = None
+
+    def _retry(self, key) -> None:
+        while not self.stopping.wait(5.0):
+            try:
+                self._connect(key)
+                return
+            except EdgeAgentError as exc:
+                self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.loop is not None:
             self.loop.stop()
         if self.artifacts is not None:
@@ -89,7 +111,8 @@ class ControlPlane:
 
     def loop_state(self) -> dict[str, Any]:
         if self.loop is None:
-            return {"running": False, "why": "no mqtt.url configured: no device status, no rollouts"}
+            why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
+            return {"running": False, "why": why}
         return {"running": True, "error": self.loop.error}
 
 
