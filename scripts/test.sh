@@ -13,6 +13,9 @@ command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 # The emulated Raspberry Pi (scripts/emulated-device.sh, tests/test_emulated_pi.py): qemu-user, binfmt, debootstrap.
 command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
 command -v update-binfmts >/dev/null 2>&1 || [ -x /usr/sbin/update-binfmts ] || need_apt+=(binfmt-support)
+# The control plane: a real PostgreSQL server (tests/cp_support.py) and Debian's chromium for Playwright.
+[ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need_apt+=(debootstrap)
 [ -x "$VENV/bin/python" ] || python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -15,17 +15,21 @@ from agent.cli.table import duration, ms, render_table
 from agent.cli.waitopt import WAIT_DEFAULT_S
 
 # Long-running services and commands that change state are not read commands; everything else reads.
-NOT_READ = {"run", "fleet serve"}
+NOT_READ = {"run", "fleet serve", "control-plane enroll", "control-plane report", "control-plane token"}
 
 
-def _leaves(group: click.Group, prefix: tuple[str, ...] = ()):
+GROUP_OPTS: dict[str, set[str]] = {}  # command path -> the options of the groups above it
+
+
+def _leaves(group: click.Group, prefix: tuple[str, ...] = (), above: frozenset[str] = frozenset()):
     ctx = click.Context(group, info_name=" ".join(("edge-agent",) + prefix))
     for name in group.list_commands(ctx):
         cmd = group.get_command(ctx, name)
         path = prefix + (name,)
         if isinstance(cmd, click.Group):
-            yield from _leaves(cmd, path)
+            yield from _leaves(cmd, path, above | {o for p in cmd.params for o in getattr(p, "opts", [])})
         else:
+            GROUP_OPTS[" ".join(path)] = set(above)
             yield " ".join(path), cmd
 
 
@@ -41,9 +45,14 @@ def test_help_has_an_example_with_real_flags(path):
     cmd = LEAVES[path]
     text = (cmd.help or "") + "\n" + (cmd.epilog or "")
     assert "Examples:" in text, f"{path}: no example in --help"
-    examples = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(f"edge-agent {path}")]
-    assert examples, f"{path}: no example line starting with 'edge-agent {path}'"
-    known = {o for p in cmd.params for o in getattr(p, "opts", [])} | {"--help"}
+    words = path.split()
+    examples = [
+        ln.strip()
+        for ln in text.splitlines()
+        if ln.strip().startswith("edge-agent ") and [w for w in ln.split() if w in words] == words
+    ]
+    assert examples, f"{path}: no example line running 'edge-agent {path}'"
+    known = {o for p in cmd.params for o in getattr(p, "opts", [])} | {"--help"} | GROUP_OPTS[path]
     for line in examples:
         words = shlex.split(line.split("  ")[0])  # the command, before any two-space comment
         flags = [w for w in words if w.startswith("--")]

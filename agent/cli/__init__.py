@@ -81,6 +81,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollback": ("agent.cli.daemon:rollback", "Roll a model back to its previous committed version."),
     "cancel": ("agent.cli.daemon:cancel", "Cancel a model's in-flight deployment, in any state."),
     "config": ("agent.cli.config:config", "Check agent configuration files."),
+    "control-plane": (
+        "agent.cli.control_plane:control_plane",
+        "Run the control-plane service: device registry, API, dashboard, rollouts.",
+    ),
     "quantize": ("agent.cli.quantize:quantize", "Write an fp32 package's int8 variant (onnxruntime.quantization)."),
     "package": ("agent.cli.package:package", "Build a model package from your model and real inputs, or check one."),
 }

@@ -18,9 +18,9 @@ def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option(
             "--broker",
-            required=True,
             metavar="URL[,URL...]",
-            help="mqtt://host:port or mqtts://host:port; a cluster's nodes comma-separated (fails over to the next)",
+            help="mqtt://host:port or mqtts://host:port; a cluster's nodes comma-separated (fails over to the next). "
+            "Required unless --control-plane is given.",
         ),
         click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
         click.option("--username", help="Broker user name."),
@@ -37,6 +37,8 @@ def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
 def broker_config(kw: dict[str, Any]) -> BrokerConfig:
     from agent.transport.mqtt import BrokerConfig
 
+    if not kw.get("broker"):
+        raise click.UsageError("missing option '--broker URL' (or --control-plane URL where the command takes it)")
     password = None
     if kw.get("password_file"):
         try:

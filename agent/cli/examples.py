@@ -7,6 +7,14 @@ import click
 
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "attestation verify": ("edge-agent attestation verify qualification.json --device-key pi-1.pub --device pi-1",),
+    "control-plane enroll": (
+        "edge-agent control-plane enroll --agent-config /etc/edge-agent/agent.yaml --url http://cp:8470 "
+        "--token-file enroll.token",
+    ),
+    "control-plane report": (
+        "edge-agent control-plane report --agent-config /etc/edge-agent/agent.yaml --url http://cp:8470",
+    ),
+    "control-plane token": ("edge-agent control-plane --config cp.yaml token --name ci --role operator",),
     "fleet attestations": (
         "edge-agent fleet attestations --store cp --broker mqtt://broker:1883 --model resnet --json",
     ),

@@ -9,6 +9,7 @@ import click
 
 from agent.cli import LazyGroup
 from agent.cli.broker_opts import broker_config, broker_options
+from agent.cli.fleet_cp import control_plane_options, cp_push, cp_status
 from agent.cli.table import render_table
 from agent.cli.waitopt import wait_option
 from agent.errors import ConfigError
@@ -78,11 +79,10 @@ def _load_overrides(path):
 @click.option("--version", "version", required=True, help="Dotted integers, newer than what devices run.")
 @click.option("--device", "devices", multiple=True, metavar="ID", help="Target device (repeatable).")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Target group (repeatable).")
-@click.option(
-    "--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key)."
-)
-@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Fleet signing key (fleet.key; required).")
+@click.option("--store", type=click.Path(file_okay=False), help="Control-plane content store (required).")
 @broker_options
+@control_plane_options
 @wait_option("every targeted device to run this version (only reports signed by devices in STORE/registry.json count)")
 @click.option("--http-url", metavar="URL", help="Also offer an http(s) source; '{sha256}' is replaced.")
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
@@ -112,12 +112,19 @@ def push(
     no_delta,
     qualification_file,
     as_json,
+    control_plane=None,
+    cp_token_file=None,
     **kw,
 ):
     """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
     from agent.cli.progress import Progress
     from agent.fleet.push import push as do_push
 
+    if control_plane:  # the service stores, signs and publishes
+        body = {"model": name, "version": version, "devices": list(devices), "groups": list(groups)}
+        return cp_push(control_plane, cp_token_file, package, body, wait, as_json)
+    if not key_file or not store:
+        raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     with Progress("push", _render_push, as_json) as progress:
         doc = do_push(
             package,
@@ -201,9 +208,12 @@ def serve(store, workers, http_bind, **kw):
 )
 @click.option("--registry", "registry_file", type=click.Path(dir_okay=False), help="Device registry file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def status(as_json, store, registry_file, **kw):
+@control_plane_options
+def status(as_json, store, registry_file, control_plane=None, cp_token_file=None, **kw):
     """One row per device: online, models (version, provider, state), last deployment result and reason;
     `trust` says whether the report is signed by the device's registered key."""
+    if control_plane:
+        return cp_status(control_plane, cp_token_file, as_json)
     from agent.fleet.registry import NO_REGISTRY, REMEDY, DeviceRegistry, registry_for_store
     from agent.fleet.status import device_row, fleet_status
     from agent.lifecycle.status import figures_brief

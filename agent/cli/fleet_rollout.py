@@ -10,6 +10,7 @@ import click
 
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
+from agent.cli.fleet_cp import control_plane_options, cp_rollout
 from agent.cli.table import render_table
 from agent.cli.waitopt import wait_option
 
@@ -77,11 +78,9 @@ def render_summary(doc: dict) -> str:
     show_default=True,
     help="Seconds a wave may take; devices silent past it count as failed.",
 )
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key; required).")
 @click.option(
-    "--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key (fleet.key)."
-)
-@click.option(
-    "--store", required=True, type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state."
+    "--store", type=click.Path(file_okay=False), help="Control-plane artifact store and rollout state (required)."
 )
 @click.option(
     "--http-url",
@@ -107,6 +106,7 @@ def render_summary(doc: dict) -> str:
 @wait_option("the rollout to end (driving it); without --wait it is advanced once; run again to resume")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @broker_options
+@control_plane_options
 def rollout(
     package,
     name,
@@ -126,6 +126,8 @@ def rollout(
     halt_on_unjudged,
     wait,
     as_json,
+    control_plane=None,
+    cp_token_file=None,
     **broker_kw,
 ):
     """Roll PACKAGE out as NAME VERSION: canary first (per cohort), then waves that must each pass before the
@@ -141,6 +143,20 @@ def rollout(
 
     if bool(group) == bool(all_devices):
         raise click.UsageError("give exactly one of --group G or --all")
+    if control_plane:  # the service signs, holds the registry and runs the rollout
+        body = {
+            "model": name,
+            "version": version,
+            "group": group,
+            "cohort_by": cohort_by,
+            "canary": canary,
+            "wave_size": wave_size,
+            "max_failures": max_failures,
+            "deadline_s": deadline,
+        }
+        return cp_rollout(control_plane, cp_token_file, package, body, wait, as_json, render_summary)
+    if not key_file or not store:
+        raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     spec = RolloutSpec(
         name,
         version,

@@ -1,0 +1,160 @@
+"""`fleet status` and `fleet rollout` with `--control-plane URL`: the same commands through the control plane's
+API (the service holds the registry, signs, and runs the rollout) instead of the broker and a local store."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agent.cli.table import render_table
+from agent.errors import ConfigError
+
+
+def control_plane_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--token-file",
+        "cp_token_file",
+        type=click.Path(dir_okay=False),
+        help="File holding the operator token for --control-plane (default: $EDGE_AGENT_CP_TOKEN).",
+    )(f)
+    return click.option(
+        "--control-plane",
+        "control_plane",
+        metavar="URL",
+        help="Work through the control-plane service at URL (its API) instead of the broker and a store.",
+    )(f)
+
+
+def _token(path: str | None) -> str:
+    if path:
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--token-file: cannot read {path}: {exc}") from None
+    token = os.environ.get("EDGE_AGENT_CP_TOKEN")
+    if not token:
+        raise ConfigError("--control-plane needs an operator token: --token-file FILE or $EDGE_AGENT_CP_TOKEN")
+    return token
+
+
+def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
+    from agent.controlplane.client import call
+
+    token, rows, offset = _token(token_file), [], 0
+    while True:
+        page = call(url, "GET", f"/api/v1/devices?limit=1000&offset={offset}", token=token)
+        rows += page["devices"]
+        offset += len(page["devices"])
+        if not page["devices"] or offset >= page["total"]:
+            break
+    doc = {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"])}
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    table = []
+    for r in rows:
+        models = (
+            ", ".join(
+                f"{m} {v.get('version')} {v.get('provider') or '-'} {v.get('state') or ''}".strip()
+                for m, v in sorted(r["models"].items())
+            )
+            or "-"
+        )
+        table.append((r["device_id"], r["state"], "yes" if r["online"] else "no", r["target"], models))
+    click.echo(render_table(("DEVICE", "STATE", "ONLINE", "TARGET", "MODELS"), table))
+    click.echo(f"{doc['online']}/{doc['count']} online (verified reports only, from {url})")
+
+
+def _upload(url: str, token: str, package: str, name: str, version: str) -> None:
+    from agent.artifacts.packtar import write_targz
+    from agent.controlplane.client import put_bytes
+
+    src = Path(package)
+    with tempfile.TemporaryDirectory() as tmp:
+        if src.is_dir():
+            out = Path(tmp) / "package.tar.gz"
+            write_targz(src, out)
+            src = out
+        put_bytes(url, f"/api/v1/models/{name}/versions/{version}", src, token)
+
+
+def cp_push(
+    url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
+) -> None:
+    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
+    from agent.controlplane.client import call
+
+    token = _token(token_file)
+    _upload(url, token, package, body["model"], body["version"])
+    doc = call(url, "POST", "/api/v1/push", body, token=token)
+    if wait is not None:
+        deadline = time.monotonic() + wait
+        while True:
+            rows: dict[str, dict[str, Any]] = {}
+            for g in body["groups"]:
+                for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)[
+                    "devices"
+                ]:
+                    rows[d["device_id"]] = d
+            for dev in body["devices"]:
+                rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
+            have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
+            if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        doc["devices"] = {
+            d: {
+                "result": "committed" if v == body["version"] else "not confirmed",
+                "reason": None if v == body["version"] else f"runs {v}",
+            }
+            for d, v in have.items()
+        }
+        doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
+    else:
+        doc["ok"] = True
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        click.echo(
+            f"pushed {body['model']} {body['version']} ({doc['sha256'][:16]}, {doc['size']} bytes, key {doc['key_id']}) through {url}"
+        )
+        for dev, r in sorted((doc.get("devices") or {}).items()):
+            click.echo(f"  {dev}: {r['result']}" + (f" - {r['reason']}" if r.get("reason") else ""))
+    if not doc["ok"]:
+        raise click.exceptions.Exit(1)
+
+
+def cp_rollout(
+    url: str,
+    token_file: str | None,
+    package: str,
+    body: dict[str, Any],
+    wait: bool,
+    as_json: bool,
+    render: Callable[[dict], str],
+) -> None:
+    from agent.controlplane.client import call
+
+    token = _token(token_file)
+    _upload(url, token, package, body["model"], body["version"])
+    rid = call(url, "POST", "/api/v1/rollouts", body, token=token)["rollout_id"]
+    click.echo(f"rollout {rid} started on {url}", err=True)
+    while True:
+        doc = call(url, "GET", f"/api/v1/rollouts/{rid}", token=token)
+        if doc["phase"] in ("finished", "failed") or not wait:
+            break
+        time.sleep(1.0)
+    if doc["phase"] == "failed":
+        raise ConfigError(f"rollout {rid} could not start: {doc['reason']}")
+    summary = doc.get("progress") or {"rollout_id": rid, "state": doc["phase"]}
+    click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json or not doc.get("progress") else render(summary))
+    if summary.get("state") in ("halted", "partial"):
+        sys.exit(1)

@@ -1,0 +1,350 @@
+"""The JSON API (FastAPI; OpenAPI schema at /api/openapi.json). Domain errors map to HTTP here only."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from sqlalchemy import func, select
+
+from agent.controlplane import enroll, repo, tokens
+from agent.controlplane.auth import Operator, need
+from agent.controlplane.db import write
+from agent.controlplane.models import DEVICE_STATES, AuditEntry, Device, DeviceDocument, ModelVersion, Rollout
+from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
+from agent.controlplane.schemas import (
+    NAME,
+    VERSION,
+    Decide,
+    Groups,
+    NewEnrollToken,
+    NewOperatorToken,
+    NewRollout,
+    Push,
+)
+
+router = APIRouter(prefix="/api/v1")
+AsViewer = Annotated[Operator, Depends(need("viewer"))]
+AsOperator = Annotated[Operator, Depends(need("operator"))]
+AsAdmin = Annotated[Operator, Depends(need("admin"))]
+
+
+def cp(request: Request):
+    return request.app.state.cp
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > request.app.state.cp.settings.api_max_json:
+        raise HTTPException(413, f"body: more than {request.app.state.cp.settings.api_max_json} bytes")
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise HTTPException(400, f"body: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise HTTPException(400, "body: expected a JSON object")
+    return doc
+
+
+# -- devices -----------------------------------------------------------------------------------------------
+@router.post("/enroll", status_code=202, tags=["enrollment"])
+async def enroll_device(request: Request) -> dict[str, Any]:
+    """A device's enrollment request, signed with its own key (no operator token)."""
+    doc = await _json_body(request)
+    ctx = cp(request)
+    try:
+        with write(ctx.factory) as s:
+            row = enroll.apply(s, doc)
+            out = {"device_id": row.device_id, "state": row.state}
+    except enroll.EnrollRefused as exc:
+        with write(ctx.factory) as s:
+            repo.audit(s, f"device:{str(doc.get('device_id'))[:64]}", "enroll.refused", None, reason=str(exc))
+        raise
+    if out["state"] == "accepted":
+        ctx.registry_changed()
+    return out
+
+
+@router.get("/devices", tags=["devices"])
+def list_devices(
+    request: Request,
+    _: AsViewer,
+    state: str | None = Query(None, pattern="^(" + "|".join(DEVICE_STATES) + ")$"),
+    group: str | None = Query(None, pattern=NAME),
+    target: str | None = Query(None, max_length=64),
+    provider: str | None = Query(None, max_length=64),
+    online: bool | None = None,
+    q: str | None = Query(None, max_length=64),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(50, ge=1, le=1000),
+) -> dict[str, Any]:
+    with cp(request).factory() as s:
+        total, rows = repo.list_devices(
+            s,
+            state=state,
+            group=group,
+            target=target,
+            provider=provider,
+            online=online,
+            q=q,
+            offset=offset,
+            limit=limit,
+        )
+        return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
+
+
+@router.get("/devices/{device_id}", tags=["devices"])
+def get_device(request: Request, device_id: str, _: AsViewer) -> dict[str, Any]:
+    with cp(request).factory() as s:
+        out = repo.device_dict(repo.device(s, device_id), full=True)
+        out["decisions"] = [_doc(d) for d in repo.documents(s, device_id, "decision")]
+        out["conformance"] = [_doc(d) for d in repo.documents(s, device_id, "conformance", 5)]
+        return out
+
+
+def _doc(d: DeviceDocument) -> dict[str, Any]:
+    return {"kind": d.kind, "model": d.model, "version": d.version, "ts": d.ts, "doc": d.doc}
+
+
+def _decide(request: Request, device_id: str, accept: bool, body: Decide | None, op: Operator) -> dict[str, Any]:
+    groups = body.groups if body else None
+    for g in groups or []:
+        _name(g, "groups")
+    with write(cp(request).factory) as s:
+        row = enroll.decide(s, device_id, accept, op.actor, groups)
+        out = repo.device_dict(row)
+    cp(request).registry_changed()
+    return out
+
+
+def _name(value: str, field: str) -> None:
+    from agent.names import is_valid_name
+
+    if not is_valid_name(value):
+        raise HTTPException(422, f"{field}: invalid name {value!r}")
+
+
+@router.post("/devices/{device_id}/accept", tags=["devices"])
+def accept(request: Request, device_id: str, op: AsOperator, body: Decide | None = None):
+    return _decide(request, device_id, True, body, op)
+
+
+@router.post("/devices/{device_id}/reject", tags=["devices"])
+def reject(request: Request, device_id: str, op: AsOperator):
+    return _decide(request, device_id, False, None, op)
+
+
+@router.post("/devices/{device_id}/decommission", tags=["devices"])
+def decommission(request: Request, device_id: str, op: AsAdmin):
+    with write(cp(request).factory) as s:
+        out = repo.device_dict(enroll.decommission(s, device_id, op.actor))
+    cp(request).registry_changed()
+    return out
+
+
+@router.put("/devices/{device_id}/groups", tags=["groups"])
+def set_groups(request: Request, device_id: str, body: Groups, op: AsOperator):
+    for g in body.groups:
+        _name(g, "groups")
+    with write(cp(request).factory) as s:
+        row = repo.device(s, device_id)
+        repo.set_groups(s, row, body.groups)
+        repo.audit(s, op.actor, "device.groups", device_id, groups=body.groups)
+        out = repo.device_dict(row)
+    cp(request).registry_changed()
+    return out
+
+
+@router.get("/groups", tags=["groups"])
+def groups(request: Request, _: AsViewer):
+    with cp(request).factory() as s:
+        return {"groups": repo.groups(s)}
+
+
+# -- signed device documents ---------------------------------------------------------------------------------
+@router.post("/devices/{device_id}/decisions", status_code=201, tags=["decision records"])
+async def post_decision(request: Request, device_id: str):
+    """A decision record signed by the device's key (kept only when the signature verifies)."""
+    return await _signed_doc(request, device_id, "decision")
+
+
+@router.post("/devices/{device_id}/conformance", status_code=201, tags=["conformance reports"])
+async def post_conformance(request: Request, device_id: str):
+    return await _signed_doc(request, device_id, "conformance")
+
+
+async def _signed_doc(request: Request, device_id: str, kind: str) -> dict[str, Any]:
+    from agent.artifacts.keys import parse_public_key
+    from agent.transport.signing import verify_doc
+
+    doc = await _json_body(request)
+    with write(cp(request).factory) as s:
+        row = repo.device(s, device_id)
+        if row.state != "accepted":
+            raise HTTPException(403, f"device_id: {device_id} is {row.state}, not accepted")
+        trust = verify_doc(doc, parse_public_key(row.public_key, where=f"key of {device_id}"))
+        if trust != "verified" or doc.get("device_id") != device_id:
+            repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, trust=trust)
+            raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
+        body = {k: v for k, v in doc.items() if k != "sig"}
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        version = body.get("version") if isinstance(body.get("version"), str) else None
+        s.add(DeviceDocument(device_id=device_id, kind=kind, model=model, version=version, doc=body, ts=time.time()))
+    return {"device_id": device_id, "kind": kind, "stored": True}
+
+
+@router.get("/devices/{device_id}/decisions", tags=["decision records"])
+def decisions(request: Request, device_id: str, _: AsViewer):
+    with cp(request).factory() as s:
+        repo.device(s, device_id)
+        return {"decisions": [_doc(d) for d in repo.documents(s, device_id, "decision")]}
+
+
+@router.get("/devices/{device_id}/conformance", tags=["conformance reports"])
+def conformance(request: Request, device_id: str, _: AsViewer):
+    with cp(request).factory() as s:
+        repo.device(s, device_id)
+        return {"reports": [_doc(d) for d in repo.documents(s, device_id, "conformance")]}
+
+
+# -- models ----------------------------------------------------------------------------------------------------
+@router.get("/models", tags=["models"])
+def models(request: Request, _: AsViewer):
+    with cp(request).factory() as s:
+        rows = s.scalars(select(ModelVersion).order_by(ModelVersion.name, ModelVersion.id)).all()
+        return {
+            "models": [
+                {"name": m.name, "version": m.version, "sha256": m.sha256, "size": m.size, "format": m.format}
+                for m in rows
+            ]
+        }
+
+
+@router.put("/models/{name}/versions/{version}", status_code=201, tags=["models"])
+async def upload_model(request: Request, name: str, version: str, op: AsOperator):
+    """The package bytes (a bare .onnx or a .tar.gz) as the request body."""
+    import re
+
+    from agent.fleet.push import store_package
+
+    if not re.match(NAME, name):
+        raise HTTPException(422, f"name: invalid model name {name!r}")
+    if not re.match(VERSION, version):
+        raise HTTPException(422, f"version: {version!r} is not a dotted integer version")
+    ctx = cp(request)
+    limit = ctx.settings.max_body_bytes
+    ctx.settings.store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
+        head = b""
+        path = Path(tmp) / "upload"
+        size = 0
+        with open(path, "wb") as f:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise HTTPException(413, f"body: package larger than max_body_bytes ({limit})")
+                head = head or chunk[:2]
+                f.write(chunk)
+        final = path.rename(path.with_name("package.tar.gz" if head == b"\x1f\x8b" else "model.onnx"))
+        artifact = store_package(final, ctx.settings.store)
+    with write(ctx.factory) as s:
+        old = s.scalar(select(ModelVersion).where(ModelVersion.name == name, ModelVersion.version == version))
+        if old is not None and old.sha256 != artifact["sha256"]:
+            raise HTTPException(409, f"version: {name} {version} exists with other bytes; upload a new version")
+        if old is None:
+            s.add(
+                ModelVersion(
+                    name=name,
+                    version=version,
+                    sha256=artifact["sha256"],
+                    size=artifact["size"],
+                    format=artifact["format"],
+                    created_at=time.time(),
+                )
+            )
+            repo.audit(s, op.actor, "model.upload", f"{name}/{version}", sha256=artifact["sha256"])
+    return {"name": name, "version": version, "sha256": artifact["sha256"], "size": artifact["size"]}
+
+
+@router.post("/push", tags=["models"])
+def push_model(request: Request, body: Push, op: AsOperator):
+    """Sign an uploaded version and publish it as retained desired state for devices or groups."""
+    from agent.controlplane.pushes import push_version
+
+    if bool(body.devices) == bool(body.groups):
+        raise HTTPException(422, "devices: give the targets as devices or as groups (one of the two)")
+    for name in [*body.devices, *body.groups]:
+        _name(name, "devices" if name in body.devices else "groups")
+    return push_version(cp(request), body, op.actor)
+
+
+# -- rollouts --------------------------------------------------------------------------------------------------
+@router.get("/rollouts", tags=["rollouts"])
+def rollouts(request: Request, _: AsViewer):
+    with cp(request).factory() as s:
+        rows = s.scalars(select(Rollout).order_by(Rollout.created_at.desc())).all()
+        return {"rollouts": [rollout_dict(r, brief=True) for r in rows]}
+
+
+@router.post("/rollouts", status_code=202, tags=["rollouts"])
+def new_rollout(request: Request, body: NewRollout, op: AsOperator):
+    return start_rollout(cp(request), body, op.actor)
+
+
+@router.get("/rollouts/{rollout_id}", tags=["rollouts"])
+def get_rollout(request: Request, rollout_id: str, _: AsViewer):
+    with cp(request).factory() as s:
+        row = s.get(Rollout, rollout_id)
+        if row is None:
+            raise repo.NotFound(f"rollout_id: no rollout {rollout_id!r}")
+        return rollout_dict(row)
+
+
+@router.post("/rollouts/{rollout_id}/{action}", tags=["rollouts"])
+def act_rollout(request: Request, rollout_id: str, action: str, op: AsOperator):
+    """action: halt (no new wave starts, nothing judged), resume, or rollback (halt + roll every device back)."""
+    if action not in ("halt", "resume", "rollback"):
+        raise HTTPException(404, f"action: expected halt, resume or rollback, got {action!r}")
+    return transition(cp(request), rollout_id, action, op.actor)
+
+
+# -- tokens and audit ------------------------------------------------------------------------------------------
+@router.post("/tokens", status_code=201, tags=["tokens"])
+def new_token(request: Request, body: NewOperatorToken, op: AsAdmin):
+    with write(cp(request).factory) as s:
+        token = tokens.create_operator(s, body.name, body.role)
+        repo.audit(s, op.actor, "token.create", body.name, role=body.role)
+    return {"name": body.name, "role": body.role, "token": token}
+
+
+@router.post("/enroll-tokens", status_code=201, tags=["enrollment"])
+def new_enroll_token(request: Request, body: NewEnrollToken, op: AsAdmin):
+    for g in body.groups:
+        _name(g, "groups")
+    with write(cp(request).factory) as s:
+        token = tokens.create_enroll_token(s, body.name, body.groups, body.uses, op.actor)
+        repo.audit(s, op.actor, "enroll_token.create", body.name, groups=body.groups, uses=body.uses)
+    return {"name": body.name, "token": token, "uses": body.uses}
+
+
+@router.get("/audit", tags=["audit"])
+def audit_log(request: Request, _: AsAdmin, limit: int = Query(100, ge=1, le=1000)):
+    with cp(request).factory() as s:
+        rows = s.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)).all()
+        return {
+            "entries": [
+                {"ts": a.ts, "actor": a.actor, "action": a.action, "target": a.target, "detail": a.detail} for a in rows
+            ]
+        }
+
+
+@router.get("/health", tags=["service"])
+def health(request: Request):
+    ctx = cp(request)
+    with ctx.factory() as s:
+        devices = s.scalar(select(func.count()).select_from(Device)) or 0
+    return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state()}

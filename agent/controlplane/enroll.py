@@ -1,0 +1,127 @@
+"""Enrollment: a device's request signed with its own key -> pending (or accepted with a pre-shared enrollment
+token); operators accept or reject. One key, one device: a key bound to another device is refused, as is a
+request for a device id enrolled with another key, a bad signature, a stale or replayed request."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from agent.controlplane import repo
+from agent.controlplane.models import ACCEPTED, DECOMMISSIONED, PENDING, REJECTED, Device, EnrollNonce, EnrollToken
+from agent.controlplane.tokens import digest
+from agent.errors import ConfigError
+
+MAX_SKEW_S = 300.0
+KIND = "enroll"
+
+
+class EnrollRefused(ConfigError):
+    """A request that is well formed but not believed (HTTP 403 at the edge); the refusal is audited."""
+
+
+def request(device_id: str, key, *, hardware: dict | None = None, target: str | None = None, token: str | None = None):
+    """The device side: a signed enrollment request for `device_id` made with the device's own key."""
+    from agent.artifacts.keys import public_pem
+    from agent.transport.signing import sign_doc
+
+    doc: dict[str, Any] = {
+        "kind": KIND,
+        "device_id": device_id,
+        "public_key": public_pem(key.public_key()),
+        "nonce": secrets.token_hex(16),
+        "ts": time.time(),
+        "hardware": hardware or {},
+        "target": target,
+    }
+    if token:
+        doc["token"] = token
+    return sign_doc(doc, key)
+
+
+def check(doc: dict[str, Any], now: float | None = None) -> tuple[str, str, Any]:
+    """Form and signature: (device_id, key_id, public key) or ConfigError / EnrollRefused naming the field."""
+    from agent.artifacts.keys import key_id, parse_public_key
+    from agent.names import check_name
+    from agent.transport.signing import verify_doc
+
+    if doc.get("kind") != KIND:
+        raise ConfigError(f"kind: expected {KIND!r}")
+    device_id = check_name(doc.get("device_id"), "device_id", ConfigError)
+    pem = doc.get("public_key")
+    if not isinstance(pem, str):
+        raise ConfigError("public_key: expected a PEM string")
+    pub = parse_public_key(pem, where="public_key")
+    if verify_doc(doc, pub) != "verified":
+        raise EnrollRefused(f"sig: the request for {device_id} is not signed by the key it presents")
+    ts, now = doc.get("ts"), time.time() if now is None else now
+    if not isinstance(ts, (int, float)) or abs(now - float(ts)) > MAX_SKEW_S:
+        raise EnrollRefused(f"ts: the request is older or newer than {MAX_SKEW_S:g} s (replayed or clock wrong)")
+    nonce = doc.get("nonce")
+    if not isinstance(nonce, str) or not 16 <= len(nonce) <= 64:
+        raise ConfigError("nonce: expected 16 to 64 characters")
+    return device_id, key_id(pub), pub
+
+
+def apply(session: Session, doc: dict[str, Any]) -> Device:
+    """Record a checked request: pending, or accepted by a valid enrollment token."""
+    device_id, kid, _ = check(doc)
+    if session.get(EnrollNonce, doc["nonce"]) is not None:
+        raise EnrollRefused(f"nonce: this request was seen before (replayed) for {device_id}")
+    session.add(EnrollNonce(nonce=doc["nonce"], device_id=device_id, ts=time.time()))
+    holder = session.scalar(select(Device).where(Device.key_id == kid))
+    if holder is not None and holder.device_id != device_id:
+        raise EnrollRefused(
+            f"public_key: key {kid} is enrolled as device {holder.device_id} (one key, one device); "
+            "decommission that device first"
+        )
+    row = session.get(Device, device_id)
+    if row is not None and row.state != DECOMMISSIONED and row.key_id != kid:
+        raise EnrollRefused(f"device_id: {device_id} is enrolled with another key ({row.key_id}): refused")
+    hardware: dict[str, Any] = doc["hardware"] if isinstance(doc.get("hardware"), dict) else {}
+    target = doc.get("target") if isinstance(doc.get("target"), str) else None
+    if row is None:
+        row = Device(device_id=device_id, groups=[], online=False, requested_at=time.time())
+        session.add(row)
+    elif row.state == REJECTED:
+        return row  # an operator said no; asking again changes nothing
+    if row.state in (None, DECOMMISSIONED):
+        row.state, row.decided_at, row.decided_by = PENDING, None, None
+    row.public_key, row.key_id, row.hardware = doc["public_key"], kid, hardware
+    row.target = target or row.target
+    token = doc.get("token")
+    if token and row.state == PENDING:
+        grant = session.get(EnrollToken, digest(str(token)))
+        if grant is None or grant.uses_left < 1:
+            raise EnrollRefused("token: unknown or used-up enrollment token")
+        grant.uses_left -= 1
+        session.flush()
+        repo.set_groups(session, row, list(row.groups or []) + list(grant.groups or []))
+        row.state, row.decided_at, row.decided_by = ACCEPTED, time.time(), f"token:{grant.name}"
+    repo.audit(session, f"device:{device_id}", "enroll.request", device_id, key_id=kid, state=row.state)
+    return row
+
+
+def decide(session: Session, device_id: str, accept: bool, actor: str, groups: list[str] | None = None) -> Device:
+    row = repo.device(session, device_id)
+    if row.state not in (PENDING, REJECTED, ACCEPTED):
+        raise repo.Conflict(f"device_id: {device_id} is {row.state}")
+    row.state = ACCEPTED if accept else REJECTED
+    row.decided_at, row.decided_by = time.time(), actor
+    if groups is not None:
+        repo.set_groups(session, row, groups)
+    repo.audit(session, actor, "device.accept" if accept else "device.reject", device_id, groups=groups)
+    return row
+
+
+def decommission(session: Session, device_id: str, actor: str) -> Device:
+    row = repo.device(session, device_id)
+    row.state, row.key_id, row.online = DECOMMISSIONED, None, False
+    row.decided_at, row.decided_by = time.time(), actor
+    repo.set_groups(session, row, [])
+    repo.audit(session, actor, "device.decommission", device_id)
+    return row

@@ -1,0 +1,193 @@
+"""The service's one fleet loop (a thread): retained device status in over MQTT (verified against the accepted
+devices' keys; only verified reports change the registry), rollouts stepped, operator requests applied."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from agent.controlplane.db import StorageError, write
+from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
+from agent.controlplane.runner import ServiceRolloutEngine, new_state
+from agent.errors import EdgeAgentError
+from agent.fleet import rollout_state as rs
+from agent.fleet.registry import DeviceRegistry
+from agent.fleet.rollout_plan import RolloutSpec
+
+log = logging.getLogger("edge_agent.controlplane")
+
+
+def registry_from_db(factory: sessionmaker[Session]) -> DeviceRegistry:
+    with factory() as s:
+        rows = s.execute(
+            select(Device.device_id, Device.public_key, Device.key_id, Device.groups).where(Device.state == ACCEPTED)
+        ).all()
+    return DeviceRegistry({d: {"public_key": pem, "key_id": kid, "groups": list(g or [])} for d, pem, kid, g in rows})
+
+
+class FleetLoop:
+    def __init__(self, factory: sessionmaker[Session], settings, key=None):
+        self.factory, self.settings, self.key = factory, settings, key
+        self.registry = registry_from_db(factory)
+        self.registry_dirty = threading.Event()
+        self.wake = threading.Event()
+        self.stop_event = threading.Event()
+        self.engines: dict[str, ServiceRolloutEngine] = {}
+        self.link: Any = None
+        self._seen: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def start(self) -> "FleetLoop":
+        from agent.fleet.rollout_link import FleetLink
+
+        self.link = FleetLink(self.settings.broker_url, self.settings.prefix, registry=self.registry)
+        self.link.__enter__()
+        self._resume()
+        self._thread = threading.Thread(target=self._run, name="cp-fleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.link is not None:
+            self.link.__exit__(None, None, None)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.tick()
+                self.error = None
+            except StorageError as exc:
+                self.error = str(exc)  # shown on the dashboard; the loop retries next tick
+                log.warning("fleet loop: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - the loop must survive one bad turn
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.exception("fleet loop turn failed")
+            self.link.wait_change(self.settings.tick_s)
+
+    def tick(self) -> None:
+        if self.registry_dirty.is_set():
+            self.registry_dirty.clear()
+            fresh = registry_from_db(self.factory)
+            self.registry.devices, self.registry._keys = fresh.devices, {}
+            self._seen.clear()
+            # subscribe again: the broker hands every retained status over once more, believed with the new keys
+            watch = self.link.watch
+            watch.link.unsubscribe(watch.topics.all_status())
+            watch.link.subscribe(watch.topics.all_status(), watch._enqueue, qos=1)
+        self._ingest(self.link.statuses())
+        self._rollouts()
+
+    def _ingest(self, statuses: dict[str, dict]) -> None:
+        changed = {d: doc for d, doc in statuses.items() if self._seen.get(d) is not doc}
+        if not changed:
+            return
+        with write(self.factory) as s:
+            for dev, doc in changed.items():
+                self._seen[dev] = doc
+                if doc.get("trust") != "verified":
+                    continue  # only verified reports change anything
+                row = s.get(Device, dev)
+                if row is None or row.state != ACCEPTED:
+                    continue
+                providers: list = doc["providers"] if isinstance(doc.get("providers"), list) else []
+                models: dict = doc["models"] if isinstance(doc.get("models"), dict) else {}
+                serving = [m.get("provider") for m in models.values() if isinstance(m, dict) and m.get("provider")]
+                row.status = {k: v for k, v in doc.items() if k != "sig"}
+                row.status_ts = float(doc["ts"]) if isinstance(doc.get("ts"), (int, float)) else time.time()
+                row.online = bool(doc.get("online"))
+                row.target = doc.get("target") if isinstance(doc.get("target"), str) else row.target
+                row.provider = (serving or providers or [row.provider])[0]
+                if isinstance(doc.get("hardware"), dict):
+                    row.hardware = doc["hardware"]
+
+    # -- rollouts ------------------------------------------------------------------------------------------
+    def _resume(self) -> None:
+        """After a (re)start: every unfinished rollout gets its engine back and republishes what is in flight
+        (byte-identical envelopes: a device that got one already sees nothing new)."""
+        with self.factory() as s:
+            rows = s.scalars(select(Rollout).where(Rollout.phase == "running")).all()
+        for row in rows:
+            if row.state:
+                engine = self._engine(row)
+                engine.republish()
+
+    def _engine(self, row: Rollout) -> ServiceRolloutEngine:
+        from agent.fleet.rollout_link import ManifestIssuer
+
+        engine = self.engines.get(row.rollout_id)
+        if engine is None:
+            assert row.state is not None
+            issuer = ManifestIssuer(self.key, row.state["manifests"])
+            engine = ServiceRolloutEngine(self.factory, row.state, self.link, issuer, row.knobs)
+            self.engines[row.rollout_id] = engine
+        return engine
+
+    def _rollouts(self) -> None:
+        with self.factory() as s:
+            rows = s.scalars(select(Rollout).where(Rollout.phase.in_(("starting", "running")))).all()
+        for row in rows:
+            if row.phase == "starting":
+                self._plan(row)
+                continue
+            engine = self._engine(row)
+            if row.rollback_requested and any(c["state"] == rs.RUNNING for c in engine.state["cohorts"].values()):
+                engine.operator_rollback(row.rollback_requested)
+            if row.paused and not row.rollback_requested:
+                continue  # halted by an operator: no wave starts, nothing is judged until resumed
+            if engine.step():
+                self.engines.pop(row.rollout_id, None)
+
+    def _plan(self, row: Rollout) -> None:
+        from agent.fleet.rollout_run import _manifest_extras, _sources, registered_population, stored_artifact
+
+        spec = RolloutSpec.from_dict(row.spec)
+        try:
+            if self.key is None:
+                raise EdgeAgentError("signing_key: the control plane has no fleet signing key configured")
+            with self.factory() as s:
+                mv = s.scalar(
+                    select(ModelVersion).where(ModelVersion.name == spec.name, ModelVersion.version == spec.version)
+                )
+            if mv is None:
+                raise EdgeAgentError(f"model {spec.name} {spec.version} is not uploaded")
+            artifact = stored_artifact(self.settings.store, mv.sha256, mv.format)
+            if artifact is None:
+                raise EdgeAgentError(f"artifact {mv.sha256} is not in {self.settings.store}")
+            sources = _sources(artifact, None)
+            warnings: list[str] = []
+            extras = _manifest_extras(
+                spec,
+                self.settings.store,
+                artifact,
+                sources,
+                time.time(),
+                lambda event, **f: warnings.append(str(f.get("message"))),
+                self.link,
+            )
+            population = registered_population(self.registry, self.link.statuses())
+            info = {"sha256": artifact["sha256"], "size": artifact["size"], "format": artifact.get("format")}
+            state = new_state(spec, population, info, extras)
+        except EdgeAgentError as exc:
+            with write(self.factory) as s:
+                r = s.get(Rollout, row.rollout_id)
+                if r is not None:
+                    r.phase, r.reason, r.updated_at = "failed", str(exc), time.time()
+            return
+        with write(self.factory) as s:
+            r = s.get(Rollout, row.rollout_id)
+            if r is None:
+                return
+            r.state, r.phase, r.updated_at = state, "running", time.time()
+            row = r
+        self._engine(row).republish()

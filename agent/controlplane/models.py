@@ -1,0 +1,129 @@
+"""The control plane's tables (SQLAlchemy 2 declarative). Alembic migrations in migrations/ create them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+PENDING, ACCEPTED, REJECTED, DECOMMISSIONED = "pending", "accepted", "rejected", "decommissioned"
+DEVICE_STATES = (PENDING, ACCEPTED, REJECTED, DECOMMISSIONED)
+ROLES = ("viewer", "operator", "admin")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Device(Base):
+    __tablename__ = "devices"
+
+    device_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    public_key: Mapped[str] = mapped_column(Text)
+    key_id: Mapped[str | None] = mapped_column(String(32), unique=True, nullable=True)  # one key, one device
+    groups: Mapped[list[str]] = mapped_column(JSON, default=list)
+    target: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)  # hardware class
+    provider: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
+    online: Mapped[bool] = mapped_column(Boolean, default=False)
+    hardware: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # last verified status
+    status_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    requested_at: Mapped[float] = mapped_column(Float)
+    decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    decided_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class DeviceGroup(Base):
+    """Membership rows (so a group filter is an indexed parameterised join, not JSON text matching)."""
+
+    __tablename__ = "device_groups"
+
+    device_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group: Mapped[str] = mapped_column("group_name", String(64), primary_key=True, index=True)
+
+
+class EnrollNonce(Base):
+    __tablename__ = "enroll_nonces"
+
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(64))
+    ts: Mapped[float] = mapped_column(Float)
+
+
+class EnrollToken(Base):
+    __tablename__ = "enroll_tokens"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    groups: Mapped[list[str]] = mapped_column(JSON, default=list)
+    uses_left: Mapped[int] = mapped_column(Integer)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class OperatorToken(Base):
+    __tablename__ = "operator_tokens"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    actor: Mapped[str] = mapped_column(String(80))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Rollout(Base):
+    """One rollout: the operator's spec and knobs, the engine's persisted state (written only by the runner),
+    and the operator's requests (paused, rollback) changed by conditional updates: no last write wins."""
+
+    __tablename__ = "rollouts"
+
+    rollout_id: Mapped[str] = mapped_column(String(140), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    knobs: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    phase: Mapped[str] = mapped_column(String(16), index=True)  # starting | running | finished | failed
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    rollback_requested: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class DeviceDocument(Base):
+    """Signed documents a device uploads (decision records, conformance reports), kept only when verified."""
+
+    __tablename__ = "device_documents"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # decision | conformance
+    model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    doc: Mapped[dict[str, Any]] = mapped_column(JSON)
+    ts: Mapped[float] = mapped_column(Float)

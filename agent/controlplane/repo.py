@@ -1,0 +1,127 @@
+"""Repository functions over the registry tables: filters are bound parameters, never SQL text."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from agent.controlplane.models import AuditEntry, Device, DeviceDocument, DeviceGroup
+from agent.errors import ConfigError
+
+
+class NotFound(ConfigError):
+    """The named row does not exist (HTTP 404 at the edge)."""
+
+
+class Conflict(ConfigError):
+    """The change does not apply to the row's current state (HTTP 409 at the edge)."""
+
+
+def audit(session: Session, actor: str, action: str, target: str | None = None, **detail: Any) -> None:
+    session.add(AuditEntry(ts=time.time(), actor=actor, action=action, target=target, detail=detail))
+
+
+def device(session: Session, device_id: str) -> Device:
+    row = session.get(Device, device_id)
+    if row is None:
+        raise NotFound(f"device_id: no device {device_id!r}")
+    return row
+
+
+def list_devices(
+    session: Session,
+    *,
+    state: str | None = None,
+    group: str | None = None,
+    target: str | None = None,
+    provider: str | None = None,
+    online: bool | None = None,
+    q: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> tuple[int, list[Device]]:
+    stmt = select(Device)
+    if state:
+        stmt = stmt.where(Device.state == state)
+    if group:
+        stmt = stmt.join(DeviceGroup, DeviceGroup.device_id == Device.device_id).where(DeviceGroup.group == group)
+    if target:
+        stmt = stmt.where(Device.target == target)
+    if provider:
+        stmt = stmt.where(Device.provider == provider)
+    if online is not None:
+        stmt = stmt.where(Device.online == online)
+    if q:
+        stmt = stmt.where(Device.device_id.startswith(q, autoescape=True))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(Device.device_id).offset(offset).limit(limit)).all()
+    return total, list(rows)
+
+
+def set_groups(session: Session, row: Device, groups: list[str]) -> None:
+    groups = sorted(set(groups))
+    row.groups = groups
+    for old in session.scalars(select(DeviceGroup).where(DeviceGroup.device_id == row.device_id)).all():
+        session.delete(old)
+    session.flush()
+    for name in groups:
+        session.add(DeviceGroup(device_id=row.device_id, group=name))
+
+
+def groups(session: Session) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(DeviceGroup.group, func.count()).group_by(DeviceGroup.group).order_by(DeviceGroup.group)
+    ).all()
+    return [{"group": g, "devices": n} for g, n in rows]
+
+
+def overview(session: Session) -> dict[str, Any]:
+    """Accepted devices by hardware cohort (target), provider and model version, plus counts by state."""
+    states = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
+    cohorts: dict[tuple[str, str, str], dict[str, int]] = {}
+    for row in session.scalars(select(Device).where(Device.state == "accepted")).all():
+        models = ((row.status or {}).get("models") or {}) if isinstance(row.status, dict) else {}
+        versions = ", ".join(f"{m} {v.get('version')}" for m, v in sorted(models.items()) if isinstance(v, dict))
+        key = (row.target or "unknown", row.provider or "unknown", versions or "none")
+        c = cohorts.setdefault(key, {"devices": 0, "online": 0})
+        c["devices"] += 1
+        c["online"] += int(bool(row.online))
+    return {
+        "states": {s: int(n) for s, n in states.items()},
+        "cohorts": [{"target": t, "provider": p, "models": m, **c} for (t, p, m), c in sorted(cohorts.items())],
+    }
+
+
+def documents(session: Session, device_id: str, kind: str, limit: int = 20) -> list[DeviceDocument]:
+    stmt = (
+        select(DeviceDocument)
+        .where(DeviceDocument.device_id == device_id, DeviceDocument.kind == kind)
+        .order_by(DeviceDocument.ts.desc(), DeviceDocument.id.desc())
+        .limit(limit)
+    )
+    return list(session.scalars(stmt).all())
+
+
+def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
+    status = row.status if isinstance(row.status, dict) else {}
+    out = {
+        "device_id": row.device_id,
+        "state": row.state,
+        "key_id": row.key_id,
+        "groups": list(row.groups or []),
+        "target": row.target,
+        "provider": row.provider,
+        "online": bool(row.online),
+        "hardware": row.hardware or {},
+        "models": status.get("models") or {},
+        "status_ts": row.status_ts,
+        "requested_at": row.requested_at,
+        "decided_at": row.decided_at,
+        "decided_by": row.decided_by,
+    }
+    if full:
+        out["status"] = status or None
+    return out

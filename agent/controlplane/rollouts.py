@@ -1,0 +1,103 @@
+"""Rollout requests from operators: start (a row the fleet loop plans), halt, resume, roll back. Each change is
+one conditional UPDATE, so two operators acting at once leave one consistent state (the loser gets a 409)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import update
+
+from agent.controlplane import repo
+from agent.controlplane.db import write
+from agent.controlplane.models import Rollout
+from agent.fleet import rollout_state as rs
+from agent.fleet.rollout_plan import RolloutSpec, rollout_id
+
+
+def start_rollout(ctx, body, actor: str) -> dict[str, Any]:
+    spec = RolloutSpec(
+        name=body.model,
+        version=body.version,
+        group=body.group,
+        cohort_by=body.cohort_by,
+        canary=body.canary,
+        wave_size=body.wave_size,
+        max_failures=body.max_failures,
+        deadline_s=body.deadline_s,
+    ).validate()
+    rid = rollout_id(spec.name, spec.version)
+    knobs = {"rate_per_minute": body.rate_per_minute, "min_devices": body.min_devices}
+    now = time.time()
+    with write(ctx.factory) as s:
+        if s.get(Rollout, rid) is not None:
+            raise repo.Conflict(f"version: rollout {rid} exists already; publish a new version")
+        s.add(
+            Rollout(
+                rollout_id=rid,
+                spec=spec.to_dict(),
+                knobs=knobs,
+                phase="starting",
+                paused=False,
+                created_by=actor,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        repo.audit(s, actor, "rollout.start", rid, spec=spec.to_dict(), knobs=knobs)
+    ctx.wake()
+    return {"rollout_id": rid, "phase": "starting"}
+
+
+def transition(ctx, rid: str, action: str, actor: str) -> dict[str, Any]:
+    with write(ctx.factory) as s:
+        row = s.get(Rollout, rid)
+        if row is None:
+            raise repo.NotFound(f"rollout_id: no rollout {rid!r}")
+        live = Rollout.phase.in_(("starting", "running"))
+        stmt = update(Rollout).where(Rollout.rollout_id == rid, live, Rollout.rollback_requested.is_(None))
+        if action == "halt":
+            stmt = stmt.where(Rollout.paused.is_(False)).values(paused=True, updated_at=time.time())
+        elif action == "resume":
+            stmt = stmt.where(Rollout.paused.is_(True)).values(paused=False, updated_at=time.time())
+        else:
+            stmt = stmt.values(rollback_requested=f"rolled back by {actor}", updated_at=time.time())
+        if getattr(s.execute(stmt), "rowcount", 0) != 1:
+            s.refresh(row)
+            raise repo.Conflict(f"action: cannot {action} rollout {rid} now ({_where(row)})")
+        repo.audit(s, actor, f"rollout.{action}", rid)
+    ctx.wake()
+    with ctx.factory() as s:
+        out = s.get(Rollout, rid)
+        assert out is not None
+        return rollout_dict(out, brief=True)
+
+
+def _where(row: Rollout) -> str:
+    if row.rollback_requested:
+        return f"{row.phase}, rollback requested"
+    return f"{row.phase}{', halted' if row.paused else ''}"
+
+
+def rollout_dict(row: Rollout, brief: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "rollout_id": row.rollout_id,
+        "model": row.spec.get("name"),
+        "version": row.spec.get("version"),
+        "group": row.spec.get("group"),
+        "spec": row.spec,
+        "knobs": row.knobs,
+        "phase": row.phase,
+        "halted": bool(row.paused),
+        "rollback_requested": row.rollback_requested,
+        "reason": row.reason,
+        "created_by": row.created_by,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+    }
+    if row.state:
+        doc = rs.summary(row.state) if not brief else rs.progress_doc(row.state)
+        out.update(state=row.state["state"], progress=doc)
+    else:
+        out.update(state=None, progress=None)
+    return out

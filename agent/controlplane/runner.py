@@ -1,0 +1,127 @@
+"""Rollouts inside the service on agent.fleet's engine (cohorts, canary, waves, halt, rollback), its state kept
+in the database, plus the AWS IoT Jobs knobs: a rate limit (devices per minute), a minimum number of finished
+devices before the failure threshold applies, and a per-wave deadline (the engine's deadline_s, counted from
+each wave's start)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from agent.controlplane.db import write
+from agent.controlplane.models import Rollout
+from agent.fleet import rollout_state as rs
+from agent.fleet.rollout import RolloutEngine
+from agent.fleet.rollout_plan import RolloutSpec, plan
+
+QUEUED = "queued"  # a device of a started wave the rate limit has not published yet (field `queued`)
+
+
+class ServiceRolloutEngine(RolloutEngine):
+    """The engine with its state saved to the rollouts table and the service's knobs applied."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        state: dict,
+        link,
+        issuer,
+        knobs: dict[str, Any],
+        progress=None,
+        clock=time.time,
+    ):
+        super().__init__(None, state, link, issuer, progress, clock=clock)
+        self.factory, self.knobs = factory, dict(knobs)
+
+    # rate limit: a started wave's devices are published at most rate_per_minute a minute
+    def _start_wave(self, key: str, wave: int) -> None:
+        rate = self.knobs.get("rate_per_minute")
+        if not rate:
+            return super()._start_wave(key, wave)
+        cohort, now = self.state["cohorts"][key], self.clock()
+        cohort["wave_started"][str(wave)] = now
+        for dev in cohort["waves"][wave]:
+            self.state["devices"][dev].update(result=rs.IN_PROGRESS, published=None, reason=None, queued=True)
+        self._save()
+        self._release()
+        self.progress("wave_started", cohort=key, wave=wave, devices=len(cohort["waves"][wave]))
+
+    def _release(self) -> None:
+        rate = float(self.knobs.get("rate_per_minute") or 0)
+        queued = sorted(d for d, v in self.state["devices"].items() if v.get("queued"))
+        if not rate or not queued:
+            return
+        bucket = self.state.setdefault("rate", {"since": self.clock(), "sent": 0})
+        allowed = int((self.clock() - bucket["since"]) * rate / 60.0) + 1 - bucket["sent"]
+        sent = queued[: max(0, allowed)]
+        if not sent:
+            return
+        for dev in sent:
+            self.state["devices"][dev].update(queued=False, published=self.clock())
+        bucket["sent"] += len(sent)
+        self._save()  # persist before acting: a restart republishes them, never a queued one
+        for dev in sent:
+            self._publish_forward(dev)
+
+    def step(self) -> bool:
+        if self.state["state"] not in rs.ROLLOUT_FINAL:
+            self._release()
+        return super().step()
+
+    def republish(self) -> None:
+        queued = {d for d, v in self.state["devices"].items() if v.get("queued")}
+        for dev in queued:
+            self.state["devices"][dev]["result"] = QUEUED  # not in flight: nothing to publish again
+        try:
+            super().republish()
+        finally:
+            for dev in queued:
+                self.state["devices"][dev]["result"] = rs.IN_PROGRESS
+
+    # minimum finished devices before the failure threshold applies
+    def _failures(self, key: str) -> tuple[int, int, str | None]:
+        failed, attempted, first = super()._failures(key)
+        finished = sum(
+            1
+            for d in self.state["devices"].values()
+            if d["cohort"] == key and d["result"] not in (rs.PENDING, rs.IN_PROGRESS)
+        )
+        if finished < int(self.knobs.get("min_devices") or 0):
+            return 0, attempted, first
+        return failed, attempted, first
+
+    def operator_rollback(self, reason: str) -> None:
+        """Halt every running cohort and roll its devices back (the engine's own halt)."""
+        for key, cohort in self.state["cohorts"].items():
+            if cohort["state"] == rs.RUNNING:
+                self._halt(key, reason)
+        self._save()
+
+    def _save(self) -> None:
+        now = time.time()
+        self.state["updated"] = now
+        final = self.state["state"] in rs.ROLLOUT_FINAL
+        with write(self.factory) as s:
+            row = s.get(Rollout, self.state["rollout_id"])
+            if row is not None:
+                row.state, row.updated_at = _copy(self.state), now
+                row.phase = "finished" if final else "running"
+        self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))
+
+
+def _copy(state: dict) -> dict:
+    import json
+
+    return json.loads(json.dumps(state))  # a fresh object: SQLAlchemy sees the JSON column change
+
+
+def new_state(spec: RolloutSpec, population: dict[str, dict], manifest_info: dict, extras) -> dict:
+    """Plan a rollout (agent.fleet.rollout_plan) and its persisted manifests (agent.fleet.rollout_run)."""
+    spec.validate()
+    planned = plan(spec, population)
+    more = extras(planned)
+    state = rs.new_state(f"{spec.name}-{spec.version}", spec, planned, manifest_info, time.time())
+    state.update(more)
+    return state

@@ -1,0 +1,190 @@
+"""Composition of the control-plane service: database (migrated), first-start import, the admin token, the
+fleet loop, and the ASGI app (API + dashboard) that uvicorn serves."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from agent.controlplane import db, repo, tokens
+from agent.controlplane.enroll import EnrollRefused
+from agent.controlplane.importer import import_store
+from agent.controlplane.models import OperatorToken
+from agent.controlplane.settings import Settings
+from agent.errors import ConfigError, EdgeAgentError
+
+log = logging.getLogger("edge_agent.controlplane")
+OPENAPI_PATH = "/api/openapi.json"
+
+
+class ControlPlane:
+    """What the routes share: settings, the session factory, the fleet loop (None without a broker)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.engine = db.make_engine(settings.database_url)
+        db.migrate(self.engine)
+        self.factory = db.sessions(self.engine)
+        self.loop: Any = None
+        self.artifacts: Any = None
+        self.fleet_error: str | None = None
+        self.stopping = threading.Event()
+        self.imported: dict[str, int] = {}
+        self.admin_token: str | None = None
+
+    def prepare(self) -> "ControlPlane":
+        with db.write(self.factory) as s:
+            self.imported = import_store(s, self.settings.store)
+            if (s.scalar(select(func.count()).select_from(OperatorToken)) or 0) == 0:
+                self.admin_token = tokens.create_operator(s, "admin", "admin")
+                repo.audit(s, "service", "token.create", "admin", role="admin")
+        if self.admin_token and self.settings.admin_token_file is not None:
+            path = self.settings.admin_token_file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.admin_token + "\n")
+        return self
+
+    def start_fleet(self) -> None:
+        """The fleet side (artifact server, fleet loop). A broker that does not answer does not stop the service:
+        the API and dashboard serve (the pages show why the fleet link is down) while a thread retries."""
+        if not self.settings.broker_url:
+            return
+        key = None
+        if self.settings.signing_key is not None:
+            from agent.artifacts.keys import load_private_key
+
+            key = load_private_key(self.settings.signing_key)  # a bad key is a config error: fail at start
+        try:
+            self._connect(key)
+        except EdgeAgentError as exc:
+            self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
+            log.warning("fleet link: %s", self.fleet_error)
+            threading.Thread(target=self._retry, args=(key,), name="cp-fleet-connect", daemon=True).start()
+
+    def _connect(self, key) -> None:
+        from agent.artifacts.store import ContentStore
+        from agent.controlplane.fleetloop import FleetLoop
+        from agent.fleet.artifact_server import ArtifactServer
+        from agent.transport.mqtt import BrokerConfig
+
+        broker = BrokerConfig(str(self.settings.broker_url))
+        self.settings.store.mkdir(parents=True, exist_ok=True)
+        if self.artifacts is None:
+            self.artifacts = ArtifactServer(ContentStore(self.settings.store), broker, self.settings.prefix).start()
+        self.loop = FleetLoop(self.factory, self.settings, key).start()
+        self.fleet_error = None
+
+    def _retry(self, key) -> None:
+        while not self.stopping.wait(5.0):
+            try:
+                self._connect(key)
+                return
+            except EdgeAgentError as exc:
+                self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.loop is not None:
+            self.loop.stop()
+        if self.artifacts is not None:
+            self.artifacts.stop()
+        self.engine.dispose()
+
+    def registry_changed(self) -> None:
+        if self.loop is not None:
+            self.loop.registry_dirty.set()
+
+    def wake(self) -> None:
+        if self.loop is not None:
+            self.loop.wake.set()
+
+    def loop_state(self) -> dict[str, Any]:
+        if self.loop is None:
+            why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
+            return {"running": False, "why": why}
+        return {"running": True, "error": self.loop.error}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(cp: ControlPlane) -> FastAPI:
+    from agent.controlplane.api import router
+    from agent.controlplane.web import router as web_router
+    from agent.controlplane.web import static_files
+
+    app = FastAPI(
+        title="edge-agent control plane",
+        version="1",
+        openapi_url=OPENAPI_PATH,
+        docs_url=None,  # the Swagger UI loads from a CDN: not served
+        redoc_url=None,
+    )
+    app.state.cp = cp
+    app.include_router(router)
+    app.include_router(web_router)
+    app.mount("/static", static_files(), name="static")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = []
+        for e in exc.errors():
+            loc = [str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path")]
+            fields.append({"field": ".".join(loc) or "body", "message": e.get("msg")})
+        msg = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+        return JSONResponse({"error": msg, "fields": fields}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(EdgeAgentError)
+    async def _domain(request: Request, exc: EdgeAgentError) -> JSONResponse:
+        if isinstance(exc, db.StorageError):
+            return _error(507, str(exc))
+        if isinstance(exc, repo.NotFound):
+            return _error(404, str(exc))
+        if isinstance(exc, repo.Conflict):
+            return _error(409, str(exc))
+        if isinstance(exc, EnrollRefused):
+            return _error(403, str(exc))
+        if isinstance(exc, ConfigError):
+            return _error(400, str(exc))
+        return _error(422, str(exc))
+
+    return app
+
+
+def server(cp: ControlPlane, port: int | None = None):
+    """A uvicorn server for the app (run() blocks; SIGTERM/SIGINT stop it)."""
+    import uvicorn
+
+    port = cp.settings.port if port is None else port
+    config = uvicorn.Config(create_app(cp), host=cp.settings.host, port=port, log_level="warning")
+    return uvicorn.Server(config)
+
+
+def serve(settings: Settings, ready: threading.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT."""
+    cp = ControlPlane(settings).prepare()
+    cp.start_fleet()
+    try:
+        server(cp).run()
+    finally:
+        cp.stop()
+
+
+def admin_token_path(settings: Settings) -> Path | None:
+    return settings.admin_token_file

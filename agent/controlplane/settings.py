@@ -1,0 +1,100 @@
+"""The control plane's configuration file (YAML), frozen and validated; errors name the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.errors import ConfigError
+
+KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8470
+    database_url: str = ""
+    store: Path = Path("store")
+    signing_key: Path | None = None
+    broker_url: str | None = None
+    prefix: str = "edge"
+    admin_token_file: Path | None = None
+    max_body_bytes: int = 256 * 1024 * 1024
+    tick_s: float = 0.5
+
+    @property
+    def api_max_json(self) -> int:
+        return 1024 * 1024
+
+
+def _path(base: Path, value: Any, key: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: expected a path")
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def parse(doc: Any, base: Path) -> Settings:
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError("control-plane config: expected a mapping at the top")
+    unknown = sorted(set(doc) - KEYS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(KEYS))})")
+    listen = doc.get("listen") or {}
+    if not isinstance(listen, dict):
+        raise ConfigError("listen: expected a mapping with host and port")
+    port = listen.get("port", 8470)
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"listen.port: expected 0-65535, got {port!r}")
+    store = _path(base, doc.get("store", "store"), "store")
+    db = doc.get("database") or {}
+    if not isinstance(db, dict):
+        raise ConfigError("database: expected a mapping with url")
+    url = db.get("url") or f"sqlite:///{store.parent / 'control-plane.db'}"
+    if not isinstance(url, str) or not url.startswith(("sqlite:///", "postgresql")):
+        raise ConfigError("database.url: expected sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    mqtt = doc.get("mqtt") or {}
+    if not isinstance(mqtt, dict):
+        raise ConfigError("mqtt: expected a mapping with url and topic_prefix")
+    max_body = doc.get("max_body_bytes", Settings.max_body_bytes)
+    if not isinstance(max_body, int) or max_body < 1024:
+        raise ConfigError(f"max_body_bytes: expected an integer of at least 1024, got {max_body!r}")
+    tick = doc.get("tick_s", 0.5)
+    if not isinstance(tick, (int, float)) or not 0.01 <= tick <= 10:
+        raise ConfigError(f"tick_s: expected 0.01-10 seconds, got {tick!r}")
+    return Settings(
+        host=str(listen.get("host", "127.0.0.1")),
+        port=port,
+        database_url=url,
+        store=store,
+        signing_key=_path(base, doc["signing_key"], "signing_key") if doc.get("signing_key") else None,
+        broker_url=mqtt.get("url"),
+        prefix=str(mqtt.get("topic_prefix", "edge")),
+        admin_token_file=_path(base, doc["admin_token_file"], "admin_token_file")
+        if doc.get("admin_token_file")
+        else store.parent / "admin.token",
+        max_body_bytes=max_body,
+        tick_s=float(tick),
+    )
+
+
+def load(path: str | Path) -> Settings:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the control-plane config: {exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from None
+    try:
+        return parse(doc, path.parent.resolve())
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,86 @@
+"""Test support for the control plane: a real service (uvicorn on a free loopback port, in a thread) and a real
+PostgreSQL server started from Debian's binaries into a temporary directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from brokers import free_port
+
+_FOUND = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUND else "/usr/lib/postgresql/15/bin"))
+
+
+@contextlib.contextmanager
+def running_service(tmp: Path, **doc) -> Iterator:
+    """(ControlPlane, base URL) of a service serving on 127.0.0.1; stopped at exit."""
+    from agent.controlplane.service import ControlPlane, server
+    from agent.controlplane.settings import parse
+
+    port = free_port()
+    settings = parse({"store": str(tmp / "store"), "listen": {"host": "127.0.0.1", "port": port}, **doc}, tmp)
+    cp = ControlPlane(settings).prepare()
+    cp.start_fleet()
+    srv = server(cp)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not srv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the control plane did not start")
+        time.sleep(0.05)
+    try:
+        yield cp, f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+        cp.stop()
+
+
+@contextlib.contextmanager
+def postgres(tmp: Path) -> Iterator[str]:
+    """A PostgreSQL server of our own (initdb into tmp, a free port, trust auth on loopback); yields its URL."""
+    if not (PG_BIN / "initdb").exists():
+        raise RuntimeError(
+            f"PostgreSQL binaries not found in {PG_BIN}: install Debian's postgresql package "
+            "(apt-get install -y --no-install-recommends postgresql) or set EDGE_AGENT_PG_BIN"
+        )
+    run_as: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root: the server runs as the postgres user, in a directory it can reach
+        tmp = Path(tempfile.mkdtemp(prefix="edge-pg-"))
+        user = pwd.getpwnam("postgres")
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data, sock = tmp / "pgdata", tmp / "pgsock"
+    subprocess.run([*run_as, "mkdir", "-p", str(sock)], check=True)
+    port = free_port()
+    init = subprocess.run(
+        [*run_as, str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "--no-sync"],
+        capture_output=True,
+        text=True,
+    )
+    if init.returncode != 0:
+        raise RuntimeError(f"initdb failed: {init.stderr.strip()[-500:]}")
+    opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
+    log = tmp / "pg.log"
+    subprocess.run(
+        [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(log), "-w", "start"],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True
+        )
+        shutil.rmtree(tmp if run_as else data, ignore_errors=True)

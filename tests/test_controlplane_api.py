@@ -1,0 +1,278 @@
+"""The control plane's HTTP API over a real socket, the same suite on SQLite and on a real PostgreSQL server
+(started by the fixture from Debian's binaries): auth and roles, enrollment (bad signature, replay,
+impersonation, one key one device, enrollment tokens), filters as parameters, field-naming 4xx, concurrent
+halt/resume, signed decision records, import of an existing store, OpenAPI schema."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from cp_support import postgres, running_service
+
+from agent.artifacts.keys import device_key, public_pem
+from agent.controlplane.enroll import request
+from agent.transport.signing import sign_doc
+
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory):
+    with postgres(tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'cp.db'}"
+    base = request.getfixturevalue("pg_server")
+    name = f"cp_test_{next(_db_counter)}_{int(time.time() * 1000) % 100000}"
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture
+def svc(tmp_path, db_url):
+    with running_service(tmp_path, database={"url": db_url}) as (cp, url):
+        client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+        yield cp, client, tmp_path
+        client.close()
+
+
+def _token(client, name, role):
+    r = client.post("/api/v1/tokens", json={"name": name, "role": role})
+    assert r.status_code == 201, r.text
+    return r.json()["token"]
+
+
+def _enroll(client, tmp, dev, **kw):
+    return client.post("/api/v1/enroll", json=request(dev, device_key(tmp / "keys" / dev), **kw))
+
+
+def test_tokens_roles_401_403(svc):
+    cp, client, tmp = svc
+    url = str(client.base_url)
+    assert httpx.get(url + "/api/v1/devices").status_code == 401
+    assert httpx.get(url + "/api/v1/devices", headers={"Authorization": "Bearer nope"}).status_code == 401
+    viewer = _token(client, "alice", "viewer")
+    h = {"Authorization": f"Bearer {viewer}"}
+    assert httpx.get(url + "/api/v1/devices", headers=h).status_code == 200
+    _enroll(client, tmp, "dev-1")
+    r = httpx.post(url + "/api/v1/devices/dev-1/accept", headers=h)
+    assert r.status_code == 403 and "viewer" in r.json()["error"]
+    op = _token(client, "bob", "operator")
+    r = httpx.post(url + "/api/v1/devices/dev-1/accept", headers={"Authorization": f"Bearer {op}"})
+    assert r.status_code == 200 and r.json()["state"] == "accepted" and r.json()["decided_by"] == "operator:bob"
+    r = httpx.post(
+        url + "/api/v1/tokens", json={"name": "eve", "role": "admin"}, headers={"Authorization": f"Bearer {op}"}
+    )
+    assert r.status_code == 403
+    audit = client.get("/api/v1/audit").json()["entries"]
+    assert any(a["actor"] == "operator:bob" and a["action"] == "device.accept" for a in audit)
+    with cp.factory() as s:  # stored hashed, never in the clear
+        from sqlalchemy import text
+
+        hashes = [r[0] for r in s.execute(text("SELECT token_hash FROM operator_tokens"))]
+    assert viewer not in hashes and len(hashes) == 3
+
+
+def test_enrollment_pending_accept_and_refusals(svc):
+    cp, client, tmp = svc
+    r = _enroll(client, tmp, "dev-1", target="raspberry-pi-5")
+    assert r.status_code == 202 and r.json()["state"] == "pending"
+    # the same signed request again: a replay
+    key = device_key(tmp / "keys" / "dev-2")
+    doc = request("dev-2", key)
+    assert client.post("/api/v1/enroll", json=doc).status_code == 202
+    r = client.post("/api/v1/enroll", json=doc)
+    assert r.status_code == 403 and r.json()["error"].startswith("nonce:")
+    # a changed field after signing: bad signature
+    forged = dict(request("dev-3", device_key(tmp / "keys" / "dev-3")), target="other")
+    r = client.post("/api/v1/enroll", json=forged)
+    assert r.status_code == 403 and r.json()["error"].startswith("sig:")
+    # another key claiming dev-1's id
+    imp = request("dev-1", device_key(tmp / "keys" / "impostor"))
+    r = client.post("/api/v1/enroll", json=imp)
+    assert r.status_code == 403 and r.json()["error"].startswith("device_id:")
+    # one key, one device: dev-1's key for a new id
+    r = client.post("/api/v1/enroll", json=request("dev-9", device_key(tmp / "keys" / "dev-1")))
+    assert r.status_code == 403 and "one key, one device" in r.json()["error"]
+    # a stale request
+    old = sign_doc(
+        dict(
+            {k: v for k, v in request("dev-4", device_key(tmp / "keys" / "dev-4")).items() if k != "sig"},
+            ts=time.time() - 3600,
+        ),
+        device_key(tmp / "keys" / "dev-4"),
+    )
+    r = client.post("/api/v1/enroll", json=old)
+    assert r.status_code == 403 and r.json()["error"].startswith("ts:")
+    refused = [a for a in client.get("/api/v1/audit").json()["entries"] if a["action"] == "enroll.refused"]
+    assert len(refused) == 5
+    devs = {d["device_id"]: d["state"] for d in client.get("/api/v1/devices").json()["devices"]}
+    assert devs == {"dev-1": "pending", "dev-2": "pending"}
+    # reject, then decommission frees the key
+    assert client.post("/api/v1/devices/dev-2/reject").json()["state"] == "rejected"
+    assert client.post("/api/v1/devices/dev-1/decommission").json()["state"] == "decommissioned"
+    r = client.post("/api/v1/enroll", json=request("dev-9", device_key(tmp / "keys" / "dev-1")))
+    assert r.status_code == 202
+
+
+def test_enrollment_token_accepts_with_groups(svc):
+    cp, client, tmp = svc
+    r = client.post("/api/v1/enroll-tokens", json={"name": "line-1", "groups": ["lab"], "uses": 2})
+    token = r.json()["token"]
+    for dev in ("a-1", "a-2"):
+        r = _enroll(client, tmp, dev, token=token)
+        assert r.status_code == 202 and r.json()["state"] == "accepted", r.text
+    r = _enroll(client, tmp, "a-3", token=token)
+    assert r.status_code == 403 and r.json()["error"].startswith("token:")
+    r = _enroll(client, tmp, "a-4", token="eacp_wrong")
+    assert r.status_code == 403
+    page = client.get("/api/v1/devices", params={"group": "lab"}).json()
+    assert [d["device_id"] for d in page["devices"]] == ["a-1", "a-2"]
+    assert client.get("/api/v1/groups").json()["groups"] == [{"group": "lab", "devices": 2}]
+
+
+def test_filters_are_parameters_and_paging(svc):
+    cp, client, tmp = svc
+    for i in range(12):
+        _enroll(client, tmp, f"d-{i:02d}", target="rpi5" if i % 2 else "x86")
+        if i < 8:
+            client.post(f"/api/v1/devices/d-{i:02d}/accept", json={"groups": ["g1"] if i < 4 else ["g2"]})
+    page = client.get("/api/v1/devices", params={"state": "accepted", "limit": 3, "offset": 3}).json()
+    assert page["total"] == 8 and [d["device_id"] for d in page["devices"]] == ["d-03", "d-04", "d-05"]
+    assert client.get("/api/v1/devices", params={"target": "rpi5"}).json()["total"] == 6
+    assert client.get("/api/v1/devices", params={"group": "g2", "target": "x86"}).json()["total"] == 2
+    for evil in ("x' OR '1'='1", "%", "_", "d-0%' --"):
+        r = client.get("/api/v1/devices", params={"q": evil, "target": evil})
+        assert r.status_code == 200 and r.json()["total"] == 0, evil
+    assert client.get("/api/v1/devices", params={"q": "d-1"}).json()["total"] == 2
+    assert client.get("/api/v1/devices").json()["total"] == 12  # the table is intact
+
+
+def test_bad_input_names_the_field(svc):
+    cp, client, tmp = svc
+    r = client.get("/api/v1/devices", params={"limit": 0})
+    assert r.status_code == 422 and r.json()["error"].startswith("limit:")
+    r = client.get("/api/v1/devices", params={"state": "nope"})
+    assert r.status_code == 422 and r.json()["error"].startswith("state:")
+    r = client.post("/api/v1/rollouts", json={"model": "m", "version": "v1"})
+    assert r.status_code == 422 and r.json()["error"].startswith("version:")
+    r = client.post("/api/v1/rollouts", json={"model": "m", "version": "1", "surprise": 1})
+    assert r.status_code == 422 and "surprise" in r.json()["error"]
+    r = client.post("/api/v1/enroll", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"].startswith("body:")
+    r = client.post("/api/v1/enroll", content=b"[" + b" " * (2 * 1024 * 1024) + b"]")
+    assert r.status_code == 413 and r.json()["error"].startswith("body:")
+    r = client.post("/api/v1/enroll", json={"kind": "enroll", "device_id": "../etc"})
+    assert r.status_code == 400 and r.json()["error"].startswith("invalid device_id")
+    r = client.put("/api/v1/devices/nope/groups", json={"groups": ["a"]})
+    assert r.status_code == 404 and r.json()["error"].startswith("device_id:")
+    r = client.put("/api/v1/models/m/versions/1", content=b"not an onnx model")
+    assert r.status_code in (400, 422) and r.json()["error"]
+
+
+def test_concurrent_halt_and_resume_leave_one_consistent_state(svc):
+    cp, client, tmp = svc
+    from agent.controlplane.db import write
+    from agent.controlplane.models import Rollout
+
+    with write(cp.factory) as s:
+        s.add(
+            Rollout(
+                rollout_id="m-2",
+                spec={"name": "m", "version": "2"},
+                knobs={},
+                phase="running",
+                paused=False,
+                created_by="t",
+                created_at=time.time(),
+                updated_at=time.time(),
+            )
+        )
+    results: list[tuple[str, int]] = []
+    url, auth = str(client.base_url), dict(client.headers)
+
+    def act(action):
+        with httpx.Client(base_url=url, headers=auth, timeout=60) as c:
+            for _ in range(5):
+                results.append((action, c.post(f"/api/v1/rollouts/m-2/{action}").status_code))
+
+    threads = [threading.Thread(target=act, args=(a,)) for a in ("halt", "resume") * 3]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {code for _, code in results} <= {200, 409}
+    halts = sum(1 for a, c in results if a == "halt" and c == 200)
+    resumes = sum(1 for a, c in results if a == "resume" and c == 200)
+    final = client.get("/api/v1/rollouts/m-2").json()
+    assert halts - resumes == (1 if final["halted"] else 0)  # each success flipped the state exactly once
+    audited = [a for a in client.get("/api/v1/audit", params={"limit": 1000}).json()["entries"] if a["target"] == "m-2"]
+    assert len(audited) == halts + resumes
+
+
+def test_signed_decision_records(svc):
+    cp, client, tmp = svc
+    key = device_key(tmp / "keys" / "dev-1")
+    _enroll(client, tmp, "dev-1")
+    doc = sign_doc({"device_id": "dev-1", "model": "m", "version": "1", "decision": {"selected": "cpu"}, "ts": 1}, key)
+    r = client.post("/api/v1/devices/dev-1/decisions", json=doc)
+    assert r.status_code == 403  # pending: nothing it says counts yet
+    client.post("/api/v1/devices/dev-1/accept")
+    assert client.post("/api/v1/devices/dev-1/decisions", json=doc).status_code == 201
+    other = sign_doc(dict(doc, sig=None), device_key(tmp / "keys" / "someone"))
+    r = client.post("/api/v1/devices/dev-1/decisions", json=other)
+    assert r.status_code == 403 and r.json()["error"].startswith("sig:")
+    got = client.get("/api/v1/devices/dev-1").json()
+    assert [d["doc"]["decision"] for d in got["decisions"]] == [{"selected": "cpu"}]
+
+
+def test_openapi_schema_is_served(svc):
+    cp, client, tmp = svc
+    schema = httpx.get(str(client.base_url) + "/api/openapi.json").json()
+    for path in ("/api/v1/devices", "/api/v1/enroll", "/api/v1/rollouts/{rollout_id}/{action}", "/api/v1/audit"):
+        assert path in schema["paths"], path
+
+
+def test_import_of_an_existing_store_on_first_start(tmp_path, db_url):
+    from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+    from agent.fleet.rollout_plan import RolloutSpec
+
+    store = tmp_path / "store"
+    with DeviceRegistry.edit(store / REGISTRY_NAME) as reg:
+        reg.register("old-1", public_pem(device_key(tmp_path / "k1").public_key()), ["lab"])
+        reg.register("old-2", public_pem(device_key(tmp_path / "k2").public_key()), [])
+    (store / "rollouts").mkdir()
+    state = {
+        "format": 1,
+        "rollout_id": "m-3",
+        "spec": RolloutSpec("m", "3").to_dict(),
+        "state": "completed",
+        "created": 1.0,
+        "cohorts": {},
+        "devices": {},
+    }
+    (store / "rollouts" / "m-3.json").write_text(json.dumps(state))
+    with running_service(tmp_path, database={"url": db_url}) as (cp, url):
+        h = {"Authorization": f"Bearer {cp.admin_token}"}
+        devs = httpx.get(url + "/api/v1/devices", headers=h).json()["devices"]
+        assert [(d["device_id"], d["state"], d["groups"]) for d in devs] == [
+            ("old-1", "accepted", ["lab"]),
+            ("old-2", "accepted", []),
+        ]
+        assert httpx.get(url + "/api/v1/rollouts/m-3", headers=h).json()["phase"] == "finished"
+    with running_service(tmp_path, database={"url": db_url}) as (cp, url):  # a second start imports nothing
+        assert cp.imported == {"devices": 0, "rollouts": 0}

@@ -1,0 +1,195 @@
+"""The control plane in a real browser (Playwright driving Debian's chromium through its executable path):
+20 simulated devices (real DeviceAgents on a real Mosquitto) ask to enroll with their own keys, an operator
+accepts them on the pending page, starts a rollout from the rollouts page, watches its waves, halts it and rolls
+it back; screenshots of the overview, a device page and a rollout page are kept ($EDGE_AGENT_ARTIFACTS or
+test-artifacts/control-plane/)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from brokers import Mosquitto
+from cp_support import running_service
+
+from agent import sysroots
+from agent.artifacts.keys import device_key, generate
+from agent.controlplane.client import upload_decisions
+from agent.controlplane.enroll import request
+from agent.fleet.simulator import Simulator
+from agent.samples import tiny_model, write_package
+from agent.transport.mqtt import BrokerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSROOTS = sysroots.root()
+CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+WAIT_S = 300.0
+
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
+
+
+def artifacts_dir() -> Path:
+    base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or ROOT / "test-artifacts")
+    out = base / "control-plane"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _package_tar(tmp: Path, version: str) -> bytes:
+    from agent.artifacts.packtar import write_targz
+
+    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version)), name="tiny", version=version)
+    out = tmp / f"tiny-{version}.tar.gz"
+    write_targz(pkg, out)
+    return out.read_bytes()
+
+
+def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(every)
+
+
+def test_enroll_20_devices_roll_out_halt_and_roll_back_in_a_browser(tmp_path):
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
+    from playwright.sync_api import sync_playwright
+
+    shots = artifacts_dir()
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        key, pub, _ = generate(tmp_path / "keys")
+        sim = Simulator(
+            20,
+            broker=BrokerConfig(broker.url),
+            trust=[str(pub)],
+            groups=["lab"],
+            id_prefix="cp",
+            sysroots=[str(SYSROOTS / "amd-epyc-x86"), str(SYSROOTS / "rpi5-8gb")],
+            state_dir=str(tmp_path / "sim"),
+            probation_s=1.0,
+        ).start()
+        try:
+            doc = {"mqtt": {"url": broker.url}, "signing_key": str(key), "tick_s": 0.3}
+            with running_service(tmp_path / "cp", **doc) as (cp, url):
+                api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=60)
+                for dev, cls in sim.device_class.items():
+                    r = api.post(
+                        "/api/v1/enroll", json=request(dev, device_key(sim.state_dir / dev), target=cls.target)
+                    )
+                    assert r.status_code == 202 and r.json()["state"] == "pending", r.text
+                with sync_playwright() as p:
+                    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+                    try:
+                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                        _run_browser(page, url, cp, api, sim, tmp_path, shots)
+                    finally:
+                        browser.close()
+        finally:
+            sim.stop()
+
+
+def _run_browser(page, url, cp, api, sim, tmp_path, shots):
+    page.goto(url + "/")
+    assert "/login" in page.url  # no token, no dashboard
+    page.fill("input[name=token]", cp.admin_token)
+    page.click("button[type=submit]")
+    page.goto(url + "/pending")
+    assert page.locator("#pending button[name=accept]").count() == 20
+    for _ in range(20):  # accept each device from the pending page
+        page.locator("#pending input[name=groups]").first.fill("lab")
+        page.locator("#pending button[name=accept]").first.click()
+        page.wait_for_load_state()
+    assert "no device is waiting" in page.inner_text("#pending")
+
+    def verified():
+        devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
+        return len(devs) == 20 and all(d["status_ts"] and d["online"] for d in devs)
+
+    _until("20 verified, online statuses", verified)
+
+    for version in ("1", "2"):
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+        assert r.status_code == 201, r.text
+    # version 1 everywhere first (through the API), so a roll back has somewhere to return to
+    body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}
+    assert api.post("/api/v1/rollouts", json=body).status_code == 202
+    first = _until(
+        "tiny-1 finished", lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r
+    )
+    assert first["state"] == "completed", first["progress"]["counts"]
+
+    # version 2 from the browser: canary 1 then waves of 25%
+    page.goto(url + "/rollouts")
+    page.select_option("select[name=model_version]", "tiny 2")
+    page.select_option("select[name=group]", "lab")
+    page.fill("input[name=canary]", "1")
+    page.fill("input[name=wave_size]", "25%")
+    page.fill("input[name=deadline_s]", str(int(WAIT_S)))
+    page.click("#start-rollout button[type=submit]")
+    page.wait_for_url(url + "/rollouts/tiny-2")
+
+    def canary_done():
+        prog = api.get("/api/v1/rollouts/tiny-2").json().get("progress") or {}
+        cohort = (prog.get("cohorts") or {}).get("all") or {}
+        return cohort.get("wave", 0) >= 1 and prog["counts"].get("succeeded", 0) >= 1
+
+    _until("the canary of tiny-2 to succeed and the next wave to start", canary_done)
+    page.reload()
+    assert "canary" in page.inner_text("table.waves")
+    page.screenshot(path=str(shots / "rollout-waves.png"), full_page=True)
+    page.click("#halt")
+    page.wait_for_load_state()
+    assert page.inner_text("#halted") == "yes"
+    halted = api.get("/api/v1/rollouts/tiny-2").json()
+    assert halted["halted"] and halted["phase"] == "running"
+    page.click("#rollback-btn")
+    page.wait_for_load_state()
+    done = _until(
+        "tiny-2 rolled back", lambda: (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished" and r
+    )
+    assert done["state"] == "halted"
+    results = {d["device_id"]: d for d in done["progress"]["devices"]}
+    took = [d for d, r in results.items() if r["result"] == "rolled_back"]
+    assert took, results  # at least the canary took 2 and went back
+    assert {r["result"] for r in results.values()} <= {"rolled_back", "cancelled", "not_reached"}, results
+    for dev in results:  # every device serves version 1 again
+        _until(
+            f"{dev} back on 1",
+            lambda dev=dev: (sim.agents[dev].status()["models"].get("tiny") or {}).get("version") == "1",
+            60,
+        )
+    page.reload()
+    assert page.inner_text("#state") == "halted"
+    page.screenshot(path=str(shots / "rollout.png"), full_page=True)
+
+    # a device uploads its signed decision records; its page shows the evidence
+    dev = took[0]
+    assert upload_decisions(url, dev, device_key(sim.state_dir / dev), sim.state_dir / dev)
+    page.goto(url + f"/devices/{dev}")
+    evidence = page.inner_text("table.evidence")
+    assert "passed" in evidence and "p50" in evidence
+    page.screenshot(path=str(shots / "device.png"), full_page=True)
+    page.goto(url + "/")
+    cohorts = page.inner_text("#cohorts")
+    assert "tiny 1" in cohorts
+    page.screenshot(path=str(shots / "overview.png"), full_page=True)
+    audit = api.get("/api/v1/audit", params={"limit": 1000}).json()["entries"]
+    actions = {a["action"] for a in audit if a["actor"] == "operator:admin"}
+    assert {"device.accept", "rollout.start", "rollout.halt", "rollout.rollback"} <= actions
