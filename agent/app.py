@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent import settings
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
 from agent.lifecycle.orchestrator import Orchestrator
@@ -26,12 +27,13 @@ from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
 from agent.services.status import StatusWriter
+from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
-    from agent.lifecycle.mqttmode import MqttSource
     from agent.serving.registry import ModelRegistry
     from agent.serving.server import OIPServer
+    from agent.sources.mqtt import MqttSource
     from agent.telemetry import Telemetry
 
 LOOP_S = 0.5
@@ -66,6 +68,7 @@ class DeviceAgent:
         self.state_dir = Path(config.state_dir)
         self.profile, self.sysroot = profile, sysroot
         self.serve_http = serve_http
+        self.given_settings = step_config  # what the caller chose; the rest is resolved at start (settings)
         self.step_config = step_config or StepConfig()
         self.on_event = on_event
         self.notifier = notifier
@@ -80,7 +83,7 @@ class DeviceAgent:
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
         self.qualifier = qualifier
-        self.reporter = Reporter(self._emit, self.write_status)
+        self.reporter = Reporter(self._emit, self.write_status, self._publish_event)
         self.status_writer: StatusWriter | None = None
         self.probe: ProviderProbeService | None = None
         self.health: HealthPublisher | None = None
@@ -136,7 +139,7 @@ class DeviceAgent:
 
         self.profile = self.profile or _detect(self.sysroot)
         self.target = _target(self.config.target, self.profile)
-        self._fill_step_config()
+        self.step_config = settings.resolve(self.config, self.target, self.given_settings)
         self.store = ContentStore(self.state_dir, file_mode=0o600)
         self.registry = ModelRegistry(finite_every=self.config.serving.finite_check_every)
         self.steps = Steps(
@@ -146,9 +149,10 @@ class DeviceAgent:
             profile=self.profile,
             target_name=self._target_name(),
             config=self.step_config,
+            qualifier=self.qualifier,
+            on_note=lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason}),
         )
-        self.steps.qualifier = self.qualifier
-        self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
+        self.steps.add_source(InboxSource(self.store, self.steps.journal, self.steps.staging))
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
@@ -156,31 +160,16 @@ class DeviceAgent:
         if self.config.mqtt is not None:  # the port exists before recovery: resumed downloads wait for it
             self.link = self._mqtt_source(self.orchestrator, self.steps)
             self.steps.add_source(self.link)
-            self.reporter.publish_event = self.link.publish_event
         self._start_telemetry()
         self._wire_services(self.orchestrator, self.steps, self.registry)
 
-    def _fill_step_config(self) -> None:
-        """What the caller left unset in StepConfig comes from the config file and the target."""
-        sc, serving = self.step_config, self.config.serving
-        if self.target is not None and not sc.serving:
-            sc.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
-        if sc.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
-            sc.probation_s = serving.probation_s
-        if sc.build_nice is None:
-            sc.build_nice = serving.build_nice
-        if sc.memory_max is None:
-            from agent.serving.memory import resolve_memory_max
-
-            target_serving = self.target.serving if self.target is not None else None
-            sc.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
-        if sc.probation is None:
-            sc.probation = serving.probation
-        if sc.shadow is None:
-            sc.shadow = serving.shadow
+    def _publish_event(self, record: dict[str, Any]) -> None:
+        """The reporter's way to the link's event topic (nothing while there is no link)."""
+        if self.link is not None:
+            self.link.publish_event(record)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
-        from agent.lifecycle.mqttmode import MqttSource
+        from agent.sources.mqtt import MqttSource
 
         assert self.store is not None  # _build made it
         return MqttSource(

@@ -131,7 +131,7 @@ def test_a_flood_of_refused_topics_never_evicts_verified_desired_state(keys, mon
 
 
 def test_the_skew_bound_is_configurable(tmp_path):
-    from test_daemon_support import write_config
+    from support.daemon import write_config
 
     from agent.config import load_config
     from agent.errors import ConfigError

@@ -11,8 +11,8 @@ import subprocess
 import time
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, register_device
-from test_daemon_support import EXE, ROOT, fast
+from support.daemon import EXE, ROOT, fast
+from support.mqtt import ControlPlane, mqtt_config, register_device
 
 from agent.app import DeviceAgent
 from agent.errors import ConfigError

@@ -4,10 +4,11 @@ trouble rolls back; newer versions supersede; cancel and rollback; several agent
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, drop, fast, infer, running_agent, wait_for, write_config
+from support.daemon import deploy, drop, fast, infer, running_agent, wait_for, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config
@@ -62,7 +63,7 @@ def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
     try:
         drop(a.state_dir, "1")
         wait_for(lambda: a.registry.models().get("tiny") == "1" and not a.orchestrator.in_flight(), 120, "v1")
-        a.step_config.probation_s = 120  # long enough that only trouble can end it
+        a.steps.config = replace(a.steps.config, probation_s=120)  # long enough that only trouble can end it
         graph = helper.make_graph(
             [helper.make_node("Sqrt", ["x"], ["y"])],
             "sqrt",
@@ -157,8 +158,7 @@ def test_two_agents_in_one_process(tmp_path):
 
 
 def test_a_state_past_its_deadline_fails_and_nothing_changes(tmp_path):
-    sc = fast()
-    sc.deadlines = {"qualifying": 0.01}
+    sc = replace(fast(), deadlines={"qualifying": 0.01})
     a = DeviceAgent(load_config(write_config(tmp_path)), step_config=sc).start()
     try:
         drop(a.state_dir, "1")
@@ -195,8 +195,7 @@ def test_restart_serves_committed_and_degrades_to_cpu_when_its_provider_is_gone(
 
 
 def test_stop_then_start_swap(tmp_path):
-    sc = fast()
-    sc.swap = "stop-then-start"
+    sc = replace(fast(), swap="stop-then-start")
     a = DeviceAgent(load_config(write_config(tmp_path)), step_config=sc).start()
     try:
         for v in ("1", "2"):

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, wait_for, write_config
+from support.daemon import deploy, wait_for, write_config
 
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.steps import StepConfig

@@ -5,10 +5,11 @@ available here, and the qualifier hook replaces the measurement without subclass
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from hostruntime import ort_openvino_devices
-from test_daemon_support import deploy, drop, fast, infer, wait_for, write_config
+from support.daemon import deploy, drop, fast, infer, wait_for, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config
@@ -85,8 +86,7 @@ def test_stop_keeps_the_state_dir_locked_while_a_left_behind_worker_runs(tmp_pat
 
 
 def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
-    sc = fast()
-    sc.serving = {"swap": "make-before-break", "swap_when_memory_short": "stop-then-start"}
+    sc = replace(fast(), serving={"swap": "make-before-break", "swap_when_memory_short": "stop-then-start"})
     a = _agent(tmp_path, step_config=sc).start()
     try:
         dep = deploy(a, "1")
@@ -97,7 +97,7 @@ def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
         if swap["mode"] == "make-before-break":  # built below serving priority (serving.build_nice, default 10)
             assert swap["build"] == "nice +10", swap
         assert a.status()["deployments"]["tiny"]["swap"] == swap["mode"]
-        a.step_config.swap = "stop-then-start"  # forced by configuration beats the rule
+        a.steps.config = replace(a.steps.config, swap="stop-then-start")  # forced by configuration beats the rule
         dep = deploy(a, "2")
         assert dep.data["swap"] == {
             "mode": "stop-then-start",

@@ -41,11 +41,11 @@ from agent.lifecycle.journal import Deployment, Journal, check_history
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.recovery import MAX_ATTEMPTS
 from agent.lifecycle.retry import retry_transient
-from agent.lifecycle.sources import InboxSource
 from agent.lifecycle.states import ORDER, TERMINAL, State
 from agent.lifecycle.steps import StepConfig, Steps
 from agent.lifecycle.table import TRANSITIONS
 from agent.serving.registry import ModelRegistry
+from agent.sources.inbox import InboxSource
 
 S = State
 MODEL = "tiny"
@@ -375,11 +375,10 @@ class Device:
             config=self.config,
             journal=journal,
             fault=fault,
+            qualifier=shared.for_dir(state_dir),
         )
-        self.steps.qualifier = shared.for_dir(state_dir)
-        source = kw.pop("source", None)
-        if source is not None:
-            self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
+        source = kw.pop("source", None) or InboxSource
+        self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
         self.events: list[dict[str, Any]] = []
         self.orch = Orchestrator(
             state_dir, self.steps, deadlines=kw.pop("deadlines", None), listeners=[self.events.append]

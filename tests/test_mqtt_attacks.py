@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.daemon import fast
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 
 from agent.app import DeviceAgent
 from agent.samples import sample_tiny_package

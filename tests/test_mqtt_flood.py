@@ -8,8 +8,8 @@ import json
 import os
 import time
 
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.daemon import fast
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 
 from agent.app import DeviceAgent
 from agent.artifacts.manifest import Manifest

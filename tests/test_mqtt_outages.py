@@ -9,9 +9,9 @@ import random
 import time
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
+from support.daemon import fast
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 from test_daemon_mqtt_crash import CHUNK, SlowServer, _on_disk
-from test_daemon_support import fast
 
 from agent.app import DeviceAgent
 from agent.artifacts.store import ContentStore

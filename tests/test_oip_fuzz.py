@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_serving_support import identity_all_types_model, open_session
+from support.serving import identity_all_types_model, open_session
 
 from agent.samples import tiny_model
 from agent.serving.registry import ModelRegistry

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
+from support.serving import ALL_TYPES, GatedSession, identity_all_types_model, open_session
 
 from agent.samples import cnn_model, tiny_model
 from agent.serving.budget import JSON_DECODE_FACTOR

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from probation_models import (
     classifier_weights,
     disagreement,
 )
-from test_daemon_support import drop, fast, write_config
+from support.daemon import drop, fast, write_config
 
 from agent.app import DeviceAgent
 from agent.config import ProbationConfig, ShadowConfig, load_config
@@ -26,8 +27,7 @@ from agent.samples import write_package
 
 
 def _agent(tmp_path, probation_s: float, shadow: ShadowConfig, probation: ProbationConfig | None = None):
-    cfg = fast(probation_s)
-    cfg.shadow, cfg.probation = shadow, probation or ProbationConfig()
+    cfg = replace(fast(probation_s), shadow=shadow, probation=probation or ProbationConfig())
     return DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
 
 
@@ -199,8 +199,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
 def test_stop_then_start_skips_the_shadow_with_the_reason(tmp_path):
     from agent.samples import tiny_model
 
-    cfg = fast(1.0)
-    cfg.swap, cfg.shadow = "stop-then-start", ShadowConfig()
+    cfg = replace(fast(1.0), swap="stop-then-start", shadow=ShadowConfig())
     a = DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
     try:
         assert _push(a, "1", tiny_model(1.0)).state.value == "committed"

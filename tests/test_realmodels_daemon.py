@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import realmodels as rm
-from test_daemon_support import deploy, write_config
+from support.daemon import deploy, write_config
 
 from agent.qualify.inputs import load_dataset
 from agent.qualify.package import load_package

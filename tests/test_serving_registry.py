@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_serving_support import GatedSession, log_model, open_session, reshape_model, x4
+from support.serving import GatedSession, log_model, open_session, reshape_model, x4
 
 from agent.errors import ServingError
 from agent.samples import cnn_model, tiny_model
@@ -202,7 +202,7 @@ def test_activate_reports_progress(tmp_path):
 
 def test_finite_checks_every_response_first_and_on_probation_then_sampled(tmp_path):
     from agent.serving.metrics import FINITE_FIRST
-    from agent.serving.probation import Probation
+    from agent.trial.probation import Probation
 
     r = ModelRegistry(finite_every=4)
     r.activate("log", "1", open_session(log_model(), tmp_path))

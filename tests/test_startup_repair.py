@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, fast, write_config
+from support.daemon import deploy, fast, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config

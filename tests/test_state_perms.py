@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
-from test_daemon_support import deploy, fast, write_config
+from support.daemon import deploy, fast, write_config
 
 from agent.app import DeviceAgent
 from agent.config import load_config

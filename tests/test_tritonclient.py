@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.http as th
-from test_serving_support import ALL_TYPES, identity_all_types_model, open_session
+from support.serving import ALL_TYPES, identity_all_types_model, open_session
 from tritonclient.utils import InferenceServerException
 
 from agent.samples import cnn_model, tiny_model

@@ -18,7 +18,7 @@ from agent.lifecycle.recovery import commit_landed, recover
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import SERVING_NEW, Event, State
 from agent.lifecycle.steps import Steps
-from agent.lifecycle.table import next_state
+from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE, next_state
 
 CRASH_ENV = "EDGE_AGENT_TEST_CRASH_AT"  # test-only: SIGKILL the process right after journaling this state
 DEADLINES_S: dict[State, float] = {
@@ -273,13 +273,12 @@ class Orchestrator:
                 limit = self.deadlines.get(dep.state)
                 ctx.deadline = time.monotonic() + limit if limit else None
             event, reason, data = self._step(dep, ctx)
-            if next_state(dep.state, event) in (State.ROLLED_BACK, State.FAILED) and not self._stopping:
+            target = next_state(dep.state, event)
+            if ENTRY_ACTIONS.get(target) == RESTORE and not self._stopping:
                 if commit_landed(self.slots, dep):  # too late to abort: what serves is this deployment
                     event, reason = Event.FOUND_COMMITTED, _landed(reason)
                 else:
-                    # the committed slot serves again before the journal says so (a crash in between: recovery
-                    # finds activating/probation and rolls back the same way)
-                    self.steps.ensure_committed(dep.model)
+                    self.steps.enter(target, dep.model)  # restore: before the journal says so
             with self._lock:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
@@ -298,7 +297,7 @@ class Orchestrator:
                 if dep.state in SERVING_NEW and commit_landed(self.slots, dep):
                     event = Event.FOUND_COMMITTED  # e.g. the journal write of the commit itself failed
                 elif dep.state in SERVING_NEW:
-                    self.steps.ensure_committed(dep.model)  # the new model may serve: the committed one again
+                    self.steps.enter(next_state(dep.state, event), dep.model)  # the committed one serves again
                 with self._lock:
                     self._enter(dep, event, _landed(reason) if event is Event.FOUND_COMMITTED else reason)
                 return

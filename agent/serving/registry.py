@@ -36,7 +36,7 @@ class ModelEntry:
     checks: tuple = ()  # per input: (name, dtype, rank, ((axis, size) of static dims), full shape or None if dynamic)
     output_names: tuple[str, ...] = ()
     holds: deque = field(default_factory=deque)  # one item per request in flight (append/pop are atomic)
-    shadow: Any = None  # a Shadow (agent.serving.shadow) offered copies of this entry's requests, or None
+    shadow: Any = None  # a Shadow (agent.trial.shadow) offered copies of this entry's requests, or None
     retired: bool = False
     close_when_idle: bool = False
     closed: bool = False

@@ -73,7 +73,7 @@ class DesiredEvents:
     """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group.
 
     raw=True: no resolution from unverified fields; a burst yields only the latest message per (scope, model),
-    as RawDesired, for a consumer that verifies before it resolves (lifecycle.mqttmode)."""
+    as RawDesired, for a consumer that verifies before it resolves (sources.mqtt)."""
 
     def __init__(self, raw: bool = False):
         self.raw_mode = raw

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import ProbationConfig
-from agent.serving.judge import QuantileTest, quantile_test, rate
 from agent.serving.metrics import percentile
+from agent.trial.judge import QuantileTest, quantile_test, rate
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
 CPU, WALL = "cpu", "wall"  # what "compute time" measures (compute_measure)

@@ -13,8 +13,8 @@ import numpy as np
 
 from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
-from agent.serving.judge import limit_ms
 from agent.serving.rungate import CpuMark, RunGate
+from agent.trial.judge import limit_ms
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 

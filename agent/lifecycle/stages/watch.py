@@ -8,8 +8,8 @@ from typing import Any
 from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
-from agent.serving.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
-from agent.serving.shadow import FAIL, Shadow, skipped
+from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.trial.shadow import FAIL, Shadow, skipped
 
 
 class ShadowFailed(LifecycleError):

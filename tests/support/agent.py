@@ -1,0 +1,36 @@
+"""make_agent: the one way tests build an in-process DeviceAgent (test config file, fast settings)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from support.daemon import fast, write_config
+
+AGENT_ARGS = ("profile", "sysroot", "serve_http", "on_event", "notifier", "use_lock", "providers", "qualifier")
+
+
+def make_agent(
+    tmp_path: Path,
+    *,
+    config: Any = None,
+    mqtt: dict | None = None,
+    extra: dict | None = None,
+    step_config: Any = None,
+    start: bool = False,
+    **settings: Any,
+) -> Any:
+    """A DeviceAgent on tmp_path's test config (write_config; `config`: an AgentConfig already loaded), with the
+    fast settings (support.daemon.fast: cpu only, short probation) changed by `settings` (StepConfig fields, e.g.
+    probation_s=1.0, swap="stop-then-start"). DeviceAgent's own arguments (serve_http, on_event, providers, ...)
+    pass through; `start`: started before it is returned."""
+    from agent.app import DeviceAgent
+    from agent.config import load_config
+
+    agent_kw = {k: settings.pop(k) for k in AGENT_ARGS if k in settings}
+    if config is None:
+        config = load_config(write_config(tmp_path, mqtt=mqtt, extra=extra))
+    steps = replace(step_config if step_config is not None else fast(), **settings)
+    a = DeviceAgent(config, step_config=steps, **agent_kw)
+    return a.start() if start else a
