@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 from hostruntime import ort_openvino_devices
+from support.agent import make_agent
 from support.daemon import deploy, drop, fast, infer, wait_for, write_config
 
-from agent.app import DeviceAgent
 from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle import control
@@ -19,8 +19,7 @@ from agent.lifecycle.fsck import check_state_dir
 
 
 def _agent(tmp_path, **kw):
-    sc = kw.pop("step_config", None) or fast()
-    return DeviceAgent(load_config(write_config(tmp_path)), step_config=sc, **kw)
+    return make_agent(tmp_path, **kw)
 
 
 def test_a_journal_write_that_fails_fails_the_deployment_and_the_worker_goes_on(tmp_path, monkeypatch):
@@ -134,7 +133,7 @@ def test_status_lists_the_providers_available_here_in_target_order(tmp_path):
         assert ("ort-openvino" in extra) == bool(ort_openvino_devices()), doc["providers"]
     finally:
         a.stop()
-    b = _agent(tmp_path / "given", providers=["openvino", "cpu"]).start()
+    b = _agent(tmp_path / "given", known_providers=["openvino", "cpu"]).start()
     try:
         doc = b.write_status()
         assert doc["providers"] == ["openvino", "cpu"] and doc["providers_source"] == "given"
@@ -185,7 +184,8 @@ def test_serving_config_sets_probation_build_priority_and_finite_sampling(tmp_pa
 
     serving = {"host": "127.0.0.1", "port": 0, "probation_s": 0.5, "build_nice": 3, "finite_check_every": 2}
     cfg = load_config(write_config(tmp_path, extra={"serving": serving}))
-    a = DeviceAgent(cfg, step_config=StepConfig(providers=["cpu"], qualify_options=fast().qualify_options)).start()
+    sc = StepConfig(providers=["cpu"], qualify_options=fast().qualify_options)  # the rest: from the file
+    a = make_agent(None, config=cfg, step_config=sc, start=True)
     try:
         assert (a.step_config.probation_s, a.step_config.build_nice, a.registry.finite_every) == (0.5, 3, 2)
         dep = deploy(a, "1")

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from support.daemon import fast
+from support.agent import make_agent
 from support.mqtt import ControlPlane, mqtt_config, wait_for
 
-from agent.app import DeviceAgent
 from agent.samples import sample_tiny_package
 
 ATTACKS = ("forged", "unsigned", "untrusted", "future")
@@ -28,7 +27,9 @@ def plane(tmp_path, mosquitto):
 def _agent(tmp_path, mosquitto, cp, probation_s=0.3, groups=()):
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=groups)
     events: list[dict] = []
-    a = DeviceAgent(cfg, step_config=fast(probation_s), on_event=events.append, serve_http=False, providers=["cpu"])
+    a = make_agent(
+        None, config=cfg, probation_s=probation_s, on_event=events.append, serve_http=False, known_providers=["cpu"]
+    )
     a.events = events
     return a.start()
 

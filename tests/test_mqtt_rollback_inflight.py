@@ -7,10 +7,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-from support.daemon import fast
+from support.agent import make_agent
 from support.mqtt import ControlPlane, mqtt_config, wait_for
 
-from agent.app import DeviceAgent
 from agent.fleet import rollout_state as rs
 from agent.lifecycle.actions import StepContext
 from agent.samples import sample_tiny_package
@@ -38,7 +37,7 @@ def _ended(agent, version):
 def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosquitto, plane, where):
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, plane)
     plane.register("dev-1", cfg.state_dir)  # the control plane believes its signed status
-    agent = DeviceAgent(cfg, step_config=fast(0.3), serve_http=False, providers=["cpu"]).start()
+    agent = make_agent(None, config=cfg, probation_s=0.3, serve_http=False, known_providers=["cpu"], start=True)
     hold, held = threading.Event(), threading.Event()
 
     def occupy() -> None:  # another package's qualification holds the device

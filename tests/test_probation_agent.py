@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,16 +18,16 @@ from probation_models import (
     classifier_weights,
     disagreement,
 )
-from support.daemon import drop, fast, write_config
+from support.agent import make_agent
+from support.daemon import drop
 
-from agent.app import DeviceAgent
-from agent.config import ProbationConfig, ShadowConfig, load_config
+from agent.config import ProbationConfig, ShadowConfig
 from agent.samples import write_package
 
 
 def _agent(tmp_path, probation_s: float, shadow: ShadowConfig, probation: ProbationConfig | None = None):
-    cfg = replace(fast(probation_s), shadow=shadow, probation=probation or ProbationConfig())
-    return DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    probation = probation or ProbationConfig()
+    return make_agent(tmp_path, probation_s=probation_s, shadow=shadow, probation=probation, start=True)
 
 
 def _push(a, version: str, model, feeds=None):
@@ -199,8 +198,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
 def test_stop_then_start_skips_the_shadow_with_the_reason(tmp_path):
     from agent.samples import tiny_model
 
-    cfg = replace(fast(1.0), swap="stop-then-start", shadow=ShadowConfig())
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    a = make_agent(tmp_path, probation_s=1.0, swap="stop-then-start", shadow=ShadowConfig(), start=True)
     try:
         assert _push(a, "1", tiny_model(1.0)).state.value == "committed"
         assert send(a.url, "/v2/models/tiny/infer", body_for("x", np.ones((1, 4), np.float32)))[0] == 200

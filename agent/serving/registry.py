@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from agent.serving import rungate
-from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
+from agent.serving.errors import InferenceFailed, InvalidInput, ModelNotFound, ModelUnavailable
 from agent.serving.memory import trim_heap
 from agent.serving.metrics import FINITE_EVERY, ModelStats
 from agent.serving.rungate import CpuMark, RunGate
@@ -83,7 +83,7 @@ def _checks(session: Any) -> tuple:
         specs = list(session.inputs)
         outs = tuple(o.name for o in session.outputs)
     except AttributeError as exc:
-        raise BadRequest(f"not a ProviderSession (no inputs/outputs): {exc}") from None
+        raise InvalidInput(f"not a ProviderSession (no inputs/outputs): {exc}") from None
     checks = []
     for spec in specs:
         dims = tuple(_dim(d) for d in spec.shape)
@@ -119,7 +119,7 @@ def _validate(entry: ModelEntry, feeds: Any) -> None:
 
 def _validate_slow(entry: ModelEntry, feeds: Any) -> None:
     if not isinstance(feeds, dict):
-        raise BadRequest("feeds must be a mapping of input name to array")
+        raise InvalidInput("feeds must be a mapping of input name to array")
     if len(feeds) != len(entry.checks):
         _names_error(entry, feeds)
     for name, dtype, rank, static, _ in entry.checks:
@@ -127,9 +127,9 @@ def _validate_slow(entry: ModelEntry, feeds: Any) -> None:
         if arr is None:
             _names_error(entry, feeds)
         if not isinstance(arr, np.ndarray):
-            raise BadRequest(f"input {name!r}: expected a numpy array, got {type(arr).__name__}")
+            raise InvalidInput(f"input {name!r}: expected a numpy array, got {type(arr).__name__}")
         if arr.dtype != dtype and arr.dtype.name != dtype:
-            raise BadRequest(f"input {name!r}: datatype {_oip(arr.dtype)} does not match the model's {_oip(dtype)}")
+            raise InvalidInput(f"input {name!r}: datatype {_oip(arr.dtype)} does not match the model's {_oip(dtype)}")
         shape = arr.shape
         if len(shape) != rank or any(shape[i] != size for i, size in static):
             _shape_error(entry, name, shape)
@@ -150,13 +150,13 @@ def _names_error(entry: ModelEntry, feeds: dict) -> None:
     extra = sorted(set(feeds) - set(want))
     missing = sorted(set(want) - set(feeds))
     what = f"unknown input(s) {extra}" if extra else f"missing input(s) {missing}"
-    raise BadRequest(f"model {entry.name!r}: {what}; expected {want}")
+    raise InvalidInput(f"model {entry.name!r}: {what}; expected {want}")
 
 
 def _shape_error(entry: ModelEntry, name: str, shape: tuple) -> None:
     spec = next(s for s in entry.inputs if s.name == name)
     want = ["?" if _dim(d) is None else d for d in spec.shape]
-    raise BadRequest(f"input {name!r}: shape {list(shape)} does not match the model's {want}")
+    raise InvalidInput(f"input {name!r}: shape {list(shape)} does not match the model's {want}")
 
 
 _DOT_KINDS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -207,7 +207,7 @@ class ModelRegistry:
         """check_finite: look for NaN/Inf in outputs: every response while a probation watches a version and
         for its first FINITE_FIRST responses, then one in `finite_every` (1: every response)."""
         if int(finite_every) < 1:
-            raise BadRequest(f"finite_every must be at least 1, got {finite_every}")
+            raise InvalidInput(f"finite_every must be at least 1, got {finite_every}")
         self.drain_timeout = drain_timeout
         self.check_finite = check_finite
         self.finite_every = int(finite_every)
@@ -245,7 +245,7 @@ class ModelRegistry:
         progress(event, **fields) hears "building", "swapped" and "released"."""
         report = progress or (lambda event, **fields: None)
         if swap not in SWAP_MODES:
-            raise BadRequest(f"unknown swap mode {swap!r}; expected one of {', '.join(SWAP_MODES)}")
+            raise InvalidInput(f"unknown swap mode {swap!r}; expected one of {', '.join(SWAP_MODES)}")
         version = str(version)
         timeout = self.drain_timeout if drain_timeout is None else drain_timeout
         with self._activating:
@@ -338,18 +338,18 @@ class ModelRegistry:
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
-                raise NotFound(f"model {name!r} is not loaded")
+                raise ModelNotFound(f"model {name!r} is not loaded")
             entry.shadow = shadow
             return entry.version
 
     def deactivate(self, name: str, drain_timeout: float | None = None) -> dict:
-        """Stop serving `name`: new requests get NotFound, in-flight ones finish, the session is closed."""
+        """Stop serving `name`: new requests get ModelNotFound, in-flight ones finish, the session is closed."""
         self.drop_referee(name, drain_timeout)
         with self._activating:
             with self._lock:
                 old = self._entries.pop(name, None)
             if old is None:
-                raise NotFound(f"model {name!r} is not loaded")
+                raise ModelNotFound(f"model {name!r} is not loaded")
             return {"model": name, **self._retire(old, self.drain_timeout if drain_timeout is None else drain_timeout)}
 
     def close(self, drain_timeout: float | None = None) -> None:
@@ -359,7 +359,7 @@ class ModelRegistry:
         for name in self.models():
             try:
                 self.deactivate(name, drain_timeout)
-            except NotFound:
+            except ModelNotFound:
                 pass
 
     def _entry(self, name: str, version: str, session: Any, meta: dict | None) -> ModelEntry:
@@ -397,16 +397,18 @@ class ModelRegistry:
 
     # ---- serving ----------------------------------------------------------------------------------
     def _acquire(self, name: str, version: Any) -> ModelEntry:
-        """Hold the serving entry of name (and version), or raise NotFound / ModelUnavailable (locked path;
+        """Hold the serving entry of name (and version), or raise ModelNotFound / ModelUnavailable (locked path;
         an entry in the table is never retired while the lock is held)."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
                 if name in self._loading:
                     raise ModelUnavailable(f"model {name!r} is loading a new version; retry shortly")
-                raise NotFound(f"model {name!r} is not loaded")
+                raise ModelNotFound(f"model {name!r} is not loaded")
             if version is not None and str(version) != entry.version:
-                raise NotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
+                raise ModelNotFound(
+                    f"model {name!r} version {version!s} is not loaded (serving version {entry.version})"
+                )
             entry.holds.append(None)
             return entry
 
@@ -456,7 +458,7 @@ class ModelRegistry:
 
     def infer(self, name: str, feeds: dict, version: Any = None, outputs: list[str] | None = None) -> tuple[str, dict]:
         """Run one request on the serving version; returns (version, outputs by name).
-        Raises NotFound/BadRequest before the runtime sees bad input, InferenceFailed if the runtime fails."""
+        Raises ModelNotFound/InvalidInput before the runtime sees bad input, InferenceFailed if the runtime fails."""
         entry = self._hold(name, version)
         elapsed, ok, nonfinite, end, caused, cpu, contended = None, False, None, 0.0, False, None, False
         try:
@@ -465,10 +467,10 @@ class ModelRegistry:
                 if outputs is not None:
                     unknown = [o for o in outputs if o not in entry.output_names]
                     if unknown:
-                        raise BadRequest(
+                        raise InvalidInput(
                             f"model {name!r} has no output(s) {unknown}; outputs: {list(entry.output_names)}"
                         )
-            except BadRequest:
+            except InvalidInput:
                 entry.stats.reject()
                 raise
             want = list(outputs) if outputs is not None else None
@@ -493,7 +495,7 @@ class ModelRegistry:
                 why = self._request_fault(entry, feeds, want)
                 caused = why is not None
                 if why is not None and why.startswith("input"):
-                    raise BadRequest(f"model {name!r}: {why}") from failure
+                    raise InvalidInput(f"model {name!r}: {why}") from failure
                 tail = f" ({why}; not counted against the version)" if why else ""
                 raise InferenceFailed(f"model {name!r} version {entry.version}: {failure}{tail}") from failure
             ok = True
@@ -549,15 +551,15 @@ class ModelRegistry:
 
     # ---- introspection ----------------------------------------------------------------------------
     def entry(self, name: str, version: Any = None) -> ModelEntry:
-        """The serving entry (for metadata); NotFound/ModelUnavailable like infer."""
+        """The serving entry (for metadata); ModelNotFound/ModelUnavailable like infer."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None and name in self._loading:
                 raise ModelUnavailable(f"model {name!r} is loading a new version; retry shortly")
         if entry is None:
-            raise NotFound(f"model {name!r} is not loaded")
+            raise ModelNotFound(f"model {name!r} is not loaded")
         if version is not None and str(version) != entry.version:
-            raise NotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
+            raise ModelNotFound(f"model {name!r} version {version!s} is not loaded (serving version {entry.version})")
         return entry
 
     def models(self) -> dict[str, str]:
@@ -581,7 +583,9 @@ class ModelRegistry:
             v = str(version) if version is not None else (entry.version if entry else None)
             stats = per.get(v) if v is not None else None
         if stats is None:
-            raise NotFound(f"no statistics for model {name!r}" + (f" version {version}" if version is not None else ""))
+            raise ModelNotFound(
+                f"no statistics for model {name!r}" + (f" version {version}" if version is not None else "")
+            )
         return stats.snapshot()
 
     def model_stats(self, name: str, version: Any) -> ModelStats:
@@ -589,7 +593,7 @@ class ModelRegistry:
         with self._lock:
             stats = self._stats.get(name, {}).get(str(version))
         if stats is None:
-            raise NotFound(f"model {name!r} version {version} has never been activated")
+            raise ModelNotFound(f"model {name!r} version {version} has never been activated")
         return stats
 
     def all_stats(self) -> list[ModelStats]:

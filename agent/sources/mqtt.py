@@ -76,7 +76,6 @@ class MqttSource:
             cert=_s(tls.cert) if tls else None,
             key=_s(tls.key) if tls else None,
             last_status=_last_status(state_dir),
-            raw_desired=True,
             signer=device_key(state_dir),  # made on first start when `edge-agent keys device` was not run
         )
 

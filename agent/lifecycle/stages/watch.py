@@ -99,7 +99,7 @@ def probation_watch(
 ) -> tuple[str, str, dict[str, Any]]:
     """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
     session kept through the swap) is closed when it passes; otherwise the rollback serves it again
-    (Steps.ensure_committed: no build)."""
+    (restore.ensure_committed: no build)."""
     sel = dep.data.get("selected") or {}
     lat = sel.get("latency_ms") or {}
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
