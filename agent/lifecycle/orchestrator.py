@@ -36,7 +36,7 @@ JOURNAL_RETRIES = 3
 class _Worker:
     """Runs one model's deployments one after another; `pending` holds the next (newest) one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.current: Deployment | None = None
         self.ctx: act.StepContext | None = None
         self.pending: Deployment | None = None
@@ -48,7 +48,7 @@ class Orchestrator:
 
     def __init__(
         self,
-        state_dir: str | os.PathLike,
+        state_dir: str | os.PathLike[str],
         steps: Steps,
         *,
         deadlines: dict[State, float] | None = None,
@@ -66,7 +66,7 @@ class Orchestrator:
         self._idle = threading.Condition(self._lock)
         self._workers: dict[str, _Worker] = {}
         self._stopping = False
-        self._reports: queue.Queue = queue.Queue()
+        self._reports: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reports_lock = threading.Lock()
         self._reporter: threading.Thread | None = None
         self._parked: dict[str, Deployment] = {}  # model -> resumed deployment waiting for its source

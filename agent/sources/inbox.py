@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ class InboxSource:
 
     kind = "inbox"
 
-    def __init__(self, store, journal: Journal, staging: Path):
+    def __init__(self, store: Any, journal: Journal, staging: Path) -> None:
         self.store, self.journal, self.staging = store, journal, staging
         self._warned: set[str] = set()
 
@@ -36,7 +37,9 @@ class InboxSource:
         shutil.rmtree(src, ignore_errors=True)
         return {}
 
-    def scan(self, inbox: Path, claimed: set, submit, warn) -> None:
+    def scan(
+        self, inbox: Path, claimed: set[str | None], submit: Callable[..., Any], warn: Callable[[str, str], None]
+    ) -> None:
         """Submit every complete inbox/<model>/<version>/ not claimed by an in-flight deployment."""
         for model_dir in sorted(inbox.iterdir()):
             if model_dir.name.startswith(".") or not model_dir.is_dir():

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
+from agent.lifecycle.journal import Deployment
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.trial.shadow import FAIL, Shadow, skipped
 
@@ -20,7 +22,7 @@ class ShadowFailed(LifecycleError):
         self.figures = figures
 
 
-def shadow_skip_reason(registry, name: str, swap: str, config: ShadowConfig) -> str | None:
+def shadow_skip_reason(registry: Any, name: str, swap: str, config: ShadowConfig) -> str | None:
     """Why no shadow phase runs for this activation (None: it runs)."""
     if not config.enabled:
         return "serving.shadow.enabled is false"
@@ -36,7 +38,7 @@ class Rehearsal:
     shadow phase included, where one runs)."""
 
     def __init__(
-        self, registry, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
+        self, registry: Any, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
     ):
         self.registry, self.name, self.measure = registry, name, measure
         self.shadow_config, self.probation_config, self.window_s = shadow, probation, window_s
@@ -52,7 +54,7 @@ class Rehearsal:
         window = self.probation_config.baseline_s
         self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
 
-    def before_swap(self, ctx: act.StepContext):
+    def before_swap(self, ctx: act.StepContext) -> Callable[[Any], None]:
         """The callback act.activate runs between warm-up and swap."""
 
         def run(session: Any) -> None:
@@ -90,8 +92,8 @@ class Rehearsal:
 
 
 def probation_watch(
-    registry,
-    dep,
+    registry: Any,
+    dep: Deployment,
     ctx: act.StepContext,
     window: float,
     config: ProbationConfig,
