@@ -16,13 +16,6 @@ from agent.config import AgentConfig
 from agent.errors import ConfigError
 from agent.lifecycle.parts import StepConfig
 
-ENVIRONMENT = {
-    "EDGE_AGENT_PROBATION_S": "probation window after a swap (overrides serving.probation_s, default 60)",
-    "EDGE_AGENT_QUALIFY_PROVIDERS": "comma list of providers to qualify (default: the target's order)",
-    "EDGE_AGENT_QUALIFY_BUDGET_S": "latency budget per qualification row (default 5)",
-    "EDGE_AGENT_QUALIFY_ISOLATE": "0: rows run inside the (already separate) qualification process",
-}
-
 
 def from_env(env: Mapping[str, str] = os.environ, given: StepConfig | None = None) -> StepConfig:
     """`given` (default: nothing set) with the EDGE_AGENT_* test/tuning knobs applied."""

@@ -5,6 +5,7 @@ and group desired state uses verified fields only."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from support.agent import make_agent
@@ -69,7 +70,7 @@ def test_attacks_leave_a_version_in_probation_alone(tmp_path, mosquitto, plane):
     try:
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "1"), "tiny", "1")))
         wait_for(lambda: (a.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
-        a.steps.config.probation_s = 20  # v2 is in probation while the attacks land
+        a.steps.config = replace(a.steps.config, probation_s=20)  # v2 is in probation while the attacks land
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "2"), "tiny", "2")))
         v2 = wait_for(
             lambda: next((d for d in a.orchestrator.in_flight().values() if d.state.value == "probation"), None),

@@ -5,6 +5,7 @@ so a halted rollout's control plane sees a confirmed state instead of waiting fo
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from support.agent import make_agent
@@ -53,7 +54,9 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
             t.start()
             assert held.wait(30)
         else:
-            agent.steps.config.probation_s = 300  # v2 stays on probation until something stops it
+            agent.steps.config = replace(
+                agent.steps.config, probation_s=300
+            )  # v2 stays on probation until something stops it
         _push(plane, tmp_path, "2")
         state = {"queued": "qualifying", "probation": "probation"}[where]
         wait_for(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal, check_name
 from agent.lifecycle.recovery import commit_landed, recover
+from agent.lifecycle.reports import Listener, Reports
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import SERVING_NEW, Event, State
 from agent.lifecycle.steps import Steps
@@ -29,7 +28,6 @@ DEADLINES_S: dict[State, float] = {
     State.ACTIVATING: 900,
     State.PROBATION: 3600,
 }
-Listener = Callable[[dict[str, Any]], None]
 JOURNAL_RETRIES = 3
 
 
@@ -66,9 +64,7 @@ class Orchestrator:
         self._idle = threading.Condition(self._lock)
         self._workers: dict[str, _Worker] = {}
         self._stopping = False
-        self._reports: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._reports_lock = threading.Lock()
-        self._reporter: threading.Thread | None = None
+        self._reports = Reports(self.listeners)
         self._parked: dict[str, Deployment] = {}  # model -> resumed deployment waiting for its source
         self._digests: dict[tuple[str, str], Deployment] | None = None  # (model, source digest) -> newest record
 
@@ -391,35 +387,11 @@ class Orchestrator:
         )
 
     def _publish(self, record: dict[str, Any]) -> None:
-        """Listeners run on one reporter thread, in order, never under the orchestrator's lock."""
-        with self._reports_lock:
-            self._reports.put(record)
-            if self._reporter is None or not self._reporter.is_alive():
-                self._reporter = threading.Thread(target=self._report_loop, name="lifecycle-reports", daemon=True)
-                self._reporter.start()
-
-    def _report_loop(self) -> None:
-        while True:
-            try:
-                record = self._reports.get(timeout=5.0)
-            except queue.Empty:
-                with self._reports_lock:
-                    if self._reports.empty():
-                        self._reporter = None
-                        return
-                continue
-            for listener in list(self.listeners):
-                try:
-                    listener(record)
-                except Exception:  # noqa: BLE001 - a broken reporter must not stop a deployment
-                    pass
-            self._reports.task_done()
+        self._reports.publish(record)
 
     def flush_reports(self, timeout: float = 10.0) -> None:
         """Wait until every transition so far has reached the listeners."""
-        end = time.monotonic() + timeout
-        while self._reports.unfinished_tasks and time.monotonic() < end:
-            time.sleep(0.01)
+        self._reports.flush(timeout)
 
 
 def _landed(reason: str | None) -> str:
