@@ -266,3 +266,20 @@ def test_swaps_race_lock_free_holds_without_a_failure_or_a_leak(tmp_path):
     for s in sessions:
         s.close()
     reg_.close()
+
+
+def test_domain_errors_carry_no_http_status_and_one_map_gives_it():
+    """The registry raises domain errors; status_of (called by the transport) is the one HTTP map."""
+    from agent.errors import ServingError
+    from agent.serving.errors import InvalidInput, ModelNotFound, ServerBusy
+
+    class Teapot(ServingError):  # a transport's own refusal outside the table
+        status = 418
+
+    assert not hasattr(InvalidInput("x"), "status") and not hasattr(ModelNotFound("x"), "status")
+    got = [status_of(e) for e in (InvalidInput("x"), ModelNotFound("x"), ModelUnavailable("x"), ServerBusy("x"))]
+    assert got == [400, 404, 503, 503]
+    assert (status_of(InferenceFailed("x")), status_of(Teapot("x")), status_of(ValueError("x"))) == (500, 418, 500)
+    r = ModelRegistry()
+    with pytest.raises(ModelNotFound):
+        r.infer("nothing", {})

@@ -79,8 +79,10 @@ HTTP_STATUS: dict[type[ServingError], int] = {
 
 
 def status_of(exc: BaseException) -> int:
-    """The HTTP status for an exception: the nearest serving error class in HTTP_STATUS, else 500."""
+    """The HTTP status for an exception: the nearest serving error class in HTTP_STATUS; a transport's own
+    refusal outside the table may carry its `status`; anything else 500."""
     for cls in type(exc).__mro__:
         if cls in HTTP_STATUS:
             return HTTP_STATUS[cls]
-    return 500
+    own = getattr(exc, "status", None) if isinstance(exc, ServingError) else None
+    return own if isinstance(own, int) else 500
