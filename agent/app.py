@@ -2,12 +2,13 @@
 
 No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
-belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
+belong to the CLI. Test/tuning knobs come in through StepConfig; start() resolves the rest (agent.settings).
 What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from agent.serving.registry import ModelRegistry
     from agent.serving.server import OIPServer
     from agent.sources.mqtt import MqttSource
+    from agent.targets import Target
     from agent.telemetry import Telemetry
 
 LOOP_S = 0.5
@@ -68,12 +70,11 @@ class DeviceAgent:
         self.state_dir = Path(config.state_dir)
         self.profile, self.sysroot = profile, sysroot
         self.serve_http = serve_http
-        self.given_settings = step_config  # what the caller chose; the rest is resolved at start (settings)
-        self.step_config = step_config or StepConfig()
+        self.step_config = step_config or StepConfig()  # what the caller chose; start() resolves the rest
         self.on_event = on_event
         self.notifier = notifier
         self.use_lock = use_lock
-        self.target = None
+        self.target: Target | None = None
         self.store: ContentStore | None = None
         self.registry: ModelRegistry | None = None
         self.steps: Steps | None = None
@@ -136,10 +137,11 @@ class DeviceAgent:
         """Hardware profile and target, then store, registry, lifecycle, MQTT source, telemetry, services."""
         from agent.artifacts.store import ContentStore
         from agent.serving.registry import ModelRegistry
+        from agent.targets import detect_device, resolve
 
-        self.profile = self.profile or _detect(self.sysroot)
-        self.target = _target(self.config.target, self.profile)
-        self.step_config = settings.resolve(self.config, self.target, self.given_settings)
+        self.profile = self.profile or detect_device(root=str(self.sysroot) if self.sysroot else "/")
+        self.target = resolve(self.profile, self.config.target)
+        self.step_config = settings.resolve(self.config, self.target, self.step_config)
         self.store = ContentStore(self.state_dir, file_mode=0o600)
         self.registry = ModelRegistry(finite_every=self.config.serving.finite_check_every)
         self.steps = Steps(
@@ -244,37 +246,17 @@ class DeviceAgent:
             self.status_writer.close()  # nothing more is written into state_dir by this agent
         self._release_lock()
 
-    def _writers(self) -> list[threading.Thread]:
-        """This agent's threads that may still write into state_dir."""
-        threads = self.orchestrator.live_threads() if self.orchestrator is not None else []
-        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
-            threads.append(self._thread)
-        return threads
-
     def _release_lock(self) -> None:
-        lock, self._lock = self._lock, None
-        left = self._writers() if lock is not None else []
-        if not left:
-            if lock is not None:
-                lock.release()
-            self._unlocked.set()
-            return
-        self._emit(
-            {
-                "event": "warning",
-                "reason": f"{len(left)} thread(s) still finishing after the drain timeout "
-                f"({', '.join(t.name for t in left)}); state_dir stays locked until they end",
-            }
-        )
-        assert lock is not None  # threads are left behind only while the lock is held
-
-        def release_when_done() -> None:
-            for t in left:
-                t.join()
-            lock.release()
-            self._unlocked.set()
-
-        threading.Thread(target=release_when_done, name=f"unlock-{self.config.device_id}", daemon=True).start()
+        """Once no thread of this agent may still write into state_dir (workers, the loop)."""
+        lock, self._lock, loop = self._lock, None, self._thread
+        left = self.orchestrator.live_threads() if self.orchestrator is not None and lock is not None else []
+        if lock is not None and loop is not None and loop.is_alive() and loop is not threading.current_thread():
+            left.append(loop)
+        if left:
+            names = ", ".join(t.name for t in left)
+            reason = f"{len(left)} thread(s) still finishing after the drain timeout ({names}); state_dir stays locked"
+            self._emit({"event": "warning", "reason": f"{reason} until they end"})
+        control.release_after(lock, left, self._unlocked, f"unlock-{self.config.device_id}")
 
     def stopped(self, timeout: float | None = None) -> bool:
         """Wait until stop() finished and the state_dir lock is released (threads left behind have ended)."""
@@ -294,7 +276,7 @@ class DeviceAgent:
         if self.health is not None:
             self.health.interval_s = new.telemetry.interval_s
         applied = sorted((live - {"groups"}) | ({"serving.token_file"} if self.server is not None else set()))
-        self.config = _with(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
+        self.config = dataclasses.replace(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
         if self.notifier is not None:
             self.notifier.ready(self._one_line())
         return {"applied": applied, "needs_restart": sorted(restart | (live & {"groups"}))}
@@ -335,14 +317,9 @@ class DeviceAgent:
             from agent.telemetry import Telemetry, registry_stats
         except ImportError:
             return
-        reg = self.registry
-        self.telemetry = Telemetry(
-            self.state_dir,
-            profile=self.profile,
-            root=str(self.sysroot or "/"),
-            stats=lambda: registry_stats(reg),
-            device_id=self.config.device_id,
-        )
+        reg, root, device = self.registry, str(self.sysroot or "/"), self.config.device_id
+        stats = lambda: registry_stats(reg)  # noqa: E731 - the figures of this agent's registry, read when asked
+        self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
         if self.health_source is None:
             self.health_source = self.telemetry.collect
 
@@ -373,7 +350,7 @@ class DeviceAgent:
         extra = {
             "mode": self.config.mode,
             "serving": {"url": self.url},
-            "pid": _pid(),
+            "pid": os.getpid(),
             "providers_source": self.probe.source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
             "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
@@ -417,25 +394,3 @@ class DeviceAgent:
                 self.on_event({"device_id": self.config.device_id, **record})
             except Exception:  # noqa: BLE001 - a broken log sink must not stop the daemon
                 pass
-
-
-def _detect(sysroot):
-    from agent.targets import detect_device as detect
-
-    return detect(root=str(sysroot) if sysroot else "/")
-
-
-def _target(name: str, profile):
-    from agent import targets
-
-    return targets.resolve(profile, name)
-
-
-def _with(cfg, **changes):
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)
-
-
-def _pid() -> int:
-    return os.getpid()

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,23 @@ class StateLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def release_after(lock: StateLock | None, left: list[threading.Thread], unlocked: threading.Event, name: str) -> None:
+    """Release the state_dir lock once the threads `left` (writers a drain timeout left behind) have ended, on a
+    thread of its own when there are any; `unlocked` is set then. A successor never cleans up under a live writer."""
+
+    def release() -> None:
+        for t in left:
+            t.join()
+        if lock is not None:
+            lock.release()
+        unlocked.set()
+
+    if left:
+        threading.Thread(target=release, name=name, daemon=True).start()
+    else:
+        release()
 
 
 def holder_pid(state_dir: str | os.PathLike[str]) -> int | None:
