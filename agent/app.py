@@ -80,6 +80,7 @@ class DeviceAgent:
         self.steps: Steps | None = None
         self.orchestrator: Orchestrator | None = None
         self.server: OIPServer | None = None
+        self.grpc_server: Any = None  # serving.grpc_front.GRPCServer when serving.grpc_port is set
         self.link: MqttSource | None = None
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
@@ -136,6 +137,7 @@ class DeviceAgent:
     def _build(self) -> None:
         """Hardware profile and target, then store, registry, lifecycle, MQTT source, telemetry, services."""
         from agent.artifacts.store import ContentStore
+        from agent.evidence.attest import Attestor
         from agent.serving.registry import ModelRegistry
         from agent.targets import detect_device, resolve
 
@@ -153,6 +155,7 @@ class DeviceAgent:
             config=self.step_config,
             qualifier=self.qualifier,
             on_note=lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason}),
+            attestor=Attestor(self.state_dir, self.config.device_id, publish=self._publish_attestation),
         )
         self.steps.add_source(InboxSource(self.store, self.steps.journal, self.steps.staging))
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
@@ -169,6 +172,11 @@ class DeviceAgent:
         """The reporter's way to the link's event topic (nothing while there is no link)."""
         if self.link is not None:
             self.link.publish_event(record)
+
+    def _publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
+        """The attestor's way to the link's attestation topic (nothing while there is no link: the file stays)."""
+        if self.link is not None:
+            self.link.publish_attestation(model, kind, envelope)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
         from agent.sources.mqtt import MqttSource
@@ -236,6 +244,8 @@ class DeviceAgent:
             self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
             self.orchestrator.stop(timeout=drain_timeout)
+        if self.grpc_server is not None:
+            self.grpc_server.shutdown(drain_timeout)
         if self.server is not None:
             self.server.shutdown(drain_timeout)
         if self.link is not None:
@@ -267,10 +277,11 @@ class DeviceAgent:
         from agent.config import changed_keys
 
         live, restart = changed_keys(self.config, new)
+        token = new.serving.token()  # a bad token file fails here (ConfigError), before anything changed
         if self.notifier is not None:
             self.notifier.reloading()
         if self.server is not None:
-            self.server.set_token(new.serving.token())
+            self.server.set_token(token)
         if self.link is not None and "trust.public_keys" in live:
             self.link.reload_keys(new.trust.public_keys)
         if self.health is not None:
@@ -311,6 +322,14 @@ class DeviceAgent:
         ).start()
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
+        if self.orchestrator is not None and self.steps is not None:
+            from agent.services.repository import RepositoryService
+
+            RepositoryService(self.state_dir, self.orchestrator, self.steps, self.server.plane).install()
+        if s.grpc_port is not None:
+            from agent.serving.grpc_front import GRPCServer
+
+            self.grpc_server = GRPCServer(self.server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()
 
     def _start_telemetry(self) -> None:
         try:
@@ -349,7 +368,7 @@ class DeviceAgent:
             raise RuntimeError("DeviceAgent.status() before start(): no lifecycle yet")
         extra = {
             "mode": self.config.mode,
-            "serving": {"url": self.url},
+            "serving": {"url": self.url, "grpc": self.grpc_server.target if self.grpc_server is not None else None},
             "pid": os.getpid(),
             "providers_source": self.probe.source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from agent.errors import ConfigError
 from agent.names import is_valid_name
+from agent.util import yamlsafe
+from agent.util.textfile import read_text
 
 DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
@@ -22,12 +22,13 @@ MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
 RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
 
 
+MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is refused (config check, start-up, reload)
+
+
 def first_line(path: Path, key: str) -> str:
-    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc.strerror}") from exc
+    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file).
+    ConfigError naming `key` and the file when it cannot be read or is not UTF-8 text."""
+    lines = read_text(path, key, ConfigError, max_bytes=65536).splitlines()
     return lines[0].strip() if lines else ""
 
 
@@ -59,6 +60,9 @@ class MqttConfig:
 class TrustConfig:
     public_keys: tuple[Path, ...] = ()
     max_skew_s: float = 300.0  # an issue time further ahead of the device clock is refused as future-dated
+    # OpenSSF model signing (agent.artifacts.modelsig): when any is set, a package must carry model.sig
+    model_signing_keys: tuple[Path, ...] = ()
+    model_signing_certificates: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class ShadowConfig:
 class ServingConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = 8001  # KServe v2 gRPC; None: off; 0 (or port 0 with grpc_port unset): a free port
     token_file: Path | None = None
     probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
     build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
@@ -123,7 +128,20 @@ class ServingConfig:
         token = first_line(self.token_file, "serving.token_file")
         if not token:
             raise ConfigError(f"serving.token_file: {self.token_file} is empty")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"serving.token_file: the token in {self.token_file} has {len(token)} characters, at least "
+                f"{MIN_TOKEN_CHARS} are required (e.g. `openssl rand -hex 32 > {self.token_file}`)"
+            )
         return token
+
+
+@dataclass(frozen=True)
+class DownloadsConfig:
+    allow_http: bool = False  # plain http:// sources in manifests (integrity is the chunk hashes'; not availability)
+    min_bytes: int = 64 * 1024  # a source must deliver at least this many bytes ...
+    interval_s: float = 30.0  # ... every interval, or it is abandoned for the manifest's next source
+    timeout_s: float = 6 * 3600.0  # one download attempt, every source together
 
 
 @dataclass(frozen=True)
@@ -145,6 +163,7 @@ class AgentConfig:
     telemetry: TelemetryConfig
     source: Path | None = None  # the file this came from
     warnings: tuple[str, ...] = ()
+    downloads: DownloadsConfig = DownloadsConfig()
 
     @property
     def mode(self) -> str:
@@ -175,22 +194,11 @@ from agent.device_id import default_device_id  # noqa: E402,F401 - part of this 
 def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check_files: bool = True) -> AgentConfig:
     """Read and validate `path`. `root` is where the default device id is looked up (tests use sysroots)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a YAML config file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); expected a YAML config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not path.exists() and not path.is_symlink():
+        raise ConfigError(f"{path}: no such config file")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory, expected a YAML config file")
+    data = yamlsafe.loads(read_text(path, "config file", ConfigError), str(path), ConfigError)
     cfg = parse_config({} if data is None else data, base_dir=path.resolve().parent, root=root, source=path)
     return check_config_files(cfg) if check_files else cfg
 
@@ -229,6 +237,7 @@ def parse_config(
         serving=serving,
         inbox=inbox,
         telemetry=_telemetry(v, top.get("telemetry")),
+        downloads=_downloads(v, top.get("downloads")),
         source=source,
         warnings=tuple(warnings),
     )
@@ -238,6 +247,8 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
     """The I/O half of validation: every referenced credential file exists; warn on loose permissions."""
     files: list[tuple[str, Path | None]] = [("serving.token_file", cfg.serving.token_file)]
     files += [(f"trust.public_keys[{i}]", p) for i, p in enumerate(cfg.trust.public_keys)]
+    for name in ("model_signing_keys", "model_signing_certificates"):
+        files += [(f"trust.{name}[{i}]", p) for i, p in enumerate(getattr(cfg.trust, name))]
     if cfg.mqtt is not None:
         files.append(("mqtt.password_file", cfg.mqtt.password_file))
         tls = cfg.mqtt.tls or TlsConfig()
@@ -259,7 +270,21 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
         secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file")
         if secret and st.st_mode & stat.S_IROTH:
             warnings.append(f"{key}: {p} is world-readable; chmod 600 (or 640 with group edge-agent)")
+    _decode_files(cfg)
     return replace(cfg, warnings=tuple(warnings))
+
+
+def _decode_files(cfg: AgentConfig) -> None:
+    """Decode what the daemon will read from the files (token, password, trusted keys), so that a bad one is a
+    ConfigError naming the key and the reason here: at `config check`, at start-up and on reload."""
+    cfg.serving.token()
+    if cfg.mqtt is not None:
+        cfg.mqtt.password()
+    from agent.artifacts.keys import parse_public_key
+
+    for i, p in enumerate(cfg.trust.public_keys):
+        key = f"trust.public_keys[{i}]"
+        parse_public_key(read_text(p, key, ConfigError, max_bytes=65536), where=f"{key}: {p}")
 
 
 def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:
@@ -281,7 +306,28 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 # ---------------------------------------------------------------- sections
 
-_TOP_KEYS = ("device_id", "groups", "state_dir", "target", "mqtt", "trust", "serving", "inbox", "telemetry")
+_TOP_KEYS = (
+    "device_id",
+    "groups",
+    "state_dir",
+    "target",
+    "mqtt",
+    "trust",
+    "serving",
+    "inbox",
+    "telemetry",
+    "downloads",
+)
+
+
+def _downloads(v: "_Validator", raw: Any) -> DownloadsConfig:
+    d = v.mapping(raw if raw is not None else {}, "downloads", ("allow_http", "min_bytes", "interval_s", "timeout_s"))
+    return DownloadsConfig(
+        allow_http=_flag(d.get("allow_http", False), "downloads.allow_http"),
+        min_bytes=v.integer(d.get("min_bytes", 64 * 1024), "downloads.min_bytes", 1, 1 << 40),
+        interval_s=v.number(d.get("interval_s", 30.0), "downloads.interval_s", 0.5, 86400),
+        timeout_s=v.number(d.get("timeout_s", 6 * 3600.0), "downloads.timeout_s", 1, 30 * 86400),
+    )
 
 
 def _device_id(v: "_Validator", top: dict, root) -> tuple[str, str]:
@@ -349,14 +395,18 @@ def _tls(v: "_Validator", raw: Any, scheme: str) -> TlsConfig | None:
 
 
 def _trust(v: "_Validator", raw: Any) -> TrustConfig:
-    t = v.mapping(raw if raw is not None else {}, "trust", ("public_keys", "max_skew_s"))
-    keys = t.get("public_keys") or []
-    if isinstance(keys, str):
-        keys = [keys]
-    if not isinstance(keys, list):
-        raise ConfigError(f"trust.public_keys: expected a list of file paths, got {_show(keys)}")
+    names = ("public_keys", "max_skew_s", "model_signing_keys", "model_signing_certificates")
+    t = v.mapping(raw if raw is not None else {}, "trust", names)
+    paths = {}
+    for name in ("public_keys", "model_signing_keys", "model_signing_certificates"):
+        keys = t.get(name) or []
+        if isinstance(keys, str):
+            keys = [keys]
+        if not isinstance(keys, list):
+            raise ConfigError(f"trust.{name}: expected a list of file paths, got {_show(keys)}")
+        paths[name] = tuple(v.path(k, f"trust.{name}[{i}]") for i, k in enumerate(keys))
     skew = v.number(t["max_skew_s"], "trust.max_skew_s", 0, 7 * 86400) if "max_skew_s" in t else 300.0
-    return TrustConfig(tuple(v.path(k, f"trust.public_keys[{i}]") for i, k in enumerate(keys)), skew)
+    return TrustConfig(paths["public_keys"], skew, paths["model_signing_keys"], paths["model_signing_certificates"])
 
 
 def _serving(v: "_Validator", raw: Any) -> ServingConfig:
@@ -366,6 +416,7 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         (
             "host",
             "port",
+            "grpc_port",
             "token_file",
             "probation_s",
             "build_nice",
@@ -384,9 +435,12 @@ def _serving(v: "_Validator", raw: Any) -> ServingConfig:
         raise ConfigError(f"serving.host: expected a host name or IP address, got {host!r}")
     port = v.integer(s.get("port", 8080), "serving.port", 0, 65535)
     token = v.path(s["token_file"], "serving.token_file") if s.get("token_file") is not None else None
+    grpc_raw = s.get("grpc_port", 0 if port == 0 else 8001)  # tests on free ports get a free gRPC port too
+    grpc_port = None if grpc_raw is None or grpc_raw is False else v.integer(grpc_raw, "serving.grpc_port", 0, 65535)
     return ServingConfig(
         host=host,
         port=port,
+        grpc_port=grpc_port,
         token_file=token,
         probation_s=v.number(s.get("probation_s", 60.0), "serving.probation_s", 0.1, 7 * 86400),
         build_nice=v.integer(s.get("build_nice", 10), "serving.build_nice", 0, 19),

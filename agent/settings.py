@@ -55,4 +55,8 @@ def resolve(config: AgentConfig, target: Any, given: StepConfig | None = None) -
         changes["probation"] = serving.probation
     if sc.shadow is None:
         changes["shadow"] = serving.shadow
+    if sc.model_trust is None:
+        from agent.artifacts.modelsig import ModelTrust
+
+        changes["model_trust"] = ModelTrust(config.trust.model_signing_keys, config.trust.model_signing_certificates)
     return dataclasses.replace(sc, **changes)

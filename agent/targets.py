@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from agent.errors import ConfigError
 from agent.providers import PROVIDER_NAMES
+from agent.util import yamlsafe
+from agent.util.textfile import read_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent.hardware.profile import HardwareProfile
@@ -38,7 +38,15 @@ PRECISION_ALIASES = {
     "qdq": "int8",
 }
 SWAPS = ("make-before-break", "stop-then-start")
-TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features"}
+TASKS = ("detection", "classification", "regression", "embeddings")  # `tasks:` tolerance sections
+_TASK_STEMS = {
+    "detection": ("detect",),
+    "classification": ("classif",),
+    "regression": ("regress",),
+    "embeddings": ("embed",),
+}
+OPTIMIZE_KINDS = ("ort-basic", "ort-extended", "ort-all", "slim", "fusions")  # agent.qualify.optimize
+TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features", "tasks", "qualify"}
 MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor", "os", "accelerators"}
 TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
 # Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
@@ -89,12 +97,16 @@ class Tolerance:
     max_rel: float
     min_cosine: float
     top1_agreement: float
+    min_sqnr_db: float | None = None  # signal-to-quantization-noise ratio floor per output (dB); None: not checked
 
     def allows(self, abs_err: float, scale: float) -> bool:
         return abs_err <= self.max_abs + self.max_rel * abs(scale)
 
     def to_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in TOLERANCE_KEYS}
+        out = {k: getattr(self, k) for k in TOLERANCE_KEYS}
+        if self.min_sqnr_db is not None:
+            out["min_sqnr_db"] = self.min_sqnr_db
+        return out
 
 
 @dataclass(frozen=True)
@@ -115,6 +127,7 @@ class ToleranceTable:
 class ProviderPref:
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+    exclude: str | None = None  # the stated reason this provider is never measured on the target
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -130,6 +143,13 @@ class Target:
     features: frozenset[str]
     match_rules: dict[str, Any] = field(default_factory=dict, repr=False)
     path: str | None = field(default=None, repr=False, compare=False)
+    tasks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict, repr=False)  # agent.qualify.tasks
+    qualify: dict[str, Any] = field(default_factory=dict, repr=False)  # optimize, cold_start_budget_s
+
+    @property
+    def optimize(self) -> tuple[str, ...]:
+        """Optimisation variants qualification measures on this target (agent.qualify.optimize.KINDS)."""
+        return tuple(self.qualify.get("optimize") or ())
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -153,7 +173,10 @@ class Target:
         return {
             "name": self.name,
             "description": self.description,
-            "providers": [{"name": p.name, "options": dict(p.options)} for p in self.providers],
+            "providers": [
+                {"name": p.name, "options": dict(p.options), **({"exclude": p.exclude} if p.exclude else {})}
+                for p in self.providers
+            ],
             "tolerances": {
                 prov: {prec: t.to_dict() for prec, t in by.items()} for prov, by in self.tolerances.table.items()
             },
@@ -324,8 +347,10 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
     out: list[ProviderPref] = []
     for i, item in enumerate(raw):
         item = {"name": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or set(item) - {"name", "options"}:
-            raise _fail(path, f"providers[{i}]", "expected {name, options}")
+        if not isinstance(item, dict) or set(item) - {"name", "options", "exclude"}:
+            raise _fail(path, f"providers[{i}]", "expected {name, options} (and exclude: reason)")
+        if "exclude" in item and not (isinstance(item["exclude"], str) and item["exclude"].strip()):
+            raise _fail(path, f"providers[{i}].exclude", "expected the reason, as a non-empty string")
         name, options = item.get("name"), item.get("options") or {}
         if name not in PROVIDER_NAMES:
             raise _fail(path, f"providers[{i}].name", f"{name!r} is not one of {', '.join(PROVIDER_NAMES)}")
@@ -333,17 +358,20 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
             raise _fail(path, f"providers[{i}].options", "expected a mapping")
         if name in (p.name for p in out):
             raise _fail(path, f"providers[{i}].name", f"{name!r} is listed twice")
-        out.append(ProviderPref(name=name, options=dict(options)))
+        out.append(ProviderPref(name=name, options=dict(options), exclude=item.get("exclude")))
     return tuple(out)
 
 
 def _parse_tolerance(path: Path, key: str, raw: Any, base: Tolerance | None) -> Tolerance:
-    if not isinstance(raw, dict) or set(raw) - set(TOLERANCE_KEYS):
-        raise _fail(path, key, f"expected a mapping with {', '.join(TOLERANCE_KEYS)}")
+    if not isinstance(raw, dict) or set(raw) - set(TOLERANCE_KEYS) - {"min_sqnr_db"}:
+        raise _fail(path, key, f"expected a mapping with {', '.join(TOLERANCE_KEYS)} (and min_sqnr_db)")
     values = base.to_dict() if base else {}
     for k, v in raw.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
             raise _fail(path, f"{key}.{k}", "expected a non-negative number")
+        if k == "min_sqnr_db" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            values[k] = float(v)
+            continue
         if k in ("min_cosine", "top1_agreement") and v > 1:
             raise _fail(path, f"{key}.{k}", "expected a number between 0 and 1")
         values[k] = float(v)
@@ -385,6 +413,10 @@ def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
     for key in ("swap", "swap_when_memory_short"):
         if key in raw and raw[key] not in SWAPS:
             raise _fail(path, f"serving.{key}", f"{raw[key]!r} is not one of {', '.join(SWAPS)}")
+    if raw.get("unjudged", "commit-flagged") not in ("commit-flagged", "rollback"):
+        raise _fail(path, "serving.unjudged", f"{raw['unjudged']!r} is not one of commit-flagged, rollback")
+    if raw.get("unchecked_accuracy", "allow") not in ("allow", "refuse"):
+        raise _fail(path, "serving.unchecked_accuracy", f"{raw['unchecked_accuracy']!r} is not one of allow, refuse")
     if "memory_max" in raw and not isinstance(raw["memory_max"], (str, int)):
         raise _fail(path, "serving.memory_max", "expected a systemd size like 2G or 75%")
     return {"swap": "make-before-break", **raw}
@@ -392,12 +424,7 @@ def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
 
 def parse_target(path: Path) -> Target:
     """Read and validate one target YAML; ConfigError names the file and the key."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path.name}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path.name}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    raw = yamlsafe.loads(read_text(path, path.name, ConfigError), path.name, ConfigError)
     if not isinstance(raw, dict):
         raise _fail(path, "(top level)", "expected a mapping")
     unknown = set(raw) - TOP_KEYS
@@ -420,4 +447,64 @@ def parse_target(path: Path) -> Target:
         features=frozenset(features),
         match_rules=_parse_match(path, raw.get("match") or {}),
         path=str(path),
+        tasks=_parse_tasks(path, raw.get("tasks")),
+        qualify=_parse_qualify(path, raw.get("qualify")),
     )
+
+
+def task_of(task: str | None) -> str | None:
+    """model.yaml `task` -> one of TASKS (object-detection -> detection, image-classification ->
+    classification, sentence-embeddings -> embeddings, ...), else None."""
+    low = (task or "").lower()
+    for name, stems in _TASK_STEMS.items():
+        if any(stem in low for stem in stems):
+            return name
+    return None
+
+
+def _parse_tasks(path: Path, raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """tasks: {task: {precision: bounds}}; a bound may be null (that check is off for the task)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _fail(path, "tasks", f"expected task -> precision -> bounds; tasks: {', '.join(TASKS)}")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for task, by_prec in raw.items():
+        if task not in TASKS:
+            raise _fail(path, f"tasks.{task}", f"not a task ({', '.join(TASKS)})")
+        if not isinstance(by_prec, dict):
+            raise _fail(path, f"tasks.{task}", "expected precision -> bounds")
+        out[task] = {}
+        for prec, bounds in by_prec.items():
+            key = f"tasks.{task}.{prec}"
+            try:
+                norm = normalize_precision(str(prec))
+            except ConfigError as exc:
+                raise _fail(path, key, str(exc)) from None
+            if not isinstance(bounds, dict) or set(bounds) - set(TOLERANCE_KEYS) - {"min_sqnr_db"}:
+                raise _fail(path, key, f"expected a mapping with some of {', '.join(TOLERANCE_KEYS)}, min_sqnr_db")
+            for k, v in bounds.items():
+                ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                if not ok or (k != "min_sqnr_db" and v is not None and v < 0):
+                    raise _fail(path, f"{key}.{k}", "expected a non-negative number or null")
+            out[task][norm] = {k: None if v is None else float(v) for k, v in bounds.items()}
+    return out
+
+
+def _parse_qualify(path: Path, raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - {"optimize", "cold_start_budget_s"}:
+        raise _fail(path, "qualify", "expected a mapping with optimize and/or cold_start_budget_s")
+    out: dict[str, Any] = {}
+    kinds = raw.get("optimize") or []
+    kinds = list(OPTIMIZE_KINDS) if kinds is True else kinds
+    if not isinstance(kinds, list) or any(k not in OPTIMIZE_KINDS for k in kinds):
+        raise _fail(path, "qualify.optimize", f"expected true or a list of {', '.join(OPTIMIZE_KINDS)}")
+    out["optimize"] = [k for k in OPTIMIZE_KINDS if k in kinds]
+    budget = raw.get("cold_start_budget_s")
+    if budget is not None:
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
+            raise _fail(path, "qualify.cold_start_budget_s", "expected a positive number of seconds")
+        out["cold_start_budget_s"] = float(budget)
+    return out

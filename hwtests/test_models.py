@@ -44,17 +44,28 @@ def test_model_qualifies(variant, model_package, decisions, budget):
 
 @pytest.mark.feature("openvino")
 def test_openvino_reports_the_precision_it_really_uses(dev, tmp_path, budget):
+    """The default row's precision is what the runtime itself reports for a model compiled without a hint, the
+    profile's claim (bf16 / f16 / f32 default) agrees with it, and a reduced default brings an f32 row."""
     from agent import samples
+    from agent.providers._common import has_arm_fp16, has_bf16
+    from agent.providers.openvino import _core, precision_name
 
     pkg = load_package(samples.sample_cnn_package(tmp_path / "cnn"))
+    reported = precision_name(
+        _core().compile_model(str(pkg.model_path), "CPU").get_property("INFERENCE_PRECISION_HINT")
+    )
+    claimed = "bf16" if has_bf16(dev.profile) else "f16" if has_arm_fp16(dev.profile) else "f32"
+    assert reported == claimed, f"the runtime defaults to {reported}, the profile says {claimed}"
     decision = qualify(
         pkg, dev.profile, dev.target, providers=["openvino"], latency_budget_s=budget, all_precisions=True
     )
-    precisions = [r.precision for r in decision.results if r.status != "unavailable"]
-    assert precisions and all(p in ("f32", "bf16", "f16") for p in precisions)
-    assert (
-        any(r.requested_precision == "f32" and r.precision == "f32" for r in decision.results) or len(precisions) == 1
-    )
+    default = next(r for r in decision.results if r.requested_precision is None and r.requested_device in (None, "CPU"))
+    assert default.status != "unavailable" and default.precision == reported, default
+    forced = [r for r in decision.results if r.requested_precision == "f32"]
+    if reported == "f32":
+        assert not forced  # nothing to fall back to
+    else:
+        assert forced and all(r.precision == "f32" for r in forced), forced
 
 
 @pytest.mark.feature("tensorrt")

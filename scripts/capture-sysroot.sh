@@ -1,6 +1,6 @@
 #!/bin/sh
 # Capture the files `edge-agent profile` reads into a small tarball, so a device we do not have can be
-# profiled (and added to tests/fixtures/sysroots) with `edge-agent profile --sysroot FILE.tar.gz`.
+# profiled (and added to agent/sysroots) with `edge-agent profile --sysroot FILE.tar.gz`.
 #
 #   sh capture-sysroot.sh [OUTPUT.tar.gz]      # run on the device; needs only a POSIX shell and tar
 #
@@ -14,9 +14,12 @@
 # macOS: `sysctl -a` is saved as .captures/sysctl.txt ("key: value" lines; `profile --sysroot` reads it),
 #   plus `sw_vers` in .captures/sw_vers.txt.
 # Privacy: the Pi serial number is zeroed; hostnames, UUIDs and serial numbers are not captured.
+# .captures/info.txt: captured (UTC), uname, tool, anonymised (the rule above), one "key: value" a line; the
+#   fixtures in agent/sysroots hold the same layout and keys (agent/sysroots/README.md).
 set -eu
 
-case "${1:-}" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+ANONYMISED="cpuinfo Serial zeroed; no hostname, machine-id, UUID or serial-number file captured"
 OUT=${1:-edge-agent-sysroot-$(date +%Y%m%d-%H%M%S).tar.gz}
 case "$OUT" in /*) ;; *) OUT="$(pwd)/$OUT" ;; esac
 TMP=$(mktemp -d 2>/dev/null || mktemp -d -t edge-agent-capture)
@@ -69,14 +72,15 @@ else
   copy /sys/bus/usb/devices/*/idVendor /sys/bus/usb/devices/*/idProduct
   node /dev/hailo* /dev/apex_* /dev/accel/accel* /dev/dri/renderD* /dev/dri/card* /dev/fastrpc-* \
        /dev/adsprpc-smd /dev/nvhost-gpu /dev/nvgpu/igpu0/ctrl /dev/kgsl-3d0
-  # Reference only (profile does not read these): what the vendor tools say.
-  { command -v vcgencmd >/dev/null 2>&1 && vcgencmd get_throttled; } > "$ROOT/.captures/vcgencmd.txt" 2>/dev/null || true
-  { command -v nvpmodel >/dev/null 2>&1 && nvpmodel -q; } > "$ROOT/.captures/nvpmodel.txt" 2>/dev/null || true
+  # Reference only (profile does not read these): what the vendor tools say, where they exist.
+  if command -v vcgencmd >/dev/null 2>&1; then vcgencmd get_throttled > "$ROOT/.captures/vcgencmd.txt" 2>/dev/null || true; fi
+  if command -v nvpmodel >/dev/null 2>&1; then nvpmodel -q > "$ROOT/.captures/nvpmodel.txt" 2>/dev/null || true; fi
 fi
 {
   echo "captured: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "uname: $(uname -srm)"
   echo "tool: edge-agent capture-sysroot.sh 1"
+  echo "anonymised: $ANONYMISED"
 } > "$ROOT/.captures/info.txt"
 
 tar -czf "$OUT" -C "$ROOT" .

@@ -25,7 +25,7 @@ PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 m
 # backend. Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
 # ml_dtypes is onnx's dependency, pinned as well: left to float, 0.7's module init took ~12 s under qemu-user
 # (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
-PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino setuptools wheel)
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf setuptools wheel)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }
@@ -35,8 +35,8 @@ usage() { sed -n '2,10p' "$SELF" | sed 's/^# \{0,1\}//'; }
 
 board_files() {  # captured sysroot for a board
   case "$1" in
-    pi4) echo "$SRC_DIR/tests/fixtures/sysroots/rpi4-4gb" ;;
-    pi5) echo "$SRC_DIR/tests/fixtures/sysroots/rpi5-8gb" ;;
+    pi4) echo "$SRC_DIR/agent/sysroots/rpi4-4gb" ;;
+    pi5) echo "$SRC_DIR/agent/sysroots/rpi5-8gb" ;;
     *) return 1 ;;
   esac
 }

@@ -50,9 +50,17 @@ def _main(kwargs: dict) -> None:
     reg.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"))
     reg.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
     reg.activate("id32", "1", open_session(_identity_fp32(), d, "id32.onnx"))
+    grpc_opts = kwargs.pop("grpc", None)  # {} or GRPCServer keyword arguments: serve gRPC beside HTTP
     srv = OIPServer(reg, port=0, **kwargs).start()
-    print(json.dumps({"port": srv.port}), flush=True)
+    gsrv = None
+    if grpc_opts is not None:
+        from agent.serving.grpc_front import GRPCServer
+
+        gsrv = GRPCServer(srv.plane, port=0, **grpc_opts).start()
+    print(json.dumps({"port": srv.port, "grpc_port": gsrv.port if gsrv else None}), flush=True)
     sys.stdin.read()
+    if gsrv is not None:
+        gsrv.shutdown(5)
     srv.shutdown(5)
     reg.close()
 
@@ -69,8 +77,8 @@ def rss(pid: int) -> int:
 class Served:
     """The child's port and pid, its RSS peak and the slowest /v2/health/live answer while watched."""
 
-    def __init__(self, port: int, pid: int):
-        self.port, self.pid = port, pid
+    def __init__(self, port: int, pid: int, grpc_port: int | None = None):
+        self.port, self.pid, self.grpc_port = port, pid, grpc_port
         self.rss0 = rss(pid)
         self.rss_peak = self.rss0
         self.live_worst = 0.0
@@ -127,7 +135,8 @@ def served(**kwargs):
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"server process exited with {proc.wait(30)}")
-        s = Served(json.loads(line)["port"], proc.pid)
+        info = json.loads(line)
+        s = Served(info["port"], proc.pid, info.get("grpc_port"))
         yield s
         s.stop()
     finally:

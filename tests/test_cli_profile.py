@@ -7,7 +7,10 @@ from pathlib import Path
 
 from clirunner import edge_agent as run_cli
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+from agent import sysroots as captures
+
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 
 
 def test_profile_json_on_a_sysroot():
@@ -16,6 +19,13 @@ def test_profile_json_on_a_sysroot():
     d = json.loads(res.stdout)
     assert d["arch"] == "aarch64" and d["target"] == "jetson-orin"
     assert d["software"]["jetpack"] == "6.2" and d["accelerators"][0]["vendor"] == "nvidia"
+
+
+def test_profile_takes_the_name_of_a_shipped_capture(tmp_path):
+    res = run_cli("profile", "--sysroot", "rpi4-4gb", "--json", cwd=tmp_path)  # no such path here: the package's
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["board"]["model"] == "Raspberry Pi 4 Model B Rev 1.1" and d["target"] == "raspberry-pi-4"
 
 
 def test_profile_human_summary():
@@ -39,7 +49,7 @@ def test_profile_garbage_lists_notes():
 
     from agent.cli.profile import profile
 
-    out = CliRunner().invoke(profile, ["--sysroot", str(SYSROOTS / "garbage")])
+    out = CliRunner().invoke(profile, ["--sysroot", str(NOT_DEVICES / "garbage")])
     assert out.exit_code == 0
     assert "arch          unknown" in out.output and "- /proc/cpuinfo: not understood" in out.output
 

@@ -9,12 +9,13 @@ import pytest
 from clirunner import edge_agent
 from hostruntime import ort_openvino_devices
 
+from agent import sysroots as captures
 from agent.hardware import detect
 from agent.providers import PROVIDER_NAMES
 from agent.providers._common import has_bf16
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 KEYS = {"name", "available", "reason", "remedy", "devices", "options", "versions"}
 
 ORIN_NANO = {
@@ -55,6 +56,9 @@ def test_json_on_this_host_lists_every_provider_with_cpu_and_openvino_available(
     by = {r["name"]: r for r in rows}
     assert by["cpu"]["available"] and by["openvino"]["available"]
     assert "CPU" in by["openvino"]["devices"]
+    # available means a session opened here, on each device listed
+    assert all(r["opened"] is True and "session opened on" in r["reason"] for r in rows if r["available"])
+    assert not any(r["expected"] for r in rows)
     ov_ep = by["ort-openvino"]
     if ort_openvino_devices():  # the plugin enumerates a device here (an Intel host): it must be offered
         assert ov_ep["available"] and "CPU" in ov_ep["devices"], ov_ep
@@ -70,9 +74,16 @@ def test_jetson_capture_puts_tensorrt_first_and_explains(tmp_path):
     rows = json.loads(res.stdout)
     first = rows[0]
     assert first["name"] == "tensorrt" and not first["available"]
-    assert first["reason"].startswith("TensorRT EP not in this onnxruntime build")
-    assert "JetPack 6" in first["remedy"] and "Jetson AI Lab" in first["remedy"]
-    assert next(r for r in rows if r["name"] == "cpu")["available"]
+    import onnxruntime
+
+    if "TensorrtExecutionProvider" in onnxruntime.get_available_providers():  # a GPU build here: expected only
+        assert first["expected"] and first["reason"].startswith("expected, not opened here: ")
+    else:
+        assert first["reason"].startswith("TensorRT EP not in this onnxruntime build")
+        assert "JetPack 6" in first["remedy"] and "Jetson AI Lab" in first["remedy"]
+    cpu = next(r for r in rows if r["name"] == "cpu")  # the Orin's CPU: expected, never opened from this host
+    assert cpu["expected"] and not cpu["available"] and cpu["reason"].startswith("expected, not opened here: ")
+    assert not any(r["available"] for r in rows)
 
 
 def test_human_table_has_a_reason_and_remedy_per_unavailable_provider(tmp_path):
@@ -86,6 +97,7 @@ def test_human_table_has_a_reason_and_remedy_per_unavailable_provider(tmp_path):
     rows = json.loads(cli("--sysroot", str(root), "--json").stdout)
     assert out.count("why: ") == sum(not r["available"] for r in rows)
     assert out.count("fix: ") == sum(not r["available"] for r in rows)
+    assert out.count("expected, not opened here  ") == sum(r["expected"] for r in rows) > 0
 
 
 @pytest.mark.parametrize(
@@ -106,7 +118,7 @@ def test_empty_and_garbage_sysroots_give_valid_json(tmp_path, files):
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
     assert {r["name"] for r in rows} == set(PROVIDER_NAMES)
-    assert next(r for r in rows if r["name"] == "cpu")["available"]
+    assert next(r for r in rows if r["name"] == "cpu")["expected"]
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
@@ -166,10 +178,12 @@ def test_capture_tarball_and_new_device_classes_rank_as_their_targets(tmp_path):
         tar.add(SYSROOTS / "jetson-agx-orin-64gb-jp61", arcname=".")
     runner = CliRunner()
     rows = json.loads(runner.invoke(providers, ["--sysroot", str(archive), "--json"]).output)
-    assert [r["name"] for r in rows[:3]] == ["tensorrt", "cuda", "cpu"]
+    assert [r["name"] for r in rows[:4]] == ["tensorrt", "cuda", "openvino", "cpu"]
     assert "JetPack 6.1" in rows[0]["remedy"]
     rows = json.loads(runner.invoke(providers, ["--sysroot", str(SYSROOTS / "intel-lunarlake-npu"), "--json"]).output)
     assert rows[0]["name"] == "openvino" and rows[0]["devices"][0] == "NPU"
+    # the capture's NPU and GPU: what that device would offer, never "available" from this host
+    assert rows[0]["expected"] and not rows[0]["available"] and rows[0]["reason"].startswith("expected, not opened")
     for name, alt in (("apple-m3-max", "coreml"), ("qualcomm-qcs6490", "qnn"), ("rpi-cm4-coral", "use cpu")):
         rows = json.loads(runner.invoke(providers, ["--sysroot", str(SYSROOTS / name), "--json"]).output)
         trt = next(r for r in rows if r["name"] == "tensorrt")

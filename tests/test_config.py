@@ -22,9 +22,12 @@ def files(tmp_path):
     out = {}
     for name in ("ca.pem", "cert.pem", "key.pem", "pw", "token", "fleet.pub"):
         p = tmp_path / name
-        p.write_text("secret\n")
+        p.write_text("secret-token-0123456789\n")
         p.chmod(0o600)
         out[name] = str(p)
+    from agent.artifacts.keys import generate
+
+    out["fleet.pub"] = str(generate(tmp_path / "fleet-keys")[1])  # a real public key: its contents are parsed
     return out
 
 
@@ -68,8 +71,8 @@ def test_full_config_resolves(tmp_path, files):
     assert cfg.state_dir == tmp_path / "state"  # relative to the config file
     assert cfg.mode == "mqtt"
     assert (cfg.mqtt.host, cfg.mqtt.port, cfg.mqtt.topic_prefix) == ("broker.example", 8884, "acme/edge")
-    assert cfg.mqtt.tls.ca == Path(files["ca.pem"]) and cfg.mqtt.password() == "secret"
-    assert cfg.serving.token() == "secret" and cfg.serving.port == 9000
+    assert cfg.mqtt.tls.ca == Path(files["ca.pem"]) and cfg.mqtt.password() == "secret-token-0123456789"
+    assert cfg.serving.token() == "secret-token-0123456789" and cfg.serving.port == 9000
     assert (cfg.serving.probation_s, cfg.serving.build_nice, cfg.serving.finite_check_every) == (30.0, 5, 4)
     assert cfg.inbox == Path("/srv/inbox") and cfg.telemetry.interval_s == 15.0
     assert cfg.warnings == ()

@@ -172,7 +172,7 @@ def test_reference_outputs_are_reused_from_the_cache(tmp_path):
     target = get_target("generic-x86_64")
     first = qualify(pkg, PROFILE, target, providers=["cpu"], cache_dir=tmp_path / "cache", latency_budget_s=0.05)
     second = qualify(pkg, PROFILE, target, providers=["cpu"], cache_dir=tmp_path / "cache", latency_budget_s=0.05)
-    assert first.reference == "onnxruntime-cpu-fp32" and second.reference == "onnxruntime-cpu-fp32 (reused)"
+    assert first.reference == "onnx-reference-evaluator" and second.reference == "onnx-reference-evaluator (reused)"
     assert first.results[0].status == second.results[0].status == "passed"
     assert first.results[0].accuracy["max_rel"] == second.results[0].accuracy["max_rel"]
 

@@ -115,7 +115,7 @@ def test_sighup_reloads_the_serving_token(tmp_path):
     import pytest
 
     token = tmp_path / "token"
-    token.write_text("first\n")
+    token.write_text("first-token-0123456789\n")
     token.chmod(0o600)
     cfg = write_config(tmp_path, extra={"serving": {"host": "127.0.0.1", "port": 0, "token_file": str(token)}})
     d = Daemon(cfg, tmp_path / "state")
@@ -123,16 +123,24 @@ def test_sighup_reloads_the_serving_token(tmp_path):
         d.wait_ready()
         drop(tmp_path / "state", "1")
         assert d.wait_deployment("1")["result"] == "committed", d.tail()
-        assert infer(d.url, token="first") == ("1", [1.0] * 4)
-        token.write_text("second\n")
+        assert infer(d.url, token="first-token-0123456789") == ("1", [1.0] * 4)
+        token.write_text("second-token-0123456789\n")
         d.proc.send_signal(signal.SIGHUP)
         from support.daemon import wait_for
 
         wait_for(lambda: "reloaded applied=serving.token_file" in d.tail(), 60, "reload")
         with pytest.raises(urllib.error.HTTPError) as err:
-            infer(d.url, token="first")
+            infer(d.url, token="first-token-0123456789")
         assert err.value.code == 401
-        assert infer(d.url, token="second") == ("1", [1.0] * 4)
+        assert infer(d.url, token="second-token-0123456789") == ("1", [1.0] * 4)
+        # a token file that is not UTF-8, then one too short: refused with the reason, the running token kept
+        for bad, why in ((bytes(range(128, 256)) * 4, "not UTF-8 text"), (b"short\n", "at least 16")):
+            token.write_bytes(bad)
+            d.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda why=why: why in d.tail(), 60, f"reload refused: {why}", d.proc)
+            assert "reload failed, keeping the running config: serving.token_file" in d.tail()
+            assert d.proc.poll() is None
+            assert infer(d.url, token="second-token-0123456789") == ("1", [1.0] * 4)
     finally:
         assert d.terminate() == 0, d.tail()
 

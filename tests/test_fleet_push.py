@@ -238,3 +238,48 @@ def test_bad_input_is_one_clear_line(fleet, tmp_path):
     assert out.returncode != 0 and last.startswith("error:") and "not a valid ONNX model" in last
     assert "Traceback" not in out.stderr
     assert not list(Path(fleet["store"], "blobs", "sha256").glob("*"))  # a broken model is never stored
+
+
+def test_wrong_prefix_is_named_and_the_retained_state_cleared(fleet, tmp_path):
+    """Issue 28, 6: a push --wait that hears no device on its prefix says where devices do report; `fleet clear`
+    removes the desired state it left retained; a context file fills --broker/--store/--key/--prefix."""
+    ctx = tmp_path / "fleet.yaml"
+    ctx.write_text(
+        "current: wrong\ncontexts:\n"
+        f"  wrong: {{broker: '{fleet['broker']}', prefix: elsewhere, store: '{fleet['store']}', key: '{fleet['key']}'}}\n"
+    )
+    env = {"EDGE_AGENT_FLEET_CONTEXTS": str(ctx)}
+    pkg = sample_tiny_package(fleet["tmp"] / "tiny", version="5")
+    args = ["fleet", "push", pkg, "--name", "tiny", "--version", "5", "--device", "pi-1", "--wait", 3, "--json"]
+    out = run_cli(*args, env=env)
+    assert out.returncode != 0, out.stdout
+    reason = json.loads(out.stdout)["devices"]["pi-1"]["reason"]
+    assert "no device has a status under prefix 'elsewhere'" in reason and "devices report under: edge" in reason
+    assert any(json.loads(ln).get("event") == "published" for ln in out.stderr.splitlines() if ln.startswith("{"))
+
+    seen = []
+
+    def on(topic, payload, retained):
+        seen.append((topic, payload))
+
+    from agent.transport.mqtt import BrokerConfig, MqttLink
+
+    def retained_desired():
+        seen.clear()
+        link = MqttLink(BrokerConfig(fleet["broker"])).start()
+        link.subscribe("elsewhere/devices/pi-1/desired/tiny", on)
+        link.wait_subscribed(5)
+        time.sleep(0.5)
+        link.stop()
+        return [p for _, p in seen if p]
+
+    assert retained_desired(), "the push left a retained desired state under the wrong prefix"
+    cleared = run_cli("fleet", "clear", "tiny", "--device", "pi-1", "--json", env=env)
+    assert cleared.returncode == 0, cleared.stderr
+    assert json.loads(cleared.stdout)["cleared"] == ["elsewhere/devices/pi-1/desired/tiny"]
+    assert retained_desired() == []
+    # the command line beats the context: the right prefix, given explicitly, reaches pi-1
+    ok = run_cli(*args[:-3], "--wait", 90, "--prefix", "edge", "--json", env=env)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["devices"]["pi-1"]["result"] == "committed", ok.stderr
+    bad = run_cli("fleet", "--context", "nope", "status", env=env)
+    assert bad.returncode != 0 and "no context 'nope' (contexts: wrong)" in bad.stderr

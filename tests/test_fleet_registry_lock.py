@@ -40,7 +40,7 @@ def test_a_failed_edit_saves_nothing(tmp_path):
         reg.register("dev-1", pem, [])
     try:
         with DeviceRegistry.edit(path) as reg:
-            reg.register("dev-2", pem, [])
+            reg.register("dev-2", public_pem(device_key(tmp_path / "t").public_key()), [])
             raise RuntimeError("operator aborted")
     except RuntimeError:
         pass

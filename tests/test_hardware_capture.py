@@ -7,6 +7,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from agent import sysroots as captures
 from agent.hardware import detect
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "capture-sysroot.sh"
@@ -24,6 +25,10 @@ def test_capture_round_trip(tmp_path):
             tmp_path / "root"
         )
     assert "./proc/cpuinfo" in names and "./.captures/info.txt" in names
+    info = captures.provenance(tmp_path / "root")  # the same keys and rule the shipped captures hold
+    assert info["tool"] == ["edge-agent capture-sysroot.sh 1"] and len(info["captured"]) == 1
+    assert info["anonymised"] == captures.provenance(captures.path("rpi4-4gb"))["anonymised"]
+    assert ("./.captures/vcgencmd.txt" in names) == bool(shutil.which("vcgencmd"))  # no empty placeholder files
     live, captured = detect("/"), detect(tmp_path / "root")
     for field in ("arch", "os", "memory_bytes", "soc", "accelerators", "target"):
         assert getattr(captured, field) == getattr(live, field), field

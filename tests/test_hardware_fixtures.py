@@ -7,22 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from agent import sysroots as captures
 from agent.targets import detect_device as detect  # detection plus the matched target
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 GIB = 1 << 30
 
 # name -> expected fields; memory is MemTotal (kB) * 1024 from the capture.
 EXPECTED = {
     "rpi4-4gb": dict(
         arch="aarch64",
-        board="Raspberry Pi 4 Model B Rev 1.4",
+        board="Raspberry Pi 4 Model B Rev 1.1",
         soc="BCM2711",
         cores=4,
         cpu="Cortex-A72",
         memory=3884328 * 1024,
         accels=set(),
-        software={"pi_revision": "c03114"},
+        software={"pi_revision": "c03111"},
         target="raspberry-pi-4",
         os="Debian GNU/Linux 12 (bookworm)",
         throttling={
@@ -40,7 +42,7 @@ EXPECTED = {
         soc="BCM2712",
         cores=4,
         cpu="Cortex-A76",
-        memory=8245936 * 1024,
+        memory=8252368 * 1024,
         accels=set(),
         software={"pi_revision": "d04170"},
         target="raspberry-pi-5",
@@ -115,10 +117,10 @@ EXPECTED = {
     ),
     "intel-nuc-meteorlake": dict(
         arch="x86_64",
-        board="NUC14RVH",
+        board="NUC14RVH-B",
         soc=None,
-        cores=22,
-        cpu="Intel(R) Core(TM) Ultra 7 155H",
+        cores=18,
+        cpu="Intel(R) Core(TM) Ultra 5 125H",
         memory=32542124 * 1024,
         accels={("gpu", "intel", "/dev/dri/renderD128"), ("npu", "intel", "/dev/accel/accel0")},
         software={"kernel": "6.8.0-49-generic"},
@@ -267,8 +269,7 @@ def profiles():
 
 
 def test_every_fixture_has_expectations():
-    present = {p.name for p in SYSROOTS.iterdir() if p.is_dir()} - {"garbage", "empty"}
-    assert present == set(EXPECTED)
+    assert set(captures.names()) == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -342,7 +343,7 @@ def test_accelerator_names(profiles):
 
 @pytest.mark.parametrize("name", ["garbage", "empty"])
 def test_garbage_and_empty_give_valid_json_with_nulls(name):
-    prof = detect(SYSROOTS / name)
+    prof = detect(NOT_DEVICES / name)
     d = json.loads(json.dumps(prof.to_dict()))
     assert d["arch"] is None and d["os"] is None and d["memory_bytes"] is None and d["board"] is None
     assert d["cpu"] == {"vendor": None, "model": None, "cores": None, "flags": []}
@@ -353,7 +354,7 @@ def test_garbage_and_empty_give_valid_json_with_nulls(name):
 
 
 def test_garbage_notes_name_the_files():
-    notes = detect(SYSROOTS / "garbage").notes
+    notes = detect(NOT_DEVICES / "garbage").notes
     for rel in (
         "/proc/cpuinfo",
         "/proc/meminfo",

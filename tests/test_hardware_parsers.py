@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent import sysroots as captures
 from agent.hardware.cpu import read_cpu
 from agent.hardware.devicetree import decode_pi_revision
 from agent.hardware.jetson import read_l4t
@@ -22,7 +23,8 @@ from agent.hardware.sysroot import Sysroot, decode_clean
 from agent.hardware.thermal import decode_throttled
 from agent.targets import detect_device as detect  # detection plus the matched target
 
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 
 
 def write(root: Path, rel: str, data: str | bytes) -> None:
@@ -140,10 +142,10 @@ def test_sysroot_never_reads_the_host(monkeypatch):
     monkeypatch.setattr(platform, "machine", forbidden)
     monkeypatch.setattr(os, "cpu_count", forbidden)
     monkeypatch.setattr(subprocess, "run", forbidden)
-    for name in ("empty", "garbage", "apple-m2", "rpi4-4gb"):
-        prof = detect(SYSROOTS / name, use_host_tools=True)
+    for root in (NOT_DEVICES / "empty", NOT_DEVICES / "garbage", SYSROOTS / "apple-m2", SYSROOTS / "rpi4-4gb"):
+        prof = detect(root, use_host_tools=True)
         assert not any("internal error" in n for n in prof.notes), prof.notes
-    assert detect(SYSROOTS / "empty").cpu.cores is None
+    assert detect(NOT_DEVICES / "empty").cpu.cores is None
 
 
 def test_rosetta_is_reported(tmp_path):

@@ -64,12 +64,19 @@ def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp
                 load.stop()
             failed += load.errors
             results = [(x["version"], x["result"], x["reason"]) for x in deps]
-            assert all(r == "committed" for _, r, _ in results), results
+            # committed, or committed and flagged "not judged" (its runs kept off the cores): never a failure
+            assert all(r in ("committed", "not judged") for _, r, _ in results), results
             assert str(version) in {v for _, _, v, _ in load.log}  # the clients got the last version's answers
-        assert [x["result"] for x in deps] == ["committed"] * 2 * PUSHES, [(x["version"], x["reason"]) for x in deps]
+        assert all(x["result"] in ("committed", "not judged") for x in deps), [
+            (x["version"], x["reason"]) for x in deps
+        ]
+        assert len(deps) == 2 * PUSHES
         assert failed == []
         shown = deps[-1]
-        assert shown["shadow"]["verdict"] == "pass" and shown["shadow"]["agreement"] == 1.0, shown["shadow"]
+        # judged and right (pass, full agreement), or reported not judged (too few requests in its time: inconclusive)
+        assert shown["shadow"]["verdict"] in ("pass", "inconclusive") and shown["shadow"]["agreement"] in (1.0, None)
+        if shown["shadow"]["verdict"] == "inconclusive":
+            assert shown["shadow"]["reason"].startswith("shadow: only "), shown["shadow"]
         assert shown["probation"]["baseline"]["source"] == "incumbent", shown["probation"]
         d.proc.kill()
         assert d.proc.wait(60) == -9

@@ -141,7 +141,13 @@ def test_bf16_metadata_input_and_output_agree_on_every_provider(provider, tmp_pa
             srv.url, "out", {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1.5, 0.1, -3]}]}
         )
         assert status == 200 and doc["outputs"][0]["datatype"] == "BF16"
-        assert doc["outputs"][0]["data"] == [1.5, float(np.float32(ml_dtypes.bfloat16(0.1))), -3.0]
+        # The runtime's own fp32 -> bf16 conversion: round-to-nearest-even on some CPU code paths, truncation on
+        # others (OpenVINO on an AVX2-only EPYC). The expectation is what the installed runtime returns directly,
+        # and it must be one of 0.1's two bf16 neighbours.
+        direct = get(provider).open_session(tmp_path / "out.onnx").run({"x": np.array([[1.5, 0.1, -3]], np.float32)})
+        runtime_says = [float(v) for v in np.asarray(direct["y"]).astype(np.float32).ravel()]
+        assert runtime_says[1] in (0.099609375, 0.10009765625), runtime_says
+        assert doc["outputs"][0]["data"] == [1.5, runtime_says[1], -3.0]
     finally:
         srv.shutdown(10)
         reg.close()
@@ -189,7 +195,7 @@ def test_a_bare_bf16_model_gets_seeded_bf16_inputs(tmp_path):
     """No golden data: seeded bfloat16 inputs, ORT CPU reference, every provider's datatypes checked."""
     onnx.save(_cast(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "bare.onnx")
     d = qualify(tmp_path / "bare.onnx", PROFILE, get_target("generic-x86_64"), providers=_providers(), **FAST)
-    assert d.reference == "onnxruntime-cpu-fp32"
+    assert d.reference.startswith(("onnx-reference-evaluator", "onnxruntime-cpu-fp32"))
     for row in d.results:
         assert row.status == "passed", row.reason
         assert row.accuracy["max_abs"] == 0.0  # a Cast of bf16 values to float is exact everywhere

@@ -51,6 +51,11 @@ def test_quickstart(mode, tmp_path):
     assert m and m.group(1) == m.group(2)
     assert float(re.search(r"max \|output - golden reference\| = (\S+)", out).group(1)) < 1e-3
     assert re.search(r"^\s+cpu\s+f32\s+passed\s+100%", out, re.M)  # a decision row with its evidence
+    # the README shows what a fresh clone prints: the same provider rows, each with its status and coverage
+    readme = (ROOT / "README.md").read_text().split("## What the quickstart shows", 1)[1].split("\n## ", 1)[0]
+    shown = re.findall(r"^    (\S+)\s+\S+\s+(passed|failed)\s+(\S+)", readme, re.M)
+    got = re.findall(r"^    (\S+)\s+\S+\s+(passed|failed)\s+(\S+)", out, re.M)
+    assert shown and sorted(shown) == sorted(got), (shown, got)
     assert re.search(r"selected: [\w.:-]+ .*: ", out)  # names like ort-openvino
     assert "everything the quickstart started is stopped" in out
     for pid in map(int, re.findall(r"(?:agent|artifact server|mosquitto) pid (\d+)", out)):

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 from brokers import Mosquitto
 
+from agent import sysroots as captures
 from agent.artifacts.keys import generate
 from agent.artifacts.store import ContentStore
 from agent.cli.fleet_rollout import render_rollouts
@@ -34,7 +35,7 @@ from agent.samples import cnn_model, tiny_model, write_package
 from agent.transport.mqtt import BrokerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSROOTS = ROOT / "tests" / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 MIXED = ["rpi4-4gb", "rpi5-8gb", "jetson-orin-nano-jp6", "qualcomm-qcs6490", "intel-nuc-meteorlake", "amd-epyc-x86"]
 STRICT_CPU = {"tolerances": {"cpu": {"max_abs": 1.0e-9, "max_rel": 1.0e-9}}}
 WAIT_S = 120.0

@@ -14,6 +14,7 @@ from agent.serving.errors import InferenceFailed
 from agent.serving.registry import ModelRegistry
 from agent.serving.rungate import RunGate
 from agent.trial.probation import PASSED, STOPPED, SUPERSEDED, TROUBLE, WATCHING, Probation, Thresholds
+from agent.trial.unjudged import NOT_JUDGED
 
 
 class Clock:
@@ -158,7 +159,9 @@ def test_too_few_runs_measured_because_they_were_contended_extends_the_window_th
     assert v.figures["compute_contended"] >= 5
     clock.now = 30.0
     v = p.evaluate()
-    assert v.state == PASSED and "compute time not judged" in v.reason, v.reason
+    # its own outcome, with the counts: never a pass
+    assert v.state == NOT_JUDGED and "compute time not judged" in v.reason, v.reason
+    assert v.figures["not_judged"]["measured"] == measured and v.figures["not_judged"]["contended"] >= 5
     assert f"{measured} runs measured of the 64 needed" in v.reason and "dropped" in v.reason, v.reason
 
 

@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 from hostruntime import ort_openvino_devices
 
+from agent import sysroots as captures
 from agent.errors import ConfigError
 from agent.fleet.sim_classes import QualificationCache, discover_sysroots, load_classes, resolve_sysroots
 
-SYSROOTS = Path(__file__).resolve().parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
+NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
 
 
 def test_classes_come_from_captured_sysroots_and_keep_only_providers_this_host_can_stand_in_for():
     classes = {c.name: c for c in load_classes(discover_sysroots(), strict=False)}
-    assert "empty" not in classes and "garbage" not in classes  # not device captures: skipped when discovered
+    assert "empty" not in classes and "garbage" not in classes  # not device captures: not shipped
     pi, nuc = classes["rpi5-8gb"], classes["intel-nuc-meteorlake"]
     assert pi.target == "raspberry-pi-5" and pi.providers == ("cpu",)
     assert "only cpu numerics are real here" in pi.why["xnnpack"]
@@ -36,7 +38,7 @@ def test_classes_come_from_captured_sysroots_and_keep_only_providers_this_host_c
 
 def test_a_named_sysroot_that_is_not_a_device_is_an_error():
     with pytest.raises(ConfigError, match="no CPU architecture readable"):
-        load_classes([str(SYSROOTS / "empty")])
+        load_classes([str(NOT_DEVICES / "empty")])
     with pytest.raises(ConfigError, match="is not a directory"):
         load_classes([str(SYSROOTS / "no-such-board")])
     assert resolve_sysroots("rpi4-4gb, amd-epyc-x86") == [str(SYSROOTS / "rpi4-4gb"), str(SYSROOTS / "amd-epyc-x86")]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agent import sysroots as captures
 from agent.errors import ConfigError
 from agent.hardware.profile import Accelerator, CpuInfo, HardwareProfile
 from agent.providers import PROVIDER_NAMES
@@ -15,7 +16,7 @@ from agent.targets import Tolerance, features_for, get_target, load_targets, mat
 from agent.targets import detect_device as detect  # detection plus the matched target
 
 TARGETS = Path(__file__).resolve().parent.parent / "targets"
-SYSROOTS = Path(__file__).parent / "fixtures" / "sysroots"
+SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 PINNED = {
     "raspberry-pi-4",
     "raspberry-pi-5",
@@ -61,9 +62,9 @@ def test_provider_preferences(name, first, options):
 
 
 def test_provider_order():
-    assert get_target("jetson-orin").provider_names == ("tensorrt", "cuda", "cpu")
+    assert get_target("jetson-orin").provider_names == ("tensorrt", "cuda", "openvino", "cpu")
     assert get_target("intel-x86_64").provider_names == ("openvino", "ort-openvino", "cpu")
-    assert get_target("raspberry-pi-4").provider_names == ("xnnpack", "acl", "cpu")
+    assert get_target("raspberry-pi-4").provider_names == ("xnnpack", "acl", "openvino", "cpu")
 
 
 def test_tolerance_fallback_and_aliases():
@@ -168,7 +169,7 @@ def edit(d: Path, name: str, change) -> None:
 @pytest.mark.parametrize(
     "change, key",
     [
-        (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[3].name"),
+        (lambda d: d["providers"].append({"name": "tpu-magic"}), "providers[4].name"),
         (lambda d: d["tolerances"]["default"].pop("bf16"), "tolerances.default.bf16"),
         (lambda d: d["tolerances"]["default"]["fp32"].update(min_cosine=1.5), "tolerances.default.fp32.min_cosine"),
         (lambda d: d["tolerances"].update(tensorrt={"fp8": {"max_rel": 0.1}}), "tolerances.tensorrt.fp8"),
@@ -189,7 +190,7 @@ def test_bad_yaml_names_file_and_key(target_dir, change, key):
 
 def test_unparseable_yaml(target_dir):
     (target_dir / "jetson-nano.yaml").write_text("name: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"^jetson-nano.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"^jetson-nano.yaml: line 2 column 1 invalid YAML"):
         load_targets(target_dir)
 
 

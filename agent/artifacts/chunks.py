@@ -5,6 +5,8 @@ request  (device -> {p}/artifacts/req/{device_id}):
 response (server -> {p}/devices/{device_id}/artifacts):
     b"EAC1" | sha256 (32 raw bytes) | chunk_size u32 | index u32 | status u8 | body
     status 0 = ok (body = chunk bytes), 1 = not found, 2 = bad request (body = UTF-8 reason)
+chunk_size 0 (RECIPE) asks for chunks by their index in the artifact's chunk recipe (agent.artifacts.recipe:
+variable-length, content-defined chunks of a delta pull); the server answers from the recipe it keeps.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ _REQ = struct.Struct(">4s32sIH")
 _RESP = struct.Struct(">4s32sIIB")
 MAX_INDICES = 1024
 OK, NOT_FOUND, BAD_REQUEST = 0, 1, 2
+RECIPE = 0  # chunk_size of a request by recipe index
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,6 @@ def decode_request(data: bytes) -> ChunkRequest:
         raise ArtifactError("not a chunk request (bad magic)")
     if not 1 <= count <= MAX_INDICES or len(data) != _REQ.size + 4 * count:
         raise ArtifactError("chunk request has a bad index count")
-    if chunk_size == 0:
-        raise ArtifactError("chunk request has chunk_size 0")
     indices = struct.unpack_from(f">{count}I", data, _REQ.size)
     return ChunkRequest(sha.hex(), chunk_size, indices)
 

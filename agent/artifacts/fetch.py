@@ -3,7 +3,10 @@
 The manifest's `sources` list is the publisher's preference: a CDN listed before `{"type": "mqtt"}` is tried
 first, and the MQTT channel is the fallback (and the other way round). Every http source is tried, not just the
 first. The MQTT and HTTP pullers share the staging file and bitmap, so a pull that stalls or fails on one
-source continues on the next from where it stopped.
+source continues on the next from where it stopped. Every pull runs under download deadlines
+(agent.artifacts.deadline: bytes per interval per source, an overall one) and the caller's cancel `check`; a
+source that misses its deadline is abandoned for the next. Plain `http://` sources are skipped unless
+`allow_http` (the chunk hashes protect integrity, not availability: anyone on the path could stall them).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.artifacts.deadline import DownloadLimits, DownloadWatch
 from agent.artifacts.manifest import Manifest, Source
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError, ArtifactRefused, DiskFull
@@ -36,20 +40,32 @@ def fetch_artifact(
     window: int | None = None,
     reserve_bytes: int = 0,
     ca: str | None = None,
+    limits: DownloadLimits | None = None,
+    check: Callable[[], None] | None = None,
+    allow_http: bool = True,
+    layout=None,
 ) -> Path:
-    """Return the blob path; ArtifactError naming every source's failure when none delivered."""
+    """Return the blob path; ArtifactError naming every source's failure when none delivered. `check` (the
+    step's cancel/deadline) is called at least every 0.5 s while a source is pulled; what it raises ends the
+    pull at once. layout: a recipe.Layout for a delta pull (agent.artifacts.delta), else the manifest's fixed
+    chunks."""
     if store.has(manifest.artifact.sha256):
         return store.path(manifest.artifact.sha256)
     errors: list[str] = []
     permanent = True  # the whole pull failed for good only when every source did
+    watch = (limits or DownloadLimits()).watch(f"{manifest.name} {manifest.version}", check)
     for src in ordered_sources(manifest, order):
         if src.type == "mqtt" and link is None:
             errors.append("mqtt: no broker connection configured")
             continue
+        if src.type == "http" and not allow_http and (src.url or "").lower().startswith("http:"):
+            errors.append(f"{src.url}: plain http refused (set downloads.allow_http: true to allow it)")
+            continue
         if progress is not None:
             progress("source", model=manifest.name, version=manifest.version, source=src.url or src.type)
+        watch.source(src.url or src.type)
         try:
-            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca)
+            return _pull(src, manifest, store, link, progress, stall_timeout, window, reserve_bytes, ca, watch, layout)
         except ArtifactError as exc:
             if isinstance(exc, DiskFull):  # no other source can help
                 raise
@@ -70,17 +86,19 @@ def _pull(
     window: int | None,
     reserve_bytes: int,
     ca: str | None,
+    watch: DownloadWatch,
+    layout=None,
 ) -> Path:
     if src.type == "mqtt":
         from agent.artifacts.pull import ChunkPuller
 
         return ChunkPuller(
             link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes, progress=progress
-        ).pull(manifest)
+        ).pull(manifest, watch, layout)
     from agent.artifacts.http import HttpPuller
 
     return HttpPuller(store, stall_timeout=stall_timeout, ca=ca, reserve_bytes=reserve_bytes, progress=progress).pull(
-        manifest, src.url
+        manifest, src.url, watch, layout
     )
 
 

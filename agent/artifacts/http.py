@@ -6,6 +6,7 @@ missing chunk; every chunk is checked against the manifest; the whole file is ch
 
 from __future__ import annotations
 
+import http.client
 import ssl
 import time
 import urllib.error
@@ -13,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from agent.artifacts.deadline import POLL_S, DownloadWatch
 from agent.artifacts.manifest import Manifest
 from agent.artifacts.pull import check_space
 from agent.artifacts.staging import Staging
@@ -36,8 +38,11 @@ class HttpPuller:
         self._ctx = ssl.create_default_context(cafile=ca) if ca else None
         self.stats: dict[str, int] = {}
 
-    def pull(self, manifest: Manifest, url: str | None = None) -> Path:
-        a = manifest.artifact
+    def pull(self, manifest: Manifest, url: str | None = None, watch: DownloadWatch | None = None, layout=None) -> Path:
+        """`watch` (agent.artifacts.deadline): progress and overall deadlines and the caller's cancel, checked at
+        least every POLL_S while bytes trickle in or nothing comes. layout: a recipe.Layout (a delta pull): one
+        Range request per run of missing chunks."""
+        a = layout or manifest.artifact
         if url is None:
             src = manifest.source("http")
             if src is None:
@@ -53,33 +58,39 @@ class HttpPuller:
                 self.store, a.size - staging.bytes_have(), self.reserve_bytes, f"{manifest.name} {manifest.version}"
             )
             self.stats = {"resumed_bytes": staging.bytes_have(), "requests": 0, "received_bytes": 0}
-            self._loop(manifest, staging, url)
+            self._loop(manifest, staging, url, a, watch)
             return staging.finish()
         finally:
             staging.close()
 
-    def _loop(self, manifest: Manifest, staging: Staging, url: str) -> None:
+    def _loop(self, manifest: Manifest, staging: Staging, url: str, a, watch: DownloadWatch | None) -> None:
         last_progress, last_error = time.monotonic(), ""
+        self._partial = (-1, bytearray())  # a chunk begun on a connection that timed out: resumed mid-chunk
         while not staging.done:
-            before = staging.bytes_have()
+            before = (staging.bytes_have(), len(self._partial[1]))
+            if watch is not None:
+                watch.check()
             try:
-                self._fetch_from(manifest, staging, url, staging.missing()[0])
+                self._fetch_from(manifest, staging, url, staging.missing()[0], a, watch)
             except (OSError, urllib.error.URLError, ConnectionError) as exc:
                 last_error = str(getattr(exc, "reason", None) or exc)[:200]
-            if staging.bytes_have() > before:
+            if (staging.bytes_have(), len(self._partial[1])) != before:  # whole chunks or part of one
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress >= self.stall_timeout:
                 raise ArtifactError(
                     f"download of {manifest.name} {manifest.version} from {url} stalled at "
                     f"{staging.bytes_have()}/{manifest.artifact.size} bytes: {last_error or 'no data'}"
                 )
-            if not staging.done:
-                time.sleep(self.retry_delay)
+            if not staging.done and (staging.bytes_have(), len(self._partial[1])) == before:
+                time.sleep(self.retry_delay)  # nothing came on that request: not a tight loop
 
-    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int) -> None:
-        a = manifest.artifact
-        start = first * a.chunk_size
-        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-", "User-Agent": "edge-agent"})
+    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int, a, watch) -> None:
+        index, buf = self._partial if self._partial[0] == first else (first, bytearray())
+        start, stop = a.offset(first) + len(buf), first
+        while stop < a.count and not staging.have[stop]:
+            stop += 1  # this run of missing chunks: one Range request (chunks held already are not fetched)
+        last = "" if stop == a.count else str(a.offset(stop) - 1)  # open-ended when the run reaches the end
+        req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{last}", "User-Agent": "edge-agent"})
         self.stats["requests"] += 1
         try:
             resp = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
@@ -91,17 +102,19 @@ class HttpPuller:
             raise
         with resp:
             if resp.status == 200:
-                index = 0  # the server ignored Range: read from the start, skipping what we have
-            elif resp.status == 206 and resp.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
-                index = first
-            else:
+                index, buf = 0, bytearray()  # the server ignored Range: read from the start, skipping what we have
+            elif resp.status != 206 or not resp.headers.get("Content-Range", "").startswith(f"bytes {start}-"):
                 raise ArtifactError(f"{url}: unexpected HTTP {resp.status} {resp.headers.get('Content-Range', '')}")
-            while index < a.count:
+            _poll_reads(resp)
+            end = a.count if resp.status == 200 else stop
+            while index < end:
                 n = a.chunk_len(index)
-                data = _read_exact(resp, n)
-                self.stats["received_bytes"] += len(data)
-                if len(data) < n:
-                    return  # connection cut: the caller resumes with a new Range request
+                complete = _read_into(resp, buf, n, watch)
+                self.stats["received_bytes"] += len(buf) if complete else 0
+                if not complete:
+                    self._partial = (index, buf)  # timed out or cut: the next request resumes mid-chunk
+                    return
+                data, buf = bytes(buf), bytearray()
                 if not staging.have[index]:
                     if not staging.write(index, data):
                         raise ArtifactRefused(
@@ -122,15 +135,25 @@ class HttpPuller:
             )
 
 
-def _read_exact(resp, n: int) -> bytes:
-    parts, got = [], 0
-    while got < n:
+def _poll_reads(resp) -> None:
+    """Reads of this response return within POLL_S (the socket's timeout), so deadlines and cancel are checked
+    while a source trickles; a timed-out response is dropped and the next request resumes where it stopped."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        sock.settimeout(POLL_S)
+
+
+def _read_into(resp, buf: bytearray, n: int, watch) -> bool:
+    """Fill `buf` up to n bytes; False when the response ended, was cut or timed out first."""
+    while len(buf) < n:
         try:
-            block = resp.read(n - got)
-        except (OSError, ValueError):
-            break
+            block = resp.read1(min(n - len(buf), 1 << 16))
+        except (OSError, ValueError, http.client.HTTPException):
+            block = b""
+        if watch is not None:
+            watch.got(len(block))
+            watch.check()
         if not block:
-            break
-        parts.append(block)
-        got += len(block)
-    return b"".join(parts)
+            return False
+        buf += block
+    return True

@@ -44,6 +44,8 @@ MANIFEST_KEYS = {
     "rollback",
 }
 ARTIFACT_KEYS = {"sha256", "size", "chunk_size", "chunks", "format"}
+ARTIFACT_OPTIONAL = {"recipe"}  # content-defined chunks for delta pulls (agent.artifacts.recipe); older agents
+# refuse a manifest with it, so `fleet push --no-delta` leaves it out
 
 
 class ManifestRejected(ManifestError):
@@ -84,6 +86,7 @@ class Artifact:
     chunk_size: int
     chunks: tuple[str, ...]
     format: str = "onnx"
+    recipe: Mapping[str, Any] | None = None
 
     @property
     def count(self) -> int:
@@ -91,6 +94,21 @@ class Artifact:
 
     def chunk_len(self, index: int) -> int:
         return min(self.chunk_size, self.size - index * self.chunk_size)
+
+    def offset(self, index: int) -> int:
+        return index * self.chunk_size
+
+    def to_dict(self) -> dict:
+        out = {
+            "sha256": self.sha256,
+            "size": self.size,
+            "chunk_size": self.chunk_size,
+            "chunks": list(self.chunks),
+            "format": self.format,
+        }
+        if self.recipe is not None:
+            out["recipe"] = {"chunker": self.recipe["chunker"], "chunks": [list(c) for c in self.recipe["chunks"]]}
+        return out
 
 
 @dataclass(frozen=True)
@@ -135,20 +153,18 @@ class Manifest:
         ttl_s: int = 30 * 86400,
         rollback: bool = False,
         now: float | None = None,
+        recipe: Mapping[str, Any] | None = None,
     ) -> "Manifest":
         issued = int(time.time() if now is None else now)
+        art = {"sha256": sha256, "size": size, "chunk_size": chunk_size, "chunks": list(chunks), "format": fmt}
+        if recipe is not None:
+            art["recipe"] = dict(recipe)
         return cls.from_dict(
             {
                 "schema": SCHEMA,
                 "name": name,
                 "version": str(version),
-                "artifact": {
-                    "sha256": sha256,
-                    "size": size,
-                    "chunk_size": chunk_size,
-                    "chunks": list(chunks),
-                    "format": fmt,
-                },
+                "artifact": art,
                 "sources": [s.to_dict() if isinstance(s, Source) else dict(s) for s in sources],
                 "targeting": {"devices": list(devices), "groups": list(groups)},
                 "qualification": dict(qualification or {}),
@@ -169,13 +185,7 @@ class Manifest:
             "schema": SCHEMA,
             "name": self.name,
             "version": self.version,
-            "artifact": {
-                "sha256": a.sha256,
-                "size": a.size,
-                "chunk_size": a.chunk_size,
-                "chunks": list(a.chunks),
-                "format": a.format,
-            },
+            "artifact": a.to_dict(),
             "sources": [s.to_dict() for s in self.sources],
             "targeting": {"devices": list(self.devices), "groups": list(self.groups)},
             "qualification": dict(self.qualification),
@@ -226,8 +236,8 @@ def _int(d: dict, key: str, lo: int, hi: int, where: str, whole: object) -> int:
 
 
 def _parse_artifact(a: object, whole: object) -> Artifact:
-    if not isinstance(a, dict) or set(a) != ARTIFACT_KEYS:
-        raise _bad(f"artifact must have exactly the keys {sorted(ARTIFACT_KEYS)}", whole)
+    if not isinstance(a, dict) or not ARTIFACT_KEYS <= set(a) <= ARTIFACT_KEYS | ARTIFACT_OPTIONAL:
+        raise _bad(f"artifact must have the keys {sorted(ARTIFACT_KEYS)} (and optionally 'recipe')", whole)
     sha = a["sha256"]
     if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
         raise _bad("artifact.sha256 must be 64 lower-case hex digits", whole)
@@ -242,7 +252,26 @@ def _parse_artifact(a: object, whole: object) -> Artifact:
         raise _bad("artifact.chunks must hold 64 lower-case hex digits each", whole)
     if a["format"] not in FORMATS:
         raise _bad(f"artifact.format must be one of {list(FORMATS)}", whole)
-    return Artifact(sha, size, chunk, tuple(chunks), a["format"])
+    recipe = _parse_recipe(a["recipe"], size, whole) if "recipe" in a else None
+    return Artifact(sha, size, chunk, tuple(chunks), a["format"], recipe)
+
+
+def _parse_recipe(r: object, size: int, whole: object) -> dict:
+    """{"chunker": str, "chunks": [[sha256, length], ...]} whose lengths add up to the artifact's size."""
+    if not isinstance(r, dict) or set(r) != {"chunker", "chunks"} or not isinstance(r["chunker"], str):
+        raise _bad("artifact.recipe must be {'chunker': str, 'chunks': [[sha256, length], ...]}", whole)
+    items = r["chunks"]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_CHUNKS:
+        raise _bad(f"artifact.recipe.chunks must list 1-{MAX_CHUNKS} chunks", whole)
+    total = 0
+    for c in items:
+        ok = isinstance(c, list) and len(c) == 2 and isinstance(c[0], str) and _HEX64.fullmatch(c[0])
+        if not ok or isinstance(c[1], bool) or not isinstance(c[1], int) or not 1 <= c[1] <= MAX_CHUNK:
+            raise _bad("artifact.recipe.chunks holds [64 hex digits, length 1..8 MiB] pairs", whole)
+        total += c[1]
+    if total != size:
+        raise _bad(f"artifact.recipe covers {total} bytes; the artifact has {size}", whole)
+    return {"chunker": r["chunker"][:64], "chunks": [tuple(c) for c in items]}
 
 
 def _parse_sources(s: object, whole: object) -> tuple[Source, ...]:

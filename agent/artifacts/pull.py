@@ -70,12 +70,15 @@ class ChunkPuller:
         self._not_found = ""
         self.stats: dict[str, float] = {}
 
-    def pull(self, manifest: Manifest) -> Path:
-        a = manifest.artifact
+    def pull(self, manifest: Manifest, watch=None, layout=None) -> Path:
+        """`watch` (agent.artifacts.deadline.DownloadWatch): progress/overall deadlines and the caller's cancel,
+        checked on every turn of the loop (at least every 0.5 s). layout: a recipe.Layout to pull the artifact's
+        variable chunks by recipe index (a delta pull)."""
+        a = layout or manifest.artifact
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
-            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // a.chunk_size))
+            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // (a.chunk_size or max(layout.lens))))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -94,15 +97,14 @@ class ChunkPuller:
                 "retries": 0,
             }
             with self.link.chunk_channel(a.sha256) as channel:
-                self._loop(manifest, staging, channel)
+                self._loop(manifest, staging, channel, a, watch)
             self._report("verify", manifest, staging)
             return staging.finish()
         finally:
             staging.close()
 
     # --- the loop -------------------------------------------------------------------------------
-    def _loop(self, manifest: Manifest, staging: Staging, channel) -> None:
-        a = manifest.artifact
+    def _loop(self, manifest: Manifest, staging: Staging, channel, a, watch=None) -> None:
         missing = collections.deque(staging.missing())
         flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
         bad: collections.Counter = collections.Counter()
@@ -115,6 +117,9 @@ class ChunkPuller:
             deadline = flight.next_deadline()
             resp = channel.get(timeout=max(0.002, 0.5 if deadline is None else min(0.5, deadline - now)))
             now = time.monotonic()
+            if watch is not None:
+                watch.got(len(resp.body) if resp is not None else 0)
+                watch.check()
             if resp is not None and resp.chunk_size == a.chunk_size and resp.index < a.count:
                 if self._take(resp, staging, flight, bad, missing, now):
                     last_progress = now

@@ -15,7 +15,6 @@ import os
 import threading
 import time
 
-from agent.artifacts.manifest import Artifact
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 from agent.util.atomic import atomic_write_json, read_json
@@ -29,7 +28,7 @@ class Staging:
     def __init__(
         self,
         store: ContentStore,
-        artifact: Artifact,
+        artifact,  # manifest.Artifact (fixed chunks) or recipe.Layout (variable chunks)
         persist_interval_s: float = 0.5,
         persist_bytes: int = 8 * 1024 * 1024,
     ):
@@ -105,7 +104,7 @@ class Staging:
     def _chunk_ok(self, i: int) -> bool:
         assert self._fd is not None  # only open() calls this (via _recover), after opening the .part
         n = self.artifact.chunk_len(i)
-        data = os.pread(self._fd, n, i * self.artifact.chunk_size)
+        data = os.pread(self._fd, n, self.artifact.offset(i))
         return len(data) == n and hashlib.sha256(data).hexdigest() == self.artifact.chunks[i]
 
     def close(self) -> None:
@@ -149,7 +148,7 @@ class Staging:
         if self._fd is None:
             raise ArtifactError(f"cannot write {self.part}: staging is not open")
         try:
-            os.pwrite(self._fd, data, index * a.chunk_size)
+            os.pwrite(self._fd, data, a.offset(index))
         except OSError as exc:
             raise ArtifactError(f"cannot write {self.part}: {exc.strerror or exc}") from None
         self.have[index] = 1
@@ -200,7 +199,7 @@ class Staging:
         a = self.artifact
         while self._hashed < a.count and self.have[self._hashed] and self._fd is not None:
             n = a.chunk_len(self._hashed)
-            self._whole.update(os.pread(self._fd, n, self._hashed * a.chunk_size))
+            self._whole.update(os.pread(self._fd, n, a.offset(self._hashed)))
             self._hashed += 1
 
     def finish(self):

@@ -38,7 +38,10 @@ class LazyGroup(click.Group):
             if exc.name and exc.name.startswith("agent"):
                 return _unavailable(name, short_help, f"{module_name} is not part of this build")
             raise
-        return getattr(module, attr)
+        from agent.cli.examples import attach
+
+        path = " ".join((ctx.command_path or "").split()[1:] + [name])
+        return attach(getattr(module, attr), path)
 
     def format_commands(self, ctx, formatter):
         # Show short help without importing every subcommand module.
@@ -71,6 +74,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run the hardware conformance suite; write JSON, HTML, JUnit.",
     ),
     "keys": ("agent.cli.keys:keys", "Manage fleet signing keys."),
+    "attestation": ("agent.cli.attestations:attestation", "Verify a device's signed qualification evidence offline."),
     "fleet": ("agent.cli.fleet:fleet", "Control plane: push, rollout, serve artifacts, fleet status."),
     "run": ("agent.cli.daemon:run", "Run the device daemon."),
     "status": ("agent.cli.daemon:status", "Show local models, versions, providers and deployments."),
@@ -78,6 +82,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("agent.cli.daemon:cancel", "Cancel a model's in-flight deployment, in any state."),
     "config": ("agent.cli.config:config", "Check agent configuration files."),
     "quantize": ("agent.cli.quantize:quantize", "Write an fp32 package's int8 variant (onnxruntime.quantization)."),
+    "package": ("agent.cli.package:package", "Build a model package from your model and real inputs, or check one."),
 }
 
 

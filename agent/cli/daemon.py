@@ -189,6 +189,10 @@ def _print_status(doc: dict) -> None:
         for n, m in sorted(models.items()):
             if m.get("reason"):
                 click.echo(f"  {n}: {m['reason']}")
+    flying = _in_flight_rows(doc)
+    if flying:
+        click.echo("in flight:")
+        _table([("MODEL", "VERSION", "STATE")] + flying)
     for problem in doc.get("problems") or []:
         click.echo(f"problem: {problem}")
     recent = doc.get("recent_deployments") or []
@@ -201,6 +205,23 @@ def _print_status(doc: dict) -> None:
             brief = figures_brief(r)
             if brief:
                 click.echo(f"      {brief}")
+
+
+def _in_flight_rows(doc: dict) -> list[tuple]:
+    """In-flight deployments; one waiting for the device's single qualification slot says it is queued, and
+    behind how many, instead of `qualifying`."""
+    queue = doc.get("qualification_queue") or {}
+    waiting = [str(label).split(" (")[0] for label in queue.get("waiting") or []]
+    rows = []
+    for name, state in sorted((doc.get("in_flight") or {}).items()):
+        dep = (doc.get("deployments") or {}).get(name) or {}
+        version = dep.get("version")
+        label = f"{name} {version}"
+        if state == "qualifying" and label in waiting:
+            ahead = waiting.index(label) + (1 if queue.get("running") else 0)
+            state = f"queued for qualification ({ahead} ahead)"
+        rows.append((name, version, state))
+    return rows
 
 
 def _table(rows) -> None:

@@ -9,6 +9,8 @@ import click
 
 from agent.cli import LazyGroup
 from agent.cli.broker_opts import broker_config, broker_options
+from agent.cli.table import render_table
+from agent.cli.waitopt import wait_option
 from agent.errors import ConfigError
 
 FLEET_COMMANDS = {
@@ -19,34 +21,52 @@ FLEET_COMMANDS = {
     "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
     "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
+    "clear": ("agent.cli.fleet:clear", "Remove a retained desired state (a push to the wrong prefix or target)."),
+    "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),
 }
 
 
 @click.group(cls=LazyGroup, lazy=FLEET_COMMANDS)
-def fleet():
-    """Control plane: push models, serve artifacts, watch the fleet, roll out."""
+@click.option(
+    "--context",
+    "context_name",
+    metavar="NAME",
+    help="Take --broker, --prefix, --store, --key from this context of ~/.config/edge-agent/fleet.yaml "
+    "(default: its `current`); flags given on the command line win.",
+)
+@click.pass_context
+def fleet(ctx, context_name):
+    """Control plane: push models, serve artifacts, watch the fleet, roll out.
+
+    \b
+    Examples:
+      edge-agent fleet --context lab status
+      edge-agent fleet push pkg/ --name resnet --version 3 --group lab --wait 600   (broker, store, key from the context)
+    """
+    from agent.cli.fleet_context import default_map, load_context
+
+    _, values = load_context(context_name)
+    if values:
+        ctx.default_map = default_map(values, FLEET_COMMANDS)
 
 
-def _progress(event: str, **f) -> None:
+def _render_push(event: str, f: dict) -> str | None:
     if event == "store":
-        click.echo(f"push: storing {f['package']}", err=True)
-    elif event == "published":
-        click.echo(f"push: published version {f['version']} to {', '.join(f['topics'])}", err=True)
-    elif event == "device":
+        return f"push: storing {f['package']}"
+    if event == "published":
+        return f"push: published version {f['version']} to {', '.join(f['topics'])}"
+    if event == "device":
         reason = f" ({f['reason']})" if f.get("reason") else ""
-        click.echo(f"push: {f['device_id']}: {f['result']}{reason}", err=True)
+        return f"push: {f['device_id']}: {f['result']}{reason}"
+    return None
 
 
 def _load_overrides(path):
     if not path:
         return None
-    import yaml
+    from agent.util.yamlsafe import load_file
 
-    try:
-        with open(path) as fh:
-            doc = yaml.safe_load(fh)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--qualification: cannot read {path}: {exc}") from None
+    doc = load_file(path, "--qualification", ConfigError)
     if not isinstance(doc, dict):
         raise ConfigError(f"--qualification: {path} must hold a mapping")
     return doc
@@ -63,17 +83,12 @@ def _load_overrides(path):
 )
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane content store.")
 @broker_options
-@click.option(
-    "--wait",
-    type=float,
-    metavar="SECONDS",
-    help="Wait until every targeted device runs this version (counts only reports signed by devices in "
-    "STORE/registry.json; see `fleet register`).",
-)
+@wait_option("every targeted device to run this version (only reports signed by devices in STORE/registry.json count)")
 @click.option("--http-url", metavar="URL", help="Also offer an http(s) source; '{sha256}' is replaced.")
 @click.option("--chunk-size", type=int, default=256 * 1024, show_default=True, help="Bytes per MQTT chunk.")
 @click.option("--ttl", "ttl_s", type=int, default=30 * 86400, show_default=True, help="Manifest lifetime in seconds.")
 @click.option("--rollback", is_flag=True, help="Sign as a rollback (allows an older version).")
+@click.option("--no-delta", is_flag=True, help="Leave out the chunk recipe (devices older than delta pulls refuse it).")
 @click.option(
     "--qualification",
     "qualification_file",
@@ -94,31 +109,39 @@ def push(
     chunk_size,
     ttl_s,
     rollback,
+    no_delta,
     qualification_file,
     as_json,
     **kw,
 ):
     """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
+    from agent.cli.progress import Progress
     from agent.fleet.push import push as do_push
 
-    doc = do_push(
-        package,
-        name=name,
-        version=version,
-        key_file=key_file,
-        store=store,
-        broker=broker_config(kw),
-        prefix=kw["prefix"],
-        devices=devices,
-        groups=groups,
-        http_url=http_url,
-        chunk_size=chunk_size,
-        ttl_s=ttl_s,
-        rollback=rollback,
-        qualification=_load_overrides(qualification_file),
-        wait=wait,
-        progress=_progress,
-    )
+    with Progress("push", _render_push, as_json) as progress:
+        doc = do_push(
+            package,
+            name=name,
+            version=version,
+            key_file=key_file,
+            store=store,
+            broker=broker_config(kw),
+            prefix=kw["prefix"],
+            devices=devices,
+            groups=groups,
+            http_url=http_url,
+            chunk_size=chunk_size,
+            ttl_s=ttl_s,
+            rollback=rollback,
+            qualification=_load_overrides(qualification_file),
+            wait=wait,
+            progress=progress,
+            delta=not no_delta,
+        )
+    _report_push(doc, name, version, as_json)
+
+
+def _report_push(doc: dict, name: str, version: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -198,7 +221,7 @@ def status(as_json, store, registry_file, **kw):
         if rollouts:
             click.echo(rollouts)
         return
-    click.echo(f"{'DEVICE':<20} {'ONLINE':<7} {'TRUST':<14} {'MODELS':<40} LAST DEPLOYMENT")
+    table = []
     unverified = 0
     for r in doc["devices"]:
         shown, mark = r, ""
@@ -223,7 +246,8 @@ def status(as_json, store, registry_file, **kw):
         trust = "no registry" if r.get("trust") == NO_REGISTRY else str(r.get("trust"))
         models = mark + models if models != "-" else models
         dep = mark + dep if dep != "-" else dep
-        click.echo(f"{r['device_id']:<20} {'yes' if r['online'] else 'no':<7} {trust:<14} {models:<40} {dep}")
+        table.append((r["device_id"], "yes" if r["online"] else "no", trust, models, dep))
+    click.echo(render_table(("DEVICE", "ONLINE", "TRUST", "MODELS", "LAST DEPLOYMENT"), table))
     click.echo(f"{doc['online']}/{doc['count']} online")
     if unverified:
         click.echo(
@@ -244,20 +268,61 @@ def status(as_json, store, registry_file, **kw):
 )
 @click.option("--group", "groups", multiple=True, metavar="G", help="Group the device belongs to (repeatable).")
 @click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (registry.json).")
+@click.option(
+    "--replace", is_flag=True, help="Move a key another device holds to DEVICE_ID (revokes that device's binding)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def register(device_id, public_key, groups, store, as_json):
+def register(device_id, public_key, groups, store, replace, as_json):
     """Add or replace DEVICE_ID in STORE/registry.json: its public key (from `edge-agent keys device`) and its
-    groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here."""
+    groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here.
+    A key already registered to another device is refused unless --replace."""
     from pathlib import Path
 
     from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
+    from agent.util.textfile import read_text
 
     path = Path(store) / REGISTRY_NAME
+    pem = read_text(public_key, "--public-key", ConfigError)
     with DeviceRegistry.edit(path) as reg:
-        entry = reg.register(device_id, Path(public_key).read_text(), groups)
-    doc = {"device_id": device_id, "key_id": entry["key_id"], "groups": entry["groups"], "registry": str(path)}
+        entry = reg.register(device_id, pem, groups, replace=replace)
+    doc = {
+        "device_id": device_id,
+        "key_id": entry["key_id"],
+        "groups": entry["groups"],
+        "registry": str(path),
+        "revoked": entry["revoked"],
+    }
+    revoked = f"; revoked the binding of {', '.join(entry['revoked'])}" if entry["revoked"] else ""
     click.echo(
         json.dumps(doc)
         if as_json
-        else f"registered {device_id} (key {entry['key_id']}, groups {entry['groups']}) in {path}"
+        else f"registered {device_id} (key {entry['key_id']}, groups {entry['groups']}) in {path}{revoked}"
     )
+
+
+@click.command()
+@click.argument("model")
+@click.option(
+    "--device", "devices", multiple=True, metavar="ID", help="Clear this device's desired state (repeatable)."
+)
+@click.option("--group", "groups", multiple=True, metavar="G", help="Clear this group's desired state (repeatable).")
+@broker_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def clear(model, devices, groups, as_json, **kw):
+    """Remove the retained desired state of MODEL for devices or groups (an empty retained message, as MQTT
+    clears one): devices keep what they run; nothing new is offered to them there.
+
+    \b
+    Examples:
+      edge-agent fleet clear resnet --group lab --broker mqtt://broker:1883 --prefix old-prefix
+    """
+    from agent.fleet.clear import clear_desired
+
+    if not devices and not groups:
+        raise click.UsageError("give --device ID or --group G (repeatable)")
+    doc = clear_desired(broker_config(kw), kw["prefix"], model, devices, groups)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    for topic in doc["cleared"]:
+        click.echo(f"cleared {topic}")

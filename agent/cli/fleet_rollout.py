@@ -10,26 +10,27 @@ import click
 
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
+from agent.cli.table import render_table
+from agent.cli.waitopt import wait_option
 
 
-def _render_progress(event: str, **f) -> None:
+def _render_progress(event: str, f: dict) -> str | None:
     if event == "wave_started":
-        click.echo(
-            f"rollout: cohort {f['cohort']}: {f['kind']} {f['wave']} started on {f['devices']} device(s)", err=True
-        )
-    elif event == "device":
+        return f"rollout: cohort {f['cohort']}: {f['kind']} {f['wave']} started on {f['devices']} device(s)"
+    if event == "device":
         reason = f" ({f['reason']})" if f.get("reason") else ""
-        click.echo(f"rollout: {f['device_id']}: {f['result']}{reason}", err=True)
-    elif event == "cohort_halted":
-        click.echo(f"rollout: cohort {f['cohort']} HALTED: {f['reason']}; rolling back what it touched", err=True)
-    elif event == "cohort_completed":
-        click.echo(f"rollout: cohort {f['cohort']} completed", err=True)
-    elif event == "rollout_finished":
-        click.echo(f"rollout: {f['rollout_id']} {f['state']}: {f['counts']}", err=True)
-    elif event == "resumed":
-        click.echo(f"rollout: resuming {f['rollout_id']} from {f['path']}", err=True)
-    elif event == "warning":
-        click.echo(f"rollout: warning: {f['message']}", err=True)
+        return f"rollout: {f['device_id']}: {f['result']}{reason}"
+    if event == "cohort_halted":
+        return f"rollout: cohort {f['cohort']} HALTED: {f['reason']}; rolling back what it touched"
+    if event == "cohort_completed":
+        return f"rollout: cohort {f['cohort']} completed"
+    if event == "rollout_finished":
+        return f"rollout: {f['rollout_id']} {f['state']}: {f['counts']}"
+    if event == "resumed":
+        return f"rollout: resuming {f['rollout_id']} from {f['path']}"
+    if event == "warning":
+        return f"rollout: warning: {f['message']}"
+    return None
 
 
 def render_summary(doc: dict) -> str:
@@ -42,9 +43,8 @@ def render_summary(doc: dict) -> str:
         lines.append(f"  cohort {key:<24} {c['state']:<12} {waves} succeeded")
         if c.get("reason"):
             lines.append(f"    halted: {c['reason']}")
-    lines.append(f"  {'DEVICE':<24} {'COHORT':<22} {'WAVE':>4}  {'RESULT':<16} REASON")
-    for d in doc["devices"]:
-        lines.append(f"  {d['device_id']:<24} {d['cohort']:<22} {d['wave']:>4}  {d['result']:<16} {d['reason'] or ''}")
+    rows = [(d["device_id"], d["cohort"], d["wave"], d["result"], d["reason"] or "") for d in doc["devices"]]
+    lines.append(render_table(("DEVICE", "COHORT", "WAVE", "RESULT", "REASON"), rows, indent="  ", right=(2,)))
     return "\n".join(lines)
 
 
@@ -98,7 +98,13 @@ def render_summary(doc: dict) -> str:
 @click.option(
     "--http-only", is_flag=True, help="Offer the artifact only at --http-url (keeps artifact bytes off the broker)."
 )
-@click.option("--wait", is_flag=True, help="Drive the rollout to its end; without it, advance it once and exit.")
+@click.option(
+    "--halt-on-unjudged",
+    is_flag=True,
+    help="Count devices whose probation could not judge the version (not judged) as failures; "
+    "by default they are counted apart.",
+)
+@wait_option("the rollout to end (driving it); without --wait it is advanced once; run again to resume")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary JSON.")
 @broker_options
 def rollout(
@@ -117,6 +123,7 @@ def rollout(
     chunk_size,
     http_url,
     http_only,
+    halt_on_unjudged,
     wait,
     as_json,
     **broker_kw,
@@ -127,8 +134,10 @@ def rollout(
     resume. Only reports signed by a device registered in STORE/registry.json (`edge-agent fleet register`)
     count; without a registry it refuses to start. Exits 0 when completed (or still running without --wait),
     1 when halted or partial."""
+    from agent.cli.progress import Progress
     from agent.fleet.rollout_plan import RolloutSpec
     from agent.fleet.rollout_run import run_rollout
+    from agent.fleet.rollout_state import ROLLOUT_FINAL
 
     if bool(group) == bool(all_devices):
         raise click.UsageError("give exactly one of --group G or --all")
@@ -141,23 +150,42 @@ def rollout(
         wave_size=wave_size,
         max_failures=max_failures,
         deadline_s=deadline,
+        halt_on_unjudged=halt_on_unjudged,
     ).validate()
-    summary = run_rollout(
-        package,
-        spec,
-        key_file=key_file,
-        store=store,
-        broker=_broker(broker_kw),
-        prefix=broker_kw["prefix"],
-        http_url=http_url,
-        http_only=http_only,
-        wait=wait,
-        chunk_size=chunk_size,
-        progress=_render_progress,
-    )
+    with Progress("rollout", _render_progress, as_json) as progress:
+        summary = run_rollout(
+            package,
+            spec,
+            key_file=key_file,
+            store=store,
+            broker=_broker(broker_kw),
+            prefix=broker_kw["prefix"],
+            http_url=http_url,
+            http_only=http_only,
+            wait=wait is not None,
+            stop=_stop_after(wait),
+            chunk_size=chunk_size,
+            progress=progress,
+        )
     click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json else render_summary(summary))
     if summary["state"] in ("halted", "partial"):
         sys.exit(1)
+    if wait is not None and summary["state"] not in ROLLOUT_FINAL:
+        click.echo(
+            f"rollout: still {summary['state']} after --wait {wait:g} s; run the same command to resume", err=True
+        )
+        sys.exit(1)
+
+
+def _stop_after(seconds: float | None) -> threading.Event | None:
+    """An event set after `seconds` (the rollout stops driving then; its state is kept for a resume)."""
+    if seconds is None:
+        return None
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer.daemon = True
+    timer.start()
+    return stop
 
 
 @click.command("rollback")
@@ -171,7 +199,7 @@ def rollout(
 @click.option(
     "--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts)."
 )
-@click.option("--wait", type=click.FloatRange(0, 86400), default=0, help="Seconds to wait for devices to confirm.")
+@wait_option("devices to confirm the rollback")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON.")
 @broker_options
 def rollback(name, device_id, group, version, key_file, store, wait, as_json, **broker_kw):
@@ -190,13 +218,13 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
         store=store,
         broker=_broker(broker_kw),
         prefix=broker_kw["prefix"],
-        wait_s=wait,
+        wait_s=wait or 0.0,
     )
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
-        for d in result["devices"]:
-            click.echo(f"{d['device_id']:<24} {d['result']:<14} {d.get('version') or '-':<8} {d['reason']}")
+        rows = [(d["device_id"], d["result"], d.get("version"), d["reason"]) for d in result["devices"]]
+        click.echo(render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows))
     if any(d["result"] in ("failed", "skipped") for d in result["devices"]):
         sys.exit(1)
 
@@ -213,8 +241,8 @@ def rollback(name, device_id, group, version, key_file, store, wait, as_json, **
 @click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
 @click.option(
     "--sysroots",
-    help="Comma-separated captured sysroots: directories, or names under "
-    "tests/fixtures/sysroots (default: every capture there).",
+    help="Comma-separated captured sysroots: directories, or names of "
+    "the shipped captures (agent/sysroots; default: every one).",
 )
 @click.option(
     "--state-dir",

@@ -18,8 +18,8 @@ GIB = 1 << 30
     "--sysroot",
     metavar="DIR",
     default=None,
-    help="Profile a captured device tree (a directory, or the .tar.gz that scripts/capture-sysroot.sh "
-    "writes) instead of this machine.",
+    help="Profile a captured device tree (a directory, the .tar.gz that scripts/capture-sysroot.sh "
+    "writes, or the name of a capture shipped in agent/sysroots) instead of this machine.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON (the pinned keys).")
 def profile(sysroot: str | None, as_json: bool) -> None:
@@ -32,7 +32,7 @@ def profile(sysroot: str | None, as_json: bool) -> None:
     Examples:
       edge-agent profile
       edge-agent profile --json | jq .accelerators
-      edge-agent profile --sysroot tests/fixtures/sysroots/jetson-orin-nano-jp6
+      edge-agent profile --sysroot jetson-orin-nano-jp6      (a capture shipped with the package)
       sh scripts/capture-sysroot.sh pi.tar.gz && edge-agent profile --sysroot pi.tar.gz
     """
     prof = detect_profile(sysroot)
@@ -44,7 +44,9 @@ def profile(sysroot: str | None, as_json: bool) -> None:
 
 
 def detect_profile(sysroot: str | None):
-    """The profile of this host, or of a captured sysroot (directory or capture tarball); ConfigError if neither."""
+    """The profile of this host, or of a captured sysroot (directory, capture tarball, or the name of a shipped
+    capture); ConfigError if none of these."""
+    from agent import sysroots as captures
     from agent.hardware.sysroot import unpack_capture
     from agent.targets import detect_device as detect
 
@@ -59,6 +61,8 @@ def detect_profile(sysroot: str | None):
         raise ConfigError(
             f"--sysroot {sysroot}: not a directory or a capture tarball (.tar.gz from capture-sysroot.sh)"
         )
+    if sysroot in captures.names():
+        return detect(captures.path(sysroot))
     raise ConfigError(f"--sysroot {sysroot}: no such directory or capture tarball")
 
 

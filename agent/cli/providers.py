@@ -26,6 +26,12 @@ def _target(profile, name: str | None):
         return None
 
 
+def _cache():
+    from agent.providers.opened import default_cache
+
+    return default_cache()
+
+
 def _versions(versions: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in versions.items()) or "-"
 
@@ -54,30 +60,35 @@ def _versions(versions: dict) -> str:
     "--json",
     "as_json",
     is_flag=True,
-    help="Print a JSON list of {name, available, reason, remedy, devices, options, versions, preferred}.",
+    help="Print a JSON list of {name, available, reason, remedy, devices, options, versions, preferred, opened, "
+    "expected}.",
 )
 def providers(sysroot, target_name, verify, as_json):
     """Rank execution providers in the target's preference order and say why each is or is not usable.
 
     A provider is available only when the hardware (from the profile) and the installed runtime both allow
-    it; unavailable ones come with a remedy. Providers the target does not list come last.
+    it and a session on a tiny model opened on it here (cached per runtime version and profile); unavailable
+    ones come with a remedy. With --sysroot nothing is opened on that device: its providers are "expected, not
+    opened here". Providers the target does not list come last.
 
     \b
     Examples:
       edge-agent providers
       edge-agent providers --verify          # also open a real session on each available one
       edge-agent providers --json | jq '.[] | select(.available) | .name'
-      edge-agent providers --sysroot tests/fixtures/sysroots/intel-nuc-meteorlake
+      edge-agent providers --sysroot agent/sysroots/intel-nuc-meteorlake
       edge-agent providers --target raspberry-pi-5
     """
     if verify and sysroot:
         raise ConfigError("--verify opens sessions on this host, so it cannot be combined with --sysroot")
     from agent.cli.profile import detect_profile
+    from agent.providers import opened
     from agent.providers.ranking import rank
 
     profile = detect_profile(sysroot)
     target = _target(profile, target_name)
     results = rank(profile, target)
+    results = opened.expected(results, f"capture {sysroot}") if sysroot else opened.confirm(results, profile, _cache())
     checks = _verify(results) if verify else {}
     if as_json:
         rows = [r.to_dict() for r in results]
@@ -116,7 +127,7 @@ def _print_table(results, target_name: str | None, sysroot: str | None, checks: 
     click.echo(f"target: {target_name or 'none matched'} (hardware from {where}; runtimes from this host)")
     rows = [("#", "PROVIDER", "STATUS", "DEVICES", "VERSIONS")]
     for i, r in enumerate(results, 1):
-        status = "available" if r.available else "unavailable"
+        status = "available" if r.available else ("expected, not opened here" if r.expected else "unavailable")
         rows.append((str(i), r.name, status, ",".join(r.devices) or "-", _versions(r.versions)))
     widths = [max(len(row[c]) for row in rows) for c in range(4)]
     pad = " " * (widths[0] + 2)

@@ -8,31 +8,43 @@ import tempfile
 
 import click
 
+from agent.cli.table import ms
 
-def _progress(event: str, **f) -> None:
-    """Render harness progress on stderr (one line per step; live run counts only on a terminal)."""
-    tty = sys.stderr.isatty()
+
+def _render(event: str, f: dict) -> str | None:
+    """One progress line per harness step (None: nothing to say): provider, precision, the shapes timed, runs
+    done against the target, and the time left at the pace so far."""
+    from agent.cli.progress import eta
+
     name = (f"{f['variant']}/" if f.get("variant") else "") + str(f.get("provider") or "")
     name += f"@{f['device']}" if f.get("device") else ""
-    prec = f" ({f['precision']})" if f.get("precision") else ""
+    head = f"qualify: {name}" + (f" ({f['precision']})" if f.get("precision") else "")
     if event == "row" and f.get("status") == "running":
-        click.echo(f"qualify: {name}{prec}: running", err=True)
-    elif event == "row":
+        return f"{head}: running"
+    if event == "row":
         reason = f" - {f['reason']}" if f.get("reason") and f.get("status") != "passed" else ""
-        lead = "\r" if tty else ""
-        click.echo(f"{lead}qualify: {name}{prec}: {f.get('status')}{reason}", err=True)
-    elif event == "warning":
-        click.echo(f"warning: {f.get('reason')}", err=True)
-    elif event == "confirm":
-        click.echo(f"qualify: {name}{prec}: close call, measuring again", err=True)
-    elif event == "original":
-        click.echo(f"qualify: {name}{prec}: measuring the fp32 original for the speed-up", err=True)
-    elif event == "session":
-        click.echo(f"qualify: {name}{prec}: creating session", err=True)
-    elif event == "latency" and "runs" in f and tty:
-        click.echo(f"\rqualify: latency {f['runs']}/{f['target']} runs", err=True, nl=False)
-    elif event == "latency" and "runs" not in f:
-        click.echo(f"qualify: {name}{prec}: measuring latency", err=True)
+        return f"{head}: {f.get('status')}{reason}"
+    if event == "warning":
+        return f"warning: {f.get('reason')}"
+    if event == "confirm":
+        return f"{head}: close call, measuring again"
+    if event == "original":
+        return f"{head}: measuring the fp32 original for the speed-up"
+    if event == "session":
+        return f"{head}: creating session"
+    if event == "session_times":
+        return f"{head}: timing session creation, cold and warm"
+    at = " at max" if f.get("shape") == "max" else ""
+    if event == "latency" and "runs" in f:
+        left = eta(f["runs"], f["target"], f.get("elapsed_s") or 0, f.get("budget_s") or 0)
+        est = f", about {left:.0f} s left" if left is not None else ""
+        return f"{head}: latency{at} {f['runs']}/{f['target']} runs{est}"
+    if event == "latency":
+        budget = f" for up to {f['budget_s']:g} s" if f.get("budget_s") else ""
+        return f"{head}: measuring latency{at} on {f.get('inputs') or 'the planned inputs'}{budget}"
+    if event == "selected":
+        return f"qualify: selected {f.get('provider') or 'none'}"
+    return None
 
 
 def _resolve_target(profile, name):
@@ -48,7 +60,7 @@ def _resolve_target(profile, name):
     "providers",
     multiple=True,
     metavar="NAME",
-    help="Qualify only these providers (repeatable). Default: the target's preference order.",
+    help="Qualify only these providers (repeatable). Default: every available provider, the target's order first.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the decision record as JSON.")
 @click.option("--target", "target_name", metavar="NAME", help="Use this target profile instead of the matched one.")
@@ -74,12 +86,20 @@ def _resolve_target(profile, name):
 @click.option(
     "--memory-max",
     metavar="SIZE",
-    help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemTotal).",
+    help="What one model may use (512M, 2G; default: the target's memory limit, else 80% of MemAvailable or the cgroup room).",
 )
-def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max):
+@click.option(
+    "--optimize",
+    "optimize",
+    multiple=True,
+    type=click.Choice(["all", "ort-basic", "ort-extended", "ort-all", "slim", "fusions"]),
+    help="Also measure offline-optimised graphs (repeatable; default: the target's qualify.optimize).",
+)
+def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
-    golden data or ORT CPU fp32, latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
+    golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
+    from agent.cli.progress import Progress
     from agent.qualify.harness import qualify as run_qualify
     from agent.qualify.package import load_package
     from agent.targets import detect_device
@@ -89,17 +109,19 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
         cap = _memory_max(memory_max, target)
-        decision = run_qualify(
-            pkg,
-            profile,
-            target,
-            providers=list(providers) or None,
-            cache_dir=cache_dir,
-            progress=_progress,
-            latency_budget_s=budget,
-            row_timeout_s=timeout,
-            memory_max=cap,
-        )
+        with Progress("qualify", _render, as_json) as progress:
+            decision = run_qualify(
+                pkg,
+                profile,
+                target,
+                providers=list(providers) or None,
+                cache_dir=cache_dir,
+                progress=progress,
+                latency_budget_s=budget,
+                row_timeout_s=timeout,
+                memory_max=cap,
+                optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
+            )
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json
@@ -149,7 +171,11 @@ def render(doc: dict) -> str:
         "P90ms",
         "P99ms",
         "RUNS",
+        "MAX_P50ms",
         "COMPILE_s",
+        "COLD_s",
+        "WARM_s",
+        "SQNR_dB",
         "RSS+MB",
     )
     table = [head] + [_row_cells(r) for r in doc["results"]]
@@ -160,6 +186,8 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    if (doc.get("graph") or {}).get("why"):
+        lines.append(f"graph: {doc['graph']['why']}")
     busy = [r["key"] for r in doc["results"] if r.get("contended")]
     if busy:
         lines.append(f"contended (other processes used > 25% of the CPU, or throttled): {', '.join(busy)}")
@@ -206,10 +234,14 @@ def _row_cells(r: dict) -> tuple:
         _fmt(acc.get("max_rel"), ".2g"),
         _fmt(acc.get("cosine"), ".6f"),
         _fmt(acc.get("top1_agreement"), ".2f"),
-        _fmt(lat.get("p50")),
-        _fmt(lat.get("p90")) + ("" if sup.get("p90", True) else "*"),
-        _fmt(lat.get("p99")) + ("" if sup.get("p99", True) else "*"),
+        ms(lat.get("p50")),
+        ms(lat.get("p90")) + ("" if sup.get("p90", True) else "*"),
+        ms(lat.get("p99")) + ("" if sup.get("p99", True) else "*"),
         lat.get("runs", "-"),
+        ms((r.get("latency_max_ms") or {}).get("p50")) if r.get("latency_max_ms") else "-",
         _fmt(r.get("compile_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("cold_s"), ".3f"),
+        _fmt((r.get("session_s") or {}).get("warm_s"), ".3f"),
+        ("exact" if acc["sqnr_db"] is None else f"{acc['sqnr_db']:.1f}") if "sqnr_db" in acc else "-",
         _fmt(r.get("rss_growth_mb"), ".1f"),
     )

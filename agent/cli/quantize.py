@@ -13,6 +13,8 @@ def _progress(event: str, **f) -> None:
     elif event == "quantize":
         sets = f" calibrated on {f['calibration_sets']} test set(s)" if f.get("calibration_sets") else ""
         click.echo(f"quantize: {f.get('mode')} int8 quantization{sets}", err=True)
+    elif event == "warning":
+        click.echo(f"warning: {f['message']}", err=True)
     elif event == "check":
         click.echo("quantize: checking the new package", err=True)
 

@@ -14,7 +14,7 @@ _RULES: tuple[tuple[str, str, str], ...] = (
     ("errored", r"worker crashed", "the runtime crashed (child process)"),
     ("errored", r"fallback to CPU EP has been explicitly disabled", "the EP took no node (would fall back to CPU)"),
     (
-        "errored",
+        "*",  # whatever status the case ended in: the runtime named an operator it does not implement
         r"unsupported operator|Could not find an implementation|NOT_IMPLEMENTED|No conversion rule|not implemented",
         "operator (or this opset/type of it) not implemented",
     ),
@@ -48,7 +48,7 @@ _COMPILED = tuple((s, re.compile(p, re.IGNORECASE), c) for s, p, c in _RULES)
 
 def cause_of(status: str, reason: str) -> str:
     for s, pat, cause in _COMPILED:
-        if s == status and pat.search(reason or ""):
+        if s in (status, "*") and pat.search(reason or ""):
             return cause
     return f"{status} (other)"
 

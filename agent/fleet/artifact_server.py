@@ -51,6 +51,7 @@ class ArtifactServer:
         self._sent_lock = threading.Lock()
         self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._fd_lock = threading.Lock()
+        self._layouts: dict = {}  # sha256 -> recipe.Layout, for requests by recipe index
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -123,7 +124,8 @@ class ArtifactServer:
                 self.stats["bad_request"] += 1
                 continue
             self.stats["requests"] += 1
-            if req.chunk_size > MAX_CHUNK or req.chunk_size * len(req.indices) > MAX_REQUEST_BYTES:
+            size = req.chunk_size or self._recipe_max(req.sha256)  # by recipe index: its longest chunk
+            if req.chunk_size > MAX_CHUNK or size * len(req.indices) > MAX_REQUEST_BYTES:
                 self.stats["bad_request"] += 1  # refuse amplification: one small request, gigabytes of answers
                 continue
             assert parsed.device is not None  # Topics.parse: artifacts/req/<id> always names it
@@ -174,12 +176,47 @@ class ArtifactServer:
                 chunks.NOT_FOUND,
                 f"artifact {req.sha256[:16]} is not in this server's store".encode(),
             )
-        data = os.pread(fd, req.chunk_size, index * req.chunk_size)
+        if req.chunk_size == chunks.RECIPE:
+            span = self._recipe_span(req.sha256, index)
+            if span is None:
+                return chunks.encode_response(
+                    req.sha256, 0, index, chunks.BAD_REQUEST, b"no recipe chunk with this index in this store"
+                )
+            data = os.pread(fd, span[1], span[0])
+        else:
+            data = os.pread(fd, req.chunk_size, index * req.chunk_size)
         if not data:
             return chunks.encode_response(req.sha256, req.chunk_size, index, chunks.BAD_REQUEST, b"index out of range")
         self.stats["chunks"] += 1
         self.stats["bytes"] += len(data)
         return chunks.response_header(req.sha256, req.chunk_size, index) + data
+
+    def _layout(self, sha256: str):
+        """The artifact's recipe.Layout (kept beside the store by fleet push; computed once if missing)."""
+        from agent.artifacts.recipe import Layout, RecipeBook
+
+        with self._fd_lock:
+            layout = self._layouts.get(sha256)
+            if layout is None:
+                try:
+                    rec = RecipeBook(self.store).ensure(sha256, None)
+                except (OSError, ArtifactError):
+                    rec = None
+                if rec is None:
+                    return None
+                layout = self._layouts[sha256] = Layout.from_recipe(sha256, self.store.size(sha256), rec)
+            return layout
+
+    def _recipe_max(self, sha256: str) -> int:
+        layout = self._layout(sha256)
+        return max(layout.lens) if layout is not None else 1
+
+    def _recipe_span(self, sha256: str, index: int) -> tuple[int, int] | None:
+        """(offset, length) of chunk `index` of the artifact's recipe."""
+        layout = self._layout(sha256)
+        if layout is None or not 0 <= index < layout.count:
+            return None
+        return layout.offsets[index], layout.lens[index]
 
     def _fd(self, sha256: str) -> int | None:
         with self._fd_lock:
@@ -197,101 +234,9 @@ class ArtifactServer:
             return fd
 
 
-def _http_handler(store: ContentStore):
-    from http.server import BaseHTTPRequestHandler
+def serve_http(store: ContentStore, bind: str, **limits):
+    """Serve the store's blobs over HTTP (agent.fleet.blob_http: one event loop, bounded connections);
+    returns the server (call .shutdown())."""
+    from agent.fleet.blob_http import serve_http as serve
 
-    class BlobHandler(BaseHTTPRequestHandler):
-        """GET/HEAD /blobs/sha256/<hex> with single-range `Range: bytes=a-b` support (206/416)."""
-
-        disable_nagle_algorithm = True
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):  # library code never prints
-            pass
-
-        def do_HEAD(self):
-            self._serve(body=False)
-
-        def do_GET(self):
-            self._serve(body=True)
-
-        def _serve(self, body: bool) -> None:
-            parts = self.path.split("?")[0].strip("/").split("/")
-            if (
-                len(parts) != 3
-                or parts[:2] != ["blobs", "sha256"]
-                or not _is_hex64(parts[2])
-                or not store.has(parts[2])
-            ):
-                return self._error(404, "no such blob")
-            path = store.path(parts[2])
-            size = path.stat().st_size
-            start, end, status = 0, size - 1, 200
-            rng = self.headers.get("Range")
-            if rng:
-                parsed = _parse_range(rng, size)
-                if parsed is None:
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{size}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                start, end, status = parsed[0], parsed[1], 206
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Length", str(end - start + 1))
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.end_headers()
-            if body and end >= start:
-                self.wfile.flush()
-                with open(path, "rb") as f:
-                    try:
-                        self.connection.sendfile(f, start, end - start + 1)
-                    except (BrokenPipeError, ConnectionResetError):
-                        pass
-
-        def _error(self, code: int, message: str) -> None:
-            data = message.encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    return BlobHandler
-
-
-def _is_hex64(s: str) -> bool:
-    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)
-
-
-def _parse_range(header: str, size: int) -> tuple[int, int] | None:
-    """'bytes=a-b' / 'bytes=a-' / 'bytes=-n' -> (start, end) inclusive; None when unsatisfiable or multi-range."""
-    if not header.startswith("bytes=") or "," in header:
-        return None
-    a, _, b = header[6:].strip().partition("-")
-    try:
-        if a == "":
-            n = int(b)
-            start, end = max(0, size - n), size - 1
-        else:
-            start, end = int(a), (int(b) if b else size - 1)
-    except ValueError:
-        return None
-    end = min(end, size - 1)
-    return (start, end) if 0 <= start <= end else None
-
-
-def serve_http(store: ContentStore, bind: str):
-    """Serve the store's blobs over HTTP in a background thread; returns the server (call .shutdown())."""
-    from http.server import ThreadingHTTPServer
-
-    host, _, port = bind.rpartition(":")
-    try:
-        httpd = ThreadingHTTPServer((host or "0.0.0.0", int(port)), _http_handler(store))
-    except (ValueError, OSError) as exc:
-        raise ArtifactError(f"cannot serve HTTP on {bind!r}: {exc}") from None
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, name="artifact-http", daemon=True).start()
-    return httpd
+    return serve(store, bind, **limits)

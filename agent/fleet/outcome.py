@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 COMMITTED, PENDING = "committed", "pending"
+UNJUDGED = "not judged"  # committed, but probation could not measure it (agent.serving.unjudged): flagged
 TRUSTED = "verified"  # the one trust state (agent.fleet.registry) whose reports count, as success or failure
 BAD_STATES = ("failed", "rejected", "rolled_back")
 
@@ -35,9 +36,21 @@ def untrusted(status: Any) -> str | None:
     return f"report {status.get('trust') or 'not verified'}: not counted"
 
 
+def _unjudged(status: dict, name: str, version: str) -> str | None:
+    """'not judged (...counts)' when the device's record of this version says probation could not judge it."""
+    dep = (status.get("deployments") or {}).get(name)
+    if not isinstance(dep, dict) or not same_version(dep.get("version"), version):
+        return None
+    pr = dep.get("probation")
+    n = pr.get("not_judged") if isinstance(pr, dict) else None
+    if not isinstance(n, dict):
+        return None
+    return f"not judged: {n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended"
+
+
 def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) -> tuple[str, str]:
     """(result, reason) for (name, version) from a device's status document: result is "committed", one of
-    BAD_STATES, or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
+    BAD_STATES, "not judged" (committed, flagged: probation could not measure it) or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
     record count: an old failure of the same version says nothing about this push)."""
     if not isinstance(status, dict):
         return PENDING, "no status"
@@ -46,6 +59,9 @@ def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) 
     model = (status.get("models") or {}).get(name)
     if isinstance(model, dict) and same_version(model.get("version"), version):
         if model.get("state", COMMITTED) == COMMITTED:
+            flagged = _unjudged(status, name, version)
+            if flagged:
+                return UNJUDGED, f"committed on {model.get('provider') or '?'}, {flagged}"
             return COMMITTED, f"committed on {model.get('provider') or '?'}"
     dep = (status.get("deployments") or {}).get(name)
     if fresh and isinstance(dep, dict) and same_version(dep.get("version"), version):

@@ -3,8 +3,6 @@ and optionally wait until every targeted device reports that version committed (
 
 from __future__ import annotations
 
-import gzip
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,29 +21,9 @@ DEFAULT_CHUNK = 256 * 1024
 DEFAULT_TTL_S = 30 * 86400
 
 
-def _tar_dir(directory: Path, out: Path) -> None:
-    """A reproducible tar.gz of a package directory (sorted, mtime 0, no owners, regular files and dirs only)."""
-    with (
-        open(out, "wb") as raw,
-        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-    ):
-        for path in sorted(directory.rglob("*")):
-            rel = path.relative_to(directory).as_posix()
-            if path.is_symlink():
-                raise ModelError(f"package {directory} contains a symlink ({rel}); copy the file instead")
-            info = tar.gettarinfo(str(path), arcname=rel)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            info.mode = 0o755 if path.is_dir() else 0o644
-            if path.is_file():
-                with open(path, "rb") as f:
-                    tar.addfile(info, f)
-            else:
-                tar.addfile(info)
-
-
-def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True) -> dict:
-    """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields."""
+def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True, delta: bool = True) -> dict:
+    """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields
+    (with `recipe`, the content-defined chunks a delta pull needs, unless delta is off or it is a gzip stream)."""
     package = Path(package)
     if not package.exists():
         raise ModelError(f"package {package} does not exist")
@@ -54,10 +32,13 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
 
         load_package(package)  # checker + shape inference: refuse to ship a broken model
     cs = ContentStore(store)
+    recipe = None
     with tempfile.TemporaryDirectory(dir=cs.staging) as tmp:
-        if package.is_dir():
+        if package.is_dir():  # reproducible, and cut before compression so that versions share pieces
+            from agent.artifacts.packtar import write_targz
+
             src, fmt = Path(tmp) / "package.tar.gz", "tar.gz"
-            _tar_dir(package, src)
+            recipe = write_targz(package, src)
         elif package.name.endswith((".tar.gz", ".tgz")):
             src, fmt = package, "tar.gz"
         elif package.suffix == ".onnx":
@@ -66,7 +47,16 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
             raise ModelError(f"{package}: a package is a directory, a .tar.gz or a bare .onnx file")
         sha = cs.put_file(src)
     sha2, size, chunks = hash_file(cs.path(sha), chunk_size)
-    return {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    art = {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    if delta:
+        from agent.artifacts.recipe import RecipeBook
+
+        if recipe is not None:
+            RecipeBook(cs).put(sha2, recipe)
+        recipe = RecipeBook(cs).ensure(sha2)
+        if recipe is not None:
+            art["recipe"] = recipe
+    return art
 
 
 def _targets(prefix: str, name: str, devices, groups) -> list[str]:
@@ -122,8 +112,10 @@ def push(
     wait: float | None = None,
     validate: bool = True,
     progress: Callable[..., None] | None = None,
+    delta: bool = True,
 ) -> dict:
-    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed."""
+    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed.
+    delta: the manifest carries the chunk recipe devices use to fetch only what changed (agent.artifacts.delta)."""
     from agent.artifacts.keys import key_id, load_private_key
 
     progress = progress or (lambda event, **f: None)
@@ -144,7 +136,7 @@ def push(
         registry = registry_for_store(store)
     key = load_private_key(key_file)
     progress("store", package=str(package))
-    art = store_package(package, store, chunk_size, validate=validate)
+    art = store_package(package, store, chunk_size, validate=validate, delta=delta)
     sources = [{"type": "mqtt"}] + (
         [{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else []
     )
@@ -162,6 +154,7 @@ def push(
         qualification=qualification,
         ttl_s=ttl_s,
         rollback=rollback,
+        recipe=art.get("recipe"),
     )
     envelope = manifest.sign(key)
     topics = _targets(prefix, name, devices, groups)
@@ -204,6 +197,20 @@ def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[s
     return device_outcome(status, name, version, fresh=fresh)
 
 
+def _prefix_hint(watch: FleetWatch) -> str:
+    """When no device at all reports under this prefix: where devices do report (a prefix or broker mismatch)."""
+    if watch.status:
+        return ""
+    from agent.fleet.clear import heard_prefixes
+
+    others = [p for p in heard_prefixes(watch.link) if p != watch.topics.prefix]
+    where = f"devices report under: {', '.join(others)}" if others else "no device reports on this broker at all"
+    return (
+        f"; no device has a status under prefix {watch.topics.prefix!r}: {where} (check --prefix and --broker; "
+        f"`edge-agent fleet clear` removes a desired state left on a wrong prefix)"
+    )
+
+
 def wait_for_devices(
     watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict, progress
 ) -> dict[str, dict]:
@@ -229,15 +236,17 @@ def wait_for_devices(
             if dev not in results or results[dev]["result"] != "pending":
                 continue
             result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
-            if results[dev]["reason"] != reason and (result != "pending" or "not counted" in reason):
+            if results[dev]["reason"] != reason:  # every change of a device's state is said as it happens
                 progress("device", device_id=dev, result=result, reason=reason)
             results[dev] = {"result": result, "reason": reason}
         pending = [d for d, r in results.items() if r["result"] == "pending"]
         if results and not pending:
             return results
         if time.monotonic() >= deadline:
+            hint = _prefix_hint(watch)
             for d in pending:
-                results[d] = {"result": "timeout", "reason": f"timed out after {timeout:g} s ({results[d]['reason']})"}
+                why = f"timed out after {timeout:g} s ({results[d]['reason']})"
+                results[d] = {"result": "timeout", "reason": why + hint}
             if not results:
                 results = {
                     f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}

@@ -24,6 +24,7 @@ REGISTRY_NAME = "registry.json"
 FORMAT = 1
 CLAIMS = ("models", "deployments", "rejected", "recent_deployments")  # what an unverified report may not assert
 NO_REGISTRY = "unverified (no device registry)"
+KEY_OF_ANOTHER = "key-of-another-device"
 REMEDY = (
     "on each device run `edge-agent keys device --config agent.yaml`, then register its public key here: "
     "`edge-agent fleet register DEVICE --public-key device.pub --group G --store {store}`"
@@ -81,17 +82,34 @@ class DeviceRegistry:
         atomic_write_json(target, {"format": FORMAT, "devices": self.devices}, mode=0o600)
         return target
 
-    def register(self, device_id: str, public_key_pem: str, groups=()) -> dict[str, Any]:
+    def register(self, device_id: str, public_key_pem: str, groups=(), *, replace: bool = False) -> dict[str, Any]:
+        """One key, one device: a key another device holds is refused (ConfigError naming it) unless `replace`,
+        which moves it here and revokes the other device's binding (the entry leaves the registry; its id is
+        returned under `revoked`)."""
         from agent.artifacts.keys import key_id, parse_public_key
 
         check_name(device_id, "device id", ConfigError)
         for g in groups:
             check_name(g, "group", ConfigError)
         pub = parse_public_key(public_key_pem, where=f"public key of {device_id}")
-        entry = {"public_key": public_key_pem.strip() + "\n", "key_id": key_id(pub), "groups": sorted(set(groups))}
+        kid = key_id(pub)
+        holders = self.holders(kid, other_than=device_id)
+        if holders and not replace:
+            raise ConfigError(
+                f"key {kid} is already registered to device {', '.join(holders)}: one key signs for one device; "
+                f"give {device_id} its own key (`edge-agent keys device` on it), or pass --replace to move the key "
+                f"to {device_id} and revoke {', '.join(holders)}'s binding"
+            )
+        for other in holders:
+            self.unregister(other)
+        entry = {"public_key": public_key_pem.strip() + "\n", "key_id": kid, "groups": sorted(set(groups))}
         self.devices[device_id] = entry
         self._keys.pop(device_id, None)
-        return entry
+        return dict(entry, revoked=holders)
+
+    def holders(self, kid: str, other_than: str | None = None) -> list[str]:
+        """Devices registered with key id `kid` (but `other_than`)."""
+        return sorted(d for d, e in self.devices.items() if e.get("key_id") == kid and d != other_than)
 
     def unregister(self, device_id: str, key_id: str | None = None) -> bool:
         """Drop a device (only while it still has `key_id`, when given); True when it was removed."""
@@ -121,13 +139,18 @@ class DeviceRegistry:
         return sorted(d for d, e in self.devices.items() if group in (e.get("groups") or []))
 
     def trust(self, device_id: str, doc: dict[str, Any]) -> str:
-        """verified | unregistered | unsigned | bad-signature."""
+        """verified | unregistered | unsigned | bad-signature | key-of-another-device (the signer's key is
+        registered to another device id too: a registry written before keys were unique; never counted)."""
         from agent.artifacts.keys import parse_public_key
-        from agent.transport.signing import verify_doc
+        from agent.transport.signing import SIG, verify_doc
 
         entry = self.devices.get(device_id)
         if not entry:
             return "unregistered"
+        sig = doc.get(SIG)
+        signer = sig.get("key_id") if isinstance(sig, dict) else None
+        if signer and self.holders(str(signer), other_than=device_id):
+            return KEY_OF_ANOTHER
         if device_id not in self._keys:
             self._keys[device_id] = parse_public_key(entry["public_key"], where=f"registry key of {device_id}")
         return verify_doc(doc, self._keys[device_id])

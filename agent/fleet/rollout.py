@@ -173,9 +173,10 @@ class RolloutEngine:
             if d["cohort"] != key or d["result"] == rs.PENDING:
                 continue
             attempted += 1
-            if d["result"] == rs.FAILED:
+            if d["result"] == rs.FAILED or (d["result"] == rs.NOT_JUDGED and self.spec.halt_on_unjudged):
                 failed += 1
-                first = first or f"{dev}: {d['reason']}"
+                why = d["reason"] if d["result"] == rs.FAILED else f"{d['result']}: {d['reason']}"
+                first = first or f"{dev}: {why}"
         return failed, attempted, first
 
     # -- halt and roll back ----------------------------------------------------------------------------------
@@ -187,8 +188,8 @@ class RolloutEngine:
                 continue
             if d["result"] == rs.PENDING:
                 d.update(result=rs.NOT_REACHED, reason=f"cohort halted: {reason}")
-            elif d["result"] in (rs.IN_PROGRESS, rs.SUCCEEDED):
-                took = d["result"] == rs.SUCCEEDED
+            elif d["result"] in (rs.IN_PROGRESS, *rs.TOOK):
+                took = d["result"] in rs.TOOK
                 back = f"back to {d['previous_version']}" if d["previous_version"] else "no earlier version"
                 why = f"took {self.spec.version}" if took else "in flight at the halt"
                 d.update(took=took, result=rs.ROLLBACK_PENDING, reason=f"{why}; rolling back ({back})")
@@ -234,7 +235,7 @@ class RolloutEngine:
         result, reason = rs.observe(doc, name, prev)
         if result == rs.FAILED:
             return rs.ROLLBACK_FAILED, f"rollback to {prev} failed: {reason}"
-        if result == rs.SUCCEEDED and not rs.holds(doc, name, new):
+        if result in rs.TOOK and not rs.holds(doc, name, new):
             if d.get("took"):
                 return rs.ROLLED_BACK, f"rolled back to {prev} (cohort halted)"
             return rs.CANCELLED, f"cohort halted before it installed; stays on {prev}"

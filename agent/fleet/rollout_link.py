@@ -123,5 +123,6 @@ def base_manifest(
         qualification=qualification,
         ttl_s=ttl_s,
         now=now,
+        recipe=artifact.get("recipe"),
     )
     return m.to_dict()

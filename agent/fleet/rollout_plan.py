@@ -92,6 +92,7 @@ class RolloutSpec:
     wave_size: str = "25%"
     max_failures: str = "0%"
     deadline_s: float = 600.0
+    halt_on_unjudged: bool = False  # count devices whose probation could not judge the version as failures
 
     def validate(self) -> "RolloutSpec":
         check_name(self.name, "--name")
@@ -121,6 +122,7 @@ class RolloutSpec:
             "wave_size": self.wave_size,
             "max_failures": self.max_failures,
             "deadline_s": self.deadline_s,
+            "halt_on_unjudged": self.halt_on_unjudged,
         }
 
     @classmethod

@@ -35,7 +35,11 @@ def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int 
     if fmt is None:
         with open(cs.path(sha256), "rb") as f:
             fmt = "tar.gz" if f.read(2) == b"\x1f\x8b" else "onnx"
-    return {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    from agent.artifacts.recipe import RecipeBook
+
+    art = {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    recipe = RecipeBook(cs).ensure(sha)  # a delta-capable manifest for the rollback version too
+    return {**art, "recipe": recipe} if recipe is not None else art
 
 
 def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> list[dict]:
@@ -232,7 +236,7 @@ def _wait_rollback(link: FleetLink, name: str, rows: list[dict], wait_s: float) 
         for r in list(pending):
             result, reason = rs.observe(statuses.get(r["device_id"]), name, r["version"])
             if result is not None:
-                r.update(result="rolled_back" if result == rs.SUCCEEDED else "failed", reason=reason)
+                r.update(result="rolled_back" if result in rs.TOOK else "failed", reason=reason)
                 pending.remove(r)
         if not pending or time.monotonic() > deadline:
             break

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.fleet.outcome import BAD_STATES, COMMITTED, device_outcome, same_version
+from agent.fleet.outcome import BAD_STATES, COMMITTED, UNJUDGED, device_outcome, same_version
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.util.atomic import atomic_write_json, read_json
 
@@ -15,6 +15,8 @@ FORMAT = 1
 # Per-device results. Terminal for the forward path: succeeded, failed. After a halt: rolled_back, cancelled,
 # rollback_failed, not_reached.
 PENDING, IN_PROGRESS, SUCCEEDED, FAILED = "pending", "in_progress", "succeeded", "failed"
+NOT_JUDGED = "not_judged"  # took the version, but its probation could not measure it: counted apart
+TOOK = (SUCCEEDED, NOT_JUDGED)
 ROLLBACK_PENDING, ROLLED_BACK, ROLLBACK_FAILED = "rollback_pending", "rolled_back", "rollback_failed"
 CANCELLED, NOT_REACHED = "cancelled", "not_reached"
 # Cohort and rollout states.
@@ -88,6 +90,8 @@ def observe(doc: dict | None, name: str, version: str) -> tuple[str | None, str 
     result, reason = device_outcome(doc, name, version)
     if result == COMMITTED:
         return SUCCEEDED, reason
+    if result == UNJUDGED:
+        return NOT_JUDGED, reason
     if result in BAD_STATES:
         return FAILED, f"{result}: {reason}"
     return None, None

@@ -11,30 +11,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import sysroots as captures
 from agent.errors import ConfigError
-
-REPO_SYSROOTS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "sysroots"
 
 
 def discover_sysroots(base: str | os.PathLike | None = None) -> list[str]:
-    """Every captured sysroot under `base` (default: the repository's tests/fixtures/sysroots)."""
-    root = Path(base) if base else REPO_SYSROOTS
-    found = sorted(str(p) for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    """Every captured sysroot under `base` (default: the captures shipped in the package, agent/sysroots)."""
+    root = Path(base) if base else captures.root()
+    found = (
+        sorted(str(p) for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+        if root.is_dir()
+        else []
+    )
     if not found:
         raise ConfigError(f"no captured sysroots under {root}: pass --sysroots DIR,DIR (each a captured / tree)")
     return found
 
 
 def resolve_sysroots(spec: str | None) -> list[str] | None:
-    """'a,b' -> directories; a bare name that is not a directory is looked up under the repository's captures."""
+    """'a,b' -> directories; a bare name that is not a directory is looked up among the shipped captures."""
     if not spec:
         return None
     out = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:
             continue
-        if not Path(item).is_dir() and (REPO_SYSROOTS / item).is_dir():
-            item = str(REPO_SYSROOTS / item)
+        if not Path(item).is_dir() and item in captures.names():
+            item = str(captures.path(item))
         out.append(item)
     return out or None
 

@@ -47,7 +47,7 @@ class Simulator:
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
         self.count, self.broker, self.prefix, self.trust, self.groups = count, broker, prefix, trust, groups
-        self.sysroots, self.id_prefix = sysroots, id_prefix  # None: every capture in tests/fixtures/sysroots
+        self.sysroots, self.id_prefix = sysroots, id_prefix  # None: every capture shipped in agent/sysroots
         self._own_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="edge-sim-"))
         self.probation_s, self.latency_budget_s = probation_s, latency_budget_s
@@ -216,6 +216,7 @@ class Simulator:
             "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
             "telemetry": {"interval_s": 0},
             "serving": {"host": "127.0.0.1", "port": 0},
+            "downloads": {"allow_http": True},  # simulated devices on loopback pull from the bench's plain http server
         }
 
     def _shared_qualifier(self, device_id: str, cls: DeviceClass):

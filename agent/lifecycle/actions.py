@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.serving import rungate
+from agent.serving.labels import read_labels
 from agent.util.atomic import fsync_dir
 from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
@@ -139,11 +140,18 @@ def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
 
 
 def verify(
-    store: ContentStore, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None
+    store: ContentStore,
+    sha: str,
+    packages_root: Path,
+    ctx: StepContext,
+    *,
+    memory_max: int | None = None,
+    before_check: Callable[[Path], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
     (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
-    daemon never does."""
+    daemon never does. before_check(root) -> dict: runs on the unpacked files before any of them is parsed
+    (the model signature); what it returns is added to the result."""
     if not store.has(sha):
         raise LifecycleError(f"artifact {sha[:12]} is not in the store")
     actual = sha256_file(store.path(sha))
@@ -151,6 +159,7 @@ def verify(
         raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
     ctx.check()
     root = unpack(store, sha, packages_root)
+    first = before_check(root) if before_check is not None else {}
     from agent.qualify.isolate import run_isolated
 
     left = ctx.remaining()
@@ -165,7 +174,7 @@ def verify(
     if not res.ok:
         why = res.error.removeprefix("ModelError: ")
         raise ModelError(why if res.kind == "exception" else f"package check: {why}")
-    got: dict[str, Any] = res.value
+    got: dict[str, Any] = {**res.value, **first}
     return got
 
 
@@ -209,15 +218,28 @@ def _zeros(session: ProviderSession) -> dict[str, Any]:
     return feeds
 
 
-def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None) -> ProviderSession:
-    """Build the session a slot entry or a decision describes, and run it a few times before it serves."""
+def open_and_warm(
+    entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict[str, Any] | None = None
+) -> ProviderSession:
+    """Build the session a slot entry or a decision describes, and run it a few times before it serves.
+    A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.qualify.cacheseal).
+    `timings` gets session_s (creation), first_answer_s (creation + the first warm-up run) and cache_rebuilt."""
     from agent.providers import get
+    from agent.qualify import cacheseal
 
     model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
     if not Path(model_path).is_file():
         raise ModelError(f"model file {model_path} is missing")
+    sealed = cacheseal.problems(Path(model_path).parent) if entry.get("optimization") else []
+    if sealed:  # an optimised graph lives in the cache, outside the verified package: its seal vouches for it
+        raise ModelError(f"optimised graph {model_path} is not loaded: {sealed[0]}")
     provider = get(entry["provider"])
     before = rungate.native_tids()
+    timings = {} if timings is None else timings
+    note = cacheseal.verify_or_reset(entry.get("cache_dir"))
+    if note:
+        timings["cache_rebuilt"] = note
+    t0 = time.perf_counter()
     with lock or _NullLock():  # session creation is not thread-safe in every ORT version
         session = provider.open_session(
             model_path,
@@ -226,10 +248,14 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None) -> 
             device=entry.get("device"),
             cache_dir=entry.get("cache_dir"),
         )
+    timings["session_s"] = round(time.perf_counter() - t0, 4)
+    cacheseal.seal(entry.get("cache_dir"))
     try:
         sets = warm_feeds(session, entry)
-        for feeds in sets + [sets[0]] * max(0, WARM_RUNS - len(sets)):
+        for i, feeds in enumerate(sets + [sets[0]] * max(0, WARM_RUNS - len(sets))):
             session.run(feeds)
+            if i == 0:
+                timings["first_answer_s"] = round(time.perf_counter() - t0, 4)
     except Exception as exc:
         session.close()
         raise LifecycleError(f"warm-up on {entry['provider']} failed: {exc}") from exc
@@ -261,27 +287,32 @@ def activate(
     before_swap(session) (the shadow phase; raising stops the deployment) and keeps the old session as the
     referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
+    meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (serving/labels.py)
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
-    def build() -> (
-        ProviderSession
-    ):  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)
+    timings: dict[str, Any] = {}
+
+    def build() -> ProviderSession:  # no run is measured for CPU time while a build's CPU would count (rungate.py)
         registry.gate.busy(True)
         try:
-            return open_and_warm(entry, lock)
+            return open_and_warm(entry, lock, timings)
         finally:
             registry.gate.busy(False)
 
     if swap == "stop-then-start":
         result = registry.activate(name, entry["version"], build, meta, **kwargs)
-        return {**result, "build_priority": "serving priority (stop-then-start)"}
+        return {**result, "build_priority": "serving priority (stop-then-start)", "timings": timings}
     session, how = run_lowered(build, build_nice)
     try:
         if before_swap is not None:
             before_swap(session)
         if keep_previous:
             kwargs["keep_previous"] = True
-        return {**registry.activate(name, entry["version"], session, meta, **kwargs), "build_priority": how}
+        return {
+            **registry.activate(name, entry["version"], session, meta, **kwargs),
+            "build_priority": how,
+            "timings": timings,
+        }
     except BaseException:
         rungate.disown(session)
         session.close()

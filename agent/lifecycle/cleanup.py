@@ -25,6 +25,8 @@ def finished(parts: Parts, dep: Deployment) -> None:
             f"decided under other versions ({dep.source.get('drift')}); re-qualification "
             f"{dep.state.value}: {dep.reason}; still serving the old decision"
         )
+    if dep.state in (State.COMMITTED, State.ROLLED_BACK) or (dep.state is State.FAILED and "selected" in dep.data):
+        parts.attest(dep, "trial", dep.state.value, dep.reason)
     harden(parts.state_dir)
     try:
         keep = {e.get("deployment_id") for e in _slot_entries(parts.slots) if e}

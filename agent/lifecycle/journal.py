@@ -41,6 +41,19 @@ class Deployment:
     attempts: dict[str, int] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0  # creation order in this journal (monotonic; 0: a record written before the field existed)
+    write_seq: int = 0  # order of the last write in this journal (monotonic, like seq)
+
+    @property
+    def order(self) -> tuple[int, float, str]:
+        """Creation order: the journal's sequence, never the wall clock (old records, seq 0, come first and
+        keep their creation time between them)."""
+        return (self.seq, self.created if not self.seq else 0.0, self.id)
+
+    @property
+    def write_order(self) -> tuple[int, float, str]:
+        """Order of the last write, by the journal's sequence (wall clock only between old records)."""
+        return (self.write_seq, self.updated if not self.write_seq else 0.0, self.id)
 
     @property
     def terminal(self) -> bool:
@@ -64,6 +77,8 @@ class Deployment:
             "attempts": dict(self.attempts),
             "history": list(self.history),
             "data": dict(self.data),
+            "seq": self.seq,
+            "write_seq": self.write_seq,
         }
 
     @classmethod
@@ -81,6 +96,8 @@ class Deployment:
                 attempts=dict(d.get("attempts") or {}),
                 history=list(d.get("history") or []),
                 data=dict(d.get("data") or {}),
+                seq=int(d.get("seq") or 0),
+                write_seq=int(d.get("write_seq") or 0),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise LifecycleError(f"malformed journal record: {exc}") from None
@@ -97,6 +114,11 @@ class Deployment:
         }
         if isinstance(self.data.get("swap"), dict):
             out["swap"] = self.data["swap"].get("mode")  # make-before-break | stop-then-start, as activated
+            if self.data["swap"].get("first_answer_s") is not None:  # session creation + first warm-up answer
+                out["first_answer_s"] = self.data["swap"]["first_answer_s"]
+        for key in ("bytes_fetched", "bytes_reused"):  # what the pull moved and reused (agent.artifacts.delta)
+            if isinstance(self.data.get(key), int):
+                out[key] = self.data[key]
         for key in ("shadow", "probation"):  # the figures behind the verdicts (docs/serving.md)
             if isinstance(self.data.get(key), dict):
                 out[key] = self.data[key]
@@ -115,6 +137,7 @@ class Journal:
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()
         self._closed = False
+        self._seq = max((max(d.seq, d.write_seq) for d in self.all()), default=0)
 
     def path(self, dep_id: str) -> Path:
         return self.root / f"{dep_id}.json"
@@ -135,14 +158,17 @@ class Journal:
         dep_id = f"{stamp}-{model}-{version}-{secrets.token_hex(3)}"
         dep = Deployment(dep_id, model, str(version), State.RECEIVED, source, now, now, data=dict(data))
         dep.history.append({"state": State.RECEIVED.value, "event": None, "ts": now})
-        self.save(dep)
+        self.save(dep, new=True)
         return dep
 
-    def save(self, dep: Deployment) -> None:
+    def save(self, dep: Deployment, new: bool = False) -> None:
         with self._write_lock:
             if self._closed:
                 raise LifecycleError(f"journal of {self.root.parent} is closed (daemon stopped): {dep.id} not written")
-            dep.updated = time.time()
+            self._seq += 1
+            dep.updated, dep.write_seq = time.time(), self._seq
+            if new:
+                dep.seq = self._seq
             atomic_write_json(self.path(dep.id), dep.to_dict(), mode=0o600)
 
     def apply(self, dep: Deployment, event: str, reason: str | None = None, **data: Any) -> State:
@@ -170,7 +196,7 @@ class Journal:
             raise LifecycleError(f"journal {dep_id}: {exc}") from None
 
     def all(self) -> list[Deployment]:
-        """Every readable record, oldest first (temp files of writes in progress are skipped)."""
+        """Every readable record, oldest first by the journal's sequence (temp files of writes in progress are skipped)."""
         deps = []
         for p in self.root.iterdir():
             if p.suffix != ".json" or not names.is_valid_id(p.stem):
@@ -179,7 +205,7 @@ class Journal:
                 deps.append(Deployment.from_dict(json.loads(p.read_bytes())))
             except (ValueError, LifecycleError):
                 continue  # unreadable: reported by check()
-        return sorted(deps, key=lambda d: (d.created, d.id))
+        return sorted(deps, key=lambda d: d.order)
 
     def clean_temp(self, older_than_s: float = TEMP_MAX_AGE_S) -> int:
         """Remove temp files of writes a crash interrupted before the rename. Only those older than
@@ -202,12 +228,12 @@ class Journal:
         return [d for d in self.all() if not d.terminal]
 
     def recent(self, limit: int = 20) -> list[Deployment]:
-        return sorted(self.all(), key=lambda d: d.updated, reverse=True)[:limit]
+        return sorted(self.all(), key=lambda d: d.write_order, reverse=True)[:limit]
 
     def latest_per_model(self) -> dict[str, Deployment]:
         out: dict[str, Deployment] = {}
         for d in self.all():
-            if d.model not in out or d.created >= out[d.model].created:
+            if d.model not in out or d.order >= out[d.model].order:
                 out[d.model] = d
         return out
 

@@ -41,6 +41,9 @@ ENTRY_KEYS = (
     "input_specs",
     "contended",
     "requalified",
+    "memory_peak_bytes",
+    "session_s",
+    "optimization",
 )
 
 
@@ -60,6 +63,7 @@ class StepConfig:
     stall_s: float = 30.0  # a pull with no progress this long fails its attempt (then retried with backoff)
     probation: ProbationConfig | None = None  # None: serving.probation (settings fill it in)
     shadow: ShadowConfig | None = None  # None: serving.shadow (settings fill it in)
+    model_trust: Any = None  # agent.artifacts.modelsig.ModelTrust: packages must carry a trusted model signature
 
     @property
     def window_s(self) -> float:
@@ -96,6 +100,7 @@ class Parts:
         journal: Journal | None = None,
         qualifier: Qualifier | None = None,
         on_note: NoteSink | None = None,
+        attestor: Any = None,
     ):
         self.state_dir = Path(state_dir)
         self.store, self.registry, self.profile, self.target_name = store, registry, profile, target_name
@@ -117,6 +122,7 @@ class Parts:
         self.sources: dict[str, Any] = {}
         # Optional: wraps the measurement (the fleet simulator shares one result among identical devices).
         self.qualifier = qualifier
+        self.attestor = attestor  # agent.evidence.attest.Attestor: signs decisions and trial verdicts
         self._model_locks: dict[str, threading.Lock] = {}
         self.baselines: dict[str, Any] = {}  # model -> the incumbent's Baseline taken at its last swap
 
@@ -145,6 +151,17 @@ class Parts:
         except (OSError, ValueError):
             return
         atomic_write_json(path, {**doc, **extra})
+
+    def attest(self, dep: Deployment, kind: str, *args: Any) -> None:
+        """Sign the qualification decision or the trial verdict (agent.evidence); a failure is a note, never
+        the deployment's failure."""
+        if self.attestor is None:
+            return
+        try:
+            getattr(self.attestor, kind)(dep, *args)
+        except Exception as exc:  # noqa: BLE001 - evidence must not break the lifecycle
+            if self.on_note is not None:
+                self.on_note(dep.model, f"{kind} attestation not written: {exc}")
 
     def serving_meta(self, name: str) -> dict[str, Any] | None:
         from agent.errors import EdgeAgentError

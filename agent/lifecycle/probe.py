@@ -49,11 +49,13 @@ class ProviderProbe:
 
 def main() -> None:  # pragma: no cover - runs in the child
     from agent import targets
+    from agent.providers.opened import confirm, default_cache
     from agent.providers.ranking import rank
 
     profile, target_name = pickle.loads(sys.stdin.buffer.read())
     target = targets.resolve(profile, target_name)
-    json.dump([r.name for r in rank(profile, target) if r.available], sys.stdout)
+    found = confirm(rank(profile, target), profile, default_cache())  # available = a session opened
+    json.dump([r.name for r in found if r.available], sys.stdout)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -71,7 +71,7 @@ def rebuild_slots(
     previous: dict[str, Any] | None = None
     entries: dict[str, dict[str, Any]] = {}
     done = [d for d in journal.all() if d.model == name and d.state is State.COMMITTED]
-    for dep in sorted(done, key=lambda d: d.updated):
+    for dep in sorted(done, key=lambda d: d.write_order):
         if dep.source.get("kind") == "rollback":
             target = entries.get(dep.data.get("sha256") or "")
             if target is not None:

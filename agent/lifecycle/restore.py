@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import repair
+from agent.lifecycle import repair, unloaded
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.stages.activate import serve
 
@@ -22,6 +22,8 @@ def restore_all(parts: Parts) -> None:
         except LifecycleError as exc:
             why = str(exc).split(": ", 1)[-1]
             parts.note(name, repair.rebuild_slots(parts.slots, parts.journal, name, parts.entry, why))
+        if unloaded.held(parts.state_dir, name, parts.slots.get(name)["committed"]):
+            continue  # stopped by the operator (repository unload): stays stopped across restarts
         ensure_committed(parts, name)
 
 

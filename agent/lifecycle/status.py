@@ -47,6 +47,10 @@ def models_block(
         }
         if c.get("variant"):  # a package of variants: which one serves
             out[name]["variant"] = c["variant"]
+        if c.get("optimization"):  # an offline-optimised graph serves (agent.qualify.optimize)
+            out[name]["optimization"] = c["optimization"]
+        if c.get("session_s"):  # cold / warm session creation measured by qualification
+            out[name]["session_s"] = c["session_s"]
         if stale and stale.get(name):
             out[name]["stale"] = stale[name]
         if c.get("requalified"):
@@ -141,9 +145,15 @@ def figures_brief(dep: dict[str, Any]) -> str:
         tests = [c for c in pr.get("compute") or [] if isinstance(c, dict)]
         ratios = ", ".join(f"p{c.get('q')} x{c.get('ratio')}" for c in tests)
         base = (pr.get("baseline") or {}).get("source") or "no baseline"
+        n = pr.get("not_judged") if isinstance(pr.get("not_judged"), dict) else None
+        compute = f"{ratios or 'not judged'} vs {base}"
+        if n:  # agent.serving.unjudged: its own outcome, with the counts
+            compute = (
+                f"NOT JUDGED ({n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended)"
+            )
         parts.append(
             f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "
-            f"{pr.get('request_caused')} request-caused; compute {ratios or 'not judged'} vs {base}"
+            f"{pr.get('request_caused')} request-caused; compute {compute}"
         )
     return "; ".join(p for p in parts if p)
 

@@ -29,6 +29,8 @@ class ProbeResult:
     options: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     preferred: bool = True  # False: listed after the target's own preference order (ranking.rank)
+    opened: bool | None = None  # True: a session opened on it here (agent.providers.opened); None: not tried
+    expected: bool = False  # from a capture's profile: what that device would offer, not opened here
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -45,13 +47,15 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Where the graph's nodes landed. coverage = nodes_on_provider / nodes_total (None if unknown)."""
+    """Where the graph's nodes landed. coverage = nodes_on_provider / nodes_total (None: not measured, and
+    `method` then starts with 'not measured: ' and says why)."""
 
     nodes_total: int | None
     nodes_on_provider: int | None
     fallback_ops: tuple[str, ...] = ()  # op types that ran elsewhere (e.g. on ORT CPU)
-    method: str = ""  # how it was measured: "ort-graph-assignment", "ort-profiling", "openvino-exec-graph", ...
+    method: str = ""  # how it was measured: "ort-graph-assignment", "ort-profiling", "openvino-query-model+runtime-graph on CPU: ...", ...
     devices: tuple[str, ...] = ()  # e.g. OpenVINO EXECUTION_DEVICES
+    per_device: dict[str, int] = field(default_factory=dict)  # nodes each device took, where measured
 
     @property
     def coverage(self) -> float | None:

@@ -49,6 +49,14 @@ def profile_devices(profile: "HardwareProfile") -> list[str]:
     return devices
 
 
+def members(device: str) -> list[str]:
+    """The devices a device string names: CPU -> [CPU]; HETERO:GPU,CPU -> [GPU, CPU]; AUTO (no list) -> []."""
+    head, _, rest = device.partition(":")
+    if head in ("HETERO", "AUTO", "MULTI"):
+        return [d.strip() for d in rest.split(",") if d.strip()]
+    return [device]
+
+
 def unsupported_ops(message: str) -> list[str]:
     """Op names from OpenVINO's 'No conversion rule found for operations: a, b' (or similar) report."""
     ops: list[str] = []
@@ -84,7 +92,7 @@ class OpenVINOProvider(Provider):
         devices = profile_devices(profile)
         wanted = [str(d).upper() for d in (options or {}).get("devices") or []]
         if wanted:
-            devices = [d for d in wanted if d in devices]
+            devices = [d for d in wanted if set(members(d)) <= set(devices)]  # HETERO:GPU,CPU: all of them
             if not devices:
                 return unavailable(
                     self.name,
@@ -141,7 +149,7 @@ class OpenVINOProvider(Provider):
             try:
                 model = _read_model(core, path)
             except Exception as exc:  # noqa: BLE001 - OpenVINO raises its own types with the frontend's report
-                raise _compile_error(exc, f"could not load {path.name}") from exc
+                raise _with_coverage(_compile_error(exc, f"could not load {path.name}"), core, path, dev) from exc
             try:
                 compiled = core.compile_model(model, dev, config)
             except Exception as exc:  # noqa: BLE001
@@ -197,6 +205,20 @@ def _check_device(core, device: str) -> None:
         raise ProviderError(
             f"openvino: device {device} is not available here; OpenVINO sees: {', '.join(seen) or 'none'}"
         )
+
+
+def _with_coverage(err: ProviderError, core, path: Path, device: str) -> ProviderError:
+    """A graph OpenVINO converts only in part: what each device would take, measured on the converted rest."""
+    if path.suffix.lower() == ".onnx" and unsupported_op_names(str(err)):
+        from agent.providers import ov_coverage
+
+        err.assignment = ov_coverage.measure_partial(core, path, device)  # type: ignore[attr-defined]
+    return err
+
+
+def unsupported_op_names(message: str) -> list[str]:
+    m = re.search(r"unsupported operator\(s\) ([^:]+):", message)
+    return [o.strip() for o in m.group(1).split(",")] if m else []
 
 
 def _prop(value: Any) -> str:
@@ -289,20 +311,20 @@ class OpenVINOSession(ProviderSession):
         return self._assignment
 
     def _measure(self) -> Assignment:
-        """OpenVINO compiles the whole graph or fails: every ONNX node runs on EXECUTION_DEVICES."""
+        """Measured, not inferred: query_model on the session's device string (per-device node counts, split
+        devices such as HETERO:GPU,CPU or AUTO included) and the compiled runtime graph (what ran)."""
+        from dataclasses import replace
+
+        from agent.providers import ov_coverage
+
         devices = tuple(str(d) for d in self._compiled.get_property("EXECUTION_DEVICES"))
-        exec_nodes = [
-            op for op in self._compiled.get_runtime_model().get_ordered_ops() if op.get_type_name() not in _SKIP_EXEC
-        ]
-        total = _onnx_node_count(self._model_path)
-        if total is None:
-            total = len(exec_nodes)
-        return Assignment(
-            nodes_total=total,
-            nodes_on_provider=total if exec_nodes or not total else 0,
-            fallback_ops=(),
-            method="openvino-exec-graph",
-            devices=devices,
+        core = _core()
+        try:
+            model = _read_model(core, self._model_path)
+        except Exception as exc:  # noqa: BLE001
+            return replace(ov_coverage.not_measured(f"could not re-read the model: {exc}"), devices=devices)
+        return replace(
+            ov_coverage.measure(core, model, self._compiled, self.device or "CPU", self._model_path), devices=devices
         )
 
     def runtime_precisions(self) -> dict[str, int]:
@@ -360,13 +382,3 @@ def _out_array(tensor) -> np.ndarray:
     if name == "u4":
         return codes.astype(ml_dtypes.uint4).reshape(shape)
     return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).reshape(shape)
-
-
-def _onnx_node_count(path: Path) -> int | None:
-    onnx, _ = try_import("onnx")
-    if onnx is None:
-        return None
-    try:
-        return len(onnx.load(str(path), load_external_data=False).graph.node)
-    except Exception:  # noqa: BLE001
-        return None

@@ -2,7 +2,8 @@
 
 max_rel is the largest absolute error divided by the output's scale, max(|reference|) (1.0 when the
 reference is all zeros), so it stays meaningful when single values are near zero, unlike elementwise
-relative error. Classifier-shaped outputs ([N, C] floats, C >= 2) also get top-1 agreement (argmax equal,
+relative error. sqnr_db is the signal-to-quantization-noise ratio, 10 log10(sum ref^2 / sum (ref - got)^2), in dB
+(None when the outputs are identical: no noise). Classifier-shaped outputs ([N, C] floats, C >= 2) also get top-1 agreement (argmax equal,
 fraction of rows) and top-5 agreement (mean overlap of the two top-5 sets).
 """
 
@@ -22,9 +23,13 @@ class Tolerance:
     max_rel: float | None = 1e-3
     min_cosine: float | None = 0.999
     top1_agreement: float | None = None
+    min_sqnr_db: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["min_sqnr_db"] is None:  # the SQNR floor is shown only where a target, task or model sets one
+            del d["min_sqnr_db"]
+        return d
 
 
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerance))
@@ -74,11 +79,24 @@ def output_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
     m["scale"] = scale
     m["mean_abs"] = float(diff.mean()) if diff.size else 0.0
     m["cosine"] = _cosine(r.ravel(), g.ravel())
+    m["sqnr_db"] = sqnr_db(r, g)
     if ref.dtype.kind in "iub":
         m["mismatches"] = int(np.sum(ref != got))
     if ref.ndim == 2 and ref.shape[1] >= 2 and ref.dtype.kind == "f":
         m.update(_topk(r, g))
     return m
+
+
+SQNR_FLOOR_DB = -300.0  # a reference of zeros with any noise (finite, so the record stays plain JSON)
+
+
+def sqnr_db(ref: np.ndarray, got: np.ndarray) -> float | None:
+    """10 log10(signal power / noise power) in dB; None when there is no noise (identical outputs)."""
+    noise = float(np.sum((ref - got) ** 2))
+    if noise == 0.0:
+        return None
+    signal = float(np.sum(ref**2))
+    return round(max(SQNR_FLOOR_DB, 10.0 * float(np.log10(signal / noise))), 2) if signal > 0 else SQNR_FLOOR_DB
 
 
 def _same_nonfinite(r: np.ndarray, g: np.ndarray, nan_r: np.ndarray, nan_g: np.ndarray) -> bool:
@@ -155,6 +173,9 @@ def _float_violations(m: dict[str, Any], tol: Tolerance) -> list[str]:
             )
     if tol.min_cosine is not None and m["cosine"] < tol.min_cosine:
         out.append(f"cosine {m['cosine']:.6f} < {tol.min_cosine}")
+    sq = m.get("sqnr_db")
+    if tol.min_sqnr_db is not None and sq is not None and sq < tol.min_sqnr_db:
+        out.append(f"sqnr {sq:.1f} dB < {tol.min_sqnr_db} dB")
     if tol.top1_agreement is not None and m.get("top1_agreement", 1.0) < tol.top1_agreement:
         out.append(f"top1_agreement {m['top1_agreement']:.3f} < {tol.top1_agreement}")
     return out
@@ -172,6 +193,8 @@ def summarize(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
         summary["max_abs"] = max(m["max_abs"] for m in vals)
         summary["max_rel"] = max(m["max_rel"] for m in vals)
         summary["cosine"] = min(m["cosine"] for m in vals)
+        noisy = [m["sqnr_db"] for m in vals if m.get("sqnr_db") is not None]
+        summary["sqnr_db"] = min(noisy) if noisy else None  # None: every output identical to the reference
     for key in ("top1_agreement", "top5_agreement"):
         ks = [m[key] for m in vals if key in m]
         if ks:

@@ -30,6 +30,7 @@ class Row:
     latency_ms: dict[str, Any] = field(default_factory=dict)
     throughput_ips: float | None = None
     compile_s: float | None = None
+    session_s: dict[str, Any] = field(default_factory=dict)  # cold_s / warm_s session creation (coldstart.py)
     rss_growth_mb: float | None = None
     memory_peak_bytes: int | None = None  # peak RSS growth of the session: create, warm-up, timed runs
     latency_max_ms: dict[str, Any] | None = None  # at model.yaml's declared max shape
@@ -45,6 +46,8 @@ class Row:
     model_precision: str | None = None  # the graph's own precision (fp32, fp16, bf16, int8)
     original: dict[str, Any] | None = None  # against the fp32 original: file, p50_ms, speedup
     emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
+    optimization: str | None = None  # an offline-optimised graph (agent.qualify.optimize kind), else None
+    accuracy_checked: bool | None = None  # False: compared with ORT CPU itself (agent.qualify.reference)
 
     @property
     def key(self) -> str:
@@ -85,6 +88,9 @@ class Decision:
     assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # the daemon refuses these
     memory_max: int | None = None
     emulated: str | None = None
+    optimizations: list[dict[str, Any]] = field(default_factory=list)  # optimised graphs built (optimize.build)
+    graph: dict[str, Any] = field(default_factory=dict)  # which graph serves and why
+    accuracy_checked: bool | None = None  # the selected row's: was its accuracy independently checked?
 
     def row(self, provider: str) -> Row | None:
         """The row for `provider` (or a `provider:precision` key): the selected one if it won, else the best."""
@@ -121,6 +127,9 @@ class Decision:
             "assumed_shapes": self.assumed_shapes,
             "memory_max": self.memory_max,
             "emulated": self.emulated,
+            "optimizations": self.optimizations,
+            "graph": self.graph,
+            "accuracy_checked": self.accuracy_checked,
         }
 
     @classmethod

@@ -10,7 +10,8 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, latency, select
+from agent.qualify import caches, coldstart, coverage_set, latency, reference, select
+from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -39,6 +40,7 @@ def qualify(
     all_precisions: bool = False,
     memory_max: int | None = None,
     deadline_s: float | None = None,
+    optimize: Any = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
@@ -50,7 +52,10 @@ def qualify(
 
     deadline_s bounds the whole qualification (the conformance models suite gives each model a budget): a
     row that would start after it is an error at stage "budget"; rows in flight are cut at it; there is no
-    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused."""
+    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused.
+
+    optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
+    is also measured after those offline optimisations, as variants against the unoptimised graph."""
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
@@ -58,12 +63,19 @@ def qualify(
         io.check_servable(v.model_path)  # outputs OIP cannot carry: refused with the remedy, never served wrong
     names = candidates(target, providers, pkg)
     deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+    kinds = opt.kinds_of(getattr(target, "optimize", ()) if optimize is None else optimize)
+    built: list[dict[str, Any]] = []
+    if kinds:
+        more, built = opt.variants_for(found, kinds, cache_dir, _child_runner(isolate, row_timeout_s, memory_max))
+        found = found + more
     rows: list[Row] = []
     reruns: dict[str, Callable[[], Row]] = {}
     refs: list[str] = []
+    originals: dict[str, IsolatedResult] = {}
     for v in found:
         run = _Run(pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions)
-        run.memory_max, run.deadline = memory_max, deadline
+        run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
+        run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
         if not refs:
             run.warn_assumed()
         run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
@@ -71,12 +83,13 @@ def qualify(
         for name in names:
             rows.extend(run.provider_rows(name))
     run.confirm_close_call(rows)
+    reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
     winner, why, losers = select.choose(rows, select.preference_of(target))
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
     model = pkg.to_dict()
-    if pkg.variants:
-        model["variants"] = {v.name: v.to_dict() for v in found}
+    if pkg.variants or built:
+        model["variants"] = {v.name: v.to_dict() for v in found if v.name}
     return Decision(
         model=model,
         results=rows,
@@ -96,6 +109,15 @@ def qualify(
         assumed_shapes=run.plan.assumed,
         memory_max=memory_max,
         emulated=run.emulated,
+        optimizations=built,
+        graph=opt.serving_graph(winner, built) if built else {},
+        accuracy_checked=winner.accuracy_checked if winner else None,
+    )
+
+
+def _child_runner(isolate: bool, timeout: float, memory_max: int | None) -> Callable[..., Any]:
+    return lambda func, kwargs, tag: run_isolated(
+        func, kwargs, timeout=timeout, isolate=isolate, tag=tag, memory_max=memory_max
     )
 
 
@@ -108,10 +130,11 @@ def _match_target(profile: Any) -> Any:
 
 
 def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> list[str]:
-    """Requested providers, else the target's preference order; model.yaml required_providers restrict both."""
+    """Requested providers, else the target's preference order then every other provider (each measured
+    where available: agent.qualify.coverage_set); model.yaml required_providers restrict both."""
     from agent.providers import PROVIDER_NAMES
 
-    names = list(providers) if providers else (select.preference_of(target) or ["cpu"])
+    names = list(providers) if providers else coverage_set.with_unlisted(select.preference_of(target) or ["cpu"])
     unknown = [n for n in names if n not in PROVIDER_NAMES]
     if unknown:
         raise ProviderError(f"unknown provider {unknown[0]!r}; known: {', '.join(PROVIDER_NAMES)}")
@@ -137,19 +160,12 @@ def _reference(
     cached = caches.load_reference(cache_root, sha256, feeds) if cache_root else None
     if cached is not None:
         return cached[0], f"{cached[1]} (reused)", ""
-    res = run_isolated(
-        "agent.qualify.rowtask:reference_outputs",
-        {"model_path": str(model_path), "feeds": feeds},
-        timeout=timeout,
-        isolate=isolate,
-        tag="reference",
-        memory_max=memory_max,
+    values, desc, error = reference.compute(
+        str(model_path), feeds, timeout=timeout, isolate=isolate, memory_max=memory_max
     )
-    if res.ok:
-        if cache_root:
-            caches.save_reference(cache_root, sha256, feeds, res.value[0], res.value[1])
-        return res.value[0], res.value[1], ""
-    return None, "none", f"no reference outputs: {res.error}"
+    if values is not None and cache_root:
+        caches.save_reference(cache_root, sha256, feeds, values, desc)
+    return values, desc, error
 
 
 def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
@@ -160,13 +176,16 @@ def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
 
 
 def tolerances_for(target: Any, pkg: ModelPackage, provider: str) -> dict[str | None, dict[str, Any]]:
-    """Tolerance per possible runtime precision: the target's, overridden by model.yaml."""
+    """Tolerance per possible runtime precision: the target's, then its `tasks:` bounds for the package's task
+    (model.yaml `task`), then model.yaml's own."""
     from agent.qualify.accuracy import as_tolerance, override
+    from agent.targets import normalize_precision, task_of
 
     getter = getattr(target, "tolerances", None) or getattr(target, "tolerance", None)
+    by_task = (getattr(target, "tasks", None) or {}).get(task_of(pkg.task) or "") or {}
     out = {}
     for p in _PRECISION_KEYS:
-        base = as_tolerance(getter(provider, p) if getter else None)
+        base = override(as_tolerance(getter(provider, p) if getter else None), by_task.get(normalize_precision(p)))
         out[p] = override(base, pkg.tolerance_override(provider, p)).to_dict()
     return out
 
@@ -182,7 +201,9 @@ class _Run:
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
         self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
         self.memory_max: int | None = None
+        self.asked: set[str] = set()
         self.deadline: float | None = None
+        self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[[], Row]] = {}
@@ -218,14 +239,16 @@ class _Run:
         sets = [var.adapt_feeds(f, v.declared) for f in raw_sets]
         ref_declared = var.describe(v.reference)[1]
         ref_sets = [var.adapt_feeds(f, ref_declared) for f in raw_sets]
-        res = run_isolated(
-            "agent.qualify.original:original_outputs",
-            {"model_path": str(v.reference), "sets": ref_sets},
-            timeout=self.timeout,
-            isolate=self.isolate,
-            tag="original",
-            memory_max=self.memory_max,
-        )
+        res = self.originals.get(str(v.reference))  # optimised graphs share their original's outputs
+        if res is None:
+            res = self.originals[str(v.reference)] = run_isolated(
+                "agent.qualify.original:original_outputs",
+                {"model_path": str(v.reference), "sets": ref_sets},
+                timeout=self.timeout,
+                isolate=self.isolate,
+                tag="original",
+                memory_max=self.memory_max,
+            )
         if not res.ok:
             self.reference, self.ref_desc = None, "none"
             self.ref_error = f"the fp32 original {v.reference.name} does not run on onnxruntime-cpu: {res.error}"
@@ -252,7 +275,12 @@ class _Run:
 
         prov = get(name)
         options = _options(self.target, name, None)
+        excluded = coverage_set.exclusion(self.target, name)
+        if excluded:
+            return [coverage_set.excluded_row(self.target, name, excluded)]
         probe = prov.probe(self.profile, options)
+        if not probe.available and name not in self.asked:
+            return []  # not in the target's list and not here: no row
         if not probe.available:
             remedy = f" (fix: {probe.remedy})" if probe.remedy else ""
             self.say("row", provider=name, status="unavailable", reason=probe.reason)
@@ -304,6 +332,14 @@ class _Run:
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
+        reference.mark(row, self.ref_desc)
+        budget = (getattr(self.target, "qualify", None) or {}).get("cold_start_budget_s")
+        late = coldstart.over_budget(row.session_s, budget) if row.status == "passed" else ""
+        if late:
+            row.status, row.stage, row.reason = "failed", "cold_start", late
+        row.optimization = opt.kind_of(v.name)
+        if row.optimization and row.stage == "accuracy":
+            row.reason = opt.refusal(row.optimization, row.reason)
         return row
 
     def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:

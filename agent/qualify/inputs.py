@@ -113,8 +113,12 @@ def seeded_feeds(
             dtype = np.dtype(spec.dtype)
         except TypeError:
             dtype = _bf16(spec)  # numpy has no bfloat16; ml_dtypes (an onnx dependency) does
-        if spec.name in (values or {}):
-            feeds[spec.name] = _given(spec, values[spec.name], dtype, shape)
+        given = (values or {}).get(spec.name)
+        if isinstance(given, dict):  # a range: {low, high} (ints: high exclusive, a vocabulary of token ids)
+            feeds[spec.name] = _ranged(rng, spec, given, dtype, shape)
+            continue
+        if given is not None:
+            feeds[spec.name] = _given(spec, given, dtype, shape)
             continue
         if dtype.kind == "f" or dtype.name == "bfloat16":
             arr = rng.standard_normal(shape).astype(dtype)
@@ -134,6 +138,16 @@ def _bf16(spec: TensorSpec) -> np.dtype:
     import ml_dtypes
 
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def _ranged(rng, spec: TensorSpec, given: dict[str, Any], dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """model.yaml input_values range: integers uniform in [low, high), floats uniform in [low, high]."""
+    low, high = given.get("low", 0), given["high"]
+    if dtype.kind in "iu":
+        return rng.integers(int(low), int(high), shape).astype(dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return rng.uniform(float(low), float(high), shape).astype(dtype)
+    raise ModelError(f"input_values.{spec.name}: a range needs a numeric input, not {spec.dtype}")
 
 
 def _given(spec: TensorSpec, value: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
@@ -174,18 +188,40 @@ def plan_inputs(
     values = dict(meta.get("input_values") or {})
     declared = bool(shapes or values)
     kw: dict[str, Any] = {"dynamic_dims": dyn, "input_shapes": shapes, "values": values}
-    opt = seeded_feeds(specs, **kw) if declared or not datasets else None
     ranged = any(isinstance(v, dict) and v.get("max") for v in shapes.values())
-    at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
     dims = ", ".join(f"{k}={v}" for k, v in dyn.items())
-    if datasets:
+    if datasets:  # the package's own inputs wherever they fit; generated only what is missing
         feeds, expected = load_dataset(datasets[0], specs, outputs)
-        where = f"golden:{datasets[0].name}" + (", latency at declared opt" if opt is not None else "")
-        return InputPlan(feeds, expected or None, opt if opt is not None else feeds, at_max, {}, where)
-    assert opt is not None
+        timed, timed_at = _timed_set(datasets, specs, outputs, shapes, "opt", feeds)
+        if timed is None:  # no golden set has the declared opt shape: generated at opt, said so
+            timed, timed_at = seeded_feeds(specs, **kw), "generated at declared opt"
+        at_max = None
+        if ranged:
+            at_max, where_max = _timed_set(datasets, specs, outputs, shapes, "max", None)
+            if at_max is None:
+                at_max, where_max = seeded_feeds(specs, which="max", **kw), "generated at declared max"
+            timed_at += f"; at max: {where_max}"
+        where = f"golden:{datasets[0].name}"
+        where += f"; latency on {timed_at}" if timed_at != where else ""
+        return InputPlan(feeds, expected or None, timed, at_max, {}, where)
+    opt = seeded_feeds(specs, **kw)
+    at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
     assumed = assumed_dims(specs, dyn, shapes, values)
     desc = f"seeded(seed=0{', ' + dims if dims else ''}{', declared shapes' if declared else ''})"
     return InputPlan(opt, None, opt, at_max, assumed, desc)
+
+
+def _timed_set(datasets, specs, outputs, shapes, which, first):
+    """The package's own inputs to time at `which` (opt or max): the first golden set whose shapes match the
+    declared ones (every set matches where nothing is declared for `which`); (None, None) when none does."""
+    want = {n: resolve_shape(s, {}, shapes, which) for s in specs if (n := s.name) in shapes}
+    if which == "max" and not want:
+        return None, None
+    for i, ds in enumerate(datasets):
+        feeds = first if i == 0 and first is not None else load_dataset(ds, specs, outputs)[0]
+        if all(list(np.shape(feeds.get(n))) == shape for n, shape in want.items()):
+            return feeds, f"golden:{ds.name}"
+    return None, None
 
 
 def package_plan(pkg) -> InputPlan:

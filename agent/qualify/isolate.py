@@ -13,7 +13,6 @@ questions about the parent's state (`answers`, asked with child_ask()).
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -26,8 +25,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
-FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
-_CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
+from agent.qualify import forkserver
+from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
+
+__all__ = ["FAULT_ENV", "IsolatedResult", "IsolatedWorker", "child_ask", "child_progress", "resolve", "run_isolated"]
+
+_CHILD_CONN = CHILD_CONN  # set inside a worker process (agent.qualify.worker)
 STDERR_LINES = 3  # how many last stderr lines a crash report carries
 WATCH_S = 0.02  # RSS sampling period of the memory watchdog
 WORKER_BASE_BYTES = 384 << 20  # what a worker holds before its task allocates (Python, numpy, runtimes)
@@ -77,11 +80,20 @@ class IsolatedWorker:
         (the worker is killed over it); `answers`: question -> function, for child_ask() in the child."""
         self._env = env
         self.nice, self.memory_max, self.answers = max(0, int(nice)), memory_max, dict(answers or {})
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | forkserver.Forked | None = None
         self._conn: Connection | None = None
         self._stderr: IO[bytes] | None = None
         self.restarts = 0
         self._starts = 0
+        self._stderr_path: str | None = None
+
+    def _drop_stderr_path(self) -> None:
+        if self._stderr_path:
+            try:
+                os.unlink(self._stderr_path)
+            except OSError:
+                pass
+            self._stderr_path = None
 
     def __enter__(self) -> IsolatedWorker:
         return self
@@ -90,16 +102,24 @@ class IsolatedWorker:
         self.close()
 
     def _start(self) -> None:
-        parent, child = socket.socketpair()
         if self._stderr is not None:
             self._stderr.close()
+        limit = DATA_LIMIT_FACTOR * self.memory_max + WORKER_BASE_BYTES + (1 << 30) if self.memory_max else 0
+        if forkserver.available(self._env):  # forked from a server that imported the runtimes once
+            fd, path = tempfile.mkstemp(prefix="edge-agent-worker-", suffix=".stderr")
+            self._stderr = os.fdopen(fd, "w+b")
+            self._drop_stderr_path()
+            self._stderr_path = path  # the child opens it by name; removed when the worker closes
+            self._proc, self._conn = forkserver.start({"nice": self.nice, "data_limit": limit}, path)
+            return
+        parent, child = socket.socketpair()
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ if self._env is None else self._env)
         argv = [sys.executable, "-m", "agent.qualify.worker", str(child.fileno()), "--parent", str(os.getpid())]
         if self.nice:
             argv += ["--nice", str(self.nice)]
-        if self.memory_max:
-            argv += ["--data-limit", str(DATA_LIMIT_FACTOR * self.memory_max + WORKER_BASE_BYTES + (1 << 30))]
+        if limit:
+            argv += ["--data-limit", str(limit)]
         self._proc = subprocess.Popen(
             argv,
             pass_fds=[child.fileno()],
@@ -194,6 +214,7 @@ class IsolatedWorker:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()
+        self._drop_stderr_path()
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
@@ -311,8 +332,3 @@ def run_isolated(
             )
     with IsolatedWorker(nice=nice, memory_max=memory_max, answers=answers) as worker:
         return worker.call(func, kwargs, timeout=timeout, tag=tag, progress=progress, check=check)
-
-
-def resolve(func: str) -> Callable[..., Any]:
-    module, name = func.split(":")
-    return getattr(importlib.import_module(module), name)

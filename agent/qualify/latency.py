@@ -43,7 +43,9 @@ def measure(
         run_once()
         samples.append((time.perf_counter() - t0) * 1e3)
         if progress is not None and t0 >= next_report:
-            progress("latency", runs=len(samples), target=target_runs)
+            progress(
+                "latency", runs=len(samples), target=target_runs, elapsed_s=round(t0 - t_start, 2), budget_s=budget_s
+            )
             next_report = t0 + 1.0
     total_s = time.perf_counter() - t_start
     return summarize(samples, warmup_runs=warmup, total_s=total_s, batch=batch)

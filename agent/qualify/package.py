@@ -11,11 +11,13 @@ from typing import Any
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
+from agent.qualify.declared import check_declared_memory, default_budget
 from agent.qualify.onnxfile import graph_specs
 from agent.util.hashing import sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
 MAX_MEMBERS = 10_000
+MAX_META_BYTES = 1 << 20  # model.yaml
 _META_KEYS = {
     "name",
     "version",
@@ -28,6 +30,7 @@ _META_KEYS = {
     "description",
     "reference",
     "variants",
+    "golden_source",  # how the golden outputs were made (edge-agent package writes it)
 }
 
 
@@ -186,12 +189,9 @@ def _read_meta(root: Path) -> dict[str, Any]:
     path = root / "model.yaml"
     if not path.exists():
         return {}
-    import yaml
+    from agent.util.yamlsafe import load_file
 
-    try:
-        meta = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ModelError(f"{path}: invalid YAML: {exc}") from exc
+    meta = load_file(path, "model.yaml", ModelError, max_bytes=MAX_META_BYTES) or {}
     if not isinstance(meta, dict):
         raise ModelError(f"{path}: expected a mapping at the top level")
     _validate_meta(meta, path)
@@ -208,8 +208,10 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
     for key in ("name", "task"):
         if key in meta and not isinstance(meta[key], str):
             raise bad(key, "expected a string")
+    if not isinstance(meta.get("dynamic_dims") or {}, dict):
+        raise bad("dynamic_dims", "expected a mapping of dim name to a positive integer")
     for dim, val in (meta.get("dynamic_dims") or {}).items():
-        if not isinstance(val, int) or val < 1:
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             raise bad(f"dynamic_dims.{dim}", "expected a positive integer")
     shapes = meta.get("input_shapes") or {}
     if not isinstance(shapes, dict):
@@ -219,8 +221,10 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
     if not isinstance(meta.get("input_values") or {}, dict):
         raise bad("input_values", "expected a mapping of input name to a value (a number or a list)")
     for name, value in (meta.get("input_values") or {}).items():
-        if not _plain_value(value):
-            raise bad(f"input_values.{name}", "expected a number, a boolean or a (nested) list of them")
+        if isinstance(value, dict):
+            _validate_range(value, f"input_values.{name}", bad)
+        elif not _plain_value(value):
+            raise bad(f"input_values.{name}", "expected a number, a boolean, a (nested) list of them, or {low, high}")
     _validate_tolerances(meta.get("tolerances") or {}, bad)
     req = meta.get("required_providers", [])
     if not isinstance(req, list) or not all(isinstance(p, str) for p in req):
@@ -248,6 +252,15 @@ def _validate_shape(shape: Any, key: str, bad) -> None:
     for lo, hi in zip(order, order[1:]):
         if any(a > b for a, b in zip(lo, hi)):
             raise bad(key, f"expected min <= opt <= max in every dim, got {lo} then {hi}")
+
+
+def _validate_range(value: dict[str, Any], key: str, bad) -> None:
+    """input_values range: {low, high} (integers: token ids in [low, high); floats: uniform in [low, high])."""
+    if set(value) - {"low", "high"} or "high" not in value:
+        raise bad(key, "a range is {low: N, high: M} (high required; integers are drawn from [low, high))")
+    low, high = value.get("low", 0), value["high"]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or not low < high:
+        raise bad(key, f"expected numbers with low < high, got low {low!r}, high {high!r}")
 
 
 def _plain_value(value: Any) -> bool:
@@ -329,6 +342,7 @@ def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> 
         variants=declared_variants,
     )
     check_declared_shapes(pkg)
+    check_declared_memory(pkg.inputs, pkg.dynamic_dims, pkg.input_shapes, default_budget())
     return pkg
 
 

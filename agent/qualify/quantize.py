@@ -29,6 +29,9 @@ class _Calibration:
         self._it = iter(self._sets)
 
 
+MIN_CALIBRATION_SETS = 8  # fewer real inputs than this and the calibrated ranges are one example's
+
+
 def calibration_sets(pkg: Any) -> list[dict[str, Any]]:
     """Every test_data_set_N's inputs; ModelError when the package has none (static needs real data)."""
     from agent.qualify.inputs import load_dataset
@@ -65,6 +68,13 @@ def quantize_package(
         work = Path(tmp) / "out"
         shutil.copytree(pkg.root, work, ignore=shutil.ignore_patterns(".*"))
         int8 = work / INT8_FILE
+        if mode == "static" and len(sets) < MIN_CALIBRATION_SETS:
+            say(
+                "warning",
+                message=f"static quantization calibrates on {len(sets)} input set(s): the activation ranges come from "
+                f"that alone; add test_data_set_N with more real inputs (>= {MIN_CALIBRATION_SETS} advised) or the "
+                "int8 variant may fail qualification on inputs it never saw",
+            )
         say("quantize", mode=mode, calibration_sets=len(sets))
         _quantize(pkg.model_path, int8, mode, sets)
         _write_meta(work, pkg, pkg.model_path.relative_to(pkg.root).as_posix())

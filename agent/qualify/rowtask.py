@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, conditions, latency
+from agent.qualify import accuracy, cacheseal, coldstart, conditions, latency
 from agent.qualify.isolate import child_progress as emit
 from agent.qualify.isolate import size_text
 
@@ -69,13 +69,18 @@ def measure_row(
     }
     rss0 = _rss()
     emit("session", provider=provider, precision=precision)
+    cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
+    opener = lambda d: get(provider).open_session(  # noqa: E731
+        model_path, options=options, precision=precision, device=device, cache_dir=d
+    )
     try:
-        sess = get(provider).open_session(
-            model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
-        )
+        sess = opener(cache_dir)
     except EdgeAgentError as exc:
         row["unsupported_ops"] = unsupported_ops(str(exc))
+        if getattr(exc, "assignment", None) is not None:  # measured on the part the runtime converts
+            row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
+    cacheseal.seal(cache_dir)
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
     row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
@@ -104,15 +109,26 @@ def measure_row(
     except EdgeAgentError as exc:
         sess.close()
         return _fail_run(row, rss0, memory_max, "inference failed", exc)
-    emit("latency", provider=provider, precision=row["precision"])
     timed = latency_feeds if latency_feeds is not None else feeds
+    said = {"provider": provider, "precision": row["precision"]}
+    emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
     sampler = conditions.Sampler()
     try:
-        lat = latency.measure(lambda: sess.run(timed), budget_s=budget_s if not problems else budget_s / 4, batch=batch)
+        lat = latency.measure(
+            lambda: sess.run(timed),
+            budget_s=budget_s if not problems else budget_s / 4,
+            batch=batch,
+            progress=lambda event, **f: emit(event, **said, **f),
+        )
         if max_feeds is not None and not problems:
-            emit("latency", provider=provider, precision=row["precision"], shape="max")
+            emit("latency", **said, shape="max", inputs=_shapes(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET)
             row["latency_max_ms"] = _without_samples(
-                latency.measure(lambda: sess.run(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET, batch=batch)
+                latency.measure(
+                    lambda: sess.run(max_feeds),
+                    budget_s=budget_s * MAX_SHAPE_BUDGET,
+                    batch=batch,
+                    progress=lambda event, **f: emit(event, **said, shape="max", **f),
+                )
             )
     except EdgeAgentError as exc:
         sess.close()
@@ -125,6 +141,13 @@ def measure_row(
     sess.close()
     if memory_max and row["memory_peak_bytes"] > memory_max:
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
+    emit("session_times", provider=provider, precision=row["precision"])
+    try:
+        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s)
+    except EdgeAgentError as exc:
+        row["session_s"] = {"error": f"not measured: {exc}"}
+    if cache_note:
+        row["session_s"]["cache_rebuilt"] = cache_note
     if original and not problems:
         emit("original", provider=provider, precision=row["precision"])
         reopen = lambda: get(provider).open_session(  # noqa: E731
@@ -212,7 +235,7 @@ def _passed_reason(row: dict[str, Any]) -> str:
     acc = row.get("accuracy", {})
     lat = row.get("latency_ms", {})
     cov = row.get("coverage")
-    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage unknown"]
+    parts = [f"coverage {cov:.0%}" if cov is not None else "coverage not measured"]
     if "max_rel" in acc:
         parts.append(f"max_rel {acc['max_rel']:.2g}")
     if lat.get("p50") is not None:
@@ -220,24 +243,6 @@ def _passed_reason(row: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def reference_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """ORT CPU fp32 outputs (the reference when a package has no golden data); onnx's evaluator as fallback."""
-    from agent.providers import get
-
-    try:
-        sess = get("cpu").open_session(model_path)
-        try:
-            return sess.run(feeds), "onnxruntime-cpu-fp32"
-        finally:
-            sess.close()
-    except EdgeAgentError as exc:
-        first_error = str(exc)
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
-    model = onnx.load(model_path)
-    try:
-        values = ReferenceEvaluator(model).run(None, feeds)
-    except Exception as exc:  # noqa: BLE001
-        raise EdgeAgentError(f"no reference: ORT CPU failed ({first_error}); onnx reference failed ({exc})") from exc
-    return dict(zip([o.name for o in model.graph.output], values)), "onnx-reference-evaluator"
+def _shapes(feeds: dict[str, Any]) -> str:
+    """x[1, 3, 224, 224], ids[1, 64]: the shapes a latency measurement times (its progress says them)."""
+    return ", ".join(f"{k}{list(getattr(v, 'shape', ()))}" for k, v in feeds.items())

@@ -4,6 +4,9 @@ Noise rule: a passing row B is a near-tie of the fastest row A when B's p50 is w
 two p50 bootstrap 95% confidence intervals overlap. Among A and its near-ties the provider that comes
 first in the target's preference order wins (then lower p50, then lower p99).
 
+Among near-ties on one provider the graph as delivered beats an offline-optimised one (agent.qualify.optimize):
+an optimised graph serves only when it is faster beyond noise.
+
 Rows measured under an emulator (qemu-user) carry `emulated`: their latency says nothing about the real
 device, so it is never compared; the first passing row in the target's preference order is selected.
 """
@@ -45,12 +48,31 @@ def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dic
         return _by_preference(passing, rank, emulated, losers)
     fastest = passing[0]
     ties = [r for r in passing if r is fastest or is_near_tie(fastest, r)]
-    winner = min(ties, key=lambda r: (rank(r), _p(r, "p50"), _p(r, "p99")))
+    winner = min(ties, key=lambda r: (rank(r), r.optimization is not None, _p(r, "p50"), _p(r, "p99")))
+    optimised, winner = winner, _delivered_if_tied(winner, passing)
+    ties = ties if any(r is winner for r in ties) else [*ties, winner]
     why = _why_won(winner, fastest)
+    if optimised is not winner:
+        why += f"; {optimised.key} is within noise of it: the graph as delivered serves"
     for r in passing:
         if r is not winner:
-            losers[r.key] = _why_lost(r, winner, r in ties, rank(r) > rank(winner))
+            losers[r.key] = _why_lost(r, winner, any(r is t for t in ties), rank(r) > rank(winner))
     return winner, why, losers
+
+
+def _delivered_if_tied(winner: Row, passing: list[Row]) -> Row:
+    """An optimised graph serves only when it beats the graph as delivered on the same provider beyond noise."""
+    if winner.optimization is None:
+        return winner
+    same = [
+        r
+        for r in passing
+        if r.optimization is None
+        and (r.provider, r.requested_device, r.requested_precision)
+        == (winner.provider, winner.requested_device, winner.requested_precision)
+        and (_p(r, "p50") <= _p(winner, "p50") or is_near_tie(winner, r))
+    ]
+    return min(same, key=lambda r: (_p(r, "p50"), _p(r, "p99"))) if same else winner
 
 
 def _by_preference(passing: list[Row], rank, emulated: str, losers: dict[str, str]):
@@ -81,6 +103,11 @@ def _why_won(winner: Row, fastest: Row) -> str:
 
 def _why_lost(row: Row, winner: Row, tied: bool, later: bool) -> str:
     a, b = _p(row, "p50"), _p(winner, "p50")
+    if tied and not later and row.optimization and not winner.optimization:
+        return (
+            f"within noise of {winner.key} (p50 {_ms(a)} vs {_ms(b)}): on a near-tie the graph as delivered serves, "
+            "not the optimised one"
+        )
     if tied and later:
         return f"within noise of {winner.key} (p50 {_ms(a)} vs {_ms(b)}) but later in the target's preference order"
     if tied:

@@ -11,8 +11,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from agent.errors import without_source_locations
-from agent.qualify import isolate
-from agent.qualify.isolate import FAULT_ENV, resolve
+from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
 
 
 def _inject_fault(tag: str) -> None:
@@ -35,7 +34,7 @@ def _inject_fault(tag: str) -> None:
 
 
 def serve(conn: Connection) -> None:
-    isolate._CHILD_CONN[:] = [conn]
+    CHILD_CONN[:] = [conn]
     while True:
         try:
             msg = conn.recv()
@@ -55,7 +54,7 @@ def serve(conn: Connection) -> None:
             conn.send(("error", f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")))
 
 
-def _apply(options: dict[str, int]) -> None:
+def apply_options(options: dict[str, int]) -> None:
     """Die with the parent (Linux PDEATHSIG), lower the priority, cap the data segment: before any import."""
     parent = options.get("parent")
     if parent:
@@ -93,5 +92,5 @@ def _options(argv: list[str]) -> dict[str, int]:
 
 
 if __name__ == "__main__":
-    _apply(_options(sys.argv[2:]))
+    apply_options(_options(sys.argv[2:]))
     serve(Connection(int(sys.argv[1])))

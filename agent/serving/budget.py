@@ -38,6 +38,11 @@ class BodyBudget:
                 )
             self._used += n
 
+    def hold(self, n: int) -> None:
+        """Count n bytes already taken (a response's arrays): never refused, they make later requests wait."""
+        with self._lock:
+            self._used += n
+
     def release(self, n: int) -> None:
         if n:
             with self._lock:
@@ -75,6 +80,12 @@ class Ledger:
         """Count n more bytes for this request (raises PayloadTooLarge / ServerBusy when they do not fit)."""
         if n > 0:
             self.budget.reserve(n, self.held, what)
+            self.held += n
+
+    def hold(self, n: int) -> None:
+        """Count n bytes this request already holds (its outputs): BodyBudget.hold."""
+        if n > 0:
+            self.budget.hold(n)
             self.held += n
 
     def close(self) -> None:

@@ -14,6 +14,8 @@ import numpy as np
 from agent.datatypes import DATATYPES
 from agent.serving.budget import BYTES_CHAR_FACTOR, BYTES_ELEMENT_COST, JSON_DECODE_FACTOR
 from agent.serving.errors import BadRequest, InferenceFailed
+from agent.serving.params import check_request, class_count
+from agent.serving.shm import ShmOut, ShmSlot, input_slot, output_target
 
 _LITTLE = sys.byteorder == "little"  # wire order is little-endian: native dtypes (the singletons) need no swap
 _BYTES_NAMES = {"object", "str", "string", "bytes", "bytes_", "str_"}
@@ -68,6 +70,10 @@ class InferRequest:
     binary: dict[str, bool] = field(default_factory=dict)  # per requested output
     binary_default: bool = False
     id: str | None = None
+    classes: dict[str, int] = field(default_factory=dict)  # output -> class_count (classification extension)
+    params: dict[str, Any] = field(default_factory=dict)  # the request's parameters (checked: params.py)
+    shm_out: dict[str, ShmOut] = field(default_factory=dict)  # outputs to write to shared memory (shm.py)
+    shm_written: dict[str, int] = field(default_factory=dict)  # ... and the bytes written, once they are
 
 
 class BinarySlot(NamedTuple):
@@ -91,6 +97,9 @@ class Plan(NamedTuple):
     binary: dict[str, bool]
     binary_default: bool
     id: str | None
+    classes: dict[str, int]
+    params: dict[str, Any]
+    shm_out: dict[str, ShmOut]
 
 
 _MAX_BYTES = 1 << 63  # numpy (and ONNX's int64 dims) cannot describe a tensor of this many bytes
@@ -243,7 +252,7 @@ def _binary_tensor(slot: BinarySlot, binary: memoryview, charge: Charge = no_cha
     return arr.reshape(slot.shape)
 
 
-def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | BinarySlot:
+def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | BinarySlot | ShmSlot:
     """One input: its JSON data as an array, or where its binary data lies (sizes checked, nothing allocated)."""
     if not isinstance(spec, dict):
         raise BadRequest(f"inputs[{i}] must be an object")
@@ -256,6 +265,10 @@ def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | B
     params = spec.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest(f"{where}: 'parameters' must be an object")
+    if "shared_memory_region" in params:
+        if "data" in spec or "binary_data_size" in params:
+            raise BadRequest(f"{where}: has shared_memory_region and data of its own")
+        return input_slot(name, dtype, shape, count, params)
     size = params.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -292,8 +305,12 @@ def _outputs(raw: Any, req: InferRequest) -> None:
         params = spec.get("parameters") or {}
         if not isinstance(params, dict):
             raise BadRequest(f"output {spec['name']!r}: 'parameters' must be an object")
-        if params.get("classification"):
-            raise BadRequest("the classification extension is not supported")
+        count = class_count(spec["name"], params)
+        if count is not None:
+            req.classes[spec["name"]] = count
+        target = output_target(spec["name"], params)
+        if target is not None:
+            req.shm_out[spec["name"]] = target
         req.outputs.append(spec["name"])
         if "binary_data" in params:
             req.binary[spec["name"]] = bool(params["binary_data"])
@@ -328,6 +345,9 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
         binary=plan.binary,
         binary_default=plan.binary_default,
         id=plan.id,
+        classes=plan.classes,
+        params=plan.params,
+        shm_out=dict(plan.shm_out),
     )
 
 
@@ -363,7 +383,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     slots: list[BinarySlot] = []
-    got: dict[str, np.ndarray | BinarySlot] = {}
+    got: dict[str, np.ndarray | BinarySlot | ShmSlot] = {}
     offset = 0
     for i, spec in enumerate(raw_inputs):
         one = _input(spec, i, binary, offset)
@@ -377,13 +397,14 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     all_binary = len(slots) == len(got)
-    inputs: dict[str, np.ndarray] = {}
+    inputs: dict[str, Any] = {}  # arrays, and ShmSlots the data plane reads when the request runs
     if not all_binary:  # mixed: this plan is not cached, so its binary inputs are read here
         for name, one in got.items():
             inputs[name] = _binary_tensor(one, binary, charge) if isinstance(one, BinarySlot) else one
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("'parameters' must be an object")
+    check_request(params)
     rid = doc.get("id")
     req = InferRequest(
         inputs={},
@@ -398,6 +419,9 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
         req.binary,
         req.binary_default,
         req.id,
+        req.classes,
+        params,
+        req.shm_out,
     )
 
 
@@ -446,6 +470,8 @@ def encode_response(
 ) -> tuple[list, int, int | None]:
     """Response body as buffers to send in order (binary outputs go out from the arrays' own memory, no copy),
     its total length, and its JSON header length (None when the body is plain JSON)."""
+    if req.shm_written:
+        return _encode_general(model, version, outputs, req)
     layout = []
     for name, value in outputs.items():
         if type(value) is not np.ndarray or not req.binary.get(name, req.binary_default) or not _wire_ready(value):
@@ -490,7 +516,12 @@ def _encode_general(
         arr = carriable(name, value)
         datatype = datatype_of(arr.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if req.binary.get(name, req.binary_default) or not _json_safe(arr, datatype):
+        if name in req.shm_written:  # its data lies in the client's shared memory region
+            entry["parameters"] = {
+                "shared_memory_region": req.shm_out[name].region,
+                "shared_memory_byte_size": req.shm_written[name],
+            }
+        elif req.binary.get(name, req.binary_default) or not _json_safe(arr, datatype):
             if head_only:  # the caller sends the array itself: its bytes are the wire bytes (_wire_ready)
                 size = arr.nbytes
             else:

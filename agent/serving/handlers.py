@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-import agent
+import numpy as np
+
 from agent.errors import ServingError
 from agent.serving import codec
+from agent.serving.auth import TooManyFailures
+from agent.serving.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, model_config, model_metadata
 from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, status_of
-from agent.serving.metrics import Metric, model_families, render
+from agent.serving.outsize import Hold, no_hold
 
-SERVER_NAME = "edge-agent"
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+__all__ = ["EXTENSIONS", "SERVER_NAME", "Router", "model_config", "model_metadata"]
 JSON_TYPE = "application/json"
-_MODEL = re.compile(r"^/v2/models/(?P<m>[^/]+)(?:/versions/(?P<v>[^/]+))?(?P<rest>/ready|/infer|/config)?$")
+_MODEL = re.compile(r"^/v2/models/(?P<m>[^/]+)(?:/versions/(?P<v>[^/]+))?(?P<rest>/ready|/infer|/config|/stats)?$")
 
 
 @dataclass
@@ -54,67 +54,17 @@ def error_for(exc: BaseException) -> Response:
         resp.headers["Allow"] = exc.allow
     elif isinstance(exc, ServerBusy):
         resp.headers["Retry-After"] = "1"
+    elif isinstance(exc, TooManyFailures):
+        resp.headers["Retry-After"] = str(max(1, int(exc.retry_after + 0.999)))
     return resp
 
 
-def _dims(shape: Iterable[Any]) -> list[int]:
-    return [d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else -1 for d in shape]
-
-
-def _tensors(specs: list) -> list[dict]:
-    return [{"name": s.name, "datatype": codec.datatype_of(s.dtype), "shape": _dims(s.shape)} for s in specs]
-
-
-def _scalars(meta: dict) -> dict:
-    return {
-        k: v
-        for k, v in meta.items()
-        if isinstance(v, (str, int, float, bool))
-        and not k.startswith("_")
-        and (not isinstance(v, float) or math.isfinite(v))
-    }
-
-
-def model_metadata(entry) -> dict:
-    doc = {
-        "name": entry.name,
-        "versions": [entry.version],
-        "platform": entry.meta.get("platform", "onnxruntime_onnx"),
-        "inputs": _tensors(entry.inputs),
-        "outputs": _tensors(entry.outputs),
-    }
-    params = _scalars(entry.meta)
-    if params:
-        doc["parameters"] = params
-    return doc
-
-
-def model_config(entry) -> dict:
-    """Enough of Triton's model config for perf_analyzer: no batching dimension, explicit dims."""
-
-    def io(specs: list) -> list[dict]:
-        return [
-            {"name": s.name, "data_type": codec.config_type(codec.datatype_of(s.dtype)), "dims": _dims(s.shape)}
-            for s in specs
-        ]
-
-    return {
-        "name": entry.name,
-        "platform": entry.meta.get("platform", "onnxruntime_onnx"),
-        "backend": "onnxruntime",
-        "max_batch_size": 0,
-        "input": io(entry.inputs),
-        "output": io(entry.outputs),
-    }
-
-
 class Router:
-    """Dispatches one request to the registry; raises ServingError subclasses for client mistakes."""
+    """The HTTP front of the data plane: path + method -> a DataPlane call -> Response; raises ServingError
+    subclasses (domain errors) that error_for maps to statuses."""
 
-    def __init__(self, registry, collectors: list[Callable[[], Iterable[Metric]]], extra_metrics: Callable[[], list]):
-        self.registry = registry
-        self.collectors = collectors
-        self.extra_metrics = extra_metrics
+    def __init__(self, plane: DataPlane):
+        self.plane = plane
         self._infer_paths: dict[str, tuple[str, str | None]] = {}
 
     def route(
@@ -125,27 +75,36 @@ class Router:
         header_length: int | None,
         ready: bool,
         charge: codec.Charge = codec.no_charge,
+        hold: Hold = no_hold,
     ) -> Response:
         """Answer one request (HEAD is answered as GET; the caller sends only the head). `charge` counts the
         memory decoding will take against the request budget."""
         path = path.split("?", 1)[0]
         hit = self._infer_paths.get(path)  # infer paths seen before: no regex, no unquoting
         if hit is not None and method == "POST":
-            return self.infer(hit[0], hit[1], body, header_length, charge)
+            return self.infer(hit[0], hit[1], body, header_length, charge, hold)
+        plane = self.plane
         if path in ("/v2", "/v2/"):
             self._only(method, "GET")
-            return json_response(200, {"name": SERVER_NAME, "version": agent.__version__, "extensions": EXTENSIONS})
+            return json_response(200, plane.server_metadata())
         if path == "/v2/health/live":
             self._only(method, "GET")
             return json_response(200, {"live": True})
         if path == "/v2/health/ready":
             self._only(method, "GET")
-            if ready and self.registry.ready():
+            if ready and plane.ready():
                 return json_response(200, {"ready": True})
             return error_response(503, "not ready: " + ("shutting down" if not ready else "a model is loading"))
         if path == "/metrics":
             self._only(method, "GET")
-            return Response(200, self.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            return Response(200, plane.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/v2/models/stats":
+            self._only(method, "GET")
+            return json_response(200, plane.statistics(None, None))
+        if path.startswith(
+            ("/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/trace", "/v2/logging")
+        ):
+            return self.extension(method, path, body)
         m = _MODEL.match(path)
         if m is None:
             raise NotFound(f"no such endpoint: {path}")
@@ -155,14 +114,32 @@ class Router:
             if len(self._infer_paths) >= 1024:  # bounded: clients may invent paths
                 self._infer_paths.clear()
             self._infer_paths[path] = (name, version)
-            return self.infer(name, version, body, header_length, charge)
+            return self.infer(name, version, body, header_length, charge, hold)
         self._only(method, "GET")
-        entry = self.registry.entry(name, version)
+        if rest == "/stats":
+            return json_response(200, plane.statistics(name, version))
         if rest == "/ready":
+            plane.entry_check(name, version)
             return json_response(200, {"name": name, "ready": True})
         if rest == "/config":
-            return json_response(200, model_config(entry))
-        return json_response(200, model_metadata(entry))
+            return json_response(200, plane.model_config(name, version))
+        return json_response(200, plane.model_metadata(name, version))
+
+    def extension(self, method: str, path: str, body: bytes | memoryview) -> Response:
+        """Repository, shared memory, trace and logging endpoints: served by the plane's extension hooks when
+        they exist, refused with a 400 naming what is unsupported otherwise."""
+        hook = self.plane.extension_hook(path)
+        if hook is None:
+            what = path.split("/")[2]
+            raise BadRequest(f"the {what} extension is not supported by this server (see /v2 'extensions')")
+        doc = codec.parse_json(body, what="the request") if len(body) else {}
+        if not isinstance(doc, dict):
+            raise BadRequest("the request body must be a JSON object")
+        self._only(
+            method, "POST" if path.endswith(("/load", "/unload", "/register", "/unregister", "/index")) else "GET"
+        )
+        result = hook(path, doc)
+        return json_response(200, result) if result is not None else Response(200, b"")
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
@@ -177,10 +154,15 @@ class Router:
         body: bytes | memoryview,
         header_length: int | None,
         charge: codec.Charge = codec.no_charge,
+        hold: Hold = no_hold,
     ) -> Response:
-        self.registry.entry(name, version)  # unknown model -> 404 before the body is decoded
-        req = codec.decode_request(body, header_length, charge)
-        served, outputs = self.registry.infer(name, req.inputs, version=version, outputs=req.outputs)
+        plane = self.plane
+        plane.entry_check(name, version)  # unknown model -> 404 before the body is decoded
+        if header_length == 0:  # raw binary request: the body is the model's only input, no JSON at all
+            req = raw_request(plane.registry.entry(name, version or None), body)
+        else:
+            req = codec.decode_request(body, header_length, charge)
+        served, outputs = plane.infer(name, version, req, charge, req.classes, hold)
         parts, length, head_len = codec.encode_response(name, served, outputs, req)
         if head_len is None:
             return Response(200, b"", parts=parts, length=length)
@@ -194,22 +176,39 @@ class Router:
         )
 
     def metrics(self) -> str:
-        families = model_families(self.registry.all_stats(), self.registry.models()) + list(self.extra_metrics())
-        failed = 0
-        for collect in list(self.collectors):
-            try:
-                families.extend(collect())
-            except Exception:  # noqa: BLE001 - a broken collector must not break the scrape
-                failed += 1
-        families.append(
-            Metric(
-                "edge_agent_metrics_collector_errors",
-                "gauge",
-                "Collectors that raised during this scrape.",
-                [("", {}, failed)],
-            )
+        return self.plane.metrics()
+
+
+def raw_request(entry, body: bytes | memoryview) -> codec.InferRequest:
+    """Triton's raw binary request (Inference-Header-Content-Length: 0): the whole body is the data of the model's
+    only input, its shape the model's with at most one variable dimension, derived from the body's size; every
+    output comes back as binary data."""
+    if len(entry.inputs) != 1:
+        raise BadRequest(
+            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
+            f"{entry.name!r} has {len(entry.inputs)}"
         )
-        return render(families)
+    spec = entry.inputs[0]
+    datatype = codec.datatype_of(spec.dtype)
+    if datatype == "BYTES":
+        raise BadRequest("a raw binary request cannot carry a BYTES input; send a JSON header")
+    dtype = codec.numpy_dtype(datatype)
+    dims = [d if isinstance(d, int) and d >= 0 else -1 for d in spec.shape]
+    known = 1
+    for d in dims:
+        known *= d if d >= 0 else 1
+    if dims.count(-1) > 1:
+        raise BadRequest(
+            f"input {spec.name!r} has shape {dims}: a raw binary request fits at most one variable dimension"
+        )
+    elements, rem = divmod(len(body), dtype.itemsize)
+    if rem or (known and elements % known) or (-1 not in dims and elements != known):
+        raise BadRequest(
+            f"raw binary body of {len(body)} bytes does not fit input {spec.name!r} ({datatype}, shape {dims})"
+        )
+    shape = [elements // known if d == -1 else d for d in dims] if known else [0 if d == -1 else d for d in dims]
+    arr = np.frombuffer(body, dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype).reshape(shape)
+    return codec.InferRequest(inputs={spec.name: arr}, binary_default=True)
 
 
 def header_length(raw: str | None) -> int | None:

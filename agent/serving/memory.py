@@ -63,9 +63,12 @@ def mem_available(root: str = "/") -> int | None:
     return None
 
 
-def choose_swap(serving: dict[str, Any], model_need_bytes: int, available_bytes: int | None) -> tuple[str, str]:
+def choose_swap(
+    serving: dict[str, Any], model_need_bytes: int, available_bytes: int | None, need_is: str = "size"
+) -> tuple[str, str]:
     """(swap mode, why) from a target's serving hints: its `swap`, unless `swap_when_memory_short` is set and
-    MemAvailable is under twice what the new model needs (the old and the new session side by side)."""
+    MemAvailable is under twice what the new model needs (the old and the new session side by side); `need_is`
+    says what the need is (the measured peak of its qualification row, or its size on disk)."""
     mode = serving.get("swap") or "make-before-break"
     short = serving.get("swap_when_memory_short")
     need = max(0, int(model_need_bytes))
@@ -75,16 +78,16 @@ def choose_swap(serving: dict[str, Any], model_need_bytes: int, available_bytes:
         return mode, f"target swap mode {mode} (MemAvailable unknown)"
     if available_bytes < 2 * need:
         return short, (
-            f"MemAvailable {_size(available_bytes)} < 2 x the model's {_size(need)}: {short} instead of {mode}"
+            f"MemAvailable {_size(available_bytes)} < 2 x the model's {need_is} {_size(need)}: {short} instead of {mode}"
         )
-    return mode, f"MemAvailable {_size(available_bytes)} >= 2 x the model's {_size(need)}: {mode}"
+    return mode, f"MemAvailable {_size(available_bytes)} >= 2 x the model's {need_is} {_size(need)}: {mode}"
 
 
 def _size(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB" if n >= 10 << 20 else f"{n / 1024:.1f} KiB"
 
 
-DEFAULT_MEMORY_SHARE = 0.8  # serving.memory_max default without a target limit: 80% of MemTotal
+DEFAULT_MEMORY_SHARE = 0.8  # serving.memory_max default without a target limit: 80% of what the device can give
 
 
 def mem_total(root: str = "/") -> int | None:
@@ -103,18 +106,51 @@ def resolve_memory_max(
     configured: int | None, target_serving: dict[str, Any] | None, root: str = "/"
 ) -> tuple[int | None, str]:
     """(bytes one model may use, where the figure comes from): serving.memory_max, else the target's
-    memory_max ("2G" or "75%" of MemTotal), else 80% of MemTotal; (None, why) when nothing is known."""
+    memory_max ("2G" or "75%" of MemTotal), else 80% of what the device can give now: MemAvailable, or what is
+    left under this process's cgroup memory.max where that is lower; (None, why) when nothing is known."""
     from agent.util.sizes import parse_size
 
-    total = mem_total(root)
     if configured:
         return int(configured), "serving.memory_max"
     raw = (target_serving or {}).get("memory_max")
     if raw is not None:
         try:
-            return parse_size(raw, total), f"target memory_max {raw}"
+            return parse_size(raw, mem_total(root)), f"target memory_max {raw}"
         except ValueError:
             pass  # validated with the target file; an unknown MemTotal for a percentage falls through
-    if total:
-        return int(total * DEFAULT_MEMORY_SHARE), f"{DEFAULT_MEMORY_SHARE:.0%} of MemTotal"
-    return None, "MemTotal unknown: no memory bound"
+    can_give, source = device_memory(root)
+    if can_give:
+        return int(can_give * DEFAULT_MEMORY_SHARE), f"{DEFAULT_MEMORY_SHARE:.0%} of {source}"
+    return None, "MemAvailable unknown: no memory bound"
+
+
+def device_memory(root: str = "/") -> tuple[int | None, str]:
+    """What this device can give a model now, and how that was read: MemAvailable, or the room left under
+    the cgroup's memory.max (cgroup v2) when that is smaller."""
+    avail = mem_available(root)
+    room = cgroup_room(root)
+    if room is not None and (avail is None or room < avail):
+        return room, f"cgroup memory.max room {_size(room)}"
+    if avail is not None:
+        return avail, f"MemAvailable {_size(avail)}"
+    return None, "unknown"
+
+
+def cgroup_room(root: str = "/") -> int | None:
+    """memory.max - memory.current of this process's cgroup v2 (None: no limit set, or not readable)."""
+    base = root.rstrip("/")
+    try:
+        with open(f"{base}/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
+            rel = next((ln.strip()[3:] for ln in fh if ln.startswith("0::")), None)
+        if rel is None:
+            return None
+        d = f"{base}/sys/fs/cgroup{rel.rstrip('/')}"
+        with open(f"{d}/memory.max", encoding="ascii") as fh:
+            raw = fh.read().strip()
+        if raw == "max":
+            return None
+        with open(f"{d}/memory.current", encoding="ascii") as fh:
+            current = int(fh.read().strip())
+        return max(0, int(raw) - current)
+    except (OSError, ValueError):
+        return None

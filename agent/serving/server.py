@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 
 from agent.errors import ServingError
 from agent.serving.budget import BodyBudget
+from agent.serving.dataplane import DataPlane
 from agent.serving.handlers import Router
 from agent.serving.metrics import Metric
 from agent.serving.wire import LINGER_BYTES, LINGER_S, RECV_BYTES, Conn, Worker, head_end, probe_answer, refusal
@@ -83,14 +84,19 @@ class OIPServer:
         workers: int = 16,
         body_budget_bytes: int = DEFAULT_BODY_BUDGET,
         collectors: Iterable[Callable[[], Iterable[Metric]]] = (),
+        plane: DataPlane | None = None,
     ):
         """body_budget_bytes bounds the memory requests occupy over all connections: bodies as received,
         inflated and decoded, plus the read buffers connections keep for reuse (at most a quarter of it).
-        A request that cannot fit even alone gets 413 naming the limit; one that does not fit now gets 503."""
+        A request that cannot fit even alone gets 413 naming the limit; one that does not fit now gets 503.
+        plane: the data plane shared with other front ends (gRPC); by default one of its own (token, budget)."""
         self.registry = registry
-        self.token = token or None
         self.max_body_bytes = int(max_body_bytes)
-        self.budget = BodyBudget(max(int(body_budget_bytes), self.max_body_bytes))
+        if plane is None:
+            budget = BodyBudget(max(int(body_budget_bytes), self.max_body_bytes))
+            plane = DataPlane(registry, token=token, budget=budget, max_body_bytes=self.max_body_bytes)
+        self.plane = plane
+        self.budget = plane.budget
         self.request_timeout = float(request_timeout)
         self.header_timeout = min(float(header_timeout), self.request_timeout)
         self.idle_timeout = float(idle_timeout)
@@ -105,8 +111,10 @@ class OIPServer:
         self._peers: collections.Counter[str] = collections.Counter()
         self._codes: dict[int, int] = {}
         self._closed: collections.Counter[str] = collections.Counter()  # connections we closed, by reason
-        self._collectors: list[Callable[[], Iterable[Metric]]] = list(collectors)
-        self.router = Router(registry, self._collectors, self._http_metrics)
+        self._collectors = plane.collectors
+        self._collectors.extend(collectors)
+        plane.transport_metrics.append(self._http_metrics)
+        self.router = Router(plane)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             self._listener = socket.create_server((host, port), family=family, backlog=1024)
@@ -161,9 +169,13 @@ class OIPServer:
         """Keep-alive connections waiting for a request with nothing of it received (closed first at a cap)."""
         return len(self._idle)
 
+    @property
+    def token(self) -> str | None:
+        return self.plane.auth.token
+
     def set_token(self, token: str | None) -> None:
         """Replace the bearer token at runtime (serving.token_file is reloadable); None opens the API."""
-        self.token = token or None
+        self.plane.auth.set_token(token)
 
     def add_metrics_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         """Hook for other modules (telemetry): collect() returns Metric families added to /metrics."""
@@ -174,6 +186,7 @@ class OIPServer:
         Returns True when everything in flight finished in time."""
         with self._lock:
             self.accepting = False
+        self.plane.accepting = False
         self._wake()
         with self._lock:
             drained = self._lock.wait_for(lambda: self._inflight == 0, drain_timeout)

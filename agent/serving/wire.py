@@ -14,7 +14,6 @@ bodies are refused (411); a length header that is not plain ASCII digits is a 40
 from __future__ import annotations
 
 import ctypes
-import hmac
 import select
 import socket
 import time
@@ -24,7 +23,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import agent
 from agent.serving.budget import Ledger
-from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout, Unauthorized
+from agent.serving.compress import compress
+from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from agent.serving.handlers import Response, error_for, error_response, header_length
 
 if TYPE_CHECKING:
@@ -35,6 +35,9 @@ MAX_LINE = 16 * 1024
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # request line and headers together
 OPEN_PATHS = ("/v2/health/live", "/v2/health/ready")
+# POSTs that may come without a body and without Content-Length (tritonclient.http sends unload, unregister
+# and the like so): none means an empty body (RFC 9112 6.3); infer requests still need one (411)
+NO_BODY_POSTS = ("/v2/repository/", "/v2/systemsharedmemory/", "/v2/cudasharedmemory/", "/v2/trace/", "/v2/logging")
 PHRASES = {s.value: s.phrase for s in HTTPStatus}
 SERVER = f"edge-agent/{agent.__version__}"
 ALIGN = 64  # binary tensors start on a cache line
@@ -161,7 +164,7 @@ def content_length(head: Head) -> int:
         raise Framing(411, "chunked request bodies are not supported; send Content-Length")
     raw = head.headers.get("content-length")
     if raw is None:
-        if head.method == "POST":
+        if head.method == "POST" and not head.target.startswith(NO_BODY_POSTS):
             raise Framing(411, "POST needs a Content-Length header")
         return 0
     if not (raw.isascii() and raw.isdigit()):
@@ -312,7 +315,7 @@ class Worker:
                 except BadRequest:
                     close = True  # a length header that lies about its digits: nothing after it is trusted
                     raise
-                self._authorize(head)
+                self._authorize(head, conn.peer)
                 if n > oip.max_body_bytes:
                     raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {oip.max_body_bytes} bytes")
                 ledger.charge(n, "the request body")
@@ -321,11 +324,14 @@ class Worker:
                 body = self._read(conn, nxt, n, hlen or 0, began + oip.request_timeout)
                 read = True
                 body = self._inflate(body, head, ledger)
-                resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge)
+                resp = oip.router.route(head.method, head.target, body, hlen, oip.accepting, ledger.charge, ledger.hold)
             except Exception as exc:  # noqa: BLE001 - a ServingError, or a bug: answered, and we keep serving
                 resp = error_for(exc)
             left = 0 if read or self._started else self._unread(conn, nxt, n)
             close = close or (not read and n > 0)  # refused before its body was read: the connection ends
+            accept = head.headers.get("accept-encoding")
+            if accept and resp.status == 200:
+                resp = compress(resp, accept, ledger)
             self._send(conn, resp, close, head.method == "HEAD")
             conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
         finally:
@@ -343,15 +349,12 @@ class Worker:
         del conn.buf[: skip + have]
         return n - have
 
-    def _authorize(self, head: Head) -> None:
-        token = self.oip.token
-        if token is None or head.target.split("?", 1)[0] in OPEN_PATHS:
+    def _authorize(self, head: Head, peer: str) -> None:
+        auth = self.oip.plane.auth
+        if auth.token is None or head.target.split("?", 1)[0] in OPEN_PATHS:
             return
         scheme, _, cred = head.headers.get("authorization", "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            cred.strip().encode("utf-8", "replace"), token.encode()
-        ):
-            raise Unauthorized("missing or wrong bearer token (send 'Authorization: Bearer <token>')")
+        auth.check(peer, cred.strip() if scheme.lower() == "bearer" else None, "http")
 
     def _read(self, conn: Conn, skip: int, n: int, align_at: int, deadline: float) -> memoryview | bytes:
         """Read the n body bytes that follow the head (skip bytes of conn.buf) into the connection's buffer,

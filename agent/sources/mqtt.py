@@ -210,7 +210,9 @@ class MqttSource:
     def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
-        from agent.artifacts.fetch import fetch_artifact, is_transient
+        from agent.artifacts.deadline import DownloadLimits
+        from agent.artifacts.delta import fetch_delta
+        from agent.artifacts.fetch import is_transient
         from agent.artifacts.manifest import Manifest
 
         m = Manifest.from_dict(dep.data["manifest"], dep.data.get("key_id"))
@@ -219,13 +221,28 @@ class MqttSource:
             ctx.check()
             ctx.report(event, **fields)
 
-        def attempt() -> None:
-            fetch_artifact(m, self.store, link=self.link, progress=progress, ca=self.ca, stall_timeout=self.stall_s)
+        dl = self.config.downloads
+        limits = DownloadLimits(min_bytes=dl.min_bytes, interval_s=dl.interval_s, overall_s=dl.timeout_s)
+        moved: dict[str, int] = {}
+
+        def attempt() -> None:  # ctx.check: a cancel or the state's deadline ends the pull within 0.5 s
+            _, got = fetch_delta(
+                m,
+                self.store,
+                link=self.link,
+                progress=progress,
+                ca=self.ca,
+                stall_timeout=self.stall_s,
+                limits=limits,
+                check=ctx.check,
+                allow_http=dl.allow_http,
+            )
+            moved.update(got)
 
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
-        return {"sha256": m.artifact.sha256, "size": m.artifact.size}
+        return {"sha256": m.artifact.sha256, "size": m.artifact.size, **moved}
 
     # ---- reporting -----------------------------------------------------------------------------
     def publish_status(self, doc: dict[str, Any]) -> None:
@@ -236,6 +253,12 @@ class MqttSource:
 
     def publish_health(self, doc: dict[str, Any]) -> None:
         self._quiet(self.link.publish_health, doc)
+
+    def publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
+        try:
+            self.link.publish_attestation(model, kind, envelope)
+        except EdgeAgentError:
+            pass  # offline: the file stays in state_dir/attestations
 
     def _quiet(self, fn: Callable[[dict[str, Any]], None], doc: dict[str, Any]) -> None:
         try:

@@ -247,6 +247,11 @@ class DeviceLink:
         doc.setdefault("ts", time.time())
         self._publish(self.topics.health(self.device_id), self._encode(doc), 0, True)
 
+    def publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
+        """A signed attestation (agent.evidence), retained per model and kind."""
+        topic = f"{self.topics.prefix}/devices/{self.device_id}/attestations/{model}/{kind}"
+        self._publish(topic, envelope, 1, True)
+
     def _publish(self, topic: str, payload: bytes, qos: int, retain: bool) -> None:
         try:
             self._mqtt.publish(topic, payload, qos=qos, retain=retain)

@@ -12,6 +12,7 @@ from typing import Any
 
 from agent.config import ProbationConfig
 from agent.serving.metrics import percentile
+from agent.trial import unjudged
 from agent.trial.judge import QuantileTest, quantile_test, rate
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
@@ -21,7 +22,7 @@ Thresholds = ProbationConfig  # what probation tolerates (serving.probation)
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str  # watching | passed | trouble | superseded | stopped
+    state: str  # watching | passed | trouble | superseded | stopped | not judged (agent.trial.unjudged)
     reason: str
     figures: dict[str, Any] = field(default_factory=dict[str, Any])
 
@@ -246,6 +247,9 @@ class Probation:
                 f"probation: only {f['requests']} requests in {self.window:g} s (need {t.min_requests} to judge)",
                 f,
             )
+        if unjudged.compute_unjudged(f, t.p90_samples):  # the device never had the cores: said, not passed
+            f["not_judged"] = unjudged.compute_counts(f, t.p90_samples)
+            return Verdict(unjudged.NOT_JUDGED, unjudged.reason("probation", f["not_judged"]), f)
         judged = ", ".join(f"p{c['q']} x{c['ratio']:.2f}" for c in f.get("compute", []))
         against = f["baseline"]["source"]
         how = (

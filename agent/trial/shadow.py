@@ -156,6 +156,9 @@ class Shadow:
         if self.last_error:
             doc["last_error"] = self.last_error
         verdict, reason = self._verdict(agreement, ratio, slower)
+        if ratio is None and verdict == PASS:  # agreement judged, compute time not: said, never implied
+            doc["compute"] = "not judged"
+            reason += f"; compute time not judged ({len(self.candidate_s)} candidate, {len(self.incumbent_s)} incumbent runs timed)"
         return {**doc, "verdict": verdict, "reason": reason}
 
     def _verdict(self, agreement: float | None, ratio: float | None, slower: bool) -> tuple[str, str]:

@@ -54,6 +54,7 @@ def acl_text(devices: dict[str, list[str]], prefix: str, control_plane: str) -> 
         f"pattern write {p}/devices/%u/status",
         f"pattern write {p}/devices/%u/events",
         f"pattern write {p}/devices/%u/health",
+        f"pattern write {p}/devices/%u/attestations/#",
         f"pattern write {p}/artifacts/req/%u",
         "",
         "# The control plane (push, serve, status, rollout) may do everything under the prefix.",

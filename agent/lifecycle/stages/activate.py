@@ -47,7 +47,11 @@ def on_activating(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
                 parts.journal.save(dep)
                 parts.record_decision(dep.id, shadow=rehearsal.figures)
         parts.baselines[dep.model] = rehearsal.baseline
-    return Event.ACTIVATED, Activated({**swap, "build": done.get("build_priority")}, rehearsal.figures, rehearsed=True)
+    timings = done.get("timings") or {}
+    if timings:  # session creation and time to first answer of the swap, beside the qualification's figures
+        parts.record_decision(dep.id, swap_timings=timings)
+    swapped = {**swap, "build": done.get("build_priority"), **timings}
+    return Event.ACTIVATED, Activated(swapped, rehearsal.figures, rehearsed=True)
 
 
 def _rehearsal(parts: Parts, name: str, mode: str, entry: dict[str, Any]) -> Rehearsal:
@@ -72,12 +76,16 @@ def _report_swap(parts: Parts, entry: dict[str, Any], ctx: act.StepContext) -> d
 
 def swap_mode(parts: Parts, entry: dict[str, Any]) -> tuple[str, str]:
     """make-before-break or stop-then-start for this activation: forced by config, else the target's rule
-    (`swap_when_memory_short`) against MemAvailable and the model's size on disk."""
+    (`swap_when_memory_short`) against MemAvailable and the model's peak measured by qualification (its size on
+    disk when not measured)."""
     from agent.serving.memory import choose_swap, mem_available
 
     if parts.config.swap:
         return parts.config.swap, f"{parts.config.swap} (set by configuration)"
-    return choose_swap(parts.config.serving, _model_bytes(entry), mem_available())
+    peak = entry.get("memory_peak_bytes")  # measured by qualification (session, warm-up, timed runs)
+    if peak:
+        return choose_swap(parts.config.serving, int(peak), mem_available(), "measured peak")
+    return choose_swap(parts.config.serving, _model_bytes(entry), mem_available(), "size on disk")
 
 
 def serve(

@@ -48,10 +48,13 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
 
     decision = parts.qualifier(dep, ctx, measure) if parts.qualifier is not None else measure()
     atomic_write_json(parts.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
+    parts.attest(dep, "qualification", decision)
     summary = _summary(decision)
+    guessed = shapes_guessed(decision)
+    if not decision.get("selected") and guessed:  # the fix first: the runtimes' errors follow from the guess
+        raise LifecycleError(f"{guessed}; on those shapes no provider passed: {brief_failures(decision)}")
     if not decision.get("selected"):
         raise LifecycleError(f"no provider passed qualification: {summary['why']}")
-    guessed = shapes_guessed(decision)
     if guessed:
         raise LifecycleError(guessed)
     row = _selected_row(decision)
@@ -67,6 +70,8 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
         "versions": row.get("versions") or {},
         "contended": bool(row.get("contended")),
         "memory_peak_bytes": row.get("memory_peak_bytes"),
+        "session_s": row.get("session_s") or {},
+        "optimization": row.get("optimization"),
         "input_specs": (decision.get("model") or {}).get("inputs") or [],
         **({"requalified": note} if note else {}),
     }
@@ -129,6 +134,16 @@ def shapes_guessed(decision: dict[str, Any]) -> str:
         "shapes; add input_shapes (a shape, or min/opt/max) or dynamic_dims to model.yaml, or a "
         "test_data_set_0 with real inputs"
     )
+
+
+def brief_failures(decision: dict[str, Any], width: int = 160) -> str:
+    """The failed rows' reasons, each once (rows failing the same way are named together), cut to `width`."""
+    by_reason: dict[str, list[str]] = {}
+    for r in decision.get("results", []):
+        reason = " ".join(str(r.get("reason") or r.get("status")).split())
+        reason = reason if len(reason) <= width else reason[: width - 3] + "..."
+        by_reason.setdefault(reason, []).append(str(r.get("provider")))
+    return "; ".join(f"{', '.join(p)}: {why}" for why, p in by_reason.items()) or "no candidate provider"
 
 
 def _summary(decision: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment
+from agent.trial import unjudged
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.trial.shadow import FAIL, Shadow, skipped
 
@@ -98,6 +99,7 @@ def probation_watch(
     window: float,
     config: ProbationConfig,
     incumbent: Baseline | None,
+    serving: dict[str, Any] | None = None,
 ) -> tuple[str, str, dict[str, Any]]:
     """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
     session kept through the swap) is closed when it passes; otherwise the rollback serves it again
@@ -124,8 +126,9 @@ def probation_watch(
     finally:
         watch.stop()
     v = watch.verdict
-    if v.state == PASSED:
+    state, reason = unjudged.decide(v.state, v.reason, serving, TROUBLE)  # the target decides "not judged"
+    if state in (PASSED, unjudged.NOT_JUDGED):
         registry.drop_referee(dep.model)  # committed: the incumbent's session is not needed any more
-    if v.state not in (TROUBLE, PASSED):
+    if state not in (TROUBLE, PASSED, unjudged.NOT_JUDGED):
         raise LifecycleError(v.reason)
-    return v.state, v.reason, v.figures
+    return state, reason, v.figures  # "not judged": the figures carry not_judged (its counts)

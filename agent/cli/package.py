@@ -1,0 +1,100 @@
+"""`edge-agent package`: build a model package from your own model and real sample inputs, or check one."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+class _Greedy(click.Option):
+    """An option that takes every following argument up to the next option (`--inputs a.npy b.npy`)."""
+
+    def add_to_parser(self, parser, ctx):
+        super().add_to_parser(parser, ctx)
+        name = self.opts[0]
+        our = parser._long_opt.get(name)
+        if our is None:  # pragma: no cover - click's parser always registers long options
+            return
+        previous = our.process
+
+        def process(value, state):
+            values = [value]
+            while state.rargs and not state.rargs[0].startswith("-"):
+                values.append(state.rargs.pop(0))
+            for v in values:
+                previous(v, state)
+
+        our.process = process
+
+
+EXAMPLES = """
+\b
+Examples:
+  edge-agent package model.onnx --inputs image.npy --out my-model
+  edge-agent package model.onnx --inputs a.npz b.npz c.npz --out my-model --name det --version 2
+  edge-agent package --check my-model
+"""
+
+
+@click.command("package", epilog=EXAMPLES)
+@click.argument("model", type=click.Path(exists=True, dir_okay=False), required=False)
+@click.option(
+    "--inputs",
+    "inputs",
+    cls=_Greedy,
+    multiple=True,
+    metavar="FILE...",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Sample inputs: .npy (one input each, in the model's input order), .npz (named), .pb, .wav, images. "
+    "Each complete set becomes one test_data_set_N.",
+)
+@click.option("--out", "out", type=click.Path(file_okay=False), help="Package directory to write.")
+@click.option("--name", help="Model name in model.yaml (default: the file's stem).")
+@click.option("--version", "version", default="1", show_default=True, help="Model version in model.yaml.")
+@click.option("--task", help="Task (classification, detection, regression, embeddings, ...).")
+@click.option("--force", is_flag=True, help="Overwrite a non-empty --out directory.")
+@click.option(
+    "--check", "check_dir", type=click.Path(exists=True), help="Check a package and print every fix it needs."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def package(model, inputs, out, name, version, task, force, check_dir, as_json):
+    """Write a package the daemon accepts: model.onnx, model.yaml with the input shapes read off your inputs,
+    and golden data (your inputs, and the outputs of onnxruntime's CPU provider on the model as given).
+    With --check DIR, validate a hand-made package instead."""
+    from pathlib import Path
+
+    from agent.qualify import packager
+
+    if check_dir:
+        found = packager.check(Path(check_dir))
+        if as_json:
+            click.echo(
+                json.dumps({"package": check_dir, "ok": not found, "fixes": [f.to_dict() for f in found]}, indent=2)
+            )
+        elif not found:
+            click.echo(f"{check_dir}: ok (the daemon will accept and qualify it)")
+        else:
+            click.echo(f"{check_dir}: {len(found)} fix(es) needed")
+            for f in found:
+                click.echo(f"  {f.where}: {f.problem}\n    fix: {f.fix}")
+        sys.exit(0 if not found else 1)
+    if not model or not out:
+        raise click.UsageError("give MODEL and --out DIR (or --check DIR)")
+    if not inputs:
+        raise click.UsageError("give --inputs FILE... (real sample inputs: the golden data come from them)")
+    built = packager.build(
+        Path(model), [Path(p) for p in inputs], Path(out), name=name, version=version, task=task, force=force
+    )
+    if as_json:
+        click.echo(json.dumps(built.to_dict(), indent=2))
+        return
+    click.echo(f"wrote {built.out}: {built.name} v{built.version}, {built.sets} golden set(s)")
+    for inp, dims in built.symbolic.items():
+        seen = ", ".join(f"{d} in {v}" for d, v in dims.items())
+        click.echo(f"  input {inp}: symbolic {seen} -> input_shapes {built.input_shapes.get(inp)}")
+    for note in built.notes:
+        click.echo(f"  converted: {note}")
+    click.echo(f"  golden outputs: {built.golden_source}")
+    click.echo(f"next: edge-agent qualify {built.out}")

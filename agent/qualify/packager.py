@@ -1,0 +1,352 @@
+"""`edge-agent package`: build a model package from a model and real sample inputs, or check a hand-made one.
+
+A package is the directory the daemon and `qualify` read (agent.qualify.package): model.onnx, model.yaml and
+test_data_set_N/{input,output}_K.pb. Here the inputs come from the user's files (.npy, .npz, .pb; .wav through
+the standard library; images through Pillow where it is installed); the shapes the graph leaves symbolic are
+read off those inputs and proposed as `input_shapes` (a range when the sets differ); the golden outputs are the
+fp32 run of onnxruntime's CPU provider, and model.yaml says so (`golden_source`). The result is then loaded
+with the same code the daemon uses (load_package, plan_inputs), so a package this writes is one it accepts.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.errors import ModelError
+from agent.providers.base import TensorSpec
+
+MAX_INPUT_FILE_BYTES = 1 << 30  # a sample input bigger than this is not a sample
+
+
+@dataclass
+class Built:
+    """What `package` wrote and what it inferred (the CLI prints it, --json gives it as is)."""
+
+    out: Path
+    name: str
+    version: str
+    sets: int
+    input_shapes: dict[str, Any]
+    symbolic: dict[str, dict[str, list[int]]]  # input -> {dim name: values seen across the sets}
+    golden_source: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "name": self.name,
+            "version": self.version,
+            "golden_sets": self.sets,
+            "input_shapes": self.input_shapes,
+            "symbolic_dims": self.symbolic,
+            "golden_source": self.golden_source,
+            "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a package needs: where (a file or model.yaml key), what is wrong, what to do."""
+
+    where: str
+    problem: str
+    fix: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where, "problem": self.problem, "fix": self.fix}
+
+
+def read_sample(path: Path) -> dict[str, np.ndarray] | list[np.ndarray]:
+    """One input file: a mapping (an .npz, or a named .pb) or a positional list of arrays."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file")
+    if path.stat().st_size > MAX_INPUT_FILE_BYTES:
+        raise ModelError(
+            f"{path}: {path.stat().st_size} bytes is over the {MAX_INPUT_FILE_BYTES} byte limit for a sample"
+        )
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            return [np.load(path, allow_pickle=False)]
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        if suffix == ".pb":
+            from agent.qualify.inputs import load_tensor
+
+            name, value = load_tensor(path)
+            return {name: np.asarray(value)} if name else [np.asarray(value)]
+        if suffix == ".wav":
+            return [_read_wav(path)]
+        if suffix in (".png", ".jpg", ".jpeg", ".bmp"):
+            return [_read_image(path)]
+    except (ValueError, OSError, EOFError) as exc:
+        raise ModelError(f"{path}: cannot read: {exc}") from None
+    raise ModelError(f"{path}: unknown input format {suffix!r} (use .npy, .npz, .pb, .wav or an image)")
+
+
+def _read_wav(path: Path) -> np.ndarray:
+    """PCM WAV as float32 in [-1, 1], mono (channels averaged), shape [samples]."""
+    import wave
+
+    with wave.open(str(path), "rb") as w:
+        width, channels, frames = w.getsampwidth(), w.getnchannels(), w.getnframes()
+        raw = w.readframes(frames)
+    kinds = {1: (np.uint8, 128.0, 128.0), 2: (np.int16, 0.0, 32768.0), 4: (np.int32, 0.0, 2147483648.0)}
+    if width not in kinds:
+        raise ModelError(f"{path}: {8 * width}-bit WAV is not supported (8, 16 or 32-bit PCM)")
+    dtype, offset, scale = kinds[width]
+    data = (np.frombuffer(raw, dtype=dtype).astype(np.float32) - offset) / scale
+    return data.reshape(-1, channels).mean(axis=1).astype(np.float32)
+
+
+def _read_image(path: Path) -> np.ndarray:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ModelError(
+            f"{path}: reading images needs Pillow (pip install pillow), or save the input as .npy"
+        ) from None
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))  # HWC uint8
+
+
+def group_sets(samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray]]], specs: list[TensorSpec]):
+    """Input sets from the files in order: a named file fills its inputs; positional arrays fill the next
+    unfilled inputs; a set is complete when every input has a value."""
+    names = [s.name for s in specs]
+    sets: list[dict[str, np.ndarray]] = []
+    current: dict[str, np.ndarray] = {}
+    for path, sample in samples:
+        items = (
+            list(sample.items())
+            if isinstance(sample, dict)
+            else [(next(n for n in names if n not in current), a) for a in sample]
+        )
+        for name, arr in items:
+            if name not in names:
+                raise ModelError(f"{path}: the model has no input {name!r} (inputs: {', '.join(names)})")
+            if name in current:
+                raise ModelError(f"{path}: input {name!r} given twice in one set")
+            current[name] = arr
+            if len(current) == len(names):
+                sets.append(current)
+                current = {}
+    if current:
+        missing = [n for n in names if n not in current]
+        raise ModelError(f"the last input set has no value for {', '.join(missing)}: give one file per input, in order")
+    if not sets:
+        raise ModelError("no inputs given: pass --inputs FILE... (one file per model input, or .npz files)")
+    return sets
+
+
+def fit(spec: TensorSpec, arr: np.ndarray, where: str) -> tuple[np.ndarray, str | None]:
+    """The array in the input's dtype and rank; the note says what was converted."""
+    note = None
+    want = np.dtype(spec.dtype)
+    if arr.ndim == len(spec.shape) - 1:
+        arr, note = arr[np.newaxis], f"{where}: added a batch dimension"
+    if arr.ndim == 3 and len(spec.shape) == 4 and arr.shape[-1] == 3 and spec.shape[1] == 3:
+        arr = arr.transpose(2, 0, 1)[np.newaxis]
+        note = f"{where}: image HWC -> NCHW"
+    if len(spec.shape) == 4 and arr.ndim == 4 and arr.shape[-1] == 3 and spec.shape[1] == 3 and arr.shape[1] != 3:
+        arr = arr.transpose(0, 3, 1, 2)
+        note = f"{where}: image NHWC -> NCHW"
+    if arr.ndim != len(spec.shape):
+        raise ModelError(
+            f"{where}: rank {arr.ndim} {list(arr.shape)}, but input {spec.name!r} has rank {len(spec.shape)}"
+        )
+    for i, (d, g) in enumerate(zip(arr.shape, spec.shape)):
+        if isinstance(g, int) and g > 0 and d != g:
+            raise ModelError(f"{where}: dim {i} is {d}, but the model fixes input {spec.name!r} at {list(spec.shape)}")
+    if arr.dtype != want:
+        if arr.dtype.kind == "u" and arr.dtype.itemsize == 1 and want.kind == "f":
+            arr, note = (arr.astype(want) / 255.0).astype(want), f"{where}: uint8 -> {want.name} / 255"
+        elif arr.dtype.kind == want.kind or (arr.dtype.kind in "iu" and want.kind in "iu"):
+            if want.kind in "iu" and arr.size and (arr.min() < np.iinfo(want).min or arr.max() > np.iinfo(want).max):
+                raise ModelError(f"{where}: values do not fit {want.name}")
+            arr = arr.astype(want)
+        else:
+            raise ModelError(f"{where}: {arr.dtype.name} values for input {spec.name!r} of type {want.name}")
+    return np.ascontiguousarray(arr), note
+
+
+def infer_shapes(specs: list[TensorSpec], sets: list[dict[str, np.ndarray]]):
+    """input_shapes for every input with a symbolic dim (a list when all sets agree, else {min, opt, max} with
+    opt = the first set), and the symbolic dims by name with the values seen."""
+    shapes: dict[str, Any] = {}
+    symbolic: dict[str, dict[str, list[int]]] = {}
+    for spec in specs:
+        dyn = [i for i, g in enumerate(spec.shape) if not (isinstance(g, int) and g > 0)]
+        if not dyn:
+            continue
+        seen = [list(s[spec.name].shape) for s in sets]
+        symbolic[spec.name] = {_dim_name(spec.shape, i): sorted({sh[i] for sh in seen}) for i in dyn}
+        if all(sh == seen[0] for sh in seen):
+            shapes[spec.name] = seen[0]
+        else:
+            lo = [min(sh[i] for sh in seen) for i in range(len(seen[0]))]
+            hi = [max(sh[i] for sh in seen) for i in range(len(seen[0]))]
+            shapes[spec.name] = {"min": lo, "opt": seen[0], "max": hi}
+    return shapes, symbolic
+
+
+def _dim_name(shape: tuple[Any, ...], i: int) -> str:
+    """A symbolic dim's name in the graph; `dimI` where it has none (or shares '?' with others)."""
+    g = shape[i]
+    named = isinstance(g, str) and g not in ("", "?") and sum(1 for d in shape if d == g) == 1
+    return g if named else f"dim{i}"
+
+
+def reference_run(model_path: Path, sets: list[dict[str, np.ndarray]]) -> tuple[list[list[np.ndarray]], str]:
+    """The fp32 CPU outputs of every set and a line saying how they were made."""
+    import onnxruntime as ort
+
+    try:
+        sess = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        outs = [sess.run(None, feeds) for feeds in sets]
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types with the reason
+        raise ModelError(f"{model_path}: onnxruntime CPU cannot run the given inputs: {_short(exc)}") from None
+    return outs, f"onnxruntime {ort.__version__} CPUExecutionProvider, the model as given (edge-agent package)"
+
+
+def _short(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def build(
+    model: Path, inputs: list[Path], out: Path, *, name: str | None, version: str, task: str | None, force: bool
+) -> Built:
+    """Write the package under `out` and check it as the daemon will."""
+    import yaml
+    from onnx import numpy_helper
+
+    from agent.qualify.onnxfile import graph_specs
+    from agent.qualify.package import check_model
+
+    model, out = Path(model), Path(out)
+    proto = check_model(model)
+    specs, outputs = graph_specs(proto)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ModelError(f"{out}: not empty (use --force to overwrite)")
+    sets = group_sets([(p, read_sample(p)) for p in inputs], specs)
+    notes: list[str] = []
+    fitted = []
+    for k, feeds in enumerate(sets):
+        row = {}
+        for spec in specs:
+            row[spec.name], note = fit(spec, feeds[spec.name], f"set {k} input {spec.name!r}")
+            if note:
+                notes.append(note)
+        fitted.append(row)
+    shapes, symbolic = infer_shapes(specs, fitted)
+    outs, how = reference_run(model, fitted)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("test_data_set_*"):
+        shutil.rmtree(stale)
+    shutil.copyfile(model, out / "model.onnx")
+    _copy_external_data(proto, model.parent, out)
+    meta: dict[str, Any] = {"name": name or model.stem, "version": str(version)}
+    if task:
+        meta["task"] = task
+    if shapes:
+        meta["input_shapes"] = shapes
+    meta["golden_source"] = how
+    (out / "model.yaml").write_text(yaml.safe_dump(meta, sort_keys=False, width=1 << 16))
+    for k, (feeds, results) in enumerate(zip(fitted, outs)):
+        ds = out / f"test_data_set_{k}"
+        ds.mkdir()
+        for i, spec in enumerate(specs):
+            (ds / f"input_{i}.pb").write_bytes(numpy_helper.from_array(feeds[spec.name], spec.name).SerializeToString())
+        for i, (spec, value) in enumerate(zip(outputs, results)):
+            tensor = numpy_helper.from_array(np.asarray(value), spec.name)
+            (ds / f"output_{i}.pb").write_bytes(tensor.SerializeToString())
+    problems = check(out)
+    if problems:
+        raise ModelError(f"{out}: the written package does not pass its own check: {problems[0].problem}")
+    return Built(out, meta["name"], meta["version"], len(fitted), shapes, symbolic, how, notes)
+
+
+def _copy_external_data(proto, src_dir: Path, out: Path) -> None:
+    """External-data files the model names, copied beside it (their locations stay relative)."""
+    for init in proto.graph.initializer:
+        for entry in init.external_data:
+            if entry.key == "location":
+                rel = Path(entry.value)
+                if rel.is_absolute() or ".." in rel.parts:
+                    raise ModelError(f"initializer {init.name!r}: external data outside the model's folder: {rel}")
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                if not (out / rel).exists():
+                    shutil.copyfile(src_dir / rel, out / rel)
+
+
+def check(path: Path) -> list[Finding]:
+    """Every fix a package needs, as the daemon would find them (empty: it will be accepted and qualified)."""
+    from agent.qualify.inputs import assumed_dims, load_dataset
+    from agent.qualify.package import load_package
+
+    path = Path(path)
+    try:
+        pkg = load_package(path)
+    except ModelError as exc:
+        return [Finding(str(path), str(exc), _fix_for(str(exc)))]
+    found: list[Finding] = []
+    meta = pkg.meta
+    for key in ("name", "version"):
+        if key not in meta:
+            found.append(
+                Finding(
+                    f"model.yaml: {key}", f"no {key}", f"add `{key}:` (the daemon reports it; default {key} is used)"
+                )
+            )
+    if not pkg.datasets:
+        found.append(
+            Finding(
+                "test_data_set_0",
+                "no golden data: accuracy is judged against a reference run, latency on generated inputs",
+                "write real inputs and their outputs: edge-agent package MODEL.onnx --inputs FILE... --out DIR",
+            )
+        )
+        assumed = assumed_dims(pkg.inputs, pkg.dynamic_dims, pkg.input_shapes, meta.get("input_values"))
+        for inp, dims in assumed.items():
+            found.append(
+                Finding(
+                    f"model.yaml: input_shapes.{inp}",
+                    f"symbolic dims {', '.join(dims)} are declared nowhere and would be guessed as 1",
+                    f"add input_shapes: {{{inp}: [...]}} with the shape it serves, or golden data",
+                )
+            )
+    for ds in pkg.datasets:
+        try:
+            feeds, expected = load_dataset(ds, pkg.inputs, pkg.outputs)
+        except ModelError as exc:
+            found.append(Finding(ds.name, str(exc), "rewrite the set with edge-agent package"))
+            continue
+        for spec in pkg.inputs:
+            if spec.name not in feeds:
+                found.append(Finding(ds.name, f"no value for input {spec.name!r}", "add input_K.pb for it"))
+                continue
+            try:
+                fit(spec, np.asarray(feeds[spec.name]), f"{ds.name} input {spec.name!r}")
+            except ModelError as exc:
+                found.append(Finding(ds.name, str(exc), "save the input in the model's dtype and shape"))
+        if not expected:
+            found.append(
+                Finding(ds.name, "inputs without outputs: nothing to judge accuracy against", "add output_K.pb")
+            )
+    return found
+
+
+def _fix_for(message: str) -> str:
+    if "checker" in message or "not a valid ONNX" in message:
+        return "re-export the model (the ONNX checker must accept it: python -m onnx.checker MODEL.onnx)"
+    if "model.yaml" in message:
+        return "correct that key of model.yaml (docs/qualification.md lists the keys)"
+    return "see the message"

@@ -1,0 +1,1 @@
+"""Generated KServe v2 / Triton gRPC stubs (scripts/gen_oip_proto.py makes them)."""

@@ -1,0 +1,59 @@
+""" "Not judged": a verdict that could not be measured is its own outcome, never a pass that guessed.
+
+Probation (and shadow) cannot judge compute time when the device never gave the candidate's runs the cores
+(rungate.py drops a run whose threads waited). The verdict then says "not judged" with the counts, and the
+target decides (`serving.unjudged`): `commit-flagged` (the default: the version serves, its status and
+decision record say "not judged") or `rollback`. Retrying first is `serving.probation.extend`: probation
+watches on, up to that many windows, before it says "not judged".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+NOT_JUDGED = "not judged"
+POLICIES = ("commit-flagged", "rollback")
+
+
+def compute_counts(f: dict[str, Any], need: int) -> dict[str, Any]:
+    """The counts behind a "not judged" compute verdict: measured, dropped as contended, needed."""
+    return {
+        "signal": "compute",
+        "measured": f.get("compute_samples", 0),
+        "contended": f.get("compute_contended", 0),
+        "needed": need,
+        "requests": f.get("requests", 0),
+    }
+
+
+def compute_unjudged(f: dict[str, Any], need: int) -> bool:
+    """No compute quantile judged because the candidate's runs were dropped as contended (not: no requests,
+    no baseline)."""
+    return (
+        not f.get("compute")
+        and f.get("baseline", {}).get("source") is not None
+        and f.get("compute_samples", 0) < need
+        and f.get("compute_contended", 0) > 0
+    )
+
+
+def reason(prefix: str, counts: dict[str, Any]) -> str:
+    return (
+        f"{prefix}: compute time not judged: {counts['measured']} runs measured of the {counts['needed']} needed, "
+        f"{counts['contended']} dropped because their threads waited for the cores ({counts['requests']} requests)"
+    )
+
+
+def policy_of(serving: dict[str, Any] | None) -> str:
+    value = str((serving or {}).get("unjudged", "commit-flagged"))
+    return value if value in POLICIES else "commit-flagged"
+
+
+def decide(state: str, why: str, serving: dict[str, Any] | None, trouble: str) -> tuple[str, str]:
+    """A NOT_JUDGED verdict under the target's policy: (NOT_JUDGED, why + 'committed flagged') or
+    (trouble, why + 'rolled back'). Other states pass through."""
+    if state != NOT_JUDGED:
+        return state, why
+    if policy_of(serving) == "rollback":
+        return trouble, f"{why}; the target's serving.unjudged is rollback"
+    return NOT_JUDGED, f"{why}; committed flagged (the target's serving.unjudged is commit-flagged)"

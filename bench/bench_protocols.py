@@ -1,0 +1,335 @@
+"""Transport benchmark, same run, same model (not run by the tests): KServe v2 gRPC (binary, raw contents) and the
+system shared memory path against HTTP binary and against a plain InferenceSession.run.
+
+  (1) per request, 1 MiB FP32 in and out: HTTP binary, gRPC binary, gRPC + shared memory, HTTP + shared memory,
+      session.run in the client's process;       goal: shared memory >= 2x faster than HTTP binary
+  (2) throughput at --clients client processes: gRPC binary / HTTP binary      goal >= 1.0
+
+Usage: .venv/bin/python bench/bench_protocols.py [--mib 1] [--rounds 200] [--clients 8] [--seconds 5] [--json]
+The server (OIPServer + GRPCServer over one DataPlane, as the daemon runs them) lives in its own process; every
+client is lean (one sendmsg per HTTP request with Content-Length framing; gRPC through grpcio with bytes in and
+out, the response parsed with protobuf), so the figures are the server's and the transport's cost. Each round
+times every path once, in random order; medians over rounds. The model is Relu over [1, N] FP32 (N = mib x 2^18):
+its compute is small, so the transport dominates. Shared-memory paths include writing the input into the region
+and copying the output out of it (what a camera or audio pipeline on the same device would do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def relu_model(n: int):
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _session(path: str):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _serve(path: str, ports, stop) -> None:
+    from agent.serving.grpc_front import GRPCServer
+    from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas
+    from agent.serving.registry import ModelRegistry
+    from agent.serving.server import OIPServer
+
+    limit_malloc_arenas(2)
+    fix_mmap_threshold()
+    reg = ModelRegistry()
+    from agent.providers import get
+
+    reg.activate("relu", "1", get("cpu").open_session(path, options={"intra_op_num_threads": 1}))
+    http = OIPServer(reg, port=0).start()
+    grpc_srv = GRPCServer(http.plane, port=0).start()
+    ports.put((http.port, grpc_srv.port))
+    stop.wait()
+    grpc_srv.shutdown(2)
+    http.shutdown(2)
+
+
+class HttpClient:
+    """Keep-alive HTTP/1.1 with the binary tensor extension: one sendmsg per request, Content-Length framing."""
+
+    def __init__(self, port: int, n: int):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        doc = {
+            "inputs": [{"name": "x", "shape": [1, n], "datatype": "FP32", "parameters": {"binary_data_size": 4 * n}}],
+            "parameters": {"binary_data_output": True},
+        }
+        self.json = json.dumps(doc).encode()
+        self.buf = bytearray(8 * n + 65536)
+
+    def _exchange(self, head: bytes, *parts) -> bytes:
+        self.sock.sendmsg([head, *parts])
+        view, got = memoryview(self.buf), 0
+        while True:
+            got += self.sock.recv_into(view[got:])
+            end = self.buf.find(b"\r\n\r\n", 0, got)
+            if end >= 0:
+                break
+        headers = bytes(self.buf[:end]).decode("latin-1").lower()
+        length = int(headers.split("content-length:")[1].split("\r\n")[0])
+        while got < end + 4 + length:
+            got += self.sock.recv_into(view[got:])
+        return bytes(self.buf[end + 4 : end + 4 + length]), headers
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        body_len = len(self.json) + x.nbytes
+        head = (
+            f"POST /v2/models/relu/infer HTTP/1.1\r\nHost: b\r\nContent-Length: {body_len}\r\n"
+            f"Inference-Header-Content-Length: {len(self.json)}\r\n\r\n"
+        ).encode()
+        body, headers = self._exchange(head + self.json, x)
+        hlen = int(headers.split("inference-header-content-length:")[1].split("\r\n")[0])
+        return np.frombuffer(body, "<f4", offset=hlen)
+
+    def infer_json(self, doc: bytes) -> bytes:
+        head = f"POST /v2/models/relu/infer HTTP/1.1\r\nHost: b\r\nContent-Length: {len(doc)}\r\n\r\n".encode()
+        return self._exchange(head, doc)[0]
+
+
+class GrpcClient:
+    def __init__(self, port: int, n: int):
+        import grpc
+
+        from agent.serving.proto import oip_pb2 as pb
+
+        self.pb = pb
+        opts = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
+        self.call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        self.n = n
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        req = self.pb.ModelInferRequest(model_name="relu")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, self.n])
+        req.raw_input_contents.append(x.tobytes())
+        resp = self.pb.ModelInferResponse.FromString(self.call(req.SerializeToString()))
+        return np.frombuffer(resp.raw_output_contents[0], "<f4")
+
+    def shm_request(self) -> bytes:
+        req = self.pb.ModelInferRequest(model_name="relu")
+        t = req.inputs.add(name="x", datatype="FP32", shape=[1, self.n])
+        t.parameters["shared_memory_region"].string_param = "in"
+        t.parameters["shared_memory_byte_size"].int64_param = 4 * self.n
+        o = req.outputs.add(name="y")
+        o.parameters["shared_memory_region"].string_param = "out"
+        o.parameters["shared_memory_byte_size"].int64_param = 4 * self.n
+        return req.SerializeToString()
+
+
+class Shm:
+    """The client's two regions, registered with the server (over gRPC; the regions serve HTTP requests too)."""
+
+    def __init__(self, grpc_client: GrpcClient, n: int, tag: str):
+        self.n = n
+        self.regions = []
+        for role in ("in", "out"):
+            name = f"ea_bench_{tag}_{role}"
+            try:
+                shared_memory.SharedMemory(name).unlink()
+            except FileNotFoundError:
+                pass
+            self.regions.append(shared_memory.SharedMemory(name, create=True, size=4 * n))
+        self.x = np.ndarray((1, n), np.float32, self.regions[0].buf)
+        self.y = np.ndarray((1, n), np.float32, self.regions[1].buf)
+        import grpc
+
+        pb = grpc_client.pb
+        for role, region in zip(("in", "out"), self.regions):
+            reg = pb.SystemSharedMemoryRegisterRequest(name=role, key="/" + region.name, offset=0, byte_size=4 * n)
+            grpc_client.channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryRegister")(
+                reg.SerializeToString()
+            )
+        self.grpc_body = grpc_client.shm_request()
+        self.http_body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1, n],
+                        "datatype": "FP32",
+                        "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": 4 * n},
+                    }
+                ],
+                "outputs": [
+                    {"name": "y", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 4 * n}}
+                ],
+            }
+        ).encode()
+        del grpc
+
+    def close(self) -> None:
+        del self.x, self.y
+        for r in self.regions:
+            r.close()
+            r.unlink()
+
+
+def per_request(http_port: int, grpc_port: int, path: str, n: int, rounds: int) -> dict:
+    sess = _session(path)
+    x = np.random.default_rng(0).standard_normal((1, n)).astype(np.float32)
+    want = np.maximum(x, 0)
+    h, g = HttpClient(http_port, n), GrpcClient(grpc_port, n)
+    shm = Shm(g, n, str(os.getpid()))
+
+    def run_plain():
+        return sess.run(None, {"x": x})[0]
+
+    def run_http():
+        return h.infer(x)
+
+    def run_grpc():
+        return g.infer(x)
+
+    def run_grpc_shm():
+        shm.x[:] = x
+        g.call(shm.grpc_body)
+        return np.array(shm.y)
+
+    def run_http_shm():
+        shm.x[:] = x
+        h.infer_json(shm.http_body)
+        return np.array(shm.y)
+
+    paths = {
+        "session_run": run_plain,
+        "http_binary": run_http,
+        "grpc_binary": run_grpc,
+        "grpc_shm": run_grpc_shm,
+        "http_shm": run_http_shm,
+    }
+    for f in paths.values():  # warm up and check every path answers right
+        for _ in range(5):
+            out = f()
+        assert np.array_equal(np.asarray(out).reshape(1, n), want), "wrong answer"
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    order = list(paths)
+    for _ in range(rounds):
+        random.shuffle(order)
+        for k in order:
+            t0 = time.perf_counter()
+            paths[k]()
+            times[k].append(time.perf_counter() - t0)
+    shm.close()
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _client_loop(kind: str, port: int, n: int, seconds: float, start, counts) -> None:
+    x = np.random.default_rng(1).standard_normal((1, n)).astype(np.float32)
+    c = HttpClient(port, n) if kind == "http" else GrpcClient(port, n)
+    c.infer(x)
+    start.wait()
+    done, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        c.infer(x)
+        done += 1
+    counts.put(done)
+
+
+def throughput(kind: str, port: int, n: int, clients: int, seconds: float) -> float:
+    ctx = mp.get_context("spawn")
+    start, counts = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_client_loop, args=(kind, port, n, seconds, start, counts)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # clients connected and warmed
+    start.set()
+    total = sum(counts.get(timeout=seconds + 120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    return total / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    n = int(args.mib * (1 << 18))
+    import onnx
+
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-proto-"), "relu.onnx")
+    onnx.save(relu_model(n), path)
+    ctx = mp.get_context("spawn")
+    ports, stop = ctx.Queue(), ctx.Event()
+    server = ctx.Process(target=_serve, args=(path, ports, stop), daemon=True)
+    server.start()
+    http_port, grpc_port = ports.get(timeout=120)
+    try:
+        log(f"per request, {args.mib:g} MiB in and out, {args.rounds} rounds (medians) ...")
+        med = per_request(http_port, grpc_port, path, n, args.rounds)
+        log(f"throughput at {args.clients} clients, {args.seconds:g} s each ...")
+        tput = {
+            k: throughput(k, p, n, args.clients, args.seconds) for k, p in (("http", http_port), ("grpc", grpc_port))
+        }
+    finally:
+        stop.set()
+        server.join(10)
+    result = {
+        "input_mib": args.mib,
+        "cpus": os.cpu_count(),
+        "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "ratio_vs_session_run": {k: round(v / med["session_run"], 2) for k, v in med.items()},
+        "speedup_vs_http_binary": {k: round(med["http_binary"] / v, 2) for k, v in med.items()},
+        "throughput_rps": {k: round(v, 1) for k, v in tput.items()},
+        "grpc_over_http_throughput": round(tput["grpc"] / tput["http"], 2),
+        "goals": {
+            "shm_2x_faster_than_http_binary (grpc_shm, http_shm)": [
+                med["http_binary"] / med["grpc_shm"] >= 2.0,
+                med["http_binary"] / med["http_shm"] >= 2.0,
+            ],
+            "grpc_throughput_at_least_http": tput["grpc"] >= tput["http"],
+        },
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"per request ({args.mib:g} MiB FP32 in and out; medians of {args.rounds} rounds; {os.cpu_count()} CPUs):")
+    for k, v in med.items():
+        print(
+            f"  {k:12s} {v * 1e3:8.3f} ms   x{v / med['session_run']:.2f} of session.run   "
+            f"{med['http_binary'] / v:.2f}x as fast as HTTP binary"
+        )
+    print(f"throughput at {args.clients} clients: " + ", ".join(f"{k} {v:.1f} req/s" for k, v in tput.items()))
+    print(f"  gRPC / HTTP binary: {tput['grpc'] / tput['http']:.2f}")
+    print(f"goals: {result['goals']}; load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

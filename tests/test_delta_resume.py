@@ -1,0 +1,105 @@
+"""kill -9 of a device in the middle of a delta pull: the restart re-fetches no chunk it had verified."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from delta_models import versions
+
+from agent.artifacts.delta import fetch_delta, prefill
+from agent.artifacts.manifest import Manifest
+from agent.artifacts.pull import ChunkPuller
+from agent.artifacts.recipe import MAX_SIZE, Layout
+from agent.artifacts.store import ContentStore
+from agent.fleet.artifact_server import ArtifactServer
+from agent.fleet.push import store_package
+from agent.transport.device import DeviceLink
+from agent.transport.mqtt import BrokerConfig
+
+WINDOW = 2
+
+
+def child(url: str, store_dir: str, manifest_file: str, pause_at: str) -> None:
+    """The device: a delta pull that prints progress and blocks (until killed) once pause_at bytes are there."""
+    m = Manifest.from_dict(json.loads(Path(manifest_file).read_text()))
+    link = DeviceLink(url, "pi-1").start(wait=15)
+
+    def progress(event, done=0, **_):
+        if event == "chunk" and done >= int(pause_at):
+            print("paused", done, flush=True)
+            sys.stdin.readline()
+
+    fetch_delta(m, ContentStore(store_dir), link=link, progress=progress, window=WINDOW)
+    print("finished", flush=True)
+
+
+def manifest(path, cp_dir, version):
+    art = store_package(path, cp_dir, validate=False)
+    return Manifest.create(
+        name="mlp",
+        version=version,
+        sha256=art["sha256"],
+        size=art["size"],
+        chunk_size=art["chunk_size"],
+        chunks=art["chunks"],
+        devices=["pi-1"],
+        recipe=art["recipe"],
+    )
+
+
+def test_sigkill_mid_delta_pull_resumes_without_refetching(mosquitto, tmp_path):
+    v1, v2, changed = versions(tmp_path, layers=4, width=1024)  # 16 MB; one 4 MB tensor changed
+    cp = ContentStore(tmp_path / "cp")
+    m2 = manifest(v2, cp.root, "2")
+    (tmp_path / "m2.json").write_text(json.dumps(m2.to_dict()))
+    store_dir = tmp_path / "dev"
+    ContentStore(store_dir).put_file(v1)  # the version the device runs
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    pause_at = m2.artifact.size - changed // 2
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m2.json"), str(pause_at)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        for line in proc.stdout:
+            assert not line.startswith("finished"), "the child finished before it could be killed"
+            if line.startswith("paused"):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL
+        store = ContentStore(store_dir)
+        assert not store.has(m2.artifact.sha256) and store.part_path(m2.artifact.sha256).exists()
+        served_before = server.stats["bytes"]
+        assert 0 < served_before < changed
+
+        a = m2.artifact
+        layout = Layout.from_recipe(a.sha256, a.size, dict(a.recipe))
+        reused = prefill(store, layout, a.recipe["chunker"])
+        assert a.size - reused <= 1.01 * changed  # everything but the changed tensor comes from v1
+        dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+        try:
+            puller = ChunkPuller(dev, store, window=WINDOW)
+            assert puller.pull(m2, layout=layout).read_bytes() == v2.read_bytes()
+        finally:
+            dev.stop()
+        missing_at_restart = layout.count - puller.stats["resumed"]
+        assert puller.stats["requested"] == missing_at_restart  # only what was not verified before the kill
+        resent = server.stats["bytes"] - (a.size - reused)
+        assert resent <= WINDOW * MAX_SIZE, f"{resent} bytes sent twice"  # at most the chunks in flight
+        assert server.stats["bytes"] > served_before
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
+    child(*sys.argv[2:6])

@@ -1,0 +1,273 @@
+"""Download deadlines (issue 29, item 6) against a real tarpit: an HTTP server on 127.0.0.1 that answers a Range
+request with a valid 206 head and then one byte every two seconds. Its source is abandoned within the download
+deadline for the manifest's next source (MQTT, a real artifact server) and the deployment completes while the
+previous version keeps serving; `cancel` ends a download stuck on it at once (its connection closes, no puller
+is left running); plain http:// sources are not contacted unless the config allows them."""
+
+from __future__ import annotations
+
+import re
+import select
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config
+from support.wait import wait_for
+
+from agent.artifacts.fetch import fetch_artifact
+from agent.artifacts.store import ContentStore
+from agent.errors import ArtifactRefused
+from agent.samples import sample_tiny_package
+
+
+class Tarpit:
+    """Accepts, reads a request head, sends a 206 head for the asked range, then one byte every `every` s."""
+
+    def __init__(self, every: float = 2.0):
+        self.every = every
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self.open = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, sha: str) -> str:
+        return f"http://127.0.0.1:{self.port}/blobs/sha256/{sha}"
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with self._lock:
+                self.connections += 1
+                self.open += 1
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                block = conn.recv(4096)
+                if not block:
+                    return
+                head += block
+            m = re.search(rb"Range: bytes=(\d+)-", head)
+            start = int(m.group(1)) if m else 0
+            size = start + 10_000_000
+            conn.sendall(
+                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
+                f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
+            )
+            while not self._stop.is_set():
+                readable, _, _ = select.select([conn], [], [], self.every)
+                if readable and not conn.recv(1):  # the client closed its end
+                    return
+                conn.sendall(b"\0")  # a wrong byte too: the chunk hash would refuse it, were it ever complete
+        except OSError:
+            return
+        finally:
+            conn.close()
+            with self._lock:
+                self.open -= 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def plane(tmp_path, mosquitto):
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    cp.serve()
+    yield cp
+    cp.close()
+
+
+@pytest.fixture
+def tarpit():
+    t = Tarpit()
+    yield t
+    t.close()
+
+
+def _agent(tmp_path, mosquitto, cp, downloads: dict | None = None):
+    extra = {"downloads": downloads} if downloads is not None else {}
+    cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, **extra)
+    return make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True)
+
+
+def _push(cp, tmp_path, version: str, sources):
+    pkg = sample_tiny_package(tmp_path / f"pkg-{version}", version=version)
+    m = cp.manifest(pkg, "tiny", version, sources=sources(cp, pkg))
+    cp.to_device("tiny", cp.envelope(m))
+    return m
+
+
+def _committed(agent, version):
+    return (agent.steps.slots.committed("tiny") or {}).get("version") == version
+
+
+def _serves(agent) -> float:
+    _, out = agent.registry.infer("tiny", {"x": np.zeros((1, 4), np.float32)})
+    return float(next(iter(out.values())).ravel()[0])
+
+
+def _dep(agent, version):
+    return next((d for d in agent.orchestrator.journal.all() if d.model == "tiny" and d.version == version), None)
+
+
+def _sources_with(tarpit):
+    def make(cp, pkg):
+        from agent.fleet.push import store_package
+
+        sha = store_package(pkg, cp.store_dir, cp.chunk_size, validate=False)["sha256"]
+        return [{"type": "http", "url": tarpit.url(sha)}, {"type": "mqtt"}]
+
+    return make
+
+
+def test_a_tarpit_source_is_abandoned_for_mqtt_and_the_deployment_completes(tmp_path, mosquitto, plane, tarpit):
+    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3, "min_bytes": 1024})
+    try:
+        _push(plane, tmp_path, "1", lambda cp, pkg: [{"type": "mqtt"}])
+        wait_for(lambda: _committed(a, "1"), what="v1 committed")
+        _push(plane, tmp_path, "2", _sources_with(tarpit))
+        wait_for(lambda: tarpit.connections > 0, 60, "the device tries the tarpit first")
+        assert _serves(a) == 1.0  # the previous version serves while v2 is stuck on the tarpit
+        wait_for(lambda: _committed(a, "2"), 120, "v2 committed from the MQTT source")
+        assert _serves(a) == 2.0
+        wait_for(lambda: getattr(_dep(a, "2"), "result", None) == "committed", 60, "v2's deployment committed")
+        wait_for(lambda: tarpit.open == 0, 10, "the tarpit's connection closed by the device")
+    finally:
+        a.stop()
+
+
+def test_plain_http_sources_are_not_contacted_unless_allowed(tmp_path, mosquitto, plane, tarpit):
+    a = _agent(tmp_path, mosquitto, plane)  # downloads.allow_http defaults to false
+    try:
+        _push(plane, tmp_path, "1", _sources_with(tarpit))
+        wait_for(lambda: _committed(a, "1"), 120, "v1 committed from the MQTT source")
+        assert tarpit.connections == 0
+    finally:
+        a.stop()
+    only_http = plane.manifest(sample_tiny_package(tmp_path / "p9", version="9"), "tiny", "9")
+    d = only_http.to_dict()
+    d["sources"] = [{"type": "http", "url": tarpit.url(only_http.artifact.sha256)}]
+    from agent.artifacts.manifest import Manifest
+
+    with pytest.raises(ArtifactRefused, match="plain http refused .*downloads.allow_http"):
+        fetch_artifact(Manifest.from_dict(d), ContentStore(tmp_path / "dev-store"), allow_http=False)
+    assert tarpit.connections == 0
+
+
+def _puller_frames() -> list[str]:
+    """Threads now running inside a puller (agent/artifacts/http.py or pull.py)."""
+    out = []
+    for tid, frame in sys._current_frames().items():
+        f = frame
+        while f is not None:
+            if f.f_code.co_filename.endswith(("agent/artifacts/http.py", "agent/artifacts/pull.py")):
+                out.append(f"{tid}:{f.f_code.co_filename}:{f.f_lineno}")
+                break
+            f = f.f_back
+    return out
+
+
+def test_cancel_stops_a_download_stuck_on_a_tarpit_at_once(tmp_path, mosquitto, plane, tarpit):
+    # a progress deadline far away: only the cancel can end this download
+    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3600, "min_bytes": 1})
+    try:
+        pkg = sample_tiny_package(tmp_path / "pkg-1", version="1")
+        m = plane.manifest(pkg, "tiny", "1", sources=_sources_with(tarpit)(plane, pkg)[:1])
+        plane.to_device("tiny", plane.envelope(m))
+        wait_for(lambda: tarpit.open > 0, 60, "the download hangs on the tarpit")
+        time.sleep(1.0)
+        assert _puller_frames()  # a thread is in the puller now
+        dep = a.orchestrator.cancel("tiny")
+        assert dep is not None
+        wait_for(lambda: (_dep(a, "1") or dep).terminal, 10, "the deployment ends")
+        wait_for(lambda: tarpit.open == 0, 10, "the tarpit connection is closed")
+        wait_for(lambda: not _puller_frames(), 10, "no thread left in the puller")
+        assert "cancel" in ((_dep(a, "1") or dep).reason or "")
+    finally:
+        a.stop()
+
+
+def test_stopping_the_daemon_ends_a_download_stuck_on_a_tarpit(tmp_path, mosquitto, plane, tarpit):
+    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3600, "min_bytes": 1})
+    stopped = False
+    try:
+        pkg = sample_tiny_package(tmp_path / "pkg-1", version="1")
+        m = plane.manifest(pkg, "tiny", "1", sources=_sources_with(tarpit)(plane, pkg)[:1])
+        plane.to_device("tiny", plane.envelope(m))
+        wait_for(lambda: tarpit.open > 0, 60, "the download hangs on the tarpit")
+        a.stop()
+        stopped = True
+        assert a.stopped(15)  # the state_dir lock is released: no thread was left behind holding it
+        wait_for(lambda: tarpit.open == 0, 10, "the tarpit connection is closed")
+        assert not _puller_frames()
+    finally:
+        if not stopped:
+            a.stop()
+
+
+class SlowSource(Tarpit):
+    """Serves the real bytes, `block` of them every `every` s (slower than one chunk per stall timeout)."""
+
+    def __init__(self, data: bytes, block: int, every: float):
+        self.data, self.block = data, block
+        super().__init__(every)
+
+    def _drip(self, conn: socket.socket) -> None:
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                got = conn.recv(4096)
+                if not got:
+                    return
+                head += got
+            m = re.search(rb"Range: bytes=(\d+)-", head)
+            start = int(m.group(1)) if m else 0
+            size = len(self.data)
+            conn.sendall(
+                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
+                f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
+            )
+            for at in range(start, size, self.block):
+                conn.sendall(self.data[at : at + self.block])
+                time.sleep(self.every)
+        except OSError:
+            return
+        finally:
+            conn.close()
+            with self._lock:
+                self.open -= 1
+
+
+def test_a_slow_source_above_the_progress_deadline_completes(tmp_path):
+    """Gaps longer than a read's 0.5 s poll and chunks slower than the stall timeout: partial chunks are kept
+    across the resumed requests, so a source that keeps its bytes-per-interval finishes."""
+    from test_pull import make_artifact
+
+    from agent.artifacts.deadline import DownloadLimits
+    from agent.artifacts.http import HttpPuller
+
+    _, m, data = make_artifact(tmp_path / "cp", 3 * 16384, 16384)
+    src = SlowSource(data, 4096, 0.7)
+    try:
+        watch = DownloadLimits(min_bytes=2048, interval_s=2.0).watch("slow")
+        puller = HttpPuller(ContentStore(tmp_path / "dev"), stall_timeout=2.0, retry_delay=0.05)
+        assert puller.pull(m, src.url(m.artifact.sha256), watch).read_bytes() == data
+        assert src.connections > 1  # reads timed out and were resumed mid-chunk
+    finally:
+        src.close()

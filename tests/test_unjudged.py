@@ -1,0 +1,106 @@
+""" "Not judged" is its own outcome: probation says it with the counts, the target decides, fleets count it apart."""
+
+from __future__ import annotations
+
+import pytest
+from support.serving import log_model, open_session
+from test_serving_probation import Clock
+
+from agent.fleet import rollout_state as rs
+from agent.fleet.outcome import COMMITTED, UNJUDGED, device_outcome
+from agent.fleet.rollout_plan import RolloutSpec
+from agent.lifecycle.status import figures_brief
+from agent.serving.registry import ModelRegistry
+from agent.trial import unjudged
+from agent.trial.probation import PASSED, TROUBLE, Probation
+
+
+class _Contended(Probation):
+    """Probation's own logic over figures of a device that never had the cores (what rungate.py records when
+    every run's threads waited): the runs came, were dropped as contended, a baseline was there."""
+
+    def __init__(self, *args, measured: int, contended: int, **kw):
+        super().__init__(*args, **kw)
+        self._counts = (measured, contended)
+
+    def figures(self, judge: bool = False) -> dict:
+        f = super().figures(judge)
+        f.update(compute_samples=self._counts[0], compute_contended=self._counts[1], requests=800)
+        f["baseline"] = {"source": "incumbent", "version": "1"}
+        f.pop("compute", None)
+        f.pop("_slow", None)
+        return f
+
+
+def _probation(tmp_path, measured, contended):
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(log_model(), tmp_path))
+    clock = Clock()
+    p = _Contended(r, "m", "1", {"p50": 1.0}, window=10, clock=clock, measured=measured, contended=contended)
+    clock.now = 10.0 * p.thresholds.extend  # past the extension: the bound of "watch on and retry"
+    return r, p
+
+
+def test_probation_that_never_had_the_cores_says_not_judged_with_the_counts(tmp_path):
+    r, p = _probation(tmp_path, measured=0, contended=797)
+    v = p.evaluate()
+    r.close()
+    assert v.state == unjudged.NOT_JUDGED and v.state != PASSED
+    assert v.figures["not_judged"] == {
+        "signal": "compute",
+        "measured": 0,
+        "contended": 797,
+        "needed": 64,
+        "requests": 800,
+    }
+    assert "0 runs measured of the 64 needed, 797 dropped" in v.reason
+
+
+def test_enough_measured_runs_are_judged_not_flagged(tmp_path):
+    r, p = _probation(tmp_path, measured=0, contended=0)  # nothing contended: the usual rules, no flag
+    v = p.evaluate()
+    r.close()
+    assert v.state != unjudged.NOT_JUDGED and "not_judged" not in v.figures
+
+
+@pytest.mark.parametrize(
+    "serving, state", [({}, unjudged.NOT_JUDGED), ({"unjudged": "commit-flagged"}, unjudged.NOT_JUDGED)]
+)
+def test_the_target_commits_flagged_by_default(serving, state):
+    got, why = unjudged.decide(unjudged.NOT_JUDGED, "probation: compute time not judged", serving, TROUBLE)
+    assert got == state and "committed flagged" in why
+
+
+def test_the_target_may_roll_an_unjudged_version_back():
+    got, why = unjudged.decide(
+        unjudged.NOT_JUDGED, "probation: compute time not judged", {"unjudged": "rollback"}, TROUBLE
+    )
+    assert got == TROUBLE and why.endswith("serving.unjudged is rollback")
+    assert unjudged.decide(PASSED, "fine", {"unjudged": "rollback"}, TROUBLE) == (PASSED, "fine")
+
+
+def _status(verdict: str | None) -> dict:
+    probation = {"requests": 800, "errors": 0, "nonfinite": 0, "request_caused": 0, "baseline": {"source": "incumbent"}}
+    if verdict == "not judged":
+        probation.update(not_judged={"measured": 3, "needed": 64, "contended": 797})
+    return {
+        "trust": "verified",
+        "models": {"m": {"version": "2", "state": "committed", "provider": "cpu"}},
+        "deployments": {"m": {"version": "2", "state": "committed", "probation": probation}},
+    }
+
+
+def test_fleet_views_and_rollouts_count_unjudged_devices_apart():
+    result, reason = device_outcome(_status("not judged"), "m", "2")
+    assert result == UNJUDGED and "not judged: 3 of 64 runs measured, 797 contended" in reason
+    assert device_outcome(_status(None), "m", "2")[0] == COMMITTED
+    assert rs.observe(_status("not judged"), "m", "2")[0] == rs.NOT_JUDGED
+    assert rs.observe(_status("passed"), "m", "2")[0] == rs.SUCCEEDED
+    brief = figures_brief(_status("not judged")["deployments"]["m"])
+    assert "NOT JUDGED (3 of 64 runs measured, 797 contended)" in brief
+
+
+def test_a_rollout_can_halt_on_unjudged_devices():
+    spec = RolloutSpec("m", "2", group="g", halt_on_unjudged=True).validate()
+    assert RolloutSpec.from_dict(spec.to_dict()).halt_on_unjudged is True
+    assert RolloutSpec("m", "2", group="g").halt_on_unjudged is False
