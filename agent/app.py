@@ -174,7 +174,6 @@ class DeviceAgent:
             self.link.publish_event(record)
 
     def _publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
-        """The attestor's way to the link's attestation topic (nothing while there is no link: the file stays)."""
         if self.link is not None:
             self.link.publish_attestation(model, kind, envelope)
 
@@ -244,10 +243,9 @@ class DeviceAgent:
             self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
             self.orchestrator.stop(timeout=drain_timeout)
-        if self.grpc_server is not None:
-            self.grpc_server.shutdown(drain_timeout)
-        if self.server is not None:
-            self.server.shutdown(drain_timeout)
+        for front in (self.grpc_server, self.server):  # the inference front ends (serving.fronts)
+            if front is not None:
+                front.shutdown(drain_timeout)
         if self.link is not None:
             self.link.stop(graceful=True)
         if self.registry is not None:
@@ -307,29 +305,17 @@ class DeviceAgent:
 
     # ---- parts ---------------------------------------------------------------------------------
     def _start_http(self) -> None:
-        from agent.serving.server import OIPServer
+        from agent.serving.fronts import start_fronts
 
-        s = self.config.serving
-        self.server = OIPServer(
-            self.registry,
-            s.host,
-            s.port,
-            s.token(),
-            max_connections=s.max_connections,
-            max_per_peer=s.max_per_peer,
-            header_timeout=s.header_timeout_s,
-            idle_timeout=s.idle_timeout_s,
-        ).start()
+        self.server, self.grpc_server = start_fronts(self.registry, self.config.serving, self._repository)
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
+
+    def _repository(self, plane: Any) -> None:  # the repository extension: serving never imports the lifecycle
         if self.orchestrator is not None and self.steps is not None:
             from agent.services.repository import RepositoryService
 
-            RepositoryService(self.state_dir, self.orchestrator, self.steps, self.server.plane).install()
-        if s.grpc_port is not None:
-            from agent.serving.grpc_front import GRPCServer
-
-            self.grpc_server = GRPCServer(self.server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()
+            RepositoryService(self.state_dir, self.orchestrator, self.steps, plane).install()
 
     def _start_telemetry(self) -> None:
         try:
@@ -339,8 +325,7 @@ class DeviceAgent:
         reg, root, device = self.registry, str(self.sysroot or "/"), self.config.device_id
         stats = lambda: registry_stats(reg)  # noqa: E731 - the figures of this agent's registry, read when asked
         self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
-        if self.health_source is None:
-            self.health_source = self.telemetry.collect
+        self.health_source = self.health_source or self.telemetry.collect
 
     def _on_connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})

@@ -10,8 +10,8 @@ from support.serving import open_session
 
 from agent.samples import tiny_model
 from agent.serving import auth
-from agent.serving.auth import AuthGate, TooManyFailures
-from agent.serving.errors import Unauthorized
+from agent.serving.auth import AuthGate
+from agent.serving.errors import TooManyFailures, Unauthorized
 from agent.serving.grpc_front import GRPCServer
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer

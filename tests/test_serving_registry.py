@@ -269,17 +269,36 @@ def test_swaps_race_lock_free_holds_without_a_failure_or_a_leak(tmp_path):
 
 
 def test_domain_errors_carry_no_http_status_and_one_map_gives_it():
-    """The registry raises domain errors; status_of (called by the transport) is the one HTTP map."""
+    """The registry raises domain errors; status_of (called by the HTTP transport) is the one HTTP map, and every
+    serving error class has its place in it (none carries a status of its own)."""
+    import inspect
+
     from agent.errors import ServingError
-    from agent.serving.errors import InvalidInput, ModelNotFound, ServerBusy
+    from agent.serving import errors
+    from agent.serving.errors import HTTP_STATUS, InvalidInput, ModelNotFound, ServerBusy
 
-    class Teapot(ServingError):  # a transport's own refusal outside the table
-        status = 418
-
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, ServingError)]
+    assert not [c for c in classes if "status" in vars(c)]
+    assert [c for c in classes if c is not ServingError and status_of(c.__new__(c)) == 500] == [InferenceFailed]
     assert not hasattr(InvalidInput("x"), "status") and not hasattr(ModelNotFound("x"), "status")
     got = [status_of(e) for e in (InvalidInput("x"), ModelNotFound("x"), ModelUnavailable("x"), ServerBusy("x"))]
     assert got == [400, 404, 503, 503]
-    assert (status_of(InferenceFailed("x")), status_of(Teapot("x")), status_of(ValueError("x"))) == (500, 418, 500)
+    assert (status_of(InferenceFailed("x")), status_of(ServingError("x")), status_of(ValueError("x"))) == (500,) * 3
+    assert HTTP_STATUS[errors.TooManyFailures] == 429 and HTTP_STATUS[errors.AlreadyExists] == 409
     r = ModelRegistry()
     with pytest.raises(ModelNotFound):
         r.infer("nothing", {})
+
+
+def test_grpc_maps_the_same_domain_errors_at_its_edge():
+    """The gRPC front maps the same classes (no HTTP status in between); anything else is INTERNAL."""
+    grpc = pytest.importorskip("grpc")
+    from agent.serving import errors
+    from agent.serving.grpc_front import code_of
+
+    assert code_of(errors.ModelNotFound("x")) == grpc.StatusCode.NOT_FOUND
+    assert code_of(errors.InvalidInput("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(errors.TooManyFailures("x", retry_after=1.0)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert code_of(errors.Unsupported("x")) == grpc.StatusCode.UNIMPLEMENTED
+    assert code_of(errors.InferenceFailed("x")) == grpc.StatusCode.INTERNAL
+    assert code_of(ValueError("x")) == grpc.StatusCode.INTERNAL

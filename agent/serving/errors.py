@@ -1,8 +1,8 @@
 """Serving errors: the domain errors the registry and data plane raise, and the one map to HTTP statuses.
 
-The core (registry, codec, handlers) raises what went wrong in its own terms (InvalidInput, ModelNotFound,
-ModelUnavailable, ...); only a transport turns that into its status, through `status_of` (HTTP). A second
-transport (gRPC) adds its own map beside this one and shares every rule of the core.
+The core (registry, codec, data plane, auth, shared memory) raises what went wrong in its own terms (InvalidInput,
+ModelNotFound, ModelUnavailable, ...); only a transport turns that into its status: `status_of` here for HTTP,
+`grpc_front.code_of` for gRPC. Every serving error class lives in this module; none carries a status of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +35,26 @@ class ServerBusy(ServingError):
 
 class InferenceFailed(ServingError):
     """The runtime raised after the request passed validation: a server-side failure."""
+
+
+class AlreadyExists(ServingError):
+    """A shared memory region of that name is registered already (unregister it first)."""
+
+
+class Unsupported(ServingError):
+    """An extension this server does not implement."""
+
+
+class TooManyFailures(ServingError):
+    """A peer that sent too many wrong tokens must wait `retry_after` seconds before it may try again."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PeerBusy(ServingError):
+    """One client address (or the server) has as many calls or streams open as it may: retry shortly."""
 
 
 # ---- the HTTP transport's own refusals -----------------------------------------------------------------------
@@ -70,19 +90,21 @@ HTTP_STATUS: dict[type[ServingError], int] = {
     NotFound: 404,
     MethodNotAllowed: 405,
     RequestTimeout: 408,
+    AlreadyExists: 409,
     LengthRequired: 411,
     PayloadTooLarge: 413,
+    TooManyFailures: 429,
+    PeerBusy: 429,
     InferenceFailed: 500,
+    Unsupported: 501,
     ModelUnavailable: 503,
     ServerBusy: 503,
 }
 
 
 def status_of(exc: BaseException) -> int:
-    """The HTTP status for an exception: the nearest serving error class in HTTP_STATUS; a transport's own
-    refusal outside the table may carry its `status`; anything else 500."""
+    """The HTTP status for an exception: the nearest serving error class in HTTP_STATUS; anything else 500."""
     for cls in type(exc).__mro__:
         if cls in HTTP_STATUS:
             return HTTP_STATUS[cls]
-    own = getattr(exc, "status", None) if isinstance(exc, ServingError) else None
-    return own if isinstance(own, int) else 500
+    return 500

@@ -22,48 +22,40 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from agent.errors import ServingError
-from agent.serving.auth import TooManyFailures
+from agent.serving import errors as e
 from agent.serving.budget import Ledger
 from agent.serving.dataplane import DataPlane
-from agent.serving.errors import status_of
+from agent.serving.errors import PeerBusy, TooManyFailures, Unsupported
 from agent.serving.grpc_codec import decode, encode, params_of
 from agent.serving.metrics import Metric
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.proto import oip_pb2_grpc as pbg  # the servicer base class (its registration is not used)
 
 SERVICE = "inference.GRPCInferenceService"
-_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    411: grpc.StatusCode.INVALID_ARGUMENT,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
+GRPC_CODE: dict[type[ServingError], grpc.StatusCode] = {  # the domain errors (serving/errors.py) as gRPC codes
+    e.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    e.LengthRequired: grpc.StatusCode.INVALID_ARGUMENT,
+    e.Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    e.NotFound: grpc.StatusCode.NOT_FOUND,
+    e.AlreadyExists: grpc.StatusCode.FAILED_PRECONDITION,
+    e.MethodNotAllowed: grpc.StatusCode.UNIMPLEMENTED,
+    e.Unsupported: grpc.StatusCode.UNIMPLEMENTED,
+    e.RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    e.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.TooManyFailures: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.PeerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.ModelUnavailable: grpc.StatusCode.UNAVAILABLE,
+    e.ServerBusy: grpc.StatusCode.UNAVAILABLE,
 }
 OPEN_METHODS = ("ServerLive", "ServerReady")
 
 
-class PeerBusy(ServingError):
-    """One client address has max_per_peer calls in flight already (RESOURCE_EXHAUSTED)."""
-
-    status = 429
-
-
-class Unsupported(ServingError):
-    """An extension this server does not implement (gRPC UNIMPLEMENTED, HTTP 400)."""
-
-    status = 501
-
-
 def code_of(exc: BaseException) -> grpc.StatusCode:
-    """The one place a domain error becomes a gRPC status code (INTERNAL for anything not a ServingError)."""
-    return _CODES.get(status_of(exc), grpc.StatusCode.INTERNAL)
+    """The one place a domain error becomes a gRPC status code (INTERNAL for anything not in GRPC_CODE)."""
+    for cls in type(exc).__mro__:
+        if cls in GRPC_CODE:
+            return GRPC_CODE[cls]
+    return grpc.StatusCode.INTERNAL
 
 
 class _Health(health.HealthServicer):
