@@ -37,6 +37,14 @@ class InferenceFailed(ServingError):
     """The runtime raised after the request passed validation: a server-side failure."""
 
 
+class Forbidden(ServingError):
+    """An action that changes what the device serves (repository load/unload), asked of a server without a token."""
+
+
+class Conflict(ServingError):
+    """The model is being deployed: the repository action would race the deployment."""
+
+
 class AlreadyExists(ServingError):
     """A shared memory region of that name is registered already (unregister it first)."""
 
@@ -89,7 +97,9 @@ HTTP_STATUS: dict[type[ServingError], int] = {
     Unauthorized: 401,
     NotFound: 404,
     MethodNotAllowed: 405,
+    Forbidden: 403,
     RequestTimeout: 408,
+    Conflict: 409,
     AlreadyExists: 409,
     LengthRequired: 411,
     PayloadTooLarge: 413,
