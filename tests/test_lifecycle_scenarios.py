@@ -324,11 +324,11 @@ class FullOnceJournal(Journal):
         super().__init__(state_dir)
         self.state, self.failed = state, False
 
-    def save(self, dep: Deployment) -> None:
+    def save(self, dep: Deployment, new: bool = False) -> None:
         if dep.state is self.state and not self.failed:
             self.failed = True
             raise OSError(errno.ENOSPC, "No space left on device")
-        super().save(dep)
+        super().save(dep, new=new)
 
 
 # ---- the rig ------------------------------------------------------------------------------------------
