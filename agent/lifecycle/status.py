@@ -147,7 +147,7 @@ def figures_brief(dep: dict[str, Any]) -> str:
         base = (pr.get("baseline") or {}).get("source") or "no baseline"
         n = pr.get("not_judged") if isinstance(pr.get("not_judged"), dict) else None
         compute = f"{ratios or 'not judged'} vs {base}"
-        if n:  # agent.serving.unjudged: its own outcome, with the counts
+        if n:  # agent.trial.unjudged: its own outcome, with the counts
             compute = (
                 f"NOT JUDGED ({n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended)"
             )
