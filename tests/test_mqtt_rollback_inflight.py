@@ -58,13 +58,14 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
                 agent.steps.config, probation_s=300
             )  # v2 stays on probation until something stops it
         _push(plane, tmp_path, "2")
-        state = {"queued": "qualifying", "probation": "probation"}[where]
+        # queued: the package check (verifying) and the measurement (qualifying) both wait for the queue's turn
+        states = {"queued": ("verifying", "qualifying"), "probation": ("probation",)}[where]
         wait_for(
-            lambda: any(d.version == "2" and d.state.value == state for d in agent.orchestrator.in_flight().values()),
-            what=f"v2 {state}",
+            lambda: any(d.version == "2" and d.state.value in states for d in agent.orchestrator.in_flight().values()),
+            what=f"v2 {' or '.join(states)}",
         )
         if where == "queued":
-            # the journal says qualifying a moment before the worker asks the queue for its turn
+            # the journal says verifying a moment before the worker asks the queue for its turn
             wait_for(lambda: agent.status()["qualification_queue"]["waiting"], what="v2 waiting in the queue")
 
         _push(plane, tmp_path, "1", rollback=True)  # what the rollout engine publishes at a halt
