@@ -14,7 +14,7 @@ import numpy as np
 
 from support.wait import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root (tests/support/daemon.py)
 EXE = [sys.executable, "-m", "agent"]
 FAST_ENV = {
     "EDGE_AGENT_PROBATION_S": "0.5",
