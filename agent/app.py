@@ -2,18 +2,20 @@
 
 No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
-belong to the CLI. Test/tuning knobs come in through StepConfig (the CLI fills it from EDGE_AGENT_* variables).
+belong to the CLI. Test/tuning knobs come in through StepConfig; start() resolves the rest (agent.settings).
 What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent import settings
 from agent.errors import EdgeAgentError
 from agent.lifecycle import control
 from agent.lifecycle.orchestrator import Orchestrator
@@ -26,12 +28,14 @@ from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
 from agent.services.status import StatusWriter
+from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
-    from agent.lifecycle.mqttmode import MqttSource
     from agent.serving.registry import ModelRegistry
     from agent.serving.server import OIPServer
+    from agent.sources.mqtt import MqttSource
+    from agent.targets import Target
     from agent.telemetry import Telemetry
 
 LOOP_S = 0.5
@@ -66,11 +70,11 @@ class DeviceAgent:
         self.state_dir = Path(config.state_dir)
         self.profile, self.sysroot = profile, sysroot
         self.serve_http = serve_http
-        self.step_config = step_config or StepConfig()
+        self.step_config = step_config or StepConfig()  # what the caller chose; start() resolves the rest
         self.on_event = on_event
         self.notifier = notifier
         self.use_lock = use_lock
-        self.target = None
+        self.target: Target | None = None
         self.store: ContentStore | None = None
         self.registry: ModelRegistry | None = None
         self.steps: Steps | None = None
@@ -81,7 +85,7 @@ class DeviceAgent:
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
         self.qualifier = qualifier
-        self.reporter = Reporter(self._emit, self.write_status)
+        self.reporter = Reporter(self._emit, self.write_status, self._publish_event)
         self.status_writer: StatusWriter | None = None
         self.probe: ProviderProbeService | None = None
         self.health: HealthPublisher | None = None
@@ -133,11 +137,13 @@ class DeviceAgent:
     def _build(self) -> None:
         """Hardware profile and target, then store, registry, lifecycle, MQTT source, telemetry, services."""
         from agent.artifacts.store import ContentStore
+        from agent.evidence.attest import Attestor
         from agent.serving.registry import ModelRegistry
+        from agent.targets import detect_device, resolve
 
-        self.profile = self.profile or _detect(self.sysroot)
-        self.target = _target(self.config.target, self.profile)
-        self._fill_step_config()
+        self.profile = self.profile or detect_device(root=str(self.sysroot) if self.sysroot else "/")
+        self.target = resolve(self.profile, self.config.target)
+        self.step_config = settings.resolve(self.config, self.target, self.step_config)
         self.store = ContentStore(self.state_dir, file_mode=0o600)
         self.registry = ModelRegistry(finite_every=self.config.serving.finite_check_every)
         self.steps = Steps(
@@ -147,10 +153,11 @@ class DeviceAgent:
             profile=self.profile,
             target_name=self._target_name(),
             config=self.step_config,
+            qualifier=self.qualifier,
+            on_note=lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason}),
+            attestor=Attestor(self.state_dir, self.config.device_id, publish=self._publish_attestation),
         )
-        self.steps.qualifier = self.qualifier
-        self.steps.on_note = lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason})
-        self.steps.attestor = _attestor(self.state_dir, self.config.device_id)
+        self.steps.add_source(InboxSource(self.store, self.steps.journal, self.steps.staging))
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
@@ -158,37 +165,20 @@ class DeviceAgent:
         if self.config.mqtt is not None:  # the port exists before recovery: resumed downloads wait for it
             self.link = self._mqtt_source(self.orchestrator, self.steps)
             self.steps.add_source(self.link)
-            self.reporter.publish_event = self.link.publish_event
-            self.steps.attestor.publish = self.link.publish_attestation
         self._start_telemetry()
         self._wire_services(self.orchestrator, self.steps, self.registry)
 
-    def _fill_step_config(self) -> None:
-        """What the caller left unset in StepConfig comes from the config file and the target."""
-        sc, serving = self.step_config, self.config.serving
-        if self.target is not None and not sc.serving:
-            sc.serving = dict(self.target.serving or {})  # swap + swap_when_memory_short rule
-        if sc.probation_s is None:  # EDGE_AGENT_PROBATION_S (tests) wins over the config file
-            sc.probation_s = serving.probation_s
-        if sc.build_nice is None:
-            sc.build_nice = serving.build_nice
-        if sc.memory_max is None:
-            from agent.serving.memory import resolve_memory_max
+    def _publish_event(self, record: dict[str, Any]) -> None:
+        """The reporter's way to the link's event topic (nothing while there is no link)."""
+        if self.link is not None:
+            self.link.publish_event(record)
 
-            target_serving = self.target.serving if self.target is not None else None
-            sc.memory_max = resolve_memory_max(serving.memory_max, target_serving)[0]
-        if sc.probation is None:
-            sc.probation = serving.probation
-        if sc.shadow is None:
-            sc.shadow = serving.shadow
-        if sc.model_trust is None:
-            from agent.artifacts.modelsig import ModelTrust
-
-            t = self.config.trust
-            sc.model_trust = ModelTrust(t.model_signing_keys, t.model_signing_certificates)
+    def _publish_attestation(self, model: str, kind: str, envelope: bytes) -> None:
+        if self.link is not None:
+            self.link.publish_attestation(model, kind, envelope)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
-        from agent.lifecycle.mqttmode import MqttSource
+        from agent.sources.mqtt import MqttSource
 
         assert self.store is not None  # _build made it
         return MqttSource(
@@ -253,10 +243,9 @@ class DeviceAgent:
             self._thread.join(max(5.0, drain_timeout))
         if self.orchestrator is not None:
             self.orchestrator.stop(timeout=drain_timeout)
-        if self.grpc_server is not None:
-            self.grpc_server.shutdown(drain_timeout)
-        if self.server is not None:
-            self.server.shutdown(drain_timeout)
+        for front in (self.grpc_server, self.server):  # the inference front ends (serving.fronts)
+            if front is not None:
+                front.shutdown(drain_timeout)
         if self.link is not None:
             self.link.stop(graceful=True)
         if self.registry is not None:
@@ -265,37 +254,17 @@ class DeviceAgent:
             self.status_writer.close()  # nothing more is written into state_dir by this agent
         self._release_lock()
 
-    def _writers(self) -> list[threading.Thread]:
-        """This agent's threads that may still write into state_dir."""
-        threads = self.orchestrator.live_threads() if self.orchestrator is not None else []
-        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
-            threads.append(self._thread)
-        return threads
-
     def _release_lock(self) -> None:
-        lock, self._lock = self._lock, None
-        left = self._writers() if lock is not None else []
-        if not left:
-            if lock is not None:
-                lock.release()
-            self._unlocked.set()
-            return
-        self._emit(
-            {
-                "event": "warning",
-                "reason": f"{len(left)} thread(s) still finishing after the drain timeout "
-                f"({', '.join(t.name for t in left)}); state_dir stays locked until they end",
-            }
-        )
-        assert lock is not None  # threads are left behind only while the lock is held
-
-        def release_when_done() -> None:
-            for t in left:
-                t.join()
-            lock.release()
-            self._unlocked.set()
-
-        threading.Thread(target=release_when_done, name=f"unlock-{self.config.device_id}", daemon=True).start()
+        """Once no thread of this agent may still write into state_dir (workers, the loop)."""
+        lock, self._lock, loop = self._lock, None, self._thread
+        left = self.orchestrator.live_threads() if self.orchestrator is not None and lock is not None else []
+        if lock is not None and loop is not None and loop.is_alive() and loop is not threading.current_thread():
+            left.append(loop)
+        if left:
+            names = ", ".join(t.name for t in left)
+            reason = f"{len(left)} thread(s) still finishing after the drain timeout ({names}); state_dir stays locked"
+            self._emit({"event": "warning", "reason": f"{reason} until they end"})
+        control.release_after(lock, left, self._unlocked, f"unlock-{self.config.device_id}")
 
     def stopped(self, timeout: float | None = None) -> bool:
         """Wait until stop() finished and the state_dir lock is released (threads left behind have ended)."""
@@ -316,7 +285,7 @@ class DeviceAgent:
         if self.health is not None:
             self.health.interval_s = new.telemetry.interval_s
         applied = sorted((live - {"groups"}) | ({"serving.token_file"} if self.server is not None else set()))
-        self.config = _with(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
+        self.config = dataclasses.replace(self.config, trust=new.trust, telemetry=new.telemetry, serving=new.serving)
         if self.notifier is not None:
             self.notifier.ready(self._one_line())
         return {"applied": applied, "needs_restart": sorted(restart | (live & {"groups"}))}
@@ -336,45 +305,27 @@ class DeviceAgent:
 
     # ---- parts ---------------------------------------------------------------------------------
     def _start_http(self) -> None:
-        from agent.serving.server import OIPServer
+        from agent.serving.fronts import start_fronts
 
-        s = self.config.serving
-        self.server = OIPServer(
-            self.registry,
-            s.host,
-            s.port,
-            s.token(),
-            max_connections=s.max_connections,
-            max_per_peer=s.max_per_peer,
-            header_timeout=s.header_timeout_s,
-            idle_timeout=s.idle_timeout_s,
-        ).start()
+        self.server, self.grpc_server = start_fronts(self.registry, self.config.serving, self._repository)
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
+
+    def _repository(self, plane: Any) -> None:  # the repository extension: serving never imports the lifecycle
         if self.orchestrator is not None and self.steps is not None:
             from agent.services.repository import RepositoryService
 
-            RepositoryService(self.state_dir, self.orchestrator, self.steps, self.server.plane).install()
-        if s.grpc_port is not None:
-            from agent.serving.grpc_front import GRPCServer
-
-            self.grpc_server = GRPCServer(self.server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()
+            RepositoryService(self.state_dir, self.orchestrator, self.steps, plane).install()
 
     def _start_telemetry(self) -> None:
         try:
             from agent.telemetry import Telemetry, registry_stats
         except ImportError:
             return
-        reg = self.registry
-        self.telemetry = Telemetry(
-            self.state_dir,
-            profile=self.profile,
-            root=str(self.sysroot or "/"),
-            stats=lambda: registry_stats(reg),
-            device_id=self.config.device_id,
-        )
-        if self.health_source is None:
-            self.health_source = self.telemetry.collect
+        reg, root, device = self.registry, str(self.sysroot or "/"), self.config.device_id
+        stats = lambda: registry_stats(reg)  # noqa: E731 - the figures of this agent's registry, read when asked
+        self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
+        self.health_source = self.health_source or self.telemetry.collect
 
     def _on_connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})
@@ -403,7 +354,7 @@ class DeviceAgent:
         extra = {
             "mode": self.config.mode,
             "serving": {"url": self.url, "grpc": self.grpc_server.target if self.grpc_server is not None else None},
-            "pid": _pid(),
+            "pid": os.getpid(),
             "providers_source": self.probe.source,
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
             "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
@@ -447,32 +398,3 @@ class DeviceAgent:
                 self.on_event({"device_id": self.config.device_id, **record})
             except Exception:  # noqa: BLE001 - a broken log sink must not stop the daemon
                 pass
-
-
-def _detect(sysroot):
-    from agent.targets import detect_device as detect
-
-    return detect(root=str(sysroot) if sysroot else "/")
-
-
-def _target(name: str, profile):
-    from agent import targets
-
-    return targets.resolve(profile, name)
-
-
-def _with(cfg, **changes):
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)
-
-
-def _pid() -> int:
-    return os.getpid()
-
-
-def _attestor(state_dir, device_id: str):
-    """Signs qualification decisions and trial verdicts with the device key (agent.evidence.attest)."""
-    from agent.evidence.attest import Attestor
-
-    return Attestor(state_dir, device_id)

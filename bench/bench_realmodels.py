@@ -65,8 +65,8 @@ def standalone(made: Path, names: list[str], budget: float) -> tuple[list[dict],
 def daemon_run(tmp: Path, made: Path, names: list[str], budget: float) -> tuple[list[dict], dict[str, dict]]:
     """All packages dropped into one daemon's inbox at once; every provider the target lists."""
     import realmodels_pip as rp
+    from support.daemon import Daemon, drop, write_config
     from test_daemon_qualify import _results
-    from test_daemon_support import Daemon, drop, write_config
 
     cfg = write_config(tmp / "daemon")
     state = tmp / "daemon" / "state"

@@ -5,7 +5,7 @@
 Usage: .venv/bin/python bench/bench_shadow.py [--clients 4] [--target-ms 1.0] [--model cnn|matmul] [--rounds 8]
                                               [--window-s 3] [--cpu-share 0.05] [--json]
 Steady and shadow windows alternate (`--rounds` of each, `--window-s` seconds long, the order flipping every
-round), so load drift on a shared machine hits both alike. A shadow window does what the daemon's shadow phase does (agent/lifecycle/watch.py):
+round), so load drift on a shared machine hits both alike. A shadow window does what the daemon's shadow phase does (agent/lifecycle/stages/watch.py):
 the incumbent's responses are all sampled (NaN/Inf check, CPU time) and a warmed candidate session (another
 seed of the same model) answers copies of live requests within serving.shadow.cpu_share. Clients are
 bench_serving's lean keep-alive clients in another process (binary tensors).
@@ -31,7 +31,7 @@ from agent.config import ShadowConfig  # noqa: E402
 from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas  # noqa: E402
 from agent.serving.registry import ModelRegistry  # noqa: E402
 from agent.serving.server import OIPServer  # noqa: E402
-from agent.serving.shadow import Shadow  # noqa: E402
+from agent.trial.shadow import Shadow  # noqa: E402
 
 
 def bench_shadow(directory: Path, model, clients: int, rounds: int, window_s: float, cpu_share: float) -> dict:

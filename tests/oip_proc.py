@@ -19,7 +19,7 @@ ROOT = HERE.parent
 
 def _identity_fp32():
     from onnx import TensorProto, helper
-    from test_serving_support import _model
+    from support.serving import _model
 
     vi = helper.make_tensor_value_info
     return _model(
@@ -36,7 +36,7 @@ def _main(kwargs: dict) -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    from test_serving_support import identity_all_types_model, open_session
+    from support.serving import identity_all_types_model, open_session
 
     from agent.samples import tiny_model
     from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas

@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -84,15 +83,3 @@ def send(url: str, path: str, body: bytes, headers: dict | None = None) -> tuple
         return r.status, r.read()
     finally:
         conn.close()
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    import time
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -10,7 +10,7 @@ import pytest
 from brokers import Mosquitto, free_port
 
 from agent.errors import TransportError
-from agent.transport.device import DesiredState, DeviceLink
+from agent.transport.device import DeviceLink, RawDesired
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics
 
@@ -136,9 +136,9 @@ def test_pull_and_desired_state_over_tls_with_acl(secured, tmp_path):
             T.group_desired("lab", "m"), json.dumps({"manifest": {"version": "1"}}).encode(), 1, True
         ).wait_for_publish(10)
         ev = dev.events.get(timeout=20)
-        while not isinstance(ev, DesiredState):
+        while not isinstance(ev, RawDesired):
             ev = dev.events.get(timeout=20)
-        assert ev.source == "group:lab"
+        assert ev.scope == "group:lab"
         assert ChunkPuller(dev, ContentStore(tmp_path / "dev"), stall_timeout=30).pull(m).read_bytes() == data
     finally:
         dev.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from clirunner import edge_agent as cli
-from test_daemon_support import Daemon, drop, infer, wait_for, write_config
+from support.daemon import Daemon, drop, infer, wait_for, write_config
 
 from agent.lifecycle.fsck import check_state_dir
 
@@ -126,7 +126,7 @@ def test_sighup_reloads_the_serving_token(tmp_path):
         assert infer(d.url, token="first-token-0123456789") == ("1", [1.0] * 4)
         token.write_text("second-token-0123456789\n")
         d.proc.send_signal(signal.SIGHUP)
-        from test_daemon_support import wait_for
+        from support.daemon import wait_for
 
         wait_for(lambda: "reloaded applied=serving.token_file" in d.tail(), 60, "reload")
         with pytest.raises(urllib.error.HTTPError) as err:

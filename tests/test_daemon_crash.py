@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from test_daemon_support import Daemon, drop, infer, wait_for, write_config
+from support.daemon import Daemon, drop, infer, wait_for, write_config
 
 from agent.lifecycle.fsck import check_state_dir
 from agent.lifecycle.journal import Journal
@@ -96,7 +96,7 @@ def test_sigkill_after_a_failed_deployment_keeps_the_old_model(committed_v1, tmp
 def test_sigkill_right_after_a_rollback_during_probation(committed_v1, tmp_path):
     import subprocess
 
-    from test_daemon_support import EXE, ROOT
+    from support.daemon import EXE, ROOT
 
     cfg, state_dir = _copy_case(committed_v1, tmp_path)
     crashing = Daemon(cfg, state_dir, env={"EDGE_AGENT_TEST_CRASH_AT": "rolled_back", "EDGE_AGENT_PROBATION_S": "300"})

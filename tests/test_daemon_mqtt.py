@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from mqtt_support import register_device
-from test_daemon_support import EXE, ROOT, Daemon, infer, wait_for, write_config
+from support.daemon import EXE, ROOT, Daemon, infer, wait_for, write_config
+from support.mqtt import register_device
 
 from agent.artifacts.keys import generate
 from agent.samples import sample_tiny_package

@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-from mqtt_support import ControlPlane
-from test_daemon_support import Daemon, infer, wait_for, write_config
+from support.daemon import Daemon, infer, wait_for, write_config
+from support.mqtt import ControlPlane
 
 from agent.artifacts import chunks
 from agent.artifacts.store import ContentStore

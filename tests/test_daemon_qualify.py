@@ -9,7 +9,7 @@ import re
 import urllib.request
 
 import numpy as np
-from test_daemon_support import Daemon, drop, infer, wait_for, write_config
+from support.daemon import Daemon, drop, infer, wait_for, write_config
 from test_qualify_field import RANGE, hog_package, maxpool_model, scaled_model
 
 from agent.samples import cnn_model, ml_model, sample_cnn_package, sample_ml_package, tiny_model, write_package
@@ -214,7 +214,7 @@ def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_servi
 def test_a_newer_version_supersedes_one_waiting_in_the_queue(tmp_path):
     import threading
 
-    from test_daemon_support import running_agent
+    from support.daemon import running_agent
 
     from agent.lifecycle.actions import StepContext
 

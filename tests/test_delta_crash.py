@@ -8,9 +8,10 @@ import signal
 import time
 
 from delta_models import versions
-from mqtt_support import ControlPlane
+from support.daemon import Daemon, write_config
+from support.mqtt import ControlPlane
+from support.wait import wait_for
 from test_daemon_mqtt_crash import Requests
-from test_daemon_support import Daemon, wait_for, write_config
 
 from agent.artifacts.recipe import Layout
 from agent.artifacts.store import ContentStore

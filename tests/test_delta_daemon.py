@@ -8,8 +8,9 @@ import subprocess
 
 from clirunner import edge_agent
 from delta_models import versions
-from mqtt_support import register_device
-from test_daemon_support import EXE, ROOT, Daemon, wait_for, write_config
+from support.daemon import EXE, ROOT, Daemon, write_config
+from support.mqtt import register_device
+from support.wait import wait_for
 
 from agent.artifacts.keys import generate
 

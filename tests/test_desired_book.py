@@ -56,6 +56,21 @@ def test_an_untrusted_future_group_envelope_never_beats_the_device(keys):
     assert book.resolve("m").scope == "group:lab"
 
 
+def test_device_beats_older_groups_and_the_highest_group_version_wins(keys):
+    """The one "device beats group" rule, on verified fields (it used to be kept twice: here and, on
+    unverified fields, in transport.device)."""
+    now = [time.time()]
+    good = keys[0]
+    book = DesiredBook(lambda: {key_id(good.public_key()): good.public_key()}, "dev-1", ("lab", "lab2"))
+    book.update("group:lab", "m", _env(good, "3", now[0] - 50, (), ("lab",)), "t/l")
+    book.update("group:lab2", "m", _env(good, "4", now[0] - 40, (), ("lab2",)), "t/l2")
+    assert book.resolve("m").scope == "group:lab2"  # among groups the highest version wins
+    book.update("device", "m", _env(good, "2", now[0]), "t/d")
+    assert book.resolve("m").scope == "device"  # the device's own beats older group pushes, even if lower
+    book.update("device", "m", b"", "t/d")  # withdrawn: the groups' apply again
+    assert book.resolve("m").scope == "group:lab2"
+
+
 def test_future_dated_beyond_the_skew_is_refused_then_accepted_when_the_clock_catches_up(keys):
     now = [time.time()]
     book = _book(keys, lambda: now[0])
@@ -131,7 +146,7 @@ def test_a_flood_of_refused_topics_never_evicts_verified_desired_state(keys, mon
 
 
 def test_the_skew_bound_is_configurable(tmp_path):
-    from test_daemon_support import write_config
+    from support.daemon import write_config
 
     from agent.config import load_config
     from agent.errors import ConfigError

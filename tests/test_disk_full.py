@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, fast, write_config
-
-from agent.app import DeviceAgent
-from agent.config import load_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 
 @pytest.fixture
@@ -40,8 +38,8 @@ def _fill(path: Path) -> None:
 
 
 def _agent(root, events):
-    cfg = load_config(write_config(root, extra={"telemetry": {"interval_s": 0}}))
-    return DeviceAgent(cfg, step_config=fast(), on_event=events.append, serve_http=False, providers=["cpu"])
+    extra = {"telemetry": {"interval_s": 0}}
+    return make_agent(root, extra=extra, on_event=events.append, serve_http=False, known_providers=["cpu"])
 
 
 def test_a_full_disk_at_start_up_keeps_serving_and_says_so(small_fs):

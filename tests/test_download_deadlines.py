@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config
+from support.wait import wait_for
 
-from agent.app import DeviceAgent
 from agent.artifacts.fetch import fetch_artifact
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactRefused
@@ -103,7 +103,7 @@ def tarpit():
 def _agent(tmp_path, mosquitto, cp, downloads: dict | None = None):
     extra = {"downloads": downloads} if downloads is not None else {}
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, **extra)
-    return DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"]).start()
+    return make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True)
 
 
 def _push(cp, tmp_path, version: str, sources):

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from mqtt_support import register_device
-from test_daemon_support import EXE, ROOT, infer, wait_for
+from support.daemon import EXE, ROOT, infer, wait_for
+from support.mqtt import register_device
 
 from agent import sysroots as captures
 

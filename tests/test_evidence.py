@@ -87,7 +87,7 @@ def test_another_devices_key_is_refused(tmp_path, decision):
 
 
 def test_fleet_lists_retained_attestations_and_refuses_a_wrong_key(mosquitto, tmp_path, decision):
-    from mqtt_support import register_device
+    from support.mqtt import register_device
 
     from agent.fleet.attestations import attestation_topic, fleet_attestations
     from agent.fleet.registry import registry_for_store

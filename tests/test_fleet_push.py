@@ -17,7 +17,7 @@ from agent.artifacts.manifest import ManifestRejected, receive, rejection_record
 from agent.artifacts.pull import ChunkPuller
 from agent.artifacts.store import ContentStore
 from agent.samples import sample_tiny_package
-from agent.transport.device import DesiredState, DeviceLink
+from agent.transport.device import DeviceLink, RawDesired
 
 CLI = [sys.executable, "-m", "agent"]
 
@@ -41,13 +41,13 @@ class MiniDevice(threading.Thread):
                 ev = self.link.events.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if isinstance(ev, DesiredState) and ev.envelope:
+            if isinstance(ev, RawDesired) and ev.payload:
                 self.apply(ev)
 
     def apply(self, ev):
         installed = self.models.get(ev.model, {}).get("version")
         try:
-            m = receive(ev.envelope, self.trusted, installed, device_id=self.link.device_id, groups=self.link.groups)
+            m = receive(ev.payload, self.trusted, installed, device_id=self.link.device_id, groups=self.link.groups)
         except ManifestRejected as exc:
             self.deployments[ev.model] = rejection_record(exc)
             self.link.publish_event(

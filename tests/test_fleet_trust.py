@@ -11,10 +11,10 @@ import subprocess
 import time
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, register_device
-from test_daemon_support import EXE, ROOT, fast
+from support.agent import make_agent
+from support.daemon import EXE, ROOT
+from support.mqtt import ControlPlane, mqtt_config, register_device
 
-from agent.app import DeviceAgent
 from agent.errors import ConfigError
 from agent.fleet.push import push
 from agent.fleet.registry import NO_REGISTRY, DeviceRegistry
@@ -126,7 +126,7 @@ def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(tmp_path, mos
     cp.serve()
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=("lab",))
     register_device(cp.store_dir, "dev-1", cfg.state_dir, ["lab"])
-    a = DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"]).start()
+    a = make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True)
     broker = BrokerConfig(mosquitto.url)
     try:
         # an unsigned "failed" event in dev-1's own name, retained so the waiting control plane reads it
@@ -230,7 +230,7 @@ def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
     reg = DeviceRegistry.load(cp.store_dir / "registry.json")
     reg.register("dev-2", public_pem(device_key(tmp_path / "dev2-state").public_key()), ["lab"])
     reg.save()
-    a = DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"]).start()
+    a = make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True)
     broker = BrokerConfig(mosquitto.url)
     try:
         pkg = sample_tiny_package(tmp_path / "pkg", version="1")

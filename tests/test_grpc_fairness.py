@@ -11,7 +11,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from test_serving_support import GatedSession, open_session
+from support.serving import GatedSession, open_session
 
 from agent.samples import tiny_model
 from agent.serving.grpc_front import GRPCServer

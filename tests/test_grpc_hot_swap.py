@@ -8,16 +8,14 @@ import urllib.request
 
 import numpy as np
 import tritonclient.grpc as tg
-from test_daemon_support import deploy, fast, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 X = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
 
 
 def test_grpc_clients_ride_through_a_swap(tmp_path):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
-
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast()).start()
+    a = make_agent(tmp_path, start=True)
     try:
         assert deploy(a, "1").state.value == "committed"
         c = tg.InferenceServerClient(a.grpc_server.target)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from clirunner import edge_agent as cli
-from test_daemon_support import write_config
+from support.daemon import write_config
 
 from agent.artifacts.keys import device_key, public_pem
 from agent.config import MIN_TOKEN_CHARS, load_config

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_daemon_support import deploy, running_agent, wait_for
+from support.daemon import deploy, running_agent, wait_for
 
 
 @pytest.fixture

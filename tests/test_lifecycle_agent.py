@@ -4,12 +4,13 @@ trouble rolls back; newer versions supersede; cancel and rollback; several agent
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, drop, fast, infer, running_agent, wait_for, write_config
+from support.agent import make_agent
+from support.daemon import deploy, drop, infer, running_agent, wait_for, write_config
 
-from agent.app import DeviceAgent
 from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle.fsck import check_state_dir
@@ -58,11 +59,11 @@ def test_bad_package_fails_and_the_old_model_keeps_serving(agent, case):
 def test_probation_trouble_rolls_back_with_the_reason(tmp_path):
     from onnx import TensorProto, helper
 
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast()).start()
+    a = make_agent(tmp_path, start=True)
     try:
         drop(a.state_dir, "1")
         wait_for(lambda: a.registry.models().get("tiny") == "1" and not a.orchestrator.in_flight(), 120, "v1")
-        a.step_config.probation_s = 120  # long enough that only trouble can end it
+        a.steps.config = replace(a.steps.config, probation_s=120)  # long enough that only trouble can end it
         graph = helper.make_graph(
             [helper.make_node("Sqrt", ["x"], ["y"])],
             "sqrt",
@@ -132,12 +133,7 @@ def test_cancel_in_flight_and_rollback_without_previous(agent):
 
 
 def test_two_agents_in_one_process(tmp_path):
-    agents = [
-        DeviceAgent(
-            load_config(write_config(tmp_path / f"d{i}", extra={"device_id": f"dev-{i}"})), step_config=fast()
-        ).start()
-        for i in range(2)
-    ]
+    agents = [make_agent(tmp_path / f"d{i}", extra={"device_id": f"dev-{i}"}, start=True) for i in range(2)]
     try:
         assert agents[0].url != agents[1].url
         for i, a in enumerate(agents):
@@ -150,16 +146,14 @@ def test_two_agents_in_one_process(tmp_path):
             )
             assert infer(a.url) == (str(i + 1), [float(i + 1)] * 4)
         with pytest.raises(LifecycleError, match="in use by another edge-agent"):
-            DeviceAgent(agents[0].config).start()
+            make_agent(None, config=agents[0].config, start=True)
     finally:
         for a in agents:
             a.stop()
 
 
 def test_a_state_past_its_deadline_fails_and_nothing_changes(tmp_path):
-    sc = fast()
-    sc.deadlines = {"qualifying": 0.01}
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=sc).start()
+    a = make_agent(tmp_path, deadlines={"qualifying": 0.01}, start=True)
     try:
         drop(a.state_dir, "1")
         dep = wait_for(lambda: next((d for d in a.orchestrator.journal.all() if d.terminal), None), 120, "end")
@@ -174,7 +168,7 @@ def test_restart_serves_committed_and_degrades_to_cpu_when_its_provider_is_gone(
     from agent.util.atomic import atomic_write_json, read_json
 
     cfg = load_config(write_config(tmp_path))
-    a = DeviceAgent(cfg, step_config=fast()).start()
+    a = make_agent(None, config=cfg, start=True)
     try:
         drop(a.state_dir, "1")
         wait_for(lambda: a.registry.models().get("tiny") == "1" and not a.orchestrator.in_flight(), 120, "v1")
@@ -184,7 +178,7 @@ def test_restart_serves_committed_and_degrades_to_cpu_when_its_provider_is_gone(
     slots = read_json(slots_file)
     slots["committed"]["provider"] = "tensorrt"  # e.g. the driver went away after an OS update
     atomic_write_json(slots_file, slots)
-    b = DeviceAgent(cfg, step_config=fast()).start()
+    b = make_agent(None, config=cfg, start=True)
     try:
         assert infer(b.url) == ("1", [1.0] * 4)
         info = b.status()["models"]["tiny"]
@@ -195,9 +189,7 @@ def test_restart_serves_committed_and_degrades_to_cpu_when_its_provider_is_gone(
 
 
 def test_stop_then_start_swap(tmp_path):
-    sc = fast()
-    sc.swap = "stop-then-start"
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=sc).start()
+    a = make_agent(tmp_path, swap="stop-then-start", start=True)
     try:
         for v in ("1", "2"):
             drop(a.state_dir, v)

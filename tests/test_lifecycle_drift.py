@@ -7,23 +7,18 @@ import threading
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, wait_for, write_config
+from support.agent import make_agent
+from support.daemon import deploy, wait_for
 
 from agent.lifecycle.slots import ModelSlots
-from agent.lifecycle.steps import StepConfig
 from agent.qualify.caches import drift_text, runtime_versions, version_drift
 from agent.qualify.isolate import FAULT_ENV
 
 
 def _agent(tmp_path, providers, events, qualifier=None, isolate=False):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
-
-    cfg = StepConfig(
-        probation_s=0.3, providers=providers, qualify_options={"latency_budget_s": 0.1, "isolate": isolate}
-    )
-    return DeviceAgent(
-        load_config(write_config(tmp_path)), step_config=cfg, on_event=events.append, qualifier=qualifier
+    options = {"latency_budget_s": 0.1, "isolate": isolate}
+    return make_agent(
+        tmp_path, providers=providers, qualify_options=options, on_event=events.append, qualifier=qualifier
     )
 
 

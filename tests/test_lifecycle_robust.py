@@ -5,12 +5,13 @@ available here, and the qualifier hook replaces the measurement without subclass
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 from hostruntime import ort_openvino_devices
-from test_daemon_support import deploy, drop, fast, infer, wait_for, write_config
+from support.agent import make_agent
+from support.daemon import deploy, drop, fast, infer, wait_for, write_config
 
-from agent.app import DeviceAgent
 from agent.config import load_config
 from agent.errors import LifecycleError
 from agent.lifecycle import control
@@ -18,8 +19,7 @@ from agent.lifecycle.fsck import check_state_dir
 
 
 def _agent(tmp_path, **kw):
-    sc = kw.pop("step_config", None) or fast()
-    return DeviceAgent(load_config(write_config(tmp_path)), step_config=sc, **kw)
+    return make_agent(tmp_path, **kw)
 
 
 def test_a_journal_write_that_fails_fails_the_deployment_and_the_worker_goes_on(tmp_path, monkeypatch):
@@ -85,8 +85,7 @@ def test_stop_keeps_the_state_dir_locked_while_a_left_behind_worker_runs(tmp_pat
 
 
 def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
-    sc = fast()
-    sc.serving = {"swap": "make-before-break", "swap_when_memory_short": "stop-then-start"}
+    sc = replace(fast(), serving={"swap": "make-before-break", "swap_when_memory_short": "stop-then-start"})
     a = _agent(tmp_path, step_config=sc).start()
     try:
         dep = deploy(a, "1")
@@ -97,13 +96,15 @@ def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
         if swap["mode"] == "make-before-break":  # built below serving priority (serving.build_nice, default 10)
             assert swap["build"] == "nice +10", swap
         assert a.status()["deployments"]["tiny"]["swap"] == swap["mode"]
-        a.step_config.swap = "stop-then-start"  # forced by configuration beats the rule
+        a.steps.config = replace(a.steps.config, swap="stop-then-start")  # forced by configuration beats the rule
         dep = deploy(a, "2")
-        assert dep.data["swap"] == {
+        swap = dep.data["swap"]
+        assert {k: swap[k] for k in ("mode", "why", "build")} == {
             "mode": "stop-then-start",
             "why": "stop-then-start (set by configuration)",
             "build": "serving priority (stop-then-start)",
         }
+        assert swap["session_s"] >= 0 and swap["first_answer_s"] >= swap["session_s"], swap  # the swap's timings
         assert infer(a.url) == ("2", [2.0] * 4)
     finally:
         a.stop()
@@ -134,7 +135,7 @@ def test_status_lists_the_providers_available_here_in_target_order(tmp_path):
         assert ("ort-openvino" in extra) == bool(ort_openvino_devices()), doc["providers"]
     finally:
         a.stop()
-    b = _agent(tmp_path / "given", providers=["openvino", "cpu"]).start()
+    b = _agent(tmp_path / "given", known_providers=["openvino", "cpu"]).start()
     try:
         doc = b.write_status()
         assert doc["providers"] == ["openvino", "cpu"] and doc["providers_source"] == "given"
@@ -185,7 +186,8 @@ def test_serving_config_sets_probation_build_priority_and_finite_sampling(tmp_pa
 
     serving = {"host": "127.0.0.1", "port": 0, "probation_s": 0.5, "build_nice": 3, "finite_check_every": 2}
     cfg = load_config(write_config(tmp_path, extra={"serving": serving}))
-    a = DeviceAgent(cfg, step_config=StepConfig(providers=["cpu"], qualify_options=fast().qualify_options)).start()
+    sc = StepConfig(providers=["cpu"], qualify_options=fast().qualify_options)  # the rest: from the file
+    a = make_agent(None, config=cfg, step_config=sc, start=True)
     try:
         assert (a.step_config.probation_s, a.step_config.build_nice, a.registry.finite_every) == (0.5, 3, 2)
         dep = deploy(a, "1")

@@ -41,11 +41,11 @@ from agent.lifecycle.journal import Deployment, Journal, check_history
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.recovery import MAX_ATTEMPTS
 from agent.lifecycle.retry import retry_transient
-from agent.lifecycle.sources import InboxSource
 from agent.lifecycle.states import ORDER, TERMINAL, State
 from agent.lifecycle.steps import StepConfig, Steps
-from agent.lifecycle.table import TRANSITIONS
+from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE, TRANSITIONS
 from agent.serving.registry import ModelRegistry
+from agent.sources.inbox import InboxSource
 
 S = State
 MODEL = "tiny"
@@ -93,9 +93,21 @@ SCENARIOS: list[Scenario] = [
         Scenario(f"permanent error in {s}", "permanent", s, upto(s, _abort(s)), "1", f"{s.value}: injected permanent")
         for s in IN_FLIGHT
     ],
-    # a bug (an unexpected exception type) in an action fails the deployment, never the daemon
-    Scenario("bug in qualifying", "bug", S.QUALIFYING, upto(S.QUALIFYING, S.FAILED), "1", "RuntimeError: injected"),
-    Scenario("bug in probation", "bug", S.PROBATION, upto(S.PROBATION, S.ROLLED_BACK), "1", "RuntimeError: injected"),
+    # a bug (an unexpected exception type) in any stage fails the deployment, never the daemon
+    *[Scenario(f"bug in {s}", "bug", s, upto(s, _abort(s)), "1", "RuntimeError: injected") for s in IN_FLIGHT],
+    # a stage fails after its real action ran: the restore action (entry of failed / rolled_back) puts the
+    # committed version back where the action had swapped the new one in; a landed commit stays
+    *[
+        Scenario(
+            f"restore after a failure once {s} ran",
+            "permanent-after",
+            s,
+            HAPPY if s is S.PROBATION else upto(s, _abort(s)),
+            "2" if s is S.PROBATION else "1",
+            "the slot commit had landed" if s is S.PROBATION else f"{s.value}: injected permanent",
+        )
+        for s in IN_FLIGHT
+    ],
     # the state's deadline passes
     *[
         Scenario(f"deadline in {s}", "timeout", s, upto(s, _abort(s)), "1", f"{s.value} exceeded its deadline")
@@ -312,11 +324,11 @@ class FullOnceJournal(Journal):
         super().__init__(state_dir)
         self.state, self.failed = state, False
 
-    def save(self, dep: Deployment) -> None:
+    def save(self, dep: Deployment, new: bool = False) -> None:
         if dep.state is self.state and not self.failed:
             self.failed = True
             raise OSError(errno.ENOSPC, "No space left on device")
-        super().save(dep)
+        super().save(dep, new=new)
 
 
 # ---- the rig ------------------------------------------------------------------------------------------
@@ -375,11 +387,10 @@ class Device:
             config=self.config,
             journal=journal,
             fault=fault,
+            qualifier=shared.for_dir(state_dir),
         )
-        self.steps.qualifier = shared.for_dir(state_dir)
-        source = kw.pop("source", None)
-        if source is not None:
-            self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
+        source = kw.pop("source", None) or InboxSource
+        self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
         self.events: list[dict[str, Any]] = []
         self.orch = Orchestrator(
             state_dir, self.steps, deadlines=kw.pop("deadlines", None), listeners=[self.events.append]
@@ -518,6 +529,8 @@ def fault_for(sc: Scenario) -> tuple[Fault | None, dict[str, Any]]:
         return Fault(at, error=LifecycleError("injected permanent fault")), kw
     if sc.fault == "bug":
         return Fault(at, error=RuntimeError("injected")), kw
+    if sc.fault == "permanent-after":
+        return Fault(at, error=LifecycleError("injected permanent fault"), when="after"), kw
     if sc.fault == "timeout":
         return Fault(at, hold=True), {"deadlines": {at: 0.5}}
     if sc.fault in ("restart", "restart-loop", "cancel", "supersede"):
@@ -634,13 +647,16 @@ def test_scenario(sc: Scenario, committed_v1: Path, tmp_path: Path, shared: Shar
 
 
 def test_the_table_covers_every_state():
-    """Every state a deployment can be in while in flight has a fault row, a cancel, a supersede and a
-    deadline; every resumable state a restart; every terminal state is some row's outcome."""
+    """Every state a deployment can be in while in flight has a fault row, a bug, a failure after its action
+    (the restore action), a cancel, a supersede and a deadline; every resumable state a restart; every terminal
+    state is some row's outcome."""
     live = {s for (s, _e) in TRANSITIONS} - TERMINAL
     assert live == set(IN_FLIGHT)
-    for fault in ("permanent", "cancel", "supersede", "timeout"):
+    for fault in ("permanent", "bug", "permanent-after", "cancel", "supersede", "timeout"):
         assert {sc.at for sc in SCENARIOS if sc.fault == fault} == live, fault
     assert {sc.at for sc in SCENARIOS if sc.fault.startswith("restart")} == live
     outcomes = {sc.history[-1] for sc in SCENARIOS} | {sc.then[-1] for sc in SCENARIOS if sc.then}
     assert outcomes == {S.COMMITTED, S.FAILED, S.ROLLED_BACK, S.REJECTED}
     assert len({sc.name for sc in SCENARIOS}) == len(SCENARIOS)
+    # the restore action is the table's entry action of both aborted outcomes
+    assert ENTRY_ACTIONS == {S.FAILED: RESTORE, S.ROLLED_BACK: RESTORE}

@@ -12,7 +12,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from test_daemon_support import Daemon, drop, infer, write_config
+from support.daemon import Daemon, drop, infer, write_config
 
 from agent.artifacts.modelsig import SIGNATURE_NAME, ModelTrust, sign_package, verify_package
 from agent.errors import ModelError

@@ -5,12 +5,12 @@ and group desired state uses verified fields only."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 
-from agent.app import DeviceAgent
 from agent.samples import sample_tiny_package
 
 ATTACKS = ("forged", "unsigned", "untrusted", "future")
@@ -28,7 +28,9 @@ def plane(tmp_path, mosquitto):
 def _agent(tmp_path, mosquitto, cp, probation_s=0.3, groups=()):
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=groups)
     events: list[dict] = []
-    a = DeviceAgent(cfg, step_config=fast(probation_s), on_event=events.append, serve_http=False, providers=["cpu"])
+    a = make_agent(
+        None, config=cfg, probation_s=probation_s, on_event=events.append, serve_http=False, known_providers=["cpu"]
+    )
     a.events = events
     return a.start()
 
@@ -68,7 +70,7 @@ def test_attacks_leave_a_version_in_probation_alone(tmp_path, mosquitto, plane):
     try:
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "1"), "tiny", "1")))
         wait_for(lambda: (a.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
-        a.steps.config.probation_s = 20  # v2 is in probation while the attacks land
+        a.steps.config = replace(a.steps.config, probation_s=20)  # v2 is in probation while the attacks land
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "2"), "tiny", "2")))
         v2 = wait_for(
             lambda: next((d for d in a.orchestrator.in_flight().values() if d.state.value == "probation"), None),

@@ -8,10 +8,9 @@ import json
 import os
 import time
 
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 
-from agent.app import DeviceAgent
 from agent.artifacts.manifest import Manifest
 from agent.samples import sample_tiny_package
 
@@ -28,7 +27,7 @@ def test_flood_then_a_legitimate_push_commits_within_30s(tmp_path, mosquitto):
     cp.serve()
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=("lab",))
     events: list[dict] = []
-    a = DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"], on_event=events.append).start()
+    a = make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], on_event=events.append, start=True)
     try:
         assert a.link.link.wait_connected(30)
         pkg = sample_tiny_package(tmp_path / "pkg", version="1")

@@ -9,11 +9,10 @@ import random
 import time
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 from test_daemon_mqtt_crash import CHUNK, SlowServer, _on_disk
-from test_daemon_support import fast
 
-from agent.app import DeviceAgent
 from agent.artifacts.store import ContentStore
 from agent.samples import sample_tiny_package
 from agent.transport.mqtt import BrokerConfig
@@ -29,9 +28,9 @@ def test_an_outage_mid_pull_recovers_without_a_new_push(tmp_path, mosquitto, wha
     server.delay = 0.05
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp)
     events: list[dict] = []
-    steps = fast()
-    steps.stall_s = min(30.0, OUTAGE_S / 4)  # an attempt fails during the outage: the retry path is exercised
-    a = DeviceAgent(cfg, step_config=steps, on_event=events.append, serve_http=False, providers=["cpu"]).start()
+    stall_s = min(30.0, OUTAGE_S / 4)  # an attempt fails during the outage: the retry path is exercised
+    a = make_agent(None, config=cfg, stall_s=stall_s, on_event=events.append, serve_http=False, known_providers=["cpu"])
+    a.start()
     try:
         pkg = sample_tiny_package(tmp_path / "pkg-1", version="1")
         (pkg / "padding.bin").write_bytes(random.Random(1).randbytes(PAD))

@@ -5,12 +5,12 @@ so a halted rollout's control plane sees a confirmed state instead of waiting fo
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
-from mqtt_support import ControlPlane, mqtt_config, wait_for
-from test_daemon_support import fast
+from support.agent import make_agent
+from support.mqtt import ControlPlane, mqtt_config, wait_for
 
-from agent.app import DeviceAgent
 from agent.fleet import rollout_state as rs
 from agent.lifecycle.actions import StepContext
 from agent.samples import sample_tiny_package
@@ -38,7 +38,7 @@ def _ended(agent, version):
 def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosquitto, plane, where):
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, plane)
     plane.register("dev-1", cfg.state_dir)  # the control plane believes its signed status
-    agent = DeviceAgent(cfg, step_config=fast(0.3), serve_http=False, providers=["cpu"]).start()
+    agent = make_agent(None, config=cfg, probation_s=0.3, serve_http=False, known_providers=["cpu"], start=True)
     hold, held = threading.Event(), threading.Event()
 
     def occupy() -> None:  # another package's qualification holds the device
@@ -54,15 +54,18 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
             t.start()
             assert held.wait(30)
         else:
-            agent.steps.config.probation_s = 300  # v2 stays on probation until something stops it
+            agent.steps.config = replace(
+                agent.steps.config, probation_s=300
+            )  # v2 stays on probation until something stops it
         _push(plane, tmp_path, "2")
-        state = {"queued": "qualifying", "probation": "probation"}[where]
+        # queued: the package check (verifying) and the measurement (qualifying) both wait for the queue's turn
+        states = {"queued": ("verifying", "qualifying"), "probation": ("probation",)}[where]
         wait_for(
-            lambda: any(d.version == "2" and d.state.value == state for d in agent.orchestrator.in_flight().values()),
-            what=f"v2 {state}",
+            lambda: any(d.version == "2" and d.state.value in states for d in agent.orchestrator.in_flight().values()),
+            what=f"v2 {' or '.join(states)}",
         )
         if where == "queued":
-            # the journal says qualifying a moment before the worker asks the queue for its turn
+            # the journal says verifying a moment before the worker asks the queue for its turn
             wait_for(lambda: agent.status()["qualification_queue"]["waiting"], what="v2 waiting in the queue")
 
         _push(plane, tmp_path, "1", rollback=True)  # what the rollout engine publishes at a halt

@@ -8,23 +8,17 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_serving_support import identity_all_types_model, open_session
+from support.serving import identity_all_types_model, oip_server, open_session
 
 from agent.samples import tiny_model
-from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
-    reg = ModelRegistry()
-    reg.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"))
-    reg.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
-    srv = OIPServer(reg, port=0, max_body_bytes=1 << 16).start()
-    yield srv
-    srv.shutdown(10)
-    reg.close()
+    tiny, ids = open_session(tiny_model(1.0), d, "tiny.onnx"), open_session(identity_all_types_model(), d, "ids.onnx")
+    with oip_server([("tiny", "1", tiny), ("ids", "1", ids)], max_body_bytes=1 << 16) as srv:
+        yield srv
 
 
 scalars = st.one_of(

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_serving_support import ALL_TYPES, GatedSession, identity_all_types_model, open_session
+from support.serving import ALL_TYPES, GatedSession, identity_all_types_model, oip_server, open_session
 
 from agent.samples import cnn_model, tiny_model
 from agent.serving.budget import JSON_DECODE_FACTOR
@@ -23,21 +23,20 @@ from agent.serving.server import OIPServer
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("oip")
-    r = ModelRegistry()
-    r.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"), {"provider": "cpu", "precision": "fp32"})
-    r.activate("cnn", "3", open_session(cnn_model(), d, "cnn.onnx"))
-    r.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
-    yield r
-    r.close()
+    sessions = [
+        ("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"), {"provider": "cpu", "precision": "fp32"}),
+        ("cnn", "3", open_session(cnn_model(), d, "cnn.onnx")),
+        ("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx")),
+    ]
+    with oip_server(sessions, max_body_bytes=1 << 20) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
-def server(registry):
-    srv = OIPServer(registry, port=0, max_body_bytes=1 << 20).start()
-    yield srv
-    assert srv.shutdown(10)
+def registry(server):
+    return server.registry
 
 
 def call(srv, method, path, body=None, headers=None, conn=None):

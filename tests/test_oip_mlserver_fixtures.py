@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 from onnx import TensorProto, helper
-from test_serving_support import _model, open_session
+from support.serving import _model, open_session
 
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tg
 import tritonclient.http as th
-from test_daemon_support import deploy, fast, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 from tritonclient.utils import InferenceServerException
 
 TOKEN = "a-long-enough-serving-token-0123456789"
@@ -35,13 +36,10 @@ X = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
-
     tmp = tmp_path_factory.mktemp("tc")
     (tmp / "token").write_text(TOKEN + "\n")
     serving = {"host": "127.0.0.1", "port": 0, "token_file": str(tmp / "token"), "shadow": {"duration_s": 1.0}}
-    a = DeviceAgent(load_config(write_config(tmp, extra={"serving": serving})), step_config=fast())
+    a = make_agent(tmp, extra={"serving": serving})
     a.start()
     try:
         assert deploy(a, "1").state.value == "committed"

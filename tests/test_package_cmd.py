@@ -12,7 +12,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from clirunner import edge_agent
-from test_daemon_support import Daemon, drop, wait_for, write_config
+from support.daemon import Daemon, drop, write_config
+from support.wait import wait_for
 from test_realmodels_daemon import infer
 
 from agent.qualify.inputs import load_dataset, package_plan

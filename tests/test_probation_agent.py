@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 import pytest
-from probation_load import Load, body_for, send, wait_until
+from probation_load import Load, body_for, send
 from probation_models import (
     chain_depth,
     chain_model,
@@ -18,17 +18,17 @@ from probation_models import (
     classifier_weights,
     disagreement,
 )
-from test_daemon_support import drop, fast, write_config
+from support.agent import make_agent
+from support.daemon import drop
+from support.wait import wait_for
 
-from agent.app import DeviceAgent
-from agent.config import ProbationConfig, ShadowConfig, load_config
+from agent.config import ProbationConfig, ShadowConfig
 from agent.samples import write_package
 
 
 def _agent(tmp_path, probation_s: float, shadow: ShadowConfig, probation: ProbationConfig | None = None):
-    cfg = fast(probation_s)
-    cfg.shadow, cfg.probation = shadow, probation or ProbationConfig()
-    return DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    probation = probation or ProbationConfig()
+    return make_agent(tmp_path, probation_s=probation_s, shadow=shadow, probation=probation, start=True)
 
 
 def _push(a, version: str, model, feeds=None):
@@ -38,7 +38,7 @@ def _push(a, version: str, model, feeds=None):
         done = [d for d in a.orchestrator.journal.all() if d.version == version and d.terminal]
         return done[-1] if done else None
 
-    return wait_until(ended, 240, f"deployment of version {version}")
+    return wait_for(ended, 240, f"deployment of version {version}")
 
 
 def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
@@ -59,7 +59,7 @@ def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
         load.wait_requests(300)
         stats = a.registry.model_stats("tiny", "1")  # a baseline: enough of the incumbent's runs measured
         try:  # a busy host may never measure enough of them: then compute cannot be judged, and must say so
-            wait_until(lambda: len(stats.window(0.0, cpu=True)[0]) >= 128 or None, 120, "the incumbent's runs")
+            wait_for(lambda: len(stats.window(0.0, cpu=True)[0]) >= 128 or None, 120, "the incumbent's runs")
         except AssertionError:
             pass
         session_v1 = a.registry.entry("tiny").session
@@ -77,7 +77,7 @@ def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
             assert dep.state.value == "rolled_back", (dep.reason, probation)
             assert a.registry.entry("tiny").session is session_v1  # rolled back to the referee: no rebuild
             assert "compute ratio" in dep.reason and "incumbent" in dep.reason, dep.reason
-            wait_until(lambda: a.registry.models().get("tiny") == "1", 60, "version 1 back")
+            wait_for(lambda: a.registry.models().get("tiny") == "1", 60, "version 1 back")
             load.wait_requests(20)
     finally:
         if load:
@@ -147,7 +147,7 @@ def _wait_probation(a, version: str) -> None:
         assert dep is None, f"version {version} ended {dep.state.value} before probation: {dep.reason}"
         return False
 
-    wait_until(reached, 240, "probation")
+    wait_for(reached, 240, "probation")
 
 
 @pytest.mark.parametrize("referee", [True, False])
@@ -168,7 +168,7 @@ def test_hostile_inputs_during_probation_do_not_stop_a_good_version(tmp_path, re
         for what, (body, headers) in HOSTILE.items():
             for _ in range(3):
                 codes[what] = send(a.url, "/v2/models/tiny/infer", body, headers)[0]
-        ended = wait_until(lambda: _ended(a, "2"), 120, "version 2 decided")
+        ended = wait_for(lambda: _ended(a, "2"), 120, "version 2 decided")
     finally:
         if load:
             load.stop()
@@ -192,7 +192,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
         drop(a.state_dir, "1", writer=lambda d: write_package(d, tiny_model(1.0), name="tiny", version="1"))
         _wait_probation(a, "1")
         load = Load(a.url, "tiny", [body_for("x", np.ones((1, 4), np.float32))], clients=2).start()
-        dep = wait_until(lambda: _ended(a, "1"), 120, "version 1 decided")
+        dep = wait_for(lambda: _ended(a, "1"), 120, "version 1 decided")
     finally:
         if load:
             load.stop()
@@ -211,9 +211,7 @@ def test_a_first_deployment_under_a_warm_up_burst_commits(tmp_path):
 def test_stop_then_start_skips_the_shadow_with_the_reason(tmp_path):
     from agent.samples import tiny_model
 
-    cfg = fast(1.0)
-    cfg.swap, cfg.shadow = "stop-then-start", ShadowConfig()
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=cfg).start()
+    a = make_agent(tmp_path, probation_s=1.0, swap="stop-then-start", shadow=ShadowConfig(), start=True)
     try:
         assert _push(a, "1", tiny_model(1.0)).state.value == "committed"
         assert send(a.url, "/v2/models/tiny/infer", body_for("x", np.ones((1, 4), np.float32)))[0] == 200

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from probation_models import chain_model, nan_guard_model, string_model
+from support.serving import SINGLE_THREAD, log_model, open_session, reshape_model, x4
 from test_serving_probation import Clock
-from test_serving_support import SINGLE_THREAD, log_model, open_session, reshape_model, x4
 
 from agent.serving.errors import BadRequest, InferenceFailed
-from agent.serving.probation import PASSED, TROUBLE, WATCHING, Probation, Thresholds, incumbent_baseline
 from agent.serving.registry import ModelRegistry
 from agent.serving.rungate import RunGate
-from agent.serving.unjudged import NOT_JUDGED
+from agent.trial.probation import PASSED, TROUBLE, WATCHING, Probation, Thresholds, incumbent_baseline
+from agent.trial.unjudged import NOT_JUDGED
 
 NAN = {"x": np.array([[np.nan, 1.0, 2.0, 3.0]], np.float32)}
 

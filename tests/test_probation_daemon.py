@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from probation_load import Load, body_for, send
 from probation_models import chain_model
-from test_daemon_support import Daemon, drop, write_config
+from support.daemon import Daemon, drop, write_config
 
 from agent.samples import write_package
 

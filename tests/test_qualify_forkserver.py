@@ -9,8 +9,8 @@ import os
 import threading
 
 import psutil
+from support.daemon import Daemon, drop, write_config
 from test_daemon_qualify import _results
-from test_daemon_support import Daemon, drop, write_config
 
 from agent.qualify.forkserver import WORKER_NAME
 from agent.qualify.isolate import FAULT_ENV, IsolatedWorker

@@ -15,7 +15,8 @@ import optmodels
 import pytest
 import realmodels_pip as rp
 import yaml
-from test_daemon_support import deploy, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.qualify import optimize
@@ -148,15 +149,13 @@ def test_a_real_cnn_optimised_variants_are_judged_against_the_delivered_graph(tm
 
 
 def test_the_daemon_serves_the_graph_the_decision_names(block, tmp_path):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
     from agent.lifecycle.slots import ModelSlots
     from agent.lifecycle.steps import StepConfig
 
     steps = StepConfig(
         probation_s=0.3, providers=["cpu"], qualify_options={"latency_budget_s": 0.2, "optimize": ["fusions"]}
     )
-    agent = DeviceAgent(load_config(write_config(tmp_path / "agent")), step_config=steps)
+    agent = make_agent(tmp_path / "agent", step_config=steps)
     agent.start()
     try:
         import shutil

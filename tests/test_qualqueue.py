@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from test_daemon_support import wait_for
+from support.daemon import wait_for
 
 from agent.lifecycle.actions import Cancelled, StepContext
 from agent.lifecycle.qualqueue import QualificationQueue

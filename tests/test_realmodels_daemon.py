@@ -12,7 +12,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import realmodels as rm
-from test_daemon_support import deploy, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 from agent.qualify.inputs import load_dataset
 from agent.qualify.package import load_package
@@ -44,16 +45,9 @@ def _quantized(d: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
-    from agent.lifecycle.steps import StepConfig
 
     tmp = tmp_path_factory.mktemp("daemon")
-    steps = StepConfig(
-        probation_s=0.3, providers=["cpu", "openvino"], qualify_options={"latency_budget_s": 0.1, "isolate": False}
-    )
-    a = DeviceAgent(load_config(write_config(tmp)), step_config=steps, on_event=lambda e: None)
-    a.start()
+    a = make_agent(tmp, providers=["cpu", "openvino"], on_event=lambda e: None, start=True)
     yield a
     a.stop()
 

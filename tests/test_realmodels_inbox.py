@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from support.daemon import Daemon, drop, write_config
 from test_daemon_qualify import _results, _windows
-from test_daemon_support import Daemon, drop, write_config
 from test_realmodels_daemon import infer
 
 from agent.qualify.inputs import load_dataset

@@ -7,7 +7,8 @@ import json
 import urllib.error
 import urllib.request
 
-from test_daemon_support import deploy, fast, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 TOKEN = "another-long-serving-token-for-tests"
 
@@ -24,14 +25,11 @@ def _post(url: str, path: str, doc: dict | None = None, token: str | None = TOKE
 
 
 def _agent(tmp_path, token: bool = True):
-    from agent.app import DeviceAgent
-    from agent.config import load_config
-
     serving: dict = {"host": "127.0.0.1", "port": 0, "shadow": {"duration_s": 1.0}}
     if token:
         (tmp_path / "token").write_text(TOKEN)
         serving["token_file"] = str(tmp_path / "token")
-    return DeviceAgent(load_config(write_config(tmp_path, extra={"serving": serving})), step_config=fast())
+    return make_agent(tmp_path, extra={"serving": serving})
 
 
 def test_unload_survives_restart_and_load_serves_again(tmp_path):

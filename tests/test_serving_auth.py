@@ -6,12 +6,12 @@ import http.client
 
 import grpc
 import pytest
-from test_serving_support import open_session
+from support.serving import open_session
 
 from agent.samples import tiny_model
 from agent.serving import auth
-from agent.serving.auth import AuthGate, TooManyFailures
-from agent.serving.errors import Unauthorized
+from agent.serving.auth import AuthGate
+from agent.serving.errors import TooManyFailures, Unauthorized, status_of
 from agent.serving.grpc_front import GRPCServer
 from agent.serving.registry import ModelRegistry
 from agent.serving.server import OIPServer
@@ -38,7 +38,7 @@ def test_gate_lets_free_failures_through_then_shuts_the_peer_out_doubling(monkey
         gate.check("10.0.0.1", "guess", "http")
     with pytest.raises(TooManyFailures) as exc:  # even the right token is not compared meanwhile
         gate.check("10.0.0.1", TOKEN, "http")
-    assert exc.value.status == 429 and 0 < exc.value.retry_after <= auth.BASE_S
+    assert status_of(exc.value) == 429 and 0 < exc.value.retry_after <= auth.BASE_S
     gate.check("10.0.0.2", TOKEN, "http")  # another peer is not affected
     clock.now += auth.BASE_S
     with pytest.raises(Unauthorized):

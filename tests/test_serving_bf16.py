@@ -11,10 +11,9 @@ import onnx
 import pytest
 import tritonclient.http as th
 from onnx import TensorProto, helper
+from support.serving import oip_server
 
 from agent.providers import get
-from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 def cast_model(src: int, dst: int):
@@ -32,17 +31,15 @@ def cast_model(src: int, dst: int):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("bf16")
-    reg = ModelRegistry()
+    sessions = []
     for name, src, dst in (
         ("bf16-in", TensorProto.BFLOAT16, TensorProto.FLOAT),
         ("bf16-out", TensorProto.FLOAT, TensorProto.BFLOAT16),
     ):
         onnx.save(cast_model(src, dst), d / f"{name}.onnx")
-        reg.activate(name, "1", get("cpu").open_session(d / f"{name}.onnx"))
-    srv = OIPServer(reg, port=0).start()
-    yield srv
-    assert srv.shutdown(10)
-    reg.close()
+        sessions.append((name, "1", get("cpu").open_session(d / f"{name}.onnx")))
+    with oip_server(sessions) as srv:
+        yield srv
 
 
 def post(srv, model: str, doc: dict) -> tuple[int, dict]:

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from test_serving_support import _model, open_session
+from support.serving import _model, open_session
 
 from agent.serving.dataplane import classify
 from agent.serving.errors import BadRequest

@@ -7,14 +7,14 @@ import time
 
 import numpy as np
 import pytest
-from test_serving_support import log_model, open_session, reshape_model, x4
+from support.serving import log_model, open_session, reshape_model, x4
 
 from agent.samples import tiny_model
 from agent.serving.errors import InferenceFailed
-from agent.serving.probation import PASSED, STOPPED, SUPERSEDED, TROUBLE, WATCHING, Probation, Thresholds
 from agent.serving.registry import ModelRegistry
 from agent.serving.rungate import RunGate
-from agent.serving.unjudged import NOT_JUDGED
+from agent.trial.probation import PASSED, STOPPED, SUPERSEDED, TROUBLE, WATCHING, Probation, Thresholds
+from agent.trial.unjudged import NOT_JUDGED
 
 
 class Clock:

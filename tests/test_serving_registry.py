@@ -6,11 +6,11 @@ import threading
 
 import numpy as np
 import pytest
-from test_serving_support import GatedSession, log_model, open_session, reshape_model, x4
+from support.serving import GatedSession, log_model, open_session, reshape_model, x4
 
 from agent.errors import ServingError
 from agent.samples import cnn_model, tiny_model
-from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound
+from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound, status_of
 from agent.serving.registry import ModelRegistry
 
 
@@ -52,7 +52,7 @@ def test_bad_feeds_rejected_before_the_runtime(reg, feeds, fragment):
     before = reg.stats("tiny")
     with pytest.raises(BadRequest) as info:
         reg.infer("tiny", feeds)
-    assert fragment in str(info.value) and info.value.status == 400
+    assert fragment in str(info.value) and status_of(info.value) == 400
     after = reg.stats("tiny")
     assert after["requests"] == before["requests"] and after["rejected"] == before["rejected"] + 1
 
@@ -91,7 +91,7 @@ def test_runtime_failure_is_inference_failed_and_counted(tmp_path):
     assert ok["y"].shape == (2, 2)
     with pytest.raises(InferenceFailed) as info:
         r.infer("rs", {"x": np.ones((1, 4), np.float32), "shape": np.array([3, 3], np.int64)})
-    assert info.value.status == 500
+    assert status_of(info.value) == 500
     assert r.stats("rs")["errors"] == 1
 
 
@@ -202,7 +202,7 @@ def test_activate_reports_progress(tmp_path):
 
 def test_finite_checks_every_response_first_and_on_probation_then_sampled(tmp_path):
     from agent.serving.metrics import FINITE_FIRST
-    from agent.serving.probation import Probation
+    from agent.trial.probation import Probation
 
     r = ModelRegistry(finite_every=4)
     r.activate("log", "1", open_session(log_model(), tmp_path))
@@ -266,3 +266,39 @@ def test_swaps_race_lock_free_holds_without_a_failure_or_a_leak(tmp_path):
     for s in sessions:
         s.close()
     reg_.close()
+
+
+def test_domain_errors_carry_no_http_status_and_one_map_gives_it():
+    """The registry raises domain errors; status_of (called by the HTTP transport) is the one HTTP map, and every
+    serving error class has its place in it (none carries a status of its own)."""
+    import inspect
+
+    from agent.errors import ServingError
+    from agent.serving import errors
+    from agent.serving.errors import HTTP_STATUS, InvalidInput, ModelNotFound, ServerBusy
+
+    classes = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, ServingError)]
+    assert not [c for c in classes if "status" in vars(c)]
+    assert [c for c in classes if c is not ServingError and status_of(c.__new__(c)) == 500] == [InferenceFailed]
+    assert not hasattr(InvalidInput("x"), "status") and not hasattr(ModelNotFound("x"), "status")
+    got = [status_of(e) for e in (InvalidInput("x"), ModelNotFound("x"), ModelUnavailable("x"), ServerBusy("x"))]
+    assert got == [400, 404, 503, 503]
+    assert (status_of(InferenceFailed("x")), status_of(ServingError("x")), status_of(ValueError("x"))) == (500,) * 3
+    assert HTTP_STATUS[errors.TooManyFailures] == 429 and HTTP_STATUS[errors.AlreadyExists] == 409
+    r = ModelRegistry()
+    with pytest.raises(ModelNotFound):
+        r.infer("nothing", {})
+
+
+def test_grpc_maps_the_same_domain_errors_at_its_edge():
+    """The gRPC front maps the same classes (no HTTP status in between); anything else is INTERNAL."""
+    grpc = pytest.importorskip("grpc")
+    from agent.serving import errors
+    from agent.serving.grpc_front import code_of
+
+    assert code_of(errors.ModelNotFound("x")) == grpc.StatusCode.NOT_FOUND
+    assert code_of(errors.InvalidInput("x")) == grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(errors.TooManyFailures("x", retry_after=1.0)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert code_of(errors.Unsupported("x")) == grpc.StatusCode.UNIMPLEMENTED
+    assert code_of(errors.InferenceFailed("x")) == grpc.StatusCode.INTERNAL
+    assert code_of(ValueError("x")) == grpc.StatusCode.INTERNAL

@@ -7,11 +7,11 @@ import threading
 
 import numpy as np
 from probation_models import classifier_inputs, classifier_model, disagreement, nan_guard_model
-from test_serving_support import SINGLE_THREAD, log_model, open_session
+from support.serving import SINGLE_THREAD, log_model, open_session
 
 from agent.config import ShadowConfig
 from agent.serving.registry import ModelRegistry
-from agent.serving.shadow import FAIL, INCONCLUSIVE, PASS, Shadow
+from agent.trial.shadow import FAIL, INCONCLUSIVE, PASS, Shadow
 
 
 def _shadowed(tmp_path, incumbent, candidate, feeds: list[dict], config: ShadowConfig):

@@ -9,18 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_daemon_support import deploy, fast, write_config
+from support.agent import make_agent
+from support.daemon import deploy
 
-from agent.app import DeviceAgent
-from agent.config import load_config
 from agent.lifecycle.fsck import check_state_dir
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.status import build_status
 
 
 def _start(tmp_path, events):
-    cfg = load_config(write_config(tmp_path))
-    return DeviceAgent(cfg, step_config=fast(), on_event=events.append, serve_http=False, providers=["cpu"]).start()
+    return make_agent(tmp_path, on_event=events.append, serve_http=False, known_providers=["cpu"], start=True)
 
 
 @pytest.fixture

@@ -5,17 +5,14 @@ from __future__ import annotations
 import os
 import stat
 
-from test_daemon_support import deploy, fast, write_config
-
-from agent.app import DeviceAgent
-from agent.config import load_config
+from support.agent import make_agent
+from support.daemon import deploy
 
 
 def test_state_files_0600_dirs_0700_under_umask_022(tmp_path):
     old = os.umask(0o022)
     try:
-        cfg = load_config(write_config(tmp_path))
-        a = DeviceAgent(cfg, step_config=fast(), serve_http=False, providers=["cpu"]).start()
+        a = make_agent(tmp_path, serve_http=False, known_providers=["cpu"], start=True)
         try:
             assert deploy(a, "1").state.value == "committed"
             a.write_status()

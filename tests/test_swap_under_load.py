@@ -7,7 +7,7 @@ import json
 import threading
 
 import numpy as np
-from test_serving_support import open_session
+from support.serving import open_session
 
 from agent.samples import tiny_model
 from agent.serving.registry import ModelRegistry

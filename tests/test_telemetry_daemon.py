@@ -9,6 +9,7 @@ import urllib.request
 
 import paho.mqtt.client as mqtt
 import pytest
+from support.agent import make_agent
 
 from agent.config import parse_config
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_health_message_and_metrics(mosquitto, tmp_path):
-    from agent.app import DeviceAgent
+    from agent.lifecycle.steps import StepConfig
 
     cfg = parse_config(
         {
@@ -27,7 +28,7 @@ def test_health_message_and_metrics(mosquitto, tmp_path):
             "telemetry": {"interval_s": 0.5},
         }
     )
-    agent = DeviceAgent(cfg)
+    agent = make_agent(None, config=cfg, step_config=StepConfig())  # the daemon's own settings
     got, seen = [], threading.Event()
 
     def on_message(client, userdata, msg):

@@ -8,7 +8,7 @@ import pytest
 from brokers import free_port
 
 from agent.errors import TransportError
-from agent.transport.device import ConnectionEvent, DesiredState, DeviceLink
+from agent.transport.device import ConnectionEvent, DeviceLink, RawDesired
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics
 
@@ -20,17 +20,17 @@ def env(version: str) -> bytes:
 
 
 def next_desired(link, until=None, timeout=30.0):
-    """The next desired-state event (or the first whose envelope is `until`: retained messages of several
-    subscriptions may arrive in separate bursts, so intermediate winners are allowed on the way)."""
+    """The next desired-state message (or the first whose payload is `until`: retained messages of several
+    subscriptions arrive in separate bursts, each as received; DesiredBook resolves them, verified)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             ev = link.events.get(timeout=0.5)
         except queue.Empty:
             continue
-        if isinstance(ev, DesiredState):
-            assert ev.envelope != env("9"), "got another device's desired state"
-            if until is None or ev.envelope == until:
+        if isinstance(ev, RawDesired):
+            assert ev.payload != env("9"), "got another device's desired state"
+            if until is None or ev.payload == until:
                 return ev
     raise AssertionError("no matching desired-state event")
 
@@ -48,18 +48,18 @@ def test_offline_device_gets_latest_desired_state_on_connect(any_broker):
         dev = DeviceLink(any_broker.url, "pi-1", groups=["lab", "lab2"]).start(wait=15)
         try:
             ev = next_desired(dev, until=env("4"))
-            assert (ev.model, ev.envelope, ev.source) == ("m", env("4"), "group:lab2")  # highest group wins
+            assert (ev.model, ev.payload, ev.scope) == ("m", env("4"), "group:lab2")  # each group's, as received
             retained(cp, T.device_desired("pi-1", "m"), env("2"))
             ev = next_desired(dev)
-            assert (ev.envelope, ev.source) == (env("2"), "device")  # device beats group, even if lower
-            retained(cp, T.device_desired("pi-1", "m"), b"")  # cleared: group state applies again
-            assert next_desired(dev).source == "group:lab2"
+            assert (ev.payload, ev.scope) == (env("2"), "device")
+            retained(cp, T.device_desired("pi-1", "m"), b"")  # withdrawn: an empty payload
+            assert (lambda e: (e.payload, e.scope))(next_desired(dev)) == (b"", "device")
         finally:
             dev.stop()
         retained(cp, T.device_desired("pi-1", "m"), env("5"))  # published while the device is offline
         dev = DeviceLink(any_broker.url, "pi-1", groups=["lab", "lab2"]).start(wait=15)
         try:
-            assert next_desired(dev, until=env("5")).source == "device"
+            assert next_desired(dev, until=env("5")).scope == "device"
         finally:
             dev.stop()
     finally:
@@ -100,7 +100,7 @@ def test_subscriptions_survive_a_broker_restart(mosquitto):
         mosquitto.restart()
         cp.start()
         retained(cp, T.device_desired("pi-1", "m"), env("7"))
-        assert next_desired(dev, timeout=60).envelope == env("7")
+        assert next_desired(dev, timeout=60).payload == env("7")
         assert dev.connected
     finally:
         dev.stop()
@@ -142,20 +142,3 @@ def test_outgoing_queue_is_bounded(tmp_path):
             link.publish("edge/x", b"1", qos=1)
     finally:
         link.stop()
-
-
-def test_device_desired_state_beats_groups_unless_a_group_push_is_newer():
-    from agent.transport.device import DesiredEvents
-
-    def env(version, issued):
-        return json.dumps({"manifest": {"version": version, "issued_at": issued}}).encode()
-
-    device, lab, lab2 = env("2", 100), env("3", 50), env("4", 60)
-    pick = DesiredEvents._winner
-    # a per-device desired state (e.g. from a rollout) wins over older group pushes
-    assert pick({"device": (device, "t/d"), "group:lab": (lab, "t/l"), "group:lab2": (lab2, "t/l2")})[1] == "device"
-    # a group push issued after it wins (else every later group push would be ignored by that device)
-    newer = env("5", 200)
-    assert pick({"device": (device, "t/d"), "group:lab": (newer, "t/l")})[:2] == (newer, "group:lab")
-    # among groups the highest version wins
-    assert pick({"group:lab": (lab, "t/l"), "group:lab2": (lab2, "t/l2")})[1] == "group:lab2"

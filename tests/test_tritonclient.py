@@ -5,25 +5,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.http as th
-from test_serving_support import ALL_TYPES, identity_all_types_model, open_session
+from support.serving import ALL_TYPES, identity_all_types_model, oip_server, open_session
 from tritonclient.utils import InferenceServerException
 
 from agent.samples import cnn_model, tiny_model
-from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("triton")
-    reg = ModelRegistry()
-    reg.activate("tiny", "4", open_session(tiny_model(4.0), d, "tiny.onnx"))
-    reg.activate("cnn", "1", open_session(cnn_model(), d, "cnn.onnx"))
-    reg.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
-    srv = OIPServer(reg, port=0, token="tok").start()
-    yield srv
-    assert srv.shutdown(10)
-    reg.close()
+    sessions = [
+        ("tiny", "4", open_session(tiny_model(4.0), d, "tiny.onnx")),
+        ("cnn", "1", open_session(cnn_model(), d, "cnn.onnx")),
+        ("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx")),
+    ]
+    with oip_server(sessions, token="tok") as srv:
+        yield srv
 
 
 def auth() -> dict:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from support.serving import log_model, open_session
 from test_serving_probation import Clock
-from test_serving_support import log_model, open_session
 
 from agent.fleet import rollout_state as rs
 from agent.fleet.outcome import COMMITTED, UNJUDGED, device_outcome
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.lifecycle.status import figures_brief
-from agent.serving import unjudged
-from agent.serving.probation import PASSED, TROUBLE, Probation
 from agent.serving.registry import ModelRegistry
+from agent.trial import unjudged
+from agent.trial.probation import PASSED, TROUBLE, Probation
 
 
 class _Contended(Probation):

@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import realmodels as rm
-from test_daemon_support import deploy, running_agent
+from support.daemon import deploy, running_agent
 
 from agent.errors import ModelError
 from agent.hardware.profile import CpuInfo, HardwareProfile

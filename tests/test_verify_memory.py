@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from test_daemon_support import ROOT
+from support.daemon import ROOT
 
 SCRIPT = r"""
 import json, sys

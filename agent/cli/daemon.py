@@ -11,7 +11,6 @@ Test/tuning knobs read by `run` (environment):
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -31,24 +30,6 @@ CONFIG_OPTION = click.option(
     show_default=True,
     help="Agent configuration file.",
 )
-
-
-def step_config_from_env(env=os.environ):
-    from agent.lifecycle.steps import StepConfig
-
-    cfg = StepConfig()
-    try:
-        if env.get("EDGE_AGENT_PROBATION_S"):
-            cfg.probation_s = float(env["EDGE_AGENT_PROBATION_S"])
-        if env.get("EDGE_AGENT_QUALIFY_PROVIDERS"):
-            cfg.providers = [p.strip() for p in env["EDGE_AGENT_QUALIFY_PROVIDERS"].split(",") if p.strip()]
-        if env.get("EDGE_AGENT_QUALIFY_BUDGET_S"):
-            cfg.qualify_options["latency_budget_s"] = float(env["EDGE_AGENT_QUALIFY_BUDGET_S"])
-        if env.get("EDGE_AGENT_QUALIFY_ISOLATE") == "0":
-            cfg.qualify_options["isolate"] = False
-    except ValueError as exc:
-        raise ConfigError(f"EDGE_AGENT_* environment: {exc}") from None
-    return cfg
 
 
 def render_event(record: dict) -> str:
@@ -96,7 +77,9 @@ def run(config_path):
         with lock:
             click.echo(render_event(record), err=True)
 
-    agent = DeviceAgent(cfg, step_config=step_config_from_env(), on_event=log, notifier=SdNotifier.from_env())
+    from agent import settings
+
+    agent = DeviceAgent(cfg, step_config=settings.from_env(), on_event=log, notifier=SdNotifier.from_env())
     # Signal handlers only set flags; this loop acts on them (a reload takes locks and does I/O).
     wake, reload_wanted = threading.Event(), threading.Event()
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agent.errors import EdgeAgentError
 
-if TYPE_CHECKING:  # Report asks this module for its differences: annotations only here
-    from agent.conformance.report import Report
+
+class Report(Protocol):
+    """What this module reads and extends of agent.conformance.report.Report (which imports this module)."""
+
+    variants: dict[str, dict[str, Any]]
+    cases: list[dict[str, Any]]
+    meta: dict[str, Any]
+
 
 MAX_REPORT_BYTES = 256 * 2**20  # a full node + models report is a few MB; refuse anything absurd before reading it
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 COMMITTED, PENDING = "committed", "pending"
-UNJUDGED = "not judged"  # committed, but probation could not measure it (agent.serving.unjudged): flagged
+UNJUDGED = "not judged"  # committed, but probation could not measure it (agent.trial.unjudged): flagged
 TRUSTED = "verified"  # the one trust state (agent.fleet.registry) whose reports count, as success or failure
 BAD_STATES = ("failed", "rejected", "rolled_back")
 

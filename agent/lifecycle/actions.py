@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
 from agent.serving import rungate
@@ -19,6 +19,11 @@ from agent.serving.labels import read_labels
 from agent.util.atomic import fsync_dir
 from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
+
+if TYPE_CHECKING:
+    from agent.artifacts.store import ContentStore
+    from agent.providers.base import ProviderSession
+    from agent.serving.registry import ModelRegistry
 
 GZIP_MAGIC = b"\x1f\x8b"
 WARM_RUNS = 3
@@ -83,7 +88,7 @@ def pack_dir(src: Path, dest: Path) -> None:
         os.fsync(raw.fileno())
 
 
-def fetch_inbox(src: Path, store, staging: Path, ctx: StepContext) -> dict[str, Any]:
+def fetch_inbox(src: Path, store: ContentStore, staging: Path, ctx: StepContext) -> dict[str, Any]:
     """Local mode 'download': pack the inbox package into the content store."""
     if not src.is_dir():
         raise ModelError(f"inbox package {src} is gone or not a directory")
@@ -101,7 +106,7 @@ def fetch_inbox(src: Path, store, staging: Path, ctx: StepContext) -> dict[str, 
     return {"sha256": sha, "size": size}
 
 
-def unpack(store, sha: str, packages_root: Path) -> Path:
+def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
     """packages/<sha>/ holding the package (extracted from a .tar.gz blob, or the bare model.onnx)."""
     final = packages_root / sha
     if final.is_dir():
@@ -135,7 +140,13 @@ def unpack(store, sha: str, packages_root: Path) -> Path:
 
 
 def verify(
-    store, sha: str, packages_root: Path, ctx: StepContext, *, memory_max: int | None = None, before_check=None
+    store: ContentStore,
+    sha: str,
+    packages_root: Path,
+    ctx: StepContext,
+    *,
+    memory_max: int | None = None,
+    before_check: Callable[[Path], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
     (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
@@ -163,7 +174,8 @@ def verify(
     if not res.ok:
         why = res.error.removeprefix("ModelError: ")
         raise ModelError(why if res.kind == "exception" else f"package check: {why}")
-    return {**res.value, **first}
+    got: dict[str, Any] = {**res.value, **first}
+    return got
 
 
 def check_package(root: str) -> dict[str, Any]:
@@ -174,7 +186,7 @@ def check_package(root: str) -> dict[str, Any]:
     return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
 
 
-def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def warm_feeds(session: ProviderSession, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
     rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
     to the served file's input types, as qualification casts them for a variant (agent.qualify.variants).
@@ -195,7 +207,7 @@ def warm_feeds(session, entry: dict[str, Any] | None = None) -> list[dict[str, A
     return [_zeros(session)]
 
 
-def _zeros(session) -> dict[str, Any]:
+def _zeros(session: ProviderSession) -> dict[str, Any]:
     import numpy as np
 
     feeds = {}
@@ -206,7 +218,9 @@ def _zeros(session) -> dict[str, Any]:
     return feeds
 
 
-def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict | None = None):
+def open_and_warm(
+    entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict[str, Any] | None = None
+) -> ProviderSession:
     """Build the session a slot entry or a decision describes, and run it a few times before it serves.
     A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.qualify.cacheseal).
     `timings` gets session_s (creation), first_answer_s (creation + the first warm-up run) and cache_rebuilt."""
@@ -250,15 +264,15 @@ def open_and_warm(entry: dict[str, Any], lock: threading.Lock | None = None, tim
 
 
 class _NullLock:
-    def __enter__(self):
+    def __enter__(self) -> _NullLock:
         return self
 
-    def __exit__(self, *exc):
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def activate(
-    registry,
+    registry: ModelRegistry,
     name: str,
     entry: dict[str, Any],
     *,
@@ -278,7 +292,7 @@ def activate(
 
     timings: dict[str, Any] = {}
 
-    def build():  # no run is measured for CPU time while a build's CPU would count in it (rungate.py)
+    def build() -> ProviderSession:  # no run is measured for CPU time while a build's CPU would count (rungate.py)
         registry.gate.busy(True)
         try:
             return open_and_warm(entry, lock, timings)

@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ MAX_AGE_S = 300.0  # an older request (its CLI gave up long ago) is answered as 
 class StateLock:
     """An exclusive flock on state_dir/agent.lock: one daemon (or offline CLI change) per state_dir."""
 
-    def __init__(self, state_dir: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike[str]):
         self.path = Path(state_dir) / "agent.lock"
         self._fd: int | None = None
 
@@ -62,18 +63,35 @@ class StateLock:
     def __enter__(self) -> "StateLock":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-def holder_pid(state_dir: str | os.PathLike) -> int | None:
+def release_after(lock: StateLock | None, left: list[threading.Thread], unlocked: threading.Event, name: str) -> None:
+    """Release the state_dir lock once the threads `left` (writers a drain timeout left behind) have ended, on a
+    thread of its own when there are any; `unlocked` is set then. A successor never cleans up under a live writer."""
+
+    def release() -> None:
+        for t in left:
+            t.join()
+        if lock is not None:
+            lock.release()
+        unlocked.set()
+
+    if left:
+        threading.Thread(target=release, name=name, daemon=True).start()
+    else:
+        release()
+
+
+def holder_pid(state_dir: str | os.PathLike[str]) -> int | None:
     try:
         return int((Path(state_dir) / "agent.lock").read_text().strip() or 0) or None
     except (OSError, ValueError):
         return None
 
 
-def daemon_running(state_dir: str | os.PathLike) -> bool:
+def daemon_running(state_dir: str | os.PathLike[str]) -> bool:
     """True when some process holds the state_dir lock."""
     path = Path(state_dir) / "agent.lock"
     if not path.exists():
@@ -88,7 +106,7 @@ def daemon_running(state_dir: str | os.PathLike) -> bool:
         os.close(fd)
 
 
-def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args: Any) -> dict[str, Any]:
+def request(state_dir: str | os.PathLike[str], op: str, timeout: float = 60.0, **args: Any) -> dict[str, Any]:
     """Ask the running daemon to do `op`; wait for its answer."""
     if op not in OPS:
         raise LifecycleError(f"unknown control operation {op!r}")
@@ -101,7 +119,7 @@ def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args
         answer = read_json(done)
         if answer is not None:
             done.unlink(missing_ok=True)
-            return answer
+            return dict(answer)
         if not daemon_running(state_dir):
             (root / f"{req_id}.req.json").unlink(missing_ok=True)
             raise LifecycleError("the daemon stopped before answering")
@@ -109,7 +127,7 @@ def request(state_dir: str | os.PathLike, op: str, timeout: float = 60.0, **args
     raise LifecycleError(f"the daemon did not answer within {timeout:.0f}s (request {req_id} stays queued)")
 
 
-def pending(state_dir: str | os.PathLike) -> list[tuple[str, dict[str, Any] | None]]:
+def pending(state_dir: str | os.PathLike[str]) -> list[tuple[str, dict[str, Any] | None]]:
     """Requests waiting for the daemon, oldest first; an unreadable one comes back as None."""
     root = Path(state_dir) / "control"
     if not root.is_dir():
@@ -128,13 +146,13 @@ def expired(req: dict[str, Any], now: float | None = None) -> bool:
     return not isinstance(ts, (int, float)) or (now or time.time()) - ts > MAX_AGE_S
 
 
-def answer(state_dir: str | os.PathLike, req_id: str, result: dict[str, Any]) -> None:
+def answer(state_dir: str | os.PathLike[str], req_id: str, result: dict[str, Any]) -> None:
     root = Path(state_dir) / "control"
     atomic_write_json(root / f"{req_id}.done.json", result, mode=0o600)
     (root / f"{req_id}.req.json").unlink(missing_ok=True)
 
 
-def offline_rollback(state_dir: str | os.PathLike, model: str) -> dict[str, Any]:
+def offline_rollback(state_dir: str | os.PathLike[str], model: str) -> dict[str, Any]:
     """Rollback while no daemon runs: swap the slots and journal it; the next start serves the result."""
     from agent.lifecycle.journal import Journal
     from agent.lifecycle.slots import ModelSlots
@@ -152,7 +170,7 @@ def offline_rollback(state_dir: str | os.PathLike, model: str) -> dict[str, Any]
         return {"ok": True, "deployment": dep.summary(), "model": model, "version": dep.version}
 
 
-def offline_cancel(state_dir: str | os.PathLike, target: str) -> dict[str, Any]:
+def offline_cancel(state_dir: str | os.PathLike[str], target: str) -> dict[str, Any]:
     """Cancel while no daemon runs: every in-flight deployment of a model (or the one with this id) takes the
     table's cancel transition and is journaled; the slots were never changed by an uncommitted deployment, so
     the next start serves the committed version and resumes nothing."""

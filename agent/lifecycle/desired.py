@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,11 +54,11 @@ class DesiredBook:
         self,
         keys: Callable[[], Mapping[str, Ed25519PublicKey]],
         device_id: str,
-        groups=(),
+        groups: Iterable[str] = (),
         *,
         max_skew_s: float = MAX_SKEW_S,
         clock: Callable[[], float] = time.time,
-    ):
+    ) -> None:
         self.keys, self.device_id, self.groups = keys, device_id, tuple(groups)
         self.max_skew_s, self.clock = max_skew_s, clock
         self._cands: collections.OrderedDict[str, dict[str, Candidate]] = collections.OrderedDict()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from agent.errors import LifecycleError
 from agent.lifecycle import integrity
@@ -12,7 +13,7 @@ from agent.lifecycle.journal import Journal, check_history
 from agent.lifecycle.slots import ModelSlots
 
 
-def check_state_dir(state_dir: str | os.PathLike, *, rehash: bool = True) -> list[str]:
+def check_state_dir(state_dir: str | os.PathLike[str], *, rehash: bool = True) -> list[str]:
     """Every problem found (empty list = consistent). Reads only; safe while the daemon runs."""
     state_dir = Path(state_dir)
     problems: list[str] = []
@@ -38,7 +39,7 @@ def check_state_dir(state_dir: str | os.PathLike, *, rehash: bool = True) -> lis
     return problems
 
 
-def _check_entry(state_dir: Path, name: str, which: str, entry: dict, rehash: bool) -> list[str]:
+def _check_entry(state_dir: Path, name: str, which: str, entry: dict[str, Any], rehash: bool) -> list[str]:
     from agent.util.hashing import sha256_file
 
     sha = entry.get("sha256") or ""

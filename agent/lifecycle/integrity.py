@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from agent.util.atomic import atomic_write_json, read_json
 from agent.util.hashing import sha256_file
@@ -16,7 +17,7 @@ from agent.util.hashing import sha256_file
 FORMAT = 1
 
 
-def record_path(package_dir: str | os.PathLike) -> Path:
+def record_path(package_dir: str | os.PathLike[str]) -> Path:
     p = Path(package_dir)
     return p.parent / f"{p.name}.files.json"
 
@@ -25,7 +26,7 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def record(package_dir: str | os.PathLike) -> dict:
+def record(package_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Hash every file of a freshly verified package and store the record beside it."""
     root = Path(package_dir)
     files = {}
@@ -38,7 +39,7 @@ def record(package_dir: str | os.PathLike) -> dict:
 
 
 def check(
-    package_dir: str | os.PathLike,
+    package_dir: str | os.PathLike[str],
     model_sha256: str | None = None,
     model_path: str | None = None,
     *,

@@ -132,7 +132,7 @@ class Journal:
     write in progress and refuses later ones, so a thread that outlives stop() cannot write behind the back of
     whoever takes the state_dir next."""
 
-    def __init__(self, state_dir: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike[str]):
         self.root = Path(state_dir) / "deployments"
         self.root.mkdir(parents=True, exist_ok=True)
         self._write_lock = threading.Lock()

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +13,11 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal, check_name
 from agent.lifecycle.recovery import commit_landed, recover
+from agent.lifecycle.reports import Listener, Reports
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import SERVING_NEW, Event, State
 from agent.lifecycle.steps import Steps
-from agent.lifecycle.table import next_state
+from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE, next_state
 
 CRASH_ENV = "EDGE_AGENT_TEST_CRASH_AT"  # test-only: SIGKILL the process right after journaling this state
 DEADLINES_S: dict[State, float] = {
@@ -29,14 +28,13 @@ DEADLINES_S: dict[State, float] = {
     State.ACTIVATING: 900,
     State.PROBATION: 3600,
 }
-Listener = Callable[[dict[str, Any]], None]
 JOURNAL_RETRIES = 3
 
 
 class _Worker:
     """Runs one model's deployments one after another; `pending` holds the next (newest) one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.current: Deployment | None = None
         self.ctx: act.StepContext | None = None
         self.pending: Deployment | None = None
@@ -48,7 +46,7 @@ class Orchestrator:
 
     def __init__(
         self,
-        state_dir: str | os.PathLike,
+        state_dir: str | os.PathLike[str],
         steps: Steps,
         *,
         deadlines: dict[State, float] | None = None,
@@ -66,9 +64,7 @@ class Orchestrator:
         self._idle = threading.Condition(self._lock)
         self._workers: dict[str, _Worker] = {}
         self._stopping = False
-        self._reports: queue.Queue = queue.Queue()
-        self._reports_lock = threading.Lock()
-        self._reporter: threading.Thread | None = None
+        self._reports = Reports(self.listeners)
         self._parked: dict[str, Deployment] = {}  # model -> resumed deployment waiting for its source
         self._digests: dict[tuple[str, str], Deployment] | None = None  # (model, source digest) -> newest record
 
@@ -273,13 +269,12 @@ class Orchestrator:
                 limit = self.deadlines.get(dep.state)
                 ctx.deadline = time.monotonic() + limit if limit else None
             event, reason, data = self._step(dep, ctx)
-            if next_state(dep.state, event) in (State.ROLLED_BACK, State.FAILED) and not self._stopping:
+            target = next_state(dep.state, event)
+            if ENTRY_ACTIONS.get(target) == RESTORE and not self._stopping:
                 if commit_landed(self.slots, dep):  # too late to abort: what serves is this deployment
                     event, reason = Event.FOUND_COMMITTED, _landed(reason)
                 else:
-                    # the committed slot serves again before the journal says so (a crash in between: recovery
-                    # finds activating/probation and rolls back the same way)
-                    self.steps.ensure_committed(dep.model)
+                    self.steps.enter(target, dep.model)  # restore: before the journal says so
             with self._lock:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
@@ -298,7 +293,7 @@ class Orchestrator:
                 if dep.state in SERVING_NEW and commit_landed(self.slots, dep):
                     event = Event.FOUND_COMMITTED  # e.g. the journal write of the commit itself failed
                 elif dep.state in SERVING_NEW:
-                    self.steps.ensure_committed(dep.model)  # the new model may serve: the committed one again
+                    self.steps.enter(next_state(dep.state, event), dep.model)  # the committed one serves again
                 with self._lock:
                     self._enter(dep, event, _landed(reason) if event is Event.FOUND_COMMITTED else reason)
                 return
@@ -392,35 +387,11 @@ class Orchestrator:
         )
 
     def _publish(self, record: dict[str, Any]) -> None:
-        """Listeners run on one reporter thread, in order, never under the orchestrator's lock."""
-        with self._reports_lock:
-            self._reports.put(record)
-            if self._reporter is None or not self._reporter.is_alive():
-                self._reporter = threading.Thread(target=self._report_loop, name="lifecycle-reports", daemon=True)
-                self._reporter.start()
-
-    def _report_loop(self) -> None:
-        while True:
-            try:
-                record = self._reports.get(timeout=5.0)
-            except queue.Empty:
-                with self._reports_lock:
-                    if self._reports.empty():
-                        self._reporter = None
-                        return
-                continue
-            for listener in list(self.listeners):
-                try:
-                    listener(record)
-                except Exception:  # noqa: BLE001 - a broken reporter must not stop a deployment
-                    pass
-            self._reports.task_done()
+        self._reports.publish(record)
 
     def flush_reports(self, timeout: float = 10.0) -> None:
         """Wait until every transition so far has reached the listeners."""
-        end = time.monotonic() + timeout
-        while self._reports.unfinished_tasks and time.monotonic() < end:
-            time.sleep(0.01)
+        self._reports.flush(timeout)
 
 
 def _landed(reason: str | None) -> str:

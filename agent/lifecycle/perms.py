@@ -10,7 +10,7 @@ DIR_MODE, FILE_MODE = 0o700, 0o600
 SKIP = ("inbox",)  # operators drop packages there with their own permissions
 
 
-def harden(state_dir: str | os.PathLike) -> list[str]:
+def harden(state_dir: str | os.PathLike[str]) -> list[str]:
     """chmod state_dir and everything beneath it (not following symlinks); returns what could not be changed."""
     root = Path(state_dir)
     failed: list[str] = []

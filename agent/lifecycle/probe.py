@@ -17,7 +17,7 @@ class ProviderProbe:
 
     def __init__(self, profile: Any, target_name: str | None):
         self.profile, self.target_name = profile, target_name
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False
 
     def run(self, timeout: float = 120.0) -> list[str]:

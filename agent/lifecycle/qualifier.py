@@ -56,7 +56,8 @@ def run_qualification(
         answers=answers,
     )
     if res.ok:
-        return res.value
+        decision: dict[str, Any] = res.value
+        return decision
     if res.kind == "crashed":
         raise LifecycleError(f"qualification process died: {res.error}")
     if res.kind == "memory":
@@ -102,7 +103,7 @@ def qualify_in_child(
     return decision.to_dict()
 
 
-def _target(name: str | None, profile: Any):
+def _target(name: str | None, profile: Any) -> Any:
     from agent import targets
 
     return targets.resolve(profile, name)

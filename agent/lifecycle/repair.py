@@ -30,10 +30,10 @@ def package_dir(entry: dict[str, Any], packages: Path) -> Path:
         return Path(entry["package_dir"])
     if entry.get("model_path"):
         return Path(entry["model_path"]).parent
-    return packages / entry["sha256"]
+    return packages / str(entry["sha256"])
 
 
-def verify_unpacked(store, packages: Path, entry: dict[str, Any]) -> str | None:
+def verify_unpacked(store: Any, packages: Path, entry: dict[str, Any]) -> str | None:
     """Check the entry's unpacked files; re-unpack them from the blob when they differ and the blob is intact."""
     sha, version = entry["sha256"], entry.get("version")
     pkg = package_dir(entry, packages)
@@ -58,7 +58,7 @@ def verify_unpacked(store, packages: Path, entry: dict[str, Any]) -> str | None:
 
 
 def rebuild_slots(
-    slots: ModelSlots, journal: Journal, name: str, entry_of: Callable[[Deployment], dict], why: str
+    slots: ModelSlots, journal: Journal, name: str, entry_of: Callable[[Deployment], dict[str, Any]], why: str
 ) -> str:
     """slots.json of `name` is unreadable: move it aside and replay the journal's commits (and rollbacks)."""
     path = slots.root / name / "slots.json"

@@ -25,7 +25,7 @@ BASE_S, CAP_S = 1.0, 30.0
 def backoff(attempt: int, base: float = BASE_S, cap: float = CAP_S, rng: random.Random | None = None) -> float:
     """Seconds before retry `attempt` (1, 2, ...): min(cap, base * 2**(attempt-1)), jittered to 50-100 %."""
     raw = min(cap, base * (2 ** max(0, attempt - 1)))
-    return raw * (0.5 + 0.5 * (rng or random).random())
+    return float(raw * (0.5 + 0.5 * (rng or random).random()))
 
 
 def retry_transient(

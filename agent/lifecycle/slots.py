@@ -21,7 +21,7 @@ class ModelSlots:
     deployment_id, latency_ms (qualified), ts. Writes are atomic; one lock serialises them.
     """
 
-    def __init__(self, state_dir: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike[str]):
         self.state_dir = Path(state_dir)
         self.root = self.state_dir / "models"
         self.root.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,8 @@ class ModelSlots:
             )
 
     def committed(self, name: str) -> dict[str, Any] | None:
-        return self.get(name)["committed"]
+        committed: dict[str, Any] | None = self.get(name)["committed"]
+        return committed
 
     def names(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/slots.json"))
@@ -96,7 +97,7 @@ def _check_entry(entry: dict[str, Any]) -> None:
         raise LifecycleError(f"slot entry lacks {', '.join(missing)}")
 
 
-def gc(state_dir: str | os.PathLike, store, keep: set[str]) -> dict[str, int]:
+def gc(state_dir: str | os.PathLike[str], store: Any, keep: set[str]) -> dict[str, int]:
     """Delete blobs, unpacked packages and compiled caches that no slot or in-flight deployment needs."""
     state_dir = Path(state_dir)
     removed_blobs = store.gc(keep)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from agent.lifecycle.states import State
 def models_block(
     slots: ModelSlots,
     journal: Journal,
-    registry=None,
+    registry: Any = None,
     unavailable: dict[str, str] | None = None,
     stale: dict[str, str] | None = None,
     notes: dict[str, str] | None = None,
@@ -83,7 +84,7 @@ def models_block(
     return out
 
 
-def _meta(registry, name: str) -> dict[str, Any]:
+def _meta(registry: Any, name: str) -> dict[str, Any]:
     try:
         return dict(registry.entry(name).meta)
     except Exception:  # noqa: BLE001 - swapped out between the two calls
@@ -96,18 +97,18 @@ def deployments_block(journal: Journal) -> dict[str, Any]:
 
 
 def build_status(
-    state_dir: str | os.PathLike,
+    state_dir: str | os.PathLike[str],
     *,
     device_id: str,
-    groups=(),
+    groups: Iterable[str] = (),
     target: str | None = None,
     hardware: dict[str, Any] | None = None,
     providers: list[str] | None = None,
-    registry=None,
+    registry: Any = None,
     unavailable: dict[str, str] | None = None,
     notes: dict[str, str] | None = None,
     recent: int = 10,
-    extra: dict | None = None,
+    extra: dict[str, Any] | None = None,
     stale: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     slots, journal = ModelSlots(state_dir), Journal(state_dir)
@@ -128,7 +129,7 @@ def build_status(
     return doc
 
 
-def figures_brief(dep: dict) -> str:
+def figures_brief(dep: dict[str, Any]) -> str:
     """The shadow and probation figures of a deployment summary in a few words ('' when it has none)."""
     parts = []
     sh = dep.get("shadow") if isinstance(dep.get("shadow"), dict) else None
@@ -146,7 +147,7 @@ def figures_brief(dep: dict) -> str:
         base = (pr.get("baseline") or {}).get("source") or "no baseline"
         n = pr.get("not_judged") if isinstance(pr.get("not_judged"), dict) else None
         compute = f"{ratios or 'not judged'} vs {base}"
-        if n:  # agent.serving.unjudged: its own outcome, with the counts
+        if n:  # agent.trial.unjudged: its own outcome, with the counts
             compute = (
                 f"NOT JUDGED ({n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended)"
             )
@@ -169,5 +170,5 @@ def hardware_summary(profile: Any) -> dict[str, Any]:
     }
 
 
-def status_path(state_dir: str | os.PathLike) -> Path:
+def status_path(state_dir: str | os.PathLike[str]) -> Path:
     return Path(state_dir) / "status.json"

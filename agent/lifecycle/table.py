@@ -45,6 +45,11 @@ TRANSITIONS: dict[tuple[S, E], S] = {
     **{(S.PROBATION, e): t for e, t in _ABORT_AFTER_SWAP.items()},
 }
 
+# Entry actions: what entering a state does before the transition is journaled (agent.lifecycle.restore). A
+# crash in between: recovery finds activating/probation and rolls back the same way.
+RESTORE = "restore"  # the committed slot serves again (lifecycle.restore.ensure_committed)
+ENTRY_ACTIONS: dict[S, str] = {S.FAILED: RESTORE, S.ROLLED_BACK: RESTORE}
+
 
 def next_state(state: S | str, event: E | str) -> S:
     """The state that `event` leads to from `state`; LifecycleError if the table has no such edge."""

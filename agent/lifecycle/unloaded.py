@@ -13,15 +13,15 @@ from agent.lifecycle.journal import check_name
 from agent.util.atomic import atomic_write_json, fsync_dir, read_json
 
 
-def _file(state_dir: str | os.PathLike, name: str) -> Path:
+def _file(state_dir: str | os.PathLike[str], name: str) -> Path:
     return Path(state_dir) / "models" / check_name(name, "model name") / "unloaded.json"
 
 
-def mark(state_dir: str | os.PathLike, name: str, sha256: str | None) -> None:
+def mark(state_dir: str | os.PathLike[str], name: str, sha256: str | None) -> None:
     atomic_write_json(_file(state_dir, name), {"sha256": sha256, "ts": time.time()}, mode=0o600)
 
 
-def clear(state_dir: str | os.PathLike, name: str) -> None:
+def clear(state_dir: str | os.PathLike[str], name: str) -> None:
     path = _file(state_dir, name)
     try:
         path.unlink()
@@ -30,7 +30,7 @@ def clear(state_dir: str | os.PathLike, name: str) -> None:
     fsync_dir(path.parent)
 
 
-def held(state_dir: str | os.PathLike, name: str, committed: dict[str, Any] | None) -> bool:
+def held(state_dir: str | os.PathLike[str], name: str, committed: dict[str, Any] | None) -> bool:
     """Was the committed artifact of `name` unloaded (so it must not be served at start-up)?"""
     try:
         doc = read_json(_file(state_dir, name), default=None)

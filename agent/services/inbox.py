@@ -9,7 +9,7 @@ from agent.services import Emit
 
 if TYPE_CHECKING:
     from agent.lifecycle.orchestrator import Orchestrator
-    from agent.lifecycle.sources import InboxSource
+    from agent.sources.inbox import InboxSource
 
 
 class InboxScanner:

@@ -17,8 +17,8 @@ RETRY_KEYS = ("deployment_id", "version", "attempt", "wait_s", "reason", "ts")
 
 class Reporter:
     def __init__(self, emit: Emit, write_status: Callable[[], Any], publish_event: Publish | None = None):
-        """`write_status`: rewrite and publish the status document; `publish_event`: the link's (set once the
-        link is built; None: no link)."""
+        """`write_status`: rewrite and publish the status document; `publish_event`: the link's event topic (None:
+        no link)."""
         self.emit, self.write_status, self.publish_event = emit, write_status, publish_event
         self.retrying: dict[str, dict[str, Any]] = {}  # model -> last transient failure being retried
         self._dirty = False  # a rejection changed the status document: written once per loop turn

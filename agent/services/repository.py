@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError, ServingError
 from agent.lifecycle import unloaded
-from agent.serving.errors import BadRequest, NotFound
+from agent.serving.errors import BadRequest, Conflict, Forbidden, NotFound
 
 if TYPE_CHECKING:
     from agent.lifecycle.orchestrator import Orchestrator
@@ -22,18 +22,6 @@ if TYPE_CHECKING:
     from agent.serving.dataplane import DataPlane
 
 ROLLBACK_WAIT_S = 120.0
-
-
-class Forbidden(ServingError):
-    """An action that changes what the device serves, asked of a server without a token."""
-
-    status = 403
-
-
-class Conflict(ServingError):
-    """The model is being deployed: the repository action would race the deployment."""
-
-    status = 409
 
 
 class RepositoryService:

@@ -13,24 +13,13 @@ import hmac
 import threading
 import time
 
-from agent.errors import ServingError
-from agent.serving.errors import Unauthorized
+from agent.serving.errors import TooManyFailures, Unauthorized
 
 FREE_FAILURES = 5
 BASE_S = 0.1
 MAX_S = 10.0
 FORGET_S = 60.0
 MAX_PEERS = 4096  # records kept (oldest dropped first): a spoofed crowd cannot grow this without bound
-
-
-class TooManyFailures(ServingError):
-    """A peer that sent too many wrong tokens must wait before it may try again."""
-
-    status = 429
-
-    def __init__(self, message: str, retry_after: float):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 class AuthGate:

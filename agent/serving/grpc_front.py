@@ -12,122 +12,52 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from concurrent import futures
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from agent.errors import ServingError
-from agent.serving.auth import TooManyFailures
+from agent.serving import errors as e
 from agent.serving.budget import Ledger
 from agent.serving.dataplane import DataPlane
-from agent.serving.errors import status_of
+from agent.serving.errors import PeerBusy, TooManyFailures, Unsupported
 from agent.serving.grpc_codec import decode, encode, params_of
+from agent.serving.grpc_watch import Health, Streams
 from agent.serving.metrics import Metric
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.proto import oip_pb2_grpc as pbg  # the servicer base class (its registration is not used)
 
 SERVICE = "inference.GRPCInferenceService"
-_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.FAILED_PRECONDITION,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    411: grpc.StatusCode.INVALID_ARGUMENT,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
+GRPC_CODE: dict[type[ServingError], grpc.StatusCode] = {  # the domain errors (serving/errors.py) as gRPC codes
+    e.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT,
+    e.LengthRequired: grpc.StatusCode.INVALID_ARGUMENT,
+    e.Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    e.Forbidden: grpc.StatusCode.PERMISSION_DENIED,
+    e.NotFound: grpc.StatusCode.NOT_FOUND,
+    e.Conflict: grpc.StatusCode.FAILED_PRECONDITION,
+    e.AlreadyExists: grpc.StatusCode.FAILED_PRECONDITION,
+    e.MethodNotAllowed: grpc.StatusCode.UNIMPLEMENTED,
+    e.Unsupported: grpc.StatusCode.UNIMPLEMENTED,
+    e.RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    e.PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.TooManyFailures: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.PeerBusy: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    e.ModelUnavailable: grpc.StatusCode.UNAVAILABLE,
+    e.ServerBusy: grpc.StatusCode.UNAVAILABLE,
 }
 OPEN_METHODS = ("ServerLive", "ServerReady")
 
 
-class PeerBusy(ServingError):
-    """One client address has max_per_peer calls in flight already (RESOURCE_EXHAUSTED)."""
-
-    status = 429
-
-
-class Unsupported(ServingError):
-    """An extension this server does not implement (gRPC UNIMPLEMENTED, HTTP 400)."""
-
-    status = 501
-
-
 def code_of(exc: BaseException) -> grpc.StatusCode:
-    """The one place a domain error becomes a gRPC status code (INTERNAL for anything not a ServingError)."""
-    return _CODES.get(status_of(exc), grpc.StatusCode.INTERNAL)
-
-
-class _Health(health.HealthServicer):
-    """grpc.health.v1: "" and the inference service are SERVING while the data plane is ready (polled)."""
-
-    def __init__(self, plane: DataPlane):
-        super().__init__()
-        self._plane = plane
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="grpc-health", daemon=True)
-
-    def start(self) -> None:
-        self._poll_once()
-        self._thread.start()
-
-    def _poll_once(self) -> None:
-        ok = self._plane.ready()
-        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE):
-            self.set(name, status)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.5):
-            self._poll_once()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.enter_graceful_shutdown()
-
-
-class Streams:
-    """Open ModelStreamInfer streams: a cap on how many at once, and a watchdog that cancels idle ones."""
-
-    def __init__(self, limit: int, idle_s: float):
-        self.limit, self.idle_s = max(1, int(limit)), float(idle_s)
-        self._lock = threading.Lock()
-        self._open: dict[Any, float] = {}  # context -> when its last message arrived
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="grpc-streams", daemon=True)
-        self._thread.start()
-
-    def open(self, context: Any) -> None:
-        with self._lock:
-            if len(self._open) >= self.limit:
-                raise PeerBusy(f"{self.limit} streams are open, the most this server keeps; retry shortly")
-            self._open[context] = time.monotonic()
-
-    def touch(self, context: Any) -> None:
-        self._open[context] = time.monotonic()
-
-    def close(self, context: Any) -> None:
-        with self._lock:
-            self._open.pop(context, None)
-
-    def _watch(self) -> None:
-        while not self._stop.wait(min(1.0, self.idle_s / 4)):
-            now = time.monotonic()
-            with self._lock:
-                idle = [c for c, t in self._open.items() if now - t > self.idle_s]
-            for context in idle:
-                context.cancel()  # the handler's iterator ends and its thread is free again
-
-    def stop(self) -> None:
-        self._stop.set()
+    """The one place a domain error becomes a gRPC status code (INTERNAL for anything not in GRPC_CODE)."""
+    for cls in type(exc).__mro__:
+        if cls in GRPC_CODE:
+            return GRPC_CODE[cls]
+    return grpc.StatusCode.INTERNAL
 
 
 class InferenceServicer(pbg.GRPCInferenceServiceServicer):
@@ -430,7 +360,7 @@ class GRPCServer:
         self.streams = Streams(max(1, workers // 4), idle_timeout)
         self.servicer = InferenceServicer(plane, min(max_per_peer, max_rpcs), self.streams)
         self.server.add_generic_rpc_handlers((_handlers(self.servicer),))
-        self.health = _Health(plane)
+        self.health = Health(plane, SERVICE)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:

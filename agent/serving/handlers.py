@@ -12,9 +12,8 @@ import numpy as np
 
 from agent.errors import ServingError
 from agent.serving import codec
-from agent.serving.auth import TooManyFailures
 from agent.serving.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, model_config, model_metadata
-from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, status_of
+from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, TooManyFailures, status_of
 from agent.serving.outsize import Hold, no_hold
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "Router", "model_config", "model_metadata"]

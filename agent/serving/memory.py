@@ -18,7 +18,7 @@ MMAP_THRESHOLD = 512 * 1024  # blocks from here up get their own mapping, return
 _LIBC: Any = None
 
 
-def _libc():
+def _libc() -> Any:
     global _LIBC
     if _LIBC is None:
         name = ctypes.util.find_library("c")
@@ -64,7 +64,7 @@ def mem_available(root: str = "/") -> int | None:
 
 
 def choose_swap(
-    serving: dict, model_need_bytes: int, available_bytes: int | None, need_is: str = "size"
+    serving: dict[str, Any], model_need_bytes: int, available_bytes: int | None, need_is: str = "size"
 ) -> tuple[str, str]:
     """(swap mode, why) from a target's serving hints: its `swap`, unless `swap_when_memory_short` is set and
     MemAvailable is under twice what the new model needs (the old and the new session side by side); `need_is`
@@ -102,7 +102,9 @@ def mem_total(root: str = "/") -> int | None:
     return None
 
 
-def resolve_memory_max(configured: int | None, target_serving: dict | None, root: str = "/") -> tuple[int | None, str]:
+def resolve_memory_max(
+    configured: int | None, target_serving: dict[str, Any] | None, root: str = "/"
+) -> tuple[int | None, str]:
     """(bytes one model may use, where the figure comes from): serving.memory_max, else the target's
     memory_max ("2G" or "75%" of MemTotal), else 80% of what the device can give now: MemAvailable, or what is
     left under this process's cgroup memory.max where that is lower; (None, why) when nothing is known."""

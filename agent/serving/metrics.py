@@ -8,6 +8,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 # Latency buckets in seconds: edge models run from microseconds to seconds.
 BUCKETS: tuple[float, ...] = (
@@ -193,7 +194,7 @@ class ModelStats:
         cut = n % RECENT
         return ring[cut:].tolist() + ring[:cut].tolist()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """Counters plus p50/p90/p99 in ms over the recent window (None when there are no samples)."""
         with self._lock:
             self._fold()

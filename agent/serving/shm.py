@@ -17,8 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agent.errors import ServingError
-from agent.serving.errors import BadRequest, NotFound
+from agent.serving.errors import AlreadyExists, BadRequest, NotFound
 
 SHM_DIR = "/dev/shm"
 MAX_REGIONS = 256
@@ -42,10 +41,6 @@ class ShmOut(NamedTuple):
     region: str
     offset: int
     size: int
-
-
-class AlreadyExists(ServingError):
-    status = 409
 
 
 def _int(params: dict[str, Any], key: str, where: str, default: int | None = None) -> int:

@@ -2,7 +2,7 @@
 
 link = DeviceLink("mqtt://broker:1883", "pi-1", groups=["lab"])
 link.start()
-ev = link.events.get(timeout=1)      # DesiredState or ConnectionEvent; raises queue.Empty
+ev = link.events.get(timeout=1)      # RawDesired or ConnectionEvent; raises queue.Empty
 link.publish_status({...})           # retained; republished on every reconnect
 with link.chunk_channel(sha) as ch:  # used by artifacts.pull.ChunkPuller
     ch.request(chunk_size, [0, 1, 2]); resp = ch.get(timeout=5)
@@ -18,21 +18,9 @@ import time
 from dataclasses import dataclass
 
 from agent.artifacts import chunks
-from agent.artifacts.manifest import parse_version
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics, check_name
-
-
-@dataclass(frozen=True)
-class DesiredState:
-    """The effective desired state of one model changed. envelope None = no desired state is published any more."""
-
-    model: str
-    envelope: bytes | None
-    source: str  # "device" or "group:<name>"
-    topic: str
-    kind: str = "desired"
 
 
 @dataclass(frozen=True)
@@ -53,33 +41,15 @@ class ConnectionEvent:
     kind: str = "connection"
 
 
-def _version_key(envelope: bytes) -> tuple:
-    """Unverified version of an envelope, for ranking group candidates only (verification comes later)."""
-    try:
-        return (1, parse_version(json.loads(envelope)["manifest"]["version"]))
-    except Exception:  # noqa: BLE001 - anything unparseable ranks lowest
-        return (0, ())
-
-
-def _issued_at(envelope: bytes) -> float:
-    """Unverified issued_at of an envelope (0 when unreadable), to order device against group desired state."""
-    try:
-        return float(json.loads(envelope)["manifest"]["issued_at"])
-    except Exception:  # noqa: BLE001
-        return 0.0
-
-
 class DesiredEvents:
-    """A queue-like view (get(timeout) -> event, raises queue.Empty) that resolves device-beats-group.
+    """A queue-like view (get(timeout) -> event, raises queue.Empty) of desired-state messages as received.
 
-    raw=True: no resolution from unverified fields; a burst yields only the latest message per (scope, model),
-    as RawDesired, for a consumer that verifies before it resolves (lifecycle.mqttmode)."""
+    Nothing is resolved here from unverified fields: a burst yields only the latest message per (scope, model),
+    as RawDesired, for the consumer that verifies before it resolves (lifecycle.desired.DesiredBook, the one
+    home of "device beats group")."""
 
-    def __init__(self, raw: bool = False):
-        self.raw_mode = raw
+    def __init__(self) -> None:
         self.raw: "queue.Queue[tuple]" = queue.Queue()
-        self._cands: dict[str, dict[str, tuple[bytes, str]]] = {}
-        self._emitted: dict[str, tuple[bytes | None, str]] = {}
         self._lock = threading.Lock()
         self._out: collections.deque = collections.deque()
 
@@ -101,28 +71,6 @@ class DesiredEvents:
             return self._out.popleft()
 
     def _apply(self, items: list[tuple]) -> None:
-        if self.raw_mode:
-            self._apply_raw(items)
-            return
-        changed: list[str] = []
-        for item in items:
-            if item[0] == "conn":
-                self._out.append(ConnectionEvent(item[1], item[2]))
-                continue
-            _, scope, model, payload, topic = item
-            cands = self._cands.setdefault(model, {})
-            if payload:
-                cands[scope] = (bytes(payload), topic)
-            else:
-                cands.pop(scope, None)
-            if model not in changed:
-                changed.append(model)
-        for model in changed:
-            event = self._resolve(model)
-            if event is not None:
-                self._out.append(event)
-
-    def _apply_raw(self, items: list[tuple]) -> None:
         latest: dict[tuple[str, str], RawDesired] = {}
         for item in items:
             if item[0] == "conn":
@@ -137,36 +85,6 @@ class DesiredEvents:
 
     def get_nowait(self):
         return self.get(block=False)
-
-    def _resolve(self, model: str):
-        cands = self._cands.get(model, {})
-        topic = ""
-        winner = self._winner(cands)
-        previous = self._emitted.get(model)
-        if winner is None:
-            if previous is None or previous[0] is None:
-                return None
-            self._emitted[model] = (None, "")
-            return DesiredState(model, None, previous[1], topic)
-        env, source, wtopic = winner
-        if previous == (env, source):
-            return None
-        self._emitted[model] = (env, source)
-        return DesiredState(model, env, source, wtopic)
-
-    @staticmethod
-    def _winner(cands: dict[str, tuple[bytes, str]]):
-        """Among groups the highest version wins; the device's own desired state beats the best group's unless
-        the group's was issued later (a group push after a per-device rollout must still reach the device)."""
-        groups = sorted(
-            ((k, v) for k, v in cands.items() if k != "device"),
-            key=lambda kv: (_version_key(kv[1][0]), kv[0]),
-            reverse=True,
-        )
-        best = (groups[0][1][0], groups[0][0], groups[0][1][1]) if groups else None
-        if "device" in cands and (best is None or _issued_at(cands["device"][0]) >= _issued_at(best[0])):
-            return cands["device"][0], "device", cands["device"][1]
-        return best
 
 
 class ChunkChannel:
@@ -228,11 +146,9 @@ class DeviceLink:
         protocol: str = "auto",
         keepalive: int = 30,
         last_status: dict | None = None,
-        raw_desired: bool = False,
         signer=None,
     ):
-        """raw_desired: deliver RawDesired messages (verified and resolved by the consumer) instead of
-        DesiredState resolved from unverified fields. signer: the device's Ed25519 key; status, events, health
+        """Desired state arrives as RawDesired messages (verified and resolved by the consumer). signer: the device's Ed25519 key; status, events, health
         and the LWT are signed with it (transport.signing)."""
         self.signer = signer
         self.device_id = check_name(device_id, "device id")
@@ -252,7 +168,7 @@ class DeviceLink:
                 keepalive=keepalive,
             )
         )
-        self.events = DesiredEvents(raw=raw_desired)
+        self.events = DesiredEvents()
         self._channels: dict[str, ChunkChannel] = {}
         self._last_status: bytes | None = None
         will = self._will_payload(last_status)

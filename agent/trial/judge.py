@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from agent.serving.metrics import percentile
 
@@ -37,7 +38,7 @@ class QuantileTest:
     p_value: float
     slower: bool
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("candidate_ms", "reference_ms", "limit_ms"):
             d[k] = round(d[k], 4)

@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from support.wait import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root (tests/support/daemon.py)
 EXE = [sys.executable, "-m", "agent"]
 FAST_ENV = {
     "EDGE_AGENT_PROBATION_S": "0.5",
@@ -55,18 +56,6 @@ def drop(state_dir: Path, version: str, *, name: str = "tiny", writer=None) -> P
     (inbox / name).mkdir(parents=True, exist_ok=True)
     os.rename(tmp, inbox / name / version)
     return inbox / name / version
-
-
-def wait_for(predicate, timeout: float = 90.0, what: str = "condition", proc=None):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"daemon exited ({proc.returncode}) while waiting for {what}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Daemon:
@@ -149,11 +138,11 @@ def fast(probation_s: float = 0.3):
 
 def running_agent(tmp_path):
     """Body of the `agent` fixtures: an in-process DeviceAgent with fast knobs; collects its events."""
-    from agent.app import DeviceAgent
-    from agent.config import load_config
+
+    from support.agent import make_agent
 
     events: list[dict] = []
-    a = DeviceAgent(load_config(write_config(tmp_path)), step_config=fast(), on_event=events.append)
+    a = make_agent(tmp_path, on_event=events.append)
     a.events = events
     a.start()
     yield a

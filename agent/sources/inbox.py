@@ -1,43 +1,16 @@
-"""DeploymentSource: the port through which desired state enters the lifecycle, and the inbox implementation.
-
-A source verifies what it hands to Orchestrator.submit (an MQTT manifest completely: lifecycle.mqttmode), says
-whether it is up (in-flight deployments that need it resume only then), re-checks a deployment received
-before a restart, and fetches its artifact into the content store.
-"""
+"""InboxSource: the local-mode DeploymentSource (agent.lifecycle.ports): state_dir/inbox/<model>/<version>/."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
 from agent.lifecycle.journal import Deployment, Journal
 from agent.names import is_valid_name
-
-NEEDS_SOURCE = ("received", "downloading")  # states whose action talks to the source
-# why a deployment of a known kind finds no source on this daemon (the kind's source is not configured here)
-UNCONFIGURED = {"manifest": "this daemon has no MQTT link: manifests are not accepted"}
-
-
-class DeploymentSource(Protocol):
-    kind: str  # the deployment's source.kind this source owns
-
-    def ready(self) -> bool:
-        """Can check()/fetch() work now (link up)?"""
-
-    def check(self, dep: Deployment) -> None:
-        """RECEIVED (again, after a restart): raise act.Rejected when the deployment may not go on."""
-
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
-        """DOWNLOADING: land the artifact in the store; returns {"sha256", "size"}."""
-
-
-def missing_source(kind: Any) -> str:
-    """The rejection reason of a deployment whose source.kind has no source here."""
-    reason = UNCONFIGURED.get(kind) if isinstance(kind, str) else None
-    return reason or f"unknown deployment source {kind!r}"
 
 
 class InboxSource:
@@ -45,7 +18,7 @@ class InboxSource:
 
     kind = "inbox"
 
-    def __init__(self, store, journal: Journal, staging: Path):
+    def __init__(self, store: Any, journal: Journal, staging: Path) -> None:
         self.store, self.journal, self.staging = store, journal, staging
         self._warned: set[str] = set()
 
@@ -64,7 +37,9 @@ class InboxSource:
         shutil.rmtree(src, ignore_errors=True)
         return {}
 
-    def scan(self, inbox: Path, claimed: set, submit, warn) -> None:
+    def scan(
+        self, inbox: Path, claimed: set[str | None], submit: Callable[..., Any], warn: Callable[[str, str], None]
+    ) -> None:
         """Submit every complete inbox/<model>/<version>/ not claimed by an in-flight deployment."""
         for model_dir in sorted(inbox.iterdir()):
             if model_dir.name.startswith(".") or not model_dir.is_dir():

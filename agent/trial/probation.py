@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.config import ProbationConfig
-from agent.serving import unjudged
-from agent.serving.judge import QuantileTest, quantile_test, rate
 from agent.serving.metrics import percentile
+from agent.trial import unjudged
+from agent.trial.judge import QuantileTest, quantile_test, rate
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
 CPU, WALL = "cpu", "wall"  # what "compute time" measures (compute_measure)
@@ -22,9 +22,9 @@ Thresholds = ProbationConfig  # what probation tolerates (serving.probation)
 
 @dataclass(frozen=True)
 class Verdict:
-    state: str  # watching | passed | trouble | superseded | stopped | not judged (agent.serving.unjudged)
+    state: str  # watching | passed | trouble | superseded | stopped | not judged (agent.trial.unjudged)
     reason: str
-    figures: dict = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Baseline:
     rate: float | None = None  # requests per second (incumbent)
     requests: int = 0  # requests the incumbent ran in the window (sampled for CPU time or not)
     version: str | None = None
-    qualified_ms: dict = field(default_factory=dict)  # p50/p90/p99 of qualification (no contention)
+    qualified_ms: dict[str, Any] = field(default_factory=dict[str, Any])  # p50/p90/p99 of qualification (no contention)
 
     def quantile_ms(self, q: int) -> float | None:
         if self.source == "incumbent":
@@ -58,7 +58,7 @@ def compute_measure(provider: str | None, device: str | None = None) -> str:
 
 
 def incumbent_baseline(
-    registry, name: str, version: str | None, window_s: float, until: float | None, measure: str = CPU
+    registry: Any, name: str, version: str | None, window_s: float, until: float | None, measure: str = CPU
 ) -> Baseline | None:
     """The incumbent's compute times over window_s seconds up to `until` (a perf_counter() value; None: up to
     its last run), or None when the registry holds no statistics for it."""
@@ -82,10 +82,10 @@ class Probation:
 
     def __init__(
         self,
-        registry,
+        registry: Any,
         name: str,
-        version,
-        qualified_ms: dict | None = None,
+        version: Any,
+        qualified_ms: dict[str, Any] | None = None,
         window: float = 60.0,
         thresholds: ProbationConfig | None = None,
         on_trouble: Callable[[str], None] | None = None,
@@ -129,7 +129,7 @@ class Probation:
         compute = self.stats.window(self._since, cpu=True)[0] if self.measure == CPU else wall
         return sorted(compute), sorted(wall), rate(span, len(wall))
 
-    def figures(self, judge: bool = False) -> dict:
+    def figures(self, judge: bool = False) -> dict[str, Any]:
         snap = self.stats.snapshot()
         d = {k: snap[k] - v for k, v in self._base.items()}
         lat, wall, req_rate = self._samples()
@@ -181,7 +181,7 @@ class Probation:
             return None
         return Baseline("qualified", qualified_ms=self.qualified)
 
-    def _baseline_figures(self, base: Baseline | None) -> dict:
+    def _baseline_figures(self, base: Baseline | None) -> dict[str, Any]:
         if base is None:
             return {"source": None, "why": (self._why_qualified or "") + "; no qualified figures (or contended)"}
         out: dict[str, Any] = {"source": base.source}
@@ -259,7 +259,7 @@ class Probation:
             PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, {how}", f
         )
 
-    def _runs_short(self, f: dict) -> int:
+    def _runs_short(self, f: dict[str, Any]) -> int:
         """How many more of the candidate's runs a compute verdict needs, when none was judged only for want of
         them (a baseline is there, and the requests came: their runs were dropped as contended); else 0."""
         need = self.thresholds.p90_samples
@@ -267,7 +267,7 @@ class Probation:
             return 0
         return need - f["compute_samples"] if f["compute_contended"] else 0
 
-    def _unjudged(self, f: dict) -> str:
+    def _unjudged(self, f: dict[str, Any]) -> str:
         """Why no compute-time quantile was judged."""
         base = f["baseline"]
         if base.get("source") is None:
@@ -279,7 +279,7 @@ class Probation:
             return f"{f['compute_samples']} runs measured of the {need} needed" + (f"; {kept}" if kept else "")
         return f"the {base['source']}'s figures have too few samples"
 
-    def _slow_reason(self, t: QuantileTest, f: dict) -> str:
+    def _slow_reason(self, t: QuantileTest, f: dict[str, Any]) -> str:
         base = f["baseline"]
         if base["source"] == "incumbent":
             whose = f"the incumbent's (version {base['version']}, {base['samples']} runs at {base['rate']}/s before the swap)"

@@ -13,8 +13,8 @@ import numpy as np
 
 from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
-from agent.serving.judge import limit_ms
 from agent.serving.rungate import CpuMark, RunGate
+from agent.trial.judge import limit_ms
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 
@@ -42,7 +42,7 @@ class Shadow:
         the serving registry's (a shadow run measured for CPU time has the runtimes to itself, rungate.py)."""
         self.session, self.config, self.clock, self.cpu = session, config, clock, cpu
         self.gate = gate or RunGate()
-        self._slot: tuple[dict, dict, float] | None = None
+        self._slot: tuple[dict[str, Any], dict[str, Any], float] | None = None
         self._ready = threading.Event()
         self._next_at = 0.0  # perf_counter() before which no copy is taken (CPU share)
         self._open = True
@@ -55,7 +55,7 @@ class Shadow:
         self.elapsed_s = 0.0
 
     # ---- request thread ---------------------------------------------------------------------------------
-    def offer(self, feeds: dict, outputs: dict, elapsed: float, cpu: float | None = None) -> None:
+    def offer(self, feeds: dict[str, Any], outputs: dict[str, Any], elapsed: float, cpu: float | None = None) -> None:
         """A live request the incumbent answered in `elapsed` s (`cpu` s of CPU time when measured); copied (its
         buffers may be reused) when a copy is wanted."""
         if self._slot is not None or not self._open or time.perf_counter() < self._next_at:
@@ -91,7 +91,7 @@ class Shadow:
             self.elapsed_s = self.clock() - t0
         return self.result()
 
-    def _one(self, feeds: dict, reference: dict, incumbent_s: float) -> None:
+    def _one(self, feeds: dict[str, Any], reference: dict[str, Any], incumbent_s: float) -> None:
         alone = self.gate.begin(self.cpu, paced=False)  # paced by cpu_share here, not by the gate's duty
         mark = CpuMark(self.session) if alone else None
         t0 = time.perf_counter()
@@ -116,7 +116,7 @@ class Shadow:
             busy = time.perf_counter() - t0
             self._next_at = time.perf_counter() + busy * (1.0 / self.config.cpu_share - 1.0)
 
-    def _compare(self, reference: dict, got: dict) -> None:
+    def _compare(self, reference: dict[str, Any], got: dict[str, Any]) -> None:
         for name, ref in reference.items():
             if type(ref) is not np.ndarray or name not in got:
                 continue

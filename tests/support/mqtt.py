@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from pathlib import Path
 
 from agent.artifacts.keys import generate, load_private_key
@@ -14,6 +13,9 @@ from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.push import store_package
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics
+from support.wait import wait_for
+
+__all__ = ["ControlPlane", "mqtt_config", "register_device", "wait_for"]
 
 
 class ControlPlane:
@@ -109,9 +111,8 @@ def register_device(store_dir, device_id: str, state_dir, groups=()) -> str:
 
 
 def mqtt_config(tmp_path: Path, broker, cp: ControlPlane, groups=(), **extra):
-    from test_daemon_support import write_config
-
     from agent.config import load_config
+    from support.daemon import write_config
 
     path = write_config(
         tmp_path,
@@ -119,13 +120,3 @@ def mqtt_config(tmp_path: Path, broker, cp: ControlPlane, groups=(), **extra):
         extra={"trust": {"public_keys": [str(cp.pubfile)]}, "groups": list(groups), **extra},
     )
     return load_config(path), path
-
-
-def wait_for(pred, timeout: float = 120.0, what: str = "condition", step: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

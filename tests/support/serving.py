@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -108,3 +110,22 @@ class GatedSession(ProviderSession):
 
 def x4(value: float = 0.0) -> dict[str, np.ndarray]:
     return {"x": np.full((1, 4), value, dtype=np.float32)}
+
+
+@contextlib.contextmanager
+def oip_server(sessions, **server_kw) -> Iterator:
+    """The one test server: an OIPServer on a free loopback port over a fresh registry serving `sessions`
+    ((name, version, session[, meta]) each); `server_kw` go to OIPServer (token, max_body_bytes, ...). The server
+    drains and the registry closes afterwards."""
+    from agent.serving.registry import ModelRegistry
+    from agent.serving.server import OIPServer
+
+    reg = ModelRegistry()
+    for name, version, session, *meta in sessions:
+        reg.activate(name, version, session, *meta)
+    srv = OIPServer(reg, port=0, **server_kw).start()
+    try:
+        yield srv
+    finally:
+        assert srv.shutdown(10)
+        reg.close()

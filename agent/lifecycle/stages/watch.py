@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle import actions as act
-from agent.serving import unjudged
-from agent.serving.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
-from agent.serving.shadow import FAIL, Shadow, skipped
+from agent.lifecycle.journal import Deployment
+from agent.trial import unjudged
+from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.trial.shadow import FAIL, Shadow, skipped
 
 
 class ShadowFailed(LifecycleError):
@@ -21,7 +23,7 @@ class ShadowFailed(LifecycleError):
         self.figures = figures
 
 
-def shadow_skip_reason(registry, name: str, swap: str, config: ShadowConfig) -> str | None:
+def shadow_skip_reason(registry: Any, name: str, swap: str, config: ShadowConfig) -> str | None:
     """Why no shadow phase runs for this activation (None: it runs)."""
     if not config.enabled:
         return "serving.shadow.enabled is false"
@@ -37,7 +39,7 @@ class Rehearsal:
     shadow phase included, where one runs)."""
 
     def __init__(
-        self, registry, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
+        self, registry: Any, name: str, shadow: ShadowConfig, probation: ProbationConfig, window_s: float, measure: str
     ):
         self.registry, self.name, self.measure = registry, name, measure
         self.shadow_config, self.probation_config, self.window_s = shadow, probation, window_s
@@ -53,7 +55,7 @@ class Rehearsal:
         window = self.probation_config.baseline_s
         self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
 
-    def before_swap(self, ctx: act.StepContext):
+    def before_swap(self, ctx: act.StepContext) -> Callable[[Any], None]:
         """The callback act.activate runs between warm-up and swap."""
 
         def run(session: Any) -> None:
@@ -91,8 +93,8 @@ class Rehearsal:
 
 
 def probation_watch(
-    registry,
-    dep,
+    registry: Any,
+    dep: Deployment,
     ctx: act.StepContext,
     window: float,
     config: ProbationConfig,
@@ -101,7 +103,7 @@ def probation_watch(
 ) -> tuple[str, str, dict[str, Any]]:
     """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
     session kept through the swap) is closed when it passes; otherwise the rollback serves it again
-    (Steps.ensure_committed: no build)."""
+    (restore.ensure_committed: no build)."""
     sel = dep.data.get("selected") or {}
     lat = sel.get("latency_ms") or {}
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline

@@ -34,10 +34,10 @@ class MqttSource:
 
     def __init__(
         self,
-        config,
+        config: Any,
         state_dir: Path,
-        store,
-        slots,
+        store: Any,
+        slots: Any,
         *,
         submit: Submit,
         seen: Callable[[str, str], bool],
@@ -46,7 +46,7 @@ class MqttSource:
         on_connection: Callable[[bool, str], None],
         on_rejected: Callable[[dict[str, Any]], None],
         stall_s: float = 30.0,
-    ):
+    ) -> None:
         from agent.artifacts.keys import device_key, trusted_keys
         from agent.transport.device import DeviceLink
 
@@ -76,11 +76,10 @@ class MqttSource:
             cert=_s(tls.cert) if tls else None,
             key=_s(tls.key) if tls else None,
             last_status=_last_status(state_dir),
-            raw_desired=True,
             signer=device_key(state_dir),  # made on first start when `edge-agent keys device` was not run
         )
 
-    def reload_keys(self, paths) -> None:
+    def reload_keys(self, paths: Any) -> None:
         from agent.artifacts.keys import trusted_keys
 
         self.keys = trusted_keys(list(paths))
@@ -156,7 +155,7 @@ class MqttSource:
         if dep is not None and dep.version != version:
             self.cancel(dep.id, f"desired state is {version} again, which serves already")
 
-    def _reject(self, model: str, cand: Candidate, exc) -> None:
+    def _reject(self, model: str, cand: Candidate, exc: Any) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
         if key in self._reported:
             return
@@ -261,18 +260,18 @@ class MqttSource:
         except EdgeAgentError:
             pass  # offline: the file stays in state_dir/attestations
 
-    def _quiet(self, fn, doc) -> None:
+    def _quiet(self, fn: Callable[[dict[str, Any]], None], doc: dict[str, Any]) -> None:
         try:
             fn(doc)
         except EdgeAgentError:
             pass  # offline: the retained status is republished on reconnect
 
 
-def _s(p) -> str | None:
+def _s(p: object) -> str | None:
     return str(p) if p is not None else None
 
 
-def _last_status(state_dir) -> dict | None:
+def _last_status(state_dir: Path) -> dict[str, Any] | None:
     """The last status document written (status.json), for the LWT snapshot; None when unreadable."""
     from agent.lifecycle.status import status_path
     from agent.util.atomic import read_json

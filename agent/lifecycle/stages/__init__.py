@@ -1,0 +1,1 @@
+"""One module per lifecycle state: each takes the typed record of earlier stages and returns its event."""

@@ -1,0 +1,37 @@
+"""The inference protocol's front ends on one data plane: the HTTP server, and the gRPC one when a port is set."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent.config import ServingConfig
+    from agent.serving.dataplane import DataPlane
+    from agent.serving.server import OIPServer
+
+
+def start_fronts(
+    registry: Any, s: ServingConfig, extend: Callable[[DataPlane], None] | None = None
+) -> tuple[OIPServer, Any]:
+    """(HTTP server, gRPC server or None), both started; `extend(plane)` installs extensions (the repository)
+    on the shared data plane before the gRPC front opens."""
+    from agent.serving.server import OIPServer
+
+    server = OIPServer(
+        registry,
+        s.host,
+        s.port,
+        s.token(),
+        max_connections=s.max_connections,
+        max_per_peer=s.max_per_peer,
+        header_timeout=s.header_timeout_s,
+        idle_timeout=s.idle_timeout_s,
+    ).start()
+    if extend is not None:
+        extend(server.plane)
+    if s.grpc_port is None:
+        return server, None
+    from agent.serving.grpc_front import GRPCServer
+
+    return server, GRPCServer(server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()

@@ -1,0 +1,1 @@
+"""Deployment sources: the ports through which desired state enters the lifecycle (inbox, MQTT)."""

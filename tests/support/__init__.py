@@ -1,0 +1,1 @@
+"""Test helpers shared by the suite (not collected: no test_ prefix)."""
