@@ -303,7 +303,8 @@ def test_qualify_cli_warns_once_and_takes_memory_max(tmp_path):
     assert p.returncode == 3, p.stderr  # nothing passes at the assumed 1x1
     doc = json.loads(p.stdout)
     assert doc["assumed_shapes"] == {"x": {"H": 1, "W": 1}} and doc["memory_max"] == 2 << 30
-    warnings = [ln for ln in p.stderr.splitlines() if ln.startswith("warning: shapes assumed (x: H=1, W=1)")]
+    lines = [json.loads(ln).get("line") or "" for ln in p.stderr.splitlines() if ln.startswith("{")]  # --json
+    warnings = [ln for ln in lines if ln.startswith("warning: shapes assumed (x: H=1, W=1)")]
     assert len(warnings) == 1
     bad = subprocess.run([*run, "--memory-max", "lots"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error: --memory-max:"), bad.stderr

@@ -24,7 +24,16 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 SPAWN_ENV = "EDGE_AGENT_SPAWN_WORKERS"
-PRELOAD = ["numpy", "onnx", "onnxruntime", "openvino", "agent.qualify.rowtask", "agent.qualify.worker"]
+# agent.qualify.lifeline first: the server exits with its starter (a SIGKILLed caller leaves nothing behind)
+PRELOAD = [
+    "agent.qualify.lifeline",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "openvino",
+    "agent.qualify.rowtask",
+    "agent.qualify.worker",
+]
 _CONTEXT: list[Any] = []
 _LOCK = threading.Lock()  # one start at a time: __main__ is hidden meanwhile
 WORKER_NAME = "edge-worker"  # the forked child's process name (15 bytes at most)
