@@ -15,9 +15,17 @@ from agent.errors import ConfigError, TransportError
 
 def call(url: str, method: str, path: str, body: Any = None, token: str | None = None, timeout: float = 30.0) -> Any:
     data = json.dumps(body).encode() if body is not None else None
+    return _send(url, method, path, data, "application/json", token, timeout)
+
+
+def _send(
+    url: str, method: str, path: str, data: bytes | None, content_type: str, token: str | None, timeout: float
+) -> Any:
+    """One request to the API: the JSON answer, or ConfigError (HTTP error, with the service's reason) or
+    TransportError (not reachable)."""
     req = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
-        req.add_header("Content-Type", "application/json")
+        req.add_header("Content-Type", content_type)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -64,18 +72,4 @@ def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | No
 
 
 def put_bytes(url: str, path: str, file: Path, token: str | None = None, timeout: float = 600.0) -> Any:
-    req = urllib.request.Request(url.rstrip("/") + path, data=file.read_bytes(), method="PUT")
-    req.add_header("Content-Type", "application/octet-stream")
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        try:
-            why = json.loads(exc.read()).get("error")
-        except ValueError:
-            why = exc.reason
-        raise ConfigError(f"control plane PUT {path}: HTTP {exc.code}: {why}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise TransportError(f"control plane {url}: {exc}") from None
+    return _send(url, "PUT", path, file.read_bytes(), "application/octet-stream", token, timeout)
