@@ -100,7 +100,8 @@ def test_first_deployment_compute_time_against_the_qualified_figures(tmp_path):
     _measure(r, since, 63)
     clock.now = 10.0
     v = p.evaluate()
-    assert v.state == PASSED and "not judged" in v.reason  # too few samples to judge compute time
+    # too few samples to judge compute time: a pass that says so, or (runs dropped as contended) not judged
+    assert (v.state == PASSED and "not judged" in v.reason) or v.state == NOT_JUDGED, (v.state, v.reason)
     _measure(r, since, 64)
     v = p.evaluate()
     assert v.state == TROUBLE and "compute ratio" in v.reason and "qualified figure" in v.reason, v.reason
