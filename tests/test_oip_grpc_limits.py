@@ -130,7 +130,9 @@ def test_idle_connections_and_calls_over_the_cap_do_not_lock_others_out(srv, cha
     for t in threads:
         t.join(120)
     try:
-        assert set(results) <= {"ok", "RESOURCE_EXHAUSTED"} and results.count("ok") >= 1, results
+        # refused within bounds: over the per-client cap (RESOURCE_EXHAUSTED) or admission full (ServerBusy ->
+        # UNAVAILABLE, HTTP's 503), never hung or failed otherwise; and someone is served
+        assert set(results) <= {"ok", "RESOURCE_EXHAUSTED", "UNAVAILABLE"} and results.count("ok") >= 1, results
         test_a_good_request_is_served(channel)  # a client still gets through
         with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as other:  # and a new one too
             resp = pb.ModelInferResponse.FromString(_infer(other, _tiny_request(2.0)))
