@@ -12,7 +12,7 @@ from agent.fleet.rollout_plan import RolloutSpec
 from agent.lifecycle.status import figures_brief
 from agent.serving.registry import ModelRegistry
 from agent.trial import unjudged
-from agent.trial.probation import PASSED, TROUBLE, Probation
+from agent.trial.probation import PASSED, TROUBLE, Baseline, Probation
 
 
 class _Contended(Probation):
@@ -52,8 +52,41 @@ def test_probation_that_never_had_the_cores_says_not_judged_with_the_counts(tmp_
         "contended": 797,
         "needed": 64,
         "requests": 800,
+        "incumbent_contended": 0,
     }
     assert "0 runs measured of the 64 needed, 797 dropped" in v.reason
+
+
+def test_no_baseline_because_the_incumbents_runs_were_contended_says_not_judged(tmp_path):
+    """The incumbent served 4096 runs before the swap but only 33 were measured (their threads waited), and there
+    are no qualified figures: compute was not judged, and the verdict says so instead of passing."""
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(log_model(), tmp_path))
+    clock = Clock()
+    inc = Baseline("incumbent", samples_s=tuple([0.001] * 33), rate=100.0, requests=4096, version="0")
+    p = Probation(r, "m", "1", None, window=10, clock=clock, incumbent=inc)
+    clock.now = 10.0 * p.thresholds.extend
+    base = p._baseline(800, 100.0)
+    assert base is None
+    f = {"compute_samples": 0, "compute_contended": 44, "requests": 800, "baseline": p._baseline_figures(base)}
+    r.close()
+    assert f["baseline"] == {
+        "source": None,
+        "why": "only 33 of the incumbent's 4096 runs before the swap were measured (need 64); no qualified figures (or contended)",
+        "contended": 4063,
+    }
+    assert unjudged.compute_unjudged(f, 64)
+    counts = unjudged.compute_counts(f, 64)
+    assert counts["incumbent_contended"] == 4063
+    assert "no baseline: 4063 of the incumbent's runs before the swap were dropped" in unjudged.reason(
+        "probation", counts
+    )
+
+
+def test_a_first_deployment_without_qualified_figures_is_not_flagged():
+    """No incumbent and no qualified figures: nothing was contended, so no "not judged" flag (the usual pass)."""
+    f = {"compute_samples": 0, "compute_contended": 0, "requests": 800, "baseline": {"source": None, "why": "x"}}
+    assert not unjudged.compute_unjudged(f, 64)
 
 
 def test_enough_measured_runs_are_judged_not_flagged(tmp_path):

@@ -183,7 +183,15 @@ class Probation:
 
     def _baseline_figures(self, base: Baseline | None) -> dict[str, Any]:
         if base is None:
-            return {"source": None, "why": (self._why_qualified or "") + "; no qualified figures (or contended)"}
+            none: dict[str, Any] = {
+                "source": None,
+                "why": (self._why_qualified or "") + "; no qualified figures (or contended)",
+            }
+            inc = self.incumbent
+            if inc is not None and len(inc.samples_s) < self.thresholds.p90_samples <= inc.requests:
+                # the incumbent served enough runs, but too few were measured: they waited for the cores
+                none["contended"] = inc.requests - len(inc.samples_s)
+            return none
         out: dict[str, Any] = {"source": base.source}
         if base.source == "incumbent":
             out.update(version=base.version, samples=len(base.samples_s), rate=_round(base.rate))

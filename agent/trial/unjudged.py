@@ -23,25 +23,30 @@ def compute_counts(f: dict[str, Any], need: int) -> dict[str, Any]:
         "contended": f.get("compute_contended", 0),
         "needed": need,
         "requests": f.get("requests", 0),
+        "incumbent_contended": f.get("baseline", {}).get("contended", 0),
     }
 
 
 def compute_unjudged(f: dict[str, Any], need: int) -> bool:
-    """No compute quantile judged because the candidate's runs were dropped as contended (not: no requests,
-    no baseline)."""
-    return (
-        not f.get("compute")
-        and f.get("baseline", {}).get("source") is not None
-        and f.get("compute_samples", 0) < need
-        and f.get("compute_contended", 0) > 0
-    )
+    """No compute quantile judged because runs were dropped as contended: the candidate's (too few measured
+    against a baseline), or the incumbent's (its runs before the swap were served but too few measured, so there
+    is no baseline). Not: no requests, or no baseline on a first deployment without qualified figures."""
+    if f.get("compute"):
+        return False
+    base = f.get("baseline", {})
+    if base.get("source") is None:
+        return bool(base.get("contended"))
+    return bool(f.get("compute_samples", 0) < need and f.get("compute_contended", 0) > 0)
 
 
 def reason(prefix: str, counts: dict[str, Any]) -> str:
-    return (
+    said = (
         f"{prefix}: compute time not judged: {counts['measured']} runs measured of the {counts['needed']} needed, "
         f"{counts['contended']} dropped because their threads waited for the cores ({counts['requests']} requests)"
     )
+    if counts.get("incumbent_contended"):
+        said += f"; no baseline: {counts['incumbent_contended']} of the incumbent's runs before the swap were dropped"
+    return said
 
 
 def policy_of(serving: dict[str, Any] | None) -> str:
