@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -157,4 +158,10 @@ def deploy(agent, version: str, writer=None, name: str = "tiny"):
         done = [d for d in agent.orchestrator.journal.all() if d.model == name and d.version == version]
         return done[-1] if done and done[-1].terminal else None
 
-    return wait_for(ended, 120, f"{name} {version}")
+    try:
+        return wait_for(ended, 120, f"{name} {version}")
+    except AssertionError as e:  # say where it stood: a hang is then diagnosable from CI's output alone
+        seen = [d for d in agent.orchestrator.journal.all() if d.model == name and d.version == version]
+        where = f"{seen[-1].state.value}: {seen[-1].reason}" if seen else "never journaled (not picked up)"
+        threads = sorted(t.name for t in threading.enumerate())
+        raise AssertionError(f"{e}; the deployment stood at {where}; threads {threads}") from None
