@@ -48,9 +48,13 @@ echo "[test.sh] mypy"
 "$VENV/bin/mypy"
 set +e
 # Parallel by default (pytest-xdist, one worker per core, at least 2, work stealing for the long tail); pass
-# -n 0 to run serially. With no arguments: the core suite, then the field lane (`-m field`: emulated Pi, ten
-# real models at once, the soak under load), each timed. With arguments: one pytest run of what they select.
+# -n 0 to run serially. With no arguments: the core suite, the system lane (`-m system`: fleets, the control
+# plane, broker clusters, whole-process faults), then the field lane (`-m field`: emulated Pi, ten real models at
+# once, the soak under load), each timed; tests/lanes.py lists the lanes. With arguments: one pytest run of what
+# they select.
 workers="${EDGE_AGENT_TEST_WORKERS:-$(python3 -c 'import os; print(max(2, os.cpu_count() or 1))')}"
+LANES=()
+T_START=$(date +%s)
 run_pytest() {  # run_pytest LABEL ARGS...
   local label="$1" t0 rc
   shift
@@ -59,6 +63,7 @@ run_pytest() {  # run_pytest LABEL ARGS...
   "$VENV/bin/python" -m pytest -n "$workers" --dist worksteal "$@"
   rc=$?
   echo "[test.sh] $label: exit $rc after $(($(date +%s) - t0)) s"
+  LANES+=("$label $(($(date +%s) - t0)) s (exit $rc)")
   [ $rc -eq 5 ] && echo "[test.sh] $label: pytest collected no tests"
   return $rc
 }
@@ -66,11 +71,16 @@ if [ $# -gt 0 ]; then
   run_pytest "selected tests" "$@"
   rc=$?
 else
-  run_pytest "core suite" -m "not field"
+  # tests/lanes.py says which module runs in which lane
+  run_pytest "core suite" -m "not field and not system"
   rc=$?
+  run_pytest "system lane" -m "system and not field"
+  rc_system=$?
   run_pytest "field lane" -m field
   rc_field=$?
+  [ $rc -eq 0 ] && rc=$rc_system
   [ $rc -eq 0 ] && rc=$rc_field
 fi
 set -e
+echo "[test.sh] lanes: $(IFS=';'; echo "${LANES[*]}"); pytest total $(($(date +%s) - T_START)) s"
 exit $rc

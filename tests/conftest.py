@@ -10,9 +10,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from brokers import Mosquitto, NatsCluster, NatsMqtt  # noqa: E402
+from lanes import SYSTEM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The system lane (tests/lanes.py): its modules' tests get the `system` marker, field tests excepted."""
+    for item in items:
+        module = Path(str(item.fspath)).stem
+        if module in SYSTEM and item.get_closest_marker("field") is None:
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture

@@ -45,3 +45,12 @@ def test_the_checker_sees_a_missing_module():
 def test_docs_name_only_what_exists():
     bad = {doc.name: missing_references(doc.read_text(encoding="utf-8")) for doc in DOCS}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_every_module_of_the_system_lane_exists():
+    """tests/lanes.py names modules by file: a renamed module must not drop out of its lane unnoticed."""
+    from lanes import SYSTEM
+
+    here = Path(__file__).parent
+    missing = sorted(m for m in SYSTEM if not (here / f"{m}.py").is_file())
+    assert not missing, missing

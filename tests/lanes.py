@@ -1,0 +1,42 @@
+"""Which lane each test module runs in (scripts/test.sh runs them one after the other, each timed).
+
+- core (`-m "not field and not system"`): unit tests and one daemon at a time, the fast feedback lane;
+- system (`-m system`): whole fleets and whole-process faults: the control plane (SQLite, PostgreSQL, a browser),
+  rollouts to simulated devices, broker clusters, and daemons killed, cut off, attacked or flooded mid-deployment;
+- field (`-m field`, marked in the test itself): done-when runs at field scale (the emulated Pi, ten real models at
+  once, the soak under load, the NATS cluster at 30 devices).
+
+A module listed here that also has field tests keeps those in the field lane. `pytest` alone runs every lane.
+"""
+
+from __future__ import annotations
+
+SYSTEM = frozenset(
+    {
+        # the fleet side: control plane, rollouts, simulated devices, brokers
+        "test_brokers_smoke",
+        "test_controlplane_api",
+        "test_controlplane_browser",
+        "test_controlplane_config",
+        "test_controlplane_knobs",
+        "test_controlplane_service",
+        "test_evidence_sim",
+        "test_fleet_outcome",
+        "test_fleet_push",
+        "test_fleet_registry_lock",
+        "test_fleet_trust",
+        "test_nats_cluster",
+        "test_rollout_plan",
+        "test_rollout_sim",
+        "test_simulator",
+        # whole daemons under faults: killed, cut off, attacked, flooded
+        "test_daemon_crash",
+        "test_daemon_mqtt_crash",
+        "test_delta_crash",
+        "test_mqtt_attacks",
+        "test_mqtt_flood",
+        "test_mqtt_outages",
+        "test_mqtt_rollback_inflight",
+        "test_oip_slowloris",
+    }
+)
