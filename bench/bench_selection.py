@@ -60,9 +60,9 @@ def time_variant(
 def exhaustive(pkg, variants, target, runs: int, cap_s: float, rounds: int) -> dict[str, dict]:
     """key -> {p50, ok}: every variant in its own fresh process, `rounds` alternating rounds (A B C A B C ...)
     so load drift on a shared machine hits them alike; p50 = median of the round medians."""
-    from agent.qualify.harness import tolerances_for
     from agent.qualify.inputs import package_inputs
     from agent.qualify.isolate import IsolatedWorker
+    from agent.qualify.rowrunner import tolerances_for
 
     feeds, golden, _ = package_inputs(pkg)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))

@@ -163,7 +163,7 @@ def _set(d: dict, dotted: str, value) -> None:
 
 @pytest.mark.parametrize("key,value,message", BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
 def test_each_key_rejects_bad_values(tmp_path, files, monkeypatch, key, value, message):
-    monkeypatch.setattr("agent.config.known_targets", lambda: ["raspberry-pi-5", "generic-x86_64"])
+    monkeypatch.setattr("agent.config.sections.known_targets", lambda: ["raspberry-pi-5", "generic-x86_64"])
     data = full(files)
     _set(data, key, value)
     with pytest.raises(ConfigError) as err:

@@ -62,7 +62,7 @@ def test_tree_verifies_and_config_loads(tmp_path):
         "etc/edge-agent/agent.yaml",
         "var/lib/edge-agent",
         "var/cache/edge-agent",
-        "opt/edge-agent/src/agent/config.py",
+        "opt/edge-agent/src/agent/config/__init__.py",
         "opt/edge-agent/src/targets/generic-x86_64.yaml",
     ):
         assert (root / rel).exists(), rel

@@ -1,4 +1,5 @@
-"""`edge-agent fleet`: control plane (push, serve, status here; rollout/rollback/simulate in fleet_rollout)."""
+"""`edge-agent fleet`: control plane (push, serve, status here; rollout/rollback in fleet_rollout, simulate in
+fleet_simulate)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ FLEET_COMMANDS = {
     "status": ("agent.cli.fleet:status", "One row per device from retained status topics."),
     "rollout": ("agent.cli.fleet_rollout:rollout", "Cohort-aware canary rollout with automatic halt."),
     "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
-    "simulate": ("agent.cli.fleet_rollout:simulate", "Run simulated devices from captured sysroots."),
+    "simulate": ("agent.cli.fleet_simulate:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
     "clear": ("agent.cli.fleet:clear", "Remove a retained desired state (a push to the wrong prefix or target)."),
     "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),

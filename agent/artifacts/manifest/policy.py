@@ -1,0 +1,71 @@
+"""The device-side rules a manifest must pass that do not need its signature: expiry, issue time, targeting,
+downgrade, size."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from agent.artifacts.manifest.rejection import ManifestRejected
+from agent.artifacts.manifest.versions import compare_versions
+
+if TYPE_CHECKING:
+    from agent.artifacts.manifest.document import Manifest
+
+
+def check_policy(
+    m: Manifest,
+    installed_version: str | None = None,
+    *,
+    device_id: str | None = None,
+    groups=(),
+    now: float | None = None,
+    max_artifact_bytes: int | None = None,
+    free_bytes: int | None = None,
+    max_skew_s: float | None = None,
+) -> Manifest:
+    """The device-side rules that do not need the signature: expiry, issue time (at most `max_skew_s` ahead of
+    the device clock, when given), targeting, downgrade, size."""
+    now = time.time() if now is None else now
+    if now >= m.expires_at:
+        raise ManifestRejected(
+            "expired", f"expired at {_iso(m.expires_at)} (device time {_iso(now)})", m.name, m.version
+        )
+    if max_skew_s is not None and m.issued_at > now + max_skew_s:
+        raise ManifestRejected(
+            "future-dated",
+            f"issued at {_iso(m.issued_at)}, {m.issued_at - now:.0f} s ahead of the device clock ({_iso(now)}); "
+            f"at most {max_skew_s:.0f} s of clock skew is accepted (fix the control plane's clock and push again)",
+            m.name,
+            m.version,
+        )
+    if device_id is not None and not m.targets(device_id, groups):
+        raise ManifestRejected(
+            "not-targeted",
+            f"targets devices {list(m.devices)} and groups {list(m.groups)}, not {device_id} (groups {list(groups)})",
+            m.name,
+            m.version,
+        )
+    if installed_version is not None and compare_versions(m.version, installed_version) <= 0 and not m.rollback:
+        raise ManifestRejected(
+            "downgrade",
+            f"version {m.version} is not newer than installed {installed_version} (push a signed rollback to go back)",
+            m.name,
+            m.version,
+        )
+    if max_artifact_bytes is not None and m.artifact.size > max_artifact_bytes:
+        raise ManifestRejected(
+            "too-large",
+            f"artifact is {m.artifact.size} bytes, above the limit of {max_artifact_bytes}",
+            m.name,
+            m.version,
+        )
+    if free_bytes is not None and m.artifact.size > free_bytes:
+        raise ManifestRejected(
+            "no-space", f"artifact is {m.artifact.size} bytes but only {free_bytes} are free", m.name, m.version
+        )
+    return m
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

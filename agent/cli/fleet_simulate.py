@@ -1,0 +1,148 @@
+"""`edge-agent fleet simulate`: real device agents from captured sysroots in this process, until interrupted."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import click
+
+from agent.cli.broker_opts import broker_config as _broker
+from agent.cli.broker_opts import broker_options
+
+
+@click.command("simulate")
+@click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
+@click.option(
+    "--trust",
+    "trust_file",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Fleet public key the devices trust (fleet.pub).",
+)
+@click.option("--group", "groups", multiple=True, help="Group every device joins (repeatable; default: sim).")
+@click.option(
+    "--sysroots",
+    help="Comma-separated captured sysroots: directories, or names of "
+    "the shipped captures (agent/sysroots; default: every one).",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="Where device state lives (default: a temp dir, removed on exit).",
+)
+@click.option(
+    "--store",
+    type=click.Path(file_okay=False),
+    help="Control-plane store: the devices' keys and groups are registered in its registry.json, so "
+    "`fleet push --wait` and `fleet rollout --store STORE` believe them.",
+)
+@click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
+@click.option(
+    "--probation",
+    "probation_s",
+    type=click.FloatRange(0, 3600),
+    default=2.0,
+    show_default=True,
+    help="Seconds of probation after each swap before a device commits.",
+)
+@click.option(
+    "--latency-budget",
+    "latency_budget_s",
+    type=click.FloatRange(0.05, 60),
+    default=0.3,
+    show_default=True,
+    help="Seconds of timed runs per provider during qualification.",
+)
+@click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
+@click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
+@click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
+@broker_options
+def simulate(
+    count,
+    trust_file,
+    groups,
+    sysroots,
+    state_dir,
+    store,
+    id_prefix,
+    probation_s,
+    latency_budget_s,
+    no_shared_qualification,
+    serve_http,
+    as_json,
+    **broker_kw,
+):
+    """Run N real device agents in this process (each its own MQTT client, state directory and hardware
+    profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
+    devices share one measurement per (model sha256, target, provider set), and the output says so."""
+    import signal
+
+    from agent.fleet.sim_classes import resolve_sysroots
+    from agent.fleet.simulator import Simulator
+
+    sim = Simulator(
+        count,
+        broker=_broker(broker_kw),
+        prefix=broker_kw["prefix"],
+        trust=[trust_file],
+        groups=list(groups) or ["sim"],
+        sysroots=resolve_sysroots(sysroots),
+        state_dir=state_dir,
+        id_prefix=id_prefix,
+        probation_s=probation_s,
+        latency_budget_s=latency_budget_s,
+        share_qualification=not no_shared_qualification,
+        serve_http=serve_http,
+        store=store,
+    )
+    if store is None:
+        click.echo(
+            "simulate: no --store: the devices are not registered; push --wait and rollouts will not believe them",
+            err=True,
+        )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        sim.start(progress=_sim_progress)
+        layout = sim.layout()
+        click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stats = sim.stats()
+        sim.stop()
+        click.echo(
+            json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {_render_stats(stats)}"
+        )
+
+
+def _render_stats(stats: dict) -> str:
+    q = stats["qualification"]
+    return (
+        f"{stats['devices']} devices; qualifications measured {q['measured']}, reused {q['reused']} "
+        f"(shared per model sha256, target and provider set); transitions {stats['transitions']}"
+    )
+
+
+def _sim_progress(event: str, **f) -> None:
+    if event == "qualify_cache":
+        click.echo(f"simulate: {f['device_id']}: reused qualification of {f['key']} measured on {f['first']}", err=True)
+    elif event == "device_started":
+        click.echo(f"simulate: {f['device_id']} up ({f['target']}; providers {', '.join(f['providers'])})", err=True)
+
+
+def _render_layout(layout: dict) -> str:
+    lines = [f"simulate: {layout['devices']} devices on {layout['broker']} (state {layout['state_dir']}); Ctrl-C stops"]
+    for cls, n in sorted(layout["classes"].items()):
+        lines.append(
+            f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
+            f"{', '.join(layout['providers'][cls])}"
+        )
+        for provider, why in sorted(layout["dropped"].get(cls, {}).items()):
+            lines.append(f"  {'':<28} {'':>13} not {provider}: {why}")
+    for dev, url in sorted(layout.get("http", {}).items()):
+        lines.append(f"  {dev:<40} {url}")
+    return "\n".join(lines)

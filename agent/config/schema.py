@@ -1,0 +1,180 @@
+"""The agent configuration's schema (agent.yaml): frozen dataclasses, their defaults, and the secret-file rule."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.errors import ConfigError
+from agent.util.textfile import read_text
+
+DEFAULT_PATH = Path("/etc/edge-agent/agent.yaml")
+DEFAULT_STATE_DIR = Path("/var/lib/edge-agent")
+MQTT_PORTS = {"mqtt": 1883, "mqtts": 8883}
+# Keys a running daemon applies on SIGHUP (agent.app.DeviceAgent.reload); any other change needs a restart.
+RELOADABLE = frozenset({"trust.public_keys", "serving.token_file", "telemetry.interval_s"})
+
+
+MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is refused (config check, start-up, reload)
+
+
+def first_line(path: Path, key: str) -> str:
+    """The one rule for secret files (passwords, tokens): the first line, stripped ("" for an empty file).
+    ConfigError naming `key` and the file when it cannot be read or is not UTF-8 text."""
+    lines = read_text(path, key, ConfigError, max_bytes=65536).splitlines()
+    return lines[0].strip() if lines else ""
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    url: str
+    host: str
+    port: int
+    tls: TlsConfig | None  # set (possibly all-None = system CAs) for mqtts://, None for mqtt://
+    username: str | None = None
+    password_file: Path | None = None
+    topic_prefix: str = "edge"
+
+    def password(self) -> str | None:
+        """Read the password file (first line, stripped); None when no file is configured."""
+        if self.password_file is None:
+            return None
+        return first_line(self.password_file, "mqtt.password_file")
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    public_keys: tuple[Path, ...] = ()
+    max_skew_s: float = 300.0  # an issue time further ahead of the device clock is refused as future-dated
+    # OpenSSF model signing (agent.artifacts.modelsig): when any is set, a package must carry model.sig
+    model_signing_keys: tuple[Path, ...] = ()
+    model_signing_certificates: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbationConfig:
+    """serving.probation: how a fresh version is judged after its swap (docs/serving.md, Probation)."""
+
+    max_errors: int = 0  # runtime failures blamed on the version, tolerated in the window
+    max_nonfinite: int = 0  # NaN/Inf outputs blamed on the version, tolerated in the window
+    ratio: float = 1.5  # a compute-time quantile may reach ratio x the incumbent's ...
+    slack_ms: float = 0.5  # ... plus this (scheduler noise dominates sub-ms models)
+    quantiles: tuple[int, ...] = (50, 90)  # judged against the incumbent (99 needs p99_samples per side)
+    alpha: float = 0.01  # one-sided binomial test: "slower" only when p < alpha
+    p90_samples: int = 64  # samples per side before a quantile below 99 is judged (field notes: 64 for a p90)
+    p99_samples: int = 662  # ... and before a p99 is (field notes: 662)
+    rate_tolerance: float = 4.0  # request rates within this factor of each other are comparable
+    baseline_s: float = 60.0  # the incumbent's compute times in this window before the swap are the baseline
+    qualified_factor: float = 3.0  # no incumbent: qualified quantile x this + slack_ms
+    qualified_quantiles: tuple[int, ...] = (50,)  # no incumbent: judged on these only (tails inflate under load)
+    min_requests: int = 0  # requests needed to pass; 0: a quiet window passes
+    # too few runs measured for a compute verdict when the window ends (the runs' threads waited for the cores,
+    # rungate.py): watch on until there are, up to this many times the window; 1: never
+    extend: float = 3.0
+    referee: bool = True  # make-before-break: keep the incumbent's session until the verdict, to re-run inputs
+
+
+@dataclass(frozen=True)
+class ShadowConfig:
+    """serving.shadow: before the swap the candidate answers copies of live requests (docs/serving.md, Shadow)."""
+
+    enabled: bool = True  # skipped anyway where the swap is stop-then-start or no incumbent serves
+    requests: int = 200  # the phase ends after this many compared requests ...
+    duration_s: float = 30.0  # ... or after this long
+    min_requests: int = 20  # fewer compared requests: verdict inconclusive (the deployment goes on)
+    cpu_share: float = 0.05  # of one core: the shadow runs at most this fraction of the time
+    min_agreement: float = 0.9  # top-1 agreement of classifier outputs below this: fail
+    max_rel: float | None = None  # max_rel of other float outputs above this: fail (None: reported only)
+    max_failures: int = 0  # candidate failures or NaN/Inf where the incumbent answered finite values
+    max_latency_ratio: float = 3.0  # candidate / incumbent compute time (medians) above this ...
+    slack_ms: float = 0.5  # ... and above max_latency_ratio x the incumbent's + this: fail (as probation's)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    grpc_port: int | None = 8001  # KServe v2 gRPC; None: off; 0 (or port 0 with grpc_port unset): a free port
+    token_file: Path | None = None
+    probation_s: float = 60.0  # watch window after a swap (errors, NaN/Inf, latency) before committing
+    build_nice: int = 10  # a new version is built and warmed this many nice levels below serving (0: same)
+    finite_check_every: int = 16  # after a version's first 1000 responses and outside probation: check 1 in N
+    memory_max: int | None = None  # bytes one model may use; None: the target's memory limit, else 80% MemTotal
+    max_connections: int = 1024  # open client connections (idle ones are closed first when it is reached)
+    max_per_peer: int = 128  # open connections per client IP address
+    header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
+    idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
+    probation: ProbationConfig = ProbationConfig()
+    shadow: ShadowConfig = ShadowConfig()
+
+    def token(self) -> str | None:
+        """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""
+        if self.token_file is None:
+            return None
+        token = first_line(self.token_file, "serving.token_file")
+        if not token:
+            raise ConfigError(f"serving.token_file: {self.token_file} is empty")
+        if len(token) < MIN_TOKEN_CHARS:
+            raise ConfigError(
+                f"serving.token_file: the token in {self.token_file} has {len(token)} characters, at least "
+                f"{MIN_TOKEN_CHARS} are required (e.g. `openssl rand -hex 32 > {self.token_file}`)"
+            )
+        return token
+
+
+@dataclass(frozen=True)
+class DownloadsConfig:
+    allow_http: bool = False  # plain http:// sources in manifests (integrity is the chunk hashes'; not availability)
+    min_bytes: int = 64 * 1024  # a source must deliver at least this many bytes ...
+    interval_s: float = 30.0  # ... every interval, or it is abandoned for the manifest's next source
+    timeout_s: float = 6 * 3600.0  # one download attempt, every source together
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    interval_s: float = 60.0  # 0 disables the periodic health message
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_id: str
+    device_id_source: str  # "config", "/etc/machine-id", "/proc/device-tree/serial-number", ...
+    groups: tuple[str, ...]
+    state_dir: Path
+    target: str  # "auto" or a target name
+    mqtt: MqttConfig | None  # None: local mode (packages arrive in `inbox`)
+    trust: TrustConfig
+    serving: ServingConfig
+    inbox: Path | None
+    telemetry: TelemetryConfig
+    source: Path | None = None  # the file this came from
+    warnings: tuple[str, ...] = ()
+    downloads: DownloadsConfig = DownloadsConfig()
+
+    @property
+    def mode(self) -> str:
+        return "local" if self.mqtt is None else "mqtt"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "cache"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly resolved view (paths as strings; secrets are never read here)."""
+        return _jsonable(asdict(self)) | {"mode": self.mode}
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return str(obj) if isinstance(obj, Path) else obj
