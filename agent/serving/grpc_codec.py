@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from agent.serving import codec
+from agent.serving.binary import binary_blob, parse_bytes
 from agent.serving.errors import BadRequest
 from agent.serving.params import check_request, class_count
 from agent.serving.proto import oip_pb2 as pb
@@ -54,7 +55,7 @@ def _input(t: Any, raw: bytes | None, charge: codec.Charge, params: dict[str, An
         return input_slot(t.name, dtype, shape, count, params)
     if raw is not None:
         if t.datatype == "BYTES":
-            return codec._parse_bytes(t.name, memoryview(raw), count, charge).reshape(shape)
+            return parse_bytes(t.name, memoryview(raw), count, charge).reshape(shape)
         if len(raw) != count * dtype.itemsize:
             raise BadRequest(
                 f"{where}: raw contents of {len(raw)} bytes != {count} elements x {dtype.itemsize} bytes of "
@@ -125,5 +126,5 @@ def encode(name: str, version: str, outputs: dict[str, Any], req: codec.InferReq
             tensor.parameters["shared_memory_byte_size"].int64_param = req.shm_written[out_name]
             resp.raw_output_contents.append(b"")
             continue
-        resp.raw_output_contents.append(codec._binary_blob(arr, datatype))
+        resp.raw_output_contents.append(binary_blob(arr, datatype))
     return resp
