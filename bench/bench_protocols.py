@@ -4,6 +4,8 @@ system shared memory path against HTTP binary and against a plain InferenceSessi
   (1) per request, 1 MiB FP32 in and out: HTTP binary, gRPC binary, gRPC + shared memory, HTTP + shared memory,
       session.run in the client's process;       goal: shared memory >= 2x faster than HTTP binary
   (2) throughput at --clients client processes: gRPC binary / HTTP binary      goal >= 1.0
+      with the server process's CPU time per request in that phase (from /proc/<pid>/stat: user + system), the
+      figure a busy machine disturbs least
 
 Usage: .venv/bin/python bench/bench_protocols.py [--mib 1] [--rounds 200] [--clients 8] [--seconds 5] [--json]
 The server (OIPServer + GRPCServer over one DataPlane, as the daemon runs them) lives in its own process; every
@@ -259,18 +261,28 @@ def _client_loop(kind: str, port: int, n: int, seconds: float, start, counts) ->
     counts.put(done)
 
 
-def throughput(kind: str, port: int, n: int, clients: int, seconds: float) -> float:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/<pid>/stat, clock ticks)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(kind: str, port: int, n: int, clients: int, seconds: float, server_pid: int) -> tuple[float, float]:
+    """(requests per second, server CPU ms per request) with `clients` processes for `seconds`."""
     ctx = mp.get_context("spawn")
     start, counts = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_client_loop, args=(kind, port, n, seconds, start, counts)) for _ in range(clients)]
     for p in procs:
         p.start()
     time.sleep(2.0)  # clients connected and warmed
+    cpu0 = _cpu_s(server_pid)
     start.set()
     total = sum(counts.get(timeout=seconds + 120) for _ in procs)
+    cpu1 = _cpu_s(server_pid)
     for p in procs:
         p.join(30)
-    return total / seconds
+    return total / seconds, (cpu1 - cpu0) * 1e3 / max(total, 1)
 
 
 def main() -> None:
@@ -295,9 +307,12 @@ def main() -> None:
         log(f"per request, {args.mib:g} MiB in and out, {args.rounds} rounds (medians) ...")
         med = per_request(http_port, grpc_port, path, n, args.rounds)
         log(f"throughput at {args.clients} clients, {args.seconds:g} s each ...")
-        tput = {
-            k: throughput(k, p, n, args.clients, args.seconds) for k, p in (("http", http_port), ("grpc", grpc_port))
+        measured = {
+            k: throughput(k, p, n, args.clients, args.seconds, server.pid)
+            for k, p in (("http", http_port), ("grpc", grpc_port))
         }
+        tput = {k: v[0] for k, v in measured.items()}
+        cpu = {k: v[1] for k, v in measured.items()}
     finally:
         stop.set()
         server.join(10)
@@ -309,6 +324,7 @@ def main() -> None:
         "speedup_vs_http_binary": {k: round(med["http_binary"] / v, 2) for k, v in med.items()},
         "throughput_rps": {k: round(v, 1) for k, v in tput.items()},
         "grpc_over_http_throughput": round(tput["grpc"] / tput["http"], 2),
+        "server_cpu_ms_per_request": {k: round(v, 3) for k, v in cpu.items()},
         "goals": {
             "shm_2x_faster_than_http_binary (grpc_shm, http_shm)": [
                 med["http_binary"] / med["grpc_shm"] >= 2.0,
@@ -328,6 +344,7 @@ def main() -> None:
         )
     print(f"throughput at {args.clients} clients: " + ", ".join(f"{k} {v:.1f} req/s" for k, v in tput.items()))
     print(f"  gRPC / HTTP binary: {tput['grpc'] / tput['http']:.2f}")
+    print("  server CPU per request: " + ", ".join(f"{k} {v:.3f} ms" for k, v in cpu.items()))
     print(f"goals: {result['goals']}; load average {os.getloadavg()[0]:.1f}")
 
 

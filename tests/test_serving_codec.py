@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from agent.serving import codec
-from agent.serving.codec import InferRequest, encode_response
+from agent.serving.codec import InferRequest
+from agent.serving.encode import encode_general, encode_response
 from agent.serving.wire import send_all
 
 
@@ -31,7 +31,7 @@ def test_fast_path_bytes_equal_the_general_encoder(outputs, rid):
     req = InferRequest(inputs={}, binary_default=True, id=rid)
     parts, total, head_len = encode_response("m", "3", outputs, req)
     assert any(isinstance(p, np.ndarray) for p in parts)  # the arrays themselves go on the wire
-    gparts, gtotal, ghead = codec._encode_general("m", "3", outputs, req)
+    gparts, gtotal, ghead = encode_general("m", "3", outputs, req)
     assert (_flat(parts), total, head_len) == (_flat(gparts), gtotal, ghead)
     assert len(_flat(parts)) == total
 
@@ -93,7 +93,7 @@ def test_cached_request_plan_decodes_every_kind_of_binary_input():
     import json
     import struct
 
-    from agent.serving.codec import decode_request
+    from agent.serving.decode import decode_request
 
     tensors = {
         "f": np.arange(6, dtype=np.float32).reshape(2, 3),

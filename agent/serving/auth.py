@@ -12,6 +12,7 @@ import collections
 import hmac
 import threading
 import time
+from collections.abc import Callable
 
 from agent.serving.errors import TooManyFailures, Unauthorized
 
@@ -25,7 +26,7 @@ MAX_PEERS = 4096  # records kept (oldest dropped first): a spoofed crowd cannot 
 class AuthGate:
     """The token (replaceable at runtime) and the failed-attempt books for all transports."""
 
-    def __init__(self, token: str | None = None, clock=time.monotonic):
+    def __init__(self, token: str | None = None, clock: Callable[[], float] = time.monotonic):
         self.token = token or None
         self._clock = clock
         self._lock = threading.Lock()

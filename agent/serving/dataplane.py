@@ -15,9 +15,11 @@ import agent
 from agent.serving import codec
 from agent.serving.auth import AuthGate
 from agent.serving.budget import BodyBudget
+from agent.serving.entry import ModelEntry
 from agent.serving.errors import BadRequest, NotFound
 from agent.serving.metrics import Metric, model_families, render
 from agent.serving.outsize import Hold, check_response, no_hold
+from agent.serving.registry import ModelRegistry
 from agent.serving.shm import SharedMemory, ShmSlot
 
 SERVER_NAME = "edge-agent"
@@ -29,11 +31,11 @@ def _dims(shape: Iterable[Any]) -> list[int]:
     return [d if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else -1 for d in shape]
 
 
-def _tensors(specs: list) -> list[dict]:
+def _tensors(specs: list[Any]) -> list[dict[str, Any]]:
     return [{"name": s.name, "datatype": codec.datatype_of(s.dtype), "shape": _dims(s.shape)} for s in specs]
 
 
-def _scalars(meta: dict) -> dict:
+def _scalars(meta: dict[str, Any]) -> dict[str, Any]:
     return {
         k: v
         for k, v in meta.items()
@@ -43,7 +45,7 @@ def _scalars(meta: dict) -> dict:
     }
 
 
-def model_metadata(entry) -> dict:
+def model_metadata(entry: ModelEntry) -> dict[str, Any]:
     doc = {
         "name": entry.name,
         "versions": [entry.version],
@@ -57,10 +59,10 @@ def model_metadata(entry) -> dict:
     return doc
 
 
-def model_config(entry) -> dict:
+def model_config(entry: ModelEntry) -> dict[str, Any]:
     """Enough of Triton's model config for perf_analyzer: no batching dimension, explicit dims."""
 
-    def io(specs: list) -> list[dict]:
+    def io(specs: list[Any]) -> list[dict[str, Any]]:
         return [
             {"name": s.name, "data_type": codec.config_type(codec.datatype_of(s.dtype)), "dims": _dims(s.shape)}
             for s in specs
@@ -99,7 +101,7 @@ class DataPlane:
 
     def __init__(
         self,
-        registry,
+        registry: ModelRegistry,
         *,
         token: str | None = None,
         budget: BodyBudget,
@@ -113,22 +115,24 @@ class DataPlane:
         self.max_response_bytes = budget.limit  # a response's encoded size (issue 29 item 1); its memory: budget
         self.collectors: list[Callable[[], Iterable[Metric]]] = collectors if collectors is not None else []
         self.transport_metrics: list[Callable[[], Iterable[Metric]]] = []
-        self.hooks: dict[str, Callable[[str, dict], Any]] = {}  # path prefix -> extension handler (HTTP)
-        self.grpc_hooks: dict[str, Callable[[str, dict], Any]] = {}  # extension -> handler(method, doc) (gRPC)
+        self.hooks: dict[str, Callable[[str, dict[str, Any]], Any]] = {}  # path prefix -> extension handler (HTTP)
+        self.grpc_hooks: dict[
+            str, Callable[[str, dict[str, Any]], Any]
+        ] = {}  # extension -> handler(method, doc) (gRPC)
         self.shm = SharedMemory()
         self.hooks["/v2/systemsharedmemory"] = self.shm.http
         self.grpc_hooks["systemsharedmemory"] = self.shm.call
         self.extensions = list(EXTENSIONS)  # what /v2 and ServerMetadata list: grows as extensions are installed
         self.accepting = True
 
-    def extension_hook(self, path: str) -> Callable[[str, dict], Any] | None:
+    def extension_hook(self, path: str) -> Callable[[str, dict[str, Any]], Any] | None:
         for prefix, hook in self.hooks.items():
             if path.startswith(prefix):
                 return hook
         return None
 
     # ---- health and metadata ------------------------------------------------------------------------
-    def server_metadata(self) -> dict:
+    def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": agent.__version__, "extensions": list(self.extensions)}
 
     def ready(self) -> bool:
@@ -140,10 +144,10 @@ class DataPlane:
     def model_ready(self, name: str, version: str | None) -> bool:
         return bool(self.registry.ready(name, version or None))
 
-    def model_metadata(self, name: str, version: str | None) -> dict:
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         return model_metadata(self.registry.entry(name, version or None))
 
-    def model_config(self, name: str, version: str | None) -> dict:
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         return model_config(self.registry.entry(name, version or None))
 
     # ---- inference ------------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ class DataPlane:
         self.registry.entry(name, version or None)
 
     # ---- statistics (Triton's document shape) ---------------------------------------------------------
-    def statistics(self, name: str | None, version: str | None) -> dict:
+    def statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
         """{"model_stats": [...]} as Triton's statistics extension; queue/compute_input/compute_output and cache
         are not measured here and read 0 (docs/serving.md)."""
         models = self.registry.models()

@@ -3,17 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from agent.config import ServingConfig
     from agent.serving.dataplane import DataPlane
+    from agent.serving.grpc_front import GRPCServer
     from agent.serving.server import OIPServer
 
 
+class FrontSettings(Protocol):
+    """What the front ends take from the serving settings (config.ServingConfig has these: serving/ never imports
+    the settings loader)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def grpc_port(self) -> int | None: ...
+
+    @property
+    def max_connections(self) -> int: ...
+
+    @property
+    def max_per_peer(self) -> int: ...
+
+    @property
+    def header_timeout_s(self) -> float: ...
+
+    @property
+    def idle_timeout_s(self) -> float: ...
+
+    def token(self) -> str | None: ...
+
+
 def start_fronts(
-    registry: Any, s: ServingConfig, extend: Callable[[DataPlane], None] | None = None
-) -> tuple[OIPServer, Any]:
+    registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None
+) -> tuple[OIPServer, GRPCServer | None]:
     """(HTTP server, gRPC server or None), both started; `extend(plane)` installs extensions (the repository)
     on the shared data plane before the gRPC front opens."""
     from agent.serving.server import OIPServer

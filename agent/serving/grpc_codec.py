@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from agent.serving import codec
+from agent.serving.binary import binary_blob, parse_bytes, wire_ready
 from agent.serving.errors import BadRequest
 from agent.serving.params import check_request, class_count
 from agent.serving.proto import oip_pb2 as pb
@@ -39,7 +40,7 @@ def params_of(m: Any) -> dict[str, Any]:
     return {k: _param(v) for k, v in m.items()}
 
 
-def _input(t: Any, raw: bytes | None, charge: codec.Charge, params: dict[str, Any]) -> np.ndarray | ShmSlot:
+def _input(t: Any, raw: memoryview | None, charge: codec.Charge, params: dict[str, Any]) -> np.ndarray | ShmSlot:
     where = f"input {t.name!r}"
     dtype = codec.numpy_dtype(t.datatype, f"{where}: ")
     if any(d < 0 for d in t.shape) or len(t.shape) > 32:
@@ -54,7 +55,7 @@ def _input(t: Any, raw: bytes | None, charge: codec.Charge, params: dict[str, An
         return input_slot(t.name, dtype, shape, count, params)
     if raw is not None:
         if t.datatype == "BYTES":
-            return codec._parse_bytes(t.name, memoryview(raw), count, charge).reshape(shape)
+            return parse_bytes(t.name, raw, count, charge).reshape(shape)
         if len(raw) != count * dtype.itemsize:
             raise BadRequest(
                 f"{where}: raw contents of {len(raw)} bytes != {count} elements x {dtype.itemsize} bytes of "
@@ -79,11 +80,11 @@ def _input(t: Any, raw: bytes | None, charge: codec.Charge, params: dict[str, An
         raise BadRequest(f"{where}: a value is out of range for {t.datatype}") from None
 
 
-def decode(request: Any, charge: codec.Charge) -> codec.InferRequest:
-    """A ModelInferRequest as the data plane's InferRequest (raw contents are read in place, not copied)."""
+def decode(request: Any, raws: list[memoryview], charge: codec.Charge) -> codec.InferRequest:
+    """A ModelInferRequest (without its raw contents) and its raw_input_contents (grpc_raw.parse_request) as the
+    data plane's InferRequest; the raw contents are read in place, not copied."""
     params = params_of(request.parameters)
     check_request(params)
-    raws = list(request.raw_input_contents)
     tensor_params = [params_of(t.parameters) for t in request.inputs]
     in_request = sum(1 for p in tensor_params if "shared_memory_region" not in p)
     if raws and len(raws) != in_request:  # raw contents belong to the inputs not in shared memory, in order
@@ -114,8 +115,11 @@ def decode(request: Any, charge: codec.Charge) -> codec.InferRequest:
     return req
 
 
-def encode(name: str, version: str, outputs: dict[str, Any], req: codec.InferRequest) -> Any:
+def encode(name: str, version: str, outputs: dict[str, Any], req: codec.InferRequest) -> tuple[Any, list[Any]]:
+    """(the ModelInferResponse without raw contents, its raw_output_contents in order: the arrays themselves where
+    their memory is wire bytes, else a copy; grpc_raw.response_bytes joins them)."""
     resp = pb.ModelInferResponse(model_name=name, model_version=version, id=req.id or "")
+    contents: list[Any] = []
     for out_name, value in outputs.items():
         arr = codec.carriable(out_name, value)
         datatype = codec.datatype_of(arr.dtype)
@@ -123,7 +127,7 @@ def encode(name: str, version: str, outputs: dict[str, Any], req: codec.InferReq
         if out_name in req.shm_written:  # in the client's region; an empty raw entry keeps the indices aligned
             tensor.parameters["shared_memory_region"].string_param = req.shm_out[out_name].region
             tensor.parameters["shared_memory_byte_size"].int64_param = req.shm_written[out_name]
-            resp.raw_output_contents.append(b"")
+            contents.append(b"")
             continue
-        resp.raw_output_contents.append(codec._binary_blob(arr, datatype))
-    return resp
+        contents.append(arr if wire_ready(arr) else binary_blob(arr, datatype))
+    return resp, contents

@@ -13,7 +13,11 @@ import numpy as np
 from agent.errors import ServingError
 from agent.serving import codec
 from agent.serving.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, model_config, model_metadata
+from agent.serving.decode import decode_request
+from agent.serving.encode import encode_response
+from agent.serving.entry import ModelEntry
 from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, TooManyFailures, status_of
+from agent.serving.jsondata import parse_json
 from agent.serving.outsize import Hold, no_hold
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "Router", "model_config", "model_metadata"]
@@ -27,10 +31,10 @@ class Response:
     body: bytes
     content_type: str = JSON_TYPE
     headers: dict[str, str] = field(default_factory=dict)
-    parts: list | None = None  # instead of body: buffers sent in order (arrays' own memory), `length` bytes
+    parts: list[Any] | None = None  # instead of body: buffers sent in order (arrays' own memory), `length` bytes
     length: int = 0
 
-    def buffers(self) -> tuple[list, int]:
+    def buffers(self) -> tuple[list[Any], int]:
         """(buffers to send in order, total bytes)."""
         return (self.parts, self.length) if self.parts is not None else ([self.body], len(self.body))
 
@@ -131,7 +135,7 @@ class Router:
         if hook is None:
             what = path.split("/")[2]
             raise BadRequest(f"the {what} extension is not supported by this server (see /v2 'extensions')")
-        doc = codec.parse_json(body, what="the request") if len(body) else {}
+        doc = parse_json(body, what="the request") if len(body) else {}
         if not isinstance(doc, dict):
             raise BadRequest("the request body must be a JSON object")
         self._only(
@@ -160,9 +164,9 @@ class Router:
         if header_length == 0:  # raw binary request: the body is the model's only input, no JSON at all
             req = raw_request(plane.registry.entry(name, version or None), body)
         else:
-            req = codec.decode_request(body, header_length, charge)
+            req = decode_request(body, header_length, charge)
         served, outputs = plane.infer(name, version, req, charge, req.classes, hold)
-        parts, length, head_len = codec.encode_response(name, served, outputs, req)
+        parts, length, head_len = encode_response(name, served, outputs, req)
         if head_len is None:
             return Response(200, b"", parts=parts, length=length)
         return Response(
@@ -178,7 +182,7 @@ class Router:
         return self.plane.metrics()
 
 
-def raw_request(entry, body: bytes | memoryview) -> codec.InferRequest:
+def raw_request(entry: ModelEntry, body: bytes | memoryview) -> codec.InferRequest:
     """Triton's raw binary request (Inference-Header-Content-Length: 0): the whole body is the data of the model's
     only input, its shape the model's with at most one variable dimension, derived from the body's size; every
     output comes back as binary data."""

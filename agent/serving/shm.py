@@ -218,7 +218,7 @@ class SharedMemory:
         return int(data.nbytes)
 
     # ---- the extension's endpoints (DataPlane hooks) -------------------------------------------------------
-    def http(self, path: str, doc: dict) -> Any:
+    def http(self, path: str, doc: dict[str, Any]) -> Any:
         parts = path.strip("/").split("/")  # v2 systemsharedmemory [region NAME] status|register|unregister
         action = parts[-1]
         name = parts[3] if len(parts) == 5 and parts[2] == "region" else ""
@@ -226,7 +226,7 @@ class SharedMemory:
             raise NotFound(f"no such endpoint: {path}")
         return self.call(action, {**doc, "name": name})
 
-    def call(self, method: str, doc: dict) -> Any:
+    def call(self, method: str, doc: dict[str, Any]) -> Any:
         name = doc.get("name") or ""
         if method == "status":
             regions = self.status(name)
