@@ -8,8 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 400
 GENERATED = ("agent/serving/proto/",)
-# Tolerated for now: another branch splits these three; the exemption goes when it merges.
-KNOWN_OVER = {"agent/serving/server.py", "agent/serving/codec.py", "agent/serving/wire.py"}
+KNOWN_OVER: set[str] = set()  # none: a module over the limit is split, not listed here
 
 
 def line_counts(root: Path) -> dict[str, int]:
