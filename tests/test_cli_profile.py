@@ -119,7 +119,7 @@ def test_unseen_captures_profile_through_the_cli():
         ),
         "intel-lunarlake-npu": ("x86_64", "ThinkPad X1 Carbon Gen 13", 8, {"gpu", "npu"}, "intel-x86_64"),
         "rpi-cm4-coral": ("aarch64", "Raspberry Pi Compute Module 4 Rev 1.1", 4, {"tpu"}, "raspberry-pi-4"),
-        "apple-m3-max": ("aarch64", "Mac15,9", 16, {"gpu", "npu"}, "apple-silicon"),
+        "apple-m3-max": ("aarch64", "J516c", 16, {"gpu", "npu"}, "apple-silicon"),  # `sysctl hw`: hw.targettype
         "ampere-altra-cax31": ("aarch64", "vServer", 8, set(), "generic-aarch64"),
     }
     from click.testing import CliRunner

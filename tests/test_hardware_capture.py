@@ -27,6 +27,7 @@ def test_capture_round_trip(tmp_path):
     assert "./proc/cpuinfo" in names and "./.captures/info.txt" in names
     info = captures.provenance(tmp_path / "root")  # the same keys and rule the shipped captures hold
     assert info["tool"] == ["edge-agent capture-sysroot.sh 1"] and len(info["captured"]) == 1
+    assert captures.provenance_problems(tmp_path / "root") == []  # the rule every shipped capture passes
     assert info["anonymised"] == captures.provenance(captures.path("rpi4-4gb"))["anonymised"]
     assert ("./.captures/vcgencmd.txt" in names) == bool(shutil.which("vcgencmd"))  # no empty placeholder files
     live, captured = detect("/"), detect(tmp_path / "root")

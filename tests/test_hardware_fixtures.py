@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,17 +13,34 @@ from agent.targets import detect_device as detect  # detection plus the matched 
 
 SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
-GIB = 1 << 30
 
-# name -> expected fields; memory is MemTotal (kB) * 1024 from the capture.
+
+def processors(name: str) -> int:
+    return len(re.findall(r"^processor\s*:", (SYSROOTS / name / "proc/cpuinfo").read_text(), re.M))
+
+
+def memtotal(name: str) -> int:
+    return (
+        int(re.search(r"^MemTotal:\s*(\d+) kB", (SYSROOTS / name / "proc/meminfo").read_text(), re.M).group(1)) * 1024
+    )
+
+
+def sysctl(name: str, key: str) -> str:
+    """One `key: value` line of a macOS capture, read here without the product's parser."""
+    text = (SYSROOTS / name / ".captures/sysctl.txt").read_text()
+    return re.search(rf"^{re.escape(key)}: (.*)$", text, re.M).group(1)
+
+
+# name -> expected fields. Counts and sizes are read from the capture's own files here (a plain regex, not the
+# product's parser): cores = `processor` entries in /proc/cpuinfo, memory = MemTotal (kB) * 1024.
 EXPECTED = {
     "rpi4-4gb": dict(
         arch="aarch64",
         board="Raspberry Pi 4 Model B Rev 1.1",
         soc="BCM2711",
-        cores=4,
+        cores=processors("rpi4-4gb"),
         cpu="Cortex-A72",
-        memory=3884328 * 1024,
+        memory=memtotal("rpi4-4gb"),
         accels=set(),
         software={"pi_revision": "c03111"},
         target="raspberry-pi-4",
@@ -40,9 +58,9 @@ EXPECTED = {
         arch="aarch64",
         board="Raspberry Pi 5 Model B Rev 1.0",
         soc="BCM2712",
-        cores=4,
+        cores=processors("rpi5-8gb"),
         cpu="Cortex-A76",
-        memory=8252368 * 1024,
+        memory=memtotal("rpi5-8gb"),
         accels=set(),
         software={"pi_revision": "d04170"},
         target="raspberry-pi-5",
@@ -54,9 +72,9 @@ EXPECTED = {
         arch="aarch64",
         board="Raspberry Pi 5 Model B Rev 1.0",
         soc="BCM2712",
-        cores=4,
+        cores=processors("rpi5-hailo8l"),
         cpu="Cortex-A76",
-        memory=4132528 * 1024,
+        memory=memtotal("rpi5-hailo8l"),
         accels={("npu", "hailo", "/dev/hailo0")},
         software={"pi_revision": "c04170"},
         target="raspberry-pi-5",
@@ -68,9 +86,9 @@ EXPECTED = {
         arch="aarch64",
         board="NVIDIA Jetson Nano Developer Kit",
         soc="tegra210",
-        cores=4,
+        cores=processors("jetson-nano-jp4"),
         cpu="Cortex-A57",
-        memory=4051060 * 1024,
+        memory=memtotal("jetson-nano-jp4"),
         accels={("gpu", "nvidia", "/sys/class/devfreq/57000000.gpu")},
         software={"l4t": "32.7.4", "jetpack": "4.6.4", "jetson_module": "Jetson Nano"},
         target="jetson-nano",
@@ -82,9 +100,9 @@ EXPECTED = {
         arch="aarch64",
         board="NVIDIA Jetson Orin Nano Engineering Reference Developer Kit Super",
         soc="tegra234",
-        cores=6,
+        cores=processors("jetson-orin-nano-jp6"),
         cpu="Cortex-A78AE",
-        memory=7802216 * 1024,
+        memory=memtotal("jetson-orin-nano-jp6"),
         accels={("gpu", "nvidia", "/sys/class/devfreq/17000000.gpu")},
         software={
             "l4t": "36.4.3",
@@ -101,9 +119,9 @@ EXPECTED = {
         arch="aarch64",
         board="Jetson-AGX",
         soc="tegra194",
-        cores=8,
+        cores=processors("jetson-agx-xavier-jp5"),
         cpu="Carmel",
-        memory=31010776 * 1024,
+        memory=memtotal("jetson-agx-xavier-jp5"),
         accels={
             ("gpu", "nvidia", "/sys/class/devfreq/17000000.gv11b"),
             ("npu", "nvidia", "dla0"),
@@ -119,9 +137,9 @@ EXPECTED = {
         arch="x86_64",
         board="NUC14RVH-B",
         soc=None,
-        cores=18,
+        cores=processors("intel-nuc-meteorlake"),
         cpu="Intel(R) Core(TM) Ultra 5 125H",
-        memory=32542124 * 1024,
+        memory=memtotal("intel-nuc-meteorlake"),
         accels={("gpu", "intel", "/dev/dri/renderD128"), ("npu", "intel", "/dev/accel/accel0")},
         software={"kernel": "6.8.0-49-generic"},
         target="intel-x86_64",
@@ -133,9 +151,9 @@ EXPECTED = {
         arch="x86_64",
         board="OptiPlex 3060",
         soc=None,
-        cores=6,
+        cores=processors("intel-avx2-only"),
         cpu="Intel(R) Core(TM) i5-8500T CPU @ 2.10GHz",
-        memory=16258932 * 1024,
+        memory=memtotal("intel-avx2-only"),
         accels={("gpu", "intel", "/dev/dri/renderD128")},
         software={},
         target="intel-x86_64",
@@ -147,9 +165,9 @@ EXPECTED = {
         arch="x86_64",
         board="m7a.xlarge",
         soc=None,
-        cores=4,
+        cores=processors("amd-epyc-x86"),
         cpu="AMD EPYC 9R14",
-        memory=15992636 * 1024,
+        memory=memtotal("amd-epyc-x86"),
         accels=set(),
         software={},
         target="generic-x86_64",
@@ -161,9 +179,9 @@ EXPECTED = {
         arch="aarch64",
         board="Qualcomm Technologies, Inc. Robotics RB3gen2",
         soc="QCS6490",
-        cores=8,
+        cores=processors("qualcomm-qcs6490"),
         cpu="4x Cortex-A55 + 4x Cortex-A78",
-        memory=5747744 * 1024,
+        memory=memtotal("qualcomm-qcs6490"),
         accels={("dsp", "qualcomm", "/dev/fastrpc-cdsp"), ("gpu", "qualcomm", "/dev/kgsl-3d0")},
         software={},
         target="qualcomm-snapdragon",
@@ -171,17 +189,17 @@ EXPECTED = {
         throttling={},
         temp=("nspss0-thermal", 36.4),
     ),
-    "apple-m2": dict(
+    "apple-m2": dict(  # hand-built (agent/sysroots/README.md): expectations read from its own sysctl.txt
         arch="aarch64",
-        board="Mac14,2",
-        soc="Apple M2",
-        cores=8,
-        cpu="Apple M2",
-        memory=16 * GIB,
+        board=sysctl("apple-m2", "hw.model"),
+        soc=sysctl("apple-m2", "machdep.cpu.brand_string"),
+        cores=int(sysctl("apple-m2", "hw.logicalcpu")),
+        cpu=sysctl("apple-m2", "machdep.cpu.brand_string"),
+        memory=int(sysctl("apple-m2", "hw.memsize")),
         accels={("gpu", "apple", None), ("npu", "apple", None)},
-        software={"macos": "14.6.1", "rosetta": False},
+        software={"macos": sysctl("apple-m2", "kern.osproductversion"), "rosetta": False},
         target="apple-silicon",
-        os="macOS 14.6.1",
+        os=f"macOS {sysctl('apple-m2', 'kern.osproductversion')}",
         throttling=None,
         temp=None,
     ),
@@ -190,9 +208,9 @@ EXPECTED = {
         arch="aarch64",
         board="Raspberry Pi Compute Module 4 Rev 1.1",
         soc="BCM2711",
-        cores=4,
+        cores=processors("rpi-cm4-coral"),
         cpu="Cortex-A72",
-        memory=7997112 * 1024,
+        memory=memtotal("rpi-cm4-coral"),
         accels={("tpu", "google", "/dev/apex_0")},
         software={"pi_revision": "d03141"},
         target="raspberry-pi-4",
@@ -204,9 +222,9 @@ EXPECTED = {
         arch="aarch64",
         board="NVIDIA Jetson AGX Orin Developer Kit",
         soc="tegra234",
-        cores=12,
+        cores=processors("jetson-agx-orin-64gb-jp61"),
         cpu="Cortex-A78AE",
-        memory=64335836 * 1024,
+        memory=memtotal("jetson-agx-orin-64gb-jp61"),
         accels={
             ("gpu", "nvidia", "/sys/class/devfreq/17000000.gpu"),
             ("npu", "nvidia", "dla0"),
@@ -222,9 +240,9 @@ EXPECTED = {
         arch="x86_64",
         board="ThinkPad X1 Carbon Gen 13",
         soc=None,
-        cores=8,
+        cores=processors("intel-lunarlake-npu"),
         cpu="Intel(R) Core(TM) Ultra 7 258V",
-        memory=32174468 * 1024,
+        memory=memtotal("intel-lunarlake-npu"),
         accels={("gpu", "intel", "/dev/dri/renderD128"), ("npu", "intel", "/dev/accel/accel0")},
         software={"kernel": "6.11.0-19-generic"},
         target="intel-x86_64",
@@ -234,15 +252,15 @@ EXPECTED = {
     ),
     "apple-m3-max": dict(
         arch="aarch64",
-        board="Mac15,9",
-        soc="Apple M3 Max",
-        cores=16,
+        board=sysctl("apple-m3-max", "hw.targettype"),
+        soc="Apple M3 Max",  # hw.cpufamily 1912690738 = 0x72015832 (PALMA)
+        cores=int(sysctl("apple-m3-max", "hw.logicalcpu")),
         cpu="Apple M3 Max",
-        memory=64 * GIB,
+        memory=int(sysctl("apple-m3-max", "hw.memsize")),
         accels={("gpu", "apple", None), ("npu", "apple", None)},
-        software={"macos": "15.1.1", "rosetta": False},
+        software={"rosetta": False},
         target="apple-silicon",
-        os="macOS 15.1.1",
+        os="macOS",
         throttling=None,
         temp=None,
     ),
@@ -250,9 +268,9 @@ EXPECTED = {
         arch="aarch64",
         board="vServer",
         soc=None,
-        cores=8,
+        cores=processors("ampere-altra-cax31"),
         cpu="Neoverse-N1",
-        memory=15990868 * 1024,
+        memory=memtotal("ampere-altra-cax31"),
         accels=set(),
         software={"kernel": "6.8.0-51-generic"},
         target="generic-aarch64",

@@ -18,7 +18,7 @@ from agent import sysroots as captures
 from agent.hardware.cpu import read_cpu
 from agent.hardware.devicetree import decode_pi_revision
 from agent.hardware.jetson import read_l4t
-from agent.hardware.macos import parse_sysctl
+from agent.hardware.macos import chip_name, parse_sysctl
 from agent.hardware.sysroot import Sysroot, decode_clean
 from agent.hardware.thermal import decode_throttled
 from agent.targets import detect_device as detect  # detection plus the matched target
@@ -151,7 +151,7 @@ def test_sysroot_never_reads_the_host(monkeypatch):
 def test_rosetta_is_reported(tmp_path):
     shutil.copytree(SYSROOTS / "apple-m2", tmp_path / "m")
     cap = tmp_path / "m/.captures/sysctl.txt"
-    cap.write_text(cap.read_text().replace("sysctl.proc_translated: 0", "sysctl.proc_translated: 1"))
+    cap.write_text(cap.read_text() + "\nsysctl.proc_translated: 1\n")  # what `sysctl -a` adds under Rosetta
     prof = detect(tmp_path / "m")
     assert prof.arch == "aarch64" and prof.software["rosetta"] is True and prof.target == "apple-silicon"
     assert any("Rosetta" in n for n in prof.notes)
@@ -162,6 +162,15 @@ def test_sysctl_parser_accepts_both_separators():
         "hw.ncpu": "8",
         "kern.osproductversion": "15.1",
     }
+
+
+def test_the_chip_is_the_brand_string_else_what_hw_cpufamily_names():
+    """`sysctl hw` has no machdep.cpu.brand_string: hw.cpufamily, signed as sysctl prints it, names the chip."""
+    assert chip_name({"machdep.cpu.brand_string": "Apple M2 Pro", "hw.cpufamily": "-634136515"}) == "Apple M2 Pro"
+    assert chip_name({"hw.cpufamily": "-634136515"}) == chip_name({"hw.cpufamily": str(0xDA33D83D)})
+    assert chip_name({"hw.cpufamily": "-634136515"}) == "Apple M2-series"
+    assert chip_name({"hw.cpufamily": "305419896"}) == "Apple (hw.cpufamily 0x12345678)"  # unknown: said, not guessed
+    assert chip_name({}) is None and chip_name({"hw.cpufamily": "x"}) is None
 
 
 def test_decode_clean():

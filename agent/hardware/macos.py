@@ -26,7 +26,18 @@ SYSCTL_KEYS = (
     "hw.optional.arm.FEAT_I8MM",
     "hw.optional.arm.FEAT_BF16",
     "hw.optional.arm.FEAT_SME",
+    "hw.cpufamily",
+    "hw.targettype",
 )
+# hw.cpufamily (CPUFAMILY_ARM_* in <mach/machine.h>) names the chip when a capture lacks machdep.cpu.brand_string
+# (`sysctl hw` prints the hw subtree only). Only codes published beside a real `sysctl hw` are named (apple-m3-max's
+# source in agent/sysroots/README.md prints the M3 Max's and, as a difference, the M2's; the M1's is
+# CPUFAMILY_ARM_FIRESTORM_ICESTORM of <mach/machine.h>); M1 and M2 variants share one code each, M3 chips one each.
+APPLE_CPUFAMILY = {
+    0x1B588BB3: "Apple M1-series",  # FIRESTORM_ICESTORM
+    0xDA33D83D: "Apple M2-series",  # AVALANCHE_BLIZZARD: J413 (-634136515, the M2 -> M3 difference in that source)
+    0x72015832: "Apple M3 Max",  # PALMA: apple-m3-max (J516c)
+}
 
 
 def parse_sysctl(text: str) -> dict[str, str]:
@@ -67,10 +78,21 @@ def _int(values: dict[str, str], key: str) -> int | None:
         return None
 
 
-def macos_fields(sr: Sysroot, values: dict[str, str]) -> dict[str, Any]:
-    """Keyword fields for HardwareProfile from sysctl values."""
+def chip_name(values: dict[str, str]) -> str | None:
+    """machdep.cpu.brand_string, else the chip hw.cpufamily names (signed or unsigned, as sysctl prints it)."""
     brand = values.get("machdep.cpu.brand_string") or None
-    apple = _int(values, "hw.optional.arm64") == 1 or bool(brand and brand.startswith("Apple"))
+    family = _int(values, "hw.cpufamily")
+    if brand or family is None:
+        return brand
+    family &= 0xFFFFFFFF
+    return APPLE_CPUFAMILY.get(family, f"Apple (hw.cpufamily 0x{family:08x})")
+
+
+def macos_fields(sr: Sysroot, values: dict[str, str]) -> dict[str, Any]:
+    """Keyword fields for HardwareProfile from sysctl values (a full `sysctl -a` or the `sysctl hw` subtree)."""
+    arm64 = _int(values, "hw.optional.arm64") == 1
+    brand = chip_name(values) if arm64 else values.get("machdep.cpu.brand_string") or None
+    apple = arm64 or bool(brand and brand.startswith("Apple"))
     translated = _int(values, "sysctl.proc_translated") == 1
     if apple:
         arch = "aarch64"
@@ -106,7 +128,8 @@ def macos_fields(sr: Sysroot, values: dict[str, str]) -> dict[str, Any]:
         "os": f"macOS {version}" if version else "macOS",
         "cpu": cpu,
         "memory_bytes": _int(values, "hw.memsize"),
-        "board": Board(vendor="Apple", model=values.get("hw.model") or None),
+        # hw.model (Mac14,2) is not printed by `sysctl hw`; hw.targettype (J413, the board id) is
+        "board": Board(vendor="Apple", model=values.get("hw.model") or values.get("hw.targettype") or None),
         "soc": brand if apple else None,
         "accelerators": tuple(accels),
         "software": software,

@@ -48,3 +48,40 @@ def provenance(root: str | Path) -> dict[str, list[str]]:
         if sep and key.strip():
             out.setdefault(key.strip(), []).append(value.strip())
     return out
+
+
+SCRIPT_TOOL = "edge-agent capture-sysroot.sh"
+ASSEMBLED = "assembled from public sources"
+HAND_BUILT = "hand-built"
+
+
+def provenance_problems(root: str | Path) -> list[str]:
+    """What a capture's info.txt fails to say ([] when it says enough). Three kinds of tree: read on the device by
+    capture-sysroot.sh (every file real, `captured` a time), assembled from public sources (each sourced file named
+    with `real:`/`transcribed:`, the rest `hand-built:`, even 'none'), and hand-built (`captured: never`)."""
+    info = provenance(root)
+    problems = [f"info.txt lacks {key!r}" for key in ("captured", "uname", "tool", "anonymised") if key not in info]
+    if problems:
+        return problems
+    sourced = info.get("real", []) + info.get("transcribed", [])
+    for entry in sourced:
+        rel, arrow, source = entry.partition(" <- ")
+        if not (arrow and source):
+            problems.append(f"{entry!r} names no source")
+        elif not (Path(root) / rel).is_file():
+            problems.append(f"{rel} is named in info.txt but absent")
+    tool, captured = info["tool"][0], info["captured"][0]
+    if tool.startswith(SCRIPT_TOOL):
+        if captured in ("never", "") or captured.startswith("unknown"):
+            problems.append(f"a capture-sysroot.sh capture says when it was read, not {captured!r}")
+    elif tool.startswith(ASSEMBLED):
+        if not sourced:
+            problems.append("assembled from public sources, yet no `real:` or `transcribed:` file")
+        if not info.get("hand-built"):
+            problems.append("say which files are hand-built (even 'none')")
+    elif tool.startswith(HAND_BUILT):
+        if sourced or captured != "never" or not info.get("hand-built"):
+            problems.append("a hand-built tree names no source, says `captured: never` and `hand-built:`")
+    else:
+        problems.append(f"unknown tool {tool!r}")
+    return problems
