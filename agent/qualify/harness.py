@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.errors import ProviderError
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, coldstart, coverage_set, latency, reference, select
+from agent.qualify import caches, coldstart, coverage_set, forkserver, latency, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import outputs as io
@@ -56,6 +56,8 @@ def qualify(
 
     optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
     is also measured after those offline optimisations, as variants against the unoptimised graph."""
+    if isolate:
+        forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and probes run
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
@@ -206,7 +208,7 @@ class _Run:
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
-        self._rerun: dict[str, Callable[[], Row]] = {}
+        self._rerun: dict[str, Callable[..., Row]] = {}
         self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
         self.original: dict[str, Any] | None = None
         self.reference: dict | None = None
@@ -327,8 +329,8 @@ class _Run:
     def _tag(self) -> dict[str, Any]:
         return {"variant": self.variant.name} if self.variant.name else {}
 
-    def _run_row(self, name, precision, device, options, cdir, row_versions) -> Row:
-        row = self._measure_row(name, precision, device, options, cdir, row_versions)
+    def _run_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
+        row = self._measure_row(name, precision, device, options, cdir, row_versions, confirm)
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
@@ -342,7 +344,7 @@ class _Run:
             row.reason = opt.refusal(row.optimization, row.reason)
         return row
 
-    def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:
+    def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
         left = self.deadline - time.monotonic() if self.deadline is not None else None
         if left is not None and left <= 0:
             return Row(
@@ -384,7 +386,7 @@ class _Run:
         }
         served0, t0 = child_ask("serving_requests"), time.monotonic()
         res = run_isolated(
-            "agent.qualify.rowtask:measure_row",
+            "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
             kwargs,
             timeout=min(self.timeout, left) if left is not None else self.timeout,
             isolate=self.isolate,
@@ -425,7 +427,7 @@ class _Run:
             return
         for row in (passing[1], passing[0]):
             self.say("confirm", provider=row.provider, precision=row.precision)
-            again = self._rerun[row.key]()
+            again = self._rerun[row.key](confirm=True)  # timed runs only: the rest holds from round one
             if again.status != "passed":
                 continue
             stale = latency.phrase(row.latency_ms)
