@@ -1,6 +1,9 @@
 """Models for the optimisation-variant tests, made in code: a transformer encoder block written out op by op
 (multi-head self-attention, LayerNorm as ReduceMean/Sub/Pow/Sqrt/Div, GELU as Erf), as exporters emit it before
-any fusion, and a package of it with golden sets from plain onnxruntime CPU."""
+any fusion, and a package of it with golden sets from plain onnxruntime CPU. `factored=r` stores each weight
+matrix as two factors and multiplies them in the graph, as an export without constant folding leaves a
+factored (low-rank, weight-normalised) layer: a session without graph optimisation recomputes every weight on
+every run, which offline constant folding removes (`factored_macs` counts the work)."""
 
 from __future__ import annotations
 
@@ -33,14 +36,43 @@ def _layernorm(nodes: list, inits: list, x: str, tag: str, hidden: int, rng) -> 
     return t("out")
 
 
-def transformer_block(seq: int = 32, hidden: int = 128, heads: int = 4, ffn: int = 512, seed: int = 0):
-    """x [1, seq, hidden] -> y [1, seq, hidden]: y = h + FFN(LN(h)), h = x + MHA(LN(x)); opset 13."""
+def _weights(inits: list, prelude: list, rng, factored: int):
+    """w(name, rows, cols): an initializer, or (factored=r) the MatMul of two initializers [rows, r] @ [r, cols]."""
+
+    def w(name: str, *shape: int) -> None:
+        if not factored:
+            scaled = rng.standard_normal(shape) / np.sqrt(shape[0])
+            inits.append(numpy_helper.from_array(scaled.astype(np.float32), name))
+            return
+        rows, cols = shape
+        a = (rng.standard_normal((rows, factored)) / np.sqrt(rows)).astype(np.float32)
+        b = (rng.standard_normal((factored, cols)) / np.sqrt(factored)).astype(np.float32)
+        inits.extend([numpy_helper.from_array(a, f"{name}_a"), numpy_helper.from_array(b, f"{name}_b")])
+        prelude.append(helper.make_node("MatMul", [f"{name}_a", f"{name}_b"], [name]))
+
+    return w
+
+
+def factored_macs(hidden: int = 128, ffn: int = 512, factored: int = 512) -> int:
+    """Multiply-adds spent per run rebuilding the weights of a factored block (nothing when folded)."""
+    return 4 * hidden * factored * hidden + hidden * factored * ffn + ffn * factored * hidden
+
+
+def block_macs(seq: int = 32, hidden: int = 128, ffn: int = 512) -> int:
+    """Multiply-adds of the block itself per run (projections, attention, FFN)."""
+    return seq * (4 * hidden * hidden + 2 * hidden * ffn) + 2 * seq * seq * hidden
+
+
+def transformer_block(
+    seq: int = 32, hidden: int = 128, heads: int = 4, ffn: int = 512, seed: int = 0, factored: int = 0
+):
+    """x [1, seq, hidden] -> y [1, seq, hidden]: y = h + FFN(LN(h)), h = x + MHA(LN(x)); opset 13. With
+    `factored=r`, each weight matrix is computed in the graph from two factors (inner dimension r)."""
     rng = np.random.default_rng(seed)
     nodes: list = []
     inits: list = []
-    w = lambda n, *shape: inits.append(  # noqa: E731
-        numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32), n)
-    )
+    prelude: list = []
+    w = _weights(inits, prelude, rng, factored)
     b = lambda n, k: inits.append(numpy_helper.from_array((0.02 * rng.standard_normal(k)).astype(np.float32), n))  # noqa: E731
     const = lambda n, v, dt=np.float32: inits.append(numpy_helper.from_array(np.asarray(v, dt), n))  # noqa: E731
     head = hidden // heads
@@ -91,7 +123,7 @@ def transformer_block(seq: int = 32, hidden: int = 128, heads: int = 4, ffn: int
         helper.make_node("Add", ["h", "f2"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes,
+        prelude + nodes,
         "encoder_block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, hidden])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])],
@@ -104,12 +136,12 @@ def transformer_block(seq: int = 32, hidden: int = 128, heads: int = 4, ffn: int
 
 
 def transformer_package(
-    root: Path, *, sets: int = 4, seq: int = 32, hidden: int = 128, task: str = "embeddings"
+    root: Path, *, sets: int = 4, seq: int = 32, hidden: int = 128, task: str = "embeddings", factored: int = 0
 ) -> Path:
     """The block as a package: golden sets from onnxruntime CPU on seeded token embeddings."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "model.onnx"
-    onnx.save(transformer_block(seq=seq, hidden=hidden), str(path))
+    onnx.save(transformer_block(seq=seq, hidden=hidden, factored=factored), str(path))
     rng = np.random.default_rng(7)
     write_sets(root, path, [{"x": rng.standard_normal((1, seq, hidden)).astype(np.float32)} for _ in range(sets)])
     write_meta(root, name="encoder-block", version="1", task=task)

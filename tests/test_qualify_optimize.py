@@ -23,7 +23,7 @@ from agent.qualify import optimize
 from agent.qualify.decision import Row
 from agent.qualify.harness import qualify
 from agent.qualify.select import choose, is_near_tie
-from agent.targets import get_target
+from agent.targets import ProviderPref, get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="GenuineIntel", model="test", cores=2))
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
@@ -114,6 +114,67 @@ def test_task_tolerances_judge_by_sqnr(block, tmp_path):
     assert d.selected_key == "cpu"  # identical outputs (no noise) pass any SQNR floor
 
 
+def _offline_only():
+    """generic-x86_64 with ORT's online graph optimisation off on cpu (ORT's advice for start-up: optimise offline,
+    load with optimisation disabled): what an offline-optimised graph saves is then paid on every run of the graph
+    as delivered, and nothing at session creation hides it."""
+    base = get_target("generic-x86_64")
+    return dataclasses.replace(base, providers=(ProviderPref("cpu", {"graph_optimization_level": "disable"}),))
+
+
+def _rule(plain: Row, optimised: Row) -> Row:
+    """Which of the graph as delivered and an optimised graph on one provider the selection rule serves, from
+    their measured figures: the optimised one only when it is faster beyond noise (not a near-tie)."""
+    lat = lambda r: (r.latency_ms["p50"], r.latency_ms["p99"])  # noqa: E731
+    return optimised if lat(optimised) < lat(plain) and not is_near_tie(optimised, plain) else plain
+
+
+def test_offline_folding_is_selected_where_faster_and_refused_where_not(tmp_path):
+    """A block whose weights are computed in the graph (factored, as an export without constant folding leaves
+    them) on a target that loads graphs unoptimised: the delivered graph rebuilds every weight on every run, the
+    ort-basic graph has them folded. The measured rows decide through the rule; the same rows, the other way
+    round, show the refusal; the wall time itself is never asserted on."""
+    factor = 512
+    assert optmodels.factored_macs(factored=factor) > 10 * optmodels.block_macs()  # the work folding removes
+    pkg = optmodels.transformer_package(tmp_path / "factored", factored=factor, sets=2)
+    d = qualify(
+        pkg, PROFILE, _offline_only(), providers=["cpu"], cache_dir=tmp_path / "c", optimize=["ort-basic"], **FAST
+    )
+    built = d.optimizations[0]
+    assert built["kind"] == "ort-basic" and built["changed"] and built["nodes"] < built["nodes_before"], built
+    graph = onnx.load(built["file"]).graph
+    consts = {i.name for i in graph.initializer}
+    assert not [n.name for n in graph.node if n.op_type == "MatMul" and set(n.input) <= consts]  # weights folded
+    rows = {r.key: r for r in d.results}
+    plain, folded = rows["cpu"], rows["opt-ort-basic/cpu"]
+    assert plain.status == "passed" and folded.status == "passed", (plain.reason, folded.reason)
+    assert plain.options == {"graph_optimization_level": "disable"}
+    assert folded.optimization == "ort-basic" and folded.accuracy["against"] == "fp32 original"
+    assert "sqnr_db" in folded.accuracy and "sqnr_db" in folded.accuracy["outputs"]["y"]
+    assert folded.original and folded.original["p50_ms"] > 0 and folded.original["speedup"] > 0
+    for r in (plain, folded):
+        assert r.session_s["cold_s"] > 0 and r.session_s["warm_s"] > 0, r.session_s
+    want = _rule(plain, folded)
+    assert d.selected_key == want.key, (d.reason, d.losers, plain.latency_ms, folded.latency_ms)
+    if want is folded:  # faster beyond noise and within tolerance: the folded graph serves, and the daemon its file
+        assert d.graph["optimization"] == "ort-basic" and d.graph["file"] == built["file"], d.graph
+        assert "within tolerance of the unoptimised fp32 graph and selected on latency" in d.graph["why"]
+        assert d.losers["cpu"].startswith("slower: p50"), d.losers
+    else:
+        assert d.graph["optimization"] is None and d.graph["file"] == str(pkg / "model.onnx"), d.graph
+    # The same measured rows the other way round: the optimised graph carrying the slower measurement is
+    # refused, the graph as delivered serves; carrying the same measurement (a near-tie), it is refused too.
+    fast, slow = sorted((plain.latency_ms, folded.latency_ms), key=lambda lat: (lat["p50"], lat["p99"]))
+    reverse = [dataclasses.replace(plain, latency_ms=fast), dataclasses.replace(folded, latency_ms=slow)]
+    won, _, losers = choose(reverse, ["cpu"])
+    assert won.key == "cpu" and won.optimization is None, losers
+    tie = is_near_tie(reverse[0], reverse[1])
+    assert ("graph as delivered serves" if tie else "slower: p50") in losers["opt-ort-basic/cpu"], losers
+    level = [dataclasses.replace(plain, latency_ms=slow), dataclasses.replace(folded, latency_ms=slow)]
+    won, why, losers = choose(level, ["cpu"])
+    assert won.key == "cpu" and "graph as delivered serves" in losers["opt-ort-basic/cpu"], (why, losers)
+
+
 def test_a_cold_start_budget_fails_rows_that_build_too_slowly(block, tmp_path):
     base = get_target("generic-x86_64")
     target = dataclasses.replace(base, qualify={"cold_start_budget_s": 1e-6})
@@ -124,6 +185,9 @@ def test_a_cold_start_budget_fails_rows_that_build_too_slowly(block, tmp_path):
 
 
 def test_a_real_cnn_optimised_variants_are_judged_against_the_delivered_graph(tmp_path):
+    """PP-OCR's text-direction classifier (566 nodes: unfused BatchNormalization, 308 Constant nodes): on each
+    provider the selection function, given the measured rows, serves an optimised graph only where the rule
+    (faster beyond noise than the graph as delivered) says so."""
     try:
         pkg = rp.ocr_cls_package(tmp_path / "cls")
     except FileNotFoundError as exc:
@@ -145,6 +209,14 @@ def test_a_real_cnn_optimised_variants_are_judged_against_the_delivered_graph(tm
     ov = [r for r in d.results if r.provider == "openvino" and r.status == "passed"]
     for r in ov:  # OpenVINO writes a compiled cache: cold is built without it, warm from the sealed one
         assert r.session_s["cache"] == "compiled" and r.session_s["cold_s"] > 0 and r.session_s["warm_s"] > 0
+    for provider in ("cpu", "openvino"):  # on each provider, the rule between the delivered and the fastest graph
+        plain = rows.get(provider)
+        opts = [r for r in d.results if r.provider == provider and r.optimization and r.status == "passed"]
+        if not plain or plain.status != "passed" or not opts:
+            continue
+        best = min(opts, key=lambda r: (r.latency_ms["p50"], r.latency_ms["p99"]))
+        won, _, losers = choose([plain, *opts], [provider])
+        assert won.key == _rule(plain, best).key, (losers, plain.latency_ms, best.latency_ms)
     _consistent(d)
 
 

@@ -53,6 +53,19 @@ def _context() -> Any:
     return _CONTEXT[0]
 
 
+def prewarm() -> None:
+    """Start the server now, without waiting for it: it imports the runtimes while the caller loads the package,
+    probes the providers and computes the reference, so the first row's fork does not wait for those imports.
+    Nothing happens where workers are spawned, or when the server already runs (a daemon's)."""
+    if not available(None):
+        return
+    from multiprocessing import forkserver as mp_forkserver
+
+    _context()
+    with _LOCK, _main_hidden():  # the server would otherwise import the caller's __main__ too
+        mp_forkserver.ensure_running()
+
+
 class Forked:
     """The Popen calls IsolatedWorker makes (pid, poll, wait, kill) over a forkserver child."""
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
-from agent.qualify import coverage_set, latency, reference, select
+from agent.qualify import coverage_set, forkserver, latency, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -52,6 +52,8 @@ def qualify(
 
     optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
     is also measured after those offline optimisations, as variants against the unoptimised graph."""
+    if isolate:
+        forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and probes run
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
     found = var.variants_of(pkg)
@@ -65,7 +67,7 @@ def qualify(
         more, built = opt.variants_for(found, kinds, cache_dir, _child_runner(isolate, row_timeout_s, memory_max))
         found = found + more
     rows: list[Row] = []
-    reruns: dict[str, Callable[[], Row]] = {}
+    reruns: dict[str, Callable[..., Row]] = {}
     refs: list[str] = []
     originals: dict[str, IsolatedResult] = {}
     for v in found:
@@ -143,7 +145,7 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _confirm_close_call(run: RowRunner, rows: list[Row], reruns: dict[str, Callable[[], Row]]) -> None:
+def _confirm_close_call(run: RowRunner, rows: list[Row], reruns: dict[str, Callable[..., Row]]) -> None:
     """Re-measure the two fastest passing rows (reverse order) when within CLOSE_CALL; merge samples."""
     passing = sorted(
         (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
@@ -158,7 +160,7 @@ def _confirm_close_call(run: RowRunner, rows: list[Row], reruns: dict[str, Calla
         return
     for row in (passing[1], passing[0]):
         run.say("confirm", provider=row.provider, precision=row.precision)
-        again = reruns[row.key]()
+        again = reruns[row.key](confirm=True)  # timed runs only: the rest holds from round one
         if again.status != "passed":
             continue
         stale = latency.phrase(row.latency_ms)

@@ -83,13 +83,13 @@ class RowRunner:
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
-        self._rerun: dict[str, Callable[[], Row]] = {}
+        self._rerun: dict[str, Callable[..., Row]] = {}
         self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
         self.original: dict[str, Any] | None = None
         self.reference: dict | None = None
         self.ref_desc, self.ref_error = "none", "no reference outputs"
 
-    def use_variant(self, v: var.Variant, reruns: dict[str, Callable[[], Row]]) -> None:
+    def use_variant(self, v: var.Variant, reruns: dict[str, Callable[..., Row]]) -> None:
         """Measure this variant (its own file, cache and input types) against the golden outputs or its own
         ORT CPU outputs, or its fp32 original when it has one. `reruns` is shared by all variants, so a close
         call is confirmed across them."""
@@ -204,8 +204,8 @@ class RowRunner:
     def _tag(self) -> dict[str, Any]:
         return {"variant": self.variant.name} if self.variant.name else {}
 
-    def _run_row(self, name, precision, device, options, cdir, row_versions) -> Row:
-        row = self._measure_row(name, precision, device, options, cdir, row_versions)
+    def _run_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
+        row = self._measure_row(name, precision, device, options, cdir, row_versions, confirm)
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
@@ -219,7 +219,7 @@ class RowRunner:
             row.reason = opt.refusal(row.optimization, row.reason)
         return row
 
-    def _measure_row(self, name, precision, device, options, cdir, row_versions) -> Row:
+    def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
         left = self.deadline - time.monotonic() if self.deadline is not None else None
         if left is not None and left <= 0:
             return Row(
@@ -261,7 +261,7 @@ class RowRunner:
         }
         served0, t0 = child_ask("serving_requests"), time.monotonic()
         res = run_isolated(
-            "agent.qualify.rowtask:measure_row",
+            "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
             kwargs,
             timeout=min(self.timeout, left) if left is not None else self.timeout,
             isolate=self.isolate,

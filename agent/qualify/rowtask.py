@@ -73,6 +73,7 @@ def measure_row(
     opener = lambda d: get(provider).open_session(  # noqa: E731
         model_path, options=options, precision=precision, device=device, cache_dir=d
     )
+    first_cold = coldstart.cache_empty(cache_dir)
     try:
         sess = opener(cache_dir)
     except EdgeAgentError as exc:
@@ -143,7 +144,7 @@ def measure_row(
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
     emit("session_times", provider=provider, precision=row["precision"])
     try:
-        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s)
+        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s, first_cold)
     except EdgeAgentError as exc:
         row["session_s"] = {"error": f"not measured: {exc}"}
     if cache_note:
@@ -165,6 +166,51 @@ def measure_row(
             + (f" ({row['precision']})" if row.get("precision") else ""),
         )
     row.update(status="passed", reason=_passed_reason(row))
+    return row
+
+
+def confirm_latency(
+    *,
+    model_path: str,
+    provider: str,
+    options: dict[str, Any],
+    precision: str | None,
+    device: str | None,
+    cache_dir: str | None,
+    feeds: dict[str, Any],
+    budget_s: float,
+    batch: int = 1,
+    latency_feeds: dict[str, Any] | None = None,
+    **_first_round: Any,
+) -> dict[str, Any]:
+    """Child task of a close call's confirmation round: the row's session again (same file, options, device and
+    sealed cache), warm-up and timed runs only. Accuracy, coverage, memory, the latency at the max shape, session
+    times and the original's speed-up were measured in the first round; only the samples are merged."""
+    from agent.providers import get
+
+    row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
+    emit("session", provider=provider, precision=precision)
+    cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
+    try:
+        sess = get(provider).open_session(
+            model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
+        )
+    except EdgeAgentError as exc:
+        return _fail(row, "compatibility", f"session creation failed: {exc}")
+    timed = latency_feeds if latency_feeds is not None else feeds
+    said = {"provider": provider, "precision": sess.precision or precision}
+    emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
+    sampler = conditions.Sampler()
+    try:
+        lat = latency.measure(
+            lambda: sess.run(timed), budget_s=budget_s, batch=batch, progress=lambda e, **f: emit(e, **said, **f)
+        )
+    except EdgeAgentError as exc:
+        return _fail(row, "latency", f"inference at the latency shape failed: {exc}")
+    finally:
+        sess.close()
+    row["conditions"] = sampler.stop()
+    row.update(status="passed", latency_ms=lat, contended=conditions.contended(row["conditions"]))
     return row
 
 
