@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agent.errors import TransportError
 from agent.transport.broker import BrokerConfig
+from agent.transport.netloop import NetLoop
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -56,6 +57,7 @@ class MqttLink:
         self.denied: dict[str, str] = {}  # subscription filter -> SUBACK refusal
         self._control: "queue.Queue[str]" = queue.Queue()
         self._client: paho.Client | None = None
+        self._net: NetLoop | None = None  # the client's network thread (not paho's loop_start: see netloop)
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
@@ -123,7 +125,8 @@ class MqttLink:
                         sock.close()
                     except OSError:
                         pass
-            client.loop_stop()
+            if self._net is not None:
+                self._net.stop()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(5)
         self.connected.clear()
@@ -182,13 +185,18 @@ class MqttLink:
             c.will_set(topic, payload, qos=qos, retain=retain)
         c.max_queued_messages_set(self.max_queued)
         c.max_inflight_messages_set(self.max_inflight)
-        c.reconnect_delay_set(min_delay=1, max_delay=10)
         c.on_connect, c.on_disconnect = self._on_connect, self._on_disconnect
         c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
-        c.on_connect_fail = self._on_connect_fail
         kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
         c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
-        c.loop_start()
+        self._net = NetLoop(  # back-off 1 s doubling to 10 s, reset at each CONNACK
+            c,
+            f"mqtt-net-{self.client_id}",
+            on_connect_fail=lambda: self._on_connect_fail(c, None),
+            halted=self._stopping.is_set,
+            min_delay=1.0,
+            max_delay=10.0,
+        ).start()
         return c
 
     def _supervise(self) -> None:
@@ -202,8 +210,8 @@ class MqttLink:
                     self._send_subscribe(client, topic_filter, sub[0])
             elif cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
-                assert old is not None  # start() made it before this thread; only its callback asks this
-                old.loop_stop()
+                assert old is not None and self._net is not None  # start() made them before this thread
+                self._net.stop()
                 try:
                     old.disconnect()
                 except Exception:  # noqa: BLE001
