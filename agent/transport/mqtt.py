@@ -40,6 +40,7 @@ class MqttLink:
         max_queued: int = 10000,
         max_inflight: int = 20,
         on_connection: Callable[[bool, str], None] | None = None,
+        settle_s: float = 10.0,
     ):
         self.broker = broker
         self._endpoints = [(host, port) for host, port, _tls, _proto in broker.endpoints()]
@@ -67,6 +68,9 @@ class MqttLink:
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
         self._resub_delay: dict[str, float] = {}  # filter -> seconds before asking again after a refused SUBACK
+        self.settle_s = settle_s  # after a failover or a refusal, each filter is asked once more this much later
+        self._connacks = 0
+        self._settling: set[str] = set()  # filters whose one extra SUBSCRIBE is scheduled or sent
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -259,6 +263,8 @@ class MqttLink:
             return
         self.refused = None
         self._fails = 0
+        self._connacks += 1
+        self._settling = set()
         self._refusal.clear()
         self._failed.clear()
         with self._subs_cv:  # a new session: SUBACKs owed by the old one will never come
@@ -332,12 +338,22 @@ class MqttLink:
             self.denied[topic_filter] = str(reason_codes[0])
             # a cluster node refuses while its JetStream times out (NATS after a node died): ask again later
             delay = self._resub_delay[topic_filter] = min(30.0, 2 * self._resub_delay.get(topic_filter, 0.5))
-            timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
-            timer.daemon = True
-            timer.start()
+            self._settling.discard(topic_filter)  # the grant that ends these refusals is settled again
+            self._ask_again(delay, topic_filter)
         else:
             self.denied.pop(topic_filter, None)
-            self._resub_delay.pop(topic_filter, None)
+            refused = self._resub_delay.pop(topic_filter, None) is not None
+            if (refused or self._connacks > 1) and topic_filter not in self._settling and self.settle_s > 0:
+                # a retained message published while this node built the subscription can reach neither the
+                # new subscription nor the node's retained store in time (NATS in a failover: a device that
+                # never got its desired state); a SUBSCRIBE resends retained messages: once more, later
+                self._settling.add(topic_filter)
+                self._ask_again(self.settle_s, topic_filter)
+
+    def _ask_again(self, delay: float, topic_filter: str) -> None:
+        timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
+        timer.daemon = True
+        timer.start()
 
     def _on_message(self, client, userdata, msg):
         for topic_filter, (_qos, handler) in self._subs.items():
