@@ -76,28 +76,29 @@ def test_a_device_link_past_fd_setsize_publishes_its_retained_status(mosquitto):
         watcher.stop()
 
 
-def test_after_a_reconnect_each_subscription_is_asked_once_more_for_retained_messages(mosquitto):
-    """A retained message published while a cluster node builds a subscription can miss it (seen on NATS in a
-    failover: a device never got its desired state); after a reconnect the link subscribes once more,
-    settle_s later (a SUBSCRIBE resends retained messages), and only once."""
+def test_each_subscription_is_asked_once_more_per_connection_for_retained_messages(mosquitto):
+    """A retained message published while the broker builds a subscription can miss it (seen on NATS: a device
+    that never got its desired state, a watcher that never saw a status); settle_s after each grant the link
+    subscribes once more (a SUBSCRIBE resends retained messages), once per connection, never in a loop."""
     seed = MqttLink(BrokerConfig(mosquitto.url), client_id="settle-seed").start(wait=30)
     seed.publish("edge-test/settle/x", b"kept", qos=1, retain=True).wait_for_publish(30)
     seed.stop()
     got: list[bytes] = []
     link = MqttLink(BrokerConfig(mosquitto.url), client_id="settle-sub", settle_s=0.5)
     link.subscribe("edge-test/settle/#", lambda t, p, r: got.append(p) if r else None)
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(2.0)  # four times settle_s: a further SUBSCRIBE would have come by now
+
     try:
         link.start(wait=30)
-        deadline = time.monotonic() + 30
-        while len(got) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(1.0)
-        assert got == [b"kept"]  # a first connection: no extra SUBSCRIBE
+        wait_for(2)
+        assert got == [b"kept"] * 2, got  # the grant, then the one settle SUBSCRIBE
         mosquitto.restart()  # persistence keeps the retained message
-        deadline = time.monotonic() + 60
-        while len(got) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(2.0)  # four times settle_s: a second extra SUBSCRIBE would have come by now
-        assert got == [b"kept"] * 3, got  # first connect, the reconnect's replay, the one settle SUBSCRIBE
+        wait_for(4)
+        assert got == [b"kept"] * 4, got  # the reconnect's replay, and its one settle SUBSCRIBE
     finally:
         link.stop()

@@ -68,8 +68,7 @@ class MqttLink:
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
         self._resub_delay: dict[str, float] = {}  # filter -> seconds before asking again after a refused SUBACK
-        self.settle_s = settle_s  # after a reconnect, each filter is asked once more this much later
-        self._connacks = 0
+        self.settle_s = settle_s  # each granted filter is asked once more this much later (per connection)
         self._settling: set[str] = set()  # filters whose one extra SUBSCRIBE is scheduled or sent
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -263,7 +262,6 @@ class MqttLink:
             return
         self.refused = None
         self._fails = 0
-        self._connacks += 1
         self._settling = set()
         self._refusal.clear()
         self._failed.clear()
@@ -343,11 +341,11 @@ class MqttLink:
         else:
             self.denied.pop(topic_filter, None)
             self._resub_delay.pop(topic_filter, None)
-            if self._connacks > 1 and topic_filter not in self._settling and self.settle_s > 0:
-                # after a reconnect (a failover), a retained message published while this node built the
-                # subscription can reach neither it nor the node's retained store in time (NATS: a device never
-                # got its desired state); a SUBSCRIBE resends retained messages: once more, later. Not on a
-                # first connection: a one-shot reader would wait through more refusals in a failover
+            if topic_filter not in self._settling and self.settle_s > 0:
+                # a retained message published while the broker built this subscription can reach neither it nor
+                # the node's retained store in time (NATS under load or in a failover: a device that never got its
+                # desired state, a watcher that never saw a status); a SUBSCRIBE resends retained messages (on
+                # NATS an existing subscription's, without a JetStream request): once more per connection, later
                 self._settling.add(topic_filter)
                 self._ask_again(self.settle_s, topic_filter)
 
