@@ -192,6 +192,7 @@ class MqttLink:
         c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
         kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
         c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
+        self._client = c  # before its thread starts: callbacks of any other (replaced) client are ignored
         self._net = NetLoop(  # back-off 1 s doubling to 10 s, reset at each CONNACK
             c,
             f"mqtt-net-{self.client_id}",
@@ -249,6 +250,8 @@ class MqttLink:
         return not self.denied and not self._pending_subs
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         if reason_code.is_failure:
             self.refused = str(reason_code)
             if self._auto and self.protocol == 5 and "protocol" in str(reason_code).lower():
@@ -275,6 +278,8 @@ class MqttLink:
             self.on_connection(True, "connected")
 
     def _on_connect_fail(self, client, userdata):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         self._fails += 1
         if self._fails >= len(self._endpoints):
             self._failed.set()
@@ -314,6 +319,8 @@ class MqttLink:
         return None
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         was = self.connected.is_set()
         self.connected.clear()
         if not was and not self._switching:
