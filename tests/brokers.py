@@ -267,10 +267,14 @@ class NatsCluster:
 
 def _mqtt_once(port: int, action, topic: str | None = None, timeout: float = 5.0) -> bytes | None:
     """Connect (MQTT 3.1.1) to 127.0.0.1:port; run `action(client)` and wait for its PUBACK, or subscribe to
-    `topic` and return the first message's payload. RuntimeError when the broker does not answer in time."""
+    `topic` and return the first message's payload. RuntimeError when the broker does not answer in time.
+    Driven by agent.transport.netloop, not paho's select() loop: this runs beside hundreds of simulated devices
+    (a node restarted mid-run), where its socket may be numbered past 1024."""
     import threading
 
     import paho.mqtt.client as mqtt
+
+    from agent.transport.netloop import NetLoop
 
     connected, done = threading.Event(), threading.Event()
     got: list[bytes] = []
@@ -283,8 +287,8 @@ def _mqtt_once(port: int, action, topic: str | None = None, timeout: float = 5.0
 
     c.on_message = on_message
     c.on_publish = lambda *a: done.set()
-    c.connect("127.0.0.1", port, keepalive=10)
-    c.loop_start()
+    c.connect("127.0.0.1", port, keepalive=10)  # a refused TCP connection raises OSError here, at once
+    net = NetLoop(c, f"ready-{port}").start()
     try:
         if not connected.wait(timeout):
             raise RuntimeError(f"no CONNACK from 127.0.0.1:{port}")
@@ -297,4 +301,4 @@ def _mqtt_once(port: int, action, topic: str | None = None, timeout: float = 5.0
         return got[0] if got else None
     finally:
         c.disconnect()
-        c.loop_stop()
+        net.stop()

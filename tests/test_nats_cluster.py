@@ -108,8 +108,8 @@ def test_rollout_completes_with_one_nats_node_killed_mid_rollout(nats_cluster, t
 
 @pytest.mark.field
 def test_rollout_to_a_fleet_completes_with_one_nats_node_killed(nats_cluster, tmp_path):
-    """The field scale this 2-core machine holds: 30 simulated devices (50 converged in the bench; at 200 the
-    simulated devices stopped connecting after ~80, not diagnosed: docs/scaling.md)."""
+    """The field scale this 2-core machine holds: 30 simulated devices (the bench runs 200: docs/scaling.md;
+    they once stopped connecting at the 160th, whose socket was numbered past select()'s 1024)."""
     _rollout_with_a_node_killed(nats_cluster, tmp_path, int(os.environ.get("EDGE_NATS_FIELD_DEVICES", "30")))
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agent.errors import TransportError
 from agent.transport.broker import BrokerConfig
+from agent.transport.netloop import NetLoop
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -39,6 +40,7 @@ class MqttLink:
         max_queued: int = 10000,
         max_inflight: int = 20,
         on_connection: Callable[[bool, str], None] | None = None,
+        settle_s: float = 10.0,
     ):
         self.broker = broker
         self._endpoints = [(host, port) for host, port, _tls, _proto in broker.endpoints()]
@@ -56,6 +58,7 @@ class MqttLink:
         self.denied: dict[str, str] = {}  # subscription filter -> SUBACK refusal
         self._control: "queue.Queue[str]" = queue.Queue()
         self._client: paho.Client | None = None
+        self._net: NetLoop | None = None  # the client's network thread (not paho's loop_start: see netloop)
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._pending_subs: dict[int, str] = {}
@@ -65,6 +68,8 @@ class MqttLink:
         self._failed = threading.Event()  # a TCP/TLS connection attempt failed
         self._switching = False  # an 'auto' link is moving from MQTT 5 to 3.1.1
         self._resub_delay: dict[str, float] = {}  # filter -> seconds before asking again after a refused SUBACK
+        self.settle_s = settle_s  # each granted filter is asked once more this much later (per connection)
+        self._settling: set[str] = set()  # filters whose one extra SUBSCRIBE is scheduled or sent
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self, wait: float | None = 15.0) -> "MqttLink":
@@ -123,7 +128,8 @@ class MqttLink:
                         sock.close()
                     except OSError:
                         pass
-            client.loop_stop()
+            if self._net is not None:
+                self._net.stop()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(5)
         self.connected.clear()
@@ -182,13 +188,19 @@ class MqttLink:
             c.will_set(topic, payload, qos=qos, retain=retain)
         c.max_queued_messages_set(self.max_queued)
         c.max_inflight_messages_set(self.max_inflight)
-        c.reconnect_delay_set(min_delay=1, max_delay=10)
         c.on_connect, c.on_disconnect = self._on_connect, self._on_disconnect
         c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
-        c.on_connect_fail = self._on_connect_fail
         kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
         c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
-        c.loop_start()
+        self._client = c  # before its thread starts: callbacks of any other (replaced) client are ignored
+        self._net = NetLoop(  # back-off 1 s doubling to 10 s, reset at each CONNACK
+            c,
+            f"mqtt-net-{self.client_id}",
+            on_connect_fail=lambda: self._on_connect_fail(c, None),
+            halted=self._stopping.is_set,
+            min_delay=1.0,
+            max_delay=10.0,
+        ).start()
         return c
 
     def _supervise(self) -> None:
@@ -202,8 +214,8 @@ class MqttLink:
                     self._send_subscribe(client, topic_filter, sub[0])
             elif cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
-                assert old is not None  # start() made it before this thread; only its callback asks this
-                old.loop_stop()
+                assert old is not None and self._net is not None  # start() made them before this thread
+                self._net.stop()
                 try:
                     old.disconnect()
                 except Exception:  # noqa: BLE001
@@ -238,6 +250,8 @@ class MqttLink:
         return not self.denied and not self._pending_subs
 
     def _on_connect(self, client, userdata, flags, reason_code, properties=None):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         if reason_code.is_failure:
             self.refused = str(reason_code)
             if self._auto and self.protocol == 5 and "protocol" in str(reason_code).lower():
@@ -251,6 +265,7 @@ class MqttLink:
             return
         self.refused = None
         self._fails = 0
+        self._settling = set()
         self._refusal.clear()
         self._failed.clear()
         with self._subs_cv:  # a new session: SUBACKs owed by the old one will never come
@@ -263,6 +278,8 @@ class MqttLink:
             self.on_connection(True, "connected")
 
     def _on_connect_fail(self, client, userdata):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         self._fails += 1
         if self._fails >= len(self._endpoints):
             self._failed.set()
@@ -302,6 +319,8 @@ class MqttLink:
         return None
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
+        if client is not self._client:
+            return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         was = self.connected.is_set()
         self.connected.clear()
         if not was and not self._switching:
@@ -324,12 +343,23 @@ class MqttLink:
             self.denied[topic_filter] = str(reason_codes[0])
             # a cluster node refuses while its JetStream times out (NATS after a node died): ask again later
             delay = self._resub_delay[topic_filter] = min(30.0, 2 * self._resub_delay.get(topic_filter, 0.5))
-            timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
-            timer.daemon = True
-            timer.start()
+            self._settling.discard(topic_filter)  # the grant that ends these refusals is settled again
+            self._ask_again(delay, topic_filter)
         else:
             self.denied.pop(topic_filter, None)
             self._resub_delay.pop(topic_filter, None)
+            if topic_filter not in self._settling and self.settle_s > 0:
+                # a retained message published while the broker built this subscription can reach neither it nor
+                # the node's retained store in time (NATS under load or in a failover: a device that never got its
+                # desired state, a watcher that never saw a status); a SUBSCRIBE resends retained messages (on
+                # NATS an existing subscription's, without a JetStream request): once more per connection, later
+                self._settling.add(topic_filter)
+                self._ask_again(self.settle_s, topic_filter)
+
+    def _ask_again(self, delay: float, topic_filter: str) -> None:
+        timer = threading.Timer(delay, self._control.put, (f"resub:{topic_filter}",))
+        timer.daemon = True
+        timer.start()
 
     def _on_message(self, client, userdata, msg):
         for topic_filter, (_qos, handler) in self._subs.items():
