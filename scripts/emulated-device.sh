@@ -16,8 +16,12 @@ SELF="$SRC_DIR/scripts/emulated-device.sh"
 CACHE="${EDGE_AGENT_EMU_CACHE:-/var/cache/edge-agent-emu}"
 MIRROR="${EDGE_AGENT_EMU_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
-DEB_INCLUDE="python3,python3-venv"
-RECIPE=3                 # bump when the build steps below change what ends up in the rootfs
+# python3 only: the venv is made --without-pip and filled from the host (build_runtime). python3-venv pulls
+# python3-pip-whl and with it ca-certificates, whose postinst (update-ca-certificates, run again as a trigger)
+# spawns a few hundred processes under qemu: 312 s of the first run alone under load 15-20 (measured).
+DEB_INCLUDE="python3"
+RECIPE=3                 # bump when debootstrap's step below changes what ends up in the base rootfs
+RUNTIME_RECIPE=2         # bump when the later steps change what ends up in the rootfs (keys the runtime and the rest)
 PY_TAG=3.11              # bookworm's python3
 PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 manylinux_2_31_aarch64
   manylinux_2_34_aarch64 manylinux_2_35_aarch64 manylinux_2_36_aarch64)
@@ -25,7 +29,9 @@ PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 m
 # backend. Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
 # ml_dtypes is onnx's dependency, pinned as well: left to float, 0.7's module init took ~12 s under qemu-user
 # (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
-PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf setuptools wheel)
+# pip is the venv's own (installed from the host like the rest, so install.sh's `pip install --upgrade pip` from
+# the wheelhouse finds it current).
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf setuptools wheel pip)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }
@@ -64,6 +70,12 @@ ensure_binfmt() {  # register qemu-aarch64 (F flag: the interpreter is loaded no
 # ------------------------------------------------------------------ cache keys
 
 sha() { sha256sum | cut -c1-16; }
+
+host_py() {  # the host venv's Python (its versions pin the wheels), else python3
+  local py="${EDGE_AGENT_VENV:-$SRC_DIR/.venv}/bin/python"
+  if [ -x "$py" ]; then echo "$py"; else echo python3; fi
+}
+host_py_tag() { "$(host_py)" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
 
 wheel_reqs() {  # one requirement per line, pinned to the host venv's versions where it has the package
   # One interpreter start for all of them: this runs on every call of this script (it keys the cache).
@@ -109,14 +121,14 @@ build_base() {  # debootstrap: Debian bookworm arm64 minbase with python3 and ve
 
 
 build_wheels() {  # aarch64 cp311 wheels fetched on the host (pip inside the emulated rootfs is slow and crashed once)
-  local reqs key dir py
+  local reqs key dir py t0
   reqs="$(wheel_reqs)"
   key="$(printf '%s\n' "${PLATFORMS[@]}" "$reqs" | sha)"
   dir="$CACHE/wheels-$key"
   [ -d "$dir" ] && { echo "$dir"; return; }
-  py="${EDGE_AGENT_VENV:-$SRC_DIR/.venv}/bin/python"
-  [ -x "$py" ] || py=python3
+  py="$(host_py)"
   rm -rf "$dir.partial"; mkdir -p "$dir.partial"
+  t0=$(date +%s)
   say "downloading aarch64 wheels for Python $PY_TAG: $(echo "$reqs" | tr '\n' ' ')"
   printf '%s\n' "$reqs" > "$dir.partial/requirements.txt"
   local plat=() p
@@ -126,6 +138,7 @@ build_wheels() {  # aarch64 cp311 wheels fetched on the host (pip inside the emu
     -r "$dir.partial/requirements.txt" 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' >&2 || true; } ||
     die "pip download of the aarch64 wheels failed (network? see above)"
   mv "$dir.partial" "$dir"
+  say "wheels fetched in $(($(date +%s) - t0)) s"
   echo "$dir"
 }
 
@@ -134,34 +147,46 @@ in_root() {  # ROOT CMD...: run a build step inside the rootfs (a private mount 
   unshare -m --propagation private bash -c '
     set -e; root="$1"; shift
     mount -t proc proc "$root/proc"; mount -t sysfs -o ro sysfs "$root/sys"; mount --rbind /dev "$root/dev"
-    [ -z "${WH:-}" ] || { mkdir -p "$root/wheelhouse"; mount --bind "$WH" "$root/wheelhouse"; }
-    [ -z "${SRC:-}" ] || { mkdir -p "$root/mnt/edge-agent-src"; mount --bind -o ro "$SRC" "$root/mnt/edge-agent-src"; }
     exec nice -n "${NICE:-0}" chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-      HOME=/root LANG=C.UTF-8 QEMU_CPU=cortex-a72 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 "$@"' _ "$root" "$@"
+      HOME=/root LANG=C.UTF-8 QEMU_CPU=cortex-a72 "$@"' _ "$root" "$@"
+}
+
+host_compile() {  # ROOT DIR: byte-compile DIR (inside ROOT) with the host's Python when it is the rootfs's minor version
+  # A .pyc depends on the Python version, not on the CPU: compiled here in seconds instead of under emulation,
+  # with the paths the rootfs sees (-s/-p). Files that do not compile (templates, other Pythons) are skipped,
+  # as pip skips them. Another Python on the host: left to the first import inside (correct, slower).
+  local py; py="$(host_py)"
+  [ "$(host_py_tag)" = "$PY_TAG" ] || return 0
+  nice -n 10 "$py" -m compileall -qq -j 0 -s "$1" -p / "$1$2" >/dev/null 2>&1 || true
 }
 
 build_runtime() {  # BASE WHEELS: the base plus /opt/edge-agent/venv holding the runtime wheels (not the project)
-  local base="$1" wh="$2" key dir t0 n
-  key="$(printf '%s\n' "$(basename "$base")" "$(cd "$wh" && ls | sort)" | sha)"
+  local base="$1" wh="$2" key dir t0 sp plat=() p
+  key="$(printf '%s\n' "recipe=$RUNTIME_RECIPE" "$(basename "$base")" "$(cd "$wh" && ls | sort)" "host-compiled=$(host_py_tag)" | sha)"
   dir="$CACHE/runtime-$key"
   [ -d "$dir" ] && { echo "$dir"; return; }
   rm -rf "$dir.partial"
   t0=$(date +%s)
-  say "copying the base rootfs and installing $(ls "$wh" | grep -c '\.whl$') wheels into /opt/edge-agent/venv (emulated pip)"
+  say "copying the base rootfs and installing $(ls "$wh" | grep -c '\.whl$') wheels into /opt/edge-agent/venv (host pip)"
   cp -a "$base" "$dir.partial"
   # TLS inside needs the host's CA bundle (PIP_CERT and friends point at this path); loopback names resolve.
   [ -r /etc/ssl/certs/ca-certificates.crt ] && mkdir -p "$dir.partial/etc/ssl/certs" &&
     cp /etc/ssl/certs/ca-certificates.crt "$dir.partial/etc/ssl/certs/ca-certificates.crt"
   [ -r /etc/resolv.conf ] && cp -L /etc/resolv.conf "$dir.partial/etc/resolv.conf" || true
   grep -q '^127.0.0.1' "$dir.partial/etc/hosts" 2>/dev/null || printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' >> "$dir.partial/etc/hosts"
-  NICE=10 in_root "$dir.partial" python3 -m venv /opt/edge-agent/venv
-  n=0
-  until WH="$wh" NICE=10 in_root "$dir.partial" /opt/edge-agent/venv/bin/python -m pip install -q --no-index \
-      --find-links /wheelhouse -r /wheelhouse/requirements.txt >&2; do
-    n=$((n + 1)); [ $n -lt 3 ] || die "pip inside the emulated rootfs failed 3 times"
-    say "emulated pip failed (qemu-user crashes it now and then); retrying ($n/2)"
-  done
-  rm -rf "$dir.partial/wheelhouse"
+  # The venv is made by the rootfs's own python3 (emulated: one interpreter start); the wheels are unpacked into
+  # it by the host's pip for the rootfs's platform and Python. Emulated pip took 47 s quiet (byte-compiling
+  # every module under qemu) and qemu-user crashed it now and then.
+  NICE=10 in_root "$dir.partial" python3 -m venv --without-pip /opt/edge-agent/venv
+  sp="/opt/edge-agent/venv/lib/python$PY_TAG/site-packages"
+  [ -d "$dir.partial$sp" ] || die "the rootfs's venv has no $sp (its python3 is not $PY_TAG?)"
+  for p in "${PLATFORMS[@]}"; do plat+=(--platform "$p"); done
+  PIP_FIND_LINKS="" nice -n 10 "$(host_py)" -m pip install -q --disable-pip-version-check --no-index --find-links "$wh" \
+    --only-binary=:all: --python-version "$PY_TAG" --implementation cp "${plat[@]}" --platform any \
+    --target "$dir.partial$sp" --no-compile --no-warn-conflicts -r "$wh/requirements.txt" >&2 ||
+    die "installing the aarch64 wheels into $dir.partial$sp failed (see above)"
+  rm -rf "$dir.partial$sp/bin"  # console scripts written for the host's python (the venv runs `python -m pip`)
+  host_compile "$dir.partial" "$sp"
   mv "$dir.partial" "$dir"
   say "runtime venv built in $(($(date +%s) - t0)) s"
   echo "$dir"
@@ -172,26 +197,52 @@ src_hash() {  # what install.sh copies into /opt/edge-agent/src
     ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 2>/dev/null | sort -z | xargs -0 sha256sum) | sha
 }
 
-build_board() {  # BOARD RUNTIME WHEELS: a per-board copy with the project installed by install.sh --no-systemd
-  local board="$1" runtime="$2" wh="$3" dir stamp want t0 n
-  dir="$CACHE/$board-$(basename "$runtime" | sed 's/^runtime-//')"
+install_sh() {  # BOARD ROOT WHAT ARGS...: scripts/install.sh inside ROOT with BOARD's files, retried (qemu-user crashes)
+  local board="$1" root="$2" what="$3" n=0; shift 3
+  until WH="$WHEELS" SRC="$SRC_DIR" NICE=10 run_board "$board" "$root" /mnt/edge-agent-src -- \
+      bash /mnt/edge-agent-src/scripts/install.sh --no-systemd "$@" >&2; do
+    n=$((n + 1)); [ $n -lt 3 ] || die "install.sh inside the $what rootfs failed 3 times"
+    say "install.sh failed inside the emulated $what rootfs; retrying ($n/2)"
+  done
+}
+
+build_project() {  # RUNTIME: the runtime plus the project, installed once by install.sh (venv, editable install)
+  local runtime="$1" dir stamp want t0
+  dir="$CACHE/project-${runtime##*/runtime-}"
   stamp="$dir.installed"
   want="$(src_hash)"
   if [ -d "$dir" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then echo "$dir"; return; fi
   if [ ! -d "$dir" ]; then
-    say "copying the runtime rootfs for $board"
     rm -rf "$dir.partial"; cp -a "$runtime" "$dir.partial"; mv "$dir.partial" "$dir"
   fi
+  rm -f "$stamp"
   t0=$(date +%s)
-  say "installing the project into the $board rootfs with scripts/install.sh --no-systemd (source $want)"
-  n=0
-  until WH="$wh" SRC="$SRC_DIR" NICE=10 run_board "$board" "$dir" /mnt/edge-agent-src -- \
-      bash /mnt/edge-agent-src/scripts/install.sh --no-systemd --wheelhouse /wheelhouse >&2; do
-    n=$((n + 1)); [ $n -lt 3 ] || die "install.sh inside the $board rootfs failed 3 times"
-    say "install.sh failed inside the emulated rootfs; retrying ($n/2)"
-  done
+  # The venv half of install.sh (pip's editable install, emulated: the slow part) does not depend on the board
+  # (both Pis get the cpu runtime), so it runs once, here, on the Pi 4's files; each board's copy then has
+  # install.sh write its own configuration, unit drop-in and device id (build_board).
+  say "installing the project with scripts/install.sh --no-systemd (source $want)"
+  install_sh pi4 "$dir" project --wheelhouse /wheelhouse
   echo "$want" > "$stamp"
-  say "project installed for $board in $(($(date +%s) - t0)) s"
+  say "project installed in $(($(date +%s) - t0)) s"
+  echo "$dir"
+}
+
+build_board() {  # BOARD PROJECT: a copy of the project stage where install.sh --no-venv writes this board's files
+  local board="$1" project="$2" dir stamp want t0
+  dir="$CACHE/$board-${project##*/project-}"
+  stamp="$dir.installed"
+  want="$(cat "$project.installed")"
+  if [ -d "$dir" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then echo "$dir"; return; fi
+  t0=$(date +%s)
+  rm -rf "$dir" "$dir.partial" "$stamp"
+  cp -a "$project" "$dir.partial"
+  # install.sh never overwrites a configuration: the project stage's (the Pi 4's device id) goes first.
+  rm -f "$dir.partial/etc/edge-agent/agent.yaml"
+  install_sh "$board" "$dir.partial" "$board" --no-venv
+  host_compile "$dir.partial" /opt/edge-agent/src/agent  # install.sh's own compile is in its venv step
+  mv "$dir.partial" "$dir"
+  echo "$want" > "$stamp"
+  say "$board: its copy installed by install.sh --no-venv in $(($(date +%s) - t0)) s"
   echo "$dir"
 }
 
@@ -268,11 +319,17 @@ command -v debootstrap >/dev/null 2>&1 || die "debootstrap is not installed (apt
 
 ROOT="$(
   with_lock
+  # The wheels are fetched on the host while debootstrap runs (both mostly wait on the network).
+  wheels_path="$CACHE/.wheels-path.$$"
+  build_wheels > "$wheels_path" &
+  wheels_pid=$!
   base="$(build_base)"
-  wh="$(build_wheels)"
-  runtime="$(build_runtime "$base" "$wh")"
-  with_lock ".$BOARD.lock"  # the shared stages are done: one board installs while the other does
-  build_board "$BOARD" "$runtime" "$wh"
+  wait "$wheels_pid" || die "fetching the aarch64 wheels failed (see above)"
+  WHEELS="$(cat "$wheels_path")"; rm -f "$wheels_path"
+  runtime="$(build_runtime "$base" "$WHEELS")"
+  project="$(build_project "$runtime")"
+  with_lock ".$BOARD.lock"  # the shared stages are done: one board's copy is made while the other's is
+  build_board "$BOARD" "$project"
 )"
 if [ $# -eq 0 ]; then echo "$ROOT"; exit 0; fi
 RUN_EXEC=exec run_board "$BOARD" "$ROOT" "$PWD" -- "$@"

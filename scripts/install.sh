@@ -231,7 +231,8 @@ if [ "$VENV_MODE" = 1 ]; then
   V="$R$VENV_DIR"
   py_ok="$(python3 -c 'import sys; print(int(sys.version_info >= (3, 10)))' 2>/dev/null || echo 0)"
   [ "$py_ok" = 1 ] || die "python3 >= 3.10 is required (found: $(python3 --version 2>&1 || echo none))"
-  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  # python3-venv (ensurepip) only to create the venv: an existing one brings its own pip.
+  if [ ! -x "$V/bin/python" ] && ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
     [ "$SYSTEM" = 1 ] || die "python3-venv is missing (apt-get install python3-venv)"
     run apt-get install -y -qq python3-venv
   fi

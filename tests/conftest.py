@@ -17,11 +17,20 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def pytest_collection_modifyitems(config, items):
-    """The system lane (tests/lanes.py): its modules' tests get the `system` marker, field tests excepted."""
+    """The system lane (tests/lanes.py): its modules' tests get the `system` marker, field tests excepted.
+
+    The emulated Pi's tests last. pytest-xdist's worksteal hands each worker an even, contiguous share of the
+    collection first, so the last worker starts with them and builds the rootfs at once, while the first runs
+    the rest of the field lane; in collection order the first worker got two of them early and sat on the build's
+    lock with the NATS, probation and real-model tests queued behind the building worker's share."""
     for item in items:
         module = Path(str(item.fspath)).stem
         if module in SYSTEM and item.get_closest_marker("field") is None:
             item.add_marker(pytest.mark.system)
+    last = [item for item in items if item.path.name == "test_emulated_pi.py"]
+    if last and len(last) < len(items):
+        keep = set(map(id, last))
+        items[:] = [item for item in items if id(item) not in keep] + last
 
 
 @pytest.fixture

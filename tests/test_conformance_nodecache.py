@@ -80,3 +80,15 @@ def test_cached_cases_are_the_generated_ones(cache):
                 assert xa.tobytes() == xb.tobytes() if xa.dtype.kind != "O" else list(xa.ravel()) == list(xb.ravel())
             else:
                 assert type(xa) is type(xb)
+
+
+def test_a_cache_directory_made_by_the_providers_opened_cache_still_keeps_the_cases(cache):
+    """The providers' opened.json and the node cases share the directory; whichever writes first creates it, and
+    the node cases are kept only in a private one (opened.json's 0755 directory had them generated every run)."""
+    from agent.providers import opened
+
+    opened._save(opened.default_cache(), {"k": {}})
+    gen, calls = _counting(("v",))
+    nodecache.load_or_generate(gen)
+    nodecache.load_or_generate(gen)
+    assert calls == [1], oct(cache.stat().st_mode & 0o777)

@@ -82,7 +82,6 @@ def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp
         if shown["probation"]["baseline"]["source"] != "incumbent":
             n = shown["probation"].get("not_judged")  # committed flagged: the figures carry the counts
             assert n and n["contended"] + n["incumbent_contended"] > 0, shown["probation"]
-            assert "not judged" in shown["reason"], shown["reason"]
         d.proc.kill()
         assert d.proc.wait(60) == -9
     finally:

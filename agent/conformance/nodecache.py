@@ -2,8 +2,8 @@
 
 onnx generates its ~1,900 node cases by running its reference implementation when the case modules are imported:
 10-20 s of CPU on a 2-core machine, on every conformance run, before the first case runs. What it generates depends
-only on the installed onnx, numpy and ml_dtypes (and Python), so the first run keeps the result and later runs read
-it (well under a second).
+only on the installed onnx, numpy and ml_dtypes (and Python's minor version), so the first run keeps the result and
+later runs read it (well under a second).
 
 The file holds numpy arrays of every dtype onnx tests (strings, bfloat16, float8, int4, sequences), so it is a
 pickle. It is only ever read from a directory this user owns and nobody else can write (0700), and only when the
@@ -37,7 +37,10 @@ def cache_dir() -> Path | None:
 
 
 def cache_file() -> Path | None:
-    """The cache file for the installed onnx/numpy/ml_dtypes/Python (None: no cache directory known)."""
+    """The cache file for the installed onnx/numpy/ml_dtypes and this Python's minor version (None: no cache
+    directory known). Not the micro version nor the machine: the cases are the same data wherever they were
+    generated, so an emulated Arm device given the host's file (a shared EDGE_AGENT_CACHE_DIR) runs the very
+    inputs the host runs instead of generating them again under emulation."""
     import numpy
     import onnx
 
@@ -47,7 +50,8 @@ def cache_file() -> Path | None:
         mld = ml_dtypes.__version__
     except ImportError:  # pragma: no cover - onnx depends on it today
         mld = "-"
-    key = f"{FORMAT}|{onnx.__version__}|{numpy.__version__}|{mld}|{sys.version}"
+    py = f"{sys.implementation.name}{sys.version_info[0]}.{sys.version_info[1]}"
+    key = f"{FORMAT}|{onnx.__version__}|{numpy.__version__}|{mld}|{py}"
     root = cache_dir()
     return (
         root / f"onnx-node-cases-{onnx.__version__}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pickle"

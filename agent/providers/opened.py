@@ -58,7 +58,9 @@ def _save(path: Path | None, cache: dict[str, Any]) -> None:
     try:
         from agent.util.atomic import atomic_write_json
 
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # 0700, as agent.conformance.nodecache makes it: that cache is read only from a private directory, and
+        # whichever writes first creates the shared one (at 0755 here, the node cases were never kept).
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write_json(path, cache)
     except OSError:  # a read-only home: no cache, the next start opens again
         pass
