@@ -221,6 +221,9 @@ class MqttLink:
                 except Exception:  # noqa: BLE001
                     pass
                 self.protocol = 4
+                # the broker answered (refusing MQTT 5 only): neither a failed endpoint nor a refusal of the link
+                self._fails, self.refused = 0, None
+                self._failed.clear()
                 self._client = self._make_client()
                 self._switching = False
 
