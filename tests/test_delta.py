@@ -4,6 +4,7 @@ import json
 
 import pytest
 from delta_models import versions
+from support.mqtt import manifest_of
 
 from agent.artifacts.delta import fetch_delta, prefill
 from agent.artifacts.http import HttpPuller
@@ -18,19 +19,8 @@ from agent.transport.mqtt import BrokerConfig
 
 def manifest_for(path, cp_dir, version, sources=({"type": "mqtt"},), delta=True):
     art = store_package(path, cp_dir, validate=False, delta=delta)
-    m = Manifest.create(
-        name="mlp",
-        version=version,
-        sha256=art["sha256"],
-        size=art["size"],
-        chunk_size=art["chunk_size"],
-        chunks=art["chunks"],
-        fmt=art["format"],
-        sources=[dict(s, url=s["url"].format(sha=art["sha256"])) if "url" in s else s for s in sources],
-        devices=["pi-1"],
-        recipe=art.get("recipe"),
-    )
-    return m
+    urls = [dict(s, url=s["url"].format(sha=art["sha256"])) if "url" in s else s for s in sources]
+    return manifest_of(art, "mlp", version, devices=["pi-1"], sources=urls, recipe=art.get("recipe"))
 
 
 @pytest.fixture

@@ -15,7 +15,23 @@ from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics
 from support.wait import wait_for
 
-__all__ = ["ControlPlane", "mqtt_config", "register_device", "wait_for"]
+__all__ = ["ControlPlane", "manifest_of", "mqtt_config", "register_device", "wait_for"]
+
+
+def manifest_of(art: dict, name: str, version: str, *, devices=("dev-1",), groups=(), **kw) -> Manifest:
+    """An unsigned manifest for an artifact `store_package` stored (its sha256, size, chunks and format)."""
+    return Manifest.create(
+        name=name,
+        version=version,
+        sha256=art["sha256"],
+        size=art["size"],
+        chunk_size=art["chunk_size"],
+        chunks=art["chunks"],
+        fmt=art["format"],
+        devices=list(devices),
+        groups=list(groups),
+        **kw,
+    )
 
 
 class ControlPlane:
@@ -48,19 +64,7 @@ class ControlPlane:
 
     def manifest(self, package, name: str, version: str, *, devices=("dev-1",), groups=(), issued=None, **kw):
         art = store_package(package, self.store_dir, self.chunk_size, validate=False)
-        return Manifest.create(
-            name=name,
-            version=version,
-            sha256=art["sha256"],
-            size=art["size"],
-            chunk_size=art["chunk_size"],
-            chunks=art["chunks"],
-            fmt=art["format"],
-            devices=list(devices),
-            groups=list(groups),
-            now=issued,
-            **kw,
-        )
+        return manifest_of(art, name, version, devices=devices, groups=groups, now=issued, **kw)
 
     def envelope(self, m: Manifest, *, how: str = "signed") -> bytes:
         """signed | untrusted (another key) | forged (all-zero signature) | unsigned."""
