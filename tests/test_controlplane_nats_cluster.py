@@ -1,10 +1,9 @@
 """The control plane and simulated devices on a 3-node NATS cluster (JetStream and the MQTT gateway on each
 node): a rollout converges with one node SIGKILLed mid-rollout. The service and half of the devices use node 0,
 the other half node 2; node 1 (a JetStream peer holding replicas of the MQTT streams) is killed after the canary.
-Devices attached to a killed node itself would need a second broker URL to fail over to, which the agent's
-broker config does not take yet. EDGE_AGENT_CP_NATS_DEVICES sets the fleet size (default 20: at 200 on a loaded
-2-CPU host, some simulated devices' retained statuses did not appear on the cluster within 300 s; see
-docs/control-plane.md)."""
+(Failing over from a killed node to another URL is tests/test_nats_cluster.py's.) EDGE_AGENT_CP_NATS_DEVICES sets
+the fleet size (default 20; the 200-device start that once stalled was paho's select() past fd 1024, see
+docs/control-plane.md).""""""
 
 from __future__ import annotations
 
