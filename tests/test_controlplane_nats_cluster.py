@@ -3,7 +3,7 @@ node): a rollout converges with one node SIGKILLed mid-rollout. The service and 
 the other half node 2; node 1 (a JetStream peer holding replicas of the MQTT streams) is killed after the canary.
 (Failing over from a killed node to another URL is tests/test_nats_cluster.py's.) EDGE_AGENT_CP_NATS_DEVICES sets
 the fleet size (default 20; the 200-device start that once stalled was paho's select() past fd 1024, see
-docs/control-plane.md).""""""
+docs/control-plane.md)."""
 
 from __future__ import annotations
 
