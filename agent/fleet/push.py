@@ -140,21 +140,16 @@ def push(
     sources = [{"type": "mqtt"}] + (
         [{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else []
     )
-    manifest = Manifest.create(
+    manifest = Manifest.for_stored(
+        art,
         name=name,
         version=version,
-        sha256=art["sha256"],
-        size=art["size"],
-        chunk_size=chunk_size,
-        chunks=art["chunks"],
-        fmt=art["format"],
         sources=sources,
         devices=devices,
         groups=groups,
         qualification=qualification,
         ttl_s=ttl_s,
         rollback=rollback,
-        recipe=art.get("recipe"),
     )
     envelope = manifest.sign(key)
     topics = _targets(prefix, name, devices, groups)

@@ -110,19 +110,14 @@ def base_manifest(
     qualification: dict | None = None,
 ) -> dict:
     """The manifest dict a rollout persists (targeting is filled per device when signing)."""
-    m = Manifest.create(
+    m = Manifest.for_stored(
+        artifact,
         name=name,
         version=version,
-        sha256=artifact["sha256"],
-        size=artifact["size"],
-        chunk_size=artifact["chunk_size"],
-        chunks=artifact["chunks"],
-        fmt=artifact.get("format", "onnx"),
         sources=sources,
         devices=["placeholder"],
         qualification=qualification,
         ttl_s=ttl_s,
         now=now,
-        recipe=artifact.get("recipe"),
     )
     return m.to_dict()

@@ -99,6 +99,22 @@ class Manifest:
         )
 
     @classmethod
+    def for_stored(cls, art: Mapping[str, Any], *, name: str, version: str, **kw: Any) -> "Manifest":
+        """create() for an artifact as `fleet.push.store_package` stored it (its sha256, size, chunks, format
+        and, unless `recipe` is given, its recipe)."""
+        kw.setdefault("recipe", art.get("recipe"))
+        return cls.create(
+            name=name,
+            version=version,
+            sha256=art["sha256"],
+            size=art["size"],
+            chunk_size=art["chunk_size"],
+            chunks=art["chunks"],
+            fmt=art.get("format", "onnx"),
+            **kw,
+        )
+
+    @classmethod
     def from_dict(cls, d: object, key_id: str | None = None) -> "Manifest":
         """Strict schema check; raises ManifestRejected('malformed' or 'invalid-name')."""
         return _parse_manifest(d, key_id)
