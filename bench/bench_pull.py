@@ -259,6 +259,11 @@ def main() -> int:
             f"{size / delta_s / 1e6:.0f} MB/s -> {raw_s / delta_s:.2f}x raw paho, {pull_s / delta_s:.2f}x the plain "
             f"pull (goal >= 0.8x raw)  [{[round(size / x / 1e6) for x in deltas]} MB/s]"
         )
+        paired = lambda a, b: med([x / y for x, y in zip(a, b)])  # noqa: E731 - per round: same moment's noise
+        print(
+            f"paired per round (median of the rounds' own ratios): plain pull {paired(raws, pulls):.2f}x raw paho, "
+            f"delta-capable pull {paired(raws, deltas):.2f}x raw paho, {paired(pulls, deltas):.2f}x the plain pull"
+        )
         print(
             f"cpu: receiving side {med(pull_cpu):.2f} s for the pull (verify every chunk, write, hash the file) "
             f"vs {med(raw_cpu):.2f} s for the raw subscriber (count messages)"

@@ -141,3 +141,47 @@ def test_package_tarballs_are_cut_before_compression_so_versions_share_pieces(mo
     finally:
         dev.stop()
         server.stop()
+
+
+def test_fleet_rollout_signs_delta_capable_manifests_by_default(mosquitto, tmp_path):
+    """`fleet rollout` (run_rollout, what the CLI calls) stores the package with its recipe, and the envelope it
+    publishes to a device carries it; the manifest it would sign to roll a device back to a stored version does too."""
+    import threading
+    import time
+
+    from support.mqtt import register_device
+    from support.wait import wait_for
+
+    from agent.artifacts.keys import device_key, generate, trusted_keys
+    from agent.fleet.rollout_plan import RolloutSpec
+    from agent.fleet.rollout_run import run_rollout, stored_artifact
+    from agent.transport.mqtt import MqttLink
+    from agent.transport.signing import sign_doc
+    from agent.transport.topics import Topics
+
+    v1, _, _ = versions(tmp_path, layers=2, width=256)
+    keyfile, pubfile, _ = generate(tmp_path / "keys")
+    store, topics = tmp_path / "cp-store", Topics()
+    register_device(store, "dev-1", tmp_path / "dev", ["lab"])
+    got, lock = [], threading.Lock()
+
+    def keep(topic, payload, retained):
+        with lock:
+            got.append(bytes(payload))
+
+    link = MqttLink(BrokerConfig(mosquitto.url))
+    link.subscribe(topics.device_desired("dev-1", "mlp"), keep)
+    link.start(wait=15)
+    try:  # dev-1 is online in group lab and runs nothing yet (its own signed, retained status)
+        status = {"device_id": "dev-1", "online": True, "groups": ["lab"], "ts": time.time(), "models": {}}
+        doc = sign_doc(status, device_key(tmp_path / "dev"))
+        link.publish(topics.status("dev-1"), json.dumps(doc).encode(), qos=1, retain=True).wait_for_publish(15)
+        spec = RolloutSpec("mlp", "1", group="lab", canary="1", deadline_s=60).validate()
+        run_rollout(v1, spec, key_file=keyfile, store=store, broker=BrokerConfig(mosquitto.url), wait=False)
+        wait_for(lambda: got, 30, "the rollout's envelope for dev-1")
+    finally:
+        link.stop()
+    m = Manifest.verify(got[0], trusted_keys([pubfile]), device_id="dev-1", groups=["lab"])
+    assert m.artifact.recipe is not None and m.artifact.recipe["chunker"] == CHUNKER
+    assert [list(c) for c in m.artifact.recipe["chunks"]] == compute_recipe(v1)["chunks"]
+    assert stored_artifact(store, m.artifact.sha256)["recipe"]["chunks"] == compute_recipe(v1)["chunks"]

@@ -53,6 +53,11 @@ def test_second_version_moves_only_the_changed_tensor(tmp_path, mosquitto):
         assert dep["state"] == "committed"
         assert changed <= dep["bytes_fetched"] <= 1.1 * changed, dep
         assert dep["bytes_fetched"] + dep["bytes_reused"] == v2.stat().st_size
+        # the operator's view: `edge-agent status --json` names the same two fields for the deployment
+        out = edge_agent("status", "--config", cfg, "--json")
+        shown = json.loads(out.stdout)["deployments"]["mlp"]
+        assert out.returncode == 0 and shown["version"] == "2", out.stderr
+        assert (shown["bytes_fetched"], shown["bytes_reused"]) == (dep["bytes_fetched"], dep["bytes_reused"]), shown
 
         # the device signed its qualification and its trial verdict, kept them and published them
         files = sorted((tmp_path / "dev" / "state" / "attestations").glob(f"{dep['id']}.*.intoto.json"))
