@@ -93,6 +93,27 @@ def test_delta_pull_over_http_asks_one_range_per_run_of_missing_chunks(models, t
         httpd.shutdown()
 
 
+def test_http_only_manifests_pull_whole_then_by_range_through_the_devices_path(models, tmp_path):
+    """fetch_delta (what the MQTT source calls) with an http source only (`fleet serve --http`'s BlobServer): the
+    first version is a full pull by fixed chunks, the fine-tune moves only its changed tensor by Range requests."""
+    v1, v2, changed = models
+    cp = ContentStore(tmp_path / "cp")
+    httpd = serve_http(cp, "127.0.0.1:0")
+    try:
+        src = ({"type": "http", "url": f"http://127.0.0.1:{httpd.server_address[1]}/blobs/sha256/{{sha}}"},)
+        m1, m2 = manifest_for(v1, cp.root, "1", sources=src), manifest_for(v2, cp.root, "2", sources=src)
+        store = ContentStore(tmp_path / "dev")
+        path, first = fetch_delta(m1, store)
+        assert path.read_bytes() == v1.read_bytes() and first["bytes_reused"] == 0
+        sent, asked = httpd.stats["bytes"], httpd.stats["requests"]
+        path, moved = fetch_delta(m2, store)
+        assert path.read_bytes() == v2.read_bytes()
+        assert moved["bytes_fetched"] == httpd.stats["bytes"] - sent <= 1.1 * changed, (moved, changed)
+        assert httpd.stats["requests"] - asked == 1  # one run of missing chunks: one Range request
+    finally:
+        httpd.shutdown()
+
+
 def test_gc_drops_the_chunks_of_collected_versions(models, tmp_path):
     v1, v2, _ = models
     store = ContentStore(tmp_path / "dev")
