@@ -8,6 +8,8 @@ Builds a ~64 MB fp32 MLP (layers x width x width weights) in code and its varian
   graph-edit  one node added at the front of the graph (every byte after it shifts)
   int8        onnxruntime.quantization.quantize_dynamic of the fp32 model
   int8-ft     the fine-tune, quantized the same way, against `int8` (a re-quantized variant)
+  int8-pc     the same fp32 model quantized again per channel, against `int8` (per tensor): new quantization
+              settings for an unchanged model
 For each pair and chunker it prints the bytes a device holding the old version must fetch (chunks of the new
 version whose sha256 the old version lacks), the ratio to the bytes that really changed where that is known, the
 chunk count and the recipe's size in the manifest. --pull also moves the versions for real (Mosquitto on
@@ -76,10 +78,10 @@ def finetune(model, tensor: str, seed: int = 1):
     raise KeyError(tensor)
 
 
-def quantized(src: Path, dst: Path) -> Path:
+def quantized(src: Path, dst: Path, per_channel: bool = False) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel)
     return dst
 
 
@@ -148,6 +150,7 @@ def real_pulls(t: Path, changed: int) -> list[dict]:
                     ("finetune", "v1.onnx", "ft.onnx", changed),
                     ("int8 re-quantized fine-tune", "q1.onnx", "q2.onnx", None),
                     ("fp32->int8", "v1.onnx", "q1.onnx", None),
+                    ("int8 per-tensor -> per-channel", "q1.onnx", "q1pc.onnx", None),
                 ]
             ):
                 store = ContentStore(t / f"dev{n}")
@@ -193,17 +196,22 @@ def main() -> int:
         onnx.save(mlp(args.layers, args.width, extra_node=True), t / "edit.onnx")
         quantized(t / "v1.onnx", t / "q1.onnx")
         quantized(t / "ft.onnx", t / "q2.onnx")
+        quantized(t / "v1.onnx", t / "q1pc.onnx", per_channel=True)
         pairs = [
             ("finetune", "v1.onnx", "ft.onnx", changed),
             ("graph-edit", "v1.onnx", "edit.onnx", None),
             ("fp32->int8", "v1.onnx", "q1.onnx", None),
             ("int8 re-quantized fine-tune", "q1.onnx", "q2.onnx", None),
+            ("int8 per-tensor -> per-channel", "q1.onnx", "q1pc.onnx", None),
         ]
         rows = []
         for chunker in CHUNKERS:
             t0 = time.perf_counter()
-            recs = {f: recipe(t / f, chunker) for f in ("v1.onnx", "ft.onnx", "edit.onnx", "q1.onnx", "q2.onnx")}
-            secs = (time.perf_counter() - t0) / 5
+            recs = {
+                f: recipe(t / f, chunker)
+                for f in ("v1.onnx", "ft.onnx", "edit.onnx", "q1.onnx", "q2.onnx", "q1pc.onnx")
+            }
+            secs = (time.perf_counter() - t0) / len(recs)
             for what, a, b, chg in pairs:
                 size = (t / b).stat().st_size
                 fetch = to_fetch(recs[a], recs[b])
