@@ -38,6 +38,34 @@ def test_recipe_cuts_at_tensor_data_so_a_finetune_changes_only_that_tensor(model
     assert sum(n for _, n in r2["chunks"]) == v2.stat().st_size
 
 
+def test_tensor_cuts_read_the_wire_format_in_place(models, tmp_path):
+    """Every large initializer's raw data, found without parsing the model (an mmap of any size works), equal to
+    where onnx's own parse says the bytes are; anything that is not a model has no tensor cuts."""
+    import mmap
+    import os
+
+    import onnx
+
+    from agent.artifacts.recipe import TENSOR_MIN, tensor_cuts
+
+    v1, _, _ = models
+    data = v1.read_bytes()
+    expected, pos = [], 0
+    for init in onnx.load(v1).graph.initializer:
+        if len(init.raw_data) >= TENSOR_MIN:
+            at = data.index(init.raw_data, pos)
+            expected.append((at, at + len(init.raw_data)))
+            pos = at + len(init.raw_data)
+    assert expected and tensor_cuts(data) == expected
+    with open(v1, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert tensor_cuts(mm) == expected
+        view = memoryview(mm)
+        assert tensor_cuts(view) == expected
+        view.release()
+    for junk in (os.urandom(100_000), b'{"labels": ["a", "b"]}', data[: len(data) // 2]):
+        assert tensor_cuts(junk) == []
+
+
 def test_manifest_with_recipe_round_trips_and_old_manifests_still_parse(models, tmp_path):
     _, v2, _ = models
     m = manifest_for(v2, tmp_path / "cp", "2")

@@ -57,8 +57,8 @@ def _cuts(mm, files: list[tuple[int, int, str]]) -> list[int]:
         if size:
             view = memoryview(mm)[start : start + size]
             try:
-                onnx_file = name.endswith(".onnx")  # tensor cuts need the bytes; other files: FastCDC alone
-                points = cut_points(view.tobytes(), CHUNKER) if onnx_file else cut_points(view, "fastcdc-v1")
+                onnx_file = name.endswith(".onnx")  # tensor cuts in ONNX files; other files: FastCDC alone
+                points = cut_points(view, CHUNKER if onnx_file else "fastcdc-v1")
                 cuts.update(start + c for c in points)
             finally:
                 view.release()

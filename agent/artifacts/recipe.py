@@ -66,27 +66,70 @@ class Layout:
 def tensor_cuts(data) -> list[tuple[int, int]]:
     """(start, end) of every large ONNX initializer's raw data ([] when `data` is not an ONNX model).
 
-    The protobuf parser gives no offsets; initializers are serialised in order, so each one's bytes are found
-    by searching forward from the previous one and confirmed byte for byte."""
-    import onnx
-
+    Read from the protobuf wire format in place (ModelProto.graph -> GraphProto.initializer ->
+    TensorProto.raw_data), so `data` may be an mmap of a model of any size: nothing is copied or parsed into
+    objects (onnx.load of a 64 MB model took ~190 MB of memory on a device computing the recipe of a version it
+    held). Anything that is not a well-formed message at these three levels gives []."""
     try:
-        model = onnx.load_model_from_string(bytes(data[: len(data)]))
-    except Exception:  # noqa: BLE001 - not a model: no tensor cuts
+        graph = _field(data, 0, len(data), MODEL_GRAPH)
+        if graph is None:
+            return []
+        cuts = []
+        for a, b in _fields(data, *graph, GRAPH_INITIALIZER):
+            raw = _field(data, a, b, TENSOR_RAW_DATA)
+            if raw is not None and raw[1] - raw[0] >= TENSOR_MIN:
+                cuts.append(raw)
+        return cuts
+    except _NotProtobuf:
         return []
-    cuts, pos = [], 0
-    for init in model.graph.initializer:
-        raw = init.raw_data
-        if len(raw) < TENSOR_MIN:
-            continue
-        at = data.find(raw[:64], pos)
-        while at >= 0 and data[at : at + len(raw)] != raw:
-            at = data.find(raw[:64], at + 1)
-        if at < 0:
-            continue
-        cuts.append((at, at + len(raw)))
-        pos = at + len(raw)
-    return cuts
+
+
+MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9  # field numbers in onnx.proto3
+
+
+class _NotProtobuf(Exception):
+    pass
+
+
+def _varint(data, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < end and shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise _NotProtobuf
+
+
+def _fields(data, start: int, end: int, wanted: int) -> list[tuple[int, int]]:
+    """(start, end) of every length-delimited field `wanted` of the message in data[start:end]."""
+    out, pos = [], start
+    while pos < end:
+        key, pos = _varint(data, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(data, pos, end)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            length, pos = _varint(data, pos, end)
+            if number == wanted and pos + length <= end:
+                out.append((pos, pos + length))
+            pos += length
+        else:  # groups (3, 4) are not in onnx.proto; anything else is not a protobuf message
+            raise _NotProtobuf
+        if number == 0 or pos > end:
+            raise _NotProtobuf
+    return out
+
+
+def _field(data, start: int, end: int, wanted: int) -> tuple[int, int] | None:
+    found = _fields(data, start, end, wanted)
+    return found[-1] if found else None  # protobuf: the last occurrence of a singular field wins
 
 
 def _cdc(view, start: int, end: int) -> list[int]:
