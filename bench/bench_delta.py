@@ -111,6 +111,37 @@ def to_fetch(old: list[list], new: list[list]) -> int:
     return n
 
 
+def packages(t: Path) -> None:
+    """pkg1 / pkg2: package directories (model.onnx + config.json) of v1 and of the fine-tune."""
+    import shutil
+
+    for name, model in (("pkg1", "v1.onnx"), ("pkg2", "ft.onnx")):
+        (t / name).mkdir()
+        shutil.copy(t / model, t / name / "model.onnx")
+        (t / name / "config.json").write_text('{"labels": ["a", "b"]}')
+
+
+def package_sizes(directory: Path) -> str:
+    """The chunkable tar.gz (deflate reset at every cut) against plain gzip of the same tar, same level."""
+    import gzip
+    import tempfile as tf
+
+    from agent.artifacts import packtar
+
+    with tf.TemporaryDirectory() as td:
+        out = Path(td) / "p.tar.gz"
+        recipe = packtar.write_targz(directory, out)
+        with open(Path(td) / "p.tar", "w+b") as raw:
+            packtar._tar(directory, raw)
+            raw.seek(0)
+            plain = len(gzip.compress(raw.read(), packtar.LEVEL))
+        size = out.stat().st_size
+    return (
+        f"package {directory.name}: chunkable tar.gz {size} bytes in {len(recipe['chunks'])} pieces, plain gzip of "
+        f"the same tar {plain} bytes ({size - plain:+d})"
+    )
+
+
 def real_pulls(t: Path, changed: int) -> list[dict]:
     """Device pulls over a real broker: (held version, new version) -> bytes the server sent."""
     from brokers import Mosquitto
@@ -151,6 +182,7 @@ def real_pulls(t: Path, changed: int) -> list[dict]:
                     ("int8 re-quantized fine-tune", "q1.onnx", "q2.onnx", None),
                     ("fp32->int8", "v1.onnx", "q1.onnx", None),
                     ("int8 per-tensor -> per-channel", "q1.onnx", "q1pc.onnx", None),
+                    ("package fine-tune (tar.gz from fleet push)", "pkg1", "pkg2", changed),
                 ]
             ):
                 store = ContentStore(t / f"dev{n}")
@@ -197,6 +229,7 @@ def main() -> int:
         quantized(t / "v1.onnx", t / "q1.onnx")
         quantized(t / "ft.onnx", t / "q2.onnx")
         quantized(t / "v1.onnx", t / "q1pc.onnx", per_channel=True)
+        packages(t)
         pairs = [
             ("finetune", "v1.onnx", "ft.onnx", changed),
             ("graph-edit", "v1.onnx", "edit.onnx", None),
@@ -230,6 +263,8 @@ def main() -> int:
                     }
                 )
         pulls = real_pulls(t, changed) if args.pull else []
+        if args.pull:
+            print(package_sizes(t / "pkg1"))
     if args.json:
         print(json.dumps({"chunkers": rows, "pulls": pulls}, indent=1))
         return 0
