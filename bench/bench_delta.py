@@ -142,6 +142,28 @@ def package_sizes(directory: Path) -> str:
     )
 
 
+RSS_CHILD = """
+import resource, sys, time
+import fastcdc.fastcdc_cy, psutil  # imported first: their memory is not the recipe's
+from agent.artifacts.recipe import compute_recipe
+base = psutil.Process().memory_info().rss
+t0 = time.perf_counter()
+compute_recipe(sys.argv[1])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(round(time.perf_counter() - t0, 2), round(peak / 2**20), round((peak - base) / 2**20))
+"""
+
+
+def recipe_rss(path: Path) -> str:
+    """What a device pays to index a version it holds without a recipe: a fresh process's peak RSS (ru_maxrss,
+    mapped file pages included) and seconds for compute_recipe."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, str(path)], capture_output=True, text=True, check=True)
+    secs, peak, above = out.stdout.split()
+    return f"recipe of {path.name} ({path.stat().st_size} bytes) computed in {secs} s, peak RSS {peak} MB ({above} MB above the process before)"
+
+
 def real_pulls(t: Path, changed: int) -> list[dict]:
     """Device pulls over a real broker: (held version, new version) -> bytes the server sent."""
     from brokers import Mosquitto
@@ -263,6 +285,7 @@ def main() -> int:
                     }
                 )
         pulls = real_pulls(t, changed) if args.pull else []
+        print(recipe_rss(t / "v1.onnx"))
         if args.pull:
             print(package_sizes(t / "pkg1"))
     if args.json:
