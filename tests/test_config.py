@@ -256,3 +256,47 @@ def test_cli_config_check(tmp_path, files):
     assert "Traceback" not in r.stderr
     r = _cli("config", "check", str(bad), "--json")
     assert r.returncode == 2 and json.loads(r.stdout)["error"].startswith("mqtt.url:")
+
+
+def test_model_signing_trust_is_decoded_when_the_config_loads(tmp_path, files):
+    """trust.model_signing_keys must be EC public keys and trust.model_signing_certificates certificates, and the
+    model-signing library must be there: a ConfigError naming the key at `config check`, start-up and reload,
+    not every package refused at VERIFYING."""
+    import subprocess
+    import sys
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pem = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    (tmp_path / "publisher.pub").write_bytes(pem)
+    data = full(files)
+    data["trust"]["model_signing_keys"] = [str(tmp_path / "publisher.pub")]
+    (tmp_path / "good").mkdir()
+    good = write(tmp_path / "good", data)
+    assert load_config(good).trust.model_signing_keys == (tmp_path / "publisher.pub",)
+
+    data["trust"]["model_signing_keys"].append(files["fleet.pub"])  # the fleet's Ed25519 key: not what signs models
+    with pytest.raises(ConfigError, match=r"trust\.model_signing_keys\[1\]: .*fleet\.pub is a .*Ed25519.*EC keys"):
+        load_config(write(tmp_path, data))
+    data["trust"]["model_signing_keys"] = [files["pw"]]
+    with pytest.raises(ConfigError, match=r"trust\.model_signing_keys\[0\]: .*pw is not a PEM public key"):
+        load_config(write(tmp_path, data))
+    data["trust"]["model_signing_keys"] = []
+    data["trust"]["model_signing_certificates"] = [files["ca.pem"]]
+    with pytest.raises(ConfigError, match=r"trust\.model_signing_certificates\[0\]: .*ca\.pem holds no PEM certif"):
+        load_config(write(tmp_path, data))
+
+    # a device without the library (its import blocked in a fresh interpreter): the config says so
+    code = (
+        "import sys; sys.modules['model_signing'] = None\n"
+        "from agent.config import load_config\n"
+        "from agent.errors import ConfigError\n"
+        f"try:\n    load_config({str(good)!r})\nexcept ConfigError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "model-signing library is not installed; pip install 'edge-agent[signing]'" in out.stdout, out

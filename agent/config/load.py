@@ -121,6 +121,46 @@ def _decode_files(cfg: AgentConfig) -> None:
     for i, p in enumerate(cfg.trust.public_keys):
         key = f"trust.public_keys[{i}]"
         parse_public_key(read_text(p, key, ConfigError, max_bytes=65536), where=f"{key}: {p}")
+    _decode_model_signing(cfg)
+
+
+def _decode_model_signing(cfg: AgentConfig) -> None:
+    """trust.model_signing_keys are EC public keys and trust.model_signing_certificates X.509 certificates (PEM),
+    and the model-signing library that verifies with them is installed: else every package would be refused
+    at VERIFYING, one deployment at a time, for a reason the config already shows."""
+    keys, certs = cfg.trust.model_signing_keys, cfg.trust.model_signing_certificates
+    if not keys and not certs:
+        return
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    for i, p in enumerate(keys):
+        key = f"trust.model_signing_keys[{i}]"
+        try:
+            pub = load_pem_public_key(read_text(p, key, ConfigError, max_bytes=65536).encode())
+        except (ValueError, UnsupportedAlgorithm) as exc:
+            raise ConfigError(f"{key}: {p} is not a PEM public key ({exc})") from None
+        if not isinstance(pub, ec.EllipticCurvePublicKey):
+            raise ConfigError(f"{key}: {p} is a {type(pub).__name__}; model signatures are verified with EC keys")
+    for i, p in enumerate(certs):
+        key = f"trust.model_signing_certificates[{i}]"
+        try:
+            x509.load_pem_x509_certificates(read_text(p, key, ConfigError, max_bytes=1 << 20).encode())
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {p} holds no PEM certificate ({exc})") from None
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("model_signing") is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (import blocked)
+        found = False
+    if not found:
+        raise ConfigError(
+            "trust.model_signing_keys / trust.model_signing_certificates: the model-signing library is not "
+            "installed; pip install 'edge-agent[signing]'"
+        )
 
 
 def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]]:
