@@ -101,5 +101,38 @@ def test_sigkill_mid_delta_pull_resumes_without_refetching(mosquitto, tmp_path):
         server.stop()
 
 
+def test_a_delta_pull_that_goes_on_with_fixed_chunks_keeps_every_reused_byte(mosquitto, tmp_path):
+    """When a delta pull cannot go on by recipe (an artifact server older than recipes), fetch_delta continues with
+    fixed chunks from the same .part: every fixed chunk the reused bytes already fill is kept, also past a changed
+    region longer than the recovery scan's gap (4 KiB chunks: the 4 MB tensor is 1,024 of them in a row)."""
+    from agent.artifacts.fetch import fetch_artifact
+
+    v1, v2, changed = versions(tmp_path, layers=4, width=1024)  # w2 changed; w3 and b3 lie after it, unchanged
+    cp = ContentStore(tmp_path / "cp")
+    art = store_package(v2, cp.root, 4096, validate=False)
+    m2 = Manifest.create(
+        name="mlp",
+        version="2",
+        sha256=art["sha256"],
+        size=art["size"],
+        chunk_size=art["chunk_size"],
+        chunks=art["chunks"],
+        devices=["pi-1"],
+        recipe=art["recipe"],
+    )
+    store = ContentStore(tmp_path / "dev")
+    store.put_file(v1)
+    a = m2.artifact
+    assert a.size - prefill(store, Layout.from_recipe(a.sha256, a.size, dict(a.recipe)), a.recipe["chunker"]) == changed
+    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
+    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
+    try:
+        assert fetch_artifact(m2, store, link=dev).read_bytes() == v2.read_bytes()  # fixed chunks, same .part
+    finally:
+        dev.stop()
+        server.stop()
+    assert server.stats["bytes"] <= changed + 2 * 4096  # the tensor's chunks (its two ends may share one)
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
     child(*sys.argv[2:6])

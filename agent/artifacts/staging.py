@@ -80,6 +80,11 @@ class Staging:
                 self.requested_upto = min(int(saved.get("requested_upto", 0)), a.count)
             except (ValueError, IndexError, TypeError):
                 self.have = bytearray(a.count)
+        elif isinstance(saved, dict) and saved.get("sha256") == a.sha256:
+            # the .part was written under another chunk layout (a delta pull by recipe that goes on with fixed
+            # chunks): its bits say nothing here, and its chunks may lie anywhere in the file, so recovery
+            # checks every chunk instead of stopping after RECOVER_GAP misses in a row
+            self.requested_upto = a.count
 
     def _recover(self) -> None:
         """Keep chunks written after the last bitmap persist (checked against their manifest hashes).
