@@ -112,3 +112,21 @@ def test_fleet_lists_retained_attestations_and_refuses_a_wrong_key(mosquitto, tm
         r["device"]
         for r in fleet_attestations(BrokerConfig(mosquitto.url), registry_for_store(tmp_path / "cp"), device="dev-2")
     ] == ["dev-2"]
+
+
+def test_an_attestation_published_under_another_model_or_kind_is_refused(tmp_path, decision):
+    """What `fleet attestations --model` lists must be about that model: a valid statement re-published under
+    another model's or kind's topic is refused, naming both."""
+    from support.mqtt import register_device
+
+    from agent.evidence.verify import verify_many
+    from agent.fleet.registry import registry_for_store
+
+    register_device(tmp_path / "cp", "dev-1", tmp_path / "dev-1")
+    data = Attestor(tmp_path / "dev-1", "dev-1").qualification(deployment(), decision).read_bytes()
+    items = [("dev-1", "tiny", "qualification", data), ("dev-1", "other", "qualification", data)]
+    items.append(("dev-1", "tiny", "trial", data))
+    rows = verify_many(items, registry_for_store(tmp_path / "cp"))
+    assert [r["verified"] for r in rows] == [True, False, False]
+    assert rows[1]["reason"] == "published as the qualification of other, signed as the qualification of tiny"
+    assert rows[2]["reason"] == "published as the trial of tiny, signed as the qualification of tiny"

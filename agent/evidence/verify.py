@@ -50,8 +50,9 @@ def verify_attestation(data: bytes | str | dict, public_key, device_id: str | No
 
 
 def verify_many(items, registry) -> list[dict[str, Any]]:
-    """items: (device_id, model, kind, envelope bytes); registry: agent.fleet.registry.DeviceRegistry (or
-    anything with public_key(device_id)). One row each: the summary, or verified False with the reason."""
+    """items: (device_id, model, kind, envelope bytes) as published; registry: agent.fleet.registry.DeviceRegistry
+    (or anything with public_key(device_id)). One row each: the summary, or verified False with the reason (also
+    when the signed statement is not the model and kind it was published as)."""
     rows = []
     for device, model, kind, data in items:
         row: dict[str, Any] = {"device": device, "model": model, "kind": kind}
@@ -65,6 +66,10 @@ def verify_many(items, registry) -> list[dict[str, Any]]:
             rows.append({**row, "verified": False, "reason": str(exc)})
             continue
         summary.pop("statement")
+        if (summary["model"], summary["kind"]) != (model, kind):  # listed (and filtered) under what it is
+            why = f"published as the {kind} of {model}, signed as the {summary['kind']} of {summary['model']}"
+            rows.append({**row, "verified": False, "reason": why})
+            continue
         rows.append({**row, **summary})
     return rows
 
