@@ -240,6 +240,48 @@ def test_signed_decision_records(svc):
     assert [d["doc"]["decision"] for d in got["decisions"]] == [{"selected": "cpu"}]
 
 
+def test_signed_attestations_are_stored_and_shown(svc):
+    """A device's attestation (docs/evidence.md) is kept only when it verifies against that accepted device's key;
+    the API lists it with the envelope (checkable again offline) and the dashboard shows it."""
+    from clirunner import edge_agent
+
+    from agent.evidence.attest import Attestor
+    from agent.evidence.verify import verify_attestation
+    from agent.lifecycle.journal import Deployment
+    from agent.lifecycle.states import State
+
+    cp, client, tmp = svc
+    dev = Deployment("m-1-abc", "m", "1", State.COMMITTED, {"kind": "manifest"}, time.time(), time.time())
+    dev.data.update(sha256="ab" * 32, selected={"provider": "cpu", "precision": "f32"})
+    key = device_key(tmp / "keys" / "dev-1")
+    data = Attestor(tmp / "dev-1-state", "dev-1", key=key).trial(dev, "committed", None).read_bytes()
+    _enroll(client, tmp, "dev-1")
+    post = lambda body: client.post("/api/v1/devices/dev-1/attestations", content=body)  # noqa: E731
+    r = post(data)
+    assert r.status_code == 403 and "not accepted" in r.json()["error"]  # pending: nothing it says counts yet
+    client.post("/api/v1/devices/dev-1/accept")
+    # the device posts what it kept (state_dir/attestations/) with `edge-agent control-plane report`
+    (tmp / "agent.yaml").write_text(json.dumps({"device_id": "dev-1", "state_dir": str(tmp / "keys" / "dev-1")}))
+    Attestor(tmp / "keys" / "dev-1", "dev-1").trial(dev, "committed", None)
+    out = edge_agent("control-plane", "report", "--agent-config", tmp / "agent.yaml", "--url", client.base_url)
+    assert out.returncode == 0 and "uploaded 0 decision record(s), 1 attestation(s)" in out.stdout, out.stderr
+    bad = bytearray(data)
+    bad[len(data) // 2] ^= 0x01
+    assert post(bytes(bad)).status_code == 403
+    other = Attestor(tmp / "dev-2-state", "dev-1", key=device_key(tmp / "keys" / "dev-2")).trial(dev, "committed", None)
+    r = post(other.read_bytes())
+    assert r.status_code == 403 and "not by the expected device key" in r.json()["error"]
+
+    got = client.get("/api/v1/devices/dev-1/attestations").json()["attestations"]
+    assert [(a["summary"]["kind"], a["summary"]["verdict"]) for a in got] == [("trial", "committed")]
+    assert verify_attestation(json.dumps(got[0]["envelope"]), key.public_key(), "dev-1")["verified"]
+    assert client.get("/api/v1/devices/dev-1").json()["attestations"] == got
+    refusals = [a for a in client.get("/api/v1/audit", params={"limit": 100}).json()["entries"]]
+    assert sum(a["action"] == "attestation.refused" for a in refusals) == 3
+    page = client.get("/devices/dev-1")
+    assert page.status_code == 200 and "<td>trial</td>" in page.text and "committed" in page.text
+
+
 def test_openapi_schema_is_served(svc):
     cp, client, tmp = svc
     schema = httpx.get(str(client.base_url) + "/api/openapi.json").json()

@@ -86,11 +86,15 @@ def enroll_cmd(agent_config: str, url: str, token_file: str | None) -> None:
 @click.option("--agent-config", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--url", required=True)
 def report(agent_config: str, url: str) -> None:
-    """On a device: upload its decision records (state_dir/decisions/*.json), each signed with its key."""
-    from agent.controlplane.client import upload_decisions
+    """On a device: upload its decision records (state_dir/decisions/*.json), each signed with its key, and its
+    signed attestations (state_dir/attestations/*.intoto.json, docs/evidence.md)."""
+    from agent.controlplane.client import upload_attestations, upload_decisions
 
     cfg, key = _agent(agent_config)
     n = upload_decisions(url, cfg.device_id, key, Path(cfg.state_dir))
-    if n is None:
-        raise ConfigError(f"no decision records under {cfg.state_dir}/decisions")
-    click.echo(f"uploaded {n} decision record(s)")
+    m = upload_attestations(url, cfg.device_id, Path(cfg.state_dir))
+    if n is None and m is None:
+        raise ConfigError(
+            f"no decision records under {cfg.state_dir}/decisions, no attestations under {cfg.state_dir}/attestations"
+        )
+    click.echo(f"uploaded {n or 0} decision record(s), {m or 0} attestation(s)")

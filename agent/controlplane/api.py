@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from sqlalchemy import func, select
 
-from agent.controlplane import enroll, repo, tokens
+from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
 from agent.controlplane.db import write
 from agent.controlplane.models import DEVICE_STATES, AuditEntry, Device, DeviceDocument, ModelVersion, Rollout
@@ -103,6 +103,7 @@ def get_device(request: Request, device_id: str, _: AsViewer) -> dict[str, Any]:
         out = repo.device_dict(repo.device(s, device_id), full=True)
         out["decisions"] = [_doc(d) for d in repo.documents(s, device_id, "decision")]
         out["conformance"] = [_doc(d) for d in repo.documents(s, device_id, "conformance", 5)]
+        out["attestations"] = attestations.listing(s, device_id, 10)
         return out
 
 
@@ -195,6 +196,30 @@ async def _signed_doc(request: Request, device_id: str, kind: str) -> dict[str, 
         version = body.get("version") if isinstance(body.get("version"), str) else None
         s.add(DeviceDocument(device_id=device_id, kind=kind, model=model, version=version, doc=body, ts=time.time()))
     return {"device_id": device_id, "kind": kind, "stored": True}
+
+
+@router.post("/devices/{device_id}/attestations", status_code=201, tags=["attestations"])
+async def post_attestation(request: Request, device_id: str):
+    """A DSSE-wrapped in-toto attestation signed by the device's key (docs/evidence.md); kept only when it verifies."""
+    from agent.evidence.dsse import AttestationError
+
+    raw = await request.body()
+    if len(raw) > request.app.state.cp.settings.api_max_json:
+        raise HTTPException(413, f"body: more than {request.app.state.cp.settings.api_max_json} bytes")
+    try:
+        with write(cp(request).factory) as s:
+            return attestations.store(s, device_id, raw)
+    except AttestationError as exc:
+        with write(cp(request).factory) as s:
+            attestations.refused(s, device_id, exc)
+        raise HTTPException(403, f"attestation: {exc}") from None
+
+
+@router.get("/devices/{device_id}/attestations", tags=["attestations"])
+def list_attestations(request: Request, device_id: str, _: AsViewer):
+    with cp(request).factory() as s:
+        repo.device(s, device_id)
+        return {"attestations": attestations.listing(s, device_id)}
 
 
 @router.get("/devices/{device_id}/decisions", tags=["decision records"])

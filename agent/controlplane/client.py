@@ -71,5 +71,15 @@ def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | No
     return len(files)
 
 
+def upload_attestations(url: str, device_id: str, state_dir: Path) -> int | None:
+    """Post every attestation the device kept (state_dir/attestations/*.intoto.json, already signed) as is."""
+    files = sorted((state_dir / "attestations").glob("*.intoto.json"))
+    if not files:
+        return None
+    for f in files:
+        _send(url, "POST", f"/api/v1/devices/{device_id}/attestations", f.read_bytes(), "application/json", None, 30)
+    return len(files)
+
+
 def put_bytes(url: str, path: str, file: Path, token: str | None = None, timeout: float = 600.0) -> Any:
     return _send(url, "PUT", path, file.read_bytes(), "application/octet-stream", token, timeout)

@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 
-from agent.controlplane import enroll, repo, tokens
+from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import COOKIE, Operator, authenticate
 from agent.controlplane.db import write
 from agent.controlplane.models import ModelVersion, Rollout
@@ -140,7 +140,8 @@ def device_page(request: Request, device_id: str):
         dev = repo.device_dict(repo.device(s, device_id), full=True)
         decisions = [d.doc for d in repo.documents(s, device_id, "decision", 10)]
         reports = [d.doc for d in repo.documents(s, device_id, "conformance", 3)]
-    return _page(request, "device.html", op, dev=dev, decisions=decisions, reports=reports)
+        signed = [a["summary"] for a in attestations.listing(s, device_id, 10)]
+    return _page(request, "device.html", op, dev=dev, decisions=decisions, reports=reports, attestations=signed)
 
 
 @router.post("/devices/{device_id}/{action}")
