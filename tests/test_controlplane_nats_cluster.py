@@ -29,7 +29,7 @@ DEVICES = int(os.environ.get("EDGE_AGENT_CP_NATS_DEVICES", "20"))
 WAIT_S = 900.0
 PER_SIM = 10
 
-pytestmark = [pytest.mark.timeout(2400), pytest.mark.field]
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
 class PatientSimulator(Simulator):
