@@ -78,7 +78,10 @@ def _cli(args: argparse.Namespace, tmp: Path) -> dict:
                         raise SystemExit(f"fleet serve --http did not start ({proc.poll()})") from None
                     time.sleep(0.2)
             alone = _series(port, sha, args.requests)
-            crowd = [socket.create_connection(("127.0.0.1", port)) for _ in range(args.idle)]
+            crowd = [  # from --peers loopback addresses (127.0.0.2, ...): the server holds 256 per address
+                socket.create_connection(("127.0.0.1", port), source_address=(f"127.0.0.{2 + n % args.peers}", 0))
+                for n in range(args.idle)
+            ]
             time.sleep(1.0)  # let the server accept them all
             counts = _proc_count(proc.pid)
             beside = _series(port, sha, args.requests)
@@ -100,6 +103,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--cli", action="store_true", help="measure `edge-agent fleet serve --http` in a subprocess")
     ap.add_argument("--nofile", type=int, default=1024, help="--cli: the server's RLIMIT_NOFILE")
+    ap.add_argument("--peers", type=int, default=1, help="--cli: spread the idle crowd over this many addresses")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -110,6 +114,7 @@ def main() -> None:
         alone, beside = got.pop("alone"), got.pop("beside")
         doc = {
             "server": f"edge-agent fleet serve --http (subprocess, RLIMIT_NOFILE {args.nofile})",
+            "crowd_peers": args.peers,
             **got,
             "requests": args.requests,
             "alone_median_ms": round(statistics.median(alone) * 1000, 3),
