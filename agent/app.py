@@ -28,6 +28,7 @@ from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
 from agent.services.status import StatusWriter
+from agent.serving.fronts import start_fronts
 from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
@@ -304,10 +305,9 @@ class DeviceAgent:
         return self.status_writer.disk_full if self.status_writer is not None else None
 
     # ---- parts ---------------------------------------------------------------------------------
-    def _start_http(self) -> None:
-        from agent.serving.fronts import start_fronts
-
-        self.server, self.grpc_server = start_fronts(self.registry, self.config.serving, self._repository)
+    def _start_http(self) -> None:  # the request memory budget follows serving.memory_max (body_budget_for)
+        fronts = start_fronts(self.registry, self.config.serving, self._repository, self.step_config.memory_max)
+        self.server, self.grpc_server = fronts
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
 

@@ -100,6 +100,8 @@ def run(config_path):
             "event": "memory",
             "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)",
             "mmap_threshold": MMAP_THRESHOLD if mmap_fixed else "unchanged (no glibc mallopt)",
+            "memory_max": agent.step_config.memory_max,  # serving.memory_max, resolved
+            "request_budget": agent.server.budget.limit if agent.server is not None else None,
         }
     )
     try:
