@@ -1,9 +1,11 @@
 """HTTP client of the control plane's API (stdlib urllib): the fleet CLI's --control-plane mode and the
-device side (enrollment request, signed decision records)."""
+device side (the signed enrollment request and signed decision records), which `edge-agent control-plane
+enroll|report` and the daemon's agent.services.cpsync share. Nothing here imports the service's packages."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import urllib.error
 import urllib.request
@@ -11,6 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError, TransportError
+
+ENROLL_KIND = "enroll"
+
+
+class HttpError(ConfigError):
+    """The control plane answered with an HTTP error; `code` is its status (403: refused, 409: conflict...)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
 
 
 def call(url: str, method: str, path: str, body: Any = None, token: str | None = None, timeout: float = 30.0) -> Any:
@@ -36,7 +48,7 @@ def _send(
             why = json.loads(exc.read()).get("error")
         except ValueError:
             why = exc.reason
-        raise ConfigError(f"control plane {method} {path}: HTTP {exc.code}: {why}") from None
+        raise HttpError(f"control plane {method} {path}: HTTP {exc.code}: {why}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         raise TransportError(f"control plane {url}: {exc}") from None
 
@@ -45,7 +57,36 @@ def post_json(url: str, path: str, body: Any, token: str | None = None) -> Any:
     return call(url, "POST", path, body, token)
 
 
-def signed_decision(device_id: str, key, decision_file: Path) -> dict[str, Any]:
+def enroll_request(
+    device_id: str, key, *, hardware: dict | None = None, target: str | None = None, token: str | None = None
+) -> dict[str, Any]:
+    """A signed enrollment request for `device_id` made with the device's own key (checked by
+    agent.controlplane.enroll on the service's side)."""
+    from agent.artifacts.keys import public_pem
+    from agent.transport.signing import sign_doc
+
+    doc: dict[str, Any] = {
+        "kind": ENROLL_KIND,
+        "device_id": device_id,
+        "public_key": public_pem(key.public_key()),
+        "nonce": secrets.token_hex(16),
+        "ts": time.time(),
+        "hardware": hardware or {},
+        "target": target,
+    }
+    if token:
+        doc["token"] = token
+    return sign_doc(doc, key)
+
+
+def enroll(url: str, device_id: str, key, **kw: Any) -> dict[str, Any]:
+    """Ask the control plane at `url` to enroll this device: {"device_id", "state"} (pending or accepted)."""
+    return post_json(url, "/api/v1/enroll", enroll_request(device_id, key, **kw))
+
+
+def signed_decision(device_id: str, key, decision_file: Path, attestations: Path | None = None) -> dict[str, Any]:
+    """The decision record of one deployment, signed with the device key; with `attestations` (the device's
+    state_dir/attestations), the signed in-toto envelopes of that deployment go along in `attestations`."""
     from agent.transport.signing import sign_doc
     from agent.util.atomic import read_json
 
@@ -59,7 +100,19 @@ def signed_decision(device_id: str, key, decision_file: Path) -> dict[str, Any]:
         "decision": decision,
         "ts": time.time(),
     }
+    if attestations is not None:
+        found = {}
+        for f in sorted(attestations.glob(f"{decision_file.stem}.*.intoto.json")):
+            envelope = read_json(f)
+            if isinstance(envelope, dict):
+                found[f.name.removeprefix(decision_file.stem + ".").removesuffix(".intoto.json")] = envelope
+        if found:
+            doc["attestations"] = found
     return sign_doc(doc, key)
+
+
+def post_decision(url: str, device_id: str, doc: dict[str, Any]) -> Any:
+    return post_json(url, f"/api/v1/devices/{device_id}/decisions", doc)
 
 
 def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | None:
@@ -67,7 +120,7 @@ def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | No
     if not files:
         return None
     for f in files:
-        post_json(url, f"/api/v1/devices/{device_id}/decisions", signed_decision(device_id, key, f))
+        post_decision(url, device_id, signed_decision(device_id, key, f, state_dir / "attestations"))
     return len(files)
 
 
