@@ -15,7 +15,7 @@ import pytest
 from cp_support import postgres, running_service
 
 from agent.artifacts.keys import device_key, public_pem
-from agent.controlplane.client import enroll_request as request
+from agent.transport.cpclient import enroll_request as request
 from agent.transport.signing import sign_doc
 
 _db_counter = itertools.count()

@@ -87,7 +87,7 @@ def enroll_cmd(agent_config: str, url: str | None, token_file: str | None) -> No
     """On a device: ask the control plane to enroll this device (signed with its key). A daemon whose config
     has a control_plane section does this by itself at start."""
     from agent.config.schema import first_line
-    from agent.controlplane.client import enroll
+    from agent.transport.cpclient import enroll
 
     cfg, key = _agent(agent_config)
     token: str | None = None
@@ -105,7 +105,7 @@ def enroll_cmd(agent_config: str, url: str | None, token_file: str | None) -> No
 def report(agent_config: str, url: str | None) -> None:
     """On a device: upload its decision records (state_dir/decisions/*.json), each signed with its key, with
     their attestations. A daemon whose config has a control_plane section does this by itself."""
-    from agent.controlplane.client import upload_decisions
+    from agent.transport.cpclient import upload_decisions
 
     cfg, key = _agent(agent_config)
     n = upload_decisions(_url(cfg, url), cfg.device_id, key, Path(cfg.state_dir))

@@ -46,7 +46,7 @@ def _token(path: str | None) -> str:
 
 
 def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token, rows, offset = _token(token_file), [], 0
     while True:
@@ -75,7 +75,7 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
 
 def _upload(url: str, token: str, package: str, name: str, version: str) -> None:
     from agent.artifacts.packtar import write_targz
-    from agent.controlplane.client import put_bytes
+    from agent.transport.cpclient import put_bytes
 
     src = Path(package)
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +90,7 @@ def cp_push(
     url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
 ) -> None:
     """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
     _upload(url, token, package, body["model"], body["version"])
@@ -111,7 +111,7 @@ def cp_push(
 def _wait_versions(url: str, token: str, body: dict[str, Any], wait: float | None, doc: dict[str, Any]) -> None:
     """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up);
     doc gains `devices` ({id: {result, reason}}) and `ok`."""
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     if wait is None:
         doc["ok"] = True
@@ -141,7 +141,7 @@ def _wait_versions(url: str, token: str, body: dict[str, Any], wait: float | Non
 def cp_register(url: str, token_file: str | None, device_id: str, pem: str | None, groups: list[str]) -> dict:
     """The operator's side of enrollment: with a public key, pre-register (accepted, with groups); without,
     accept the device that asked (pending), giving it `groups` when any are named."""
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
     if pem is not None:
@@ -161,7 +161,7 @@ def cp_rollback(
 ) -> dict[str, Any]:
     """`fleet rollback --control-plane`: roll back a service rollout (halt, then signed rollbacks for every
     device that took the version), or push `version` as a signed rollback to devices or groups."""
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
     if rollout_id is not None:
@@ -191,7 +191,7 @@ def cp_rollout(
     as_json: bool,
     render: Callable[[dict], str],
 ) -> None:
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
     _upload(url, token, package, body["model"], body["version"])

@@ -11,10 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agent.controlplane import repo
-from agent.controlplane.client import ENROLL_KIND as KIND
 from agent.controlplane.models import ACCEPTED, DECOMMISSIONED, PENDING, REJECTED, Device, EnrollNonce, EnrollToken
 from agent.controlplane.tokens import digest
 from agent.errors import ConfigError
+from agent.transport.cpclient import ENROLL_KIND as KIND
 
 MAX_SKEW_S = 300.0
 

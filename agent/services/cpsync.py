@@ -29,7 +29,7 @@ PER_ROUND = 16  # records posted per round at most (the rest wait for the next o
 
 
 class ControlPlanePort(Protocol):
-    """Where signed documents go (agent.controlplane.client over HTTP in the daemon)."""
+    """Where signed documents go (agent.transport.cpclient over HTTP in the daemon)."""
 
     url: str
 
@@ -39,18 +39,18 @@ class ControlPlanePort(Protocol):
 
 
 class HttpControlPlane:
-    """The port over HTTP: the control plane's API through agent.controlplane.client (stdlib urllib)."""
+    """The port over HTTP: the control plane's API through agent.transport.cpclient (stdlib urllib)."""
 
     def __init__(self, url: str, timeout: float = 5.0):
         self.url, self.timeout = url, timeout
 
     def enroll(self, doc: dict[str, Any]) -> dict[str, Any]:
-        from agent.controlplane.client import call
+        from agent.transport.cpclient import call
 
         return call(self.url, "POST", "/api/v1/enroll", doc, timeout=self.timeout)
 
     def post_decision(self, device_id: str, doc: dict[str, Any]) -> Any:
-        from agent.controlplane.client import call
+        from agent.transport.cpclient import call
 
         return call(self.url, "POST", f"/api/v1/devices/{device_id}/decisions", doc, timeout=self.timeout)
 
@@ -160,7 +160,7 @@ class ControlPlaneSync:
                 self.pending = len(left)
 
     def _enroll(self) -> None:
-        from agent.controlplane.client import enroll_request
+        from agent.transport.cpclient import enroll_request
 
         who = self.identity()
         doc = enroll_request(
@@ -175,7 +175,7 @@ class ControlPlaneSync:
             raise NotAccepted(f"enrollment: {self.device_id} is {state} at {self.port.url} (an operator accepts it)")
 
     def _post(self, dep_id: str, digest: str) -> None:
-        from agent.controlplane.client import HttpError, signed_decision
+        from agent.transport.cpclient import HttpError, signed_decision
 
         decisions = self.state_dir / "decisions"
         doc = signed_decision(self.device_id, self.key, decisions / f"{dep_id}.json", self.state_dir / "attestations")
