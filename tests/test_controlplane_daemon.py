@@ -122,6 +122,8 @@ def test_control_plane_down_at_first_then_up_still_gets_the_record(tmp_path):
 
         seen = wait_for(failing, 30, "the record pending while the control plane is down")
         assert "127.0.0.1" in seen["last_error"] and seen["posted"] == 0, seen
+        text = edge_agent("status", "--config", config).stdout
+        assert f"control plane {url}: not enrolled, 0 record(s) posted, 1 pending; last error: " in text, text
         daemon.terminate()  # a restart while it is down loses nothing
         daemon = Daemon(config, state)
         daemon.wait_ready()
