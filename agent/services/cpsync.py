@@ -124,7 +124,7 @@ class ControlPlaneSync:
 
     def round_safely(self) -> bool:
         """One round; a failure is counted for the back-off and kept as last_error. True when the status changed."""
-        before = self.snapshot()
+        before = self._brief()
         try:
             self.round()
         except EdgeAgentError as exc:
@@ -133,7 +133,13 @@ class ControlPlaneSync:
             self._failed(f"{type(exc).__name__}: {exc}")
         else:
             self._failures = 0
-        return self.snapshot() != before
+        return self._brief() != before
+
+    def _brief(self) -> dict[str, Any]:
+        """The snapshot less the time of the last error: a failure repeated does not rewrite the status."""
+        doc = self.snapshot()
+        doc.pop("last_error_ts")
+        return doc
 
     def _failed(self, why: str) -> None:
         first = why != self.last_error
@@ -178,6 +184,8 @@ class ControlPlaneSync:
         from agent.transport.cpclient import HttpError, signed_decision
 
         decisions = self.state_dir / "decisions"
+        if not (decisions / f"{dep_id}.json").exists():
+            return  # pruned since the scan (the journal keeps so many deployments)
         doc = signed_decision(self.device_id, self.key, decisions / f"{dep_id}.json", self.state_dir / "attestations")
         try:
             self.port.post_decision(self.device_id, doc)
