@@ -20,6 +20,7 @@ SYSTEM = frozenset(
         "test_controlplane_api",
         "test_controlplane_browser",
         "test_controlplane_config",
+        "test_controlplane_daemon",
         "test_controlplane_knobs",
         "test_controlplane_service",
         "test_evidence_sim",

@@ -15,7 +15,7 @@ import pytest
 from cp_support import postgres, running_service
 
 from agent.artifacts.keys import device_key, public_pem
-from agent.controlplane.enroll import request
+from agent.transport.cpclient import enroll_request as request
 from agent.transport.signing import sign_doc
 
 _db_counter = itertools.count()
@@ -276,3 +276,32 @@ def test_import_of_an_existing_store_on_first_start(tmp_path, db_url):
         assert httpx.get(url + "/api/v1/rollouts/m-3", headers=h).json()["phase"] == "finished"
     with running_service(tmp_path, database={"url": db_url}) as (cp, url):  # a second start imports nothing
         assert cp.imported == {"devices": 0, "rollouts": 0}
+
+
+def test_preregister_a_key_and_one_record_per_deployment(svc):
+    cp, client, tmp = svc
+    key = device_key(tmp / "keys" / "pre-1")
+    pem = public_pem(key.public_key())
+    viewer = _token(client, "v", "viewer")
+    body = {"device_id": "pre-1", "public_key": pem, "groups": ["lab"]}
+    r = httpx.post(str(client.base_url) + "/api/v1/devices", json=body, headers={"Authorization": f"Bearer {viewer}"})
+    assert r.status_code == 403  # registering is an operator's change
+    r = client.post("/api/v1/devices", json=body)
+    assert r.status_code == 201 and (r.json()["state"], r.json()["groups"]) == ("accepted", ["lab"]), r.text
+    r = client.post("/api/v1/devices", json={**body, "device_id": "pre-2"})
+    assert r.status_code == 409 and "one key, one device" in r.json()["error"]
+    r = client.post("/api/v1/devices", json={**body, "public_key": "not a key"})
+    assert r.status_code == 400 and r.json()["error"].startswith("public_key"), r.text
+    assert _enroll(client, tmp, "pre-1").json()["state"] == "accepted"  # the device asking later: nothing changes
+    first = {"device_id": "pre-1", "deployment_id": "d1", "model": "m", "version": "1", "decision": {"n": 1}, "ts": 1}
+    for n in (1, 2):  # the same deployment's record posted again as it grew: the newer copy replaces the older
+        assert (
+            client.post(
+                "/api/v1/devices/pre-1/decisions", json=sign_doc({**first, "decision": {"n": n}}, key)
+            ).status_code
+            == 201
+        )
+    other = sign_doc({**first, "deployment_id": "d2", "decision": {"n": 3}}, key)
+    assert client.post("/api/v1/devices/pre-1/decisions", json=other).status_code == 201
+    got = client.get("/api/v1/devices/pre-1").json()["decisions"]
+    assert sorted(d["doc"]["decision"]["n"] for d in got) == [2, 3]

@@ -232,7 +232,7 @@ def test_full_disk_fails_writes_clearly_and_reads_keep_working(tmp_path):
     from cp_support import running_service
 
     from agent.artifacts.keys import device_key
-    from agent.controlplane.enroll import request
+    from agent.transport.cpclient import enroll_request as request
 
     mnt = tmp_path / "small"
     mnt.mkdir()

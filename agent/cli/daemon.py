@@ -197,6 +197,13 @@ def _print_status(doc: dict) -> None:
         _table([("MODEL", "VERSION", "STATE")] + flying)
     for problem in doc.get("problems") or []:
         click.echo(f"problem: {problem}")
+    cp = doc.get("control_plane")
+    if cp:
+        error = f"; last error: {cp['last_error']}" if cp.get("last_error") and cp.get("retrying") else ""
+        click.echo(
+            f"control plane {cp['url']}: {cp.get('enrollment') or 'not enrolled'}, {cp['posted']} record(s) posted, "
+            f"{cp['pending']} pending{error}"
+        )
     recent = doc.get("recent_deployments") or []
     if recent:
         click.echo("recent deployments:")

@@ -11,7 +11,7 @@ import click
 
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
-from agent.cli.fleet_cp import control_plane_options, cp_rollout
+from agent.cli.fleet_cp import control_plane_options, cp_rollback, cp_rollout
 from agent.cli.table import render_table
 from agent.cli.waitopt import wait_option
 
@@ -212,20 +212,61 @@ def _stop_after(seconds: float | None) -> threading.Event | None:
 @click.option(
     "--version", "version", help="Version to return to (default: each device's version before the last rollout)."
 )
-@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key.")
-@click.option(
-    "--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts)."
-)
+@click.option("--rollout", "rollout_id", help="With --control-plane: roll back this rollout of the service.")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key.")
+@click.option("--store", type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts).")
 @wait_option("devices to confirm the rollback")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON.")
 @broker_options
-def rollback(name, device_id, group, version, key_file, store, wait, as_json, **broker_kw):
+@control_plane_options
+def rollback(
+    name,
+    device_id,
+    group,
+    version,
+    rollout_id,
+    key_file,
+    store,
+    wait,
+    as_json,
+    control_plane=None,
+    cp_token_file=None,
+    **broker_kw,
+):
     """Publish signed rollback manifests (rollback: true) returning NAME to its previous version on one
-    device or a group. Exits 1 if any device could not be rolled back."""
+    device or a group. Exits 1 if any device could not be rolled back.
+
+    With --control-plane URL (through the API): --rollout ID halts that rollout and rolls back every device
+    that took its version; --device/--group with --version V pushes V (uploaded to the service) as a signed
+    rollback."""
     from agent.fleet.rollout_run import run_rollback
 
+    if control_plane:
+        if bool(rollout_id) == bool(device_id or group) or (device_id and group):
+            raise click.UsageError("with --control-plane give exactly one of --rollout ID, --device ID, --group G")
+        targets = {"devices": [device_id] if device_id else [], "groups": [group] if group else []}
+        doc = cp_rollback(control_plane, cp_token_file, name, rollout_id, targets, version, wait)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        elif rollout_id:
+            r = doc["rollout"]
+            click.echo(f"rollout {rollout_id}: {r['phase']}, {r['rollback_requested']} (state {r['state']})")
+        else:
+            rows = [(d, r["result"], version, r["reason"] or "") for d, r in sorted((doc.get("devices") or {}).items())]
+            click.echo(
+                render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows)
+                if rows
+                else f"pushed rollback to {version}"
+            )
+        if not doc["ok"]:
+            sys.exit(1)
+        return
+    if rollout_id:
+        raise click.UsageError("--rollout ID needs --control-plane URL")
     if bool(device_id) == bool(group):
         raise click.UsageError("give exactly one of --device ID or --group G")
+    if not key_file or not store:
+        raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     result = run_rollback(
         name,
         device=device_id,

@@ -21,6 +21,7 @@ from agent.controlplane.schemas import (
     VERSION,
     Decide,
     Groups,
+    NewDevice,
     NewEnrollToken,
     NewOperatorToken,
     NewRollout,
@@ -95,6 +96,17 @@ def list_devices(
             limit=limit,
         )
         return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
+
+
+@router.post("/devices", status_code=201, tags=["devices"])
+def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[str, Any]:
+    """Pre-register a device's public key with groups (accepted at once: `fleet register --control-plane`)."""
+    for g in body.groups:
+        _name(g, "groups")
+    with write(cp(request).factory) as s:
+        out = repo.device_dict(enroll.preregister(s, body.device_id, body.public_key, body.groups, op.actor))
+    cp(request).registry_changed()
+    return out
 
 
 @router.get("/devices/{device_id}", tags=["devices"])
@@ -193,6 +205,7 @@ async def _signed_doc(request: Request, device_id: str, kind: str) -> dict[str, 
         body = {k: v for k, v in doc.items() if k != "sig"}
         model = body.get("model") if isinstance(body.get("model"), str) else None
         version = body.get("version") if isinstance(body.get("version"), str) else None
+        repo.replace_document(s, device_id, kind, model, version, body.get("deployment_id"))
         s.add(DeviceDocument(device_id=device_id, kind=kind, model=model, version=version, doc=body, ts=time.time()))
     return {"device_id": device_id, "kind": kind, "stored": True}
 
