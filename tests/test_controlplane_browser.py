@@ -134,7 +134,9 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
         "tiny-1 finished", lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r
     )
     assert first["state"] == "completed", [
-        (d["device_id"], d["result"], d["reason"]) for d in first["progress"]["devices"] if d["result"] != "succeeded"
+        (d["device_id"], d["result"], d["reason"], sim.agents[d["device_id"]].status().get("in_flight"))
+        for d in first["progress"]["devices"]
+        if d["result"] != "succeeded"
     ]
 
     # version 2 from the browser: canary 1 then waves of 25%
