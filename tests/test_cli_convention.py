@@ -15,7 +15,14 @@ from agent.cli.table import duration, ms, render_table
 from agent.cli.waitopt import WAIT_DEFAULT_S
 
 # Long-running services and commands that change state are not read commands; everything else reads.
-NOT_READ = {"run", "fleet serve", "control-plane enroll", "control-plane report", "control-plane token"}
+NOT_READ = {
+    "run",
+    "control-plane",
+    "fleet serve",
+    "control-plane enroll",
+    "control-plane report",
+    "control-plane token",
+}
 
 
 GROUP_OPTS: dict[str, set[str]] = {}  # command path -> the options of the groups above it
@@ -28,7 +35,10 @@ def _leaves(group: click.Group, prefix: tuple[str, ...] = (), above: frozenset[s
         path = prefix + (name,)
         if isinstance(cmd, click.Group):
             yield from _leaves(cmd, path, above | {o for p in cmd.params for o in getattr(p, "opts", [])})
-        else:
+        if isinstance(cmd, click.Group) and cmd.invoke_without_command:  # a group that is a command itself
+            GROUP_OPTS[" ".join(path)] = set(above)
+            yield " ".join(path), cmd
+        elif not isinstance(cmd, click.Group):
             GROUP_OPTS[" ".join(path)] = set(above)
             yield " ".join(path), cmd
 
@@ -38,6 +48,10 @@ LEAVES = dict(_leaves(cli))
 
 def test_every_command_is_walked():
     assert {"qualify", "package", "fleet push", "fleet rollout", "keys show", "config check"} <= set(LEAVES)
+    assert {"control-plane", "control-plane token", "fleet clear", "attestation verify"} <= set(LEAVES)
+    top = click.Context(cli, info_name="edge-agent")
+    for name in cli.list_commands(top):  # every top-level command is walked, itself or through its subcommands
+        assert name in LEAVES or any(p.startswith(name + " ") for p in LEAVES), name
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
@@ -72,6 +86,36 @@ def test_wait_means_seconds_everywhere(path):
     opt = next(o for o in LEAVES[path].params if "--wait" in getattr(o, "opts", []))
     assert not opt.is_flag and opt.metavar == "[SECONDS]" and opt.flag_value == WAIT_DEFAULT_S, path
     assert opt.type.convert("12.5", opt, None) == 12.5
+
+
+def test_tables_and_durations_have_one_home():
+    """Every command's tables go through render_table (headers, columns as wide as their widest cell) and its
+    record lines through render_fields: no CLI module pads columns to widths of its own (`:<24`, ljust), which is
+    how `fleet status` once misaligned ids over 20 characters. Durations go through table.duration/ms."""
+    import re
+    from pathlib import Path
+
+    import agent.cli
+
+    home = Path(agent.cli.__file__).parent
+    padded = re.compile(r"\.[lr]just\(|:[<>^]\d|\{[^{}]*:\d+[sd]?\}")
+    bad = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in sorted(home.glob("*.py"))
+        if f.name != "table.py"
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if padded.search(line)
+    ]
+    assert not bad, bad
+    seconds = re.compile(r"\{[^{}]*:\.?\d*[fg]\}\s?s\b|:\.\d*[eg]\}\s?ms\b")  # "{x:.0f} s", "{x:.3g} ms"
+    bad = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in sorted(home.glob("*.py"))
+        if f.name != "table.py"
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if seconds.search(line)
+    ]
+    assert not bad, bad
 
 
 def test_help_prints_the_example():

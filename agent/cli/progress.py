@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from agent.cli.table import duration
+
 HEARTBEAT_S = 5.0
 
 
@@ -71,7 +73,7 @@ class Progress:
                 if now - self._last_said >= self.heartbeat_s:
                     elapsed = now - self.t0
                     self._say(
-                        "heartbeat", {"step": self._step}, f"{self.command}: still {self._step} ({elapsed:.0f} s)"
+                        "heartbeat", {"step": self._step}, f"{self.command}: still {self._step} ({duration(elapsed)})"
                     )
 
 

@@ -8,7 +8,7 @@ import tempfile
 
 import click
 
-from agent.cli.table import ms
+from agent.cli.table import duration, ms, render_table
 
 
 def _render(event: str, f: dict) -> str | None:
@@ -37,10 +37,10 @@ def _render(event: str, f: dict) -> str | None:
     at = " at max" if f.get("shape") == "max" else ""
     if event == "latency" and "runs" in f:
         left = eta(f["runs"], f["target"], f.get("elapsed_s") or 0, f.get("budget_s") or 0)
-        est = f", about {left:.0f} s left" if left is not None else ""
+        est = f", about {duration(left)} left" if left is not None else ""
         return f"{head}: latency{at} {f['runs']}/{f['target']} runs{est}"
     if event == "latency":
-        budget = f" for up to {f['budget_s']:g} s" if f.get("budget_s") else ""
+        budget = f" for up to {duration(f['budget_s'])}" if f.get("budget_s") else ""
         return f"{head}: measuring latency{at} on {f.get('inputs') or 'the planned inputs'}{budget}"
     if event == "selected":
         return f"qualify: selected {f.get('provider') or 'none'}"
@@ -179,8 +179,7 @@ def render(doc: dict) -> str:
         "RSS+MB",
     )
     table = [head] + [_row_cells(r) for r in doc["results"]]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    lines.append(render_table(head, table[1:]))
     if doc.get("emulated"):
         lines.append(f"latency measured under emulation ({doc['emulated']}): labelled emulated, not used to select")
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
@@ -216,7 +215,7 @@ def _original_lines(rows: list[dict]) -> list[str]:
         agree = f"top-1 {_fmt(acc.get('top1_agreement'), '.2f')}, top-5 {_fmt(acc.get('top5_agreement'), '.2f')}"
         if acc.get("top1_agreement") is None:
             agree = f"max_rel {_fmt(acc.get('max_rel'), '.2g')}"
-        speed = f"; original p50 {_fmt(o.get('p50_ms'))} ms, speed-up {_fmt(o.get('speedup'), '.2f')}x" if o else ""
+        speed = f"; original p50 {ms(o.get('p50_ms'))} ms, speed-up {_fmt(o.get('speedup'), '.2f')}x" if o else ""
         if o.get("error"):
             speed = f"; {o['error']}"
         out.append(f"  {r['key']} ({r.get('precision')}) vs fp32 original: {agree} over {acc.get('sets')} sets{speed}")
