@@ -193,6 +193,7 @@ def test_qualify_progress_lines_keep_coming_during_a_long_qualification(tmp_path
     assert json.loads(r.stdout)["selected"] == "cpu"
     lines = [json.loads(ln) for ln in r.stderr.splitlines() if ln.startswith("{")]
     assert lines and all(d["progress"] == "qualify" for d in lines)
+    assert lines[0]["event"] == "start", lines[0]  # said before reading the package, the profile or a runtime
     times = [d["elapsed_s"] for d in lines]
     # The heartbeat's period, not wall-time promises a loaded 2-core CI machine cannot keep (a starved thread
     # once printed 8.7 s apart at load 13): the typical gap is the 5 s period, and the long timed phase is not

@@ -87,14 +87,24 @@ def _upload(url: str, token: str, package: str, name: str, version: str) -> None
 
 
 def cp_push(
-    url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
+    url: str,
+    token_file: str | None,
+    package: str,
+    body: dict[str, Any],
+    wait: float | None,
+    as_json: bool,
+    progress: Callable[..., None] = lambda event, **f: None,
 ) -> None:
-    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
+    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version,
+    saying each device's version as it changes (`progress`, the same events as a push over the broker)."""
     from agent.controlplane.client import call
 
     token = _token(token_file)
+    progress("store", package=str(package))
     _upload(url, token, package, body["model"], body["version"])
     doc = call(url, "POST", "/api/v1/push", body, token=token)
+    progress("published", topics=[url], version=body["version"])
+    said: dict[str, Any] = {}
     if wait is not None:
         deadline = time.monotonic() + wait
         while True:
@@ -107,6 +117,11 @@ def cp_push(
             for dev in body["devices"]:
                 rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
             have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
+            for d, v in sorted(have.items()):
+                if said.get(d, "?") != v:  # every change of a device's version is said as it happens
+                    said[d] = v
+                    result = "committed" if v == body["version"] else "pending"
+                    progress("device", device_id=d, result=result, reason=f"runs {v}" if v else "runs no version")
             if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
                 break
             time.sleep(1.0)

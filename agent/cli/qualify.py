@@ -44,6 +44,12 @@ def _render(event: str, f: dict) -> str | None:
         return f"{head}: measuring latency{at} on {f.get('inputs') or 'the planned inputs'}{budget}"
     if event == "selected":
         return f"qualify: selected {f.get('provider') or 'none'}"
+    if event == "start":
+        return f"qualify: reading {f['package']} and this device's profile"
+    if event == "plan":
+        return (
+            f"qualify: {f['model']} v{f['version']} on target {f.get('target') or '?'}: finding the available providers"
+        )
     return None
 
 
@@ -104,24 +110,28 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     from agent.qualify.package import load_package
     from agent.targets import detect_device
 
-    with tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp,
+        Progress("qualify", _render, as_json) as progress,
+    ):
+        progress("start", package=str(package))  # the first line comes before any work that can take time
         pkg = load_package(package, extract_to=tmp)
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
         cap = _memory_max(memory_max, target)
-        with Progress("qualify", _render, as_json) as progress:
-            decision = run_qualify(
-                pkg,
-                profile,
-                target,
-                providers=list(providers) or None,
-                cache_dir=cache_dir,
-                progress=progress,
-                latency_budget_s=budget,
-                row_timeout_s=timeout,
-                memory_max=cap,
-                optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
-            )
+        progress("plan", model=pkg.name, version=pkg.version, target=getattr(target, "name", None))
+        decision = run_qualify(
+            pkg,
+            profile,
+            target,
+            providers=list(providers) or None,
+            cache_dir=cache_dir,
+            progress=progress,
+            latency_budget_s=budget,
+            row_timeout_s=timeout,
+            memory_max=cap,
+            optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
+        )
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json
