@@ -116,6 +116,20 @@ def test_check_names_every_fix_of_a_hand_made_package(tmp_path):
     (pkg / "model.yaml").write_text("name: hand\nversion: 1\nbogus: 3\n")
     r = edge_agent("package", "--check", pkg)
     assert r.returncode == 1 and "bogus: unknown key" in r.stdout, r.stdout
+    # every refused key is named in one run, not only the first the loader meets
+    (pkg / "model.yaml").write_text(
+        "name: hand\nversion: 1\nbogus: 3\ntolerances: {nope: 1}\ninput_shapes: {x: [1, 4, 48, 192], y: [1]}\n"
+    )
+    r = edge_agent("package", "--check", pkg, "--json")
+    fixes = [(f["where"], f["problem"]) for f in json.loads(r.stdout)["fixes"]]
+    assert r.returncode == 1, fixes
+    for where, problem in (
+        ("model.yaml: bogus", "unknown key"),
+        ("model.yaml: tolerances.nope", "unknown tolerance"),
+        ("model.yaml: input_shapes.y", "the model has no input 'y'"),
+        ("model.yaml: input_shapes.x", "dim 1 is 4"),
+    ):
+        assert any(w == where and problem in p for w, p in fixes), (where, fixes)
 
 
 def test_declared_shapes_do_not_replace_golden_inputs_for_latency(tmp_path):
