@@ -110,16 +110,17 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     from agent.qualify.package import load_package
     from agent.targets import detect_device
 
+    given = _memory_size(memory_max)  # a bad flag is refused before any progress line
     with (
         tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp,
         Progress("qualify", _render, as_json) as progress,
     ):
-        progress("start", package=str(package))  # the first line comes before any work that can take time
+        progress.quietly(f"qualify: reading {package} and this device's profile")  # said if it takes a while
         pkg = load_package(package, extract_to=tmp)
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
-        cap = _memory_max(memory_max, target)
-        progress("plan", model=pkg.name, version=pkg.version, target=getattr(target, "name", None))
+        cap = _memory_max(given, target)
+        progress.quietly(f"qualify: {pkg.name} v{pkg.version} on {getattr(target, 'name', '?')}: finding providers")
         decision = run_qualify(
             pkg,
             profile,
@@ -145,15 +146,19 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         sys.exit(3)
 
 
-def _memory_max(text, target) -> int | None:
+def _memory_size(text: str | None) -> int | None:
     from agent.errors import ConfigError
-    from agent.serving.memory import resolve_memory_max
     from agent.util.sizes import parse_size
 
     try:
-        given = parse_size(text) if text else None
+        return parse_size(text) if text else None
     except ValueError as exc:
         raise ConfigError(f"--memory-max: {exc}") from None
+
+
+def _memory_max(given: int | None, target) -> int | None:
+    from agent.serving.memory import resolve_memory_max
+
     return resolve_memory_max(given, getattr(target, "serving", None))[0]
 
 
