@@ -16,7 +16,7 @@ import click
 from agent.cli.table import duration
 
 HEARTBEAT_S = 5.0
-FIRST_S = 1.0  # a step set quietly is said if nothing else was said this long after the start
+FIRST_S = 0.5  # a step set quietly is said if nothing else was said this long after the start
 
 
 class Progress:

@@ -106,9 +106,6 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
     from agent.cli.progress import Progress
-    from agent.qualify.harness import qualify as run_qualify
-    from agent.qualify.package import load_package
-    from agent.targets import detect_device
 
     given = _memory_size(memory_max)  # a bad flag is refused before any progress line
     with (
@@ -116,6 +113,10 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         Progress("qualify", _render, as_json) as progress,
     ):
         progress.quietly(f"qualify: reading {package} and this device's profile")  # said if it takes a while
+        from agent.qualify.harness import qualify as run_qualify  # the runtimes' imports count as work too
+        from agent.qualify.package import load_package
+        from agent.targets import detect_device
+
         pkg = load_package(package, extract_to=tmp)
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
