@@ -131,6 +131,7 @@ def test_tables_fit_their_widest_cell_and_durations_read_well():
     assert lines[2].endswith("-")
     assert ms(3700.0) == "3700" and "e+" not in ms(123456.0) and ms(0.0412) == "0.0412" and ms(3.7) == "3.70"
     assert duration(3.7) == "3.70 s" and duration(0.84) == "840 ms" and duration(750) == "12.5 min"
+    assert duration(2.4e-6) == "< 1 ms" and duration(0.0037) == "3.70 ms" and duration(7560) == "2.1 h"
 
 
 def test_progress_heartbeat_repeats_the_step_while_nothing_else_is_said(capsys):
