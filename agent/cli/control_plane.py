@@ -18,7 +18,7 @@ def control_plane(ctx: click.Context, config_path: str | None) -> None:
     """Run the control-plane service (device registry, API, dashboard, rollouts).
 
     \b
-    Example:
+    Examples:
       edge-agent control-plane --config cp.yaml
     The first start writes an admin token to admin_token_file (default: beside the store).
     """

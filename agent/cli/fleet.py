@@ -123,7 +123,8 @@ def push(
 
     if control_plane:  # the service stores, signs and publishes
         body = {"model": name, "version": version, "devices": list(devices), "groups": list(groups)}
-        return cp_push(control_plane, cp_token_file, package, body, wait, as_json)
+        with Progress("push", _render_push, as_json) as progress:
+            return cp_push(control_plane, cp_token_file, package, body, wait, as_json, progress)
     if not key_file or not store:
         raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     with Progress("push", _render_push, as_json) as progress:

@@ -87,15 +87,24 @@ def _upload(url: str, token: str, package: str, name: str, version: str) -> None
 
 
 def cp_push(
-    url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
+    url: str,
+    token_file: str | None,
+    package: str,
+    body: dict[str, Any],
+    wait: float | None,
+    as_json: bool,
+    progress: Callable[..., None] = lambda event, **f: None,
 ) -> None:
-    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
+    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version,
+    saying each device's version as it changes (`progress`, the same events as a push over the broker)."""
     from agent.transport.cpclient import call
 
     token = _token(token_file)
+    progress("store", package=str(package))
     _upload(url, token, package, body["model"], body["version"])
     doc = call(url, "POST", "/api/v1/push", body, token=token)
-    _wait_versions(url, token, body, wait, doc)
+    progress("published", topics=[url], version=body["version"])
+    _wait_versions(url, token, body, wait, doc, progress)
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -108,15 +117,23 @@ def cp_push(
         raise click.exceptions.Exit(1)
 
 
-def _wait_versions(url: str, token: str, body: dict[str, Any], wait: float | None, doc: dict[str, Any]) -> None:
-    """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up);
-    doc gains `devices` ({id: {result, reason}}) and `ok`."""
+def _wait_versions(
+    url: str,
+    token: str,
+    body: dict[str, Any],
+    wait: float | None,
+    doc: dict[str, Any],
+    progress: Callable[..., None] = lambda event, **f: None,
+) -> None:
+    """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up),
+    saying each device's version as it changes; doc gains `devices` ({id: {result, reason}}) and `ok`."""
     from agent.transport.cpclient import call
 
     if wait is None:
         doc["ok"] = True
         return
     deadline = time.monotonic() + wait
+    said: dict[str, Any] = {}
     while True:
         rows: dict[str, dict[str, Any]] = {}
         for g in body["groups"]:
@@ -125,6 +142,11 @@ def _wait_versions(url: str, token: str, body: dict[str, Any], wait: float | Non
         for dev in body["devices"]:
             rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
         have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
+        for d, v in sorted(have.items()):
+            if said.get(d, "?") != v:  # every change of a device's version is said as it happens
+                said[d] = v
+                result = "committed" if v == body["version"] else "pending"
+                progress("device", device_id=d, result=result, reason=f"runs {v}" if v else "runs no version")
         if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
             break
         time.sleep(1.0)

@@ -12,7 +12,7 @@ import click
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
 from agent.cli.fleet_cp import control_plane_options, cp_rollback, cp_rollout
-from agent.cli.table import render_table
+from agent.cli.table import duration, render_table
 from agent.cli.waitopt import wait_option
 
 
@@ -40,11 +40,16 @@ def render_summary(doc: dict) -> str:
         f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
         f"counts: {json.dumps(doc['counts'], sort_keys=True)}"
     ]
-    for key, c in doc["cohorts"].items():
-        waves = ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"])
-        lines.append(f"  cohort {key:<24} {c['state']:<12} {waves} succeeded")
-        if c.get("reason"):
-            lines.append(f"    halted: {c['reason']}")
+    cohorts = [
+        (
+            key,
+            c["state"],
+            ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"]),
+            c.get("reason"),
+        )
+        for key, c in doc["cohorts"].items()
+    ]
+    lines.append(render_table(("COHORT", "STATE", "SUCCEEDED PER WAVE", "REASON"), cohorts, indent="  "))
     rows = [(d["device_id"], d["cohort"], d["wave"], d["result"], d["reason"] or "") for d in doc["devices"]]
     lines.append(render_table(("DEVICE", "COHORT", "WAVE", "RESULT", "REASON"), rows, indent="  ", right=(2,)))
     return "\n".join(lines)
@@ -189,7 +194,7 @@ def rollout(
         sys.exit(1)
     if wait is not None and summary["state"] not in ROLLOUT_FINAL:
         click.echo(
-            f"rollout: still {summary['state']} after --wait {wait:g} s; run the same command to resume", err=True
+            f"rollout: still {summary['state']} after --wait {duration(wait)}; run the same command to resume", err=True
         )
         sys.exit(1)
 
