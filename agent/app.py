@@ -1,10 +1,8 @@
 """DeviceAgent: the daemon's composition root (config + hardware + target -> store, lifecycle, serving, links).
-
 No global state: several DeviceAgents can run in one process (the fleet simulator does), each with its own
 state_dir, registry, optional HTTP server (port 0 picks a free one) and optional MQTT link. Signal handlers
 belong to the CLI. Test/tuning knobs come in through StepConfig; start() resolves the rest (agent.settings).
-What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them.
-"""
+What the daemon does each loop turn lives in agent.services; this module builds the parts and wires them."""
 
 from __future__ import annotations
 
@@ -22,12 +20,14 @@ from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
 from agent.lifecycle.status import build_status, hardware_summary
 from agent.lifecycle.steps import Qualifier, StepConfig, Steps
+from agent.services import cpsync
 from agent.services.control import ControlService
 from agent.services.health import HealthPublisher, registry_health
 from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
 from agent.services.status import StatusWriter
+from agent.serving.fronts import start_fronts
 from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class DeviceAgent:
 
     The parts: content store, registry, lifecycle steps and orchestrator, optional MQTT source, HTTP server and
     telemetry; the services its loop ticks (agent.services: inbox, control requests, MQTT desired state,
-    reported rejections, health) and those beside it (status writer, provider probe)."""
+    reported rejections, health) and those beside it (status writer, provider probe, control-plane sync)."""
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class DeviceAgent:
         self.status_writer: StatusWriter | None = None
         self.probe: ProviderProbeService | None = None
         self.health: HealthPublisher | None = None
+        self.cpsync: cpsync.ControlPlaneSync | None = None  # config.control_plane: enroll, post decision records
         self._known_providers = list(providers) if providers is not None else None
         self._ticks: list[Callable[[], None]] = []  # what the loop runs each turn, in order
         self._lock: control.StateLock | None = None
@@ -108,14 +109,8 @@ class DeviceAgent:
             self._build()
             assert self.orchestrator is not None and self.registry is not None and self.probe is not None
             self.probe.start()
-            self._emit(
-                {
-                    "event": "starting",
-                    "state_dir": str(self.state_dir),
-                    "mode": self.config.mode,
-                    "target": self._target_name(),
-                }
-            )
+            starting = {"event": "starting", "state_dir": str(self.state_dir), "mode": self.config.mode}
+            self._emit({**starting, "target": self._target_name()})
             if self.notifier is not None:
                 self.notifier.extend_timeout(300)  # restoring big models (compiling) may take a while
             self.orchestrator.start()  # serve committed slots, then resume in-flight deployments
@@ -123,6 +118,8 @@ class DeviceAgent:
                 self._start_http()
             if self.link is not None:
                 self.link.start()
+            if self.cpsync is not None:
+                self.cpsync.start()
             self.write_status()
             self._thread = threading.Thread(target=self._loop, name=f"agent-{self.config.device_id}", daemon=True)
             self._thread.start()
@@ -227,6 +224,8 @@ class DeviceAgent:
         if link is not None:
             self._ticks += [link.poll, self.reporter.tick]  # MQTT desired state, then the rejections it reported
         self._ticks.append(self.health.tick)
+        identity = lambda: {"target": self._target_name(), "hardware": hardware_summary(self.profile)}  # noqa: E731
+        self.cpsync = cpsync.for_agent(self.config, self.state_dir, identity, self.write_status, self._emit)
 
     def stop(self, drain_timeout: float = 10.0) -> None:
         """Stop taking work, drain in-flight HTTP requests, close sessions, publish offline, release the lock.
@@ -248,6 +247,8 @@ class DeviceAgent:
                 front.shutdown(drain_timeout)
         if self.link is not None:
             self.link.stop(graceful=True)
+        if self.cpsync is not None:
+            self.cpsync.stop()
         if self.registry is not None:
             self.registry.close(drain_timeout)
         if self.status_writer is not None:
@@ -304,10 +305,9 @@ class DeviceAgent:
         return self.status_writer.disk_full if self.status_writer is not None else None
 
     # ---- parts ---------------------------------------------------------------------------------
-    def _start_http(self) -> None:
-        from agent.serving.fronts import start_fronts
-
-        self.server, self.grpc_server = start_fronts(self.registry, self.config.serving, self._repository)
+    def _start_http(self) -> None:  # the request memory budget follows serving.memory_max (body_budget_for)
+        fronts = start_fronts(self.registry, self.config.serving, self._repository, self.step_config.memory_max)
+        self.server, self.grpc_server = fronts
         if self.telemetry is not None:
             self.server.add_metrics_collector(self.telemetry.collector)
 
@@ -359,10 +359,9 @@ class DeviceAgent:
             "in_flight": {n: d.state.value for n, d in self.orchestrator.in_flight().items()},
             "qualification_queue": self.steps.qualify_queue.snapshot(),  # one at a time: running, waiting
         }
-        if self.disk_full is not None:
-            extra["disk_full"] = self.disk_full
-        if self.reporter.retrying:
-            extra["retrying"] = dict(self.reporter.retrying)
+        extra |= {"disk_full": self.disk_full} if self.disk_full is not None else {}
+        extra |= {"retrying": dict(self.reporter.retrying)} if self.reporter.retrying else {}
+        extra |= {"control_plane": self.cpsync.snapshot()} if self.cpsync is not None else {}  # posted, pending
         if self.link is not None:
             extra["rejected"] = dict(self.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(

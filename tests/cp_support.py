@@ -21,12 +21,12 @@ PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUN
 
 
 @contextlib.contextmanager
-def running_service(tmp: Path, **doc) -> Iterator:
-    """(ControlPlane, base URL) of a service serving on 127.0.0.1; stopped at exit."""
+def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
+    """(ControlPlane, base URL) of a service serving on 127.0.0.1 (on `port`, else a free one); stopped at exit."""
     from agent.controlplane.service import ControlPlane, server
     from agent.controlplane.settings import parse
 
-    port = free_port()
+    port = port or free_port()
     settings = parse({"store": str(tmp / "store"), "listen": {"host": "127.0.0.1", "port": port}, **doc}, tmp)
     cp = ControlPlane(settings).prepare()
     cp.start_fleet()

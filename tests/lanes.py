@@ -3,8 +3,9 @@
 - core (`-m "not field and not system"`): unit tests and one daemon at a time, the fast feedback lane;
 - system (`-m system`): whole fleets and whole-process faults: the control plane (SQLite, PostgreSQL, a browser),
   rollouts to simulated devices, broker clusters, and daemons killed, cut off, attacked or flooded mid-deployment;
-- field (`-m field`, marked in the test itself): done-when runs at field scale (the emulated Pi, ten real models at
-  once, the soak under load, the NATS cluster at 30 devices).
+- field (`-m field`, marked in the test itself): the device at field scale (the emulated Pi, ten real models at
+  once, the soak under load, OpenVINO's ONNX Runtime plugin). The fleet at field scale (30 devices on the NATS
+  cluster with a node killed, the control plane on that cluster) is the system lane's, with the rest of the fleet.
 
 A module listed here that also has field tests keeps those in the field lane. `pytest` alone runs every lane.
 """
@@ -15,9 +16,11 @@ SYSTEM = frozenset(
     {
         # the fleet side: control plane, rollouts, simulated devices, brokers
         "test_brokers_smoke",
+        "test_controlplane_nats_cluster",
         "test_controlplane_api",
         "test_controlplane_browser",
         "test_controlplane_config",
+        "test_controlplane_daemon",
         "test_controlplane_knobs",
         "test_controlplane_service",
         "test_evidence_sim",

@@ -15,7 +15,14 @@ from agent.cli.table import duration, ms, render_table
 from agent.cli.waitopt import WAIT_DEFAULT_S
 
 # Long-running services and commands that change state are not read commands; everything else reads.
-NOT_READ = {"run", "fleet serve", "control-plane enroll", "control-plane report", "control-plane token"}
+NOT_READ = {
+    "run",
+    "control-plane",
+    "fleet serve",
+    "control-plane enroll",
+    "control-plane report",
+    "control-plane token",
+}
 
 
 GROUP_OPTS: dict[str, set[str]] = {}  # command path -> the options of the groups above it
@@ -28,7 +35,10 @@ def _leaves(group: click.Group, prefix: tuple[str, ...] = (), above: frozenset[s
         path = prefix + (name,)
         if isinstance(cmd, click.Group):
             yield from _leaves(cmd, path, above | {o for p in cmd.params for o in getattr(p, "opts", [])})
-        else:
+        if isinstance(cmd, click.Group) and cmd.invoke_without_command:  # a group that is a command itself
+            GROUP_OPTS[" ".join(path)] = set(above)
+            yield " ".join(path), cmd
+        elif not isinstance(cmd, click.Group):
             GROUP_OPTS[" ".join(path)] = set(above)
             yield " ".join(path), cmd
 
@@ -38,6 +48,10 @@ LEAVES = dict(_leaves(cli))
 
 def test_every_command_is_walked():
     assert {"qualify", "package", "fleet push", "fleet rollout", "keys show", "config check"} <= set(LEAVES)
+    assert {"control-plane", "control-plane token", "fleet clear", "attestation verify"} <= set(LEAVES)
+    top = click.Context(cli, info_name="edge-agent")
+    for name in cli.list_commands(top):  # every top-level command is walked, itself or through its subcommands
+        assert name in LEAVES or any(p.startswith(name + " ") for p in LEAVES), name
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
@@ -74,6 +88,36 @@ def test_wait_means_seconds_everywhere(path):
     assert opt.type.convert("12.5", opt, None) == 12.5
 
 
+def test_tables_and_durations_have_one_home():
+    """Every command's tables go through render_table (headers, columns as wide as their widest cell) and its
+    record lines through render_fields: no CLI module pads columns to widths of its own (`:<24`, ljust), which is
+    how `fleet status` once misaligned ids over 20 characters. Durations go through table.duration/ms."""
+    import re
+    from pathlib import Path
+
+    import agent.cli
+
+    home = Path(agent.cli.__file__).parent
+    padded = re.compile(r"\.[lr]just\(|:[<>^]\d|\{[^{}]*:\d+[sd]?\}")
+    bad = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in sorted(home.glob("*.py"))
+        if f.name != "table.py"
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if padded.search(line)
+    ]
+    assert not bad, bad
+    seconds = re.compile(r"\{[^{}]*:\.?\d*[fg]\}\s?s\b|:\.\d*[eg]\}\s?ms\b")  # "{x:.0f} s", "{x:.3g} ms"
+    bad = [
+        f"{f.name}:{i}: {line.strip()}"
+        for f in sorted(home.glob("*.py"))
+        if f.name != "table.py"
+        for i, line in enumerate(f.read_text().splitlines(), 1)
+        if seconds.search(line)
+    ]
+    assert not bad, bad
+
+
 def test_help_prints_the_example():
     r = edge_agent("fleet", "rollout", "--help")
     assert r.returncode == 0 and "Examples:" in r.stdout and "edge-agent fleet rollout pkg/" in r.stdout
@@ -87,6 +131,7 @@ def test_tables_fit_their_widest_cell_and_durations_read_well():
     assert lines[2].endswith("-")
     assert ms(3700.0) == "3700" and "e+" not in ms(123456.0) and ms(0.0412) == "0.0412" and ms(3.7) == "3.70"
     assert duration(3.7) == "3.70 s" and duration(0.84) == "840 ms" and duration(750) == "12.5 min"
+    assert duration(2.4e-6) == "< 1 ms" and duration(0.0037) == "3.70 ms" and duration(7560) == "2.1 h"
 
 
 def test_progress_heartbeat_repeats_the_step_while_nothing_else_is_said(capsys):
@@ -114,6 +159,17 @@ def test_progress_heartbeat_repeats_the_step_while_nothing_else_is_said(capsys):
     assert docs[0]["event"] == "published" and docs[0]["line"] == "push: published" and docs[0]["topics"] == ["t"]
     assert docs[1]["event"] == "quiet" and "line" not in docs[1]
     assert any(d["event"] == "heartbeat" and d["step"] == "published" for d in docs[2:]), docs
+
+    # a step set quietly is said first when nothing else is (slow work still shows a line within FIRST_S), and
+    # not at all when the work ends first (a command failing on bad input prints only its error)
+    with Progress("qualify", lambda e, f: None, first_s=0.2) as p:
+        p.quietly("qualify: reading pkg")
+        time.sleep(1.0)
+    assert capsys.readouterr().err.splitlines()[0] == "qualify: reading pkg"
+    with Progress("qualify", lambda e, f: None, first_s=5) as p:
+        p.quietly("qualify: reading pkg")
+    time.sleep(0.5)
+    assert capsys.readouterr().err == ""
 
 
 def test_qualify_progress_lines_keep_coming_during_a_long_qualification(tmp_path):

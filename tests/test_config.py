@@ -61,6 +61,7 @@ def full(files) -> dict:
         },
         "inbox": "/srv/inbox",
         "telemetry": {"interval_s": 15},
+        "control_plane": {"url": "https://cp.example:8470/", "token_file": files["token"], "report": False},
     }
 
 
@@ -75,6 +76,13 @@ def test_full_config_resolves(tmp_path, files):
     assert cfg.serving.token() == "secret-token-0123456789" and cfg.serving.port == 9000
     assert (cfg.serving.probation_s, cfg.serving.build_nice, cfg.serving.finite_check_every) == (30.0, 5, 4)
     assert cfg.inbox == Path("/srv/inbox") and cfg.telemetry.interval_s == 15.0
+    cp = cfg.control_plane
+    assert (cp.url, cp.token(), cp.report, cp.retry_max_s) == (
+        "https://cp.example:8470",
+        "secret-token-0123456789",
+        False,
+        60.0,
+    )
     assert cfg.warnings == ()
     with pytest.raises(AttributeError):
         cfg.device_id = "x"  # frozen
@@ -148,6 +156,16 @@ BAD = [
     ("telemetry.interval_s", -1, "telemetry.interval_s: expected a number of seconds 0-86400, got -1"),
     ("telemetry.interval_s", "1m", "telemetry.interval_s: expected a number of seconds"),
     ("telemtry", {}, "telemtry: unknown key (did you mean 'telemetry'?)"),
+    ("control_plane", "http://cp", "control_plane: expected a mapping, got 'http://cp'"),
+    ("control_plane.url", None, "control_plane.url: required when a control_plane section is present"),
+    ("control_plane.url", "mqtt://cp:1883", "control_plane.url: expected http:// or https://host[:port]"),
+    ("control_plane.url", "cp.example:8470", "control_plane.url: expected http:// or https://host[:port]"),
+    ("control_plane.url", "https://u:p@cp", "control_plane.url: credentials in the URL are not allowed"),
+    ("control_plane.url", "https://cp:0x50", "control_plane.url: port must be 1-65535"),
+    ("control_plane.url", "https://cp/?a=1", "control_plane.url: expected no query or fragment"),
+    ("control_plane.report", "yes", "control_plane.report: expected true or false, got 'yes'"),
+    ("control_plane.retry_max_s", 0, "control_plane.retry_max_s: expected a number"),
+    ("control_plane.token", "x", "control_plane.token: unknown key (did you mean 'token_file'?)"),
 ]
 
 
@@ -172,7 +190,15 @@ def test_each_key_rejects_bad_values(tmp_path, files, monkeypatch, key, value, m
 
 
 @pytest.mark.parametrize(
-    "key", ["mqtt.password_file", "mqtt.tls.ca", "mqtt.tls.cert", "mqtt.tls.key", "serving.token_file"]
+    "key",
+    [
+        "mqtt.password_file",
+        "mqtt.tls.ca",
+        "mqtt.tls.cert",
+        "mqtt.tls.key",
+        "serving.token_file",
+        "control_plane.token_file",
+    ],
 )
 def test_missing_credential_file_named_by_key(tmp_path, files, key):
     data = full(files)

@@ -15,7 +15,7 @@ import pytest
 from cp_support import postgres, running_service
 
 from agent.artifacts.keys import device_key, public_pem
-from agent.controlplane.enroll import request
+from agent.transport.cpclient import enroll_request as request
 from agent.transport.signing import sign_doc
 
 _db_counter = itertools.count()
@@ -240,9 +240,11 @@ def test_signed_decision_records(svc):
     assert [d["doc"]["decision"] for d in got["decisions"]] == [{"selected": "cpu"}]
 
 
-def test_signed_attestations_are_stored_and_shown(svc):
-    """A device's attestation (docs/evidence.md) is kept only when it verifies against that accepted device's key;
-    the API lists it with the envelope (checkable again offline) and the dashboard shows it."""
+def test_attestations_in_decision_records_are_verified_stored_and_shown(svc):
+    """The attestations a device sends inside a decision record (`edge-agent control-plane report`, as the daemon
+    does) are each verified against that accepted device's key: a good one is listed with its summary and the
+    envelope (checkable again offline), a changed one is kept as refused with the reason and audited; the
+    dashboard shows both."""
     from clirunner import edge_agent
 
     from agent.evidence.attest import Attestor
@@ -251,35 +253,34 @@ def test_signed_attestations_are_stored_and_shown(svc):
     from agent.lifecycle.states import State
 
     cp, client, tmp = svc
-    dev = Deployment("m-1-abc", "m", "1", State.COMMITTED, {"kind": "manifest"}, time.time(), time.time())
-    dev.data.update(sha256="ab" * 32, selected={"provider": "cpu", "precision": "f32"})
-    key = device_key(tmp / "keys" / "dev-1")
-    data = Attestor(tmp / "dev-1-state", "dev-1", key=key).trial(dev, "committed", None).read_bytes()
+    state = tmp / "keys" / "dev-1"  # the device's state dir: _enroll made its key there
     _enroll(client, tmp, "dev-1")
-    post = lambda body: client.post("/api/v1/devices/dev-1/attestations", content=body)  # noqa: E731
-    r = post(data)
-    assert r.status_code == 403 and "not accepted" in r.json()["error"]  # pending: nothing it says counts yet
     client.post("/api/v1/devices/dev-1/accept")
-    # the device posts what it kept (state_dir/attestations/) with `edge-agent control-plane report`
-    (tmp / "agent.yaml").write_text(json.dumps({"device_id": "dev-1", "state_dir": str(tmp / "keys" / "dev-1")}))
-    Attestor(tmp / "keys" / "dev-1", "dev-1").trial(dev, "committed", None)
+    dep = Deployment("m-1-abc", "m", "1", State.COMMITTED, {"kind": "manifest"}, time.time(), time.time())
+    dep.data.update(sha256="ab" * 32, selected={"provider": "cpu", "precision": "f32"})
+    (state / "decisions").mkdir(parents=True)
+    (state / "decisions" / "m-1-abc.json").write_text(json.dumps({"model": {"name": "m", "version": "1"}}))
+    att = Attestor(state, "dev-1")
+    att.trial(dep, "committed", None)
+    qual = att.qualification(dep, {"selected": "cpu", "reason": "fastest", "results": []})
+    data = bytearray(qual.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one byte changed after signing (inside the base64 payload: still JSON)
+    qual.write_bytes(bytes(data))
+    (tmp / "agent.yaml").write_text(json.dumps({"device_id": "dev-1", "state_dir": str(state)}))
     out = edge_agent("control-plane", "report", "--agent-config", tmp / "agent.yaml", "--url", client.base_url)
-    assert out.returncode == 0 and "uploaded 0 decision record(s), 1 attestation(s)" in out.stdout, out.stderr
-    bad = bytearray(data)
-    bad[len(data) // 2] ^= 0x01
-    assert post(bytes(bad)).status_code == 403
-    other = Attestor(tmp / "dev-2-state", "dev-1", key=device_key(tmp / "keys" / "dev-2")).trial(dev, "committed", None)
-    r = post(other.read_bytes())
-    assert r.status_code == 403 and "not by the expected device key" in r.json()["error"]
+    assert out.returncode == 0 and "uploaded 1 decision record(s)" in out.stdout, out.stderr
 
-    got = client.get("/api/v1/devices/dev-1/attestations").json()["attestations"]
-    assert [(a["summary"]["kind"], a["summary"]["verdict"]) for a in got] == [("trial", "committed")]
-    assert verify_attestation(json.dumps(got[0]["envelope"]), key.public_key(), "dev-1")["verified"]
-    assert client.get("/api/v1/devices/dev-1").json()["attestations"] == got
-    refusals = [a for a in client.get("/api/v1/audit", params={"limit": 100}).json()["entries"]]
-    assert sum(a["action"] == "attestation.refused" for a in refusals) == 3
-    page = client.get("/devices/dev-1")
-    assert page.status_code == 200 and "<td>trial</td>" in page.text and "committed" in page.text
+    got = {a["kind"]: a for a in client.get("/api/v1/devices/dev-1/attestations").json()["attestations"]}
+    assert got["trial"]["verified"] is True and got["trial"]["summary"]["verdict"] == "committed"
+    assert got["trial"]["deployment_id"] == "m-1-abc"
+    pub = device_key(state).public_key()
+    assert verify_attestation(json.dumps(got["trial"]["envelope"]), pub, "dev-1")["kind"] == "trial"
+    assert got["qualification"]["verified"] is False and got["qualification"]["reason"]
+    assert client.get("/api/v1/devices/dev-1").json()["attestations"] == list(got.values())
+    audit = client.get("/api/v1/audit", params={"limit": 100}).json()["entries"]
+    assert [a["action"] for a in audit].count("attestation.refused") == 1
+    page = client.get("/devices/dev-1").text
+    assert "<td>trial</td>" in page and "by the device&#39;s key" in page and "REFUSED: " in page
 
 
 def test_openapi_schema_is_served(svc):
@@ -318,3 +319,32 @@ def test_import_of_an_existing_store_on_first_start(tmp_path, db_url):
         assert httpx.get(url + "/api/v1/rollouts/m-3", headers=h).json()["phase"] == "finished"
     with running_service(tmp_path, database={"url": db_url}) as (cp, url):  # a second start imports nothing
         assert cp.imported == {"devices": 0, "rollouts": 0}
+
+
+def test_preregister_a_key_and_one_record_per_deployment(svc):
+    cp, client, tmp = svc
+    key = device_key(tmp / "keys" / "pre-1")
+    pem = public_pem(key.public_key())
+    viewer = _token(client, "v", "viewer")
+    body = {"device_id": "pre-1", "public_key": pem, "groups": ["lab"]}
+    r = httpx.post(str(client.base_url) + "/api/v1/devices", json=body, headers={"Authorization": f"Bearer {viewer}"})
+    assert r.status_code == 403  # registering is an operator's change
+    r = client.post("/api/v1/devices", json=body)
+    assert r.status_code == 201 and (r.json()["state"], r.json()["groups"]) == ("accepted", ["lab"]), r.text
+    r = client.post("/api/v1/devices", json={**body, "device_id": "pre-2"})
+    assert r.status_code == 409 and "one key, one device" in r.json()["error"]
+    r = client.post("/api/v1/devices", json={**body, "public_key": "not a key"})
+    assert r.status_code == 400 and r.json()["error"].startswith("public_key"), r.text
+    assert _enroll(client, tmp, "pre-1").json()["state"] == "accepted"  # the device asking later: nothing changes
+    first = {"device_id": "pre-1", "deployment_id": "d1", "model": "m", "version": "1", "decision": {"n": 1}, "ts": 1}
+    for n in (1, 2):  # the same deployment's record posted again as it grew: the newer copy replaces the older
+        assert (
+            client.post(
+                "/api/v1/devices/pre-1/decisions", json=sign_doc({**first, "decision": {"n": n}}, key)
+            ).status_code
+            == 201
+        )
+    other = sign_doc({**first, "deployment_id": "d2", "decision": {"n": 3}}, key)
+    assert client.post("/api/v1/devices/pre-1/decisions", json=other).status_code == 201
+    got = client.get("/api/v1/devices/pre-1").json()["decisions"]
+    assert sorted(d["doc"]["decision"]["n"] for d in got) == [2, 3]

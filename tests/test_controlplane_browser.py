@@ -17,10 +17,10 @@ from cp_support import running_service
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.controlplane.client import upload_decisions
-from agent.controlplane.enroll import request
 from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.transport.cpclient import enroll_request as request
+from agent.transport.cpclient import upload_decisions
 from agent.transport.mqtt import BrokerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,11 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
     first = _until(
         "tiny-1 finished", lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r
     )
-    assert first["state"] == "completed", first["progress"]["counts"]
+    assert first["state"] == "completed", [
+        (d["device_id"], d["result"], d["reason"], sim.agents[d["device_id"]].status().get("in_flight"))
+        for d in first["progress"]["devices"]
+        if d["result"] != "succeeded"
+    ]
 
     # version 2 from the browser: canary 1 then waves of 25%
     page.goto(url + "/rollouts")
@@ -168,7 +172,9 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
     results = {d["device_id"]: d for d in done["progress"]["devices"]}
     took = [d for d, r in results.items() if r["result"] == "rolled_back"]
     assert took, results  # at least the canary took 2 and went back
-    assert {r["result"] for r in results.values()} <= {"rolled_back", "cancelled", "not_reached"}, results
+    assert {r["result"] for r in results.values()} <= {"rolled_back", "cancelled", "not_reached"}, [
+        (d, r["result"], r["reason"]) for d, r in results.items() if r["result"] != "rolled_back"
+    ]
     for dev in results:  # every device serves version 1 again
         _until(
             f"{dev} back on 1",

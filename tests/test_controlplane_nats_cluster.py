@@ -19,9 +19,9 @@ from cp_support import running_service
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
 from agent.artifacts.packtar import write_targz
-from agent.controlplane.enroll import request
 from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ DEVICES = int(os.environ.get("EDGE_AGENT_CP_NATS_DEVICES", "20"))
 WAIT_S = 900.0
 PER_SIM = 10
 
-pytestmark = [pytest.mark.timeout(2400), pytest.mark.field]
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.slow]
 
 
 class PatientSimulator(Simulator):

@@ -215,6 +215,11 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database)
             assert r.returncode == 0, r.stdout + r.stderr
             pushed = json.loads(r.stdout)
             assert pushed["ok"] and set(pushed["devices"]) == set(sim.agents), pushed
+            # its progress on stderr, as a push over the broker says it: stored, published, each device's change
+            said = [json.loads(ln) for ln in r.stderr.splitlines() if ln.startswith("{")]
+            assert [d["event"] for d in said[:2]] == ["store", "published"], said
+            done = {d["device_id"] for d in said if d["event"] == "device" and d["result"] == "committed"}
+            assert done == set(sim.agents), said
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -232,7 +237,7 @@ def test_full_disk_fails_writes_clearly_and_reads_keep_working(tmp_path):
     from cp_support import running_service
 
     from agent.artifacts.keys import device_key
-    from agent.controlplane.enroll import request
+    from agent.transport.cpclient import enroll_request as request
 
     mnt = tmp_path / "small"
     mnt.mkdir()

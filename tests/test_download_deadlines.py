@@ -100,10 +100,10 @@ def tarpit():
     t.close()
 
 
-def _agent(tmp_path, mosquitto, cp, downloads: dict | None = None):
+def _agent(tmp_path, mosquitto, cp, downloads: dict | None = None, on_event=None):
     extra = {"downloads": downloads} if downloads is not None else {}
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, **extra)
-    return make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True)
+    return make_agent(None, config=cfg, serve_http=False, known_providers=["cpu"], start=True, on_event=on_event)
 
 
 def _push(cp, tmp_path, version: str, sources):
@@ -136,19 +136,52 @@ def _sources_with(tarpit):
     return make
 
 
+class Answers:
+    """Infers on the agent every 20 ms from another thread until stopped; keeps every answer (or error) in order."""
+
+    def __init__(self, agent):
+        self.agent, self.seen = agent, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                self.seen.append(_serves(self.agent))
+            except Exception as exc:  # noqa: BLE001 - kept and asserted on
+                self.seen.append(repr(exc))
+
+    def stop(self) -> list:
+        self._stop.set()
+        self._thread.join(30)
+        return self.seen
+
+
 def test_a_tarpit_source_is_abandoned_for_mqtt_and_the_deployment_completes(tmp_path, mosquitto, plane, tarpit):
-    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3, "min_bytes": 1024})
+    events: list[dict] = []
+    a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3, "min_bytes": 1024}, events.append)
+    answers = None
     try:
         _push(plane, tmp_path, "1", lambda cp, pkg: [{"type": "mqtt"}])
         wait_for(lambda: _committed(a, "1"), what="v1 committed")
+        answers = Answers(a)  # the previous version serves throughout: every answer is v1's until v2 commits
         _push(plane, tmp_path, "2", _sources_with(tarpit))
         wait_for(lambda: tarpit.connections > 0, 60, "the device tries the tarpit first")
-        assert _serves(a) == 1.0  # the previous version serves while v2 is stuck on the tarpit
+        assert _serves(a) == 1.0  # while v2 is stuck on the tarpit
         wait_for(lambda: _committed(a, "2"), 120, "v2 committed from the MQTT source")
+        seen = answers.stop()
+        assert seen and seen[0] == 1.0 and set(seen) <= {1.0, 2.0}, [x for x in seen if x not in (1.0, 2.0)][:3]
+        assert seen == sorted(seen)  # v1 until the swap, v2 after: never back
         assert _serves(a) == 2.0
         wait_for(lambda: getattr(_dep(a, "2"), "result", None) == "committed", 60, "v2's deployment committed")
         wait_for(lambda: tarpit.open == 0, 10, "the tarpit's connection closed by the device")
+        given_up = [e for e in events if e.get("progress") == "source_failed" and e.get("version") == "2"]
+        assert given_up and given_up[0]["source"].startswith(f"http://127.0.0.1:{tarpit.port}/"), given_up
+        assert "too slow" in given_up[0]["reason"] and "abandoned" in given_up[0]["reason"], given_up
     finally:
+        if answers is not None:
+            answers.stop()
         a.stop()
 
 

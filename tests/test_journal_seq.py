@@ -7,6 +7,7 @@ import json
 
 from agent.lifecycle.journal import Journal
 from agent.lifecycle.states import State
+from agent.lifecycle.status import build_status
 
 
 def _set(journal: Journal, dep_id: str, **fields) -> None:
@@ -26,6 +27,9 @@ def test_a_backward_clock_step_does_not_reorder_deployments(tmp_path):
     v3 = journal.create("m", "3", {"kind": "inbox"})
     assert v3.seq > journal.load(v2.id).write_seq > 0
     assert journal.latest_per_model()["m"].version == "3"
+    journal.apply(v3, "accept")
+    doc = build_status(tmp_path, device_id="dev-1")  # what `edge-agent status` shows: v3, the newer one
+    assert doc["deployments"]["m"]["version"] == "3" and doc["recent_deployments"][0]["version"] == "3"
     assert [d.version for d in journal.all()] == ["2", "3"]
     assert [d.version for d in journal.recent()] == ["3", "2"]
     journal.apply(journal.load(v2.id), "fail", reason="x")  # v2 written last: first in recent, v3 still latest

@@ -92,6 +92,7 @@ def test_the_swap_mode_is_chosen_by_the_target_rule_and_journaled(tmp_path):
         assert dep.state.value == "committed", dep.reason
         swap = dep.data["swap"]
         assert swap["mode"] in ("make-before-break", "stop-then-start") and "MemAvailable" in swap["why"]
+        assert "the model's measured peak" in swap["why"], swap  # qualification's peak, not the file's size
         assert (" < 2 x" in swap["why"]) == (swap["mode"] == "stop-then-start")
         if swap["mode"] == "make-before-break":  # built below serving priority (serving.build_nice, default 10)
             assert swap["build"] == "nice +10", swap

@@ -86,3 +86,46 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
         if t.is_alive():
             t.join(30)
         agent.stop()
+
+
+def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, mosquitto, plane):
+    """The halt's rollback arrives as version 2's probation ends: the cancel is too late and 2 commits. The desired
+    state (1, signed as a rollback) still wins once 2 has ended: the device goes back to 1, and the rollout reads
+    it as rolled back. The race is made certain by a cancel port that, like a cancel arriving as the commit is
+    journaled, changes nothing."""
+    cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, plane)
+    plane.register("dev-1", cfg.state_dir)
+    agent = make_agent(None, config=cfg, probation_s=0.3, serve_http=False, known_providers=["cpu"], start=True)
+    late: list[str] = []
+    try:
+        _push(plane, tmp_path, "1")
+        wait_for(lambda: (agent.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        agent.steps.config = replace(agent.steps.config, probation_s=8)
+        _push(plane, tmp_path, "2")
+        wait_for(
+            lambda: any(
+                d.version == "2" and d.state.value == "probation" for d in agent.orchestrator.in_flight().values()
+            ),
+            what="v2 on probation",
+        )
+        assert agent.link is not None
+        agent.link.cancel = lambda dep_id, reason: late.append(reason)  # too late: the deployment goes on
+        _push(plane, tmp_path, "1", rollback=True)
+        wait_for(lambda: late, 60, "the rollback to call v2 off")
+        v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 ended")
+        assert v2.state.value == "committed", v2.reason  # the cancel changed nothing
+        back = wait_for(
+            lambda: [d for d in agent.orchestrator.journal.all() if d.version == "1" and d.seq > v2.seq and d.terminal],
+            120,
+            "a deployment of 1 after 2 committed",
+        )
+        assert back[-1].state.value == "committed", back[-1].reason
+        assert agent.steps.slots.committed("tiny")["version"] == "1"
+        doc = wait_for(
+            lambda: (d := plane.status_of("dev-1")) and rs.observe(d, "tiny", "1")[0] == rs.SUCCEEDED and d,
+            60,
+            "a verified status with version 1",
+        )
+        assert not rs.holds(doc, "tiny", "2") and rs.held_before(doc, "tiny", "2"), doc["models"]
+    finally:
+        agent.stop()

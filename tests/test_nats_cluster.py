@@ -106,7 +106,7 @@ def test_rollout_completes_with_one_nats_node_killed_mid_rollout(nats_cluster, t
     _rollout_with_a_node_killed(nats_cluster, tmp_path, devices)
 
 
-@pytest.mark.field
+@pytest.mark.slow
 def test_rollout_to_a_fleet_completes_with_one_nats_node_killed(nats_cluster, tmp_path):
     """The field scale this 2-core machine holds: 30 simulated devices (the bench runs 200: docs/scaling.md;
     they once stopped connecting at the 160th, whose socket was numbered past select()'s 1024)."""

@@ -82,3 +82,25 @@ def test_small_json_responses_still_served(srv):
     r = c.getresponse()
     out = json.loads(r.read())
     assert r.status == 200 and out["outputs"][0]["data"] == x
+
+
+def test_the_daemon_sizes_its_request_budget_from_memory_max(tmp_path):
+    """`edge-agent run` with serving.memory_max 512M: the request memory budget (and so the largest response) is a
+    quarter of it, not the 256 MiB default (bench/bench_amplification_daemon.py measures the peak RSS it gives)."""
+    from support.daemon import Daemon, write_config
+    from support.wait import wait_for
+
+    from agent.serving.server import DEFAULT_BODY_BUDGET, body_budget_for
+
+    assert body_budget_for(512 << 20) == 128 << 20 and body_budget_for(None) == DEFAULT_BODY_BUDGET
+    assert body_budget_for(64 << 30) == DEFAULT_BODY_BUDGET and body_budget_for(100 << 20) == MAX_BODY
+    serving = {"host": "127.0.0.1", "port": 0, "memory_max": "512M", "shadow": {"duration_s": 1.0}}
+    d = Daemon(write_config(tmp_path, extra={"serving": serving}), tmp_path / "state")
+    try:
+        d.wait_ready()
+        line = wait_for(
+            lambda: next((ln for ln in d.tail().splitlines() if ln.startswith("memory ")), None), 60, "memory line"
+        )
+        assert f"memory_max={512 << 20}" in line and f"request_budget={128 << 20}" in line, line
+    finally:
+        assert d.terminate() == 0, d.tail()

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import yaml
 from clirunner import edge_agent
 from support.daemon import Daemon, drop, write_config
 from support.wait import wait_for
@@ -115,6 +116,20 @@ def test_check_names_every_fix_of_a_hand_made_package(tmp_path):
     (pkg / "model.yaml").write_text("name: hand\nversion: 1\nbogus: 3\n")
     r = edge_agent("package", "--check", pkg)
     assert r.returncode == 1 and "bogus: unknown key" in r.stdout, r.stdout
+    # every refused key is named in one run, not only the first the loader meets
+    (pkg / "model.yaml").write_text(
+        "name: hand\nversion: 1\nbogus: 3\ntolerances: {nope: 1}\ninput_shapes: {x: [1, 4, 48, 192], y: [1]}\n"
+    )
+    r = edge_agent("package", "--check", pkg, "--json")
+    fixes = [(f["where"], f["problem"]) for f in json.loads(r.stdout)["fixes"]]
+    assert r.returncode == 1, fixes
+    for where, problem in (
+        ("model.yaml: bogus", "unknown key"),
+        ("model.yaml: tolerances.nope", "unknown tolerance"),
+        ("model.yaml: input_shapes.y", "the model has no input 'y'"),
+        ("model.yaml: input_shapes.x", "dim 1 is 4"),
+    ):
+        assert any(w == where and problem in p for w, p in fixes), (where, fixes)
 
 
 def test_declared_shapes_do_not_replace_golden_inputs_for_latency(tmp_path):
@@ -181,3 +196,79 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path):
     got = r.stdout.splitlines()
     assert got[:2] == shown[:2], (got, shown)  # the golden_source line names this host's onnxruntime version
     assert edge_agent("package", "--check", "iris-pkg", cwd=tmp_path).returncode == 0
+
+
+def _frames_model(path: Path, frames_per_short_token: int) -> Path:
+    """A TTS-like length regulator: token ids [1, seq] -> audio [frames], one frame per token and
+    `frames_per_short_token` more for every id below 3 (ids a real text front end never emits). Its output length
+    depends on the input values, not only their shape: on the ids of real text it is short, on generated ints in
+    [0, 10) it is hundreds of MiB."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = [
+        numpy_helper.from_array(np.array(3, np.int64), "three"),
+        numpy_helper.from_array(np.array(frames_per_short_token, np.int64), "per"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+    ]
+    nodes = [
+        helper.make_node("Less", ["ids", "three"], ["short"]),
+        helper.make_node("Cast", ["short"], ["short_i"], to=TensorProto.INT64),
+        helper.make_node("ReduceSum", ["short_i"], ["n_short"], keepdims=0),
+        helper.make_node("Size", ["ids"], ["n"]),
+        helper.make_node("Mul", ["n_short", "per"], ["extra"]),
+        helper.make_node("Add", ["n", "extra"], ["frames"]),
+        helper.make_node("Cast", ["frames"], ["frames_f"], to=TensorProto.FLOAT),
+        helper.make_node("Range", ["zero", "frames_f", "one"], ["t"]),
+        helper.make_node("Sin", ["t"], ["audio"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "frames",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "seq"])],
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["frames"])],
+        consts,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_data_dependent_output_length_qualifies_on_golden_inputs_with_or_without_input_shapes(tmp_path):
+    """Issue 28, done when: a model whose output length depends on its input values (here, as a TTS decoder's on
+    its token ids) qualifies on its golden inputs with the same budget and memory cap whether or not model.yaml
+    declares input_shapes. Generated inputs for it (ints in [0, 10)) would make a ~600 MiB output and the worker
+    would be stopped at the cap: the last run shows that is what a shape no golden set has still gets."""
+    model = _frames_model(tmp_path / "frames.onnx", 1 << 23)
+    rng = np.random.default_rng(7)
+    files = []
+    for i in range(3):  # token ids of "real text": a vocabulary of [3, 178)
+        files.append(tmp_path / f"ids{i}.npy")
+        np.save(files[-1], rng.integers(3, 178, (1, 64)).astype(np.int64))
+    declared = tmp_path / "declared"
+    r = edge_agent("package", model, "--inputs", *files, "--out", declared, "--name", "frames", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["input_shapes"] == {"ids": [1, 64]}
+    assert "input_shapes" in (declared / "model.yaml").read_text()
+    bare, generated = tmp_path / "bare", tmp_path / "generated"
+    for other, shapes in ((bare, None), (generated, {"ids": [1, 32]})):  # none of the golden sets is [1, 32]
+        shutil.copytree(declared, other)
+        meta = yaml.safe_load((other / "model.yaml").read_text())
+        meta.pop("input_shapes")
+        meta.update({"input_shapes": shapes} if shapes else {})
+        (other / "model.yaml").write_text(yaml.safe_dump(meta))
+
+    same = ("--provider", "cpu", "--budget", "1", "--timeout", "120", "--memory-max", "64M", "--json")
+    for pkg in (declared, bare):
+        q = edge_agent("qualify", pkg, *same, timeout=300)
+        assert q.returncode == 0, (pkg.name, q.stdout[-2000:], q.stderr[-2000:])
+        decision = json.loads(q.stdout)
+        assert decision["selected"] == "cpu" and decision["inputs"] == "golden:test_data_set_0", (pkg.name, decision)
+        assert decision["results"][0]["status"] == "passed", decision["results"][0]
+    q = edge_agent("qualify", generated, *same, timeout=300)
+    assert q.returncode == 3, q.stdout[-2000:]
+    decision = json.loads(q.stdout)
+    assert "latency on generated at declared opt" in decision["inputs"], decision["inputs"]
+    row = decision["results"][0]
+    assert row["status"] != "passed" and "memory" in str(row.get("reason")), row

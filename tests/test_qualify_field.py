@@ -307,4 +307,4 @@ def test_qualify_cli_warns_once_and_takes_memory_max(tmp_path):
     warnings = [ln for ln in lines if ln.startswith("warning: shapes assumed (x: H=1, W=1)")]
     assert len(warnings) == 1
     bad = subprocess.run([*run, "--memory-max", "lots"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and bad.stderr.strip().startswith("error: --memory-max:"), bad.stderr
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("error: --memory-max:"), bad.stderr  # no progress

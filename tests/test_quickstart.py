@@ -51,13 +51,40 @@ def test_quickstart(mode, tmp_path):
     assert m and m.group(1) == m.group(2)
     assert float(re.search(r"max \|output - golden reference\| = (\S+)", out).group(1)) < 1e-3
     assert re.search(r"^\s+cpu\s+f32\s+passed\s+100%", out, re.M)  # a decision row with its evidence
-    # the README shows what a fresh clone prints: the same provider rows, each with its status and coverage
-    readme = (ROOT / "README.md").read_text().split("## What the quickstart shows", 1)[1].split("\n## ", 1)[0]
-    shown = re.findall(r"^    (\S+)\s+\S+\s+(passed|failed)\s+(\S+)", readme, re.M)
-    got = re.findall(r"^    (\S+)\s+\S+\s+(passed|failed)\s+(\S+)", out, re.M)
-    assert shown and sorted(shown) == sorted(got), (shown, got)
+    # the README shows what a fresh clone prints on this machine kind: the usable providers and the same provider
+    # rows (provider, precision, status, coverage); latency figures are this run's own
+    shown_providers, shown_rows = readme_quickstart(bf16_cpu())
+    assert re.search(r"^    usable providers here: (.*)$", out, re.M).group(1) == shown_providers, out[-3000:]
+    got = re.findall(r"^    (\S+)\s+(\S+)\s+(passed|failed)\s+(\S+)\s+\S+\s+[\d.]+\s+[\d.]+\s", out, re.M)
+    assert shown_rows and sorted(shown_rows) == sorted(got), (shown_rows, got)
     assert re.search(r"selected: [\w.:-]+ .*: ", out)  # names like ort-openvino
     assert "everything the quickstart started is stopped" in out
     for pid in map(int, re.findall(r"(?:agent|artifact server|mosquitto) pid (\d+)", out)):
         assert not alive(pid), f"pid {pid} still running"
     assert not list(tmp_path.glob("edge-agent-quickstart.*"))  # work directory removed
+
+
+def bf16_cpu() -> bool:
+    """OpenVINO's default CPU precision is bf16 where the CPU has avx512_bf16 or AMX, else f32."""
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def readme_quickstart(bf16: bool) -> tuple[str, list[tuple[str, ...]]]:
+    """What README.md's "What the quickstart shows" says this machine kind prints: the usable providers line, and
+    the provider rows (the block on a bf16 CPU; the sentence's rows `openvino f32 passed 100% ...` otherwise)."""
+    readme = (ROOT / "README.md").read_text().split("## What the quickstart shows", 1)[1].split("\n## ", 1)[0]
+    providers = re.search(r"^    usable providers here: (.*)$", readme, re.M).group(1)
+    if bf16:
+        rows = re.findall(r"^    (\S+)\s+(\S+)\s+(passed|failed)\s+(\S+)\s", readme, re.M)
+    else:
+        rows = re.findall(r"`(\S+) (\S+) (passed|failed) (\S+) [^`]*`", readme)
+    return providers, rows
+
+
+def test_readme_names_the_rows_of_both_cpu_kinds():
+    """The comparison above can fail: both README variants name an OpenVINO and a CPU row, with their precision."""
+    for bf16 in (True, False):
+        providers, rows = readme_quickstart(bf16)
+        assert providers == "openvino, cpu"
+        assert sorted(r[:2] for r in rows) == [("cpu", "f32"), ("openvino", "bf16" if bf16 else "f32")], rows

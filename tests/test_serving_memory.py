@@ -63,6 +63,29 @@ def test_memory_default_is_what_the_device_can_give(tmp_path):
     assert cap == int(room * 0.8) and "cgroup" in why
 
 
+def test_cgroup_v1_limit_counts_too(tmp_path):
+    """A cgroup v1 host (Docker there, JetPack 5): memory.limit_in_bytes - memory.usage_in_bytes, under the
+    process's path or, in a container that sees only its own cgroup, at the hierarchy's root; "no limit" is the
+    largest page-aligned number."""
+    from agent.serving.memory import cgroup_room
+
+    (tmp_path / "proc" / "self").mkdir(parents=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("4:memory:/docker/abc\n1:cpu:/\n0::/\n")
+    v1 = tmp_path / "sys" / "fs" / "cgroup" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (v1 / "memory.usage_in_bytes").write_text("1000\n")
+    assert cgroup_room(str(tmp_path)) is None  # unlimited
+    (v1 / "memory.limit_in_bytes").write_text(f"{1 << 30}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{256 << 20}\n")
+    assert cgroup_room(str(tmp_path)) == (1 << 30) - (256 << 20)  # the container's view: the root of memory/
+    own = v1 / "docker" / "abc"
+    own.mkdir(parents=True)
+    (own / "memory.limit_in_bytes").write_text(f"{512 << 20}\n")
+    (own / "memory.usage_in_bytes").write_text(f"{100 << 20}\n")
+    assert cgroup_room(str(tmp_path)) == (512 << 20) - (100 << 20)  # the host's view: the process's own path
+
+
 def test_swap_mode_says_what_the_need_is():
     mode, why = choose_swap({"swap_when_memory_short": "stop-then-start"}, 700 * MIB, 1000 * MIB, "measured peak")
     assert mode == "stop-then-start" and "2 x the model's measured peak 700 MiB" in why

@@ -71,6 +71,14 @@ def fetch_artifact(
                 raise
             permanent = permanent and exc.permanent
             errors.append(f"{src.url or src.type}: {exc}" if src.url else f"{src.type}: {exc}")
+            if progress is not None:  # a source abandoned (a tarpit too slow for the deadline) says why, even
+                progress(  # when the next source then delivers
+                    "source_failed",
+                    model=manifest.name,
+                    version=manifest.version,
+                    source=src.url or src.type,
+                    reason=str(exc),
+                )
     if not errors:
         raise ArtifactRefused(f"{manifest.name} {manifest.version} names no usable source")
     raise (ArtifactRefused if permanent else ArtifactError)("; ".join(errors))

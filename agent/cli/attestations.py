@@ -65,7 +65,18 @@ def fleet_attestations(device_id, model, store, as_json, **kw):
         return
     if not rows:
         click.echo("no attestations")
-    for r in rows:
-        what = r.get("selected") if r["kind"] == "qualification" else r.get("verdict")
-        state = "verified" if r.get("verified") else f"REFUSED: {r.get('reason')}"
-        click.echo(f"{r['device']:16} {r['model']:16} {str(r.get('version')):8} {r['kind']:14} {str(what):12} {state}")
+        return
+    from agent.cli.table import render_table
+
+    table = [
+        (
+            r["device"],
+            r["model"],
+            r.get("version"),
+            r["kind"],
+            r.get("selected") if r["kind"] == "qualification" else r.get("verdict"),
+            "verified" if r.get("verified") else f"REFUSED: {r.get('reason')}",
+        )
+        for r in rows
+    ]
+    click.echo(render_table(("DEVICE", "MODEL", "VERSION", "KIND", "OUTCOME", "SIGNATURE"), table))

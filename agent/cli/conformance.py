@@ -8,6 +8,8 @@ import time
 
 import click
 
+from agent.cli.table import duration
+
 
 class _Progress:
     """Progress on stderr: a live counter on a terminal, a line every 10% otherwise."""
@@ -24,8 +26,8 @@ class _Progress:
         elif event == "case":
             self._case(f)
         elif event == "model":
-            eta = f", about {_duration(f['eta_s'])} left" if f.get("eta_s") is not None else ""
-            took = f" ({_duration(f['elapsed_s'])} so far{eta})" if f.get("elapsed_s") else ""
+            eta = f", about {duration(f['eta_s'])} left" if f.get("eta_s") is not None else ""
+            took = f" ({duration(f['elapsed_s'])} so far{eta})" if f.get("elapsed_s") else ""
             click.echo(f"conformance: models [{f['index']}/{f['total']}] {f['model']}{took}", err=True)
         elif event == "row" and f.get("status") != "running":
             prec = f" ({f['precision']})" if f.get("precision") else ""
@@ -36,17 +38,12 @@ class _Progress:
         if i == 1 or f["provider"] != getattr(self, "_variant", None):
             self._variant, self._v0 = f["provider"], time.monotonic()
         spent = time.monotonic() - self._v0
-        eta = f" ~{_duration(spent / i * (n - i))} left" if i < n else f" in {_duration(spent)}"
+        eta = f" ~{duration(spent / i * (n - i))} left" if i < n else f" in {duration(spent)}"
         line = f"  {f['provider']}: {i}/{n} {f['case']} {f['status']}{eta}"
         if self.tty:
-            click.echo("\r" + line[:110].ljust(110), err=True, nl=(i == n))
+            click.echo(f"\r{line[:110]}\x1b[K", err=True, nl=(i == n))  # rewrite the line, clear what was longer
         elif i == n or i % max(n // 10, 1) == 0:
             click.echo(line, err=True)
-
-
-def _duration(s: float) -> str:
-    s = max(0, int(round(s)))
-    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
 
 
 def _stop_on_sigterm() -> None:
@@ -238,13 +235,14 @@ def _emit(report, others, out_dir, as_json) -> None:
 
 def _table(counts: dict, variants: dict) -> str:
     head = ("PROVIDER", "PRECISION", "PASSED", "FAILED", "ERRORED", "SKIPPED", "TOTAL")
-    rows = [head] + [
+    from agent.cli.table import render_table
+
+    rows = [
         (
             k,
-            str((variants.get(k) or {}).get("precision") or "-"),
-            *(str(c[s]) for s in ("passed", "failed", "errored", "skipped", "total")),
+            (variants.get(k) or {}).get("precision"),
+            *(c[s] for s in ("passed", "failed", "errored", "skipped", "total")),
         )
         for k, c in counts.items()
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return render_table(head, rows)

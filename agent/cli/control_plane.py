@@ -18,7 +18,7 @@ def control_plane(ctx: click.Context, config_path: str | None) -> None:
     """Run the control-plane service (device registry, API, dashboard, rollouts).
 
     \b
-    Example:
+    Examples:
       edge-agent control-plane --config cp.yaml
     The first start writes an admin token to admin_token_file (default: beside the store).
     """
@@ -67,34 +67,48 @@ def _agent(agent_config: str):
     return cfg, device_key(cfg.state_dir)
 
 
+def _url(cfg, url: str | None) -> str:
+    if url:
+        return url
+    if cfg.control_plane is None:
+        raise click.UsageError("--url URL is required (the agent config has no control_plane.url)")
+    return cfg.control_plane.url
+
+
 @control_plane.command("enroll")
 @click.option("--agent-config", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--url", required=True, help="the control plane, e.g. http://cp:8470")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), help="a pre-shared enrollment token")
-def enroll_cmd(agent_config: str, url: str, token_file: str | None) -> None:
-    """On a device: ask the control plane to enroll this device (signed with its key)."""
-    from agent.controlplane.client import post_json
-    from agent.controlplane.enroll import request
+@click.option("--url", help="the control plane, e.g. http://cp:8470 (default: the config's control_plane.url)")
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="a pre-shared enrollment token (default: the config's control_plane.token_file)",
+)
+def enroll_cmd(agent_config: str, url: str | None, token_file: str | None) -> None:
+    """On a device: ask the control plane to enroll this device (signed with its key). A daemon whose config
+    has a control_plane section does this by itself at start."""
+    from agent.config.schema import first_line
+    from agent.transport.cpclient import enroll
 
     cfg, key = _agent(agent_config)
-    token = Path(token_file).read_text(encoding="utf-8").strip() if token_file else None
-    doc = request(cfg.device_id, key, target=getattr(cfg, "target", None), token=token)
-    click.echo(json.dumps(post_json(url, "/api/v1/enroll", doc)))
+    token: str | None = None
+    if token_file:
+        token = first_line(Path(token_file), "--token-file")
+    else:
+        token = cfg.control_plane.token() if cfg.control_plane is not None else None
+    target = cfg.target if cfg.target != "auto" else None
+    click.echo(json.dumps(enroll(_url(cfg, url), cfg.device_id, key, target=target, token=token)))
 
 
 @control_plane.command("report")
 @click.option("--agent-config", required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--url", required=True)
-def report(agent_config: str, url: str) -> None:
-    """On a device: upload its decision records (state_dir/decisions/*.json), each signed with its key, and its
-    signed attestations (state_dir/attestations/*.intoto.json, docs/evidence.md)."""
-    from agent.controlplane.client import upload_attestations, upload_decisions
+@click.option("--url", help="the control plane (default: the config's control_plane.url)")
+def report(agent_config: str, url: str | None) -> None:
+    """On a device: upload its decision records (state_dir/decisions/*.json), each signed with its key, with
+    their attestations. A daemon whose config has a control_plane section does this by itself."""
+    from agent.transport.cpclient import upload_decisions
 
     cfg, key = _agent(agent_config)
-    n = upload_decisions(url, cfg.device_id, key, Path(cfg.state_dir))
-    m = upload_attestations(url, cfg.device_id, Path(cfg.state_dir))
-    if n is None and m is None:
-        raise ConfigError(
-            f"no decision records under {cfg.state_dir}/decisions, no attestations under {cfg.state_dir}/attestations"
-        )
-    click.echo(f"uploaded {n or 0} decision record(s), {m or 0} attestation(s)")
+    n = upload_decisions(_url(cfg, url), cfg.device_id, key, Path(cfg.state_dir))
+    if n is None:
+        raise ConfigError(f"no decision records under {cfg.state_dir}/decisions")
+    click.echo(f"uploaded {n} decision record(s)")

@@ -100,6 +100,8 @@ def run(config_path):
             "event": "memory",
             "malloc_arenas": MALLOC_ARENAS if arenas else "unchanged (no glibc mallopt)",
             "mmap_threshold": MMAP_THRESHOLD if mmap_fixed else "unchanged (no glibc mallopt)",
+            "memory_max": agent.step_config.memory_max,  # serving.memory_max, resolved
+            "request_budget": agent.server.budget.limit if agent.server is not None else None,
         }
     )
     try:
@@ -168,6 +170,7 @@ def status(config_path, as_json):
 
 
 def _print_status(doc: dict) -> None:
+    from agent.cli.table import render_table
     from agent.lifecycle.status import figures_brief
 
     d = doc["daemon"]
@@ -180,21 +183,27 @@ def _print_status(doc: dict) -> None:
     if not models:
         click.echo("no models committed")
     else:
-        rows = [("MODEL", "VERSION", "STATE", "PROVIDER", "PRECISION", "SHA256")]
-        rows += [
+        rows = [
             (n, m.get("version"), m.get("state"), m.get("provider"), m.get("precision"), (m.get("sha256") or "")[:12])
             for n, m in sorted(models.items())
         ]
-        _table(rows)
+        click.echo(render_table(("MODEL", "VERSION", "STATE", "PROVIDER", "PRECISION", "SHA256"), rows))
         for n, m in sorted(models.items()):
             if m.get("reason"):
                 click.echo(f"  {n}: {m['reason']}")
     flying = _in_flight_rows(doc)
     if flying:
         click.echo("in flight:")
-        _table([("MODEL", "VERSION", "STATE")] + flying)
+        click.echo(render_table(("MODEL", "VERSION", "STATE"), flying))
     for problem in doc.get("problems") or []:
         click.echo(f"problem: {problem}")
+    cp = doc.get("control_plane")
+    if cp:
+        error = f"; last error: {cp['last_error']}" if cp.get("last_error") and cp.get("retrying") else ""
+        click.echo(
+            f"control plane {cp['url']}: {cp.get('enrollment') or 'not enrolled'}, {cp['posted']} record(s) posted, "
+            f"{cp['pending']} pending{error}"
+        )
     recent = doc.get("recent_deployments") or []
     if recent:
         click.echo("recent deployments:")
@@ -222,12 +231,6 @@ def _in_flight_rows(doc: dict) -> list[tuple]:
             state = f"queued for qualification ({ahead} ahead)"
         rows.append((name, version, state))
     return rows
-
-
-def _table(rows) -> None:
-    widths = [max(len(str(r[i] if r[i] is not None else "-")) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        click.echo("  ".join(str(v if v is not None else "-").ljust(w) for v, w in zip(r, widths)).rstrip())
 
 
 @click.command("rollback")

@@ -10,7 +10,7 @@ import click
 
 from agent.cli import LazyGroup
 from agent.cli.broker_opts import broker_config, broker_options
-from agent.cli.fleet_cp import control_plane_options, cp_push, cp_status
+from agent.cli.fleet_cp import control_plane_options, cp_push, cp_register, cp_status
 from agent.cli.table import render_table
 from agent.cli.waitopt import wait_option
 from agent.errors import ConfigError
@@ -123,7 +123,8 @@ def push(
 
     if control_plane:  # the service stores, signs and publishes
         body = {"model": name, "version": version, "devices": list(devices), "groups": list(groups)}
-        return cp_push(control_plane, cp_token_file, package, body, wait, as_json)
+        with Progress("push", _render_push, as_json) as progress:
+            return cp_push(control_plane, cp_token_file, package, body, wait, as_json, progress)
     if not key_file or not store:
         raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     with Progress("push", _render_push, as_json) as progress:
@@ -274,26 +275,41 @@ def status(as_json, store, registry_file, control_plane=None, cp_token_file=None
 
 @click.command()
 @click.argument("device_id")
-@click.option(
-    "--public-key", "public_key", required=True, type=click.Path(dir_okay=False, exists=True), help="device.pub"
-)
+@click.option("--public-key", "public_key", type=click.Path(dir_okay=False, exists=True), help="device.pub")
 @click.option("--group", "groups", multiple=True, metavar="G", help="Group the device belongs to (repeatable).")
-@click.option("--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (registry.json).")
+@click.option("--store", type=click.Path(file_okay=False), help="Control-plane store (registry.json).")
 @click.option(
     "--replace", is_flag=True, help="Move a key another device holds to DEVICE_ID (revokes that device's binding)."
 )
+@control_plane_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def register(device_id, public_key, groups, store, replace, as_json):
+def register(device_id, public_key, groups, store, replace, as_json, control_plane=None, cp_token_file=None):
     """Add or replace DEVICE_ID in STORE/registry.json: its public key (from `edge-agent keys device`) and its
     groups. push --wait, rollout and status believe only reports signed by this key, and take groups from here.
-    A key already registered to another device is refused unless --replace."""
+    A key already registered to another device is refused unless --replace.
+
+    With --control-plane URL: the operator's side of enrollment through the API: with --public-key the device
+    is registered and accepted with its groups before it asks; without, the device that asked (pending) is
+    accepted (with --group: given these groups)."""
     from pathlib import Path
 
     from agent.fleet.registry import REGISTRY_NAME, DeviceRegistry
     from agent.util.textfile import read_text
 
+    pem = read_text(public_key, "--public-key", ConfigError) if public_key else None
+    if control_plane:
+        if replace:
+            raise click.UsageError("--replace is for STORE/registry.json; through the API decommission the holder")
+        doc = cp_register(control_plane, cp_token_file, device_id, pem, list(groups))
+        click.echo(
+            json.dumps(doc, indent=2, sort_keys=True)
+            if as_json
+            else f"{device_id} {doc['state']} (key {doc['key_id']}, groups {doc['groups']}) on {control_plane}"
+        )
+        return
+    if not pem or not store:
+        raise click.UsageError("missing option '--public-key' or '--store' (or pass --control-plane URL)")
     path = Path(store) / REGISTRY_NAME
-    pem = read_text(public_key, "--public-key", ConfigError)
     with DeviceRegistry.edit(path) as reg:
         entry = reg.register(device_id, pem, groups, replace=replace)
     doc = {

@@ -46,7 +46,7 @@ def _token(path: str | None) -> str:
 
 
 def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token, rows, offset = _token(token_file), [], 0
     while True:
@@ -75,7 +75,7 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
 
 def _upload(url: str, token: str, package: str, name: str, version: str) -> None:
     from agent.artifacts.packtar import write_targz
-    from agent.controlplane.client import put_bytes
+    from agent.transport.cpclient import put_bytes
 
     src = Path(package)
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,39 +87,24 @@ def _upload(url: str, token: str, package: str, name: str, version: str) -> None
 
 
 def cp_push(
-    url: str, token_file: str | None, package: str, body: dict[str, Any], wait: float | None, as_json: bool
+    url: str,
+    token_file: str | None,
+    package: str,
+    body: dict[str, Any],
+    wait: float | None,
+    as_json: bool,
+    progress: Callable[..., None] = lambda event, **f: None,
 ) -> None:
-    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version."""
-    from agent.controlplane.client import call
+    """Upload, then POST /push; with `wait`, poll the devices' verified status until each runs the version,
+    saying each device's version as it changes (`progress`, the same events as a push over the broker)."""
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
+    progress("store", package=str(package))
     _upload(url, token, package, body["model"], body["version"])
     doc = call(url, "POST", "/api/v1/push", body, token=token)
-    if wait is not None:
-        deadline = time.monotonic() + wait
-        while True:
-            rows: dict[str, dict[str, Any]] = {}
-            for g in body["groups"]:
-                for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)[
-                    "devices"
-                ]:
-                    rows[d["device_id"]] = d
-            for dev in body["devices"]:
-                rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
-            have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
-            if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        doc["devices"] = {
-            d: {
-                "result": "committed" if v == body["version"] else "not confirmed",
-                "reason": None if v == body["version"] else f"runs {v}",
-            }
-            for d, v in have.items()
-        }
-        doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
-    else:
-        doc["ok"] = True
+    progress("published", topics=[url], version=body["version"])
+    _wait_versions(url, token, body, wait, doc, progress)
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -132,6 +117,93 @@ def cp_push(
         raise click.exceptions.Exit(1)
 
 
+def _wait_versions(
+    url: str,
+    token: str,
+    body: dict[str, Any],
+    wait: float | None,
+    doc: dict[str, Any],
+    progress: Callable[..., None] = lambda event, **f: None,
+) -> None:
+    """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up),
+    saying each device's version as it changes; doc gains `devices` ({id: {result, reason}}) and `ok`."""
+    from agent.transport.cpclient import call
+
+    if wait is None:
+        doc["ok"] = True
+        return
+    deadline = time.monotonic() + wait
+    said: dict[str, Any] = {}
+    while True:
+        rows: dict[str, dict[str, Any]] = {}
+        for g in body["groups"]:
+            for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)["devices"]:
+                rows[d["device_id"]] = d
+        for dev in body["devices"]:
+            rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
+        have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
+        for d, v in sorted(have.items()):
+            if said.get(d, "?") != v:  # every change of a device's version is said as it happens
+                said[d] = v
+                result = "committed" if v == body["version"] else "pending"
+                progress("device", device_id=d, result=result, reason=f"runs {v}" if v else "runs no version")
+        if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    doc["devices"] = {
+        d: {
+            "result": "committed" if v == body["version"] else "not confirmed",
+            "reason": None if v == body["version"] else f"runs {v}",
+        }
+        for d, v in have.items()
+    }
+    doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
+
+
+def cp_register(url: str, token_file: str | None, device_id: str, pem: str | None, groups: list[str]) -> dict:
+    """The operator's side of enrollment: with a public key, pre-register (accepted, with groups); without,
+    accept the device that asked (pending), giving it `groups` when any are named."""
+    from agent.transport.cpclient import call
+
+    token = _token(token_file)
+    if pem is not None:
+        body = {"device_id": device_id, "public_key": pem, "groups": groups}
+        return call(url, "POST", "/api/v1/devices", body, token=token)
+    return call(url, "POST", f"/api/v1/devices/{device_id}/accept", {"groups": groups} if groups else None, token=token)
+
+
+def cp_rollback(
+    url: str,
+    token_file: str | None,
+    name: str,
+    rollout_id: str | None,
+    targets: dict[str, list[str]],
+    version: str | None,
+    wait: float | None,
+) -> dict[str, Any]:
+    """`fleet rollback --control-plane`: roll back a service rollout (halt, then signed rollbacks for every
+    device that took the version), or push `version` as a signed rollback to devices or groups."""
+    from agent.transport.cpclient import call
+
+    token = _token(token_file)
+    if rollout_id is not None:
+        doc = call(url, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)
+        if doc["model"] != name:
+            raise ConfigError(f"--rollout: {rollout_id} rolls out {doc['model']}, not {name}")
+        doc = call(url, "POST", f"/api/v1/rollouts/{rollout_id}/rollback", token=token)
+        deadline = time.monotonic() + (wait or 0.0)
+        while wait is not None and doc["phase"] not in ("finished", "failed") and time.monotonic() < deadline:
+            time.sleep(1.0)
+            doc = call(url, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)
+        return {"rollout": doc, "ok": wait is None or doc["phase"] == "finished"}
+    if version is None:
+        raise click.UsageError("--control-plane with --device/--group needs --version V (the version to return to)")
+    body = {"model": name, "version": version, **targets, "rollback": True}
+    doc = call(url, "POST", "/api/v1/push", body, token=token)
+    _wait_versions(url, token, body, wait, doc)
+    return doc
+
+
 def cp_rollout(
     url: str,
     token_file: str | None,
@@ -141,7 +213,7 @@ def cp_rollout(
     as_json: bool,
     render: Callable[[dict], str],
 ) -> None:
-    from agent.controlplane.client import call
+    from agent.transport.cpclient import call
 
     token = _token(token_file)
     _upload(url, token, package, body["model"], body["version"])

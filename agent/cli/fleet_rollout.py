@@ -11,8 +11,8 @@ import click
 
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
-from agent.cli.fleet_cp import control_plane_options, cp_rollout
-from agent.cli.table import render_table
+from agent.cli.fleet_cp import control_plane_options, cp_rollback, cp_rollout
+from agent.cli.table import duration, render_table
 from agent.cli.waitopt import wait_option
 
 
@@ -40,11 +40,16 @@ def render_summary(doc: dict) -> str:
         f"rollout {doc['rollout_id']}: {doc['model']} -> {doc['version']}  state: {doc['state']}  "
         f"counts: {json.dumps(doc['counts'], sort_keys=True)}"
     ]
-    for key, c in doc["cohorts"].items():
-        waves = ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"])
-        lines.append(f"  cohort {key:<24} {c['state']:<12} {waves} succeeded")
-        if c.get("reason"):
-            lines.append(f"    halted: {c['reason']}")
+    cohorts = [
+        (
+            key,
+            c["state"],
+            ", ".join(f"{w['kind']} {w['counts'].get('succeeded', 0)}/{w['size']}" for w in c["waves"]),
+            c.get("reason"),
+        )
+        for key, c in doc["cohorts"].items()
+    ]
+    lines.append(render_table(("COHORT", "STATE", "SUCCEEDED PER WAVE", "REASON"), cohorts, indent="  "))
     rows = [(d["device_id"], d["cohort"], d["wave"], d["result"], d["reason"] or "") for d in doc["devices"]]
     lines.append(render_table(("DEVICE", "COHORT", "WAVE", "RESULT", "REASON"), rows, indent="  ", right=(2,)))
     return "\n".join(lines)
@@ -189,7 +194,7 @@ def rollout(
         sys.exit(1)
     if wait is not None and summary["state"] not in ROLLOUT_FINAL:
         click.echo(
-            f"rollout: still {summary['state']} after --wait {wait:g} s; run the same command to resume", err=True
+            f"rollout: still {summary['state']} after --wait {duration(wait)}; run the same command to resume", err=True
         )
         sys.exit(1)
 
@@ -212,20 +217,61 @@ def _stop_after(seconds: float | None) -> threading.Event | None:
 @click.option(
     "--version", "version", help="Version to return to (default: each device's version before the last rollout)."
 )
-@click.option("--key", "key_file", required=True, type=click.Path(dir_okay=False), help="Ed25519 signing key.")
-@click.option(
-    "--store", required=True, type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts)."
-)
+@click.option("--rollout", "rollout_id", help="With --control-plane: roll back this rollout of the service.")
+@click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key.")
+@click.option("--store", type=click.Path(file_okay=False), help="Control-plane store (artifacts, rollouts).")
 @wait_option("devices to confirm the rollback")
 @click.option("--json", "as_json", is_flag=True, help="Print the result JSON.")
 @broker_options
-def rollback(name, device_id, group, version, key_file, store, wait, as_json, **broker_kw):
+@control_plane_options
+def rollback(
+    name,
+    device_id,
+    group,
+    version,
+    rollout_id,
+    key_file,
+    store,
+    wait,
+    as_json,
+    control_plane=None,
+    cp_token_file=None,
+    **broker_kw,
+):
     """Publish signed rollback manifests (rollback: true) returning NAME to its previous version on one
-    device or a group. Exits 1 if any device could not be rolled back."""
+    device or a group. Exits 1 if any device could not be rolled back.
+
+    With --control-plane URL (through the API): --rollout ID halts that rollout and rolls back every device
+    that took its version; --device/--group with --version V pushes V (uploaded to the service) as a signed
+    rollback."""
     from agent.fleet.rollout_run import run_rollback
 
+    if control_plane:
+        if bool(rollout_id) == bool(device_id or group) or (device_id and group):
+            raise click.UsageError("with --control-plane give exactly one of --rollout ID, --device ID, --group G")
+        targets = {"devices": [device_id] if device_id else [], "groups": [group] if group else []}
+        doc = cp_rollback(control_plane, cp_token_file, name, rollout_id, targets, version, wait)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        elif rollout_id:
+            r = doc["rollout"]
+            click.echo(f"rollout {rollout_id}: {r['phase']}, {r['rollback_requested']} (state {r['state']})")
+        else:
+            rows = [(d, r["result"], version, r["reason"] or "") for d, r in sorted((doc.get("devices") or {}).items())]
+            click.echo(
+                render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows)
+                if rows
+                else f"pushed rollback to {version}"
+            )
+        if not doc["ok"]:
+            sys.exit(1)
+        return
+    if rollout_id:
+        raise click.UsageError("--rollout ID needs --control-plane URL")
     if bool(device_id) == bool(group):
         raise click.UsageError("give exactly one of --device ID or --group G")
+    if not key_file or not store:
+        raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
     result = run_rollback(
         name,
         device=device_id,

@@ -135,14 +135,16 @@ def _sim_progress(event: str, **f) -> None:
 
 
 def _render_layout(layout: dict) -> str:
+    from agent.cli.table import render_table
+
     lines = [f"simulate: {layout['devices']} devices on {layout['broker']} (state {layout['state_dir']}); Ctrl-C stops"]
+    classes = []
     for cls, n in sorted(layout["classes"].items()):
-        lines.append(
-            f"  {cls:<28} {n:>5} devices  target {layout['targets'][cls]:<24} providers "
-            f"{', '.join(layout['providers'][cls])}"
-        )
+        classes.append((cls, n, layout["targets"][cls], ", ".join(layout["providers"][cls])))
         for provider, why in sorted(layout["dropped"].get(cls, {}).items()):
-            lines.append(f"  {'':<28} {'':>13} not {provider}: {why}")
-    for dev, url in sorted(layout.get("http", {}).items()):
-        lines.append(f"  {dev:<40} {url}")
+            classes.append(("", "", "", f"not {provider}: {why}"))
+    lines.append(render_table(("CLASS", "DEVICES", "TARGET", "PROVIDERS"), classes, indent="  ", right=(1,)))
+    http = sorted(layout.get("http", {}).items())
+    if http:
+        lines.append(render_table(("DEVICE", "HTTP"), http, indent="  "))
     return "\n".join(lines)

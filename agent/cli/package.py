@@ -68,7 +68,9 @@ def package(model, inputs, out, name, version, task, force, check_dir, as_json):
     from agent.qualify import packager
 
     if check_dir:
-        found = packager.check(Path(check_dir))
+        from agent.qualify.pkgcheck import check
+
+        found = check(Path(check_dir))
         if as_json:
             click.echo(
                 json.dumps({"package": check_dir, "ok": not found, "fixes": [f.to_dict() for f in found]}, indent=2)

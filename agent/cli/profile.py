@@ -39,8 +39,9 @@ def profile(sysroot: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(prof.to_dict(), indent=2))
         return
-    for label, value in summary_rows(prof):
-        click.echo(f"{label:<13} {value}")
+    from agent.cli.table import render_fields
+
+    click.echo(render_fields(summary_rows(prof)))
 
 
 def detect_profile(sysroot: str | None):

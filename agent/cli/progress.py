@@ -13,7 +13,10 @@ from typing import Any
 
 import click
 
+from agent.cli.table import duration
+
 HEARTBEAT_S = 5.0
+FIRST_S = 0.5  # a step set quietly is said if nothing else was said this long after the start
 
 
 class Progress:
@@ -26,10 +29,13 @@ class Progress:
         render: Callable[[str, dict[str, Any]], str | None],
         as_json: bool = False,
         heartbeat_s: float = HEARTBEAT_S,
+        first_s: float = FIRST_S,
     ):
         self.command, self.render, self.as_json, self.heartbeat_s = command, render, as_json, heartbeat_s
+        self.first_s = first_s
         self.t0 = time.monotonic()
         self._last_said = self.t0
+        self._said_any = False
         self._step = "working"
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -52,9 +58,16 @@ class Progress:
                 return
             self._say(event, fields, line)
 
+    def quietly(self, line: str) -> None:
+        """Make `line` the current step without saying it now: the heartbeat says it if nothing else is said
+        within `first_s` of the start (or `heartbeat_s` later), so work that fails at once on bad input prints
+        only its error, and slow work still shows a line within 2 s."""
+        with self._lock:
+            self._step = line.split(": ", 1)[-1]
+
     def _say(self, event: str, fields: dict[str, Any], line: str | None) -> None:
         now = time.monotonic()
-        self._last_said = now
+        self._last_said, self._said_any = now, True
         if self.as_json:
             doc = {"progress": self.command, "event": event, "elapsed_s": round(now - self.t0, 2), **fields}
             if line is not None:
@@ -68,10 +81,12 @@ class Progress:
         while not self._stop.wait(0.25):
             with self._lock:
                 now = time.monotonic()
-                if now - self._last_said >= self.heartbeat_s:
+                if not self._said_any and now - self.t0 >= self.first_s:
+                    self._say("start", {"step": self._step}, f"{self.command}: {self._step}")
+                elif now - self._last_said >= self.heartbeat_s:
                     elapsed = now - self.t0
                     self._say(
-                        "heartbeat", {"step": self._step}, f"{self.command}: still {self._step} ({elapsed:.0f} s)"
+                        "heartbeat", {"step": self._step}, f"{self.command}: still {self._step} ({duration(elapsed)})"
                     )
 
 

@@ -125,17 +125,19 @@ def _verify(results) -> dict[str, dict]:
 def _print_table(results, target_name: str | None, sysroot: str | None, checks: dict[str, dict]) -> None:
     where = f"capture {sysroot}" if sysroot else "this host"
     click.echo(f"target: {target_name or 'none matched'} (hardware from {where}; runtimes from this host)")
-    rows = [("#", "PROVIDER", "STATUS", "DEVICES", "VERSIONS")]
+    from agent.cli.table import render_table
+
+    rows = []
     for i, r in enumerate(results, 1):
         status = "available" if r.available else ("expected, not opened here" if r.expected else "unavailable")
         rows.append((str(i), r.name, status, ",".join(r.devices) or "-", _versions(r.versions)))
-    widths = [max(len(row[c]) for row in rows) for c in range(4)]
-    pad = " " * (widths[0] + 2)
-    click.echo("  ".join(cell.ljust(w) for cell, w in zip(rows[0], widths)) + "  " + rows[0][4])
-    for i, (row, r) in enumerate(zip(rows[1:], results)):
+    head, *lines = render_table(("#", "PROVIDER", "STATUS", "DEVICES", "VERSIONS"), rows).splitlines()
+    pad = " " * (len(str(len(results))) + 2)
+    click.echo(head)
+    for i, (line, r) in enumerate(zip(lines, results)):
         if target_name and not r.preferred and (i == 0 or results[i - 1].preferred):
             click.echo(f"-- not in the {target_name} target's preference list --")
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+        click.echo(line)
         click.echo(f"{pad}{'why' if not r.available else 'ok'}: {r.reason}")
         if not r.available and r.remedy:
             click.echo(f"{pad}fix: {r.remedy}")

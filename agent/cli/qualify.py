@@ -8,7 +8,7 @@ import tempfile
 
 import click
 
-from agent.cli.table import ms
+from agent.cli.table import duration, ms, render_table
 
 
 def _render(event: str, f: dict) -> str | None:
@@ -37,13 +37,19 @@ def _render(event: str, f: dict) -> str | None:
     at = " at max" if f.get("shape") == "max" else ""
     if event == "latency" and "runs" in f:
         left = eta(f["runs"], f["target"], f.get("elapsed_s") or 0, f.get("budget_s") or 0)
-        est = f", about {left:.0f} s left" if left is not None else ""
+        est = f", about {duration(left)} left" if left is not None else ""
         return f"{head}: latency{at} {f['runs']}/{f['target']} runs{est}"
     if event == "latency":
-        budget = f" for up to {f['budget_s']:g} s" if f.get("budget_s") else ""
+        budget = f" for up to {duration(f['budget_s'])}" if f.get("budget_s") else ""
         return f"{head}: measuring latency{at} on {f.get('inputs') or 'the planned inputs'}{budget}"
     if event == "selected":
         return f"qualify: selected {f.get('provider') or 'none'}"
+    if event == "start":
+        return f"qualify: reading {f['package']} and this device's profile"
+    if event == "plan":
+        return (
+            f"qualify: {f['model']} v{f['version']} on target {f.get('target') or '?'}: finding the available providers"
+        )
     return None
 
 
@@ -100,28 +106,34 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
     from agent.cli.progress import Progress
-    from agent.qualify.harness import qualify as run_qualify
-    from agent.qualify.package import load_package
-    from agent.targets import detect_device
 
-    with tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp:
+    given = _memory_size(memory_max)  # a bad flag is refused before any progress line
+    with (
+        tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp,
+        Progress("qualify", _render, as_json) as progress,
+    ):
+        progress.quietly(f"qualify: reading {package} and this device's profile")  # said if it takes a while
+        from agent.qualify.harness import qualify as run_qualify  # the runtimes' imports count as work too
+        from agent.qualify.package import load_package
+        from agent.targets import detect_device
+
         pkg = load_package(package, extract_to=tmp)
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
-        cap = _memory_max(memory_max, target)
-        with Progress("qualify", _render, as_json) as progress:
-            decision = run_qualify(
-                pkg,
-                profile,
-                target,
-                providers=list(providers) or None,
-                cache_dir=cache_dir,
-                progress=progress,
-                latency_budget_s=budget,
-                row_timeout_s=timeout,
-                memory_max=cap,
-                optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
-            )
+        cap = _memory_max(given, target)
+        progress.quietly(f"qualify: {pkg.name} v{pkg.version} on {getattr(target, 'name', '?')}: finding providers")
+        decision = run_qualify(
+            pkg,
+            profile,
+            target,
+            providers=list(providers) or None,
+            cache_dir=cache_dir,
+            progress=progress,
+            latency_budget_s=budget,
+            row_timeout_s=timeout,
+            memory_max=cap,
+            optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
+        )
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json
@@ -135,15 +147,19 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         sys.exit(3)
 
 
-def _memory_max(text, target) -> int | None:
+def _memory_size(text: str | None) -> int | None:
     from agent.errors import ConfigError
-    from agent.serving.memory import resolve_memory_max
     from agent.util.sizes import parse_size
 
     try:
-        given = parse_size(text) if text else None
+        return parse_size(text) if text else None
     except ValueError as exc:
         raise ConfigError(f"--memory-max: {exc}") from None
+
+
+def _memory_max(given: int | None, target) -> int | None:
+    from agent.serving.memory import resolve_memory_max
+
     return resolve_memory_max(given, getattr(target, "serving", None))[0]
 
 
@@ -179,8 +195,7 @@ def render(doc: dict) -> str:
         "RSS+MB",
     )
     table = [head] + [_row_cells(r) for r in doc["results"]]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in table]
+    lines.append(render_table(head, table[1:]))
     if doc.get("emulated"):
         lines.append(f"latency measured under emulation ({doc['emulated']}): labelled emulated, not used to select")
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
@@ -216,7 +231,7 @@ def _original_lines(rows: list[dict]) -> list[str]:
         agree = f"top-1 {_fmt(acc.get('top1_agreement'), '.2f')}, top-5 {_fmt(acc.get('top5_agreement'), '.2f')}"
         if acc.get("top1_agreement") is None:
             agree = f"max_rel {_fmt(acc.get('max_rel'), '.2g')}"
-        speed = f"; original p50 {_fmt(o.get('p50_ms'))} ms, speed-up {_fmt(o.get('speedup'), '.2f')}x" if o else ""
+        speed = f"; original p50 {ms(o.get('p50_ms'))} ms, speed-up {_fmt(o.get('speedup'), '.2f')}x" if o else ""
         if o.get("error"):
             speed = f"; {o['error']}"
         out.append(f"  {r['key']} ({r.get('precision')}) vs fp32 original: {agree} over {acc.get('sets')} sets{speed}")

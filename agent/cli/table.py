@@ -20,11 +20,20 @@ def render_table(
     return "\n".join(lines)
 
 
+def render_fields(pairs: Iterable[tuple[str, object]]) -> str:
+    """Label/value lines (a record, not a table): the values start in one column, after the widest label."""
+    pairs = [(str(k), "-" if v is None else str(v)) for k, v in pairs]
+    width = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{k.ljust(width)} {v}".rstrip() for k, v in pairs)
+
+
 def duration(seconds: float | None) -> str:
-    """A duration as a person reads it: 0.0412 ms, 3.7 ms, 840 ms, 3.70 s, 12.5 min, 2.1 h ('-' for None)."""
+    """A duration as a person reads it: < 1 ms, 3.70 ms, 840 ms, 3.70 s, 12.5 min, 2.1 h ('-' for None)."""
     if seconds is None:
         return "-"
     s = float(seconds)
+    if s < 0.001:
+        return "< 1 ms"
     if s < 1:
         return f"{ms(s * 1000)} ms"
     if s < 60:

@@ -12,6 +12,7 @@ from typing import Any
 from agent.config.schema import DEFAULT_STATE_DIR, RELOADABLE, AgentConfig, TlsConfig
 from agent.config.sections import (
     TOP_KEYS,
+    read_control_plane,
     read_device_id,
     read_downloads,
     read_groups,
@@ -74,6 +75,7 @@ def parse_config(
         inbox=inbox,
         telemetry=read_telemetry(v, top.get("telemetry")),
         downloads=read_downloads(v, top.get("downloads")),
+        control_plane=read_control_plane(v, top["control_plane"]) if top.get("control_plane") is not None else None,
         source=source,
         warnings=tuple(warnings),
     )
@@ -89,6 +91,8 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
         files.append(("mqtt.password_file", cfg.mqtt.password_file))
         tls = cfg.mqtt.tls or TlsConfig()
         files += [("mqtt.tls.ca", tls.ca), ("mqtt.tls.cert", tls.cert), ("mqtt.tls.key", tls.key)]
+    if cfg.control_plane is not None:
+        files.append(("control_plane.token_file", cfg.control_plane.token_file))
     warnings = list(cfg.warnings)
     for key, p in files:
         if p is None:
@@ -103,7 +107,7 @@ def check_config_files(cfg: AgentConfig) -> AgentConfig:
             raise ConfigError(f"{key}: expected a regular file, got {p}")
         if not os.access(p, os.R_OK):
             raise ConfigError(f"{key}: {p} is not readable by this user (uid {os.getuid()})")
-        secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file")
+        secret = key in ("mqtt.password_file", "mqtt.tls.key", "serving.token_file", "control_plane.token_file")
         if secret and st.st_mode & stat.S_IROTH:
             warnings.append(f"{key}: {p} is world-readable; chmod 600 (or 640 with group edge-agent)")
     _decode_files(cfg)
@@ -116,6 +120,8 @@ def _decode_files(cfg: AgentConfig) -> None:
     cfg.serving.token()
     if cfg.mqtt is not None:
         cfg.mqtt.password()
+    if cfg.control_plane is not None:
+        cfg.control_plane.token()
     from agent.artifacts.keys import parse_public_key
 
     for i, p in enumerate(cfg.trust.public_keys):

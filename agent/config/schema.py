@@ -144,6 +144,24 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class ControlPlaneConfig:
+    """The control plane this daemon enrolls with and reports to (docs/control-plane.md, "The daemon's side")."""
+
+    url: str  # http(s)://host[:port][/path]
+    token_file: Path | None = None  # a pre-shared enrollment token (accepted at once); None: wait as pending
+    report: bool = True  # post decision records (with their attestations) after each qualification
+    retry_max_s: float = 60.0  # back-off ceiling while the control plane is unreachable or refuses
+
+    def token(self) -> str | None:
+        if self.token_file is None:
+            return None
+        token = first_line(self.token_file, "control_plane.token_file")
+        if not token:
+            raise ConfigError(f"control_plane.token_file: {self.token_file} is empty")
+        return token
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     device_id: str
     device_id_source: str  # "config", "/etc/machine-id", "/proc/device-tree/serial-number", ...
@@ -158,6 +176,7 @@ class AgentConfig:
     source: Path | None = None  # the file this came from
     warnings: tuple[str, ...] = ()
     downloads: DownloadsConfig = DownloadsConfig()
+    control_plane: ControlPlaneConfig | None = None  # None: no control plane (fleet CLI and broker only)
 
     @property
     def mode(self) -> str:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from agent.config.schema import (
     MQTT_PORTS,
+    ControlPlaneConfig,
     DownloadsConfig,
     MqttConfig,
     ProbationConfig,
@@ -35,6 +36,7 @@ TOP_KEYS = (
     "inbox",
     "telemetry",
     "downloads",
+    "control_plane",
 )
 
 
@@ -45,6 +47,36 @@ def read_downloads(v: Validator, raw: Any) -> DownloadsConfig:
         min_bytes=v.integer(d.get("min_bytes", 64 * 1024), "downloads.min_bytes", 1, 1 << 40),
         interval_s=v.number(d.get("interval_s", 30.0), "downloads.interval_s", 0.5, 86400),
         timeout_s=v.number(d.get("timeout_s", 6 * 3600.0), "downloads.timeout_s", 1, 30 * 86400),
+    )
+
+
+def read_control_plane(v: Validator, raw: Any) -> ControlPlaneConfig:
+    c = v.mapping(raw, "control_plane", ("url", "token_file", "report", "retry_max_s"))
+    if c.get("url") is None:
+        raise ConfigError(
+            "control_plane.url: required when a control_plane section is present (e.g. http://cp:8470); "
+            "remove the section to run without a control plane"
+        )
+    url = v.string(c["url"], "control_plane.url")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"control_plane.url: expected http:// or https://host[:port], got {url!r}")
+    if parts.username or parts.password:
+        raise ConfigError("control_plane.url: credentials in the URL are not allowed (the device signs its requests)")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"control_plane.url: expected no query or fragment, got {url!r}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port range only when asked
+    except ValueError:
+        raise ConfigError(f"control_plane.url: port must be 1-65535, got {url!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"control_plane.url: missing host in {url!r}")
+    token = v.path(c["token_file"], "control_plane.token_file") if c.get("token_file") is not None else None
+    return ControlPlaneConfig(
+        url=url.rstrip("/"),
+        token_file=token,
+        report=flag(c.get("report", True), "control_plane.report"),
+        retry_max_s=v.number(c.get("retry_max_s", 60.0), "control_plane.retry_max_s", 1, 86400),
     )
 
 

@@ -21,6 +21,7 @@ from agent.controlplane.schemas import (
     VERSION,
     Decide,
     Groups,
+    NewDevice,
     NewEnrollToken,
     NewOperatorToken,
     NewRollout,
@@ -95,6 +96,17 @@ def list_devices(
             limit=limit,
         )
         return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
+
+
+@router.post("/devices", status_code=201, tags=["devices"])
+def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[str, Any]:
+    """Pre-register a device's public key with groups (accepted at once: `fleet register --control-plane`)."""
+    for g in body.groups:
+        _name(g, "groups")
+    with write(cp(request).factory) as s:
+        out = repo.device_dict(enroll.preregister(s, body.device_id, body.public_key, body.groups, op.actor))
+    cp(request).registry_changed()
+    return out
 
 
 @router.get("/devices/{device_id}", tags=["devices"])
@@ -187,32 +199,22 @@ async def _signed_doc(request: Request, device_id: str, kind: str) -> dict[str, 
         row = repo.device(s, device_id)
         if row.state != "accepted":
             raise HTTPException(403, f"device_id: {device_id} is {row.state}, not accepted")
-        trust = verify_doc(doc, parse_public_key(row.public_key, where=f"key of {device_id}"))
+        key = parse_public_key(row.public_key, where=f"key of {device_id}")
+        trust = verify_doc(doc, key)
         if trust != "verified" or doc.get("device_id") != device_id:
             repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, trust=trust)
             raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
         body = {k: v for k, v in doc.items() if k != "sig"}
+        if kind == "decision" and "attestations" in body:  # kept with the verdict of each (docs/evidence.md)
+            body["attestations"] = attestations.verify_embedded(key, device_id, body["attestations"])
+            for k, att in body["attestations"].items():
+                if not att["verified"]:
+                    repo.audit(s, f"device:{device_id}", "attestation.refused", device_id, kind=k, reason=att["reason"])
         model = body.get("model") if isinstance(body.get("model"), str) else None
         version = body.get("version") if isinstance(body.get("version"), str) else None
+        repo.replace_document(s, device_id, kind, model, version, body.get("deployment_id"))
         s.add(DeviceDocument(device_id=device_id, kind=kind, model=model, version=version, doc=body, ts=time.time()))
     return {"device_id": device_id, "kind": kind, "stored": True}
-
-
-@router.post("/devices/{device_id}/attestations", status_code=201, tags=["attestations"])
-async def post_attestation(request: Request, device_id: str):
-    """A DSSE-wrapped in-toto attestation signed by the device's key (docs/evidence.md); kept only when it verifies."""
-    from agent.evidence.dsse import AttestationError
-
-    raw = await request.body()
-    if len(raw) > request.app.state.cp.settings.api_max_json:
-        raise HTTPException(413, f"body: more than {request.app.state.cp.settings.api_max_json} bytes")
-    try:
-        with write(cp(request).factory) as s:
-            return attestations.store(s, device_id, raw)
-    except AttestationError as exc:
-        with write(cp(request).factory) as s:
-            attestations.refused(s, device_id, exc)
-        raise HTTPException(403, f"attestation: {exc}") from None
 
 
 @router.get("/devices/{device_id}/attestations", tags=["attestations"])

@@ -1,51 +1,47 @@
-"""Device attestations in the control plane: a DSSE envelope (docs/evidence.md) posted by a device is kept only
-when it verifies against that accepted device's key and names that device; listed with its verified summary and
-the envelope itself, so anyone can check it again offline (`edge-agent attestation verify`)."""
+"""Device attestations in the control plane. A device sends them inside the decision record of their deployment
+(`attestations`: {kind: DSSE envelope}, agent.transport.cpclient.signed_decision); the service verifies each one
+against that accepted device's key (agent.evidence.verify: signed by it, naming it, and of the kind it is sent
+as) and keeps, per kind, the verdict with the envelope itself, so anyone can check it again offline
+(`edge-agent attestation verify`). A refused attestation is kept as refused, with the reason; the record it came
+in is not refused for it (the record's own signature verified)."""
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from agent.controlplane import repo
-from agent.controlplane.models import DeviceDocument
-from agent.evidence.dsse import AttestationError
 
-KIND = "attestation"
+DECISION = "decision"
 
 
-def store(session: Session, device_id: str, data: bytes) -> dict[str, Any]:
-    """Verify and keep one envelope; AttestationError says why not (record it with `refused` in a transaction
-    of its own), also when the device is not accepted: nothing it says counts yet."""
-    from agent.artifacts.keys import parse_public_key
+def verify_embedded(public_key, device_id: str, envelopes: object) -> dict[str, dict[str, Any]]:
+    """{kind: {"verified": True, "summary": {...}, "envelope"} | {"verified": False, "reason", "envelope"}}."""
+    from agent.evidence.dsse import AttestationError
     from agent.evidence.verify import verify_attestation
 
-    row = repo.device(session, device_id)
-    if row.state != "accepted":
-        raise AttestationError(f"device {device_id} is {row.state}, not accepted")
-    summary = verify_attestation(data, parse_public_key(row.public_key, where=f"key of {device_id}"), device_id)
-    summary.pop("statement")
-    doc = {"summary": summary, "envelope": json.loads(data)}
-    session.add(
-        DeviceDocument(
-            device_id=device_id,
-            kind=KIND,
-            model=str(summary["model"])[:64],
-            version=str(summary["version"])[:64],
-            doc=doc,
-            ts=time.time(),
-        )
-    )
-    return {"device_id": device_id, "kind": KIND, "stored": True, **{k: summary[k] for k in ("model", "version")}}
+    out: dict[str, dict[str, Any]] = {}
+    for kind, envelope in envelopes.items() if isinstance(envelopes, dict) else ():
+        try:
+            summary = verify_attestation(envelope, public_key, device_id)
+            if summary["kind"] != kind:
+                raise AttestationError(f"sent as the {kind} attestation, signed as the {summary['kind']}")
+        except AttestationError as exc:
+            out[str(kind)[:32]] = {"verified": False, "reason": str(exc)[:300], "envelope": envelope}
+            continue
+        summary.pop("statement")
+        out[str(kind)[:32]] = {"verified": True, "summary": summary, "envelope": envelope}
+    return out
 
 
-def refused(session: Session, device_id: str, exc: AttestationError) -> None:
-    repo.audit(session, f"device:{device_id}", "attestation.refused", device_id, reason=str(exc)[:300])
-
-
-def listing(session: Session, device_id: str, limit: int = 50) -> list[dict[str, Any]]:
-    """The device's latest attestations, newest first: {received, summary, envelope}."""
-    return [{"received": d.ts, **d.doc} for d in repo.documents(session, device_id, KIND, limit)]
+def listing(session: Session, device_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The attestations in the device's latest decision records, newest record first: {deployment_id, kind,
+    received, verified, summary | reason, envelope}."""
+    rows = []
+    for d in repo.documents(session, device_id, DECISION, limit):
+        embedded = d.doc.get("attestations") if isinstance(d.doc, dict) else None
+        for kind, att in sorted((embedded or {}).items()):
+            if isinstance(att, dict) and "verified" in att:
+                rows.append({"deployment_id": d.doc.get("deployment_id"), "kind": kind, "received": d.ts, **att})
+    return rows

@@ -4,7 +4,6 @@ request for a device id enrolled with another key, a bad signature, a stale or r
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -15,32 +14,13 @@ from agent.controlplane import repo
 from agent.controlplane.models import ACCEPTED, DECOMMISSIONED, PENDING, REJECTED, Device, EnrollNonce, EnrollToken
 from agent.controlplane.tokens import digest
 from agent.errors import ConfigError
+from agent.transport.cpclient import ENROLL_KIND as KIND
 
 MAX_SKEW_S = 300.0
-KIND = "enroll"
 
 
 class EnrollRefused(ConfigError):
     """A request that is well formed but not believed (HTTP 403 at the edge); the refusal is audited."""
-
-
-def request(device_id: str, key, *, hardware: dict | None = None, target: str | None = None, token: str | None = None):
-    """The device side: a signed enrollment request for `device_id` made with the device's own key."""
-    from agent.artifacts.keys import public_pem
-    from agent.transport.signing import sign_doc
-
-    doc: dict[str, Any] = {
-        "kind": KIND,
-        "device_id": device_id,
-        "public_key": public_pem(key.public_key()),
-        "nonce": secrets.token_hex(16),
-        "ts": time.time(),
-        "hardware": hardware or {},
-        "target": target,
-    }
-    if token:
-        doc["token"] = token
-    return sign_doc(doc, key)
 
 
 def check(doc: dict[str, Any], now: float | None = None) -> tuple[str, str, Any]:
@@ -103,6 +83,33 @@ def apply(session: Session, doc: dict[str, Any]) -> Device:
         repo.set_groups(session, row, list(row.groups or []) + list(grant.groups or []))
         row.state, row.decided_at, row.decided_by = ACCEPTED, time.time(), f"token:{grant.name}"
     repo.audit(session, f"device:{device_id}", "enroll.request", device_id, key_id=kid, state=row.state)
+    return row
+
+
+def preregister(session: Session, device_id: str, pem: str, groups: list[str], actor: str) -> Device:
+    """The operator's path (`fleet register --control-plane`): a device's public key and groups registered and
+    accepted before the device asks. The same key for the same device is an accept with these groups; one key,
+    one device otherwise (a conflict names who holds it)."""
+    from agent.artifacts.keys import key_id, parse_public_key, public_pem
+
+    pub = parse_public_key(pem, where="public_key")
+    pem, kid = public_pem(pub), key_id(pub)
+    holder = session.scalar(select(Device).where(Device.key_id == kid))
+    if holder is not None and holder.device_id != device_id:
+        raise repo.Conflict(f"public_key: key {kid} is enrolled as device {holder.device_id} (one key, one device)")
+    row = session.get(Device, device_id)
+    if row is not None and row.state != DECOMMISSIONED and row.key_id not in (None, kid):
+        raise repo.Conflict(
+            f"device_id: {device_id} is enrolled with another key ({row.key_id}); decommission it first"
+        )
+    if row is None:
+        row = Device(device_id=device_id, groups=[], online=False, requested_at=time.time(), hardware={})
+        session.add(row)
+    row.public_key, row.key_id = pem, kid
+    row.state, row.decided_at, row.decided_by = ACCEPTED, time.time(), actor
+    session.flush()
+    repo.set_groups(session, row, groups)
+    repo.audit(session, actor, "device.register", device_id, key_id=kid, groups=groups)
     return row
 
 

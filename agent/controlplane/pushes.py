@@ -43,8 +43,10 @@ def push_version(ctx, body, actor: str) -> dict[str, Any]:
             prefix=settings.prefix,
             devices=body.devices,
             groups=body.groups,
+            rollback=body.rollback,
             validate=False,
         )
     with write(ctx.factory) as s:
-        repo.audit(s, actor, "model.push", f"{body.model}/{body.version}", devices=body.devices, groups=body.groups)
+        action = "model.rollback" if body.rollback else "model.push"
+        repo.audit(s, actor, action, f"{body.model}/{body.version}", devices=body.devices, groups=body.groups)
     return doc

@@ -105,6 +105,24 @@ def documents(session: Session, device_id: str, kind: str, limit: int = 20) -> l
     return list(session.scalars(stmt).all())
 
 
+def replace_document(
+    session: Session, device_id: str, kind: str, model: str | None, version: str | None, deployment_id: Any
+) -> None:
+    """A device posts a deployment's decision record again when it grew (shadow, probation figures, the trial's
+    attestation): the newer copy replaces the one of the same deployment, so each deployment has one record."""
+    if not isinstance(deployment_id, str):
+        return
+    same = select(DeviceDocument).where(
+        DeviceDocument.device_id == device_id,
+        DeviceDocument.kind == kind,
+        DeviceDocument.model == model,
+        DeviceDocument.version == version,
+    )
+    for old in session.scalars(same).all():
+        if isinstance(old.doc, dict) and old.doc.get("deployment_id") == deployment_id:
+            session.delete(old)
+
+
 def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
     status = row.status if isinstance(row.status, dict) else {}
     out = {

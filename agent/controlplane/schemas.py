@@ -19,6 +19,12 @@ class Decide(Strict):
     groups: list[str] | None = Field(default=None, max_length=64)
 
 
+class NewDevice(Strict):
+    device_id: str = Field(pattern=NAME)
+    public_key: str = Field(max_length=4096)
+    groups: list[str] = Field(default_factory=list, max_length=64)
+
+
 class Groups(Strict):
     groups: list[str] = Field(max_length=64)
 
@@ -52,3 +58,4 @@ class Push(Strict):
     version: str = Field(pattern=VERSION, max_length=64)
     groups: list[str] = Field(default_factory=list, max_length=64)
     devices: list[str] = Field(default_factory=list, max_length=10000)
+    rollback: bool = False  # signed as a rollback: devices accept the older version (`fleet rollback`)

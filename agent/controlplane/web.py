@@ -140,7 +140,7 @@ def device_page(request: Request, device_id: str):
         dev = repo.device_dict(repo.device(s, device_id), full=True)
         decisions = [d.doc for d in repo.documents(s, device_id, "decision", 10)]
         reports = [d.doc for d in repo.documents(s, device_id, "conformance", 3)]
-        signed = [a["summary"] for a in attestations.listing(s, device_id, 10)]
+        signed = attestations.listing(s, device_id, 10)
     return _page(request, "device.html", op, dev=dev, decisions=decisions, reports=reports, attestations=signed)
 
 

@@ -236,7 +236,7 @@ class RolloutEngine:
         if result == rs.FAILED:
             return rs.ROLLBACK_FAILED, f"rollback to {prev} failed: {reason}"
         if result in rs.TOOK and not rs.holds(doc, name, new):
-            if d.get("took"):
+            if d.get("took") or rs.held_before(doc, name, new):  # took it as the halt came, then went back
                 return rs.ROLLED_BACK, f"rolled back to {prev} (cohort halted)"
             return rs.CANCELLED, f"cohort halted before it installed; stays on {prev}"
         return None, None

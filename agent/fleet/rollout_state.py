@@ -103,6 +103,12 @@ def holds(doc: dict | None, name: str, version: str | None) -> bool:
     return isinstance(model, dict) and same_version(model.get("version"), version)
 
 
+def held_before(doc: dict | None, name: str, version: str | None) -> bool:
+    """Did the device run this version before what it runs now (its status names it as the previous one)?"""
+    model = ((doc or {}).get("models") or {}).get(name) if isinstance(doc, dict) else None
+    return isinstance(model, dict) and same_version(model.get("previous"), version)
+
+
 def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:
     """Per-wave counts of one cohort for the progress document and the summary."""
     cohort = state["cohorts"][key]

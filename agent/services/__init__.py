@@ -2,8 +2,9 @@
 
 Each gets its collaborators injected (orchestrator, registry, the link's publish functions, an emit callback)
 and never reaches into the DeviceAgent: inbox (InboxScanner), control (ControlService), health
-(HealthPublisher), probe (ProviderProbeService), report (Reporter: lifecycle transitions and rejections) and
-status (StatusWriter: status.json with the disk-full degrade, published).
+(HealthPublisher), probe (ProviderProbeService), report (Reporter: lifecycle transitions and rejections),
+status (StatusWriter: status.json with the disk-full degrade, published) and cpsync (ControlPlaneSync: enrollment
+and decision records to the control plane, on its own thread through an injected port).
 """
 
 from __future__ import annotations

@@ -40,11 +40,12 @@ class FrontSettings(Protocol):
 
 
 def start_fronts(
-    registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None
+    registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None, memory_max: int | None = None
 ) -> tuple[OIPServer, GRPCServer | None]:
     """(HTTP server, gRPC server or None), both started; `extend(plane)` installs extensions (the repository)
-    on the shared data plane before the gRPC front opens."""
-    from agent.serving.server import OIPServer
+    on the shared data plane before the gRPC front opens. memory_max (serving.memory_max, resolved) sizes the
+    request memory budget both share (server.body_budget_for)."""
+    from agent.serving.server import OIPServer, body_budget_for
 
     server = OIPServer(
         registry,
@@ -55,6 +56,7 @@ def start_fronts(
         max_per_peer=s.max_per_peer,
         header_timeout=s.header_timeout_s,
         idle_timeout=s.idle_timeout_s,
+        body_budget_bytes=body_budget_for(memory_max),
     ).start()
     if extend is not None:
         extend(server.plane)

@@ -137,20 +137,40 @@ def device_memory(root: str = "/") -> tuple[int | None, str]:
 
 
 def cgroup_room(root: str = "/") -> int | None:
-    """memory.max - memory.current of this process's cgroup v2 (None: no limit set, or not readable)."""
+    """The room left under this process's cgroup memory limit (None: no limit set, or not readable): cgroup v2
+    memory.max - memory.current, or on a cgroup v1 host (Docker there, JetPack 5) memory.limit_in_bytes -
+    memory.usage_in_bytes; a container that sees only its own cgroup has it at the hierarchy's root."""
     base = root.rstrip("/")
     try:
         with open(f"{base}/proc/self/cgroup", encoding="ascii", errors="replace") as fh:
-            rel = next((ln.strip()[3:] for ln in fh if ln.startswith("0::")), None)
-        if rel is None:
-            return None
-        d = f"{base}/sys/fs/cgroup{rel.rstrip('/')}"
-        with open(f"{d}/memory.max", encoding="ascii") as fh:
-            raw = fh.read().strip()
-        if raw == "max":
-            return None
-        with open(f"{d}/memory.current", encoding="ascii") as fh:
-            current = int(fh.read().strip())
-        return max(0, int(raw) - current)
-    except (OSError, ValueError):
+            lines = [ln.strip().split(":", 2) for ln in fh if ln.count(":") >= 2]
+    except OSError:
         return None
+    rooms = []
+    for hierarchy, controllers, rel in lines:
+        rel = rel.rstrip("/")
+        if hierarchy == "0" and not controllers:
+            rooms.append(_room([f"{base}/sys/fs/cgroup{rel}"], "memory.max", "memory.current"))
+        elif "memory" in controllers.split(","):
+            dirs = [f"{base}/sys/fs/cgroup/memory{rel}", f"{base}/sys/fs/cgroup/memory"]
+            rooms.append(_room(dirs, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    found = [r for r in rooms if r is not None]
+    return min(found) if found else None
+
+
+V1_UNLIMITED = 1 << 62  # cgroup v1 writes "no limit" as the largest page-aligned 64-bit number
+
+
+def _room(dirs: list[str], limit_file: str, usage_file: str) -> int | None:
+    """limit - usage in the first of `dirs` that has both files; None when unlimited or unreadable."""
+    for d in dirs:
+        try:
+            with open(f"{d}/{limit_file}", encoding="ascii") as fh:
+                raw = fh.read().strip()
+            if raw == "max" or int(raw) >= V1_UNLIMITED:
+                return None
+            with open(f"{d}/{usage_file}", encoding="ascii") as fh:
+                return max(0, int(raw) - int(fh.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return None

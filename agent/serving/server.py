@@ -34,6 +34,17 @@ from agent.serving.workers import WorkerPool
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request memory (bodies as received, inflated, decoded) at once
+MEMORY_MAX_SHARE = 4  # the budget is at most a quarter of serving.memory_max
+
+
+def body_budget_for(memory_max: int | None) -> int:
+    """The request memory budget of a process bounded by `memory_max` (serving.memory_max, resolved): a quarter
+    of it, never over DEFAULT_BODY_BUDGET nor under the body limit. What requests in flight hold can reach about
+    twice their budget (the outputs they cause are held, never refused); the daemon's peak RSS with 4 JSON
+    amplification requests at once was 550 MiB with the 256 MiB budget (bench/bench_amplification_daemon.py)."""
+    if not memory_max:
+        return DEFAULT_BODY_BUDGET
+    return max(DEFAULT_MAX_BODY, min(DEFAULT_BODY_BUDGET, int(memory_max) // MEMORY_MAX_SHARE))
 
 
 def _fd_room(reserve: int = 64) -> int:

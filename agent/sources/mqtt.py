@@ -64,6 +64,9 @@ class MqttSource:
         self._reported: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
         self._up = False
         self._last_recheck = time.monotonic()
+        # models whose in-flight deployment was called off: resolved again once it has ended, because a cancel that
+        # comes as the deployment commits is too late, and the desired state must then undo what it committed
+        self._called_off: set[str] = set()
         self.ca = _s(tls.ca) if tls else None
         self.link = DeviceLink(
             m.url,
@@ -117,6 +120,12 @@ class MqttSource:
             again, still = self.book.recheck()
             changed += [m for m in again if m not in changed]
             refused += still
+        if self._called_off:
+            flying = self.in_flight()
+            for model in [m for m in self._called_off if m not in flying]:
+                self._called_off.discard(model)
+                if model not in changed:
+                    changed.append(model)
         for model, cand in refused:
             self._reject(model, cand, cand.rejection)
         for model in changed:
@@ -154,6 +163,7 @@ class MqttSource:
         dep = self.in_flight().get(model)
         if dep is not None and dep.version != version:
             self.cancel(dep.id, f"desired state is {version} again, which serves already")
+            self._called_off.add(model)
 
     def _reject(self, model: str, cand: Candidate, exc: Any) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
