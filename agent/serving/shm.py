@@ -9,6 +9,7 @@ POSIX shm names ("/name", one component), opened under /dev/shm.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -232,7 +233,7 @@ class SharedMemory:
         """The output's window as a little-endian array for the runtime to write into during the run (no copy
         after it), bounds-checked as write() checks; None when it is empty or overlaps a shared-memory input
         of the request (its memory object and bytes, however registered): then it is written after the run."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         _fits(name, nbytes, target)
         if not nbytes:
             return None
