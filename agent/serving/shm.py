@@ -3,8 +3,9 @@ key, offset and size; inputs read in place from a region and outputs written to 
 
 Bounds: every request's offset and size are checked against the registered window and against the region's real
 size at that moment (its end, by lseek), so a client that shrank its region gets a 400, not a SIGBUS. The server
-never frees what it did not create: unregister closes the server's own mapping and descriptor, never shm_unlink. Keys are
-POSIX shm names ("/name", one component), opened under /dev/shm.
+never frees what it did not create: unregister closes the server's own mapping and descriptor, never shm_unlink.
+Keys are POSIX shm names ("/name", one component), opened under /dev/shm. Outputs the runtime can write in place
+(static shape and dtype, no overlap with an input's bytes) go straight into their window (place()).
 """
 
 from __future__ import annotations
