@@ -136,9 +136,10 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
             _PLANS[key] = plan
-    inputs = dict(plan.inputs)  # shared-memory slots (or JSON data) of a plan: the request's own mapping
     if plan.layout is not None:  # all inputs binary: views into this body (sizes were checked when the plan was made)
         inputs = {slot.name: binary_tensor(slot, binary, charge) for slot in plan.layout}
+    else:  # shared-memory slots (or JSON data): the request's own mapping, the plan's may serve others
+        inputs = dict(plan.inputs)
     # the plan's output list and binary map are shared between requests: read-only downstream
     return InferRequest(
         inputs=inputs,
