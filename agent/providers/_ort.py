@@ -249,6 +249,8 @@ class OrtSession(ProviderSession):
         # which a qualified deployment must never do). Public run() where the binding is not exposed.
         native = getattr(sess, "_sess", None)
         self._native_run = native.run if native is not None and hasattr(native, "run") else None
+        self._native = native if native is not None and hasattr(native, "run_with_iobinding") else None
+        self._bindings: dict[tuple[Any, ...], Any] = {}  # (thread, pointers, shapes) -> its IOBinding (run_into)
 
     def run(self, feeds: dict[str, np.ndarray], output_names: list[str] | None = None) -> dict[str, np.ndarray]:
         names = list(output_names) if output_names else self._names
@@ -266,6 +268,38 @@ class OrtSession(ProviderSession):
             raise ProviderError(f"{self.provider}: inference failed: {_msg(exc)}") from exc
         self._ran = True
         return dict(zip(names, values))
+
+    def run_into(self, feeds: dict[str, np.ndarray], into: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Outputs written by the runtime straight into `into` (IOBinding over the arrays' memory, no copy).
+        Bindings hold pointers and shapes only, so one is reused while a thread binds the same memory again (a
+        client's shared-memory windows): binding costs ~20 us a call, about what the run of a 1 MiB Relu does."""
+        native = self._native
+        if native is None or self._bf16 or len(feeds) != self._n_inputs:
+            return super().run_into(feeds, into)
+        feeds = {k: v if v.flags.c_contiguous else np.ascontiguousarray(v) for k, v in feeds.items()}
+        key = (
+            threading.get_ident(),
+            *((k, v.__array_interface__["data"][0], v.dtype.str, v.shape) for k, v in feeds.items()),
+            *((k, v.__array_interface__["data"][0], v.dtype.str, v.shape) for k, v in into.items()),
+        )
+        try:
+            binding = self._bindings.get(key)
+            if binding is None:
+                rt = ort().capi._pybind_state
+                cpu = rt.OrtDevice(rt.OrtDevice.cpu(), rt.OrtDevice.default_memory(), 0)
+                binding = rt.SessionIOBinding(native)
+                for k, v in feeds.items():
+                    binding.bind_input(k, cpu, v.dtype, list(v.shape), v.__array_interface__["data"][0])
+                for k, v in into.items():
+                    binding.bind_output(k, cpu, v.dtype, list(v.shape), v.__array_interface__["data"][0])
+                if len(self._bindings) >= 64:
+                    self._bindings.clear()
+                self._bindings[key] = binding
+            native.run_with_iobinding(binding, None)
+        except Exception as exc:  # noqa: BLE001
+            raise ProviderError(f"{self.provider}: inference failed: {_msg(exc)}") from exc
+        self._ran = True
+        return into
 
     def assignment(self) -> Assignment:
         if self._assignment is None:
@@ -288,8 +322,10 @@ class OrtSession(ProviderSession):
         return profiled_assignment(events, self._ep)
 
     def close(self) -> None:
+        self._bindings.clear()  # before the session they point into
         self._sess = None
         self._native_run = None
+        self._native = None
 
 
 def graph_assignment(sess, ep_name: str) -> Assignment:

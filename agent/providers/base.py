@@ -85,6 +85,25 @@ class ProviderSession(ABC):
     def run(self, feeds: dict[str, "np.ndarray"], output_names: list[str] | None = None) -> dict[str, "np.ndarray"]:
         """Run inference; returns outputs by name."""
 
+    def run_into(self, feeds: dict[str, "np.ndarray"], into: dict[str, "np.ndarray"]) -> dict[str, "np.ndarray"]:
+        """Run with each output named in `into` written into that array (C-contiguous, the model's static shape
+        and dtype: a shared-memory window, say); returns `into`. This default runs, then copies; a runtime that
+        can write outputs into caller memory overrides it."""
+        import numpy as np
+
+        from agent.errors import ProviderError
+
+        out = self.run(feeds, list(into))
+        for name, dest in into.items():
+            value = out[name]
+            if value.shape != dest.shape or value.dtype.kind != dest.dtype.kind:
+                raise ProviderError(
+                    f"{self.provider}: output {name!r} came out {value.dtype}{list(value.shape)}, "
+                    f"not the declared {dest.dtype}{list(dest.shape)}"
+                )
+            np.copyto(dest, value, casting="equiv")
+        return into
+
     @abstractmethod
     def assignment(self) -> Assignment:
         """Where the nodes ran (measured, not assumed)."""

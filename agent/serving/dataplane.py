@@ -5,6 +5,7 @@ front end (HTTP: handlers/wire/server; gRPC: grpc_front) maps to its own status 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -163,9 +164,12 @@ class DataPlane:
         """Run one decoded request; the response's encoded size is checked and its memory charged before any
         byte of it is produced. classes: output name -> class_count (classification extension)."""
         feeds = req.inputs
-        if any(isinstance(v, ShmSlot) for v in feeds.values()):
-            feeds = {k: self.shm.read(v) if isinstance(v, ShmSlot) else v for k, v in feeds.items()}
-        served, outputs = self.registry.infer(name, feeds, version=version or None, outputs=req.outputs)
+        slots: list[ShmSlot] = [v for v in feeds.values() if type(v) is ShmSlot]  # type: ignore[misc]
+        if slots:
+            feeds = {k: self.shm.read(v) if type(v) is ShmSlot else v for k, v in feeds.items()}
+        placed: dict[str, np.ndarray] = {}
+        place = self._placer(req, slots, placed) if req.shm_out and not classes else None
+        served, outputs = self.registry.infer(name, feeds, version or None, req.outputs, place)
         if classes:
             labels = self.registry.entry(name, served).meta.get("_labels")
             for out, count in classes.items():
@@ -174,10 +178,43 @@ class DataPlane:
                     outputs[out] = classify(value, count, labels if isinstance(labels, list) else None)
         for out, target in req.shm_out.items():
             value = outputs.get(out)
-            if isinstance(value, np.ndarray):
+            if out in placed:  # the runtime wrote it into the region
+                req.shm_written[out] = int(placed[out].nbytes)
+            elif isinstance(value, np.ndarray):
                 req.shm_written[out] = self.shm.write(out, value, target)
         check_response(outputs, req, self.max_response_bytes, charge, hold)
         return served, outputs
+
+    def _placer(
+        self, req: codec.InferRequest, slots: list[ShmSlot], placed: dict[str, np.ndarray]
+    ) -> Callable[[ModelEntry, list[str]], dict[str, np.ndarray] | None]:
+        """place() for registry.infer: when every output asked for goes to shared memory and the model declares
+        its shape and dtype, the windows the runtime writes them into (filling `placed`); else None (the plain
+        run, then shm.write)."""
+
+        def place(entry: ModelEntry, names: list[str]) -> dict[str, np.ndarray] | None:
+            if sys.byteorder != "little" or not hasattr(entry.session, "run_into"):
+                return None
+            specs = {s.name: s for s in entry.outputs}
+            into = {}
+            for out in names:
+                target, spec = req.shm_out.get(out), specs.get(out)
+                if target is None or spec is None or not all(type(d) is int and d >= 0 for d in spec.shape):
+                    return None
+                try:
+                    dtype = np.dtype(spec.dtype)
+                except TypeError:  # bfloat16 and the like
+                    return None
+                if dtype.kind not in "biuf":
+                    return None
+                arr = self.shm.place(out, dtype, tuple(spec.shape), target, slots)
+                if arr is None:
+                    return None
+                into[out] = arr
+            placed.update(into)
+            return into
+
+        return place
 
     def entry_check(self, name: str, version: str | None) -> None:
         """NotFound for an unknown model or version (before a body is decoded)."""

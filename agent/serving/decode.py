@@ -16,7 +16,7 @@ from agent.serving.shm import ShmOut, ShmSlot, input_slot, output_target
 
 
 class Plan(NamedTuple):
-    """A checked JSON header: reusable for every request that repeats it (binary inputs only)."""
+    """A checked JSON header: reusable for every request that repeats it (binary and shared-memory inputs only)."""
 
     layout: tuple[BinarySlot, ...] | None  # None when some input carries JSON data (then `inputs` holds them)
     inputs: dict[str, np.ndarray]
@@ -113,6 +113,12 @@ def _outputs(raw: Any, req: InferRequest) -> None:
 
 _PLANS: dict[tuple[bytes, int], Plan] = {}  # JSON header + binary length -> checked layout (clients repeat headers)
 _PLANS_MAX = 256
+_PLAN_KEY_MAX = 8192  # longer JSON headers are parsed every time (the cache's memory stays bounded: 256 x 8 KiB)
+
+
+def _reusable(plan: Plan) -> bool:
+    """A plan holds no request's data: all its inputs are binary (read per request) or in shared memory."""
+    return plan.layout is not None or all(type(v) is ShmSlot for v in plan.inputs.values())
 
 
 def decode_request(body: bytes | memoryview, header_length: int | None, charge: Charge = no_charge) -> InferRequest:
@@ -122,17 +128,18 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
         raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
-    key = (bytes(head), len(binary)) if header_length is not None else None
+    key = (bytes(head), len(binary)) if len(head) <= _PLAN_KEY_MAX else None
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
         plan = _plan(head, binary, charge)
-        if key is not None and plan.layout is not None:
+        if key is not None and _reusable(plan):
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
             _PLANS[key] = plan
-    inputs = plan.inputs
     if plan.layout is not None:  # all inputs binary: views into this body (sizes were checked when the plan was made)
         inputs = {slot.name: binary_tensor(slot, binary, charge) for slot in plan.layout}
+    else:  # shared-memory slots (or JSON data): the request's own mapping, the plan's may serve others
+        inputs = dict(plan.inputs)
     # the plan's output list and binary map are shared between requests: read-only downstream
     return InferRequest(
         inputs=inputs,

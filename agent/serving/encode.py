@@ -17,6 +17,7 @@ _HEADS: dict[
     tuple[Any, ...], bytes
 ] = {}  # response JSON header by (model, version, id, output layout): clients repeat requests
 _HEADS_MAX = 256
+_ID_MAX = 256  # a response whose id is longer is encoded each time (the cache's memory stays bounded)
 
 
 def encode_response(
@@ -25,7 +26,7 @@ def encode_response(
     """Response body as buffers to send in order (binary outputs go out from the arrays' own memory, no copy),
     its total length, and its JSON header length (None when the body is plain JSON)."""
     if req.shm_written:
-        return encode_general(model, version, outputs, req)
+        return _shm_only(model, version, outputs, req)
     layout = []
     for name, value in outputs.items():
         if type(value) is not np.ndarray or not req.binary.get(name, req.binary_default) or not wire_ready(value):
@@ -35,15 +36,37 @@ def encode_response(
     head = _HEADS.get(key)
     if head is None:
         head, _, _ = encode_general(model, version, outputs, req, head_only=True)
-        if len(_HEADS) >= _HEADS_MAX:
-            _HEADS.clear()
-        _HEADS[key] = head
+        _keep(key, head, req)
     parts, total = [head], len(head)
     for value in outputs.values():
         if value.nbytes:  # an empty tensor has no bytes (and its buffer cannot be cast to bytes)
             parts.append(value)
             total += value.nbytes
     return parts, total, len(head)
+
+
+def _keep(key: tuple[Any, ...], head: bytes, req: InferRequest) -> None:
+    if req.id is not None and len(req.id) > _ID_MAX:
+        return
+    if len(_HEADS) >= _HEADS_MAX:
+        _HEADS.clear()
+    _HEADS[key] = head
+
+
+def _shm_only(model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest) -> tuple[Any, ...]:
+    """Every output lies in the client's shared memory: the JSON alone, cached per layout like binary heads."""
+    layout = []
+    for name, value in outputs.items():
+        written = req.shm_written.get(name)
+        if written is None or type(value) is not np.ndarray:
+            return encode_general(model, version, outputs, req)
+        layout.append((name, value.dtype, value.shape, req.shm_out[name].region, written))
+    key = ("shm", model, version, req.id, tuple(layout))
+    head = _HEADS.get(key)
+    if head is None:
+        head = encode_general(model, version, outputs, req)[0][0]
+        _keep(key, head, req)
+    return [head], len(head), None
 
 
 def encode_general(

@@ -269,9 +269,10 @@ class ModelRegistry:
         self._let_go(entry)
 
     def infer(
-        self, name: str, feeds: dict[str, Any], version: Any = None, outputs: list[str] | None = None
+        self, name: str, feeds: dict[str, Any], version: Any = None, outputs: list[str] | None = None, place: Any = None
     ) -> tuple[str, dict[str, Any]]:
-        """Run one request on the serving version; returns (version, outputs by name).
+        """Run one request on the serving version; returns (version, outputs by name). place(entry, names): the
+        arrays the outputs are to be written into (session.run_into), or None for a plain run.
         Raises ModelNotFound/InvalidInput before the runtime sees bad input, InferenceFailed if the runtime fails."""
         entry = self._hold(name, version)
         elapsed, ok, nonfinite, end, caused, cpu, contended = None, False, None, 0.0, False, None, False
@@ -288,13 +289,14 @@ class ModelRegistry:
                 entry.stats.reject()
                 raise
             want = list(outputs) if outputs is not None else None
+            into = place(entry, want or list(entry.output_names)) if place is not None else None
             sampled = entry.stats.check_finite()  # checked for NaN/Inf; its CPU time measured when the gate allows
             alone = self.gate.begin(sampled)  # alone: no other run in flight, the runtimes' CPU time is this run's
             mark = CpuMark(entry.session) if alone else None
             t0 = time.perf_counter()
             failure: Exception | None = None
             try:
-                result = entry.session.run(feeds, want)
+                result = entry.session.run(feeds, want) if into is None else entry.session.run_into(feeds, into)
                 end = time.perf_counter()
                 spent = mark.spent() if mark is not None else None
             except Exception as exc:  # the runtime's own failure, after validation passed

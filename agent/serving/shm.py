@@ -2,13 +2,15 @@
 key, offset and size; inputs read in place from a region and outputs written to one, with no copy through a socket.
 
 Bounds: every request's offset and size are checked against the registered window and against the region's real
-size at that moment (fstat), so a client that shrank its region gets a 400, not a SIGBUS. The server never frees
-what it did not create: unregister closes the server's own mapping and descriptor, never shm_unlink. Keys are
-POSIX shm names ("/name", one component), opened under /dev/shm.
+size at that moment (its end, by lseek), so a client that shrank its region gets a 400, not a SIGBUS. The server
+never frees what it did not create: unregister closes the server's own mapping and descriptor, never shm_unlink.
+Keys are POSIX shm names ("/name", one component), opened under /dev/shm. Outputs the runtime can write in place
+(static shape and dtype, no overlap with an input's bytes) go straight into their window (place()).
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import threading
@@ -79,6 +81,11 @@ def output_target(name: str, params: dict[str, Any]) -> ShmOut | None:
     )
 
 
+def _fits(name: str, nbytes: int, target: ShmOut) -> None:
+    if nbytes > target.size:
+        raise BadRequest(f"output {name!r} is {nbytes} bytes, over its shared_memory_byte_size of {target.size}")
+
+
 @dataclass
 class _Region:
     name: str
@@ -87,6 +94,7 @@ class _Region:
     byte_size: int
     fd: int
     mm: mmap.mmap
+    file: tuple[int, int]  # (st_dev, st_ino): two registrations of one memory object alias each other
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -130,7 +138,8 @@ class SharedMemory:
         except OSError as exc:
             raise BadRequest(f"cannot open shared memory {key!r}: {exc.strerror}") from None
         try:
-            real = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            real = st.st_size
             if offset + byte_size > real:
                 raise BadRequest(
                     f"region {name!r}: offset {offset} + byte_size {byte_size} exceeds the real size {real} of {key!r}"
@@ -139,7 +148,7 @@ class SharedMemory:
         except BaseException:
             os.close(fd)
             raise
-        region = _Region(name, key, offset, byte_size, fd, mm)
+        region = _Region(name, key, offset, byte_size, fd, mm, (st.st_dev, st.st_ino))
         with self._lock:
             if name in self._regions:  # registered meanwhile
                 mm.close()
@@ -174,6 +183,11 @@ class SharedMemory:
         self.unregister("")
 
     def _window(self, region_name: str, offset: int, size: int, what: str) -> memoryview:
+        return self._locate(region_name, offset, size, what)[0]
+
+    def _locate(self, region_name: str, offset: int, size: int, what: str) -> tuple[memoryview, _Region, int]:
+        """The window (bounds-checked against the registration and the region's real size now), its region and
+        its start in the memory object."""
         with self._lock:
             region = self._regions.get(region_name)
         if region is None:
@@ -183,7 +197,7 @@ class SharedMemory:
                 f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of {region.byte_size} bytes"
             )
         try:
-            real = os.fstat(region.fd).st_size
+            real = os.lseek(region.fd, 0, os.SEEK_END)  # the size now; 4x cheaper than fstat (the offset is unused)
         except OSError as exc:
             raise BadRequest(f"{what}: region {region_name!r} is gone: {exc.strerror}") from None
         start = region.offset + offset
@@ -193,7 +207,7 @@ class SharedMemory:
                 f"{start}..{start + size}"
             )
         try:
-            return memoryview(region.mm)[start : start + size]
+            return memoryview(region.mm)[start : start + size], region, start
         except ValueError:
             raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
 
@@ -209,13 +223,32 @@ class SharedMemory:
         if arr.dtype.kind == "O":
             raise BadRequest(f"output {name!r}: BYTES outputs in shared memory are not supported")
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype)
-        if data.nbytes > target.size:
-            raise BadRequest(
-                f"output {name!r} is {data.nbytes} bytes, over its shared_memory_byte_size of {target.size}"
-            )
+        _fits(name, data.nbytes, target)
         view = self._window(target.region, target.offset, data.nbytes, f"output {name!r}")
         view[:] = data.data.cast("B")
         return int(data.nbytes)
+
+    def place(
+        self, name: str, dtype: np.dtype, shape: tuple[int, ...], target: ShmOut, inputs: list[ShmSlot]
+    ) -> np.ndarray | None:
+        """The output's window as a little-endian array for the runtime to write into during the run (no copy
+        after it), bounds-checked as write() checks; None when it is empty or overlaps a shared-memory input
+        of the request (its memory object and bytes, however registered): then it is written after the run."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        _fits(name, nbytes, target)
+        if not nbytes:
+            return None
+        view, region, start = self._locate(target.region, target.offset, nbytes, f"output {name!r}")
+        for slot in inputs:
+            with self._lock:
+                other = self._regions.get(slot.region)
+            if other is None:
+                return None
+            at = other.offset + slot.offset
+            if other.file == region.file and at < start + nbytes and start < at + slot.size:
+                return None
+        wire = dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+        return np.frombuffer(view, dtype=wire).reshape(shape)
 
     # ---- the extension's endpoints (DataPlane hooks) -------------------------------------------------------
     def http(self, path: str, doc: dict[str, Any]) -> Any:

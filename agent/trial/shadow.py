@@ -64,7 +64,8 @@ class Shadow:
         if spent is None:
             return
         try:
-            self._slot = ({k: np.array(v, copy=True) for k, v in feeds.items()}, outputs, spent)
+            kept = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in outputs.items()}  # shm windows too
+            self._slot = ({k: np.array(v, copy=True) for k, v in feeds.items()}, kept, spent)
             self._ready.set()
         except Exception:  # noqa: BLE001 - shadowing must never touch the client's request
             pass
