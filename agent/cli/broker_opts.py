@@ -20,7 +20,7 @@ def broker_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--broker",
             metavar="URL[,URL...]",
             help="mqtt://host:port or mqtts://host:port; a cluster's nodes comma-separated (fails over to the next). "
-            "Required unless --control-plane is given.",
+            "Required, unless a fleet context gives it or the command takes --control-plane and it is given.",
         ),
         click.option("--prefix", default="edge", show_default=True, help="Topic prefix."),
         click.option("--username", help="Broker user name."),
