@@ -64,7 +64,9 @@ class Timeline:
     """Where a qualification's wall time goes, from its progress events (the parent's clock): setup before the
     first row, per row the worker start (fork or spawn) up to the child's `session` event, session creation and
     accuracy up to `latency`, the timed runs up to `session_times`, then cold/warm sessions and the result's way
-    back; the confirmation round and selection after the last row."""
+    back; per row of a close call's confirmation round its start (a kept worker's session, or a fork and a new
+    session) up to `latency`, then its warm-up and timed runs (counted with the timed runs: the plain loop makes
+    them too); selection after the last of these."""
 
     PHASES = (
         "setup",
@@ -73,7 +75,8 @@ class Timeline:
         "timed runs",
         "cold/warm+return",
         "between rows",
-        "confirm+select",
+        "confirm start",
+        "select",
     )
 
     def __init__(self) -> None:
@@ -89,22 +92,33 @@ class Timeline:
         out = dict.fromkeys(self.PHASES, 0.0)
         first = next((t for n, t in self.marks if n == "row-start"), end)
         out["setup"] = first - self.t0
-        last_end = None
-        state, since = None, first
+        row_next = {"session": "session+accuracy", "latency": "timed runs", "session_times": "cold/warm+return"}
+        last_end, state, since, confirming = None, None, first, False
         for name, t in self.marks:
             if name == "row-start":
                 if last_end is not None:
                     out["between rows"] += t - last_end
                 state, since = "worker start", t
+            elif name in ("confirm", "selected"):
+                if state is not None:
+                    out[state] += t - since
+                elif last_end is not None and not confirming:
+                    out["between rows"] += t - last_end
+                confirming = True
+                state, since = ("confirm start" if name == "confirm" else "select"), t
+            elif confirming:
+                if name == "latency" and state == "confirm start":
+                    out[state] += t - since
+                    state, since = "timed runs", t
             elif state is not None and name in ("session", "latency", "session_times", "row-end"):
-                nxt = {"session": "session+accuracy", "latency": "timed runs", "session_times": "cold/warm+return"}
                 if name == "latency" and state == "timed runs":
                     continue  # the latency loop's own progress reports
                 out[state] += t - since
-                state, since = (None, t) if name == "row-end" else (nxt[name], t)
+                state, since = (None, t) if name == "row-end" else (row_next[name], t)
                 if name == "row-end":
                     last_end = t
-        out["confirm+select"] = end - (last_end if last_end is not None else first)
+        if state is not None:
+            out[state] += end - since
         return out
 
 
@@ -122,11 +136,14 @@ def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spa
 
 def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget: float) -> None:
     """Child (spawned: a fresh interpreter, as `edge-agent qualify` or the daemon's qualification child): detect,
-    load, qualify; its row workers fork from a fork server it starts itself."""
+    load, qualify; its row workers fork from a fork server it starts itself, first thing (as the CLI does)."""
+    os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
+    from agent.qualify import forkserver
+
+    forkserver.prewarm()
     from agent.hardware import detect
     from agent.qualify.package import load_package
 
-    os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
     _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False)
     conn.send((d.to_dict(), phases))
     conn.close()

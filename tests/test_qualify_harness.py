@@ -139,14 +139,72 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
     from agent.qualify import harness
 
     monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)  # treat any two passing rows as a close call
-    events = []
+    said = []
     d = qualify(
-        cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=lambda e, **f: events.append(e), **FAST
+        cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=lambda e, **f: said.append((e, f)), **FAST
     )
+    events = [e for e, _ in said]
     passed = [r for r in d.results if r.status == "passed"]
     assert len(passed) == 2 and events.count("confirm") == 2
+    # each confirmation re-times the session its row's worker kept: no new fork, no second compile
+    after = said[events.index("confirm") :]
+    assert [f.get("kept") for e, f in after if e == "session"] == [True, True]
+    assert not _workers_left(), "a kept row worker outlived the qualification"
     for r in passed:
         assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
         # the reason states the merged figures, not the first round's
         assert f"p50 {r.latency_ms['p50']:.3g} ms over {r.latency_ms['runs']} runs" in r.reason, r.reason
         assert "samples_ms" not in r.to_dict()["latency_ms"]
+
+
+def _workers_left() -> list[int]:
+    """Row workers (forked or spawned) still alive under this process, zombies aside (a moment to exit)."""
+    import time
+
+    end = time.monotonic() + 10
+    while _workers_alive_now() and time.monotonic() < end:
+        time.sleep(0.1)
+    return _workers_alive_now()
+
+
+def test_a_kept_worker_that_died_confirms_in_a_new_session(cnn_package, target, monkeypatch):
+    """A kept row worker killed while idle: its confirmation opens the row's session again in a new worker."""
+    import signal
+
+    from agent.qualify import harness
+
+    monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)
+    said = []
+
+    def progress(event, **f):
+        said.append((event, f))
+        if event == "confirm" and [e for e, _ in said].count("confirm") == 1:
+            for pid in _workers_alive_now():
+                os.kill(pid, signal.SIGKILL)  # every kept worker dies before its round
+
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
+    events = [e for e, _ in said]
+    after = said[events.index("confirm") :]
+    assert [f.get("kept") for e, f in after if e == "session"] == [False, False]
+    for r in (r for r in d.results if r.status == "passed"):
+        assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
+    assert not _workers_left()
+
+
+def _workers_alive_now() -> list[int]:
+    """Row workers under this process: forked ones by name, spawned ones by `-m agent.qualify.worker` (the fork
+    server itself only names the module in its preload list)."""
+    import psutil
+
+    from agent.qualify.forkserver import WORKER_NAME
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            spawned = any(a == "agent.qualify.worker" and b == "-m" for b, a in zip(cmd, cmd[1:]))
+            if p.status() != psutil.STATUS_ZOMBIE and (p.name() == WORKER_NAME or spawned):
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
