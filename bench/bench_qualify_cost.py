@@ -8,7 +8,7 @@ qualification child (its row workers fork from a server it starts itself); `in-p
 `Timeline`, and the plain loop's sessions and runs) and the time each spent beside the runs. Goal: <= 1.2x.
 
     .venv/bin/python bench/bench_qualify_cost.py [--providers cpu openvino] [--budget 1] [--rounds 2]
-        [--modes fresh in-process spawned] [--openvino-devices CPU HETERO:CPU]
+        [--modes fresh in-process spawned] [--openvino-devices CPU HETERO:CPU] [--always-confirm]
 """
 
 from __future__ import annotations
@@ -122,10 +122,15 @@ class Timeline:
         return out
 
 
-def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spawn: bool):
-    """`qualify` in this process (its fork server, once started by the first call, is reused after)."""
+def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spawn: bool, confirm: bool = False):
+    """`qualify` in this process (its fork server, once started by the first call, is reused after). confirm:
+    every qualification has a close call's confirmation round (CLOSE_CALL without bound)."""
+    from agent.qualify import harness
     from agent.qualify.forkserver import SPAWN_ENV
     from agent.qualify.harness import qualify
+
+    if confirm:
+        harness.CLOSE_CALL = float("inf")
 
     os.environ[SPAWN_ENV] = "1" if spawn else "0"
     line = Timeline()
@@ -134,7 +139,7 @@ def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spa
     return end - line.t0, d, line.phases(end)
 
 
-def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget: float) -> None:
+def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget: float, confirm: bool) -> None:
     """Child (spawned: a fresh interpreter, as `edge-agent qualify` or the daemon's qualification child): detect,
     load, qualify; its row workers fork from a fork server it starts itself, first thing (as the CLI does)."""
     os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
@@ -144,18 +149,18 @@ def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget:
     from agent.hardware import detect
     from agent.qualify.package import load_package
 
-    _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False)
+    _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False, confirm)
     conn.send((d.to_dict(), phases))
     conn.close()
 
 
-def _fresh_wall(package: str, target: Any, providers: list[str], budget: float):
+def _fresh_wall(package: str, target: Any, providers: list[str], budget: float, confirm: bool):
     from agent.qualify.decision import Decision
 
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
     t0 = time.perf_counter()
-    p = ctx.Process(target=fresh_qualify, args=(theirs, package, target, providers, budget))
+    p = ctx.Process(target=fresh_qualify, args=(theirs, package, target, providers, budget, confirm))
     p.start()
     theirs.close()
     doc, phases = ours.recv()
@@ -204,6 +209,12 @@ def main() -> None:
         default=None,
         help="device strings for the openvino rows (e.g. CPU HETERO:CPU: one row each); default: the target's",
     )
+    ap.add_argument(
+        "--always-confirm",
+        action="store_true",
+        help="every qualification gets the close-call confirmation round (as on a quiet host, where openvino@CPU "
+        "and openvino@HETERO:CPU always tie)",
+    )
     args = ap.parse_args()
 
     import dataclasses
@@ -234,9 +245,11 @@ def main() -> None:
     for i in range(args.rounds):
         for mode in args.modes:
             if mode == "fresh":
-                q_s, d, phases = _fresh_wall(str(pkg.root), target, names, args.budget)
+                q_s, d, phases = _fresh_wall(str(pkg.root), target, names, args.budget, args.always_confirm)
             else:
-                q_s, d, phases = _qualify_wall(pkg, profile, target, names, args.budget, spawn=mode == "spawned")
+                q_s, d, phases = _qualify_wall(
+                    pkg, profile, target, names, args.budget, mode == "spawned", args.always_confirm
+                )
             rows = _rows(d)
             plain_s, plain_phases = _plain_wall(str(pkg.model_path), rows, plan.accuracy, plan.latency)
             ratios[mode].append(q_s / plain_s)
