@@ -139,16 +139,27 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
     from agent.qualify import harness
 
     monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)  # treat any two passing rows as a close call
-    said = []
-    d = qualify(
-        cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=lambda e, **f: said.append((e, f)), **FAST
-    )
+    said, kept_cpu = [], []
+
+    def progress(event, **f):
+        said.append((event, f))
+        if event == "row" and f.get("status") != "running" or event == "confirm" and not kept_cpu[-1:] == ["done"]:
+            kept_cpu.append(_kept_cpu())  # the kept workers' CPU seconds after each row and before the round
+        if event == "confirm":
+            kept_cpu.append("done")
+
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
     events = [e for e, _ in said]
     passed = [r for r in d.results if r.status == "passed"]
     assert len(passed) == 2 and events.count("confirm") == 2
     # each confirmation re-times the session its row's worker kept: no new fork, no second compile
     after = said[events.index("confirm") :]
     assert [f.get("kept") for e, f in after if e == "session"] == [True, True]
+    # the first row's worker waited, named edge-kept, beside the second row without using the CPU
+    first_row_end, second_row_end = kept_cpu[0], kept_cpu[1]
+    assert len(first_row_end) == 1 and len(second_row_end) == 2, kept_cpu
+    pid = next(iter(first_row_end))
+    assert second_row_end[pid] - first_row_end[pid] < 0.05, kept_cpu
     assert not _workers_left(), "a kept row worker outlived the qualification"
     for r in passed:
         assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
@@ -179,7 +190,8 @@ def test_a_kept_worker_that_died_confirms_in_a_new_session(cnn_package, target, 
     def progress(event, **f):
         said.append((event, f))
         if event == "confirm" and [e for e, _ in said].count("confirm") == 1:
-            for pid in _workers_alive_now():
+            assert len(_kept_cpu()) == 2
+            for pid in _kept_cpu():
                 os.kill(pid, signal.SIGKILL)  # every kept worker dies before its round
 
     d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
@@ -191,19 +203,36 @@ def test_a_kept_worker_that_died_confirms_in_a_new_session(cnn_package, target, 
     assert not _workers_left()
 
 
+def _kept_cpu() -> dict[int, float]:
+    """CPU seconds of each kept row worker (named edge-kept) under this process."""
+    import psutil
+
+    from agent.qualify.forkserver import KEPT_NAME
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == KEPT_NAME and p.status() != psutil.STATUS_ZOMBIE:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def _workers_alive_now() -> list[int]:
-    """Row workers under this process: forked ones by name, spawned ones by `-m agent.qualify.worker` (the fork
+    """Row workers under this process: forked ones by name (kept ones too), spawned ones by `-m agent.qualify.worker` (the fork
     server itself only names the module in its preload list)."""
     import psutil
 
-    from agent.qualify.forkserver import WORKER_NAME
+    from agent.qualify.forkserver import KEPT_NAME, WORKER_NAME
 
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = p.cmdline()
             spawned = any(a == "agent.qualify.worker" and b == "-m" for b, a in zip(cmd, cmd[1:]))
-            if p.status() != psutil.STATUS_ZOMBIE and (p.name() == WORKER_NAME or spawned):
+            if p.status() != psutil.STATUS_ZOMBIE and (p.name() in (WORKER_NAME, KEPT_NAME) or spawned):
                 out.append(p.pid)
         except psutil.NoSuchProcess:
             pass

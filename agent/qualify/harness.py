@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
-from agent.qualify import coverage_set, forkserver, latency, reference, select
+from agent.qualify import coverage_set, forkserver, latency, probes, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
@@ -73,6 +73,7 @@ def qualify(
     originals: dict[str, IsolatedResult] = {}
     # with a confirmation round possible, the fastest passing rows' workers keep their sessions until it is done
     kept = KeptRows(memory_max) if isolate and deadline is None else None
+    probed: dict[str, Any] | None = None
     try:
         for v in found:
             run = RowRunner(
@@ -80,6 +81,9 @@ def qualify(
             )
             run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
             run.kept = None if run.emulated else kept
+            if probed is None:  # once per qualification, in a worker: this process never imports a runtime
+                probed = probes.probe_all(profile, run.probe_options(names), isolate)
+            run.probes = probed
             run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
             if not refs:
                 run.warn_assumed()

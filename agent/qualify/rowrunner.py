@@ -83,6 +83,7 @@ class RowRunner:
         self.deadline: float | None = None
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
         self.kept: KeptRows | None = None  # passing rows' workers, kept for the confirmation round (shared)
+        self.probes: dict[str, Any] = {}  # probe results answered by a worker (agent.qualify.probes), by name
         self._held: IsolatedWorker | None = None  # the last row's worker, until kept or closed
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
@@ -145,6 +146,10 @@ class RowRunner:
             "classifier": orig.is_classifier(self.pkg.task),
         }
 
+    def probe_options(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """{name: the options it is probed with} for each candidate the target does not exclude."""
+        return {n: _options(self.target, n, None) for n in names if not coverage_set.exclusion(self.target, n)}
+
     def warn_assumed(self) -> None:
         """Say which shapes were guessed (once per qualification)."""
         if self.plan.assumed:
@@ -158,7 +163,7 @@ class RowRunner:
         excluded = coverage_set.exclusion(self.target, name)
         if excluded:
             return [coverage_set.excluded_row(self.target, name, excluded)]
-        probe = prov.probe(self.profile, options)
+        probe = self.probes.get(name) or prov.probe(self.profile, options)
         if not probe.available and name not in self.asked:
             return []  # not in the target's list and not here: no row
         if not probe.available:

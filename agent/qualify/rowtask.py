@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, cacheseal, coldstart, conditions, latency
+from agent.qualify import accuracy, cacheseal, coldstart, conditions, forkserver, latency
 from agent.qualify.isolate import child_progress as emit
 from agent.qualify.isolate import size_text
 
@@ -163,6 +163,8 @@ def measure_row(
             "file": original["file"],
             **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
         }
+    if keep and "session" in _KEPT:
+        forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
     if problems:
         return _fail(
             row,
@@ -195,6 +197,8 @@ def confirm_latency(
 
     row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
     sess = _kept_session((model_path, provider, precision, device, cache_dir))
+    if sess is not None:
+        forkserver.set_name(forkserver.WORKER_NAME)  # a kept worker at work again
     emit("session", provider=provider, precision=precision, kept=sess is not None)
     if sess is None:  # not a kept worker (or it was restarted): the row's session again
         cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
