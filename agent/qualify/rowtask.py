@@ -191,8 +191,9 @@ def confirm_latency(
     **_first_round: Any,
 ) -> dict[str, Any]:
     """Child task of a close call's confirmation round: the row's session (the one its kept worker still holds,
-    else a new one with the same file, options, device and sealed cache), warm-up and timed runs only. Accuracy, coverage, memory, the latency at the max shape, session
-    times and the original's speed-up were measured in the first round; only the samples are merged."""
+    else a new one with the same file, options, device and sealed cache), warm-up and timed runs only. Accuracy,
+    coverage, memory, the latency at the max shape, session times and the original's speed-up were measured in
+    the first round; only the samples are merged."""
     from agent.providers import get
 
     row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
