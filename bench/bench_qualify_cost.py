@@ -256,7 +256,8 @@ def main() -> None:
             runs = sum(r["runs"] for r in rows)
             print(
                 f"round {i + 1} {mode:10s}: qualify {q_s:6.2f} s, plain loop {plain_s:6.2f} s "
-                f"({len(rows)} rows {', '.join(r.key for r in d.results if r.latency_ms)}; {runs} runs) "
+                f"({len(rows)} rows {', '.join(r.key for r in d.results if r.latency_ms)}; {runs} runs; "
+                f"{sum(1 for r in d.results if (r.latency_ms or {}).get('rounds') == 2)} confirmed) "
                 f"-> {q_s / plain_s:.2f}x",
                 flush=True,
             )
