@@ -8,7 +8,7 @@ qualification child (its row workers fork from a server it starts itself); `in-p
 `Timeline`, and the plain loop's sessions and runs) and the time each spent beside the runs. Goal: <= 1.2x.
 
     .venv/bin/python bench/bench_qualify_cost.py [--providers cpu openvino] [--budget 1] [--rounds 2]
-        [--modes fresh in-process spawned] [--openvino-devices CPU HETERO:CPU]
+        [--modes fresh in-process spawned] [--openvino-devices CPU HETERO:CPU] [--always-confirm]
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ class Timeline:
     """Where a qualification's wall time goes, from its progress events (the parent's clock): setup before the
     first row, per row the worker start (fork or spawn) up to the child's `session` event, session creation and
     accuracy up to `latency`, the timed runs up to `session_times`, then cold/warm sessions and the result's way
-    back; the confirmation round and selection after the last row."""
+    back; per row of a close call's confirmation round its start (a kept worker's session, or a fork and a new
+    session) up to `latency`, then its warm-up and timed runs (counted with the timed runs: the plain loop makes
+    them too); selection after the last of these."""
 
     PHASES = (
         "setup",
@@ -73,7 +75,8 @@ class Timeline:
         "timed runs",
         "cold/warm+return",
         "between rows",
-        "confirm+select",
+        "confirm start",
+        "select",
     )
 
     def __init__(self) -> None:
@@ -89,29 +92,45 @@ class Timeline:
         out = dict.fromkeys(self.PHASES, 0.0)
         first = next((t for n, t in self.marks if n == "row-start"), end)
         out["setup"] = first - self.t0
-        last_end = None
-        state, since = None, first
+        row_next = {"session": "session+accuracy", "latency": "timed runs", "session_times": "cold/warm+return"}
+        last_end, state, since, confirming = None, None, first, False
         for name, t in self.marks:
             if name == "row-start":
                 if last_end is not None:
                     out["between rows"] += t - last_end
                 state, since = "worker start", t
+            elif name in ("confirm", "selected"):
+                if state is not None:
+                    out[state] += t - since
+                elif last_end is not None and not confirming:
+                    out["between rows"] += t - last_end
+                confirming = True
+                state, since = ("confirm start" if name == "confirm" else "select"), t
+            elif confirming:
+                if name == "latency" and state == "confirm start":
+                    out[state] += t - since
+                    state, since = "timed runs", t
             elif state is not None and name in ("session", "latency", "session_times", "row-end"):
-                nxt = {"session": "session+accuracy", "latency": "timed runs", "session_times": "cold/warm+return"}
                 if name == "latency" and state == "timed runs":
                     continue  # the latency loop's own progress reports
                 out[state] += t - since
-                state, since = (None, t) if name == "row-end" else (nxt[name], t)
+                state, since = (None, t) if name == "row-end" else (row_next[name], t)
                 if name == "row-end":
                     last_end = t
-        out["confirm+select"] = end - (last_end if last_end is not None else first)
+        if state is not None:
+            out[state] += end - since
         return out
 
 
-def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spawn: bool):
-    """`qualify` in this process (its fork server, once started by the first call, is reused after)."""
+def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spawn: bool, confirm: bool = False):
+    """`qualify` in this process (its fork server, once started by the first call, is reused after). confirm:
+    every qualification has a close call's confirmation round (CLOSE_CALL without bound)."""
+    from agent.qualify import harness
     from agent.qualify.forkserver import SPAWN_ENV
     from agent.qualify.harness import qualify
+
+    if confirm:
+        harness.CLOSE_CALL = float("inf")
 
     os.environ[SPAWN_ENV] = "1" if spawn else "0"
     line = Timeline()
@@ -120,25 +139,28 @@ def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spa
     return end - line.t0, d, line.phases(end)
 
 
-def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget: float) -> None:
+def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget: float, confirm: bool) -> None:
     """Child (spawned: a fresh interpreter, as `edge-agent qualify` or the daemon's qualification child): detect,
-    load, qualify; its row workers fork from a fork server it starts itself."""
+    load, qualify; its row workers fork from a fork server it starts itself, first thing (as the CLI does)."""
+    os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
+    from agent.qualify import forkserver
+
+    forkserver.prewarm()
     from agent.hardware import detect
     from agent.qualify.package import load_package
 
-    os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
-    _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False)
+    _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False, confirm)
     conn.send((d.to_dict(), phases))
     conn.close()
 
 
-def _fresh_wall(package: str, target: Any, providers: list[str], budget: float):
+def _fresh_wall(package: str, target: Any, providers: list[str], budget: float, confirm: bool):
     from agent.qualify.decision import Decision
 
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
     t0 = time.perf_counter()
-    p = ctx.Process(target=fresh_qualify, args=(theirs, package, target, providers, budget))
+    p = ctx.Process(target=fresh_qualify, args=(theirs, package, target, providers, budget, confirm))
     p.start()
     theirs.close()
     doc, phases = ours.recv()
@@ -187,6 +209,12 @@ def main() -> None:
         default=None,
         help="device strings for the openvino rows (e.g. CPU HETERO:CPU: one row each); default: the target's",
     )
+    ap.add_argument(
+        "--always-confirm",
+        action="store_true",
+        help="every qualification gets the close-call confirmation round (as on a quiet host, where openvino@CPU "
+        "and openvino@HETERO:CPU always tie)",
+    )
     args = ap.parse_args()
 
     import dataclasses
@@ -217,16 +245,19 @@ def main() -> None:
     for i in range(args.rounds):
         for mode in args.modes:
             if mode == "fresh":
-                q_s, d, phases = _fresh_wall(str(pkg.root), target, names, args.budget)
+                q_s, d, phases = _fresh_wall(str(pkg.root), target, names, args.budget, args.always_confirm)
             else:
-                q_s, d, phases = _qualify_wall(pkg, profile, target, names, args.budget, spawn=mode == "spawned")
+                q_s, d, phases = _qualify_wall(
+                    pkg, profile, target, names, args.budget, mode == "spawned", args.always_confirm
+                )
             rows = _rows(d)
             plain_s, plain_phases = _plain_wall(str(pkg.model_path), rows, plan.accuracy, plan.latency)
             ratios[mode].append(q_s / plain_s)
             runs = sum(r["runs"] for r in rows)
             print(
                 f"round {i + 1} {mode:10s}: qualify {q_s:6.2f} s, plain loop {plain_s:6.2f} s "
-                f"({len(rows)} rows {', '.join(r.key for r in d.results if r.latency_ms)}; {runs} runs) "
+                f"({len(rows)} rows {', '.join(r.key for r in d.results if r.latency_ms)}; {runs} runs; "
+                f"{sum(1 for r in d.results if (r.latency_ms or {}).get('rounds') == 2)} confirmed) "
                 f"-> {q_s / plain_s:.2f}x",
                 flush=True,
             )

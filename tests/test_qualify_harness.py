@@ -139,14 +139,101 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
     from agent.qualify import harness
 
     monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)  # treat any two passing rows as a close call
-    events = []
-    d = qualify(
-        cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=lambda e, **f: events.append(e), **FAST
-    )
+    said, kept_cpu = [], []
+
+    def progress(event, **f):
+        said.append((event, f))
+        if event == "row" and f.get("status") != "running" or event == "confirm" and not kept_cpu[-1:] == ["done"]:
+            kept_cpu.append(_kept_cpu())  # the kept workers' CPU seconds after each row and before the round
+        if event == "confirm":
+            kept_cpu.append("done")
+
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
+    events = [e for e, _ in said]
     passed = [r for r in d.results if r.status == "passed"]
     assert len(passed) == 2 and events.count("confirm") == 2
+    # each confirmation re-times the session its row's worker kept: no new fork, no second compile
+    after = said[events.index("confirm") :]
+    assert [f.get("kept") for e, f in after if e == "session"] == [True, True]
+    # the first row's worker waited, named edge-kept, beside the second row without using the CPU
+    first_row_end, second_row_end = kept_cpu[0], kept_cpu[1]
+    assert len(first_row_end) == 1 and len(second_row_end) == 2, kept_cpu
+    pid = next(iter(first_row_end))
+    assert second_row_end[pid] - first_row_end[pid] < 0.05, kept_cpu
+    assert not _workers_left(), "a kept row worker outlived the qualification"
     for r in passed:
         assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
         # the reason states the merged figures, not the first round's
         assert f"p50 {r.latency_ms['p50']:.3g} ms over {r.latency_ms['runs']} runs" in r.reason, r.reason
         assert "samples_ms" not in r.to_dict()["latency_ms"]
+
+
+def _workers_left() -> list[int]:
+    """Row workers (forked or spawned) still alive under this process, zombies aside (a moment to exit)."""
+    import time
+
+    end = time.monotonic() + 10
+    while _workers_alive_now() and time.monotonic() < end:
+        time.sleep(0.1)
+    return _workers_alive_now()
+
+
+def test_a_kept_worker_that_died_confirms_in_a_new_session(cnn_package, target, monkeypatch):
+    """A kept row worker killed while idle: its confirmation opens the row's session again in a new worker."""
+    import signal
+
+    from agent.qualify import harness
+
+    monkeypatch.setattr(harness, "CLOSE_CALL", 1e9)
+    said = []
+
+    def progress(event, **f):
+        said.append((event, f))
+        if event == "confirm" and [e for e, _ in said].count("confirm") == 1:
+            assert len(_kept_cpu()) == 2
+            for pid in _kept_cpu():
+                os.kill(pid, signal.SIGKILL)  # every kept worker dies before its round
+
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
+    events = [e for e, _ in said]
+    after = said[events.index("confirm") :]
+    assert [f.get("kept") for e, f in after if e == "session"] == [False, False]
+    for r in (r for r in d.results if r.status == "passed"):
+        assert r.latency_ms["rounds"] == 2 and r.latency_ms["runs"] >= 128
+    assert not _workers_left()
+
+
+def _kept_cpu() -> dict[int, float]:
+    """CPU seconds of each kept row worker (named edge-kept) under this process."""
+    import psutil
+
+    from agent.qualify.forkserver import KEPT_NAME
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == KEPT_NAME and p.status() != psutil.STATUS_ZOMBIE:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _workers_alive_now() -> list[int]:
+    """Row workers under this process: forked ones by name (kept ones too), spawned ones by `-m agent.qualify.worker` (the fork
+    server itself only names the module in its preload list)."""
+    import psutil
+
+    from agent.qualify.forkserver import KEPT_NAME, WORKER_NAME
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            spawned = any(a == "agent.qualify.worker" and b == "-m" for b, a in zip(cmd, cmd[1:]))
+            if p.status() != psutil.STATUS_ZOMBIE and (p.name() in (WORKER_NAME, KEPT_NAME) or spawned):
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -31,7 +31,7 @@ def _render(event: str, f: dict) -> str | None:
     if event == "original":
         return f"{head}: measuring the fp32 original for the speed-up"
     if event == "session":
-        return f"{head}: creating session"
+        return f"{head}: " + ("the session its row kept" if f.get("kept") else "creating session")
     if event == "session_times":
         return f"{head}: timing session creation, cold and warm"
     at = " at max" if f.get("shape") == "max" else ""
@@ -105,6 +105,9 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
+    from agent.qualify import forkserver
+
+    forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks
     from agent.cli.progress import Progress
 
     given = _memory_size(memory_max)  # a bad flag is refused before any progress line

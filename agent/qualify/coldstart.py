@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 
-def _timed(open_session: Callable[[str | None], Any], cache_dir: str | None) -> float:
+def _timed(
+    open_session: Callable[[str | None], Any], cache_dir: str | None, keep: Callable[[Any], None] | None = None
+) -> float:
     t0 = time.perf_counter()
     sess = open_session(cache_dir)
     took = time.perf_counter() - t0
-    sess.close()
+    if keep is None:
+        sess.close()
+    else:
+        keep(sess)  # the caller owns it now (a kept row worker re-times it in a confirmation round)
     return round(took, 4)
 
 
@@ -34,14 +39,19 @@ def cache_empty(cache_dir: str | None) -> bool:
 
 
 def session_times(
-    open_session: Callable[[str | None], Any], cache_dir: str | None, first_s: float, first_was_cold: bool = False
+    open_session: Callable[[str | None], Any],
+    cache_dir: str | None,
+    first_s: float,
+    first_was_cold: bool = False,
+    keep: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """{"cold_s", "warm_s", "cache", "how"}; `first_s`: the row's first session creation (its compile_s);
-    `first_was_cold`: the row's cache was empty before that session."""
+    `first_was_cold`: the row's cache was empty before that session. `keep`: given the warm session (the last
+    one opened, on the row's own cache) instead of closing it."""
     from agent.qualify import cacheseal
 
     if cache_empty(cache_dir):
-        warm = _timed(open_session, cache_dir)
+        warm = _timed(open_session, cache_dir, keep)
         return {
             "cold_s": round(first_s, 4),
             "warm_s": warm,
@@ -52,7 +62,7 @@ def session_times(
         note = cacheseal.verify_or_reset(cache_dir)
         out = {
             "cold_s": round(first_s, 4),
-            "warm_s": _timed(open_session, cache_dir),
+            "warm_s": _timed(open_session, cache_dir, keep),
             "cache": "compiled",
             "how": "cold = the row's first session, compiled into its empty cache; warm = that cache, sealed (hit)",
         }
@@ -63,7 +73,7 @@ def session_times(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     note = cacheseal.verify_or_reset(cache_dir)
-    warm = _timed(open_session, cache_dir)
+    warm = _timed(open_session, cache_dir, keep)
     out = {
         "cold_s": cold,
         "warm_s": warm,

@@ -37,6 +37,7 @@ PRELOAD = [
 _CONTEXT: list[Any] = []
 _LOCK = threading.Lock()  # one start at a time: __main__ is hidden meanwhile
 WORKER_NAME = "edge-worker"  # the forked child's process name (15 bytes at most)
+KEPT_NAME = "edge-kept"  # a row worker idle with its row's session, kept for the confirmation round (keptrows)
 
 
 def available(env: dict[str, str] | None) -> bool:
@@ -122,18 +123,23 @@ def _main_hidden() -> Iterator[None]:
             setattr(main, k, v)
 
 
+def set_name(name: str) -> None:
+    """This process's name as `ps` and /proc/PID/comm show it (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def child_main(conn: Connection, options: dict[str, int], stderr_path: str, env: dict[str, str]) -> None:
     """In the forked child: its name, stdout to /dev/null, stderr to the parent's file, the worker's options,
     serve."""
     import multiprocessing
 
     multiprocessing.current_process().daemon = False  # a worker may start workers (the daemon's qualification)
-    try:  # `ps` and /proc/PID/comm show what it is (it shares the server's command line)
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, WORKER_NAME.encode(), 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
+    set_name(WORKER_NAME)  # `ps` and /proc/PID/comm show what it is (it shares the server's command line)
     fd = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 2)
     os.close(fd)

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
-from agent.qualify import coverage_set, forkserver, latency, reference, select
+from agent.qualify import coverage_set, forkserver, latency, probes, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import outputs as io
 from agent.qualify import variants as var
 from agent.qualify.decision import Decision, Row
 from agent.qualify.isolate import IsolatedResult, run_isolated
+from agent.qualify.keptrows import KeptRows
 from agent.qualify.package import ModelPackage, load_package
 from agent.qualify.rowrunner import RowRunner
 
@@ -70,19 +71,30 @@ def qualify(
     reruns: dict[str, Callable[..., Row]] = {}
     refs: list[str] = []
     originals: dict[str, IsolatedResult] = {}
-    for v in found:
-        run = RowRunner(
-            pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions
-        )
-        run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
-        run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
-        if not refs:
-            run.warn_assumed()
-        run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
-        refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
-        for name in names:
-            rows.extend(run.provider_rows(name))
-    _confirm_close_call(run, rows, reruns)
+    # with a confirmation round possible, the fastest passing rows' workers keep their sessions until it is done
+    kept = KeptRows(memory_max) if isolate and deadline is None else None
+    probed: dict[str, Any] | None = None
+    try:
+        for v in found:
+            run = RowRunner(
+                pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions
+            )
+            run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
+            run.kept = None if run.emulated else kept
+            if probed is None:  # once per qualification, in a worker: this process never imports a runtime
+                probed = probes.probe_all(profile, run.probe_options(names), isolate)
+            run.probes = probed
+            run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
+            if not refs:
+                run.warn_assumed()
+            run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
+            refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
+            for name in names:
+                rows.extend(run.provider_rows(name))
+        _confirm_close_call(run, rows, reruns, kept)
+    finally:
+        if kept is not None:
+            kept.close()
     reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
     winner, why, losers = select.choose(rows, select.preference_of(target))
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
@@ -145,8 +157,11 @@ def candidates(target: Any, providers: list[str] | None, pkg: ModelPackage) -> l
     return list(dict.fromkeys(names))
 
 
-def _confirm_close_call(run: RowRunner, rows: list[Row], reruns: dict[str, Callable[..., Row]]) -> None:
-    """Re-measure the two fastest passing rows (reverse order) when within CLOSE_CALL; merge samples."""
+def _confirm_close_call(
+    run: RowRunner, rows: list[Row], reruns: dict[str, Callable[..., Row]], kept: KeptRows | None = None
+) -> None:
+    """Re-measure the two fastest passing rows (reverse order) when within CLOSE_CALL; merge samples. A row
+    whose worker was kept is re-timed there, on the session it still holds (no new fork, no second compile)."""
     passing = sorted(
         (r for r in rows if r.status == "passed" and (r.latency_ms or {}).get("samples_ms")),
         key=lambda r: r.latency_ms["p50"],
@@ -158,9 +173,15 @@ def _confirm_close_call(run: RowRunner, rows: list[Row], reruns: dict[str, Calla
         or passing[1].latency_ms["p50"] > passing[0].latency_ms["p50"] * (1 + CLOSE_CALL)
     ):
         return
+    if kept is not None:
+        for key in set(kept.keys()) - {passing[0].key, passing[1].key}:
+            worker = kept.pop(key)
+            if worker is not None:
+                worker.close()  # not confirmed: let its session go before the round
     for row in (passing[1], passing[0]):
         run.say("confirm", provider=row.provider, precision=row.precision)
-        again = reruns[row.key](confirm=True)  # timed runs only: the rest holds from round one
+        worker = kept.pop(row.key) if kept is not None else None
+        again = reruns[row.key](confirm=True, worker=worker)  # timed runs only: the rest holds from round one
         if again.status != "passed":
             continue
         stale = latency.phrase(row.latency_ms)

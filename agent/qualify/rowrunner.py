@@ -15,7 +15,8 @@ from agent.qualify import original as orig
 from agent.qualify import variants as var
 from agent.qualify.decision import Row
 from agent.qualify.inputs import batch_size, package_plan
-from agent.qualify.isolate import IsolatedResult, child_ask, run_isolated
+from agent.qualify.isolate import IsolatedResult, IsolatedWorker, child_ask, run_isolated
+from agent.qualify.keptrows import KeptRows
 from agent.qualify.package import ModelPackage
 
 _PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
@@ -81,6 +82,9 @@ class RowRunner:
         self.asked: set[str] = set()
         self.deadline: float | None = None
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
+        self.kept: KeptRows | None = None  # passing rows' workers, kept for the confirmation round (shared)
+        self.probes: dict[str, Any] = {}  # probe results answered by a worker (agent.qualify.probes), by name
+        self._held: IsolatedWorker | None = None  # the last row's worker, until kept or closed
         self.versions = caches.runtime_versions(profile)
         self.emulated = detect_emulation()
         self._rerun: dict[str, Callable[..., Row]] = {}
@@ -142,6 +146,10 @@ class RowRunner:
             "classifier": orig.is_classifier(self.pkg.task),
         }
 
+    def probe_options(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """{name: the options it is probed with} for each candidate the target does not exclude."""
+        return {n: _options(self.target, n, None) for n in names if not coverage_set.exclusion(self.target, n)}
+
     def warn_assumed(self) -> None:
         """Say which shapes were guessed (once per qualification)."""
         if self.plan.assumed:
@@ -155,7 +163,7 @@ class RowRunner:
         excluded = coverage_set.exclusion(self.target, name)
         if excluded:
             return [coverage_set.excluded_row(self.target, name, excluded)]
-        probe = prov.probe(self.profile, options)
+        probe = self.probes.get(name) or prov.probe(self.profile, options)
         if not probe.available and name not in self.asked:
             return []  # not in the target's list and not here: no row
         if not probe.available:
@@ -204,8 +212,16 @@ class RowRunner:
     def _tag(self) -> dict[str, Any]:
         return {"variant": self.variant.name} if self.variant.name else {}
 
-    def _run_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
-        row = self._measure_row(name, precision, device, options, cdir, row_versions, confirm)
+    def _run_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False, worker=None) -> Row:
+        """Measure one row (confirm: re-time it, in `worker` when its worker was kept)."""
+        try:
+            row = self._measure_row(name, precision, device, options, cdir, row_versions, confirm, worker)
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            if worker is not None:
+                worker.close()  # a kept worker serves its row's one confirmation
         v = self.variant
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
@@ -217,9 +233,42 @@ class RowRunner:
         row.optimization = opt.kind_of(v.name)
         if row.optimization and row.stage == "accuracy":
             row.reason = opt.refusal(row.optimization, row.reason)
+        if self._held is not None and self.kept is not None:
+            self.kept.offer(row, self._held)  # kept while among the fastest passing rows, else closed
+            self._held = None
         return row
 
-    def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False) -> Row:
+    def _release(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
+    def _call(self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker) -> IsolatedResult:
+        """The row's child: a worker kept for it (confirmation), a new one kept after (when rows are kept for
+        the confirmation round), else a one-shot child."""
+        keep = worker is None and self.kept is not None and self.isolate and task.endswith(":measure_row")
+        if worker is None and not keep:
+            return run_isolated(
+                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=self.say,
+                memory_max=self.memory_max,
+            )  # fmt: skip
+        w = worker if worker is not None else IsolatedWorker(memory_max=self.memory_max)
+        try:
+            res = w.call(
+                task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=self.say
+            )
+        except BaseException:
+            w.close()
+            raise
+        if keep and res.ok:
+            self._held = w
+        else:
+            w.close()
+        if worker is not None and res.kind == "crashed":  # the kept worker died idle: a new one, a new session
+            return self._call(task, kwargs, timeout, tag, None)
+        return res
+
+    def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm=False, worker=None) -> Row:
         left = self.deadline - time.monotonic() if self.deadline is not None else None
         if left is not None and left <= 0:
             return Row(
@@ -260,14 +309,12 @@ class RowRunner:
             "original": self.original,
         }
         served0, t0 = child_ask("serving_requests"), time.monotonic()
-        res = run_isolated(
+        res = self._call(
             "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
             kwargs,
-            timeout=min(self.timeout, left) if left is not None else self.timeout,
-            isolate=self.isolate,
-            tag=(f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
-            progress=self.say,
-            memory_max=self.memory_max,
+            min(self.timeout, left) if left is not None else self.timeout,
+            (f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
+            worker,
         )
         served1, wall = child_ask("serving_requests"), time.monotonic() - t0
         row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)

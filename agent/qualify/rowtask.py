@@ -8,13 +8,16 @@ import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, cacheseal, coldstart, conditions, latency
+from agent.qualify import accuracy, cacheseal, coldstart, conditions, forkserver, latency
 from agent.qualify.isolate import child_progress as emit
 from agent.qualify.isolate import size_text
 
 MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
 _ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
+# in a kept row worker (agent.qualify.keptrows): the row's warm session and what it was opened for, until the
+# close-call confirmation round re-times it in this process
+_KEPT: dict[str, Any] = {}
 
 
 def _rss() -> int:
@@ -47,6 +50,7 @@ def measure_row(
     model_precision: str | None = None,
     declared: dict[str, Any] | None = None,
     original: dict[str, Any] | None = None,
+    keep: bool = False,
 ) -> dict[str, Any]:
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
@@ -144,7 +148,8 @@ def measure_row(
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
     emit("session_times", provider=provider, precision=row["precision"])
     try:
-        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s, first_cold)
+        held = _keeper((model_path, provider, precision, device, cache_dir)) if keep else None
+        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s, first_cold, held)
     except EdgeAgentError as exc:
         row["session_s"] = {"error": f"not measured: {exc}"}
     if cache_note:
@@ -158,6 +163,8 @@ def measure_row(
             "file": original["file"],
             **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
         }
+    if keep and "session" in _KEPT:
+        forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
     if problems:
         return _fail(
             row,
@@ -183,20 +190,25 @@ def confirm_latency(
     latency_feeds: dict[str, Any] | None = None,
     **_first_round: Any,
 ) -> dict[str, Any]:
-    """Child task of a close call's confirmation round: the row's session again (same file, options, device and
-    sealed cache), warm-up and timed runs only. Accuracy, coverage, memory, the latency at the max shape, session
-    times and the original's speed-up were measured in the first round; only the samples are merged."""
+    """Child task of a close call's confirmation round: the row's session (the one its kept worker still holds,
+    else a new one with the same file, options, device and sealed cache), warm-up and timed runs only. Accuracy,
+    coverage, memory, the latency at the max shape, session times and the original's speed-up were measured in
+    the first round; only the samples are merged."""
     from agent.providers import get
 
     row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
-    emit("session", provider=provider, precision=precision)
-    cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
-    try:
-        sess = get(provider).open_session(
-            model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
-        )
-    except EdgeAgentError as exc:
-        return _fail(row, "compatibility", f"session creation failed: {exc}")
+    sess = _kept_session((model_path, provider, precision, device, cache_dir))
+    if sess is not None:
+        forkserver.set_name(forkserver.WORKER_NAME)  # a kept worker at work again
+    emit("session", provider=provider, precision=precision, kept=sess is not None)
+    if sess is None:  # not a kept worker (or it was restarted): the row's session again
+        cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
+        try:
+            sess = get(provider).open_session(
+                model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
+            )
+        except EdgeAgentError as exc:
+            return _fail(row, "compatibility", f"session creation failed: {exc}")
     timed = latency_feeds if latency_feeds is not None else feeds
     said = {"provider": provider, "precision": sess.precision or precision}
     emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
@@ -212,6 +224,24 @@ def confirm_latency(
     row["conditions"] = sampler.stop()
     row.update(status="passed", latency_ms=lat, contended=conditions.contended(row["conditions"]))
     return row
+
+
+def _keeper(what: tuple[Any, ...]):
+    def keep(sess: Any) -> None:
+        old = _KEPT.pop("session", None)
+        if old is not None:
+            old.close()
+        _KEPT.update(session=sess, what=what)
+
+    return keep
+
+
+def _kept_session(what: tuple[Any, ...]) -> Any:
+    """The session this worker kept for exactly this row (file, provider, precision, device, cache), or None."""
+    if _KEPT.get("what") != what:
+        return None
+    _KEPT.pop("what")
+    return _KEPT.pop("session", None)
 
 
 def _record_memory(row: dict[str, Any], rss0: int) -> None:
