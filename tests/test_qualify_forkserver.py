@@ -12,7 +12,7 @@ import psutil
 from support.daemon import Daemon, drop, write_config
 from test_daemon_qualify import _results
 
-from agent.qualify.forkserver import WORKER_NAME
+from agent.qualify.forkserver import KEPT_NAME, WORKER_NAME
 from agent.qualify.isolate import FAULT_ENV, IsolatedWorker
 
 
@@ -39,8 +39,9 @@ def test_spawned_workers_remain_available(monkeypatch):
 
 
 def _busy_workers(root: psutil.Process) -> list[int]:
-    """Checker and row processes under the daemon: worker processes (forked ones are named edge-worker,
-    spawned ones run agent.qualify.worker) with no worker below them (a qualification's child holds its rows)."""
+    """Checker and row processes under the daemon: worker processes (forked ones are named edge-worker, or
+    edge-kept while one idles with its row's session; spawned ones run agent.qualify.worker) with no worker
+    below them (a qualification's child holds its rows)."""
     info = {}
     try:
         procs = root.children(recursive=True)
@@ -48,7 +49,8 @@ def _busy_workers(root: psutil.Process) -> list[int]:
         return []
     for p in procs:
         try:
-            info[p.pid] = (p.ppid(), p.name() == WORKER_NAME or p.cmdline()[1:3] == ["-m", "agent.qualify.worker"])
+            named = p.name() in (WORKER_NAME, KEPT_NAME)  # a kept (idle) row worker counts as one too
+            info[p.pid] = (p.ppid(), named or p.cmdline()[1:3] == ["-m", "agent.qualify.worker"])
         except psutil.Error:
             continue
     workers = {pid for pid, (_, is_worker) in info.items() if is_worker}

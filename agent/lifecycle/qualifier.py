@@ -99,6 +99,8 @@ def qualify_in_child(
     def progress(event: str, **fields: Any) -> None:
         child_progress(event, **_plain(fields))
 
+    # the daemon keeps no idle row session for a confirmation round: one row process at a time beside serving
+    options = {"keep_sessions": False, **options}
     decision = qualify(pkg, profile, target, providers=providers, cache_dir=cache_root, progress=progress, **options)
     return decision.to_dict()
 

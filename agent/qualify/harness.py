@@ -38,6 +38,7 @@ def qualify(
     memory_max: int | None = None,
     deadline_s: float | None = None,
     optimize: Any = None,
+    keep_sessions: bool = True,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
@@ -52,7 +53,10 @@ def qualify(
     confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused.
 
     optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
-    is also measured after those offline optimisations, as variants against the unoptimised graph."""
+    is also measured after those offline optimisations, as variants against the unoptimised graph.
+
+    keep_sessions (the CLI; the daemon passes False): the fastest passing rows' workers keep their sessions for
+    the confirmation round instead of opening them again in new workers."""
     if isolate:
         forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and probes run
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
@@ -72,7 +76,9 @@ def qualify(
     refs: list[str] = []
     originals: dict[str, IsolatedResult] = {}
     # with a confirmation round possible, the fastest passing rows' workers keep their sessions until it is done
-    kept = KeptRows(memory_max) if isolate and deadline is None else None
+    # (not in the daemon, keep_sessions=False: one row process at a time there, and no idle session's memory beside
+    # the serving model)
+    kept = KeptRows(memory_max) if isolate and deadline is None and keep_sessions else None
     probed: dict[str, Any] | None = None
     try:
         for v in found:
