@@ -54,6 +54,7 @@ def _served_matches_plain_onnxruntime(url: str, name: str, pkg_dir: Path, row: d
 
 
 @pytest.mark.field
+@pytest.mark.timeout(1200)  # it waits up to 900 s for the ten (55 s on a quiet 2-core host, more beside a build)
 def test_ten_real_models_dropped_at_once(tmp_path):
     makers = rp.ten_makers(sorted((ROOT / "agent" / "qualify").glob("*.py"))[:6])
     assert len(makers) == 10 and set(makers) == PASSES | REFUSED
