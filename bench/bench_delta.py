@@ -182,16 +182,7 @@ def real_pulls(t: Path, changed: int) -> list[dict]:
 
     def manifest(f: str) -> Manifest:
         art = store_package(t / f, cp.root, validate=False)
-        return Manifest.create(
-            name="mlp",
-            version="1",
-            sha256=art["sha256"],
-            size=art["size"],
-            chunk_size=art["chunk_size"],
-            chunks=art["chunks"],
-            devices=["bench-dev"],
-            recipe=art.get("recipe"),
-        )
+        return Manifest.for_stored(art, name="mlp", version="1", devices=["bench-dev"])
 
     rows = []
     with Mosquitto(t / "broker", persistence=False) as broker:

@@ -38,16 +38,7 @@ def child(url: str, store_dir: str, manifest_file: str, pause_at: str) -> None:
 
 def manifest(path, cp_dir, version):
     art = store_package(path, cp_dir, validate=False)
-    return Manifest.create(
-        name="mlp",
-        version=version,
-        sha256=art["sha256"],
-        size=art["size"],
-        chunk_size=art["chunk_size"],
-        chunks=art["chunks"],
-        devices=["pi-1"],
-        recipe=art["recipe"],
-    )
+    return Manifest.for_stored(art, name="mlp", version=version, devices=["pi-1"])
 
 
 def test_sigkill_mid_delta_pull_resumes_without_refetching(mosquitto, tmp_path):
@@ -110,16 +101,7 @@ def test_a_delta_pull_that_goes_on_with_fixed_chunks_keeps_every_reused_byte(mos
     v1, v2, changed = versions(tmp_path, layers=4, width=1024)  # w2 changed; w3 and b3 lie after it, unchanged
     cp = ContentStore(tmp_path / "cp")
     art = store_package(v2, cp.root, 4096, validate=False)
-    m2 = Manifest.create(
-        name="mlp",
-        version="2",
-        sha256=art["sha256"],
-        size=art["size"],
-        chunk_size=art["chunk_size"],
-        chunks=art["chunks"],
-        devices=["pi-1"],
-        recipe=art["recipe"],
-    )
+    m2 = Manifest.for_stored(art, name="mlp", version="2", devices=["pi-1"])
     store = ContentStore(tmp_path / "dev")
     store.put_file(v1)
     a = m2.artifact

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from agent.config.schema import (
     MQTT_PORTS,
@@ -65,12 +65,7 @@ def read_control_plane(v: Validator, raw: Any) -> ControlPlaneConfig:
         raise ConfigError("control_plane.url: credentials in the URL are not allowed (the device signs its requests)")
     if parts.query or parts.fragment:
         raise ConfigError(f"control_plane.url: expected no query or fragment, got {url!r}")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port range only when asked
-    except ValueError:
-        raise ConfigError(f"control_plane.url: port must be 1-65535, got {url!r}") from None
-    if not parts.hostname:
-        raise ConfigError(f"control_plane.url: missing host in {url!r}")
+    _port_and_host(parts, "control_plane.url", url)
     token = v.path(c["token_file"], "control_plane.token_file") if c.get("token_file") is not None else None
     return ControlPlaneConfig(
         url=url.rstrip("/"),
@@ -142,12 +137,7 @@ def _mqtt_url(v: Validator, raw: Any) -> str:
         raise ConfigError("mqtt.url: credentials in the URL are not allowed; use mqtt.username and mqtt.password_file")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ConfigError(f"mqtt.url: expected mqtt[s]://host[:port] with nothing after the port, got {url!r}")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port range only when asked
-    except ValueError:
-        raise ConfigError(f"mqtt.url: port must be 1-65535, got {url!r}") from None
-    if not parts.hostname:
-        raise ConfigError(f"mqtt.url: missing host in {url!r}")
+    _port_and_host(parts, "mqtt.url", url)
     return url
 
 
@@ -314,3 +304,13 @@ def known_targets() -> list[str]:
     from agent.targets import load_targets
 
     return sorted(load_targets())
+
+
+def _port_and_host(parts: SplitResult, key: str, url: str) -> None:
+    """A URL's port within 1-65535 (urlsplit checks the range only when asked) and a host present."""
+    try:
+        parts.port  # noqa: B018 - the property raises ValueError out of range
+    except ValueError:
+        raise ConfigError(f"{key}: port must be 1-65535, got {url!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"{key}: missing host in {url!r}")
