@@ -88,6 +88,7 @@ class ControlPlaneSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failures = 0
+        self._digests: dict[str, tuple[tuple[tuple[str, int, int], ...], str]] = {}  # stem -> (parts' stats, digest)
         saved = read_json(self.path, default=None)
         same = isinstance(saved, dict) and saved.get("url") == port.url and saved.get("key_id") == self.key_id
         self.state: dict[str, Any] = saved if same else {"url": port.url, "key_id": self.key_id}
@@ -223,8 +224,16 @@ class ControlPlaneSync:
         for _, f in sorted(files):
             parts = [f, *sorted((self.state_dir / "attestations").glob(f"{f.stem}.*.intoto.json"))]
             try:
-                newest = max(p.stat().st_mtime for p in parts)
-                digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in parts)).hexdigest()
+                stats = tuple((p.name, st.st_mtime_ns, st.st_size) for p in parts for st in (p.stat(),))
+                newest = max(mtime for _, mtime, _ in stats) / 1e9
+                known = self._digests.get(f.stem)
+                if known is None or known[0] != stats:  # read and hashed only when a part changed on disk
+                    known = (
+                        stats,
+                        hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in parts)).hexdigest(),
+                    )
+                    self._digests[f.stem] = known
+                digest = known[1]
             except OSError:
                 continue
             if (acked.get(f.stem) or {}).get("sha256") != digest and now - newest >= SETTLE_S:
@@ -233,6 +242,8 @@ class ControlPlaneSync:
             gone = set(acked) - {f.stem for _, f in files}
             for dep_id in gone:
                 acked.pop(dep_id, None)
+        for dep_id in set(self._digests) - {f.stem for _, f in files}:
+            del self._digests[dep_id]
         return out
 
     def _save(self) -> None:
