@@ -1,6 +1,10 @@
 """Which lane each test module runs in (scripts/test.sh runs them one after the other, each timed).
 
 - core (`-m "not field and not system"`): unit tests and one daemon at a time, the fast feedback lane;
+- verdicts alone (`-m alone`, marked in the test itself, run with `-n 0` right after the core suite): compute-time
+  verdicts judged against an incumbent measured earlier. A second test on the other core slows a shared core
+  without any run-queue wait, which the run gate cannot see as contention (measured in CI: a 2x-compute version
+  read 1.51x with the other worker busy, and committed);
 - system (`-m system`): whole fleets and whole-process faults: the control plane (SQLite, PostgreSQL, a browser),
   rollouts to simulated devices, broker clusters, and daemons killed, cut off, attacked or flooded mid-deployment;
 - field (`-m field`, marked in the test itself): the device at field scale (the emulated Pi, ten real models at

@@ -41,6 +41,7 @@ def _push(a, version: str, model, feeds=None):
     return wait_for(ended, 240, f"deployment of version {version}")
 
 
+@pytest.mark.alone
 def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
     shadow = ShadowConfig(requests=10, duration_s=20, min_requests=5, max_latency_ratio=100.0)
     # A run whose threads waited for the cores is not measured (rungate.py): beside a busy loop on one of 2 cores,

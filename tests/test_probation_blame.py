@@ -80,6 +80,7 @@ def _run(r, n):
         r.infer("m", x)
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("redundant", [True, False])
 def test_compute_time_is_judged_against_the_incumbent_before_the_swap(tmp_path, redundant):
     r = ModelRegistry(gate=RunGate(mark_share=1.0))  # every run measured: this counts the judge's samples
