@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -83,17 +85,15 @@ def test_fleet_simulate_runs_from_a_plain_pip_install(installed, mosquitto, tmp_
     _, pub, _ = generate(tmp_path / "keys")
     cmd = [str(venv / "bin" / "edge-agent"), "fleet", "simulate", "--devices", "3", "--trust", str(pub)]
     cmd += ["--broker", mosquitto.url, "--state-dir", str(tmp_path / "fleet"), "--json"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_path = tmp_path / "simulate.stderr"  # a file, not a pipe nobody reads: a full pipe would block its writes
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        if not line:
-            proc.wait(30)
-            raise AssertionError(f"simulate exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
-        started = json.loads(line)
+        started = json.loads(_line(proc, err_path, 180, "started") or "{}")
         assert started["event"] == "started" and started["devices"] == 3
         assert set(started["classes"]) <= set(captures.names()) and sum(started["classes"].values()) == 3
         proc.send_signal(signal.SIGTERM)
-        stopped = json.loads(proc.stdout.readline() if proc.stdout else "{}")
+        stopped = json.loads(_line(proc, err_path, 180, "stopped after SIGTERM") or "{}")
         assert stopped["event"] == "stopped"
         assert proc.wait(60) == 0
     finally:
@@ -101,3 +101,18 @@ def test_fleet_simulate_runs_from_a_plain_pip_install(installed, mosquitto, tmp_
             proc.kill()
             proc.wait(10)
     assert len([p for p in (tmp_path / "fleet").iterdir() if (p / "status.json").is_file()]) == 3
+
+
+def _line(proc: subprocess.Popen, err_path: Path, timeout: float, what: str) -> str:
+    """The next stdout line within `timeout`; otherwise every thread's stack (SIGUSR1: the CLI's faulthandler)
+    and the command's stderr in the failure."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if ready:
+        line = proc.stdout.readline()
+        if line:
+            return line
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+    raise AssertionError(f"simulate: no '{what}' line in {timeout:.0f} s (exit {proc.poll()}):\n{err_path.read_text()}")

@@ -6,8 +6,10 @@ Subcommands live one module per command (agent/cli/<name>.py) and are imported l
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 
 import click
@@ -109,7 +111,10 @@ def cli():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: one clear line on error, never a traceback (unless debugging)."""
+    """Console-script entry point: one clear line on error, never a traceback (unless debugging).
+    `kill -USR1 PID` prints every thread's stack to stderr (a command that hangs says where)."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         rc = cli.main(args=argv, prog_name="edge-agent", standalone_mode=False)
         # Without standalone mode click returns ctx.exit(code)'s code instead of exiting.

@@ -10,6 +10,8 @@ import click
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
 
+STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the threads' stacks are printed
+
 
 @click.command("simulate")
 @click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
@@ -76,6 +78,7 @@ def simulate(
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
     profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
     devices share one measurement per (model sha256, target, provider set), and the output says so."""
+    import faulthandler
     import signal
 
     from agent.fleet.sim_classes import resolve_sysroots
@@ -113,7 +116,10 @@ def simulate(
         pass
     finally:
         stats = sim.stats()
+        # a stop that takes minutes says where it is stuck (every thread's stack on stderr), then goes on
+        faulthandler.dump_traceback_later(STOP_REPORT_S, exit=False)
         sim.stop()
+        faulthandler.cancel_dump_traceback_later()
         click.echo(
             json.dumps({"event": "stopped", **stats}) if as_json else f"simulate: stopped; {_render_stats(stats)}"
         )

@@ -37,7 +37,9 @@ class FleetWatch:
         self._want_events = events
 
     def start(self, timeout: float = 15.0) -> "FleetWatch":
-        self.link.start(wait=timeout)
+        # `timeout` for each of a cluster's nodes: with the first one dead, the others may close connections
+        # for seconds each while JetStream elects new leaders (NATS), and the link tries them in turn
+        self.link.start(wait=timeout * len(self.link.broker.endpoints()))
         self.link.subscribe(self._marker, lambda t, p, r: self._synced.set(), qos=1)
         self.link.subscribe(self.topics.all_status(), self._enqueue, qos=1)
         self.link.subscribe(f"{self.topics.prefix}/rollouts/+", self._enqueue, qos=1)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agent.errors import TransportError
 from agent.transport.broker import BrokerConfig
+from agent.transport.handshake import handshake_failure
 from agent.transport.netloop import NetLoop
 
 if TYPE_CHECKING:
@@ -45,7 +46,10 @@ class MqttLink:
         self.broker = broker
         self._endpoints = [(host, port) for host, port, _tls, _proto in broker.endpoints()]
         self._at = 0  # index of the endpoint in use; moves on at each dropped or failed connection
-        self._fails = 0  # failed attempts since the last CONNACK; start() gives up once every endpoint failed
+        self._failed_at: set[int] = set()  # endpoints that failed for good since the last CONNACK (start() gives
+        self._fail_lock = threading.Lock()  # up once every one has); counted on the network thread and supervisor
+        self._drops = 0  # connections the broker closed before its CONNACK, since the last CONNACK
+        self._why: str | None = None  # the last definitive failure, in words
         self.host, self.port, self.tls, proto = broker.endpoint()
         self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
         self.will, self.max_queued, self.max_inflight = will, max_queued, max_inflight
@@ -83,7 +87,7 @@ class MqttLink:
         self._supervisor.start()
         if wait is not None:
             if not self._wait_connack(wait):
-                why = self.refused or self._diagnose() or "no CONNACK from the broker"
+                why = self.refused or self._why or self._no_connack()
                 self.stop()
                 raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
             self.wait_subscribed(max(0.0, deadline - time.monotonic()))
@@ -212,6 +216,11 @@ class MqttLink:
                 sub = self._subs.get(topic_filter)
                 if sub is not None and client is not None and self.connected.is_set():
                     self._send_subscribe(client, topic_filter, sub[0])
+            elif cmd.startswith("diagnose:"):
+                at = int(cmd[9:])
+                why = handshake_failure(self.broker, *self._endpoints[at], self.tls)
+                if why is not None and not self.connected.is_set():
+                    self._count_failure(at, why)
             elif cmd == "downgrade" and not self._stopping.is_set():
                 old = self._client
                 assert old is not None and self._net is not None  # start() made them before this thread
@@ -222,7 +231,8 @@ class MqttLink:
                     pass
                 self.protocol = 4
                 # the broker answered (refusing MQTT 5 only): neither a failed endpoint nor a refusal of the link
-                self._fails, self.refused = 0, None
+                with self._fail_lock:
+                    self._failed_at, self.refused = set(), None
                 self._failed.clear()
                 self._client = self._make_client()
                 self._switching = False
@@ -267,7 +277,8 @@ class MqttLink:
                     self.on_connection(False, f"refused: {reason_code}")
             return
         self.refused = None
-        self._fails = 0
+        with self._fail_lock:
+            self._failed_at, self._drops, self._why = set(), 0, None
         self._settling = set()
         self._refusal.clear()
         self._failed.clear()
@@ -283,10 +294,26 @@ class MqttLink:
     def _on_connect_fail(self, client, userdata):
         if client is not self._client:
             return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
-        self._fails += 1
-        if self._fails >= len(self._endpoints):
-            self._failed.set()
+        self._count_failure(self._at, None)
         self._next_endpoint(client)
+
+    def _count_failure(self, at: int, why: str | None) -> None:
+        """Endpoint `at` failed for good (nothing listening, TLS refused); start() gives up once every one has."""
+        with self._fail_lock:
+            self._why = why or self._why
+            self._failed_at.add(at)
+            if len(self._failed_at) >= len(self._endpoints):
+                self._failed.set()
+
+    def _no_connack(self) -> str:
+        host, port = self._endpoints[self._at]
+        why = handshake_failure(self.broker, host, port, self.tls)
+        if why is None and self._drops:
+            why = (
+                f"no CONNACK from the broker: it closed the connection {self._drops} time(s) before answering "
+                "(a cluster node whose JetStream is not ready, or a broker at its connection limit)"
+            )
+        return why or "no CONNACK from the broker"
 
     def _next_endpoint(self, client) -> None:
         """Failover (network thread, inside a paho callback): the next reconnect goes to the next broker URL.
@@ -298,38 +325,16 @@ class MqttLink:
         kwargs = {"clean_start": True} if self.protocol == 5 else {}
         client.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
 
-    def _diagnose(self) -> str | None:
-        """Why a connection attempt fails, in words: a plain TCP (and TLS) handshake outside paho."""
-        import socket
-        import ssl
-
-        try:
-            with socket.create_connection((self.host, self.port), timeout=5) as sock:
-                if self.tls:
-                    ctx = ssl.create_default_context(cafile=self.broker.ca)
-                    if self.broker.cert:
-                        ctx.load_cert_chain(self.broker.cert, self.broker.key)
-                    with ctx.wrap_socket(sock, server_hostname=self.host) as tls:
-                        tls.settimeout(2)
-                        try:
-                            tls.recv(1)  # TLS 1.3: a refused client certificate arrives as an alert here
-                        except TimeoutError:
-                            pass
-        except ssl.SSLError as exc:
-            return f"TLS handshake failed: {exc.reason or exc}"
-        except OSError as exc:
-            return f"{exc.strerror or exc} ({self.host}:{self.port})"
-        return None
-
     def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
         if client is not self._client:
             return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         was = self.connected.is_set()
         self.connected.clear()
         if not was and not self._switching:
-            self._fails += 1
-            if self._fails >= len(self._endpoints):
-                self._failed.set()  # dropped before a CONNACK (TLS refused after the handshake, broker closing)
+            # dropped before a CONNACK: a TLS refusal after the handshake is final, a NATS node whose JetStream is
+            # not ready (a peer just died) accepts us seconds later; a plain handshake outside paho tells which
+            self._drops += 1
+            self._control.put(f"diagnose:{self._at}")
         if was and self.on_connection and not self._stopping.is_set():
             self.on_connection(False, f"disconnected: {reason_code}")
         self._next_endpoint(client)
