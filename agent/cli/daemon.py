@@ -61,6 +61,7 @@ def run(config_path):
     Operator guide: docs/daemon.md.
     """
     from agent.app import DeviceAgent
+    from agent.cli.signals import SignalFlags
     from agent.sdnotify import SdNotifier
     from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas
 
@@ -70,7 +71,6 @@ def run(config_path):
     # before any thread exists: serving threads share 2 glibc arenas, so RSS stays flat across hot swaps
     arenas = limit_malloc_arenas(MALLOC_ARENAS)
     mmap_fixed = fix_mmap_threshold(MMAP_THRESHOLD)  # large blocks (weights, buffers) go back to the OS on release
-    stop = threading.Event()
     lock = threading.Lock()
 
     def log(record: dict) -> None:
@@ -80,20 +80,8 @@ def run(config_path):
     from agent import settings
 
     agent = DeviceAgent(cfg, step_config=settings.from_env(), on_event=log, notifier=SdNotifier.from_env())
-    # Signal handlers only set flags; this loop acts on them (a reload takes locks and does I/O).
-    wake, reload_wanted = threading.Event(), threading.Event()
-
-    def on_stop(*_: object) -> None:
-        stop.set()
-        wake.set()
-
-    def on_hup(*_: object) -> None:
-        reload_wanted.set()
-        wake.set()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
+    # Signal handlers only set flags (SignalFlags: no lock); this loop acts on them (a reload takes locks, does I/O)
+    flags = SignalFlags(stop=(signal.SIGTERM, signal.SIGINT), reload=(signal.SIGHUP,))
     agent.start()
     log(
         {
@@ -105,11 +93,9 @@ def run(config_path):
         }
     )
     try:
-        while not stop.is_set():
-            wake.wait(1.0)
-            wake.clear()
-            if reload_wanted.is_set() and not stop.is_set():
-                reload_wanted.clear()
+        while not flags.raised("stop"):
+            flags.wait(1.0)
+            if flags.take("reload") and not flags.raised("stop"):
                 _reload(agent, config_path, log)
     finally:
         log({"event": "stopping"})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import click
 
@@ -81,6 +80,7 @@ def simulate(
     import faulthandler
     import signal
 
+    from agent.cli.signals import SignalFlags
     from agent.fleet.sim_classes import resolve_sysroots
     from agent.fleet.simulator import Simulator
 
@@ -104,14 +104,13 @@ def simulate(
             "simulate: no --store: the devices are not registered; push --wait and rollouts will not believe them",
             err=True,
         )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    flags = SignalFlags(stop=(signal.SIGTERM,))  # Ctrl-C stays KeyboardInterrupt
     try:
         sim.start(progress=_sim_progress)
         layout = sim.layout()
         click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
-        while not stop.wait(1.0):
-            pass
+        while not flags.raised("stop"):
+            flags.wait(1.0)
     except KeyboardInterrupt:
         pass
     finally:
