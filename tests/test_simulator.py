@@ -14,7 +14,7 @@ import pytest
 from hostruntime import ort_openvino_devices
 
 from agent import sysroots as captures
-from agent.errors import ConfigError
+from agent.errors import ConfigError, LifecycleError
 from agent.fleet.sim_classes import QualificationCache, discover_sysroots, load_classes, resolve_sysroots
 
 SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
@@ -76,6 +76,46 @@ def test_qualification_cache_measures_once_per_key_while_identical_devices_wait(
     with pytest.raises(RuntimeError):
         cache.get(("x", "t", ()), "d1", broken)
     assert cache.get(("x", "t", ()), "d2", lambda: "ok") == "ok"  # failures to measure are never cached
+
+
+def test_a_device_waiting_for_another_to_measure_still_hears_its_cancel():
+    """A halted rollout cancels every device of a class, also those waiting on the one measuring (before, they sat
+    on a plain lock until that measurement ended, deaf to the cancel and to their state's deadline)."""
+    cache, started, release = QualificationCache(), threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(60)
+        return "decision"
+
+    first = threading.Thread(target=lambda: cache.get(("k",), "d1", slow))
+    first.start()
+    try:
+        assert started.wait(30)
+        cancelled = threading.Event()
+
+        def check():
+            if cancelled.is_set():
+                raise LifecycleError("cancelled")
+
+        got: list = []
+
+        def waiter():
+            try:
+                got.append(cache.get(("k",), "d2", lambda: "never", check=check))
+            except LifecycleError as exc:
+                got.append(exc)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        cancelled.set()
+        t.join(10)
+        assert not t.is_alive(), "the waiting device never heard its cancel"
+        assert len(got) == 1 and isinstance(got[0], LifecycleError)
+    finally:
+        release.set()
+        first.join(30)
+    assert cache.get(("k",), "d3", lambda: "never") == "decision"  # the measuring device's result still stands
 
 
 def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):

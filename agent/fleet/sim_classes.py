@@ -137,10 +137,22 @@ class QualificationCache:
         self.measured = 0
         self.reused = 0
 
-    def get(self, key: tuple, device_id: str, compute: Callable[[], Any], on_reuse=None) -> Any:
+    def get(
+        self,
+        key: tuple,
+        device_id: str,
+        compute: Callable[[], Any],
+        on_reuse=None,
+        check: Callable[[], None] | None = None,
+    ) -> Any:
+        """`check` (the waiting deployment's StepContext.check) is called every half second while another device
+        measures: a cancel or the state's deadline reaches a device that waits, not only the one measuring."""
         with self._lock:
             lock = self._busy.setdefault(key, threading.Lock())
-        with lock:
+        while not lock.acquire(timeout=0.5):
+            if check is not None:
+                check()
+        try:
             with self._lock:
                 if key in self._done:
                     self.reused += 1
@@ -153,6 +165,8 @@ class QualificationCache:
                 self._first[key] = device_id
                 self.measured += 1
             return value
+        finally:
+            lock.release()
 
     def stats(self) -> dict[str, int]:
         return {"measured": self.measured, "reused": self.reused}

@@ -232,7 +232,7 @@ class Simulator:
             def reused(first: str) -> None:
                 self._progress("qualify_cache", device_id=device_id, key=f"{key[0][:12]}/{key[1]}", first=first)
 
-            return copy.deepcopy(self.cache.get(key, device_id, measure, on_reuse=reused))
+            return copy.deepcopy(self.cache.get(key, device_id, measure, on_reuse=reused, check=ctx.check))
 
         return qualifier
 
