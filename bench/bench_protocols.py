@@ -27,7 +27,6 @@ import json
 import multiprocessing as mp
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpc_floor import serve_echo  # noqa: E402
+from protocol_clients import GrpcClient, HttpClient  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -82,78 +84,6 @@ def _serve(path: str, ports, stop) -> None:
     stop.wait()
     grpc_srv.shutdown(2)
     http.shutdown(2)
-
-
-class HttpClient:
-    """Keep-alive HTTP/1.1 with the binary tensor extension: one sendmsg per request, Content-Length framing."""
-
-    def __init__(self, port: int, n: int):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        doc = {
-            "inputs": [{"name": "x", "shape": [1, n], "datatype": "FP32", "parameters": {"binary_data_size": 4 * n}}],
-            "parameters": {"binary_data_output": True},
-        }
-        self.json = json.dumps(doc).encode()
-        self.buf = bytearray(8 * n + 65536)
-
-    def _exchange(self, head: bytes, *parts) -> bytes:
-        self.sock.sendmsg([head, *parts])
-        view, got = memoryview(self.buf), 0
-        while True:
-            got += self.sock.recv_into(view[got:])
-            end = self.buf.find(b"\r\n\r\n", 0, got)
-            if end >= 0:
-                break
-        headers = bytes(self.buf[:end]).decode("latin-1").lower()
-        length = int(headers.split("content-length:")[1].split("\r\n")[0])
-        while got < end + 4 + length:
-            got += self.sock.recv_into(view[got:])
-        return bytes(self.buf[end + 4 : end + 4 + length]), headers
-
-    def infer(self, x: np.ndarray) -> np.ndarray:
-        body_len = len(self.json) + x.nbytes
-        head = (
-            f"POST /v2/models/relu/infer HTTP/1.1\r\nHost: b\r\nContent-Length: {body_len}\r\n"
-            f"Inference-Header-Content-Length: {len(self.json)}\r\n\r\n"
-        ).encode()
-        body, headers = self._exchange(head + self.json, x)
-        hlen = int(headers.split("inference-header-content-length:")[1].split("\r\n")[0])
-        return np.frombuffer(body, "<f4", offset=hlen)
-
-    def infer_json(self, doc: bytes) -> bytes:
-        head = f"POST /v2/models/relu/infer HTTP/1.1\r\nHost: b\r\nContent-Length: {len(doc)}\r\n\r\n".encode()
-        return self._exchange(head, doc)[0]
-
-
-class GrpcClient:
-    def __init__(self, port: int, n: int):
-        import grpc
-
-        from agent.serving.proto import oip_pb2 as pb
-
-        self.pb = pb
-        opts = [("grpc.max_send_message_length", 1 << 30), ("grpc.max_receive_message_length", 1 << 30)]
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=opts)
-        self.call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        self.n = n
-
-    def infer(self, x: np.ndarray) -> np.ndarray:
-        req = self.pb.ModelInferRequest(model_name="relu")
-        req.inputs.add(name="x", datatype="FP32", shape=[1, self.n])
-        req.raw_input_contents.append(x.tobytes())
-        resp = self.pb.ModelInferResponse.FromString(self.call(req.SerializeToString()))
-        return np.frombuffer(resp.raw_output_contents[0], "<f4")
-
-    def shm_request(self) -> bytes:
-        req = self.pb.ModelInferRequest(model_name="relu")
-        t = req.inputs.add(name="x", datatype="FP32", shape=[1, self.n])
-        t.parameters["shared_memory_region"].string_param = "in"
-        t.parameters["shared_memory_byte_size"].int64_param = 4 * self.n
-        o = req.outputs.add(name="y")
-        o.parameters["shared_memory_region"].string_param = "out"
-        o.parameters["shared_memory_byte_size"].int64_param = 4 * self.n
-        return req.SerializeToString()
 
 
 class Shm:
@@ -289,7 +219,9 @@ def per_request(http_port: int, grpc_port: int, path: str, n: int, rounds: int, 
 
 def _client_loop(kind: str, port: int, n: int, seconds: float, start, counts) -> None:
     x = np.random.default_rng(1).standard_normal((1, n)).astype(np.float32)
-    c = HttpClient(port, n) if kind == "http" else GrpcClient(port, n)
+    from grpc_floor import EchoClient
+
+    c = {"http": HttpClient, "grpc": GrpcClient, "grpc_floor": EchoClient}[kind](port, n)
     c.infer(x)
     start.wait()
     done, end, cpu0 = 0, time.perf_counter() + seconds, time.process_time()
@@ -346,13 +278,20 @@ def main() -> None:
     server = ctx.Process(target=_serve, args=(path, ports, stop), daemon=True)
     server.start()
     http_port, grpc_port = ports.get(timeout=120)
+    floor = ctx.Process(target=serve_echo, args=(ports, stop), daemon=True)  # grpcio alone: no model, no our code
+    floor.start()
+    floor_port = ports.get(timeout=120)
     try:
         log(f"per request, {args.mib:g} MiB in and out, {args.rounds} rounds (medians) ...")
         med = per_request(http_port, grpc_port, path, n, args.rounds, args.tritonclient)
         log(f"throughput at {args.clients} clients, {args.seconds:g} s each ...")
         measured = {
-            k: throughput(k, p, n, args.clients, args.seconds, server.pid)
-            for k, p in (("http", http_port), ("grpc", grpc_port))
+            k: throughput(k, p, n, args.clients, args.seconds, pid)
+            for k, p, pid in (
+                ("http", http_port, server.pid),
+                ("grpc", grpc_port, server.pid),
+                ("grpc_floor", floor_port, floor.pid),
+            )
         }
         tput = {k: v[0] for k, v in measured.items()}
         cpu = {k: v[1] for k, v in measured.items()}
@@ -360,6 +299,7 @@ def main() -> None:
     finally:
         stop.set()
         server.join(10)
+        floor.join(10)
     result = {
         "input_mib": args.mib,
         "cpus": os.cpu_count(),
@@ -368,6 +308,7 @@ def main() -> None:
         "speedup_vs_http_binary": {k: round(med["http_binary"] / v, 2) for k, v in med.items()},
         "throughput_rps": {k: round(v, 1) for k, v in tput.items()},
         "grpc_over_http_throughput": round(tput["grpc"] / tput["http"], 2),
+        "grpc_floor_over_http_throughput": round(tput["grpc_floor"] / tput["http"], 2),
         "server_cpu_ms_per_request": {k: round(v, 3) for k, v in cpu.items()},
         "client_cpu_ms_per_request": {k: round(v, 3) for k, v in client_cpu.items()},
         "goals": {
@@ -388,7 +329,10 @@ def main() -> None:
             f"{med['http_binary'] / v:.2f}x as fast as HTTP binary"
         )
     print(f"throughput at {args.clients} clients: " + ", ".join(f"{k} {v:.1f} req/s" for k, v in tput.items()))
-    print(f"  gRPC / HTTP binary: {tput['grpc'] / tput['http']:.2f}")
+    print(
+        f"  gRPC / HTTP binary: {tput['grpc'] / tput['http']:.2f}; grpcio's own echo / HTTP binary (its floor): "
+        f"{tput['grpc_floor'] / tput['http']:.2f}"
+    )
     print("  server CPU per request: " + ", ".join(f"{k} {v:.3f} ms" for k, v in cpu.items()))
     print("  clients' CPU per request: " + ", ".join(f"{k} {v:.3f} ms" for k, v in client_cpu.items()))
     print(f"goals: {result['goals']}; load average {os.getloadavg()[0]:.1f}")
