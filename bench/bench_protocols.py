@@ -4,6 +4,7 @@ system shared memory path against HTTP binary and against a plain InferenceSessi
   (1) per request, 1 MiB FP32 in and out: HTTP binary, gRPC binary, gRPC + shared memory, HTTP + shared memory,
       session.run in the client's process;       goal: shared memory >= 2x faster than HTTP binary
   (2) throughput at --clients client processes: gRPC binary / HTTP binary      goal >= 1.0
+      and grpcio's own floor beside it: a bare grpcio echo server, no model (grpc_floor.py)
       with the server process's CPU time per request in that phase (from /proc/<pid>/stat: user + system), the
       figure a busy machine disturbs least, and the client processes' own CPU time per request
 
