@@ -37,9 +37,11 @@ class FleetWatch:
         self._want_events = events
 
     def start(self, timeout: float = 15.0) -> "FleetWatch":
-        # `timeout` for each of a cluster's nodes: with the first one dead, the others may close connections
-        # for seconds each while JetStream elects new leaders (NATS), and the link tries them in turn
-        self.link.start(wait=timeout * len(self.link.broker.endpoints()))
+        # `timeout` for each of a cluster's nodes, shared by connecting, the subscriptions and the sync, each step
+        # given at least `timeout`: with the first node dead, the others close connections and refuse SUBSCRIBEs
+        # for seconds while JetStream elects new leaders (NATS), and the link tries them in turn
+        deadline = time.monotonic() + timeout * len(self.link.broker.endpoints())
+        self.link.start(wait=deadline - time.monotonic())
         self.link.subscribe(self._marker, lambda t, p, r: self._synced.set(), qos=1)
         self.link.subscribe(self.topics.all_status(), self._enqueue, qos=1)
         self.link.subscribe(f"{self.topics.prefix}/rollouts/+", self._enqueue, qos=1)
@@ -47,8 +49,8 @@ class FleetWatch:
             self.link.subscribe(self.topics.all_events(), self._enqueue, qos=1)
         # the broker takes the subscriptions first (NATS makes a JetStream consumer for each, slowly on a busy
         # host), then the sync marker has its own `timeout` to come back behind the retained statuses
-        self.link.wait_granted(timeout)
-        self.sync(timeout)
+        self.link.wait_granted(max(timeout, deadline - time.monotonic()))
+        self.sync(max(timeout, deadline - time.monotonic()))
         return self
 
     def sync(self, timeout: float = 15.0) -> None:
