@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ArtifactError
+from agent.util.pbwire import WireError, spans
 
 CHUNKER = "onnx-tensors+fastcdc-v1"
 CHUNKERS = (CHUNKER, "fastcdc-v1", "onnx-tensors-v1")
@@ -75,60 +76,20 @@ def tensor_cuts(data) -> list[tuple[int, int]]:
         if graph is None:
             return []
         cuts = []
-        for a, b in _fields(data, *graph, GRAPH_INITIALIZER):
+        for a, b in spans(data, *graph, GRAPH_INITIALIZER):
             raw = _field(data, a, b, TENSOR_RAW_DATA)
             if raw is not None and raw[1] - raw[0] >= TENSOR_MIN:
                 cuts.append(raw)
         return cuts
-    except _NotProtobuf:
+    except WireError:
         return []
 
 
 MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9  # field numbers in onnx.proto3
 
 
-class _NotProtobuf(Exception):
-    pass
-
-
-def _varint(data, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < end and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-    raise _NotProtobuf
-
-
-def _fields(data, start: int, end: int, wanted: int) -> list[tuple[int, int]]:
-    """(start, end) of every length-delimited field `wanted` of the message in data[start:end]."""
-    out, pos = [], start
-    while pos < end:
-        key, pos = _varint(data, pos, end)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _varint(data, pos, end)
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
-            length, pos = _varint(data, pos, end)
-            if number == wanted and pos + length <= end:
-                out.append((pos, pos + length))
-            pos += length
-        else:  # groups (3, 4) are not in onnx.proto; anything else is not a protobuf message
-            raise _NotProtobuf
-        if number == 0 or pos > end:
-            raise _NotProtobuf
-    return out
-
-
 def _field(data, start: int, end: int, wanted: int) -> tuple[int, int] | None:
-    found = _fields(data, start, end, wanted)
+    found = spans(data, start, end, wanted)
     return found[-1] if found else None  # protobuf: the last occurrence of a singular field wins
 
 

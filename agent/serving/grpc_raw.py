@@ -11,72 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 from agent.serving.proto import oip_pb2 as pb
+from agent.util.pbwire import LENGTH_DELIMITED, WireError, fields, varint
 
 RAW_INPUT = 7  # ModelInferRequest.raw_input_contents
 RAW_OUTPUT = 6  # ModelInferResponse.raw_output_contents
 STREAM_INFER_RESPONSE = 2  # ModelStreamInferResponse.infer_response
 
 
-def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """(value, position after it); IndexError past `end`, ValueError when over 10 bytes."""
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise IndexError(pos)
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift >= 70:
-            raise ValueError("varint over 10 bytes")
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _raw_spans(raw: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]] | None:
     """(spans of raw_input_contents values, spans of everything else) of a request; None when the message is not
     plain enough to split (protobuf then parses all of it)."""
-    end, pos, start = len(raw), 0, 0
+    start = 0
     raws: list[tuple[int, int]] = []
     rest: list[tuple[int, int]] = []
     try:
-        while pos < end:
-            at = pos
-            key, pos = _varint(raw, pos, end)
-            kind = key & 7
-            if kind == 0:
-                _, pos = _varint(raw, pos, end)
-            elif kind == 1:
-                pos += 8
-            elif kind == 5:
-                pos += 4
-            elif kind == 2:
-                n, pos = _varint(raw, pos, end)
-                if key >> 3 == RAW_INPUT:
-                    if pos + n > end:
-                        return None
-                    if at > start:
-                        rest.append((start, at))
-                    raws.append((pos, pos + n))
-                    start = pos + n
-                pos += n
-            else:
-                return None
-    except (IndexError, ValueError):
+        for number, wire, at, a, b in fields(raw, 0, len(raw)):
+            if number == RAW_INPUT and wire == LENGTH_DELIMITED:
+                if at > start:
+                    rest.append((start, at))
+                raws.append((a, b))
+                start = b
+    except WireError:
         return None
-    if pos != end:
-        return None
-    if end > start:
-        rest.append((start, end))
+    if len(raw) > start:
+        rest.append((start, len(raw)))
     return raws, rest
 
 
