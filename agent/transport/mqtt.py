@@ -50,6 +50,7 @@ class MqttLink:
         self._fail_lock = threading.Lock()  # up once every one has); counted on the network thread and supervisor
         self._drops = 0  # connections the broker closed before its CONNACK, since the last CONNACK
         self._why: str | None = None  # the last definitive failure, in words
+        self._awaiting = False  # start() waits for a CONNACK: only then is a hang-up diagnosed (a probe connection)
         self.host, self.port, self.tls, proto = broker.endpoint()
         self.client_id = client_id or f"edge-cp-{uuid.uuid4().hex[:12]}"
         self.will, self.max_queued, self.max_inflight = will, max_queued, max_inflight
@@ -82,11 +83,13 @@ class MqttLink:
         "started" must not miss what is published next; NATS builds a JetStream consumer for each). Missing
         SUBACKs are not an error here: the subscriptions are sent again at each reconnect."""
         deadline = time.monotonic() + (wait or 0.0)
+        self._awaiting = wait is not None
         self._client = self._make_client()
         self._supervisor = threading.Thread(target=self._supervise, name=f"mqtt-{self.client_id}", daemon=True)
         self._supervisor.start()
         if wait is not None:
-            if not self._wait_connack(wait):
+            connected, self._awaiting = self._wait_connack(wait), False
+            if not connected:
                 why = self.refused or self._why or self._no_connack()
                 self.stop()
                 raise TransportError(f"cannot connect to {self.broker.redacted()}: {why}")
@@ -306,8 +309,7 @@ class MqttLink:
                 self._failed.set()
 
     def _no_connack(self) -> str:
-        host, port = self._endpoints[self._at]
-        why = handshake_failure(self.broker, host, port, self.tls)
+        why = handshake_failure(self.broker, *self._endpoints[self._at], self.tls)
         if why is None and self._drops:
             why = (
                 f"no CONNACK from the broker: it closed the connection {self._drops} time(s) before answering "
@@ -334,7 +336,8 @@ class MqttLink:
             # dropped before a CONNACK: a TLS refusal after the handshake is final, a NATS node whose JetStream is
             # not ready (a peer just died) accepts us seconds later; a plain handshake outside paho tells which
             self._drops += 1
-            self._control.put(f"diagnose:{self._at}")
+            if self._awaiting:  # later, a fleet reconnecting to a recovering broker would double its connections
+                self._control.put(f"diagnose:{self._at}")
         if was and self.on_connection and not self._stopping.is_set():
             self.on_connection(False, f"disconnected: {reason_code}")
         self._next_endpoint(client)
