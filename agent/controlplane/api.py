@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import func, select
 
 from agent.controlplane import attestations, enroll, repo, tokens
@@ -120,7 +120,7 @@ def get_device(request: Request, device_id: str, _: AsViewer) -> dict[str, Any]:
 
 
 def _doc(d: DeviceDocument) -> dict[str, Any]:
-    return {"kind": d.kind, "model": d.model, "version": d.version, "ts": d.ts, "doc": d.doc}
+    return {"kind": d.kind, "model": d.model, "version": d.version, "ts": d.ts, "seq": d.seq, "doc": d.doc}
 
 
 def _decide(request: Request, device_id: str, accept: bool, body: Decide | None, op: Operator) -> dict[str, Any]:
@@ -180,41 +180,40 @@ def groups(request: Request, _: AsViewer):
 
 # -- signed device documents ---------------------------------------------------------------------------------
 @router.post("/devices/{device_id}/decisions", status_code=201, tags=["decision records"])
-async def post_decision(request: Request, device_id: str):
-    """A decision record signed by the device's key (kept only when the signature verifies)."""
-    return await _signed_doc(request, device_id, "decision")
+async def post_decision(request: Request, response: Response, device_id: str):
+    """A decision record signed by the device's key (kept only when the signature verifies and it is fresh:
+    docs/control-plane.md, "Freshness of signed documents"; 200 with the existing row for the same one again)."""
+    return await _signed_doc(request, response, device_id, "decision")
 
 
 @router.post("/devices/{device_id}/conformance", status_code=201, tags=["conformance reports"])
-async def post_conformance(request: Request, device_id: str):
-    return await _signed_doc(request, device_id, "conformance")
+async def post_conformance(request: Request, response: Response, device_id: str):
+    return await _signed_doc(request, response, device_id, "conformance")
 
 
-async def _signed_doc(request: Request, device_id: str, kind: str) -> dict[str, Any]:
+async def _signed_doc(request: Request, response: Response, device_id: str, kind: str) -> dict[str, Any]:
     from agent.artifacts.keys import parse_public_key
+    from agent.controlplane import documents, freshness
     from agent.transport.signing import verify_doc
 
     doc = await _json_body(request)
-    with write(cp(request).factory) as s:
-        row = repo.device(s, device_id)
-        if row.state != "accepted":
-            raise HTTPException(403, f"device_id: {device_id} is {row.state}, not accepted")
-        key = parse_public_key(row.public_key, where=f"key of {device_id}")
-        trust = verify_doc(doc, key)
-        if trust != "verified" or doc.get("device_id") != device_id:
-            repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, trust=trust)
-            raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
-        body = {k: v for k, v in doc.items() if k != "sig"}
-        if kind == "decision" and "attestations" in body:  # kept with the verdict of each (docs/evidence.md)
-            body["attestations"] = attestations.verify_embedded(key, device_id, body["attestations"])
-            for k, att in body["attestations"].items():
-                if not att["verified"]:
-                    repo.audit(s, f"device:{device_id}", "attestation.refused", device_id, kind=k, reason=att["reason"])
-        model = body.get("model") if isinstance(body.get("model"), str) else None
-        version = body.get("version") if isinstance(body.get("version"), str) else None
-        repo.replace_document(s, device_id, kind, model, version, body.get("deployment_id"))
-        s.add(DeviceDocument(device_id=device_id, kind=kind, model=model, version=version, doc=body, ts=time.time()))
-    return {"device_id": device_id, "kind": kind, "stored": True}
+    try:
+        with write(cp(request).factory) as s:
+            row = repo.device(s, device_id)
+            if row.state != "accepted":
+                raise HTTPException(403, f"device_id: {device_id} is {row.state}, not accepted")
+            key = parse_public_key(row.public_key, where=f"key of {device_id}")
+            trust = verify_doc(doc, key)
+            if trust != "verified" or doc.get("device_id") != device_id:
+                repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, trust=trust)
+                raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
+            created, out = documents.store(s, row, key, kind, doc)
+    except (freshness.Stale, freshness.BadStamp, attestations.Mismatch) as exc:
+        with write(cp(request).factory) as s:  # the refusal's own transaction: the document's was rolled back
+            repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, reason=str(exc)[:300])
+        raise
+    response.status_code = 201 if created else 200
+    return out
 
 
 @router.get("/devices/{device_id}/attestations", tags=["attestations"])

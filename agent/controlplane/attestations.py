@@ -12,8 +12,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from agent.controlplane import repo
+from agent.errors import EdgeAgentError
 
 DECISION = "decision"
+
+
+class Mismatch(EdgeAgentError):
+    """A verified attestation of another deployment or artifact than the record it came in: HTTP 422."""
 
 
 def verify_embedded(public_key, device_id: str, envelopes: object) -> dict[str, dict[str, Any]]:
@@ -33,6 +38,28 @@ def verify_embedded(public_key, device_id: str, envelopes: object) -> dict[str, 
         summary.pop("statement")
         out[str(kind)[:32]] = {"verified": True, "summary": summary, "envelope": envelope}
     return out
+
+
+def check_bound(record: dict[str, Any]) -> None:
+    """Each verified attestation must name the record's deployment (`deployment_id`) and, where the record names
+    its artifact (`artifact_sha256`, sent by devices since freshness came), that artifact as its subject's
+    sha256: else Mismatch, and the whole record is refused (an attestation of X is never listed under Y)."""
+    dep_id, artifact = record.get("deployment_id"), record.get("artifact_sha256")
+    for kind, att in (record.get("attestations") or {}).items():
+        if not att.get("verified"):
+            continue
+        summary = att["summary"]
+        if summary.get("deployment") != dep_id or not isinstance(dep_id, str):
+            raise Mismatch(
+                f"attestations.{kind}: attests deployment {str(summary.get('deployment'))[:140]!r}, sent in the "
+                f"record of {str(dep_id)[:140]!r}: refused, nothing stored"
+            )
+        digest = summary.get("digest") if isinstance(summary.get("digest"), dict) else {}
+        if isinstance(artifact, str) and digest.get("sha256") != artifact:
+            raise Mismatch(
+                f"attestations.{kind}: attests artifact sha256 {str(digest.get('sha256'))[:64]!r}, the record's "
+                f"artifact is {artifact[:64]!r}: refused, nothing stored"
+            )
 
 
 def listing(session: Session, device_id: str, limit: int = 20) -> list[dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 PENDING, ACCEPTED, REJECTED, DECOMMISSIONED = "pending", "accepted", "rejected", "decommissioned"
@@ -127,3 +127,20 @@ class DeviceDocument(Base):
     version: Mapped[str | None] = mapped_column(String(64), nullable=True)
     doc: Mapped[dict[str, Any]] = mapped_column(JSON)
     ts: Mapped[float] = mapped_column(Float)
+    seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # the device's signed `seq` (freshness.py)
+    digest: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # sha256 of the signed JSON
+
+
+class DocumentMark(Base):
+    """The highest signed `seq` seen per device and kind of document, with the key it came under
+    (agent.controlplane.freshness): older or equal ones are refused."""
+
+    __tablename__ = "document_marks"
+
+    device_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    digest: Mapped[str] = mapped_column(String(64))
+    signed_ts: Mapped[float | None] = mapped_column(Float, nullable=True)
+    received: Mapped[float] = mapped_column(Float)

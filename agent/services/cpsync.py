@@ -7,12 +7,15 @@ control-plane report` does; the service keeps one record per deployment. It runs
 the control plane only through an injected port: a control plane that is slow, down or refusing never blocks
 serving or the lifecycle. The queue is the decisions directory itself (bounded by the journal's pruning);
 state_dir/control-plane.json acknowledges what was posted, so a restart posts what was not; failures are
-retried with back-off (1 s doubling to `retry_max_s`). `snapshot()` is the status document's `control_plane`.
+retried with back-off (1 s doubling to `retry_max_s`). Each post carries the next number of the device's
+document sequence (agent.transport.docseq, durable), so the service refuses replays of older copies; a 409
+naming a higher sequence than this state_dir's (restored from an older backup) moves the counter above it. `snapshot()` is the status document's `control_plane`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +29,7 @@ from agent.util.atomic import atomic_write_json, read_json
 STATE_FILE = "control-plane.json"
 SETTLE_S = 0.5  # a record (or its attestation) written less than this ago is left for the next round
 PER_ROUND = 16  # records posted per round at most (the rest wait for the next one)
+STALE = re.compile(r"highest seen (\d+)")  # the service's 409 for a seq at or below its mark (controlplane.freshness)
 
 
 class ControlPlanePort(Protocol):
@@ -182,15 +186,22 @@ class ControlPlaneSync:
             raise NotAccepted(f"enrollment: {self.device_id} is {state} at {self.port.url} (an operator accepts it)")
 
     def _post(self, dep_id: str, digest: str) -> None:
+        from agent.transport import docseq
         from agent.transport.cpclient import HttpError, signed_decision
 
         decisions = self.state_dir / "decisions"
         if not (decisions / f"{dep_id}.json").exists():
             return  # pruned since the scan (the journal keeps so many deployments)
-        doc = signed_decision(self.device_id, self.key, decisions / f"{dep_id}.json", self.state_dir / "attestations")
+        seq = docseq.take(self.state_dir)  # durable before it is signed: a restart never signs it again
+        doc = signed_decision(
+            self.device_id, self.key, decisions / f"{dep_id}.json", self.state_dir / "attestations", seq=seq
+        )
         try:
             self.port.post_decision(self.device_id, doc)
         except HttpError as exc:
+            seen = STALE.search(str(exc)) if exc.code == 409 else None
+            if seen and seq <= int(seen.group(1)) < docseq.MAX_FLOOR:  # state_dir restored from an older backup:
+                docseq.advance(self.state_dir, int(seen.group(1)))  # continue above; re-signed next round
             if exc.code in (403, 404):  # not (or no longer) accepted, or unknown there: ask again next round
                 with self._lock:
                     self.state["enrollment"] = None

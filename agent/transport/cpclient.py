@@ -84,10 +84,14 @@ def enroll(url: str, device_id: str, key, **kw: Any) -> dict[str, Any]:
     return post_json(url, "/api/v1/enroll", enroll_request(device_id, key, **kw))
 
 
-def signed_decision(device_id: str, key, decision_file: Path, attestations: Path | None = None) -> dict[str, Any]:
+def signed_decision(
+    device_id: str, key, decision_file: Path, attestations: Path | None = None, seq: int | None = None
+) -> dict[str, Any]:
     """The decision record of one deployment, signed with the device key; with `attestations` (the device's
-    state_dir/attestations), the signed in-toto envelopes of that deployment go along in `attestations`."""
-    from agent.transport.signing import sign_doc
+    state_dir/attestations), the signed in-toto envelopes of that deployment go along in `attestations`. `seq`:
+    the device's next document number (agent.transport.docseq.take), signed with `ts` so the service refuses a
+    replayed older copy; `artifact_sha256`: the artifact the deployment ran, as the decision file names it (the
+    attestations must name the same)."""
     from agent.util.atomic import read_json
 
     decision = read_json(decision_file) or {}
@@ -98,8 +102,9 @@ def signed_decision(device_id: str, key, decision_file: Path, attestations: Path
         "model": model.get("name"),
         "version": model.get("version"),
         "decision": decision,
-        "ts": time.time(),
     }
+    if isinstance(decision.get("artifact_sha256"), str):
+        doc["artifact_sha256"] = decision["artifact_sha256"]
     if attestations is not None:
         found = {}
         for f in sorted(attestations.glob(f"{decision_file.stem}.*.intoto.json")):
@@ -108,7 +113,18 @@ def signed_decision(device_id: str, key, decision_file: Path, attestations: Path
                 found[f.name.removeprefix(decision_file.stem + ".").removesuffix(".intoto.json")] = envelope
         if found:
             doc["attestations"] = found
-    return sign_doc(doc, key)
+    return signed_document(device_id, key, doc, seq)
+
+
+def signed_document(device_id: str, key, doc: dict[str, Any], seq: int | None = None) -> dict[str, Any]:
+    """`doc` (a decision record, a conformance report) with `device_id`, `ts` now and `seq` when given, signed
+    with the device key (agent.transport.signing)."""
+    from agent.transport.signing import sign_doc
+
+    out = {**doc, "device_id": device_id, "ts": time.time()}
+    if seq is not None:
+        out["seq"] = seq
+    return sign_doc(out, key)
 
 
 def post_decision(url: str, device_id: str, doc: dict[str, Any]) -> Any:
@@ -116,11 +132,15 @@ def post_decision(url: str, device_id: str, doc: dict[str, Any]) -> Any:
 
 
 def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | None:
+    """Post every decision record of state_dir/decisions, each with the next number of the device's sequence."""
+    from agent.transport.docseq import take
+
     files = sorted((state_dir / "decisions").glob("*.json"))
     if not files:
         return None
     for f in files:
-        post_decision(url, device_id, signed_decision(device_id, key, f, state_dir / "attestations"))
+        doc = signed_decision(device_id, key, f, state_dir / "attestations", seq=take(state_dir))
+        post_decision(url, device_id, doc)
     return len(files)
 
 

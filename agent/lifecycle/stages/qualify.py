@@ -47,7 +47,8 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
                 ctx.report("qualify_end", seconds=round(window["finished"] - window["started"], 3))
 
     decision = parts.qualifier(dep, ctx, measure) if parts.qualifier is not None else measure()
-    atomic_write_json(parts.state_dir / "decisions" / f"{dep.id}.json", decision, mode=0o600)
+    artifact = {"artifact_sha256": dep.data["sha256"]} if isinstance(dep.data.get("sha256"), str) else {}
+    atomic_write_json(parts.state_dir / "decisions" / f"{dep.id}.json", {**decision, **artifact}, mode=0o600)
     parts.attest(dep, "qualification", decision)
     summary = _summary(decision)
     guessed = shapes_guessed(decision)
