@@ -84,6 +84,10 @@ def test_daemon_enrolls_itself_and_posts_the_decision_of_a_pushed_model(tmp_path
                 assert (docs[0]["model"], docs[0]["version"]) == ("tiny", "1")
                 assert record["decision"]["selected"] == "cpu" and "probation" in record["decision"]
                 assert set(record["attestations"]) == {"qualification", "trial"}
+                assert isinstance(docs[0]["seq"], int) and docs[0]["seq"] == record["seq"] >= 1  # freshness
+                for att in record["attestations"].values():  # bound to this deployment and its artifact
+                    assert att["verified"] and att["summary"]["deployment"] == record["deployment_id"], att
+                    assert att["summary"]["digest"]["sha256"] == record["artifact_sha256"], att
                 status = json.loads(edge_agent("status", "--config", config, "--json").stdout)["control_plane"]
                 assert status["enrollment"] == "accepted" and status["posted"] == 1 and status["pending"] == 0
                 # fleet rollback --control-plane: version 2, then back to 1 as a signed rollback through the API
