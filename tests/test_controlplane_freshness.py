@@ -180,8 +180,13 @@ def test_equal_sequence_future_timestamp_and_unsequenced_after_sequenced_are_ref
     for bad in (0, -1, "3", 2.5, True, 2**63):
         r = client.post("/api/v1/devices/dev-1/decisions", json=sign_doc({**first, "seq": bad}, key))
         assert r.status_code == 422 and r.json()["error"].startswith("seq:"), (bad, r.text)
+    forged = signed_document("dev-1", device_key(tmp / "someone"), base, seq=docseq.take(state))
+    assert client.post("/api/v1/devices/dev-1/decisions", json=forged).status_code == 403
     got = client.get("/api/v1/devices/dev-1/decisions").json()["decisions"]
     assert [(d["seq"], d["doc"]["decision"]) for d in got] == [(1, {"selected": "cpu"})]
+    audit = client.get("/api/v1/audit", params={"limit": 30}).json()["entries"]
+    reasons = [a["detail"]["reason"].split(":")[0] for a in audit if a["action"] == "decision.refused"]
+    assert sorted(set(reasons)) == ["seq", "sig", "ts"] and len(reasons) == 10  # each refusal audited
 
 
 class _Recording:

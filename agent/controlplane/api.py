@@ -205,12 +205,12 @@ async def _signed_doc(request: Request, response: Response, device_id: str, kind
             key = parse_public_key(row.public_key, where=f"key of {device_id}")
             trust = verify_doc(doc, key)
             if trust != "verified" or doc.get("device_id") != device_id:
-                repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, trust=trust)
                 raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
             created, out = documents.store(s, row, key, kind, doc)
-    except (freshness.Stale, freshness.BadStamp, attestations.Mismatch) as exc:
+    except (HTTPException, freshness.Stale, freshness.BadStamp, attestations.Mismatch) as exc:
+        why = str(exc.detail if isinstance(exc, HTTPException) else exc)[:300]
         with write(cp(request).factory) as s:  # the refusal's own transaction: the document's was rolled back
-            repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, reason=str(exc)[:300])
+            repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, reason=why)
         raise
     response.status_code = 201 if created else 200
     return out

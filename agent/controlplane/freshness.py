@@ -83,7 +83,7 @@ def check(session: Session, device: Device, kind: str, seq: int | None) -> None:
         return
     who = f"{device.device_id}'s {kind} documents"
     if seq is None:
-        raise Stale(f"seq: missing; {who} are sequenced since seq {live.seq} (highest seen {live.seq}): refused")
+        raise Stale(f"seq: missing; {who} carry a seq (highest seen {live.seq}): an unsequenced one is refused")
     if seq < live.seq:
         raise Stale(f"seq: {seq} is older than {who} already stored (highest seen {live.seq}): a replay, refused")
     if seq == live.seq:
