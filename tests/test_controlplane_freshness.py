@@ -245,3 +245,55 @@ def test_a_restarted_sync_keeps_counting_and_a_restored_backup_moves_above_the_m
     assert [d["seq"] for d in port.posted] == [1, 2, 2, 4] and sync.snapshot()["pending"] == 0
     got = client.get("/api/v1/devices/dev-1/decisions").json()["decisions"]
     assert [(d["seq"], d["doc"]["decision"]["probation"]) for d in got] == [(4, {"verdict": "committed"})]
+
+
+def test_a_database_from_before_freshness_is_upgraded_and_its_devices_move_to_sequences(tmp_path):
+    """Revision 0001 with an accepted device and its unsequenced record: the service migrates it; the old row
+    lists with seq null; the device's unsequenced posts still count until its first sequenced one; after that
+    an unsequenced copy (the one an attacker captured before the upgrade) is refused."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from agent.artifacts.keys import key_id
+    from agent.controlplane import db
+
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    state = tmp_path / "devices" / "dev-1"
+    key = device_key(state)
+    base = {"device_id": "dev-1", "deployment_id": "d1", "model": "m", "version": "1"}
+    captured = sign_doc({**base, "decision": {"selected": "cpu"}, "ts": time.time()}, key)
+    engine = db.make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(db.MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(
+            text(
+                "INSERT INTO devices (device_id, state, public_key, key_id, groups, online, hardware, requested_at)"
+                " VALUES ('dev-1', 'accepted', :pem, :kid, '[]', 0, '{}', 1.0)"
+            ),
+            {"pem": public_pem(key.public_key()), "kid": key_id(key.public_key())},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO device_documents (device_id, kind, model, version, doc, ts)"
+                " VALUES ('dev-1', 'decision', 'm', '1', :doc, 1.0)"
+            ),
+            {"doc": json.dumps({k: v for k, v in captured.items() if k != "sig"})},
+        )
+    engine.dispose()
+    with running_service(tmp_path, database={"url": url}) as (cp, base_url):
+        client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+        got = client.get("/api/v1/devices/dev-1/decisions").json()["decisions"]
+        assert [(d["seq"], d["doc"]["decision"]) for d in got] == [(None, {"selected": "cpu"})]
+        grown = sign_doc({**base, "decision": {"selected": "cpu", "probation": "rolled_back"}, "ts": time.time()}, key)
+        assert client.post("/api/v1/devices/dev-1/decisions", json=grown).status_code == 201  # not upgraded yet
+        upgraded = signed_document("dev-1", key, {**base, "decision": {"probation": "rolled_back"}}, docseq.take(state))
+        assert client.post("/api/v1/devices/dev-1/decisions", json=upgraded).status_code == 201
+        r = client.post("/api/v1/devices/dev-1/decisions", json=captured)
+        assert r.status_code == 409 and "seq: missing" in r.json()["error"], r.text
+        got = client.get("/api/v1/devices/dev-1/decisions").json()["decisions"]
+        assert [(d["seq"], d["doc"]["decision"]) for d in got] == [(1, {"probation": "rolled_back"})]
+        client.close()
