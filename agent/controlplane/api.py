@@ -209,6 +209,8 @@ async def _signed_doc(request: Request, response: Response, device_id: str, kind
             created, out = documents.store(s, row, key, kind, doc)
     except (HTTPException, freshness.Stale, freshness.BadStamp, attestations.Mismatch) as exc:
         why = str(exc.detail if isinstance(exc, HTTPException) else exc)[:300]
+        if isinstance(exc, HTTPException) and not why.startswith("sig:"):
+            raise  # not an accepted device: nothing of it is recorded
         with write(cp(request).factory) as s:  # the refusal's own transaction: the document's was rolled back
             repo.audit(s, f"device:{device_id}", f"{kind}.refused", device_id, reason=why)
         raise
