@@ -57,6 +57,8 @@ class TrustConfig:
     # OpenSSF model signing (agent.artifacts.modelsig): when any is set, a package must carry model.sig
     model_signing_keys: tuple[Path, ...] = ()
     model_signing_certificates: tuple[Path, ...] = ()
+    # package-relative paths a model signature need not cover (none by default; each ignored file is journalled)
+    model_signing_ignore_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
