@@ -114,6 +114,7 @@ class ServingConfig:
     max_per_peer: int = 128  # open connections per client IP address
     header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
     idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
+    shm_in_place: bool = False  # shared memory mapped and used in place (trusted clients: a truncation can fault)
     probation: ProbationConfig = ProbationConfig()
     shadow: ShadowConfig = ShadowConfig()
 

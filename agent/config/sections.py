@@ -208,6 +208,7 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
             "max_per_peer",
             "header_timeout_s",
             "idle_timeout_s",
+            "shm_in_place",
             "memory_max",
             "probation",
             "shadow",
@@ -233,9 +234,16 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
         max_per_peer=v.integer(s.get("max_per_peer", 128), "serving.max_per_peer", 1, 1_000_000),
         header_timeout_s=v.number(s.get("header_timeout_s", 10.0), "serving.header_timeout_s", 0.1, 3600),
         idle_timeout_s=v.number(s.get("idle_timeout_s", 60.0), "serving.idle_timeout_s", 0.1, 86400),
+        shm_in_place=_flag(s.get("shm_in_place", False), "serving.shm_in_place"),
         probation=_probation(v, s.get("probation")),
         shadow=_shadow(v, s.get("shadow")),
     )
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected true or false, got {show(raw)}")
+    return raw
 
 
 def _probation(v: Validator, raw: Any) -> ProbationConfig:
