@@ -19,7 +19,7 @@ import pytest
 from clirunner import EXE, ROOT
 
 from agent.errors import ModelError
-from agent.qualify.inputbudget import Budget, default_budget, image_size, read_npy_file, read_npz
+from agent.qualify.inputbudget import Budget, charge_image, default_budget, image_size, read_npy_file, read_npz
 from agent.samples import tiny_model
 
 LIMIT = 1 << 30
@@ -79,6 +79,22 @@ def test_a_19kb_png_of_12500_squared_pixels_is_refused_from_its_header(tmp_path)
     assert png.stat().st_size < 64 * 1024 and image_size(png) == (12_500, 12_500)
     r = package(tmp_path, "--inputs", png, "--out", tmp_path / "out")
     refused(r, str(png), 12_500 * 12_500 * 8)
+
+
+def test_jpeg_and_bmp_sizes_come_from_their_headers(tmp_path):
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\0" + bytes(9)
+    sof0 = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, 9000, 12000, 1) + bytes(3)
+    jpeg = tmp_path / "big.jpg"
+    jpeg.write_bytes(b"\xff\xd8" + app0 + b"\xff\xc4" + struct.pack(">H", 2) + sof0 + b"\xff\xd9")
+    assert image_size(jpeg) == (12000, 9000)
+    bmp = tmp_path / "big.bmp"
+    bmp.write_bytes(b"BM" + bytes(16) + struct.pack("<ii", 30_000, -20_000) + bytes(28))
+    assert image_size(bmp) == (30_000, 20_000)
+    with pytest.raises(ModelError, match=r"big\.bmp \(30000x20000 pixels\): 4800000000 bytes decoded is over"):
+        charge_image(bmp, Budget(1 << 30))
+    (tmp_path / "no.png").write_bytes(b"GIF89a" + bytes(40))
+    with pytest.raises(ModelError, match="not a PNG, JPEG or BMP"):
+        image_size(tmp_path / "no.png")
 
 
 def test_the_budget_flag_bounds_honest_inputs_and_lets_them_through_when_they_fit(tmp_path):

@@ -115,8 +115,11 @@ def _read_image(path: Path) -> np.ndarray:
         raise ModelError(
             f"{path}: reading images needs Pillow (pip install pillow), or save the input as .npy"
         ) from None
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"))  # HWC uint8
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))  # HWC uint8
+    except Image.DecompressionBombError as exc:  # Pillow's own pixel cap, under a --max-input-bytes above it
+        raise ModelError(f"{path}: {exc}") from None
 
 
 def group_sets(samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray]]], specs: list[TensorSpec]):
