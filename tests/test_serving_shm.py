@@ -291,3 +291,23 @@ def test_a_region_shrunk_while_requests_read_it_fails_those_requests_not_the_dae
         assert np.array_equal(np.ndarray((size,), "<f4", b.buf), x + np.float32(1.0))
     finally:
         assert d.terminate() == 0, d.tail()
+
+
+def test_an_unregister_during_a_read_closes_the_descriptor_after_it(region):
+    """A descriptor closed while a request preads it could be reused at once by another open file (a socket, the
+    journal): the region's fd stays open until its last user is done."""
+    from agent.serving.shm import SharedMemory
+
+    shm = SharedMemory()
+    a = region(4 * N)
+    shm.register("in", "/" + a.name, 0, 4 * N)
+    target = os.path.join("/dev/shm", a.name)
+    with shm._held("in", 0, 4 * N, "test") as (held, _):
+        shm.unregister("in")
+        assert os.readlink(f"/proc/self/fd/{held.fd}") == target  # still open for the request using it
+        assert shm.status() == []
+    try:
+        still = os.readlink(f"/proc/self/fd/{held.fd}")
+    except OSError:
+        still = None
+    assert still != target

@@ -19,6 +19,8 @@ import math
 import mmap
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -100,9 +102,20 @@ class _Region:
     fd: int
     mm: mmap.mmap | None  # only with in_place
     file: tuple[int, int]  # (st_dev, st_ino): two registrations of one memory object alias each other
+    users: int = 0  # requests using fd now (under SharedMemory._lock): an unregister leaves it to the last one
+    gone: bool = False  # unregistered: closed when users drops to 0 (a closed fd number may be reused at once)
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+def _close(region: _Region) -> None:
+    os.close(region.fd)
+    try:
+        if region.mm is not None:
+            region.mm.close()
+    except BufferError:  # a request still reads a view of it: the mapping goes with the last view
+        pass
 
 
 class SharedMemory:
@@ -182,13 +195,11 @@ class SharedMemory:
                 gone = [region] if region is not None else []
             else:
                 gone, self._regions = list(self._regions.values()), {}
-        for region in gone:
-            os.close(region.fd)
-            try:
-                if region.mm is not None:
-                    region.mm.close()
-            except BufferError:  # a request still reads a view of it: the mapping goes with the last view
-                pass
+            for region in gone:
+                region.gone = True
+            idle = [r for r in gone if not r.users]
+        for region in idle:
+            _close(region)
 
     def close(self) -> None:
         self.unregister("")
@@ -196,17 +207,29 @@ class SharedMemory:
     def _window(self, region_name: str, offset: int, size: int, what: str) -> memoryview:
         return self._locate(region_name, offset, size, what)[0]
 
-    def _registered(self, region_name: str, offset: int, size: int, what: str) -> tuple[_Region, int]:
-        """The region and the window's start in its memory object, checked against the registered window."""
+    @contextmanager
+    def _held(self, region_name: str, offset: int, size: int, what: str) -> Iterator[tuple[_Region, int]]:
+        """The region and the window's start in its memory object, checked against the registered window; its
+        descriptor stays open until the block ends, whatever an unregister does meanwhile."""
         with self._lock:
             region = self._regions.get(region_name)
+            if region is not None:
+                region.users += 1
         if region is None:
             raise BadRequest(f"{what}: shared memory region {region_name!r} is not registered")
-        if offset + size > region.byte_size:
-            raise BadRequest(
-                f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of {region.byte_size} bytes"
-            )
-        return region, region.offset + offset
+        try:
+            if offset + size > region.byte_size:
+                raise BadRequest(
+                    f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of "
+                    f"{region.byte_size} bytes"
+                )
+            yield region, region.offset + offset
+        finally:
+            with self._lock:
+                region.users -= 1
+                last = region.gone and not region.users
+            if last:
+                _close(region)
 
     def _too_small(self, region: _Region, start: int, size: int, what: str) -> BadRequest:
         try:
@@ -221,22 +244,16 @@ class SharedMemory:
     def _locate(self, region_name: str, offset: int, size: int, what: str) -> tuple[memoryview, _Region, int]:
         """in_place: the mapped window (bounds-checked against the registration and the region's real size now),
         its region and its start in the memory object."""
-        region, start = self._registered(region_name, offset, size, what)
-        if region.mm is None:
-            raise BadRequest(f"{what}: shared memory region {region_name!r} is not mapped")
-        try:
-            real = os.lseek(region.fd, 0, os.SEEK_END)  # the size now; 4x cheaper than fstat (the offset is unused)
-        except OSError as exc:
-            raise BadRequest(f"{what}: region {region_name!r} is gone: {exc.strerror}") from None
-        if start + size > real:
-            raise BadRequest(
-                f"{what}: region {region_name!r} ({region.key}) is now {real} bytes, too small for bytes "
-                f"{start}..{start + size}"
-            )
-        try:
-            return memoryview(region.mm)[start : start + size], region, start
-        except ValueError:
-            raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
+        with self._held(region_name, offset, size, what) as (region, start):
+            if region.mm is None:
+                raise BadRequest(f"{what}: shared memory region {region_name!r} is not mapped")
+            # the size now; 4x cheaper than fstat (the offset is unused)
+            if start + size > os.lseek(region.fd, 0, os.SEEK_END):
+                raise self._too_small(region, start, size, what)
+            try:
+                return memoryview(region.mm)[start : start + size], region, start
+            except ValueError:
+                raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
 
     def read(self, slot: ShmSlot) -> np.ndarray:
         """The input: read (preadv) into a fresh array, or in_place an array over the mapping (no copy)."""
@@ -247,17 +264,17 @@ class SharedMemory:
                 self._window(slot.region, slot.offset, slot.size, what), dtype=wire, count=slot.elements
             )
         else:
-            region, start = self._registered(slot.region, slot.offset, slot.size, what)
             arr = np.empty(slot.elements, dtype=wire)
             view, got = arr.data.cast("B"), 0
-            while got < slot.size:  # one call unless over 2 GiB (Linux's cap on one read)
-                try:
-                    n = os.preadv(region.fd, [view[got:]], start + got)
-                except OSError as exc:  # the descriptor closed by an unregister meanwhile
-                    raise BadRequest(f"{what}: region {slot.region!r} cannot be read: {exc.strerror}") from None
-                if not n:  # the file ends before the window does: its owner shrank it
-                    raise self._too_small(region, start, slot.size, what)
-                got += n
+            with self._held(slot.region, slot.offset, slot.size, what) as (region, start):
+                while got < slot.size:  # one call unless over 2 GiB (Linux's cap on one read)
+                    try:
+                        n = os.preadv(region.fd, [view[got:]], start + got)
+                    except OSError as exc:
+                        raise BadRequest(f"{what}: region {slot.region!r} cannot be read: {exc.strerror}") from None
+                    if not n:  # the file ends before the window does: its owner shrank it
+                        raise self._too_small(region, start, slot.size, what)
+                    got += n
         return (arr.view(np.uint8) != 0 if slot.dtype == np.bool_ else arr).reshape(slot.shape)
 
     def write(self, name: str, arr: np.ndarray, target: ShmOut) -> int:
@@ -271,15 +288,15 @@ class SharedMemory:
             view = self._window(target.region, target.offset, data.nbytes, what)
             view[:] = data.data.cast("B")
             return int(data.nbytes)
-        region, start = self._registered(target.region, target.offset, data.nbytes, what)
-        try:  # never past the file's end: pwrite there would grow the region its owner shrank
-            if start + data.nbytes > os.lseek(region.fd, 0, os.SEEK_END):
+        with self._held(target.region, target.offset, data.nbytes, what) as (region, start):
+            try:  # never past the file's end: pwrite there would grow the region its owner shrank
+                if start + data.nbytes > os.lseek(region.fd, 0, os.SEEK_END):
+                    raise self._too_small(region, start, data.nbytes, what)
+                put = os.pwrite(region.fd, data.data.cast("B"), start) if data.nbytes else 0
+            except OSError as exc:
+                raise BadRequest(f"{what}: region {target.region!r} cannot be written: {exc.strerror}") from None
+            if put != data.nbytes:
                 raise self._too_small(region, start, data.nbytes, what)
-            put = os.pwrite(region.fd, data.data.cast("B"), start) if data.nbytes else 0
-        except OSError as exc:
-            raise BadRequest(f"{what}: region {target.region!r} cannot be written: {exc.strerror}") from None
-        if put != data.nbytes:
-            raise self._too_small(region, start, data.nbytes, what)
         return int(data.nbytes)
 
     def place(
