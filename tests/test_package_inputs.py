@@ -133,6 +133,14 @@ def test_headers_that_lie_about_their_data_are_refused(tmp_path):
     with pytest.raises(ModelError, match=r"crc\.npz: not a valid \.npz"):
         read_npz(crc, Budget(1 << 20))
 
+    # a million tiny members would cost far more as zipfile's directory objects than as a file: counted first
+    many = tmp_path / "many.npz"
+    with zipfile.ZipFile(many, "w", zipfile.ZIP_STORED) as z:
+        for i in range(1025):
+            z.writestr(f"m{i}.npy", b"")
+    with pytest.raises(ModelError, match=r"many\.npz: 1025 members \(at most 1024"):
+        read_npz(many, Budget(1 << 20))
+
     # what does fit comes back as numpy wrote it (C and Fortran order)
     for arr in (np.arange(12, dtype=np.int16).reshape(3, 4), np.asfortranarray(np.ones((2, 3)))):
         np.save(tmp_path / "a.npy", arr)
