@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 from multiprocessing import shared_memory
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -233,8 +234,7 @@ def test_a_region_shrunk_while_requests_read_it_fails_those_requests_not_the_dae
         d.wait_ready()
         drop(state, "1", writer=lambda p: write_package(p, tiny_model(1.0, size), name="tiny", version="1"))
         assert d.wait_deployment("1")["result"] == "committed", d.tail()
-        host, port = d.url.removeprefix("http://").rsplit(":", 1)
-        srv = type("Srv", (), {"port": int(port)})
+        srv = SimpleNamespace(port=int(d.url.rsplit(":", 1)[1]))  # what _post needs of a server
         for name, shm in (("in", a), ("out", b)):
             status, body = _post(
                 srv, f"/v2/systemsharedmemory/region/{name}/register", {"key": "/" + shm.name, "byte_size": nbytes}
