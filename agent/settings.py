@@ -58,5 +58,8 @@ def resolve(config: AgentConfig, target: Any, given: StepConfig | None = None) -
     if sc.model_trust is None:
         from agent.artifacts.modelsig import ModelTrust
 
-        changes["model_trust"] = ModelTrust(config.trust.model_signing_keys, config.trust.model_signing_certificates)
+        t = config.trust
+        changes["model_trust"] = ModelTrust(
+            t.model_signing_keys, t.model_signing_certificates, t.model_signing_ignore_paths
+        )
     return dataclasses.replace(sc, **changes)

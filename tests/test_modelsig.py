@@ -159,3 +159,98 @@ def test_daemon_refuses_a_tampered_package_and_keeps_serving(tmp_path):
         assert infer(d.url) == ("1", [1.0] * 4)
     finally:
         assert d.terminate() == 0, d.tail()
+
+
+def _add_git_files(package: Path) -> None:
+    """What the attack adds after signing: files model-signing leaves out of its manifest by default."""
+    (package / ".gitattributes").write_text("*.onnx filter=lfs diff=lfs merge=lfs -text\n")
+    (package / ".git").mkdir()
+    (package / ".git" / "config").write_text('[core]\n\tfsmonitor = "touch /tmp/pwned"\n')
+
+
+def test_files_the_signature_does_not_cover_are_refused_by_name(tmp_path):
+    priv, pub = ec_keys(tmp_path / "keys")
+    pkg = sample_tiny_package(tmp_path / "pkg")
+    cli_sign(pkg, priv)  # the CLI writes .git/, .gitattributes, ... as ignore_paths into the signed manifest
+    _add_git_files(pkg)
+    with pytest.raises(ModelError, match=r"not covered by the signature: \.git/config, \.gitattributes"):
+        verify_package(pkg, ModelTrust((pub,)))
+
+    # signed by this module (no ignore list in the manifest): the library itself sees the extra files
+    own = sample_tiny_package(tmp_path / "own")
+    sign_package(own, priv)
+    (own / "extra.py").write_text("import os\n")
+    with pytest.raises(ModelError, match=r"not covered by the signature: extra\.py"):
+        verify_package(own, ModelTrust((pub,)))
+
+    # the device's explicit ignore list: accepted, and the result names what was left unsigned
+    got = verify_package(pkg, ModelTrust((pub,), ignore_paths=(".git", ".gitattributes")))
+    assert got["ignored"] == [".git/config", ".gitattributes"] and ".gitattributes" not in got["files"]
+    with pytest.raises(ModelError, match=r"not covered by the signature: \.gitattributes"):
+        verify_package(pkg, ModelTrust((pub,), ignore_paths=(".git",)))
+
+
+def test_ignore_paths_config_is_checked(tmp_path):
+    from agent.config.sections import read_trust
+    from agent.config.validator import Validator
+    from agent.errors import ConfigError
+
+    v = Validator(tmp_path)
+    got = read_trust(v, {"model_signing_ignore_paths": [".git/", "docs/README.md"]})
+    assert got.model_signing_ignore_paths == (".git", "docs/README.md")
+    for bad in ("../x", "/etc", ".", "model.sig", 3):
+        with pytest.raises(ConfigError, match="model_signing_ignore_paths"):
+            read_trust(v, {"model_signing_ignore_paths": [bad]})
+
+
+def test_daemon_refuses_unsigned_git_files_unless_its_config_names_them(tmp_path, mosquitto):
+    """Over MQTT (a pushed directory keeps its dot files; the local inbox drops them): a device requiring model
+    signatures refuses the package with .git/ files added after signing, and the previous version keeps serving;
+    a device whose config names those paths deploys it and its journal lists the files left unsigned."""
+    import json
+
+    from support.mqtt import ControlPlane
+
+    priv, pub = ec_keys(tmp_path / "keys")
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    cp.serve()
+
+    def push(version, git_files):
+        pkg = sample_tiny_package(tmp_path / f"pkg-{version}", version=version)
+        cli_sign(pkg, priv)
+        if git_files:
+            _add_git_files(pkg)
+        cp.to_device("tiny", cp.envelope(cp.manifest(pkg, "tiny", version)))
+
+    def daemon(name, ignore=None):
+        trust = {"public_keys": [str(cp.pubfile)], "model_signing_keys": [str(pub)]}
+        if ignore:
+            trust["model_signing_ignore_paths"] = ignore
+        cfg = write_config(tmp_path / name, mqtt={"url": mosquitto.url}, extra={"trust": trust})
+        return Daemon(cfg, tmp_path / name / "state"), tmp_path / name / "state"
+
+    d, _ = daemon("strict")
+    try:
+        d.wait_ready()
+        push("1", git_files=False)
+        assert d.wait_deployment("1")["result"] == "committed", d.tail()
+        push("2", git_files=True)
+        dep = d.wait_deployment("2")
+        assert dep["result"] == "failed", dep
+        assert "not covered by the signature: .git/config, .gitattributes" in dep["reason"], dep
+        assert infer(d.url) == ("1", [1.0] * 4)
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+    d, state = daemon("lenient", ignore=[".git", ".gitattributes"])
+    try:
+        d.wait_ready()
+        assert d.wait_deployment("2")["result"] == "committed", d.tail()
+        assert infer(d.url)[0] == "2"
+        journal = [json.loads(p.read_bytes()) for p in (state / "deployments").glob("*.json")]
+        sig = next(j["data"]["model_signature"] for j in journal if j["version"] == "2")
+        assert sig["ignored"] == [".git/config", ".gitattributes"] and "model.onnx" in sig["files"]
+        assert "unsigned files left in by trust.model_signing_ignore_paths" in d.tail()
+    finally:
+        assert d.terminate() == 0, d.tail()
+        cp.close()

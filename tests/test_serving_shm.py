@@ -1,7 +1,10 @@
-"""System shared memory, the fast path (issue 25): outputs the runtime writes straight into the client's region
-(IOBinding, reused while the same memory is bound again), written after the run instead when the output window
-overlaps an input's bytes (however registered); every bounds check still made per request, also for a shm-only
-JSON header whose checked plan is cached. Real POSIX regions, a real onnxruntime session, real HTTP."""
+"""System shared memory. By default regions are read with preadv and written with pwrite, never mapped: a client
+that shrinks its region while requests read it fails those requests with a 400 and the daemon lives on
+(issue 34). With shm_in_place, the fast path (issue 25): outputs the runtime writes straight into the client's
+region (IOBinding, reused while the same memory is bound again), written after the run instead when the output
+window overlaps an input's bytes (however registered). Every bounds check is made per request in both modes,
+also for a shm-only JSON header whose checked plan is cached. Real POSIX regions, a real onnxruntime session,
+real HTTP, and a real daemon."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import http.client
 import json
 import os
 from multiprocessing import shared_memory
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -37,6 +41,13 @@ def _reverse_model():
 
 @pytest.fixture
 def served(tmp_path):
+    session = open_session(_reverse_model(), tmp_path, "rev.onnx")
+    with oip_server([("rev", "1", session)], shm_in_place=True) as srv:
+        yield srv, session
+
+
+@pytest.fixture
+def copying(tmp_path):
     session = open_session(_reverse_model(), tmp_path, "rev.onnx")
     with oip_server([("rev", "1", session)]) as srv:
         yield srv, session
@@ -149,8 +160,9 @@ def test_an_output_over_its_input_is_written_after_the_run(served, region, same_
     assert np.array_equal(_floats(io, 4 * N), x[:, ::-1])
 
 
-def test_bounds_are_checked_per_request_with_a_cached_plan(served, region):
-    srv, _ = served
+@pytest.mark.parametrize("mode", ["served", "copying"])
+def test_bounds_are_checked_per_request_with_a_cached_plan(mode, request, region):
+    srv, _ = request.getfixturevalue(mode)
     a, b = region(4 * N), region(4 * N)
     _register(srv, "in", a)
     _register(srv, "out", b)
@@ -161,7 +173,13 @@ def test_bounds_are_checked_per_request_with_a_cached_plan(served, region):
     os.ftruncate(b._fd, 2 * N)  # the client shrank its output region: the same (cached) request is refused
     status, body = _infer(srv, "in", "out")
     assert status == 400 and "too small" in body["error"], body
+    assert os.fstat(b._fd).st_size == 2 * N  # and the server did not grow it back
     os.ftruncate(b._fd, 4 * N)
+    assert _infer(srv, "in", "out")[0] == 200
+    os.ftruncate(a._fd, 4 * N - 4)  # ... and its input region
+    status, body = _infer(srv, "in", "out")
+    assert status == 400 and f"is now {4 * N - 4} bytes, too small" in body["error"], body
+    os.ftruncate(a._fd, 4 * N)
     assert _infer(srv, "in", "out")[0] == 200
     assert _post(srv, "/v2/systemsharedmemory/region/in/unregister", {})[0] == 200
     status, body = _infer(srv, "in", "out")
@@ -180,3 +198,116 @@ def test_the_default_run_into_copies_after_the_run(tmp_path):
     assert np.array_equal(into["y"], x[:, ::-1])
     with pytest.raises(ProviderError, match="not the declared"):
         ProviderSession.run_into(session, {"x": x}, {"y": np.zeros((1, N + 1), "<f4")})
+
+
+def test_by_default_inputs_are_copied_in_and_outputs_written_after_the_run(copying, region):
+    srv, session = copying
+    a, b = region(4 * N), region(4 * N)
+    _register(srv, "in", a)
+    _register(srv, "out", b)
+    x = np.arange(N, dtype=np.float32).reshape(1, N)
+    for step in (1, 2):
+        _floats(a)[:] = x * step
+        status, body = _infer(srv, "in", "out")
+        assert status == 200, body
+        assert np.array_equal(_floats(b), (x * step)[:, ::-1])
+    assert not getattr(session, "_bindings", None), "the runtime was bound to a region without shm_in_place"
+
+
+def test_a_region_shrunk_while_requests_read_it_fails_those_requests_not_the_daemon(tmp_path, region):
+    """A real daemon serving a [1, 150528] FP32 model (the bytes of a [1, 3, 224, 224] image); a thread truncates
+    the input region to nothing and restores it in a loop while two clients infer from it."""
+    import threading
+    import time
+
+    from support.daemon import Daemon, drop, write_config
+
+    from agent.samples import tiny_model, write_package
+
+    size = 3 * 224 * 224
+    nbytes = 4 * size
+    cfg = write_config(tmp_path / "dev")
+    state = tmp_path / "dev" / "state"
+    d = Daemon(cfg, state)
+    a, b = region(nbytes), region(nbytes)
+    try:
+        d.wait_ready()
+        drop(state, "1", writer=lambda p: write_package(p, tiny_model(1.0, size), name="tiny", version="1"))
+        assert d.wait_deployment("1")["result"] == "committed", d.tail()
+        srv = SimpleNamespace(port=int(d.url.rsplit(":", 1)[1]))  # what _post needs of a server
+        for name, shm in (("in", a), ("out", b)):
+            status, body = _post(
+                srv, f"/v2/systemsharedmemory/region/{name}/register", {"key": "/" + shm.name, "byte_size": nbytes}
+            )
+            assert status == 200, body
+        doc = {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [1, size],
+                    "datatype": "FP32",
+                    "parameters": {"shared_memory_region": "in", "shared_memory_byte_size": nbytes},
+                }
+            ],
+            "outputs": [
+                {"name": "y", "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": nbytes}}
+            ],
+        }
+        stop, answers = threading.Event(), []
+
+        def truncate():
+            while not stop.is_set():
+                os.ftruncate(a._fd, 0)
+                time.sleep(0.001)
+                os.ftruncate(a._fd, nbytes)
+                time.sleep(0.001)
+
+        def client():
+            for _ in range(60):
+                try:
+                    answers.append(_post(srv, "/v2/models/tiny/infer", doc))
+                except OSError as exc:  # the daemon gone: a connection refused or reset
+                    answers.append((0, {"error": repr(exc)}))
+
+        storm = threading.Thread(target=truncate)
+        clients = [threading.Thread(target=client) for _ in range(2)]
+        storm.start()
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(120)
+        stop.set()
+        storm.join(10)
+        assert d.proc.poll() is None, d.tail()
+        codes = sorted({status for status, _ in answers})
+        assert set(codes) <= {200, 400}, [x for x in answers if x[0] not in (200, 400)][:3]
+        refused = [body["error"] for status, body in answers if status == 400]
+        assert refused and all("too small" in e for e in refused), refused[:3]
+
+        x = np.linspace(-1, 1, size, dtype=np.float32)
+        np.ndarray((size,), "<f4", a.buf)[:] = x  # later requests work, and are right
+        status, body = _post(srv, "/v2/models/tiny/infer", doc)
+        assert status == 200, body
+        assert np.array_equal(np.ndarray((size,), "<f4", b.buf), x + np.float32(1.0))
+    finally:
+        assert d.terminate() == 0, d.tail()
+
+
+def test_an_unregister_during_a_read_closes_the_descriptor_after_it(region):
+    """A descriptor closed while a request preads it could be reused at once by another open file (a socket, the
+    journal): the region's fd stays open until its last user is done."""
+    from agent.serving.shm import SharedMemory
+
+    shm = SharedMemory()
+    a = region(4 * N)
+    shm.register("in", "/" + a.name, 0, 4 * N)
+    target = os.path.join("/dev/shm", a.name)
+    with shm._held("in", 0, 4 * N, "test") as (held, _):
+        shm.unregister("in")
+        assert os.readlink(f"/proc/self/fd/{held.fd}") == target  # still open for the request using it
+        assert shm.status() == []
+    try:
+        still = os.readlink(f"/proc/self/fd/{held.fd}")
+    except OSError:
+        still = None
+    assert still != target

@@ -58,8 +58,14 @@ Examples:
 @click.option(
     "--check", "check_dir", type=click.Path(exists=True), help="Check a package and print every fix it needs."
 )
+@click.option(
+    "--max-input-bytes",
+    type=click.IntRange(min=1),
+    help="What all --inputs together may decode into; a file declaring more is refused before it is read "
+    "(default: a quarter of the memory free to the process, at most 1 GiB).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def package(model, inputs, out, name, version, task, force, check_dir, as_json):
+def package(model, inputs, out, name, version, task, force, check_dir, max_input_bytes, as_json):
     """Write a package the daemon accepts: model.onnx, model.yaml with the input shapes read off your inputs,
     and golden data (your inputs, and the outputs of onnxruntime's CPU provider on the model as given).
     With --check DIR, validate a hand-made package instead."""
@@ -87,7 +93,14 @@ def package(model, inputs, out, name, version, task, force, check_dir, as_json):
     if not inputs:
         raise click.UsageError("give --inputs FILE... (real sample inputs: the golden data come from them)")
     built = packager.build(
-        Path(model), [Path(p) for p in inputs], Path(out), name=name, version=version, task=task, force=force
+        Path(model),
+        [Path(p) for p in inputs],
+        Path(out),
+        name=name,
+        version=version,
+        task=task,
+        force=force,
+        max_input_bytes=max_input_bytes,
     )
     if as_json:
         click.echo(json.dumps(built.to_dict(), indent=2))

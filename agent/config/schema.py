@@ -57,6 +57,8 @@ class TrustConfig:
     # OpenSSF model signing (agent.artifacts.modelsig): when any is set, a package must carry model.sig
     model_signing_keys: tuple[Path, ...] = ()
     model_signing_certificates: tuple[Path, ...] = ()
+    # package-relative paths a model signature need not cover (none by default; each ignored file is journalled)
+    model_signing_ignore_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class ServingConfig:
     max_per_peer: int = 128  # open connections per client IP address
     header_timeout_s: float = 10.0  # a request head must arrive within this of its first byte
     idle_timeout_s: float = 60.0  # idle keep-alive connections close after this
+    shm_in_place: bool = False  # shared memory mapped and used in place (trusted clients: a truncation can fault)
     probation: ProbationConfig = ProbationConfig()
     shadow: ShadowConfig = ShadowConfig()
 

@@ -157,7 +157,8 @@ def _tls(v: Validator, raw: Any, scheme: str) -> TlsConfig | None:
 
 
 def read_trust(v: Validator, raw: Any) -> TrustConfig:
-    names = ("public_keys", "max_skew_s", "model_signing_keys", "model_signing_certificates")
+    names: tuple[str, ...] = ("public_keys", "max_skew_s", "model_signing_keys", "model_signing_certificates")
+    names += ("model_signing_ignore_paths",)
     t = v.mapping(raw if raw is not None else {}, "trust", names)
     paths = {}
     for name in ("public_keys", "model_signing_keys", "model_signing_certificates"):
@@ -168,7 +169,27 @@ def read_trust(v: Validator, raw: Any) -> TrustConfig:
             raise ConfigError(f"trust.{name}: expected a list of file paths, got {show(keys)}")
         paths[name] = tuple(v.path(k, f"trust.{name}[{i}]") for i, k in enumerate(keys))
     skew = v.number(t["max_skew_s"], "trust.max_skew_s", 0, 7 * 86400) if "max_skew_s" in t else 300.0
-    return TrustConfig(paths["public_keys"], skew, paths["model_signing_keys"], paths["model_signing_certificates"])
+    ignore = _ignore_paths(t.get("model_signing_ignore_paths"))
+    return TrustConfig(
+        paths["public_keys"], skew, paths["model_signing_keys"], paths["model_signing_certificates"], ignore
+    )
+
+
+def _ignore_paths(raw: Any) -> tuple[str, ...]:
+    """trust.model_signing_ignore_paths: package-relative files or folders, none of them the whole package."""
+    items = [raw] if isinstance(raw, str) else (raw or [])
+    if not isinstance(items, list):
+        raise ConfigError(f"trust.model_signing_ignore_paths: expected a list of package paths, got {show(raw)}")
+    out = []
+    for i, item in enumerate(items):
+        parts = str(item).strip("/").split("/") if isinstance(item, str) else []
+        if not parts or any(p in ("", ".", "..") for p in parts) or item.startswith("/") or item == "model.sig":
+            raise ConfigError(
+                f"trust.model_signing_ignore_paths[{i}]: expected a relative path inside a package "
+                f"(no '..', not model.sig), got {show(item)}"
+            )
+        out.append("/".join(parts))
+    return tuple(out)
 
 
 def read_serving(v: Validator, raw: Any) -> ServingConfig:
@@ -187,6 +208,7 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
             "max_per_peer",
             "header_timeout_s",
             "idle_timeout_s",
+            "shm_in_place",
             "memory_max",
             "probation",
             "shadow",
@@ -212,9 +234,16 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
         max_per_peer=v.integer(s.get("max_per_peer", 128), "serving.max_per_peer", 1, 1_000_000),
         header_timeout_s=v.number(s.get("header_timeout_s", 10.0), "serving.header_timeout_s", 0.1, 3600),
         idle_timeout_s=v.number(s.get("idle_timeout_s", 60.0), "serving.idle_timeout_s", 0.1, 86400),
+        shm_in_place=_flag(s.get("shm_in_place", False), "serving.shm_in_place"),
         probation=_probation(v, s.get("probation")),
         shadow=_shadow(v, s.get("shadow")),
     )
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(f"{key}: expected true or false, got {show(raw)}")
+    return raw
 
 
 def _probation(v: Validator, raw: Any) -> ProbationConfig:

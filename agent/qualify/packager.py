@@ -19,6 +19,15 @@ import numpy as np
 
 from agent.errors import ModelError
 from agent.providers.base import TensorSpec
+from agent.qualify.inputbudget import (
+    Budget,
+    charge_image,
+    charge_pb,
+    charge_wav,
+    default_budget,
+    read_npy_file,
+    read_npz,
+)
 from agent.qualify.pkgcheck import check, fit
 
 MAX_INPUT_FILE_BYTES = 1 << 30  # a sample input bigger than this is not a sample
@@ -50,9 +59,11 @@ class Built:
         }
 
 
-def read_sample(path: Path) -> dict[str, np.ndarray] | list[np.ndarray]:
-    """One input file: a mapping (an .npz, or a named .pb) or a positional list of arrays."""
+def read_sample(path: Path, budget: Budget | None = None) -> dict[str, np.ndarray] | list[np.ndarray]:
+    """One input file: a mapping (an .npz, or a named .pb) or a positional list of arrays. Each size the file
+    declares is charged to the budget before it is decoded (agent.qualify.inputbudget)."""
     path = Path(path)
+    budget = budget if budget is not None else Budget(default_budget())
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
     if path.stat().st_size > MAX_INPUT_FILE_BYTES:
@@ -62,30 +73,32 @@ def read_sample(path: Path) -> dict[str, np.ndarray] | list[np.ndarray]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            return [np.load(path, allow_pickle=False)]
+            return [read_npy_file(path, budget)]
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                return {k: z[k] for k in z.files}
+            return read_npz(path, budget)
         if suffix == ".pb":
             from agent.qualify.inputs import load_tensor
 
+            charge_pb(path, budget)
             name, value = load_tensor(path)
             return {name: np.asarray(value)} if name else [np.asarray(value)]
         if suffix == ".wav":
-            return [_read_wav(path)]
+            return [_read_wav(path, budget)]
         if suffix in (".png", ".jpg", ".jpeg", ".bmp"):
+            charge_image(path, budget)
             return [_read_image(path)]
     except (ValueError, OSError, EOFError) as exc:
         raise ModelError(f"{path}: cannot read: {exc}") from None
     raise ModelError(f"{path}: unknown input format {suffix!r} (use .npy, .npz, .pb, .wav or an image)")
 
 
-def _read_wav(path: Path) -> np.ndarray:
+def _read_wav(path: Path, budget: Budget) -> np.ndarray:
     """PCM WAV as float32 in [-1, 1], mono (channels averaged), shape [samples]."""
     import wave
 
     with wave.open(str(path), "rb") as w:
         width, channels, frames = w.getsampwidth(), w.getnchannels(), w.getnframes()
+        charge_wav(path, frames, channels, width, budget)
         raw = w.readframes(frames)
     kinds = {1: (np.uint8, 128.0, 128.0), 2: (np.int16, 0.0, 32768.0), 4: (np.int32, 0.0, 2147483648.0)}
     if width not in kinds:
@@ -102,8 +115,11 @@ def _read_image(path: Path) -> np.ndarray:
         raise ModelError(
             f"{path}: reading images needs Pillow (pip install pillow), or save the input as .npy"
         ) from None
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"))  # HWC uint8
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))  # HWC uint8
+    except Image.DecompressionBombError as exc:  # Pillow's own pixel cap, under a --max-input-bytes above it
+        raise ModelError(f"{path}: {exc}") from None
 
 
 def group_sets(samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray]]], specs: list[TensorSpec]):
@@ -180,9 +196,18 @@ def _short(exc: Exception) -> str:
 
 
 def build(
-    model: Path, inputs: list[Path], out: Path, *, name: str | None, version: str, task: str | None, force: bool
+    model: Path,
+    inputs: list[Path],
+    out: Path,
+    *,
+    name: str | None,
+    version: str,
+    task: str | None,
+    force: bool,
+    max_input_bytes: int | None = None,
 ) -> Built:
-    """Write the package under `out` and check it as the daemon will."""
+    """Write the package under `out` and check it as the daemon will. max_input_bytes: what all inputs together
+    may decode into (default: inputbudget.default_budget())."""
     import yaml
     from onnx import numpy_helper
 
@@ -194,7 +219,8 @@ def build(
     specs, outputs = graph_specs(proto)
     if out.exists() and any(out.iterdir()) and not force:
         raise ModelError(f"{out}: not empty (use --force to overwrite)")
-    sets = group_sets([(p, read_sample(p)) for p in inputs], specs)
+    budget = Budget(default_budget() if max_input_bytes is None else max_input_bytes)
+    sets = group_sets([(p, read_sample(p, budget)) for p in inputs], specs)
     notes: list[str] = []
     fitted = []
     for k, feeds in enumerate(sets):

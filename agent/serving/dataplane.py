@@ -108,6 +108,7 @@ class DataPlane:
         budget: BodyBudget,
         max_body_bytes: int,
         collectors: list[Callable[[], Iterable[Metric]]] | None = None,
+        shm_in_place: bool = False,
     ):
         self.registry = registry
         self.auth = AuthGate(token)
@@ -120,7 +121,7 @@ class DataPlane:
         self.grpc_hooks: dict[
             str, Callable[[str, dict[str, Any]], Any]
         ] = {}  # extension -> handler(method, doc) (gRPC)
-        self.shm = SharedMemory()
+        self.shm = SharedMemory(in_place=shm_in_place)  # serving.shm_in_place (docs/serving.md)
         self.hooks["/v2/systemsharedmemory"] = self.shm.http
         self.grpc_hooks["systemsharedmemory"] = self.shm.call
         self.extensions = list(EXTENSIONS)  # what /v2 and ServerMetadata list: grows as extensions are installed

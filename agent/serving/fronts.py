@@ -36,6 +36,9 @@ class FrontSettings(Protocol):
     @property
     def idle_timeout_s(self) -> float: ...
 
+    @property
+    def shm_in_place(self) -> bool: ...
+
     def token(self) -> str | None: ...
 
 
@@ -57,6 +60,7 @@ def start_fronts(
         header_timeout=s.header_timeout_s,
         idle_timeout=s.idle_timeout_s,
         body_budget_bytes=body_budget_for(memory_max),
+        shm_in_place=s.shm_in_place,
     ).start()
     if extend is not None:
         extend(server.plane)

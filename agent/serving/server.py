@@ -77,16 +77,20 @@ class OIPServer:
         body_budget_bytes: int = DEFAULT_BODY_BUDGET,
         collectors: Iterable[Callable[[], Iterable[Metric]]] = (),
         plane: DataPlane | None = None,
+        shm_in_place: bool = False,
     ):
         """body_budget_bytes bounds the memory requests occupy over all connections: bodies as received,
         inflated and decoded, plus the read buffers connections keep for reuse (at most a quarter of it).
         A request that cannot fit even alone gets 413 naming the limit; one that does not fit now gets 503.
-        plane: the data plane shared with other front ends (gRPC); by default one of its own (token, budget)."""
+        plane: the data plane shared with other front ends (gRPC); by default one of its own (token, budget,
+        shm_in_place: shared-memory regions mapped and used in place, serving.shm_in_place)."""
         self.registry = registry
         self.max_body_bytes = int(max_body_bytes)
         if plane is None:
             budget = BodyBudget(max(int(body_budget_bytes), self.max_body_bytes))
-            plane = DataPlane(registry, token=token, budget=budget, max_body_bytes=self.max_body_bytes)
+            plane = DataPlane(
+                registry, token=token, budget=budget, max_body_bytes=self.max_body_bytes, shm_in_place=shm_in_place
+            )
         self.plane = plane
         self.budget = plane.budget
         self.request_timeout = float(request_timeout)

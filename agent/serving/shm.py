@@ -1,11 +1,16 @@
 """System shared memory extension (Triton's): regions a client created (shm_open + ftruncate) registered by name,
-key, offset and size; inputs read in place from a region and outputs written to one, with no copy through a socket.
+key, offset and size; inputs read from a region and outputs written to one, with no copy through a socket.
 
-Bounds: every request's offset and size are checked against the registered window and against the region's real
-size at that moment (its end, by lseek), so a client that shrank its region gets a 400, not a SIGBUS. The server
-never frees what it did not create: unregister closes the server's own mapping and descriptor, never shm_unlink.
-Keys are POSIX shm names ("/name", one component), opened under /dev/shm. Outputs the runtime can write in place
-(static shape and dtype, no overlap with an input's bytes) go straight into their window (place()).
+Bounds: every request's offset and size are checked against the registered window. By default the server never
+maps a region: an input is read with preadv straight into the array the model gets, an output written with
+pwrite, so a client that shrinks (ftruncate) its region, even while a request reads it, makes that request's
+read come back short, a 400 naming the region's size now, never a SIGBUS that stops the daemon (a live mapping
+faults on a page past the file's end). `in_place=True` (config `serving.shm_in_place`) maps each region instead:
+inputs are read in place and outputs the runtime can write in place (static shape and dtype, no overlap with an
+input's bytes) go straight into their window (place()); the region's real size is checked (lseek to its end)
+before each access, but a truncation between that check and the access faults, so only trusted clients.
+The server never frees what it did not create: unregister closes the server's own descriptor (and mapping),
+never shm_unlink. Keys are POSIX shm names ("/name", one component), opened under /dev/shm.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import math
 import mmap
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -93,17 +100,30 @@ class _Region:
     offset: int
     byte_size: int
     fd: int
-    mm: mmap.mmap
+    mm: mmap.mmap | None  # only with in_place
     file: tuple[int, int]  # (st_dev, st_ino): two registrations of one memory object alias each other
+    users: int = 0  # requests using fd now (under SharedMemory._lock): an unregister leaves it to the last one
+    gone: bool = False  # unregistered: closed when users drops to 0 (a closed fd number may be reused at once)
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-class SharedMemory:
-    """The registered regions (thread-safe)."""
+def _close(region: _Region) -> None:
+    os.close(region.fd)
+    try:
+        if region.mm is not None:
+            region.mm.close()
+    except BufferError:  # a request still reads a view of it: the mapping goes with the last view
+        pass
 
-    def __init__(self) -> None:
+
+class SharedMemory:
+    """The registered regions (thread-safe). in_place: map them and let reads and the runtime's writes use the
+    mapping (no copies; a truncation during a request can fault the process), else pread/pwrite (see above)."""
+
+    def __init__(self, in_place: bool = False) -> None:
+        self.in_place = bool(in_place)
         self._lock = threading.Lock()
         self._regions: dict[str, _Region] = {}
 
@@ -144,14 +164,17 @@ class SharedMemory:
                 raise BadRequest(
                     f"region {name!r}: offset {offset} + byte_size {byte_size} exceeds the real size {real} of {key!r}"
                 )
-            mm = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = None
+            if self.in_place:
+                mm = mmap.mmap(fd, offset + byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             raise
         region = _Region(name, key, offset, byte_size, fd, mm, (st.st_dev, st.st_ino))
         with self._lock:
             if name in self._regions:  # registered meanwhile
-                mm.close()
+                if mm is not None:
+                    mm.close()
                 os.close(fd)
                 raise AlreadyExists(f"shared memory region {name!r} is already registered; unregister it first")
             self._regions[name] = region
@@ -172,12 +195,11 @@ class SharedMemory:
                 gone = [region] if region is not None else []
             else:
                 gone, self._regions = list(self._regions.values()), {}
-        for region in gone:
-            os.close(region.fd)
-            try:
-                region.mm.close()
-            except BufferError:  # a request still reads a view of it: the mapping goes with the last view
-                pass
+            for region in gone:
+                region.gone = True
+            idle = [r for r in gone if not r.users]
+        for region in idle:
+            _close(region)
 
     def close(self) -> None:
         self.unregister("")
@@ -185,37 +207,74 @@ class SharedMemory:
     def _window(self, region_name: str, offset: int, size: int, what: str) -> memoryview:
         return self._locate(region_name, offset, size, what)[0]
 
-    def _locate(self, region_name: str, offset: int, size: int, what: str) -> tuple[memoryview, _Region, int]:
-        """The window (bounds-checked against the registration and the region's real size now), its region and
-        its start in the memory object."""
+    @contextmanager
+    def _held(self, region_name: str, offset: int, size: int, what: str) -> Iterator[tuple[_Region, int]]:
+        """The region and the window's start in its memory object, checked against the registered window; its
+        descriptor stays open until the block ends, whatever an unregister does meanwhile."""
         with self._lock:
             region = self._regions.get(region_name)
+            if region is not None:
+                region.users += 1
         if region is None:
             raise BadRequest(f"{what}: shared memory region {region_name!r} is not registered")
-        if offset + size > region.byte_size:
-            raise BadRequest(
-                f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of {region.byte_size} bytes"
-            )
         try:
-            real = os.lseek(region.fd, 0, os.SEEK_END)  # the size now; 4x cheaper than fstat (the offset is unused)
+            if offset + size > region.byte_size:
+                raise BadRequest(
+                    f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of "
+                    f"{region.byte_size} bytes"
+                )
+            yield region, region.offset + offset
+        finally:
+            with self._lock:
+                region.users -= 1
+                last = region.gone and not region.users
+            if last:
+                _close(region)
+
+    def _too_small(self, region: _Region, start: int, size: int, what: str) -> BadRequest:
+        try:
+            real: int | str = os.fstat(region.fd).st_size
         except OSError as exc:
-            raise BadRequest(f"{what}: region {region_name!r} is gone: {exc.strerror}") from None
-        start = region.offset + offset
-        if start + size > real:
-            raise BadRequest(
-                f"{what}: region {region_name!r} ({region.key}) is now {real} bytes, too small for bytes "
-                f"{start}..{start + size}"
-            )
-        try:
-            return memoryview(region.mm)[start : start + size], region, start
-        except ValueError:
-            raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
+            return BadRequest(f"{what}: region {region.name!r} is gone: {exc.strerror}")
+        return BadRequest(
+            f"{what}: region {region.name!r} ({region.key}) is now {real} bytes, too small for bytes "
+            f"{start}..{start + size}"
+        )
+
+    def _locate(self, region_name: str, offset: int, size: int, what: str) -> tuple[memoryview, _Region, int]:
+        """in_place: the mapped window (bounds-checked against the registration and the region's real size now),
+        its region and its start in the memory object."""
+        with self._held(region_name, offset, size, what) as (region, start):
+            if region.mm is None:
+                raise BadRequest(f"{what}: shared memory region {region_name!r} is not mapped")
+            # the size now; 4x cheaper than fstat (the offset is unused)
+            if start + size > os.lseek(region.fd, 0, os.SEEK_END):
+                raise self._too_small(region, start, size, what)
+            try:
+                return memoryview(region.mm)[start : start + size], region, start
+            except ValueError:
+                raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
 
     def read(self, slot: ShmSlot) -> np.ndarray:
-        """The input as an array over the region's memory (no copy)."""
-        view = self._window(slot.region, slot.offset, slot.size, f"input {slot.name!r}")
+        """The input: read (preadv) into a fresh array, or in_place an array over the mapping (no copy)."""
+        what = f"input {slot.name!r}"
         wire = slot.dtype.newbyteorder("<") if slot.dtype.itemsize > 1 else slot.dtype
-        arr = np.frombuffer(view, dtype=wire, count=slot.elements)
+        if self.in_place:
+            arr = np.frombuffer(
+                self._window(slot.region, slot.offset, slot.size, what), dtype=wire, count=slot.elements
+            )
+        else:
+            arr = np.empty(slot.elements, dtype=wire)
+            view, got = arr.data.cast("B"), 0
+            with self._held(slot.region, slot.offset, slot.size, what) as (region, start):
+                while got < slot.size:  # one call unless over 2 GiB (Linux's cap on one read)
+                    try:
+                        n = os.preadv(region.fd, [view[got:]], start + got)
+                    except OSError as exc:
+                        raise BadRequest(f"{what}: region {slot.region!r} cannot be read: {exc.strerror}") from None
+                    if not n:  # the file ends before the window does: its owner shrank it
+                        raise self._too_small(region, start, slot.size, what)
+                    got += n
         return (arr.view(np.uint8) != 0 if slot.dtype == np.bool_ else arr).reshape(slot.shape)
 
     def write(self, name: str, arr: np.ndarray, target: ShmOut) -> int:
@@ -224,8 +283,20 @@ class SharedMemory:
             raise BadRequest(f"output {name!r}: BYTES outputs in shared memory are not supported")
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype)
         _fits(name, data.nbytes, target)
-        view = self._window(target.region, target.offset, data.nbytes, f"output {name!r}")
-        view[:] = data.data.cast("B")
+        what = f"output {name!r}"
+        if self.in_place:
+            view = self._window(target.region, target.offset, data.nbytes, what)
+            view[:] = data.data.cast("B")
+            return int(data.nbytes)
+        with self._held(target.region, target.offset, data.nbytes, what) as (region, start):
+            try:  # never past the file's end: pwrite there would grow the region its owner shrank
+                if start + data.nbytes > os.lseek(region.fd, 0, os.SEEK_END):
+                    raise self._too_small(region, start, data.nbytes, what)
+                put = os.pwrite(region.fd, data.data.cast("B"), start) if data.nbytes else 0
+            except OSError as exc:
+                raise BadRequest(f"{what}: region {target.region!r} cannot be written: {exc.strerror}") from None
+            if put != data.nbytes:
+                raise self._too_small(region, start, data.nbytes, what)
         return int(data.nbytes)
 
     def place(
@@ -233,10 +304,11 @@ class SharedMemory:
     ) -> np.ndarray | None:
         """The output's window as a little-endian array for the runtime to write into during the run (no copy
         after it), bounds-checked as write() checks; None when it is empty or overlaps a shared-memory input
-        of the request (its memory object and bytes, however registered): then it is written after the run."""
+        of the request (its memory object and bytes, however registered), and always unless in_place: then it is
+        written after the run."""
         nbytes = math.prod(shape) * dtype.itemsize
         _fits(name, nbytes, target)
-        if not nbytes:
+        if not nbytes or not self.in_place:
             return None
         view, region, start = self._locate(target.region, target.offset, nbytes, f"output {name!r}")
         for slot in inputs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Verified
 from agent.lifecycle.states import Event
+
+log = logging.getLogger(__name__)
 
 
 def on_verifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, Verified]:
@@ -38,4 +41,7 @@ def signature(parts: Parts, package_dir: Path) -> dict[str, Any]:
         return {}
     from agent.artifacts.modelsig import verify_package
 
-    return {"model_signature": verify_package(package_dir, trust)}
+    got = verify_package(package_dir, trust)
+    if got["ignored"]:  # the journal keeps the list (model_signature.ignored); the log says it as it happens
+        log.warning("model signature: unsigned files left in by trust.model_signing_ignore_paths: %s", got["ignored"])
+    return {"model_signature": got}
