@@ -29,6 +29,7 @@ SYSTEM = frozenset(
         "test_controlplane_service",
         "test_controlplane_web_security",
         "test_controlplane_tls",
+        "test_controlplane_browser_attacks",
         "test_evidence_sim",
         "test_fleet_outcome",
         "test_fleet_push",

@@ -72,7 +72,7 @@ def test_every_answer_carries_the_headers(svc):
     for name, r in answers.items():
         h = r.headers
         assert h["content-security-policy"] == CSP, name
-        assert h["x-content-type-options"] == "nosniff" and h["referrer-policy"] == "no-referrer", name
+        assert h["x-content-type-options"] == "nosniff" and h["referrer-policy"] == "same-origin", name
         assert h["x-frame-options"] == "DENY" and "strict-transport-security" not in h, name  # plain HTTP here
     for part in ("default-src 'self'", "script-src 'none'", "frame-ancestors 'none'", "form-action 'self'"):
         assert part in CSP

@@ -1,7 +1,7 @@
 """Browser protections on every answer of the service (an ASGI middleware, outside the routes):
 
 - headers: a strict Content-Security-Policy (no script at all, styles only from /static, no framing, forms post
-  only here, no <base>), `X-Content-Type-Options: nosniff`, `Referrer-Policy: no-referrer`, `X-Frame-Options:
+  only here, no <base>), `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`, `X-Frame-Options:
   DENY`, `Cache-Control: no-store` on HTML, and `Strict-Transport-Security` when served over TLS;
 - origin: every unsafe method (POST, PUT, PATCH, DELETE), dashboard and API alike, is refused (403) when the
   browser says it comes from elsewhere: an `Origin` other than the service's own (scheme, host and port: a page on
@@ -26,19 +26,19 @@ CSP = (
 HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 ]
 HSTS = (b"strict-transport-security", b"max-age=31536000")
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 SAME_FETCH_SITES = {"same-origin", "none"}
 DEFAULT_PORTS = {"http": "80", "https": "443"}
-_NEXT = re.compile(r"/(?![/\\])[^\\\x00-\x20\x7f]*")
+_NEXT = re.compile(r"/(?![/\\])[^\\\x00-\x1f\x7f]*")
 
 
 def safe_next(value: str | None) -> str:
     """`value` when it is a path on this service (one leading `/`, not `//` or `/\\`, no scheme, no host, no
-    backslash, whitespace or control character anywhere: browsers drop tabs and newlines and read `\\` as `/`);
+    backslash or control character anywhere: browsers drop tabs and newlines and read `\\` as `/`);
     otherwise `/`."""
     if not value or len(value) > 2048 or not _NEXT.fullmatch(value):
         return "/"
