@@ -149,3 +149,23 @@ def test_the_shipped_configs_serve_tls(tmp_path):
     assert s.tls_keyfile == Path("/etc/edge-agent/tls/control-plane.key")
     container = (ROOT / "Containerfile").read_text()
     assert "/etc/edge-agent/tls" in container and "https://" in container
+
+
+def test_behind_a_tls_proxy_on_this_host(tmp_path):
+    """A proxy on loopback terminating TLS (X-Forwarded-Proto: https, the original Host): the service sees https
+    (Secure __Host- cookies, HSTS) and takes the browser's https Origin as its own; without the header it is
+    plain HTTP and that Origin is another one."""
+    with running_service(tmp_path) as (cp, url):
+        port = url.rsplit(":", 1)[1]
+        public = f"https://127.0.0.1:{port}"
+        proxied = {"X-Forwarded-Proto": "https"}
+        c = httpx.Client(base_url=url, headers=proxied)
+        r = c.get("/login")
+        assert r.headers["strict-transport-security"] and "__Host-eacp_login" in r.headers["set-cookie"]
+        nonce = re.search(r'name="csrf" value="([^"]+)"', r.text).group(1)
+        c.cookies.set("__Host-eacp_login", nonce)  # httpx keeps Secure cookies for https URLs only
+        r = c.post("/login", data={"token": cp.admin_token, "csrf": nonce}, headers={"Origin": public})
+        assert r.status_code == 303 and r.headers["location"] == "/", r.text
+        assert "__Host-eacp_session=" in r.headers["set-cookie"] and "Secure" in r.headers["set-cookie"]
+        r = httpx.post(url + "/logout", headers={"Origin": public})  # not proxied: https is another origin
+        assert r.status_code == 403 and "origin: refused" in r.text
