@@ -196,7 +196,9 @@ def _cross_origin_forms(page, url: str, atk: Attacker) -> None:
             page.goto(atk.url + name)
         resp = answer.value
         assert resp.status == 403, (name, resp.status)
-        assert resp.request.headers.get("origin") == atk.url, resp.request.headers
+        sent = resp.request.all_headers()
+        assert sent.get("origin") == atk.url, sent
+        assert "eacp_session=" in sent.get("cookie", ""), sent  # same site: the Strict cookie went with it
         page.wait_for_load_state()
         assert "origin: refused" in page.content(), name
     page.goto(url + "/pending")  # the operator is still signed in: the refusals were not for want of a session
