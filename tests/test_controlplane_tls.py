@@ -140,6 +140,10 @@ def test_the_cli_refuses_plain_http_beyond_loopback(tmp_path):
     cfg.write_text("listen: {host: 0.0.0.0, port: 8470}\nstore: store\n")
     out = edge_agent("control-plane", "--config", cfg, timeout=60)
     assert out.returncode != 0 and "listen.host: 0.0.0.0" in out.stderr and "allow_insecure" in out.stderr
+    cfg.write_text("listen: {host: 0.0.0.0, port: 8470}\nstore: store\ntls: {certfile: no.crt, keyfile: no.key}\n")
+    out = edge_agent("control-plane", "--config", cfg, timeout=60)
+    assert out.returncode == 2 and f"tls.certfile: {tmp_path / 'no.crt'} is missing" in out.stderr, out.stderr
+    assert not (tmp_path / "control-plane.db").exists()  # refused before the database was made
 
 
 def test_the_shipped_configs_serve_tls(tmp_path):

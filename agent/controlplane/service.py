@@ -210,6 +210,8 @@ def check_tls(settings: Settings) -> None:
 
 def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT."""
+    if settings.tls_certfile is not None:
+        check_tls(settings)  # before the database and the fleet link: a bad certificate changes nothing
     cp = ControlPlane(settings).prepare()
     cp.start_fleet()
     try:
