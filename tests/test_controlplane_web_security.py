@@ -215,3 +215,20 @@ def test_logout_ends_the_session(svc):
     assert r.status_code == 303 and r.headers["location"] == "/login"
     again = httpx.get(url + "/pending", cookies=old)  # the old cookie, replayed: the session is gone
     assert again.status_code == 303 and again.headers["location"].startswith("/login")
+
+
+def test_an_unexpected_error_still_carries_the_headers(svc):
+    """A fault no route expects (here a table dropped under the service): 500, JSON on the API and the error page
+    on the dashboard, with the same headers as every other answer and nothing of the request echoed."""
+    from sqlalchemy import text
+
+    cp, url, api = svc
+    with cp.engine.begin() as conn:
+        conn.execute(text("DROP TABLE rollouts"))
+    r = api.get("/api/v1/rollouts")
+    assert r.status_code == 500 and r.json() == {"error": "internal error (logged by the service)"}
+    assert r.headers["content-security-policy"] == CSP and r.headers["x-content-type-options"] == "nosniff"
+    # a new connection: uvicorn closes the one an exception went through
+    r = httpx.get(url + "/rollouts", params={"x": MARKUP}, headers={"Authorization": f"Bearer {cp.admin_token}"})
+    assert r.status_code == 500 and r.headers["content-type"].startswith("text/html") and "internal error" in r.text
+    assert r.headers["content-security-policy"] == CSP and "svg" not in r.text

@@ -86,8 +86,12 @@ class BrowserGuard:
             return await self.app(scope, receive, send)
         tls = scope.get("scheme") == "https"
 
+        started = False
+
         async def with_headers(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", []))
                 names = {k.lower() for k, _ in headers}
                 headers += [h for h in HEADERS if h[0] not in names]
@@ -103,14 +107,18 @@ class BrowserGuard:
             headers = {k.lower(): v for k, v in scope.get("headers", [])}
             why = cross_origin(scope, headers)
             if why is not None:
-                return await _refuse(scope, why)(scope, receive, with_headers)
-        return await self.app(scope, receive, with_headers)
+                return await _answer(scope, 403, f"origin: refused, {why}")(scope, receive, with_headers)
+        try:
+            await self.app(scope, receive, with_headers)
+        except Exception:
+            if not started:  # the 500 with these headers too (then the server logs the exception as before)
+                await _answer(scope, 500, "internal error (logged by the service)")(scope, receive, with_headers)
+            raise
 
 
-def _refuse(scope, why: str):
+def _answer(scope, status: int, message: str):
     from starlette.responses import HTMLResponse, JSONResponse
 
-    message = f"origin: refused, {why}"
     if scope.get("path", "").startswith("/api/"):
-        return JSONResponse({"error": message}, status_code=403)
-    return HTMLResponse(render_error(403, message), status_code=403)
+        return JSONResponse({"error": message}, status_code=status)
+    return HTMLResponse(render_error(status, message), status_code=status)
