@@ -22,7 +22,8 @@ PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUN
 
 @contextlib.contextmanager
 def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
-    """(ControlPlane, base URL) of a service serving on 127.0.0.1 (on `port`, else a free one); stopped at exit."""
+    """(ControlPlane, base URL) of a service serving on 127.0.0.1 (on `port`, else a free one; https:// when `doc`
+    has a tls section); stopped at exit."""
     from agent.controlplane.service import ControlPlane, server
     from agent.controlplane.settings import parse
 
@@ -39,7 +40,7 @@ def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
             raise RuntimeError("the control plane did not start")
         time.sleep(0.05)
     try:
-        yield cp, f"http://127.0.0.1:{port}"
+        yield cp, f"{settings.scheme}://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(timeout=30)

@@ -33,7 +33,7 @@ def control_plane(ctx: click.Context, config_path: str | None) -> None:
 
     cfg = settings.load(config_path)
     click.echo(
-        f"control plane on http://{cfg.host}:{cfg.port}/ (API /api/v1, schema /api/openapi.json), "
+        f"control plane on {cfg.scheme}://{cfg.host}:{cfg.port}/ (API /api/v1, schema /api/openapi.json), "
         f"database {cfg.database_url.split('@')[-1]}, admin token in {cfg.admin_token_file}",
         err=True,
     )

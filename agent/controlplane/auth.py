@@ -1,5 +1,7 @@
-"""Request authentication: a Bearer token (API) or the dashboard's cookie, checked against the hashed operator
-tokens; 401 without a valid token, 403 when the token's role is below what the route needs."""
+"""Request authentication of the JSON API: `Authorization: Bearer TOKEN` only, checked against the hashed operator
+tokens; 401 without a valid token, 403 when the token's role is below what the route needs. A dashboard session
+cookie gives no authority here (a script or a form that rides on the browser's cookie gets 401); the dashboard's
+sessions are agent.controlplane.sessions."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ from dataclasses import dataclass
 from fastapi import HTTPException, Request
 
 from agent.controlplane import tokens
-
-COOKIE = "eacp_token"
 
 
 @dataclass(frozen=True)
@@ -22,15 +22,15 @@ class Operator:
         return f"operator:{self.name}"
 
 
-def presented(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization") or ""
     if header.lower().startswith("bearer "):
         return header[7:].strip() or None
-    return request.cookies.get(COOKIE)
+    return None
 
 
 def authenticate(request: Request) -> Operator | None:
-    token = presented(request)
+    token = bearer(request)
     if not token:
         return None
     with request.app.state.cp.factory() as s:

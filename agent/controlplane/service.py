@@ -19,7 +19,7 @@ from agent.controlplane import db, repo, tokens
 from agent.controlplane.enroll import EnrollRefused
 from agent.controlplane.importer import import_store
 from agent.controlplane.models import OperatorToken
-from agent.controlplane.settings import Settings
+from agent.controlplane.settings import Settings, loopback
 from agent.errors import ConfigError, EdgeAgentError
 
 log = logging.getLogger("edge_agent.controlplane")
@@ -122,6 +122,8 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def create_app(cp: ControlPlane) -> FastAPI:
     from agent.controlplane.api import router
+    from agent.controlplane.security import BrowserGuard
+    from agent.controlplane.sessions import Sessions
     from agent.controlplane.web import router as web_router
     from agent.controlplane.web import static_files
 
@@ -133,6 +135,8 @@ def create_app(cp: ControlPlane) -> FastAPI:
         redoc_url=None,
     )
     app.state.cp = cp
+    app.state.sessions = Sessions()
+    app.add_middleware(BrowserGuard)
     app.include_router(router)
     app.include_router(web_router)
     app.mount("/static", static_files(), name="static")
@@ -171,13 +175,43 @@ def server(cp: ControlPlane, port: int | None = None):
     """A uvicorn server for the app (run() blocks; SIGTERM/SIGINT stop it)."""
     import uvicorn
 
-    port = cp.settings.port if port is None else port
-    config = uvicorn.Config(create_app(cp), host=cp.settings.host, port=port, log_level="warning")
+    st = cp.settings
+    port = st.port if port is None else port
+    tls: dict[str, Any] = {}
+    if st.tls_certfile is not None:
+        check_tls(st)
+        tls = {"ssl_certfile": str(st.tls_certfile), "ssl_keyfile": str(st.tls_keyfile)}
+    elif st.allow_insecure and not loopback(st.host):
+        log.warning(
+            "listen.allow_insecure: serving PLAIN HTTP on %s:%d beyond loopback; only safe behind a TLS-terminating "
+            "proxy on a network no one else reaches (docs/control-plane.md, Running behind TLS)",
+            st.host,
+            port,
+        )
+    config = uvicorn.Config(create_app(cp), host=st.host, port=port, log_level="warning", **tls)
     return uvicorn.Server(config)
+
+
+def check_tls(settings: Settings) -> None:
+    """The certificate and key load (ConfigError naming the key otherwise, before uvicorn starts)."""
+    import ssl
+
+    for key, path in (("tls.certfile", settings.tls_certfile), ("tls.keyfile", settings.tls_keyfile)):
+        if path is None or not os.access(path, os.R_OK):
+            raise ConfigError(f"{key}: {path} is missing or not readable")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(str(settings.tls_certfile), str(settings.tls_keyfile))
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ConfigError(
+            f"tls.certfile: {settings.tls_certfile} with tls.keyfile {settings.tls_keyfile}: {exc}"
+        ) from None
 
 
 def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT."""
+    if settings.tls_certfile is not None:
+        check_tls(settings)  # before the database and the fleet link: a bad certificate changes nothing
     cp = ControlPlane(settings).prepare()
     cp.start_fleet()
     try:

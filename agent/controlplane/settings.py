@@ -10,7 +10,7 @@ import yaml
 
 from agent.errors import ConfigError
 
-KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s"}
+KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s", "tls"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,13 @@ class Settings:
     admin_token_file: Path | None = None
     max_body_bytes: int = 256 * 1024 * 1024
     tick_s: float = 0.5
+    tls_certfile: Path | None = None  # PEM certificate chain (uvicorn's ssl_certfile)
+    tls_keyfile: Path | None = None  # its PEM private key (uvicorn's ssl_keyfile)
+    allow_insecure: bool = False  # listen.allow_insecure: plain HTTP beyond loopback (a TLS proxy in front)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_certfile is not None else "http"
 
     @property
     def api_max_json(self) -> int:
@@ -68,8 +75,19 @@ def parse(doc: Any, base: Path) -> Settings:
     tick = doc.get("tick_s", 0.5)
     if not isinstance(tick, (int, float)) or not 0.01 <= tick <= 10:
         raise ConfigError(f"tick_s: expected 0.01-10 seconds, got {tick!r}")
+    host = str(listen.get("host", "127.0.0.1"))
+    certfile, keyfile = _tls(doc.get("tls"), base)
+    insecure = listen.get("allow_insecure", False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"listen.allow_insecure: expected true or false, got {insecure!r}")
+    if certfile is None and not insecure and not loopback(host):
+        raise ConfigError(
+            f"listen.host: {host} is reachable beyond this machine and the service would speak plain HTTP "
+            "(operator tokens and session cookies in the clear): give tls.certfile and tls.keyfile, or, with a "
+            "TLS-terminating proxy in front, listen.allow_insecure: true"
+        )
     return Settings(
-        host=str(listen.get("host", "127.0.0.1")),
+        host=host,
         port=port,
         database_url=url,
         store=store,
@@ -81,7 +99,35 @@ def parse(doc: Any, base: Path) -> Settings:
         else store.parent / "admin.token",
         max_body_bytes=max_body,
         tick_s=float(tick),
+        tls_certfile=certfile,
+        tls_keyfile=keyfile,
+        allow_insecure=insecure,
     )
+
+
+def loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _tls(doc: Any, base: Path) -> tuple[Path | None, Path | None]:
+    """tls: {certfile, keyfile} (both or neither; the files are loaded at start: agent.controlplane.service)."""
+    if doc is None:
+        return None, None
+    if not isinstance(doc, dict):
+        raise ConfigError("tls: expected a mapping with certfile and keyfile")
+    unknown = sorted(set(doc) - {"certfile", "keyfile"})
+    if unknown:
+        raise ConfigError(f"tls.{unknown[0]}: unknown key (known: certfile, keyfile)")
+    if not doc.get("certfile") or not doc.get("keyfile"):
+        raise ConfigError("tls: give both certfile and keyfile (PEM files)")
+    return _path(base, doc["certfile"], "tls.certfile"), _path(base, doc["keyfile"], "tls.keyfile")
 
 
 def load(path: str | Path) -> Settings:

@@ -1,0 +1,29 @@
+"""The dashboard's template engine: Jinja2 with autoescape on for every template (whatever its name), and the
+one error page every HTML error answer is rendered from (never text formatted into HTML by hand)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+import jinja2
+from fastapi.templating import Jinja2Templates
+
+HERE = Path(__file__).parent
+
+
+def _when(ts: float | None) -> str:
+    """A unix time as UTC text (the dashboard's one time format)."""
+    if not ts:
+        return "never"
+    return datetime.datetime.fromtimestamp(float(ts), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
+env.filters["when"] = _when
+templates = Jinja2Templates(env=env)
+
+
+def render_error(status: int, message: str, op=None, csrf: str = "") -> str:
+    """The error page's HTML (the message escaped like every other value)."""
+    return env.get_template("error.html").render(status=status, message=message, op=op, fleet={}, csrf=csrf)
