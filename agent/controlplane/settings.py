@@ -8,9 +8,10 @@ from typing import Any
 
 import yaml
 
+from agent.controlplane.limits import Limits, parse_limits
 from agent.errors import ConfigError
 
-KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s"}
+KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s", "limits"}
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,7 @@ class Settings:
     admin_token_file: Path | None = None
     max_body_bytes: int = 256 * 1024 * 1024
     tick_s: float = 0.5
-
-    @property
-    def api_max_json(self) -> int:
-        return 1024 * 1024
+    limits: Limits = Limits()  # body caps, JSON depth, rate limits, the pending cap (agent.controlplane.limits)
 
 
 def _path(base: Path, value: Any, key: str) -> Path:
@@ -81,6 +79,7 @@ def parse(doc: Any, base: Path) -> Settings:
         else store.parent / "admin.token",
         max_body_bytes=max_body,
         tick_s=float(tick),
+        limits=parse_limits(doc.get("limits")),
     )
 
 

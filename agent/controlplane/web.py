@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -38,6 +38,7 @@ def _when(ts: float | None) -> str:
 templates.env.filters["when"] = _when
 router = APIRouter(include_in_schema=False)
 PAGE = 50
+MAX_PAGE = 10**7  # a page number beyond is a 422
 
 
 def static_files() -> StaticFiles:
@@ -100,7 +101,12 @@ def overview(request: Request):
 
 @router.get("/devices", response_class=HTMLResponse)
 def devices(
-    request: Request, state: str = "accepted", group: str = "", target: str = "", provider: str = "", page: int = 0
+    request: Request,
+    state: str = "accepted",
+    group: str = "",
+    target: str = "",
+    provider: str = "",
+    page: int = Query(0, ge=0, le=MAX_PAGE),
 ):
     op = _who(request)
     if isinstance(op, Response):
@@ -112,7 +118,7 @@ def devices(
             group=group or None,
             target=target or None,
             provider=provider or None,
-            offset=max(0, page) * PAGE,
+            offset=page * PAGE,
             limit=PAGE,
         )
         items = [repo.device_dict(r) for r in rows]
@@ -121,14 +127,14 @@ def devices(
 
 
 @router.get("/pending", response_class=HTMLResponse)
-def pending(request: Request):
+def pending(request: Request, page: int = Query(0, ge=0, le=MAX_PAGE)):
     op = _who(request)
     if isinstance(op, Response):
         return op
     with request.app.state.cp.factory() as s:
-        total, rows = repo.list_devices(s, state="pending", limit=500)
+        total, rows = repo.list_devices(s, state="pending", offset=page * PAGE, limit=PAGE)
         items = [repo.device_dict(r) for r in rows]
-    return _page(request, "pending.html", op, devices=items, total=total)
+    return _page(request, "pending.html", op, devices=items, total=total, page=page, size=PAGE)
 
 
 @router.get("/devices/{device_id}", response_class=HTMLResponse)
