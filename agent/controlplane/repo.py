@@ -83,7 +83,7 @@ def overview(session: Session) -> dict[str, Any]:
     states = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
     cohorts: dict[tuple[str, str, str], dict[str, int]] = {}
     for row in session.scalars(select(Device).where(Device.state == "accepted")).all():
-        models = ((row.status or {}).get("models") or {}) if isinstance(row.status, dict) else {}
+        models = device_dict(row)["models"]  # checked again as read: a bad stored status never breaks this
         versions = ", ".join(f"{m} {v.get('version')}" for m, v in sorted(models.items()) if isinstance(v, dict))
         key = (row.target or "unknown", row.provider or "unknown", versions or "none")
         c = cohorts.setdefault(key, {"devices": 0, "online": 0})
