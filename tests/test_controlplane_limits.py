@@ -272,3 +272,42 @@ def test_preregistration_wins_over_a_pending_squatter_and_pending_is_not_told(sv
     r = client.post("/api/v1/enroll", json=request("cam-1", squatter))
     assert r.status_code == 403 and r.json()["error"].startswith("device_id:")
     anon.close()
+
+
+def test_device_posts_are_limited_per_address_and_per_device(limited):
+    cp, client, tmp = limited
+    key = _accepted(client, tmp, "cam-9")
+    doc = sign_doc({"device_id": "cam-9", "deployment_id": "m-1-a", "model": "m", "version": "1", "ts": 1.0}, key)
+    # another loopback source address: a bucket of its own (the admin client's address is not touched)
+    other = httpx.Client(base_url=client.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+    codes = [other.post("/api/v1/devices/cam-9/decisions", json=doc).status_code for _ in range(3)]
+    r = other.post("/api/v1/devices/cam-9/decisions", json=doc)
+    assert codes + [r.status_code] == [201, 201, 429, 429], r.text  # the device's burst is 2
+    assert r.json()["error"].startswith("rate: too many requests for device cam-9")
+    assert counts(cp)["device_documents"] == 1  # the second copy replaced the first (same deployment)
+    flood = [other.post("/api/v1/enroll", content=b"{}").status_code for _ in range(8)]
+    assert flood == [400, 400] + [429] * 6  # the address's burst of 6, four taken above: body checks, then 429
+    assert client.post("/api/v1/enroll", json=request("x-1", device_key(tmp / "keys" / "x-1"))).status_code == 202
+    other.close()
+
+
+def test_a_status_over_mqtt_that_does_not_fit_is_not_kept(svc):
+    """The fleet loop's intake (agent.controlplane.fleetloop) on the real database, without a broker: a verified
+    status of the wrong shape changes nothing; a good one is kept."""
+    from agent.controlplane.fleetloop import FleetLoop
+
+    cp, client, tmp = svc
+    _accepted(client, tmp, "st-1")
+    loop = FleetLoop(cp.factory, cp.settings)
+    good = {"trust": "verified", "online": True, "ts": 5.0, "models": {"m": {"version": "2", "state": "committed"}}}
+    for bad in ({"models": [1]}, {"hardware": {"a": {"b": 1}}}, {"target": "t" * 65}, {"online": "yes"}):
+        loop._ingest({"st-1": {**good, **bad}})
+    assert client.get("/api/v1/devices/st-1").json()["status"] is None
+    deep: dict = {}
+    for _ in range(40):
+        deep = {"a": deep}
+    loop._ingest({"st-1": {**good, "extra": deep}})
+    assert client.get("/api/v1/devices/st-1").json()["status"] is None
+    loop._ingest({"st-1": dict(good)})
+    got = client.get("/api/v1/devices/st-1").json()
+    assert got["online"] is True and got["models"] == {"m": {"version": "2", "state": "committed"}}

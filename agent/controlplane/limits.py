@@ -48,9 +48,10 @@ def parse_limits(doc: Any) -> Limits:
     for name, value in doc.items():
         rate = name.endswith("_per_minute")
         ok = isinstance(value, (int, float) if rate else int) and not isinstance(value, bool)
-        if not ok or value < _MINIMUM.get(name, 1) or value > 2**40:
-            kind = "a number" if rate else "an integer"
-            raise ConfigError(f"limits.{name}: expected {kind} of at least {_MINIMUM.get(name, 1)}, got {value!r}")
+        low = 0 if rate else _MINIMUM.get(name, 1)
+        if not ok or value < low or (rate and value == 0) or value > 2**40:
+            kind = "a number above 0" if rate else f"an integer of at least {low}"
+            raise ConfigError(f"limits.{name}: expected {kind}, got {value!r}")
         values[name] = float(value) if rate else value
     return Limits(**values)
 
