@@ -182,12 +182,16 @@ def test_bad_rows_in_the_database_never_break_a_listing_or_a_page(svc):
     assert atts["selected"] is None or atts["attested_at"] is None
     reports = client.get("/api/v1/devices/bad-1/conformance").json()["reports"]
     assert reports[0]["doc"]["ts"] is None and reports[0]["doc"]["invalid"]
+    assert client.post("/api/v1/devices/pend-1/reject").json()["state"] == "rejected"  # bad rows still change
+    assert client.post("/api/v1/devices/ok-1/decommission").json()["state"] == "decommissioned"
     page = client.get("/devices/bad-1").text
     assert "Invalid fields, not shown: decision.results.0.coverage" in page
     cli = edge_agent(
         "fleet", "status", "--control-plane", client.base_url, "--json", env={"EDGE_AGENT_CP_TOKEN": cp.admin_token}
     )
     assert cli.returncode == 0 and json.loads(cli.stdout)["count"] == 3, cli.stderr
+    assert client.delete("/api/v1/devices/bad-1").json()["deleted"]["device_documents"] == 5
+    assert client.get("/api/v1/devices").json()["total"] == 2
 
 
 def test_paging_bounds_are_a_422(svc):
