@@ -315,3 +315,15 @@ def test_a_status_over_mqtt_that_does_not_fit_is_not_kept(svc):
     loop._ingest({"st-1": dict(good)})
     got = client.get("/api/v1/devices/st-1").json()
     assert got["online"] is True and got["models"] == {"m": {"version": "2", "state": "committed"}}
+
+
+def test_a_model_upload_over_max_body_bytes_is_cut_off_and_nothing_kept(tmp_path, db_url):  # noqa: F811
+    with running_service(tmp_path, database={"url": db_url}, max_body_bytes=4096) as (cp, url):
+        h = {"Authorization": f"Bearer {cp.admin_token}"}
+        for body in (b"\0" * 5000, iter([b"\0" * 1024] * 5)):  # declared, then streamed without a length
+            r = httpx.put(url + "/api/v1/models/m/versions/1", content=body, headers=h)
+            assert r.status_code == 413 and r.json()["error"] == "body: more than 4096 bytes for this route"
+        r = httpx.post(url + "/api/v1/enroll", content=b" " * 4000)  # other routes keep their own caps
+        assert r.status_code == 400
+        assert httpx.get(url + "/api/v1/models", headers=h).json()["models"] == []
+        assert not any(p.is_file() for p in (tmp_path / "store").rglob("*"))

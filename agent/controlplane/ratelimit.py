@@ -77,6 +77,13 @@ class Guard:
         with self._lock:
             self.pending_dropped += n
 
-    def counters(self) -> dict[str, int]:
+    def report(self, session) -> dict[str, int]:
+        """/api/v1/health's `limits`: pending devices, the cap, and the counters since the service started."""
+        from sqlalchemy import func, select
+
+        from agent.controlplane.models import PENDING, Device
+
+        pending = session.scalar(select(func.count()).select_from(Device).where(Device.state == PENDING)) or 0
         with self._lock:
-            return {"rate_limited": self.rate_limited, "pending_dropped": self.pending_dropped}
+            counters = {"rate_limited": self.rate_limited, "pending_dropped": self.pending_dropped}
+        return {"pending": pending, "pending_max": self.limits.pending_max, **counters}
