@@ -20,7 +20,6 @@ INVALID = "invalid"  # the key naming the fields blanked on read
 
 Short = Annotated[str, Field(max_length=64)]  # what lands in a String(64) column
 Text = Annotated[str, Field(max_length=4096)]
-Scalar = Annotated[str, Field(max_length=256)] | int | float | bool | None
 
 
 class DocumentInvalid(EdgeAgentError):
@@ -31,14 +30,29 @@ class Doc(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-def _hardware(value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+def _hardware(value: Any, info: ValidationInfo) -> Any:
+    """`hardware`: a flat object (at most 32 keys of at most 64 characters) of strings of at most 256 characters,
+    numbers, booleans, null, or lists of at most 32 of those; as compact JSON at most `hardware_bytes`."""
+    if value is None:
+        return value
+    if not isinstance(value, dict):
+        raise ValueError("expected an object")
+    if len(value) > 32:
+        raise ValueError(f"{len(value)} keys, more than 32")
+    for key, v in value.items():
+        if len(key) > 64:
+            raise ValueError(f"{key[:64]!r}...: a key of more than 64 characters")
+        if isinstance(v, list) and len(v) > 32:
+            raise ValueError(f"{key}: a list of more than 32 values")
+        for x in v if isinstance(v, list) else [v]:
+            if not (x is None or isinstance(x, (bool, int, float)) or (isinstance(x, str) and len(x) <= 256)):
+                raise ValueError(
+                    f"{key}: expected a string of at most 256 characters, a number, a boolean, null or a list of those"
+                )
     cap = (info.context or {}).get("hardware_bytes")
-    if value is not None and cap is not None and len(json.dumps(value, separators=(",", ":"))) > cap:
+    if cap is not None and len(json.dumps(value, separators=(",", ":"))) > cap:
         raise ValueError(f"more than {cap} bytes as JSON")
     return value
-
-
-Hardware = dict[Annotated[str, Field(max_length=64)], Scalar | Annotated[list[Scalar], Field(max_length=32)]]
 
 
 class EnrollRequest(Doc):
@@ -47,7 +61,7 @@ class EnrollRequest(Doc):
     public_key: str | None = Field(default=None, max_length=4096)
     nonce: str | None = Field(default=None, max_length=200)
     ts: float | None = None
-    hardware: Annotated[Hardware, Field(max_length=32)] | None = None
+    hardware: Any = None
     target: Short | None = None
     token: str | None = Field(default=None, max_length=256)
     sig: dict[str, Text | None] | None = None
@@ -146,7 +160,7 @@ class Status(Doc):
     online: bool | None = None
     ts: float | None = None
     target: Short | None = None
-    hardware: Annotated[Hardware, Field(max_length=32)] | None = None
+    hardware: Any = None
     providers: Annotated[list[Short], Field(max_length=64)] | None = None
     models: dict[Short, ModelStatus] | None = None
     deployments: dict[Short, DeploymentStatus] | None = None
