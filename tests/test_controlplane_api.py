@@ -14,7 +14,7 @@ import httpx
 import pytest
 from cp_support import postgres, running_service
 
-from agent.artifacts.keys import device_key, public_pem
+from agent.artifacts.keys import device_key, key_id, public_pem
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.signing import sign_doc
 
@@ -101,10 +101,21 @@ def test_enrollment_pending_accept_and_refusals(svc):
     forged = dict(request("dev-3", device_key(tmp / "keys" / "dev-3")), target="other")
     r = client.post("/api/v1/enroll", json=forged)
     assert r.status_code == 403 and r.json()["error"].startswith("sig:")
-    # another key claiming dev-1's id
+    # another key claiming dev-1's id (pending): refused, but answered as an unknown id's request is (an
+    # unauthenticated caller cannot tell pending ids from unknown ones); nothing stored
     imp = request("dev-1", device_key(tmp / "keys" / "impostor"))
     r = client.post("/api/v1/enroll", json=imp)
-    assert r.status_code == 403 and r.json()["error"].startswith("device_id:")
+    fresh = _enroll(client, tmp, "dev-new")
+    assert (
+        (r.status_code, r.json())
+        == (fresh.status_code, {**fresh.json(), "device_id": "dev-1"})
+        == (
+            202,
+            {"device_id": "dev-1", "state": "pending"},
+        )
+    )
+    client.post("/api/v1/devices/dev-new/reject")
+    client.delete("/api/v1/devices/dev-new")
     # one key, one device: dev-1's key for a new id
     r = client.post("/api/v1/enroll", json=request("dev-9", device_key(tmp / "keys" / "dev-1")))
     assert r.status_code == 403 and "one key, one device" in r.json()["error"]
@@ -120,8 +131,9 @@ def test_enrollment_pending_accept_and_refusals(svc):
     assert r.status_code == 403 and r.json()["error"].startswith("ts:")
     refused = [a for a in client.get("/api/v1/audit").json()["entries"] if a["action"] == "enroll.refused"]
     assert len(refused) == 5
-    devs = {d["device_id"]: d["state"] for d in client.get("/api/v1/devices").json()["devices"]}
-    assert devs == {"dev-1": "pending", "dev-2": "pending"}
+    devs = {d["device_id"]: (d["state"], d["key_id"]) for d in client.get("/api/v1/devices").json()["devices"]}
+    dev1_key = key_id(device_key(tmp / "keys" / "dev-1").public_key())
+    assert devs == {"dev-1": ("pending", dev1_key), "dev-2": ("pending", key_id(key.public_key()))}
     # reject, then decommission frees the key
     assert client.post("/api/v1/devices/dev-2/reject").json()["state"] == "rejected"
     assert client.post("/api/v1/devices/dev-1/decommission").json()["state"] == "decommissioned"

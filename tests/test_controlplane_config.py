@@ -25,11 +25,24 @@ def test_defaults_and_relative_paths(tmp_path):
         ({"max_body_bytes": 10}, "max_body_bytes"),
         ({"tick_s": 0}, "tick_s"),
         ({"mqtt": "mqtt://x"}, "mqtt"),
+        ({"limits": [1]}, "limits"),
+        ({"limits": {"pending_cap": 5}}, "limits.pending_cap"),
+        ({"limits": {"enroll_body_bytes": 100}}, "limits.enroll_body_bytes"),
+        ({"limits": {"json_depth": True}}, "limits.json_depth"),
+        ({"limits": {"key_per_minute": 0}}, "limits.key_per_minute"),
     ],
 )
 def test_errors_name_the_key(tmp_path, doc, key):
     with pytest.raises(ConfigError, match=f"^{key}"):
         parse(doc, tmp_path)
+
+
+def test_limits_default_and_set(tmp_path):
+    from agent.controlplane.limits import Limits
+
+    assert parse({}, tmp_path).limits == Limits()
+    got = parse({"limits": {"pending_max": 5, "address_per_minute": 0.5, "hardware_bytes": 4096}}, tmp_path).limits
+    assert (got.pending_max, got.address_per_minute, got.hardware_bytes, got.json_depth) == (5, 0.5, 4096, 32)
 
 
 def test_unreadable_files_are_clear(tmp_path):

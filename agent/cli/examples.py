@@ -28,6 +28,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "edge-agent fleet push pkg/ --name resnet --version 3 --group lab --key fleet.key --store cp "
         "--broker mqtt://broker:1883 --wait 600",
     ),
+    "fleet delete": ("edge-agent fleet delete pi-1 --control-plane http://cp:8470 --token-file admin.token",),
     "fleet register": ("edge-agent fleet register pi-1 --public-key pi-1.pub --group lab --store cp",),
     "fleet rollback": (
         "edge-agent fleet rollback resnet --group lab --key fleet.key --store cp --broker URL --wait 300",

@@ -23,6 +23,7 @@ FLEET_COMMANDS = {
     "rollback": ("agent.cli.fleet_rollout:rollback", "Publish signed rollbacks to the previous version."),
     "simulate": ("agent.cli.fleet_simulate:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
+    "delete": ("agent.cli.fleet_cp:delete", "Delete a device and its documents from the control-plane service."),
     "clear": ("agent.cli.fleet:clear", "Remove a retained desired state (a push to the wrong prefix or target)."),
     "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),
 }

@@ -230,3 +230,24 @@ def cp_rollout(
     click.echo(json.dumps(summary, indent=2, sort_keys=True) if as_json or not doc.get("progress") else render(summary))
     if summary.get("state") in ("halted", "partial"):
         sys.exit(1)
+
+
+@click.command("delete")
+@click.argument("device_id")
+@control_plane_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def delete(device_id: str, control_plane: str | None, cp_token_file: str | None, as_json: bool) -> None:
+    """Delete DEVICE_ID from the control-plane service (DELETE /api/v1/devices/ID, an admin token): its row, its
+    groups, its decision records and conformance reports; audited. A device that asks again is a new pending one."""
+    from urllib.parse import quote
+
+    from agent.transport.cpclient import call
+
+    if not control_plane:
+        raise click.UsageError("missing option '--control-plane URL' (the service to delete the device from)")
+    doc = call(control_plane, "DELETE", f"/api/v1/devices/{quote(device_id, safe='')}", token=_token(cp_token_file))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    rows = ", ".join(f"{n} {table}" for table, n in sorted(doc["deleted"].items()))
+    click.echo(f"deleted {device_id} from {control_plane} ({rows} row(s))")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from sqlalchemy import func, select
 from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
 from agent.controlplane.db import write
+from agent.controlplane.intake import read_document
 from agent.controlplane.models import DEVICE_STATES, AuditEntry, Device, DeviceDocument, ModelVersion, Rollout
 from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import (
@@ -32,38 +32,30 @@ router = APIRouter(prefix="/api/v1")
 AsViewer = Annotated[Operator, Depends(need("viewer"))]
 AsOperator = Annotated[Operator, Depends(need("operator"))]
 AsAdmin = Annotated[Operator, Depends(need("admin"))]
+MAX_OFFSET = 10**9  # a paging offset beyond is a 422 (the databases' integers end near 9.2e18)
 
 
 def cp(request: Request):
     return request.app.state.cp
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > request.app.state.cp.settings.api_max_json:
-        raise HTTPException(413, f"body: more than {request.app.state.cp.settings.api_max_json} bytes")
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise HTTPException(400, f"body: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise HTTPException(400, "body: expected a JSON object")
-    return doc
-
-
 # -- devices -----------------------------------------------------------------------------------------------
 @router.post("/enroll", status_code=202, tags=["enrollment"])
 async def enroll_device(request: Request) -> dict[str, Any]:
     """A device's enrollment request, signed with its own key (no operator token)."""
-    doc = await _json_body(request)
+    doc = await read_document(request, "enroll")
     ctx = cp(request)
     try:
         with write(ctx.factory) as s:
             row = enroll.apply(s, doc)
             out = {"device_id": row.device_id, "state": row.state}
+            if row.state == "pending":
+                ctx.guard.dropped(enroll.cap_pending(s, row.device_id, ctx.settings.limits.pending_max))
     except enroll.EnrollRefused as exc:
         with write(ctx.factory) as s:
             repo.audit(s, f"device:{str(doc.get('device_id'))[:64]}", "enroll.refused", None, reason=str(exc))
+        if isinstance(exc, enroll.LooksPending):  # answered as an unknown id's request is: nothing stored
+            return {"device_id": doc["device_id"], "state": "pending"}
         raise
     if out["state"] == "accepted":
         ctx.registry_changed()
@@ -80,7 +72,7 @@ def list_devices(
     provider: str | None = Query(None, max_length=64),
     online: bool | None = None,
     q: str | None = Query(None, max_length=64),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
     limit: int = Query(50, ge=1, le=1000),
 ) -> dict[str, Any]:
     with cp(request).factory() as s:
@@ -159,6 +151,15 @@ def decommission(request: Request, device_id: str, op: AsAdmin):
     return out
 
 
+@router.delete("/devices/{device_id}", tags=["devices"])
+def delete_device(request: Request, device_id: str, op: AsAdmin):
+    """The device and everything kept for it (groups, decision records, conformance reports), audited."""
+    with write(cp(request).factory) as s:
+        deleted = enroll.delete_device(s, device_id, op.actor)
+    cp(request).registry_changed()
+    return {"device_id": device_id, "deleted": deleted}
+
+
 @router.put("/devices/{device_id}/groups", tags=["groups"])
 def set_groups(request: Request, device_id: str, body: Groups, op: AsOperator):
     for g in body.groups:
@@ -196,12 +197,12 @@ async def _signed_doc(request: Request, response: Response, device_id: str, kind
     from agent.controlplane import documents, freshness
     from agent.transport.signing import verify_doc
 
-    doc = await _json_body(request)
+    doc = await read_document(request, kind)
     try:
         with write(cp(request).factory) as s:
-            row = repo.device(s, device_id)
-            if row.state != "accepted":
-                raise HTTPException(403, f"device_id: {device_id} is {row.state}, not accepted")
+            row = s.get(Device, device_id)
+            if row is None or row.state != "accepted":  # one answer: unknown and pending are not told apart
+                raise HTTPException(403, f"device_id: {device_id} is not an accepted device")
             key = parse_public_key(row.public_key, where=f"key of {device_id}")
             trust = verify_doc(doc, key)
             if trust != "verified" or doc.get("device_id") != device_id:
@@ -264,17 +265,12 @@ async def upload_model(request: Request, name: str, version: str, op: AsOperator
     if not re.match(VERSION, version):
         raise HTTPException(422, f"version: {version!r} is not a dotted integer version")
     ctx = cp(request)
-    limit = ctx.settings.max_body_bytes
     ctx.settings.store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
         head = b""
         path = Path(tmp) / "upload"
-        size = 0
         with open(path, "wb") as f:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise HTTPException(413, f"body: package larger than max_body_bytes ({limit})")
+            async for chunk in request.stream():  # at most max_body_bytes: limits.BodyLimit cuts it off (413)
                 head = head or chunk[:2]
                 f.write(chunk)
         final = path.rename(path.with_name("package.tar.gz" if head == b"\x1f\x8b" else "model.onnx"))
@@ -375,4 +371,5 @@ def health(request: Request):
     ctx = cp(request)
     with ctx.factory() as s:
         devices = s.scalar(select(func.count()).select_from(Device)) or 0
-    return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state()}
+        limits = ctx.guard.report(s)
+    return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state(), "limits": limits}

@@ -4,8 +4,10 @@ sessions, and the one mapping of storage faults (full disk, read-only) to a clea
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -21,12 +23,21 @@ class StorageError(EdgeAgentError):
     """The database refused a write (disk full, read-only, gone): the request fails, reads keep working."""
 
 
+def _loads(text: str | bytes) -> Any:
+    """A stored JSON value; one nested past what the parser can take (written straight into the database) reads as
+    a string saying so, for the document checks to mark, never as an error that breaks a listing."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return f"unreadable JSON: {type(exc).__name__}"
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=_loads)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:
@@ -38,7 +49,7 @@ def make_engine(url: str) -> Engine:
 
         return engine
     if url.startswith("postgresql+psycopg://"):
-        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8, json_deserializer=_loads)
     raise ConfigError(f"database.url: expected sqlite:///PATH or postgresql://..., got {url.split(':', 1)[0]}:...")
 
 

@@ -7,11 +7,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from agent.controlplane import repo
-from agent.controlplane.models import ACCEPTED, DECOMMISSIONED, PENDING, REJECTED, Device, EnrollNonce, EnrollToken
+from agent.controlplane.models import (
+    ACCEPTED,
+    DECOMMISSIONED,
+    PENDING,
+    REJECTED,
+    Device,
+    DeviceDocument,
+    DeviceGroup,
+    EnrollNonce,
+    EnrollToken,
+)
 from agent.controlplane.tokens import digest
 from agent.errors import ConfigError
 from agent.transport.cpclient import ENROLL_KIND as KIND
@@ -21,6 +31,11 @@ MAX_SKEW_S = 300.0
 
 class EnrollRefused(ConfigError):
     """A request that is well formed but not believed (HTTP 403 at the edge); the refusal is audited."""
+
+
+class LooksPending(EnrollRefused):
+    """Refused, but answered as a new pending request is (202, "pending"), nothing stored: an id held by another
+    key and not accepted must not tell an unauthenticated caller that it is pending rather than unknown."""
 
 
 def check(doc: dict[str, Any], now: float | None = None) -> tuple[str, str, Any]:
@@ -52,6 +67,7 @@ def apply(session: Session, doc: dict[str, Any]) -> Device:
     device_id, kid, _ = check(doc)
     if session.get(EnrollNonce, doc["nonce"]) is not None:
         raise EnrollRefused(f"nonce: this request was seen before (replayed) for {device_id}")
+    session.execute(delete(EnrollNonce).where(EnrollNonce.ts < time.time() - 2 * MAX_SKEW_S))  # replays are stale
     session.add(EnrollNonce(nonce=doc["nonce"], device_id=device_id, ts=time.time()))
     holder = session.scalar(select(Device).where(Device.key_id == kid))
     if holder is not None and holder.device_id != device_id:
@@ -60,6 +76,8 @@ def apply(session: Session, doc: dict[str, Any]) -> Device:
             "decommission that device first"
         )
     row = session.get(Device, device_id)
+    if row is not None and row.state in (PENDING, REJECTED) and row.key_id != kid:
+        raise LooksPending(f"device_id: {device_id} is {row.state} with another key ({row.key_id}): refused")
     if row is not None and row.state != DECOMMISSIONED and row.key_id != kid:
         raise EnrollRefused(f"device_id: {device_id} is enrolled with another key ({row.key_id}): refused")
     hardware: dict[str, Any] = doc["hardware"] if isinstance(doc.get("hardware"), dict) else {}
@@ -98,6 +116,10 @@ def preregister(session: Session, device_id: str, pem: str, groups: list[str], a
     if holder is not None and holder.device_id != device_id:
         raise repo.Conflict(f"public_key: key {kid} is enrolled as device {holder.device_id} (one key, one device)")
     row = session.get(Device, device_id)
+    if row is not None and row.state in (PENDING, REJECTED) and row.key_id not in (None, kid):
+        repo.audit(session, actor, "device.pending_dropped", device_id, key_id=row.key_id, why="pre-registered")
+        remove(session, device_id)  # the operator's key wins over a request nobody accepted (a squatter's?)
+        row = None
     if row is not None and row.state != DECOMMISSIONED and row.key_id not in (None, kid):
         raise repo.Conflict(
             f"device_id: {device_id} is enrolled with another key ({row.key_id}); decommission it first"
@@ -132,3 +154,43 @@ def decommission(session: Session, device_id: str, actor: str) -> Device:
     repo.set_groups(session, row, [])
     repo.audit(session, actor, "device.decommission", device_id)
     return row
+
+
+def remove(session: Session, device_id: str) -> dict[str, int]:
+    """Delete a device's row and everything kept for it (groups, documents, enrollment nonces): {table: rows}."""
+    counts: dict[str, int] = {}
+    for table, column in (
+        (DeviceDocument, DeviceDocument.device_id),
+        (DeviceGroup, DeviceGroup.device_id),
+        (EnrollNonce, EnrollNonce.device_id),
+        (Device, Device.device_id),
+    ):
+        done: Any = session.execute(delete(table).where(column == device_id))
+        counts[str(table.__tablename__)] = int(done.rowcount or 0)
+    session.flush()
+    return counts
+
+
+def delete_device(session: Session, device_id: str, actor: str) -> dict[str, int]:
+    """The operator's delete (DELETE /api/v1/devices/{id}, admin): the device and its documents, audited."""
+    repo.device(session, device_id)
+    counts = remove(session, device_id)
+    repo.audit(session, actor, "device.delete", device_id, **counts)
+    return counts
+
+
+def cap_pending(session: Session, keep: str, cap: int) -> int:
+    """At most `cap` pending devices: the oldest ones (not `keep`) are dropped, each audited; how many were."""
+    over = (session.scalar(select(func.count()).select_from(Device).where(Device.state == PENDING)) or 0) - cap
+    if over <= 0:
+        return 0
+    oldest = session.scalars(
+        select(Device.device_id)
+        .where(Device.state == PENDING, Device.device_id != keep)
+        .order_by(Device.requested_at, Device.device_id)
+        .limit(over)
+    ).all()
+    for device_id in oldest:
+        remove(session, device_id)
+        repo.audit(session, "service", "device.pending_dropped", device_id, why=f"more than {cap} pending")
+    return len(oldest)

@@ -30,6 +30,20 @@ def registry_from_db(factory: sessionmaker[Session]) -> DeviceRegistry:
     return DeviceRegistry({d: {"public_key": pem, "key_id": kid, "groups": list(g or [])} for d, pem, kid, g in rows})
 
 
+def _unfit(doc: dict, limits) -> str | None:
+    """Why a verified status cannot be kept (too deep, a field of the wrong type or size), else None."""
+    from agent.controlplane.docschema import DocumentInvalid, check
+    from agent.controlplane.limits import depth
+
+    if depth(doc, limits.json_depth) > limits.json_depth:
+        return f"nested deeper than {limits.json_depth} levels"
+    try:
+        check("status", doc, limits.hardware_bytes)
+    except DocumentInvalid as exc:
+        return str(exc)
+    return None
+
+
 class FleetLoop:
     def __init__(self, factory: sessionmaker[Session], settings, key=None):
         self.factory, self.settings, self.key = factory, settings, key
@@ -99,6 +113,10 @@ class FleetLoop:
                     continue  # only verified reports change anything
                 row = s.get(Device, dev)
                 if row is None or row.state != ACCEPTED:
+                    continue
+                why = _unfit(doc, self.settings.limits)
+                if why:  # verified, but not of the status's shape: nothing of it is kept
+                    log.warning("fleet loop: status of %s not kept: %s", dev, why)
                     continue
                 providers: list = doc["providers"] if isinstance(doc.get("providers"), list) else []
                 models: dict = doc["models"] if isinstance(doc.get("models"), dict) else {}

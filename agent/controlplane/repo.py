@@ -83,7 +83,7 @@ def overview(session: Session) -> dict[str, Any]:
     states = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
     cohorts: dict[tuple[str, str, str], dict[str, int]] = {}
     for row in session.scalars(select(Device).where(Device.state == "accepted")).all():
-        models = ((row.status or {}).get("models") or {}) if isinstance(row.status, dict) else {}
+        models = device_dict(row)["models"]  # checked again as read: a bad stored status never breaks this
         versions = ", ".join(f"{m} {v.get('version')}" for m, v in sorted(models.items()) if isinstance(v, dict))
         key = (row.target or "unknown", row.provider or "unknown", versions or "none")
         c = cohorts.setdefault(key, {"devices": 0, "online": 0})
@@ -96,13 +96,22 @@ def overview(session: Session) -> dict[str, Any]:
 
 
 def documents(session: Session, device_id: str, kind: str, limit: int = 20) -> list[DeviceDocument]:
+    """The newest documents of a kind, each checked again as read (docschema.clean: a bad field is blanked and
+    named under "invalid"; the stored row is not changed)."""
+    from sqlalchemy.orm.attributes import set_committed_value
+
+    from agent.controlplane.docschema import clean
+
     stmt = (
         select(DeviceDocument)
         .where(DeviceDocument.device_id == device_id, DeviceDocument.kind == kind)
         .order_by(DeviceDocument.ts.desc(), DeviceDocument.id.desc())
         .limit(limit)
     )
-    return list(session.scalars(stmt).all())
+    rows = list(session.scalars(stmt).all())
+    for d in rows:
+        set_committed_value(d, "doc", clean(kind, d.doc))
+    return rows
 
 
 def replace_document(
@@ -124,22 +133,31 @@ def replace_document(
 
 
 def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
-    status = row.status if isinstance(row.status, dict) else {}
+    """A device as listed and shown; what it supplied (hardware, status) is checked again as read, a bad field
+    blanked and named under "invalid" (docschema)."""
+    from agent.controlplane.docschema import INVALID, clean, hardware
+
+    status = clean("status", row.status) if row.status is not None else {}
+    hw, invalid = hardware(row.hardware)
+    invalid += [f"status.{p}" for p in status.get(INVALID, [])]
+    groups = row.groups if isinstance(row.groups, list) else []
     out = {
         "device_id": row.device_id,
         "state": row.state,
         "key_id": row.key_id,
-        "groups": list(row.groups or []),
+        "groups": [g for g in groups if isinstance(g, str)],
         "target": row.target,
         "provider": row.provider,
         "online": bool(row.online),
-        "hardware": row.hardware or {},
+        "hardware": hw,
         "models": status.get("models") or {},
         "status_ts": row.status_ts,
         "requested_at": row.requested_at,
         "decided_at": row.decided_at,
         "decided_by": row.decided_by,
     }
+    if invalid:
+        out[INVALID] = invalid
     if full:
         out["status"] = status or None
     return out

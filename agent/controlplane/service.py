@@ -18,7 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agent.controlplane import db, repo, tokens
 from agent.controlplane.enroll import EnrollRefused
 from agent.controlplane.importer import import_store
+from agent.controlplane.limits import BodyLimit, body_cap
 from agent.controlplane.models import OperatorToken
+from agent.controlplane.ratelimit import Guard
 from agent.controlplane.settings import Settings, loopback
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -40,6 +42,7 @@ class ControlPlane:
         self.stopping = threading.Event()
         self.imported: dict[str, int] = {}
         self.admin_token: str | None = None
+        self.guard = Guard(settings.limits)  # rate limits and the pending cap's counters
 
     def prepare(self) -> "ControlPlane":
         with db.write(self.factory) as s:
@@ -140,6 +143,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
     app.include_router(router)
     app.include_router(web_router)
     app.mount("/static", static_files(), name="static")
+    app.add_middleware(BodyLimit, cap_for=lambda m, p: body_cap(cp.settings.limits, cp.settings.max_body_bytes, m, p))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

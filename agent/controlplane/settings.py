@@ -8,9 +8,21 @@ from typing import Any
 
 import yaml
 
+from agent.controlplane.limits import Limits, parse_limits
 from agent.errors import ConfigError
 
-KEYS = {"listen", "database", "store", "signing_key", "mqtt", "admin_token_file", "max_body_bytes", "tick_s", "tls"}
+KEYS = {
+    "listen",
+    "database",
+    "store",
+    "signing_key",
+    "mqtt",
+    "admin_token_file",
+    "max_body_bytes",
+    "tick_s",
+    "tls",
+    "limits",
+}
 
 
 @dataclass(frozen=True)
@@ -28,14 +40,11 @@ class Settings:
     tls_certfile: Path | None = None  # PEM certificate chain (uvicorn's ssl_certfile)
     tls_keyfile: Path | None = None  # its PEM private key (uvicorn's ssl_keyfile)
     allow_insecure: bool = False  # listen.allow_insecure: plain HTTP beyond loopback (a TLS proxy in front)
+    limits: Limits = Limits()  # body caps, JSON depth, rate limits, the pending cap (agent.controlplane.limits)
 
     @property
     def scheme(self) -> str:
         return "https" if self.tls_certfile is not None else "http"
-
-    @property
-    def api_max_json(self) -> int:
-        return 1024 * 1024
 
 
 def _path(base: Path, value: Any, key: str) -> Path:
@@ -102,6 +111,7 @@ def parse(doc: Any, base: Path) -> Settings:
         tls_certfile=certfile,
         tls_keyfile=keyfile,
         allow_insecure=insecure,
+        limits=parse_limits(doc.get("limits")),
     )
 
 

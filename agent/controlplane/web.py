@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import select
@@ -42,6 +42,9 @@ class Visit:
     @property
     def csrf(self) -> str:
         return self.session.csrf if self.session else ""
+
+
+MAX_PAGE = 10**7  # a page number beyond is a 422
 
 
 def static_files() -> StaticFiles:
@@ -148,7 +151,12 @@ def overview(request: Request):
 
 @router.get("/devices", response_class=HTMLResponse)
 def devices(
-    request: Request, state: str = "accepted", group: str = "", target: str = "", provider: str = "", page: int = 0
+    request: Request,
+    state: str = "accepted",
+    group: str = "",
+    target: str = "",
+    provider: str = "",
+    page: int = Query(0, ge=0, le=MAX_PAGE),
 ):
     v = _who(request)
     if isinstance(v, Response):
@@ -160,7 +168,7 @@ def devices(
             group=group or None,
             target=target or None,
             provider=provider or None,
-            offset=max(0, page) * PAGE,
+            offset=page * PAGE,
             limit=PAGE,
         )
         items = [repo.device_dict(r) for r in rows]
@@ -169,14 +177,14 @@ def devices(
 
 
 @router.get("/pending", response_class=HTMLResponse)
-def pending(request: Request):
+def pending(request: Request, page: int = Query(0, ge=0, le=MAX_PAGE)):
     v = _who(request)
     if isinstance(v, Response):
         return v
     with request.app.state.cp.factory() as s:
-        total, rows = repo.list_devices(s, state="pending", limit=500)
+        total, rows = repo.list_devices(s, state="pending", offset=page * PAGE, limit=PAGE)
         items = [repo.device_dict(r) for r in rows]
-    return _page(request, "pending.html", v, devices=items, total=total)
+    return _page(request, "pending.html", v, devices=items, total=total, page=page, size=PAGE)
 
 
 @router.get("/devices/{device_id}", response_class=HTMLResponse)

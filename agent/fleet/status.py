@@ -119,7 +119,7 @@ class FleetWatch:
 def _json(payload: bytes) -> dict | None:
     try:
         doc = json.loads(payload) if payload else None
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser (a hostile status): unreadable, like bad JSON
         return None
     return doc if isinstance(doc, dict) else None
 
