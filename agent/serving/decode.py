@@ -10,7 +10,8 @@ import numpy as np
 from agent.serving.binary import BinarySlot, binary_tensor, wire_dtype
 from agent.serving.codec import Charge, InferRequest, no_charge, numpy_dtype, oip_name
 from agent.serving.errors import BadRequest
-from agent.serving.jsondata import json_tensor, parse_json
+from agent.serving.jsondata import json_tensor
+from agent.serving.jsonfast import NumericData, parse_infer
 from agent.serving.params import check_request, class_count
 from agent.serving.shm import ShmOut, ShmSlot, input_slot, output_target
 
@@ -49,7 +50,7 @@ def _shape(raw: Any, where: str, itemsize: int) -> tuple[tuple[int, ...], int]:
     return tuple(raw), count
 
 
-def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | BinarySlot | ShmSlot:
+def _input(spec: Any, i: int, binary: memoryview, offset: int, charge: Charge) -> np.ndarray | BinarySlot | ShmSlot:
     """One input: its JSON data as an array, or where its binary data lies (sizes checked, nothing allocated)."""
     if not isinstance(spec, dict):
         raise BadRequest(f"inputs[{i}] must be an object")
@@ -85,7 +86,10 @@ def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | B
         return BinarySlot(name, dtype, shape, count, offset, size, wire)
     if "data" not in spec:
         raise BadRequest(f"{where}: needs 'data' or parameters.binary_data_size")
-    return json_tensor(name, spec["data"], dtype, count).reshape(shape)
+    data = spec["data"]
+    if isinstance(data, NumericData):  # a large body's numbers, parsed but not yet converted (jsonfast.py)
+        return data.tensor(name, dtype, count, charge).reshape(shape)
+    return json_tensor(name, data, dtype, count).reshape(shape)
 
 
 def _outputs(raw: Any, req: InferRequest) -> None:
@@ -155,7 +159,7 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
 
 def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     """Parse and check the JSON header (no binary input is read, and BYTES ones are parsed per request)."""
-    doc = parse_json(head, charge, "the request's JSON")
+    doc = parse_infer(head, charge, "the request's JSON")
     if not isinstance(doc, dict):
         raise BadRequest("the request must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -165,7 +169,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     got: dict[str, np.ndarray | BinarySlot | ShmSlot] = {}
     offset = 0
     for i, spec in enumerate(raw_inputs):
-        one = _input(spec, i, binary, offset)
+        one = _input(spec, i, binary, offset, charge)
         name = one.name if isinstance(one, BinarySlot) else spec["name"]
         if name in got:
             raise BadRequest(f"input {name!r} appears twice")
