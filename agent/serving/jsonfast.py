@@ -135,9 +135,15 @@ def _arrays_and_depth(doc: Any) -> tuple[int, int]:
     return count, deepest
 
 
+_COUNT_STEP = 1 << 20  # the comparison's temporary array stays this small
+
+
 def _count(text: bytes | memoryview, chars: bytes) -> int:
+    """How many of `chars` the text holds (numpy compares: 3x quicker than bytes.count, a megabyte at a time)."""
     view = np.frombuffer(text, dtype=np.uint8)
-    return sum(int(np.count_nonzero(view == c)) for c in chars)  # vectorised: 3x quicker than bytes.count
+    return sum(
+        int(np.count_nonzero(view[i : i + _COUNT_STEP] == c)) for i in range(0, len(view), _COUNT_STEP) for c in chars
+    )
 
 
 def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
