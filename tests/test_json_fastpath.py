@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.serving import jsonfast
+from agent.serving import jsonfast, jsonplan
 from agent.serving.budget import BodyBudget, Ledger, parse_cost
 from agent.serving.codec import DATATYPES, numpy_dtype
 from agent.serving.decode import decode_request
@@ -80,7 +80,8 @@ def test_valid_requests_decode_alike(t):
     assert slow[0] == "ok", slow
     assert fast == slow
     data = jsonfast.parse_infer(text + PAD)["inputs"][0]["data"]
-    assert isinstance(data, jsonfast.NumericData), t  # simdjson parsed it (BOOL, BYTES: read as Python objects)
+    if t[0] != "BYTES" or "[" not in "".join(np.array(t[2], dtype=object).reshape(-1)):  # a '[' in a string:
+        assert isinstance(data, jsonfast.NumericData), t  # the Python parser's; else simdjson parsed it
 
 
 # textual lies and malformations, applied to the JSON text of a valid request's data
@@ -122,6 +123,42 @@ def test_malformed_requests_are_refused_alike(t, which, smaller_shape):
     )
     slow, fast = _both(body)
     assert fast == slow
+
+
+def _flat_body(datatype, shape, text: str) -> bytes:
+    return b'{"inputs": [{"name": "x", "shape": %s, "datatype": "%s", "data": %s}], "outputs": [{"name": "y"}]}' % (
+        json.dumps(shape).encode(),
+        datatype.encode(),
+        text.encode(),
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tensors(), st.integers(-1, len(MUTATIONS) - 1))
+def test_a_cached_small_header_decodes_as_the_full_parser_does(t, which):
+    """jsonplan: a small request repeating a header checked before parses only its numbers: the same tensors and
+    the same refusals as the full parser, whatever numbers (or lies) the repeat carries."""
+    datatype, shape, data = t
+    flat = json.dumps(np.array(data, dtype=object).reshape(-1).tolist())
+    first = _flat_body(datatype, shape, flat)
+    repeat = _flat_body(datatype, shape, MUTATIONS[which](flat) if which >= 0 else flat)
+    jsonplan.clear()
+    expected = _outcome(repeat)  # nothing cached: the full parser
+    jsonplan.clear()
+    assert _outcome(first)[0] == "ok"
+    if datatype not in ("BOOL", "BYTES"):  # numbers only in its data: a template now
+        assert jsonplan.cached(first)
+    assert _outcome(repeat) == expected
+    jsonplan.clear()
+
+
+def test_a_template_is_kept_only_where_the_slot_is_the_inputs_data():
+    body = b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1, 2]}], "extra": {"data": [3]}}'
+    slow = _outcome(body)
+    assert slow[0] == "ok" and not jsonplan.cached(body)  # a second slot, outside the inputs
+    keyed = b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "x\\"data": [1, 2], "data": [1, 2]}]}'
+    assert _outcome(keyed)[0] == "ok" and not jsonplan.cached(keyed)  # a key that ends in "data" is no slot
+    jsonplan.clear()
 
 
 @pytest.mark.parametrize(

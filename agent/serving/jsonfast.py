@@ -60,7 +60,7 @@ class NumericData:
     def tensor(self, name: str, dtype: np.dtype, count: int, charge: Charge) -> np.ndarray:
         """The data as a flat array of `count` elements of `dtype`; the same errors as jsondata.json_tensor."""
         have = self.count()
-        kind = "f" if dtype.name == "bfloat16" else dtype.kind
+        kind = "f" if dtype.kind == "V" else dtype.kind  # bfloat16 (ml_dtypes) is a void kind to numpy
         if have != count or not count or kind not in "iuf":
             return json_tensor(name, self.materialize(charge), dtype, count)  # its message, its checks
         binary = count * dtype.itemsize
@@ -216,10 +216,12 @@ def hinted(charge: Charge, hint: Callable[[], str]) -> Charge:
 def parse_infer(text: bytes | memoryview, charge: Charge = no_charge, what: str = "the request's JSON") -> Any:
     """An infer request's JSON: as jsondata.parse_json, except that in a large body each input's `data` array
     is a NumericData (numbers not yet converted) when it is a regular nested array. A refusal names the remedy."""
-    counted = hinted(charge, lambda: binary_hint(_count(text, b",") + 1))
-    if simdjson is None or len(text) < FAST_MIN or bytes(text[:3]) == _BOM:
-        return parse_json(text, counted, what)
     try:
-        return _fast(text, counted, what)
-    except Unsure:  # the parser's memory is free again, its charge stays counted until the request ends
-        return parse_json(text, counted, what)
+        if simdjson is None or len(text) < FAST_MIN or bytes(text[:3]) == _BOM:
+            return parse_json(text, charge, what)
+        try:
+            return _fast(text, charge, what)
+        except Unsure:  # the parser's memory is free again, its charge stays counted until the request ends
+            return parse_json(text, charge, what)
+    except (PayloadTooLarge, ServerBusy) as exc:
+        raise type(exc)(f"{exc}; {binary_hint(_count(text, b',') + 1)}") from None
