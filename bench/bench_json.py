@@ -7,12 +7,12 @@
   (2) the server's peak RSS per JSON image request in flight (1 and --clients at once): VmHWM after the requests
       minus VmRSS before them (the peak is reset through /proc/<pid>/clear_refs), divided by the requests
 
-Usage: .venv/bin/python bench/bench_json.py [--clients 8] [--seconds 4] [--rounds 2] [--json]
+Usage: .venv/bin/python bench/bench_json.py [--clients 8] [--seconds 3] [--rounds 2] [--models img,pool,small] [--json]
 The server (OIPServer with the daemon's defaults: 64 MiB body limit, 256 MiB request memory budget, 2 malloc
 arenas, fixed mmap threshold) lives in its own process; every client process sends one pre-encoded request over
 and over on a keep-alive connection (so the figures are the server's cost, not the client's JSON encoder), and
 counts the answers by status: a 503 (budget full) is counted, never retried. Each round runs the four phases in
-random order; the figures are medians over rounds, ratios within the same run. About 60 s with the defaults.
+random order; the figures are medians over rounds, ratios within the same run. About 80 s with the defaults.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def peak_per_request(port: int, pid: int, k: int) -> tuple[float, list[int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--models", default="img,pool,small", help="which of img, pool, small (comma-separated)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")

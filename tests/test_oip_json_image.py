@@ -111,3 +111,18 @@ def test_eight_of_the_largest_json_requests_in_flight_stay_under_memory_max(srv)
             assert "Inference-Header-Content-Length" in answer["error"], answer  # the way that would fit
     assert srv.rss_peak < MEMORY_MAX, f"peak RSS {srv.rss_peak >> 20} MiB over memory_max {MEMORY_MAX >> 20} MiB"
     assert not srv.live_failures, srv.live_failures[:3]
+
+
+def test_a_json_body_over_the_limit_is_told_of_the_binary_extension(srv):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        c.putrequest("POST", "/v2/models/img/infer")
+        c.putheader("Content-Length", str(65 << 20))  # over the 64 MiB limit: refused before the body is read
+        c.putheader("Content-Type", "application/json")
+        c.endheaders()
+        r = c.getresponse()
+        error = json.loads(r.read())["error"]
+    finally:
+        c.close()
+    assert r.status == 413 and "exceeds the limit" in error, error
+    assert "Inference-Header-Content-Length" in error and "binary_data_size" in error, error
