@@ -9,7 +9,7 @@ errors (lies, malformed numbers, NaN/Inf text, out-of-range integers, deep nesti
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,14 +43,6 @@ class NumericData:
 
     def count(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 0
-
-    def arrays(self) -> int:
-        """How many JSON arrays a regular array of this shape has (1 + d1 + d1*d2 + ...)."""
-        total, level = 0, 1
-        for d in self.shape:
-            total += level
-            level *= d
-        return total
 
     def materialize(self, charge: Charge) -> Any:
         """The data as Python objects, for the old checks (BOOL, BYTES, or numbers numpy must judge one by one)."""
@@ -135,20 +127,69 @@ def _arrays_and_depth(doc: Any) -> tuple[int, int]:
     return count, deepest
 
 
-_COUNT_STEP = 1 << 20  # the comparison's temporary array stays this small
+_STEP = 1 << 20  # the scan's temporary arrays stay this small
+_MAX_ARRAYS = 1 << 16  # more '[' than this (data nested too finely to walk, or no tensor): the Python parser
+_MAX_STRINGS = 4096  # strings (keys included) beyond this (BYTES data, say): the Python parser, as before
+_MAX_SKELETON = 4096  # values outside the data arrays (the header proper) beyond this: the Python parser
+_STRING_COST = 4  # a Python str holds up to 4 bytes per byte of UTF-8 (one astral character widens it all)
+_VALUE_COST = 64  # a Python object of the header, or a lazy simdjson array, with its reference
+
+
+class Scan(NamedTuple):
+    opens: int  # '[' and '{'
+    brackets: int  # '['
+    separators: int  # ',' and ':'
+    commas: int
+    strings: int
+    string_bytes: int
 
 
 def _count(text: bytes | memoryview, chars: bytes) -> int:
     """How many of `chars` the text holds (numpy compares: 3x quicker than bytes.count, a megabyte at a time)."""
     view = np.frombuffer(text, dtype=np.uint8)
-    return sum(
-        int(np.count_nonzero(view[i : i + _COUNT_STEP] == c)) for i in range(0, len(view), _COUNT_STEP) for c in chars
+    return sum(int(np.count_nonzero(view[i : i + _STEP] == c)) for i in range(0, len(view), _STEP) for c in chars)
+
+
+def _scan(text: bytes | memoryview) -> Scan:
+    """The body's structure characters and strings, in one pass; Unsure when a string holds an escape (a quote
+    may then be escaped: the strings' extent is not known without parsing) or there are too many strings."""
+    view = np.frombuffer(text, dtype=np.uint8)
+    counts = dict.fromkeys(b"[{,:\\", 0)
+    quotes = []
+    for i in range(0, len(view), _STEP):
+        part = view[i : i + _STEP]
+        for c in counts:
+            counts[c] += int(np.count_nonzero(part == c))
+        quotes.append(np.flatnonzero(part == ord('"')) + i)
+        if counts[ord("\\")] or sum(len(q) for q in quotes) > 2 * _MAX_STRINGS:
+            raise Unsure
+    at = np.concatenate(quotes) if quotes else np.empty(0, dtype=np.int64)
+    if len(at) % 2:
+        raise Unsure  # malformed: the Python parser says where
+    inside = int((at[1::2] - at[0::2] - 1).sum())
+    commas = counts[ord(",")]
+    return Scan(
+        counts[ord("[")] + counts[ord("{")], counts[ord("[")], commas + counts[ord(":")], commas, len(at) // 2, inside
     )
 
 
+def _data_structure(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(arrays, commas) of a regular JSON array of `shape`."""
+    arrays = commas = 0
+    level = 1
+    for d in shape:
+        arrays += level
+        commas += level * max(d - 1, 0)
+        level *= d
+    return arrays, commas
+
+
 def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
-    brackets = _count(text, b"[")
-    charge(parse_cost(len(text), brackets + _count(text, b"{"), _count(text, b",:")), what)
+    scan = _scan(text)
+    if scan.brackets > _MAX_ARRAYS:
+        raise Unsure
+    cost = parse_cost(len(text), scan.opens, scan.separators)
+    charge(cost + _STRING_COST * scan.string_bytes + _VALUE_COST * (scan.strings + scan.brackets), what)
     parser = simdjson.Parser()
     try:
         top = parser.parse(text)
@@ -156,37 +197,43 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
         raise Unsure from None
     if not isinstance(top, simdjson.Object):
         raise Unsure
-    doc: dict[str, Any] = {}
+    lazy: dict[str, Any] = {key: top[key] for key in _keys(top)}  # strings are Python already (counted above)
+    specs = lazy.get("inputs")
+    inputs: list[Any] | None = None
     data: list[NumericData] = []
-    for key in _keys(top):
-        value = top[key]
-        if key != "inputs" or not isinstance(value, simdjson.Array):
-            doc[key] = _py(value)
-            continue
-        inputs: list[Any] = []
-        for spec in value:
+    if isinstance(specs, simdjson.Array):
+        inputs = []
+        for spec in specs:
             if not isinstance(spec, simdjson.Object):
-                inputs.append(_py(spec))
+                inputs.append(spec)
                 continue
-            one: dict[str, Any] = {}
-            for k in _keys(spec):
-                v = spec[k]
-                if k == "data" and isinstance(v, simdjson.Array):
-                    shape = _shape(v)
-                    if shape is None:
-                        raise Unsure  # ragged: numpy's own message, from the Python parser
-                    one[k] = NumericData(v, shape, parser, len(text))
-                    data.append(one[k])
-                else:
-                    one[k] = _py(v)
+            one: dict[str, Any] = {k: spec[k] for k in _keys(spec)}
+            raw = one.get("data")
+            if isinstance(raw, simdjson.Array):
+                shape = _shape(raw)
+                if shape is None:
+                    raise Unsure  # ragged: numpy's own message, from the Python parser
+                data.append(NumericData(raw, shape, parser, len(text)))
+                one["data"] = data[-1]
             inputs.append(one)
-        doc[key] = inputs
-    arrays, depth = _arrays_and_depth(doc)
+    arrays = commas = 0
+    for d in data:
+        a, c = _data_structure(d.shape)
+        arrays, commas = arrays + a, commas + c
+    rest = scan.separators + scan.opens - commas - arrays  # the header's values, all but a few
+    if rest > _MAX_SKELETON:
+        raise Unsure
+    charge(_VALUE_COST * rest, what)
+    doc = {k: _py(v) for k, v in lazy.items() if k != "inputs" or inputs is None}
+    if inputs is not None:
+        doc["inputs"] = [{k: v if k == "data" else _py(v) for k, v in one.items()} if isinstance(one, dict)
+                         else _py(one) for one in inputs]  # fmt: skip
+    skeleton_arrays, depth = _arrays_and_depth(doc)
     if depth > _MAX_SKELETON_DEPTH:
         raise Unsure
     # every '[' in the body opens an array, or sits in a string: when the count is exactly the arrays seen, no data
     # leaf hides an array (the leaves are all numbers, as_buffer checks the types) and no string holds a '['
-    if brackets != arrays + sum(d.arrays() for d in data):
+    if scan.brackets != skeleton_arrays + arrays:
         raise Unsure
     return doc
 
