@@ -23,7 +23,8 @@ from agent.serving.jsondata import _DECODER, json_tensor
 from agent.serving.jsonfast import binary_hint
 
 SLOT = re.compile(rb'"data"\s*:\s*\[([-+0-9.eE,\s]*)\]')
-_MAX = 256  # templates kept (a body under jsonfast.FAST_MIN each: at most 16 MiB of keys)
+_MAX = 256  # templates kept
+_KEY_MAX = 8192  # longer headers are parsed every time (the cache's memory stays bounded: 256 x 8 KiB, as decode's)
 
 
 class Slot(NamedTuple):
@@ -97,7 +98,7 @@ def decode(key: bytes, numbers: list[bytes], charge: Charge) -> InferRequest | N
 def learn(key: bytes, numbers: list[bytes], doc: Any, req: InferRequest) -> None:
     """Keep the template of a request the full parser accepted (`doc` its parsed JSON) when its slots are exactly
     its inputs' data arrays, in order, and every input carries JSON data (else remember that it cannot be one)."""
-    if key in _TEMPLATES:
+    if key in _TEMPLATES or len(key) > _KEY_MAX:
         return
     _keep(key, None)
     specs = doc.get("inputs") if isinstance(doc, dict) else None
