@@ -29,9 +29,22 @@ def _identity_fp32():
     )
 
 
+def _image_pool():
+    """img: x FP32 [1,3,224,224] (an image classifier's input) -> GlobalAveragePool -> y [1,3,1,1]."""
+    from onnx import TensorProto, helper
+    from support.serving import _model
+
+    vi = helper.make_tensor_value_info
+    return _model(
+        [helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+        [vi("x", TensorProto.FLOAT, [1, 3, 224, 224])],
+        [vi("y", TensorProto.FLOAT, [1, 3, 1, 1])],
+    )
+
+
 def _main(kwargs: dict) -> None:
-    """Child: serve tiny (FP32 [1,4]), ids (identity of every datatype, all inputs needed) and id32 (FP32
-    identity, x -> y) until stdin closes."""
+    """Child: serve tiny (FP32 [1,4]), ids (identity of every datatype, all inputs needed), id32 (FP32
+    identity, x -> y) and img (FP32 [1,3,224,224] averaged per channel) until stdin closes."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -50,6 +63,7 @@ def _main(kwargs: dict) -> None:
     reg.activate("tiny", "1", open_session(tiny_model(1.0), d, "tiny.onnx"))
     reg.activate("ids", "1", open_session(identity_all_types_model(), d, "ids.onnx"))
     reg.activate("id32", "1", open_session(_identity_fp32(), d, "id32.onnx"))
+    reg.activate("img", "1", open_session(_image_pool(), d, "img.onnx"))
     grpc_opts = kwargs.pop("grpc", None)  # {} or GRPCServer keyword arguments: serve gRPC beside HTTP
     srv = OIPServer(reg, port=0, **kwargs).start()
     gsrv = None

@@ -40,9 +40,22 @@ def numpy_dtype(datatype: Any, where: str = "") -> np.dtype:
     return _bf16() if name == "bfloat16" else np.dtype(name)
 
 
+_OF_DTYPE: dict[Any, str] = {}  # numpy dtype -> datatype, for the dtypes seen (np.dtype.name is slow Python code)
+
+
 def datatype_of(dtype: Any) -> str:
     """KServe datatype name for a numpy dtype or dtype name ("float32" -> "FP32", object/str -> "BYTES")."""
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if type(dtype) is str:
+        return _datatype_of(dtype)
+    hit = _OF_DTYPE.get(dtype)
+    if hit is None:
+        hit = _datatype_of(np.dtype(dtype).name)
+        if len(_OF_DTYPE) < 64:
+            _OF_DTYPE[dtype] = hit
+    return hit
+
+
+def _datatype_of(name: str) -> str:
     if name in _BYTES_NAMES or name.startswith(("str", "bytes", "<U", "|S")):
         return "BYTES"
     if name not in _BY_NUMPY:

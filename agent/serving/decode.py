@@ -7,10 +7,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from agent.serving import jsonplan
 from agent.serving.binary import BinarySlot, binary_tensor, wire_dtype
 from agent.serving.codec import Charge, InferRequest, no_charge, numpy_dtype, oip_name
 from agent.serving.errors import BadRequest
-from agent.serving.jsondata import json_tensor, parse_json
+from agent.serving.jsondata import json_tensor
+from agent.serving.jsonfast import FAST_MIN, NumericData, parse_infer
 from agent.serving.params import check_request, class_count
 from agent.serving.shm import ShmOut, ShmSlot, input_slot, output_target
 
@@ -49,7 +51,7 @@ def _shape(raw: Any, where: str, itemsize: int) -> tuple[tuple[int, ...], int]:
     return tuple(raw), count
 
 
-def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | BinarySlot | ShmSlot:
+def _input(spec: Any, i: int, binary: memoryview, offset: int, charge: Charge) -> np.ndarray | BinarySlot | ShmSlot:
     """One input: its JSON data as an array, or where its binary data lies (sizes checked, nothing allocated)."""
     if not isinstance(spec, dict):
         raise BadRequest(f"inputs[{i}] must be an object")
@@ -85,7 +87,10 @@ def _input(spec: Any, i: int, binary: memoryview, offset: int) -> np.ndarray | B
         return BinarySlot(name, dtype, shape, count, offset, size, wire)
     if "data" not in spec:
         raise BadRequest(f"{where}: needs 'data' or parameters.binary_data_size")
-    return json_tensor(name, spec["data"], dtype, count).reshape(shape)
+    data = spec["data"]
+    if isinstance(data, NumericData):  # a large body's numbers, parsed but not yet converted (jsonfast.py)
+        return data.tensor(name, dtype, count, charge).reshape(shape)
+    return json_tensor(name, data, dtype, count).reshape(shape)
 
 
 def _outputs(raw: Any, req: InferRequest) -> None:
@@ -127,11 +132,15 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
     if header_length is not None and not 0 <= header_length <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
+    cut = jsonplan.split(bytes(body)) if header_length is None and len(body) < FAST_MIN else None
+    if cut is not None and (known := jsonplan.decode(cut[0], cut[1], charge)) is not None:
+        return known  # a small all-JSON request whose header was checked before: only its numbers are parsed
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     key = (bytes(head), len(binary)) if len(head) <= _PLAN_KEY_MAX else None
     plan = _PLANS.get(key) if key is not None else None
+    doc = None
     if plan is None:
-        plan = _plan(head, binary, charge)
+        plan, doc = _plan(head, binary, charge)
         if key is not None and _reusable(plan):
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
@@ -141,7 +150,7 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
     else:  # shared-memory slots (or JSON data): the request's own mapping, the plan's may serve others
         inputs = dict(plan.inputs)
     # the plan's output list and binary map are shared between requests: read-only downstream
-    return InferRequest(
+    req = InferRequest(
         inputs=inputs,
         outputs=None if plan.outputs is None else list(plan.outputs),
         binary=plan.binary,
@@ -151,11 +160,14 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
         params=plan.params,
         shm_out=dict(plan.shm_out),
     )
+    if cut is not None and doc is not None:
+        jsonplan.learn(cut[0], cut[1], doc, req)
+    return req
 
 
-def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
+def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> tuple[Plan, Any]:
     """Parse and check the JSON header (no binary input is read, and BYTES ones are parsed per request)."""
-    doc = parse_json(head, charge, "the request's JSON")
+    doc = parse_infer(head, charge, "the request's JSON")
     if not isinstance(doc, dict):
         raise BadRequest("the request must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -165,7 +177,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
     got: dict[str, np.ndarray | BinarySlot | ShmSlot] = {}
     offset = 0
     for i, spec in enumerate(raw_inputs):
-        one = _input(spec, i, binary, offset)
+        one = _input(spec, i, binary, offset, charge)
         name = one.name if isinstance(one, BinarySlot) else spec["name"]
         if name in got:
             raise BadRequest(f"input {name!r} appears twice")
@@ -191,7 +203,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
         id=rid if isinstance(rid, str) else None,
     )
     _outputs(doc.get("outputs"), req)
-    return Plan(
+    plan = Plan(
         tuple(slots) if all_binary else None,
         inputs,
         None if req.outputs is None else tuple(req.outputs),
@@ -202,3 +214,4 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> Plan:
         params,
         req.shm_out,
     )
+    return plan, doc

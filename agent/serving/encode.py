@@ -69,6 +69,9 @@ def _shm_only(model: str, version: str, outputs: dict[str, np.ndarray], req: Inf
     return [head], len(head), None
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder (json.dumps makes one a call)
+
+
 def encode_general(
     model: str, version: str, outputs: dict[str, np.ndarray], req: InferRequest, head_only: bool = False
 ) -> tuple[Any, ...]:
@@ -95,7 +98,7 @@ def encode_general(
     doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": entries}
     if req.id is not None:
         doc["id"] = req.id
-    head = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    head = _JSON.encode(doc).encode()
     if head_only:
         return head, len(head), len(head)
     if not blobs:

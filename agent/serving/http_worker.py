@@ -18,6 +18,7 @@ from agent.serving.compress import compress
 from agent.serving.dataplane import DataPlane
 from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from agent.serving.handlers import Response, Router, error_for, error_response, header_length
+from agent.serving.jsonfast import JSON_BODY_HINT
 from agent.serving.wire import (
     LINGER_BYTES,
     MAX_HEAD,
@@ -168,7 +169,10 @@ class Worker:
                     raise
                 self._authorize(head, conn.peer)
                 if n > oip.max_body_bytes:
-                    raise PayloadTooLarge(f"request body of {n} bytes exceeds the limit of {oip.max_body_bytes} bytes")
+                    raise PayloadTooLarge(
+                        f"request body of {n} bytes exceeds the limit of {oip.max_body_bytes} bytes"
+                        + (f"; {JSON_BODY_HINT}" if hlen is None and head.target.endswith("/infer") else "")
+                    )
                 ledger.charge(n, "the request body")
                 if head.headers.get("expect", "").lower() == "100-continue" and len(conn.buf) - nxt < n:
                     conn.sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")

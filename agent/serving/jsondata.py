@@ -56,10 +56,10 @@ def _exact_ints(name: str, data: Any, dtype: np.dtype, count: int) -> np.ndarray
 
 def _json_numeric(name: str, data: Any, dtype: np.dtype, count: int) -> np.ndarray:
     try:
-        raw = np.array(data)
+        raw = np.asarray(data)  # a list (numpy types it), or jsonfast's array of the parsed numbers
     except (ValueError, OverflowError, RecursionError, TypeError) as exc:
         raise BadRequest(f"input {name!r}: 'data' is not a regular array ({str(exc)[:120]})") from None
-    kind = "f" if dtype.name == "bfloat16" else dtype.kind
+    kind = "f" if dtype.kind == "V" else dtype.kind  # bfloat16 (ml_dtypes) is a void kind to numpy
     if raw.size != count:
         raise BadRequest(f"input {name!r}: shape holds {count} elements but 'data' has {raw.size}")
     if not raw.size:
