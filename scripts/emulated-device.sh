@@ -31,7 +31,7 @@ PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 m
 # (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
 # pip is the venv's own (installed from the host like the rest, so install.sh's `pip install --upgrade pip` from
 # the wheelhouse finds it current).
-PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf setuptools wheel pip)
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf pysimdjson setuptools wheel pip)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }
