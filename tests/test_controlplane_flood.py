@@ -62,7 +62,7 @@ def test_rss_stays_bounded_under_an_enrollment_flood_while_an_operator_browses_p
         pages: list[tuple[int, int]] = []
 
         def browse() -> None:
-            with httpx.Client(base_url=url, cookies={"eacp_token": token}, timeout=120) as c:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
                 n = 0
                 while not stop.is_set():
                     r = c.get("/pending", params={"page": n % 8})
@@ -89,7 +89,7 @@ def test_rss_stays_bounded_under_an_enrollment_flood_while_an_operator_browses_p
         listed = httpx.get(url + "/api/v1/devices", params={"state": "pending", "limit": 1000}, headers=headers)
         ids = sorted(d["device_id"] for d in listed.json()["devices"])
         assert len(ids) == PENDING_MAX and listed.json()["total"] == PENDING_MAX
-        first = httpx.get(url + "/pending", cookies={"eacp_token": token}).text
+        first = httpx.get(url + "/pending", headers={"Authorization": f"Bearer {token}"}).text
         assert len(re.findall(r'data-device="', first)) == 50 and "?page=1" in first
     finally:
         stop.set()

@@ -50,7 +50,9 @@ def svc(request, tmp_path):
             conn.execute(text(f'CREATE DATABASE "{name}"'))
         engine.dispose()
         url = base.rsplit("/", 1)[0] + "/" + name
-    with running_service(tmp_path, database={"url": url}) as (cp, base_url):
+    # per-device rate limits above what these tests post (tests/test_controlplane_limits.py tests the limits)
+    limits = {"key_burst": 100, "key_per_minute": 600}
+    with running_service(tmp_path, database={"url": url}, limits=limits) as (cp, base_url):
         client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
         yield cp, client, tmp_path
         client.close()
@@ -284,7 +286,9 @@ def test_a_database_from_before_freshness_is_upgraded_and_its_devices_move_to_se
             {"doc": json.dumps({k: v for k, v in captured.items() if k != "sig"})},
         )
     engine.dispose()
-    with running_service(tmp_path, database={"url": url}) as (cp, base_url):
+    # per-device rate limits above what these tests post (tests/test_controlplane_limits.py tests the limits)
+    limits = {"key_burst": 100, "key_per_minute": 600}
+    with running_service(tmp_path, database={"url": url}, limits=limits) as (cp, base_url):
         client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
         got = client.get("/api/v1/devices/dev-1/decisions").json()["decisions"]
         assert [(d["seq"], d["doc"]["decision"]) for d in got] == [(None, {"selected": "cpu"})]

@@ -281,11 +281,14 @@ def test_preregistration_wins_over_a_pending_squatter_and_pending_is_not_told(sv
 def test_device_posts_are_limited_per_address_and_per_device(limited):
     cp, client, tmp = limited
     key = _accepted(client, tmp, "cam-9")
-    doc = sign_doc({"device_id": "cam-9", "deployment_id": "m-1-a", "model": "m", "version": "1", "ts": 1.0}, key)
+    docs = [  # distinct documents: the same one twice is an idempotent 200 (freshness), not a second post
+        sign_doc({"device_id": "cam-9", "deployment_id": "m-1-a", "model": "m", "version": "1", "ts": 1.0 + i}, key)
+        for i in range(4)
+    ]
     # another loopback source address: a bucket of its own (the admin client's address is not touched)
     other = httpx.Client(base_url=client.base_url, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
-    codes = [other.post("/api/v1/devices/cam-9/decisions", json=doc).status_code for _ in range(3)]
-    r = other.post("/api/v1/devices/cam-9/decisions", json=doc)
+    codes = [other.post("/api/v1/devices/cam-9/decisions", json=doc).status_code for doc in docs[:3]]
+    r = other.post("/api/v1/devices/cam-9/decisions", json=docs[3])
     assert codes + [r.status_code] == [201, 201, 429, 429], r.text  # the device's burst is 2
     assert r.json()["error"].startswith("rate: too many requests for device cam-9")
     assert counts(cp)["device_documents"] == 1  # the second copy replaced the first (same deployment)
