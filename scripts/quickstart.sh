@@ -77,9 +77,11 @@ check_alive() {  # fail, with the last lines of its log, as soon as a process we
     kill -0 "$pid" 2>/dev/null || fail "$what (pid $pid) exited" "$log"
   done
 }
-watched() {  # watched CMD...: run CMD in the background; fail within a second when a started process exits meanwhile
-  "$@" <&0 &  # (its stdin stays this one's: a here-document)
-  local pid=$!
+watched() {  # watched OUT CMD...: CMD in the background (output to file OUT, or here for -); fail within a second
+  local out="$1" pid  # when a process we started exits meanwhile (naming it, with its log)
+  shift
+  if [ "$out" = - ]; then "$@" <&0 & else "$@" <&0 > "$out" 2>&1 & fi  # stdin stays ours: a here-document
+  pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     if ! (check_alive) 2>/dev/null; then
       kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
@@ -177,8 +179,8 @@ if [ "$MODE" = mqtt ]; then
   "$EA" fleet serve --store "$WORK/cp-store" --broker "$BROKER" > "$WORK/artifact-server.log" 2>&1 &
   started "$!" "the artifact server" "$WORK/artifact-server.log"
   info "artifact server pid $! (answers chunk requests over MQTT)"
-  if ! watched "$EA" fleet push "$WORK/pkg" --name "$NAME" --version 1 --device "$DEVICE" --key "$WORK/keys/fleet.key" \
-      --store "$WORK/cp-store" --broker "$BROKER" --wait "$TIMEOUT" > "$WORK/push.log" 2>&1; then
+  if ! watched "$WORK/push.log" "$EA" fleet push "$WORK/pkg" --name "$NAME" --version 1 --device "$DEVICE" \
+      --key "$WORK/keys/fleet.key" --store "$WORK/cp-store" --broker "$BROKER" --wait "$TIMEOUT"; then
     sed 's/^/    /' "$WORK/push.log"
     fail "fleet push --wait did not see $NAME 1 committed"
   fi
@@ -188,7 +190,7 @@ else
   cp -r "$WORK/pkg" "$WORK/inbox/.incoming/1"
   mv "$WORK/inbox/.incoming/1" "$WORK/inbox/$NAME/1"   # atomic rename into the inbox
   info "moved the package into $WORK/inbox/$NAME/1; waiting for it to be qualified and committed"
-  watched "$PY" - "$EA" "$WORK/agent.yaml" "$NAME" "$TIMEOUT" <<'EOF' || fail "$NAME was not committed"
+  watched - "$PY" - "$EA" "$WORK/agent.yaml" "$NAME" "$TIMEOUT" <<'EOF' || fail "$NAME was not committed"
 import json, subprocess, sys, time
 ea, conf, name, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 deadline, last = time.monotonic() + timeout, None

@@ -86,11 +86,26 @@ def test_quickstart(mode, tmp_path):
     assert re.search(r"^    usable providers here: (.*)$", out, re.M).group(1) == case["providers"], out[-3000:]
     got = re.findall(r"^    (\S+)\s+(\S+)\s+(passed|failed)\s+(\S+)\s+\S+\s+[\d.]+\s+[\d.]+\s", out, re.M)
     assert sorted(case["rows"]) == sorted(got), (case, got)
+    assert_columns_aligned(out)
     assert re.search(r"selected: [\w.:-]+ .*: ", out)  # names like ort-openvino
     assert "everything the quickstart started is stopped" in out
     for pid in map(int, re.findall(r"(?:agent|artifact server|mosquitto) pid (\d+)", out)):
         assert not alive(pid), f"pid {pid} still running"
     assert not list(tmp_path.glob("edge-agent-quickstart.*"))  # work directory removed
+
+
+def assert_columns_aligned(out: str) -> None:
+    """The decision table's columns are as wide as their widest cell: each provider row's PROVIDER, PRECISION and
+    STATUS cells start where their headers do (`ort-openvino f32` once ran into the next column)."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("PROVIDER "))
+    header = lines[at]
+    starts = [header.index(h) for h in ("PROVIDER", "PRECISION", "STATUS")]
+    rows = [line for line in lines[at + 1 :] if re.match(r"^    \S+\s+\S+\s+(passed|failed)\s", line)]
+    assert rows, out[-3000:]
+    for row in rows:
+        for col in starts:
+            assert row[col] != " " and row[col - 1] == " ", (header, row)
 
 
 def host_case() -> tuple[str, str]:
@@ -160,3 +175,33 @@ def test_readme_block_is_one_of_the_cases():
     rows = re.findall(r"^    (\S+)\s+(\S+)\s+(passed|failed)\s+(\S+)\s", block, re.M)
     shown = [c for c in readme_cases() if "(the block above)" in c["kind"]]
     assert len(shown) == 1 and shown[0]["providers"] == providers and shown[0]["rows"] == rows, (shown, rows)
+
+
+def test_quickstart_names_an_agent_that_died(tmp_path):
+    """The agent dies mid-deployment (SIGKILL right after journaling `qualifying`, the daemon's test hook): the
+    script stops waiting at once and says which process exited, with the last lines of its log, instead of polling
+    a dead process until QUICKSTART_TIMEOUT (600 s) runs out."""
+    env = dict(
+        os.environ,
+        EDGE_AGENT_VENV=sys.prefix,
+        TMPDIR=str(tmp_path),
+        EDGE_AGENT_PROBATION_S="1",
+        EDGE_AGENT_QUALIFY_BUDGET_S="0.5",
+        EDGE_AGENT_TEST_CRASH_AT="qualifying",
+    )
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts/quickstart.sh"), "--local"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=env,
+        cwd=tmp_path,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    m = re.search(r"quickstart\.sh: error: the agent \(pid (\d+)\) exited", out)
+    assert m, out[-3000:]
+    assert "--- agent.log (last 30 lines) ---" in out and "ready url=http://127.0.0.1:" in out
+    assert "timed out" not in out and "was not committed" not in out
+    assert not alive(int(m.group(1)))
+    assert not list(tmp_path.glob("edge-agent-quickstart.*"))  # work directory removed
