@@ -22,7 +22,12 @@ case "$MODEL" in cnn|tiny) ;; *) echo "quickstart.sh: --model: expected cnn or t
 
 step() { echo; echo "==> $*"; }
 info() { echo "    $*"; }
-fail() { echo "quickstart.sh: error: $*" >&2; [ -f "${WORK:-/nonexistent}/agent.log" ] && { echo "--- agent log (last 30 lines) ---" >&2; tail -30 "$WORK/agent.log" >&2; }; exit 1; }
+fail() {  # fail MESSAGE [LOG]: the message, then the last lines of LOG (default: the agent's log, when there is one)
+  local log="${2:-${WORK:-/nonexistent}/agent.log}"
+  echo "quickstart.sh: error: $1" >&2
+  [ -s "$log" ] && { echo "--- $(basename "$log") (last 30 lines) ---" >&2; tail -30 "$log" >&2; }
+  exit 1
+}
 
 # ---------------------------------------------------------------- 1. the virtualenv (as scripts/test.sh)
 step "Python environment: $VENV"
@@ -63,14 +68,37 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {  # wait_port PORT PID WHAT
-  for _ in $(seq 300); do
-    kill -0 "$2" 2>/dev/null || fail "$3 exited early"
-    "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
+WATCH=()  # "pid|what|log" of every process the later steps depend on: checked while anything is awaited
+started() { PIDS+=("$1"); WATCH+=("$1|$2|$3"); }  # started PID WHAT LOG
+check_alive() {  # fail, with the last lines of its log, as soon as a process we started has exited
+  local w pid what log
+  for w in ${WATCH[@]+"${WATCH[@]}"}; do
+    IFS='|' read -r pid what log <<< "$w"
+    kill -0 "$pid" 2>/dev/null || fail "$what (pid $pid) exited" "$log"
   done
-  fail "$3 did not listen on port $1"
+}
+watched() {  # watched OUT CMD...: CMD in the background (output to file OUT, or here for -); fail within a second
+  local out="$1" pid  # when a process we started exits meanwhile (naming it, with its log)
+  shift
+  if [ "$out" = - ]; then "$@" <&0 & else "$@" <&0 > "$out" 2>&1 & fi  # stdin stays ours: a here-document
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    if ! (check_alive) 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+      check_alive  # names what exited and shows its log
+    fi
+    sleep 0.5
+  done
+  wait "$pid"
+}
+wait_log() {  # wait_log PATTERN LOG: LINE = the first line of LOG matching PATTERN, once it appears (while all live)
+  for _ in $(seq $((TIMEOUT * 5))); do
+    LINE="$(grep -m1 -E "$1" "$2" 2>/dev/null || true)"
+    [ -n "$LINE" ] && return 0
+    check_alive
+    sleep 0.2
+  done
+  fail "no line matching '$1' in $2 after $TIMEOUT s" "$2"
 }
 
 # ---------------------------------------------------------------- 2. broker or local inbox
@@ -78,13 +106,22 @@ MOSQ="$(command -v mosquitto || true)"; [ -n "$MOSQ" ] || { [ -x /usr/sbin/mosqu
 if [ "$MODE" = auto ]; then if [ -n "$MOSQ" ]; then MODE=mqtt; else MODE=local; fi; fi
 if [ "$MODE" = mqtt ]; then
   step "Private Mosquitto broker"
-  MQ_PORT="$(free_port)"
-  printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQ_PORT" > "$WORK/mosquitto.conf"
-  "$MOSQ" -c "$WORK/mosquitto.conf" > "$WORK/mosquitto.log" 2>&1 &
-  PIDS+=("$!")
-  wait_port "$MQ_PORT" "$!" mosquitto
+  for attempt in 1 2 3; do  # mosquitto cannot take port 0: a free port, another one if it was taken meanwhile
+    MQ_PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$MQ_PORT" > "$WORK/mosquitto.conf"
+    "$MOSQ" -c "$WORK/mosquitto.conf" > "$WORK/mosquitto.log" 2>&1 &
+    MQ_PID=$!
+    for _ in $(seq 100); do
+      kill -0 "$MQ_PID" 2>/dev/null || break
+      "$PY" -c "import socket; socket.create_connection(('127.0.0.1', $MQ_PORT), 0.2)" 2>/dev/null && break
+      sleep 0.1
+    done
+    kill -0 "$MQ_PID" 2>/dev/null && break
+    [ "$attempt" = 3 ] && fail "mosquitto exited at start-up (port $MQ_PORT)" "$WORK/mosquitto.log"
+  done
+  started "$MQ_PID" mosquitto "$WORK/mosquitto.log"
   BROKER="mqtt://127.0.0.1:$MQ_PORT"
-  info "$BROKER (mosquitto pid $!)"
+  info "$BROKER (mosquitto pid $MQ_PID)"
   step "Fleet signing keys"
   "$EA" keys generate --out "$WORK/keys" | sed 's/^/    /'
 elif [ -n "$MOSQ" ]; then
@@ -95,13 +132,12 @@ fi
 
 # ---------------------------------------------------------------- 3. the agent
 step "Starting the agent"
-HTTP_PORT="$(free_port)"
 DEVICE=quickstart-device
 {
   echo "device_id: $DEVICE"
   echo "groups: [quickstart]"
   echo "state_dir: $WORK/state"
-  echo "serving: {host: 127.0.0.1, port: $HTTP_PORT}"
+  echo "serving: {host: 127.0.0.1, port: 0}"  # 0: free ports for HTTP and gRPC, chosen by the daemon
   echo "telemetry: {interval_s: 10}"
   if [ "$MODE" = mqtt ]; then
     echo "mqtt: {url: '$BROKER', topic_prefix: edge}"
@@ -124,9 +160,10 @@ fi
 # A short probation so the demo commits quickly (production default: 60 s).
 EDGE_AGENT_PROBATION_S="${EDGE_AGENT_PROBATION_S:-5}" "$EA" run --config "$WORK/agent.yaml" > "$WORK/agent.log" 2>&1 &
 AGENT_PID=$!
-PIDS+=("$AGENT_PID")
-wait_port "$HTTP_PORT" "$AGENT_PID" "the agent"
-URL="http://127.0.0.1:$HTTP_PORT"
+started "$AGENT_PID" "the agent" "$WORK/agent.log"
+# its `ready` event (logged once it serves) names the URL it bound; a daemon that exits is noticed at once
+wait_log '^ready url=' "$WORK/agent.log"
+URL="$(echo "$LINE" | sed -E 's/^ready url=([^ ]+).*/\1/')"
 info "agent pid $AGENT_PID serving the KServe v2 API on $URL (log: $WORK/agent.log)"
 
 # ---------------------------------------------------------------- 4. a generated sample model, pushed
@@ -140,18 +177,20 @@ EOF
 NAME="sample-$MODEL"
 if [ "$MODE" = mqtt ]; then
   "$EA" fleet serve --store "$WORK/cp-store" --broker "$BROKER" > "$WORK/artifact-server.log" 2>&1 &
-  PIDS+=("$!")
+  started "$!" "the artifact server" "$WORK/artifact-server.log"
   info "artifact server pid $! (answers chunk requests over MQTT)"
-  if ! "$EA" fleet push "$WORK/pkg" --name "$NAME" --version 1 --device "$DEVICE" --key "$WORK/keys/fleet.key" \
-      --store "$WORK/cp-store" --broker "$BROKER" --wait "$TIMEOUT" 2>&1 | sed 's/^/    /'; then
+  if ! watched "$WORK/push.log" "$EA" fleet push "$WORK/pkg" --name "$NAME" --version 1 --device "$DEVICE" \
+      --key "$WORK/keys/fleet.key" --store "$WORK/cp-store" --broker "$BROKER" --wait "$TIMEOUT"; then
+    sed 's/^/    /' "$WORK/push.log"
     fail "fleet push --wait did not see $NAME 1 committed"
   fi
+  sed 's/^/    /' "$WORK/push.log"
 else
   mkdir -p "$WORK/inbox/$NAME" "$WORK/inbox/.incoming"
   cp -r "$WORK/pkg" "$WORK/inbox/.incoming/1"
   mv "$WORK/inbox/.incoming/1" "$WORK/inbox/$NAME/1"   # atomic rename into the inbox
   info "moved the package into $WORK/inbox/$NAME/1; waiting for it to be qualified and committed"
-  "$PY" - "$EA" "$WORK/agent.yaml" "$NAME" "$TIMEOUT" <<'EOF' || fail "$NAME was not committed"
+  watched - "$PY" - "$EA" "$WORK/agent.yaml" "$NAME" "$TIMEOUT" <<'EOF' || fail "$NAME was not committed"
 import json, subprocess, sys, time
 ea, conf, name, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 deadline, last = time.monotonic() + timeout, None
@@ -203,10 +242,18 @@ EOF
 
 # ---------------------------------------------------------------- 6. the decision and its evidence
 step "Provider decision (from edge-agent status --json and the decision record)"
-"$EA" status --config "$WORK/agent.yaml" --json > "$WORK/status.json"
+# the usable providers come from the daemon's background probe (a child that opens a session on each): wait for it
+for _ in $(seq "$TIMEOUT"); do
+  "$EA" status --config "$WORK/agent.yaml" --json > "$WORK/status.json" || fail "edge-agent status failed"
+  "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("providers_source") == "pending")' \
+    "$WORK/status.json" && break
+  check_alive
+  sleep 1
+done
 "$PY" - "$WORK/status.json" "$WORK/state" "$NAME" <<'EOF'
 import json, sys
 from pathlib import Path
+from agent.cli.table import render_table
 doc, state, name = json.load(open(sys.argv[1])), Path(sys.argv[2]), sys.argv[3]
 m = (doc.get("models") or {}).get(name, {})
 print(f"    device {doc.get('device_id')}  target {doc.get('target')}  hardware {json.dumps(doc.get('hardware'))}")
@@ -221,13 +268,14 @@ if rec is None:
     sys.exit("    no decision record found")
 d = json.loads(rec.read_text())
 print(f"    decision record: {rec}")
-print(f"    {'PROVIDER':<10} {'PRECISION':<9} {'STATUS':<11} {'COVERAGE':>8} {'MAX_REL':>9} {'P50 ms':>9} {'P99 ms':>9}  REASON")
+rows = []
 for r in d.get("results", []):
     acc, lat = r.get("accuracy") or {}, r.get("latency_ms") or {}
-    f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else "-"
-    print(f"    {r.get('provider', '?'):<10} {str(r.get('precision') or '-'):<9} {r.get('status', '?'):<11} "
-          f"{f(r.get('coverage'), '.0%'):>8} {f(acc.get('max_rel'), '.2g'):>9} {f(lat.get('p50'), '.3f'):>9} "
-          f"{f(lat.get('p99'), '.3f'):>9}  {r.get('reason') or ''}")
+    f = lambda v, fmt: format(v, fmt) if isinstance(v, (int, float)) else None
+    rows.append((r.get("provider", "?"), r.get("precision"), r.get("status", "?"), f(r.get("coverage"), ".0%"),
+                 f(acc.get("max_rel"), ".2g"), f(lat.get("p50"), ".3f"), f(lat.get("p99"), ".3f"), r.get("reason") or ""))
+header = ("PROVIDER", "PRECISION", "STATUS", "COVERAGE", "MAX_REL", "P50 ms", "P99 ms", "REASON")
+print(render_table(header, rows, indent="    ", right=(3, 4, 5, 6)))  # columns as wide as their widest cell
 print(f"    selected: {d.get('selected')} ({d.get('selected_precision') or 'default precision'}): {d.get('reason')}")
 EOF
 

@@ -81,31 +81,16 @@ def test_bad_config_and_busy_state_dir_are_one_line_errors(tmp_path):
 
 
 def test_daemon_speaks_sd_notify(tmp_path):
-    import socket
-
-    sock_path = tmp_path / "notify.sock"
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(sock_path))
-    sock.settimeout(60)
     cfg = write_config(tmp_path)
-    d = Daemon(cfg, tmp_path / "state", env={"NOTIFY_SOCKET": str(sock_path)})
+    d = Daemon(cfg, tmp_path / "state")  # under a test-bound NOTIFY_SOCKET (support.sdlisten)
     try:
-        lines = []
-        while not any(line == "READY=1" for line in lines):
-            lines += sock.recv(4096).decode().splitlines()
-        assert f"MAINPID={d.proc.pid}" in lines
-        assert any(line.startswith("STATUS=serving") for line in lines)
+        msgs = d.notify.wait_ready(d.proc, d.log)
+        ready = next(m for m in msgs if m.get("READY") == "1")
+        assert ready.get("MAINPID") == str(d.proc.pid)
+        assert any(m.get("STATUS", "").startswith("serving") for m in msgs), msgs
     finally:
         assert d.terminate() == 0, d.tail()
-    rest = []
-    sock.settimeout(1)
-    try:
-        while True:
-            rest += sock.recv(4096).decode().splitlines()
-    except TimeoutError:
-        pass
-    assert "STOPPING=1" in rest
-    sock.close()
+    assert any(m.get("STOPPING") == "1" for m in d.notify.messages), d.notify.messages
 
 
 def test_sighup_reloads_the_serving_token(tmp_path):

@@ -9,6 +9,7 @@ import json
 import queue
 import urllib.error
 import urllib.request
+import zlib
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -119,8 +120,10 @@ def test_http_infer_binary_json_compressed_async_classification(http):
             request_compression_algorithm=algo,
             response_compression_algorithm=algo,
             outputs=[th.InferRequestedOutput("y", binary_data=False)],
+            request_id=LONG_ID,  # a response over 1 KiB: the server compresses it, tritonclient decodes it
         )
         assert r.get_response()["outputs"][0]["data"] == (X + 2).ravel().tolist()
+        assert r.get_response()["id"] == LONG_ID
     r = http.async_infer("tiny", [x], headers=auth(), request_id="abc").get_result()
     assert r.get_response()["id"] == "abc"
     top = http.infer("tiny", [x], outputs=[th.InferRequestedOutput("y", class_count=2)], headers=auth())
@@ -133,22 +136,47 @@ def test_http_infer_binary_json_compressed_async_classification(http):
     np.testing.assert_allclose(r.as_numpy("y"), X + 2)
 
 
-def test_http_raw_binary_request_and_gzip_response(agent):
+def test_http_raw_binary_request(agent):
     req = urllib.request.Request(
         f"{agent.url}/v2/models/tiny/infer",
         data=X.tobytes(),
         method="POST",
-        headers={**auth(), "Inference-Header-Content-Length": "0", "Accept-Encoding": "gzip"},
+        headers={**auth(), "Inference-Header-Content-Length": "0"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
-        assert resp.headers["Content-Encoding"] == "gzip" or int(resp.headers["Content-Length"]) < 1024
         raw = resp.read()
-        if resp.headers.get("Content-Encoding") == "gzip":
-            raw = gzip.decompress(raw)
         hlen = int(resp.headers["Inference-Header-Content-Length"])
     doc = json.loads(raw[:hlen])
     assert doc["outputs"][0]["parameters"]["binary_data_size"] == 16
     np.testing.assert_allclose(np.frombuffer(raw[hlen:], "<f4").reshape(1, 4), X + 2)
+
+
+LONG_ID = "request-" + "0123456789" * 150  # echoed in the response: 1.5 KB, over the 1 KiB compression floor
+
+
+@pytest.mark.parametrize("algo", ["gzip", "deflate"])
+def test_http_response_is_compressed_when_accepted(agent, algo):
+    """A response of 1 KiB or more goes out encoded as the client accepts (docs/serving.md): what arrives is
+    compressed (smaller, and decodes only as `algo`), and decoding it gives the inference; one under 1 KiB does not."""
+    body = json.dumps(
+        {"id": LONG_ID, "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": X.ravel().tolist()}]}
+    ).encode()
+    headers = {**auth(), "Content-Type": "application/json", "Accept-Encoding": algo}
+    req = urllib.request.Request(f"{agent.url}/v2/models/tiny/infer", data=body, method="POST", headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as resp:  # urllib leaves the body as it came
+        assert resp.headers.get("Content-Encoding") == algo, dict(resp.headers)
+        raw = resp.read()
+    assert len(raw) < len(LONG_ID)  # compressed: the id alone is longer than what arrived
+    doc = json.loads(gzip.decompress(raw) if algo == "gzip" else zlib.decompress(raw))
+    assert doc["id"] == LONG_ID and doc["model_version"] == "2"
+    assert doc["outputs"][0]["data"] == (X + 2).ravel().tolist()
+    small = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    req = urllib.request.Request(
+        f"{agent.url}/v2/models/tiny/infer", data=small.encode(), method="POST", headers=headers
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.headers.get("Content-Encoding") is None  # under 1 KiB: as it is
+        assert json.loads(resp.read())["outputs"][0]["data"] == [3.0, 4.0, 5.0, 6.0]
 
 
 def test_http_statistics_in_triton_shape(http):
@@ -263,7 +291,15 @@ def test_grpc_health_metadata_config_statistics(grpc_client):
     cfg = grpc_client.get_model_config("tiny", headers=gauth(), as_json=True)["config"]
     assert cfg["input"][0]["data_type"] == "TYPE_FP32"
     stats = grpc_client.get_inference_statistics("tiny", headers=gauth(), as_json=True)["model_stats"][0]
-    assert stats["name"] == "tiny" and int(stats["inference_count"]) >= 0
+    # proto3 JSON leaves out fields at their default: a model nothing has run on yet has no inference_count
+    before = int(stats.get("inference_count", 0))
+    x = tg.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(X)
+    grpc_client.infer("tiny", [x], headers=gauth())
+    stats = grpc_client.get_inference_statistics("tiny", headers=gauth(), as_json=True)["model_stats"][0]
+    assert stats["name"] == "tiny" and stats["version"] == "2"
+    assert int(stats["inference_count"]) == before + 1, stats  # this module's tests run one at a time
+    assert int(stats["inference_stats"]["success"]["count"]) >= 1
     _refused(lambda: grpc_client.get_server_metadata(), "StatusCode.UNAUTHENTICATED")
     _refused(lambda: grpc_client.get_model_metadata("nope", headers=gauth()), "StatusCode.NOT_FOUND")
 

@@ -40,8 +40,6 @@ MIXED = ["rpi4-4gb", "rpi5-8gb", "jetson-orin-nano-jp6", "qualcomm-qcs6490", "in
 STRICT_CPU = {"tolerances": {"cpu": {"max_abs": 1.0e-9, "max_rel": 1.0e-9}}}
 WAIT_S = 120.0
 
-pytestmark = pytest.mark.timeout(600)
-
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):

@@ -6,65 +6,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from brokers import free_port
+from support.sdlisten import NotifyListener
 
-pytestmark = pytest.mark.slow
-
-
-class NotifyListener:
-    """Plays systemd: a bound unix datagram socket; every message is parsed and kept, in order."""
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="sd", dir="/tmp")
-        self.path = os.path.join(self.dir, "notify")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(0.5)
-        self.messages: list[dict[str, str]] = []
-        self.cond = threading.Condition()
-        self.closed = False
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self):
-        while not self.closed:
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            msg = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
-            with self.cond:
-                self.messages.append(msg)
-                self.cond.notify_all()
-
-    def wait_for(self, pred, timeout: float, what: str):
-        with self.cond:
-            if not self.cond.wait_for(lambda: pred(self.messages), timeout):
-                raise AssertionError(f"timed out waiting for {what}; got {self.messages[-10:]}")
-            return list(self.messages)
-
-    def count(self, key: str) -> int:
-        with self.cond:
-            return sum(1 for m in self.messages if key in m)
-
-    def close(self):
-        self.closed = True
-        self.sock.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+# its waits are the daemon's own start-up window (up to 300 s) and a few minutes of work at load 20 on 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def http(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -101,7 +56,6 @@ def inflight(base: str) -> int:
 def daemon(tmp_path):
     from agent.samples import sample_tiny_package
 
-    port = free_port()
     inbox = tmp_path / "inbox"
     sample_tiny_package(tmp_path / "pkg", name="tiny", version="1")
     (inbox / "tiny").mkdir(parents=True)
@@ -109,7 +63,7 @@ def daemon(tmp_path):
     conf = tmp_path / "agent.yaml"
     conf.write_text(
         f"device_id: sd-test\nstate_dir: {tmp_path / 'state'}\ninbox: {inbox}\n"
-        f"serving: {{host: 127.0.0.1, port: {port}}}\n"
+        "serving: {host: 127.0.0.1, port: 0}\n"  # free ports for HTTP and gRPC (gRPC's default 8001 may be taken)
     )
     listener = NotifyListener()
     env = dict(
@@ -125,7 +79,7 @@ def daemon(tmp_path):
             [sys.executable, "-m", "agent", "run", "--config", str(conf)], env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        yield proc, listener, f"http://127.0.0.1:{port}", log
+        yield proc, listener, log
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -134,13 +88,16 @@ def daemon(tmp_path):
 
 
 def test_ready_watchdog_and_sigterm_drain(daemon):
-    proc, sd, base, log = daemon
-    msgs = sd.wait_for(lambda ms: any(m.get("READY") == "1" for m in ms), 120, "READY=1")
+    proc, sd, log = daemon
+    msgs = sd.wait_ready(proc, log)  # the start-up window the daemon asked for; its exit ends the wait at once
+    base = json.loads((log.parent / "state" / "status.json").read_text())["serving"]["url"]  # written before READY
     assert http(f"{base}/v2/health/live")[0] == 200  # READY=1 only once the HTTP API serves
     ready = next(m for m in msgs if m.get("READY") == "1")
     assert ready.get("MAINPID") == str(proc.pid)
     n = sd.count("WATCHDOG")
-    sd.wait_for(lambda ms: sum("WATCHDOG" in m for m in ms) >= n + 3, 60, "3 more WATCHDOG=1 from the main loop")
+    sd.wait_for(
+        lambda ms: sum("WATCHDOG" in m for m in ms) >= n + 3, 60, "3 more WATCHDOG=1 from the main loop", proc, log
+    )
     wait_http(f"{base}/v2/models/tiny/ready", proc, 240, log)
     assert any("STATUS" in m for m in sd.messages)
 
@@ -154,7 +111,7 @@ def test_ready_watchdog_and_sigterm_drain(daemon):
         marks = [i for i, m in enumerate(ms) if "RELOADING" in m]
         return len(marks) > reloads and any(m.get("READY") == "1" for m in ms[marks[-1] :])
 
-    msgs = sd.wait_for(reloaded, 60, "RELOADING=1 then READY=1")
+    msgs = sd.wait_for(reloaded, 60, "RELOADING=1 then READY=1", proc, log)
     reloading = [m for m in msgs if "RELOADING" in m][-1]
     assert int(reloading["MONOTONIC_USEC"]) > 0
     deadline = time.monotonic() + 30

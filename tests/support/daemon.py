@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from support.sdlisten import NotifyListener
 from support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root (tests/support/daemon.py)
@@ -60,12 +61,16 @@ def drop(state_dir: Path, version: str, *, name: str = "tiny", writer=None) -> P
 
 
 class Daemon:
-    """`edge-agent run --config FILE` as a subprocess; stderr goes to a log file."""
+    """`edge-agent run --config FILE` as a subprocess; stderr goes to a log file. It runs under a test-bound
+    NOTIFY_SOCKET (support.sdlisten): waiting for it to serve is waiting for its READY=1."""
 
     def __init__(self, config: Path, state_dir: Path, env: dict | None = None):
         self.config, self.state_dir = config, state_dir
         self.log = config.parent / "daemon.log"
-        full = {**os.environ, **FAST_ENV, **(env or {})}
+        self.notify = NotifyListener()
+        full = {**os.environ, **FAST_ENV, "NOTIFY_SOCKET": self.notify.path, **(env or {})}
+        full.pop("WATCHDOG_USEC", None)
+        full.pop("WATCHDOG_PID", None)
         if "EDGE_AGENT_TEST_CRASH_AT" not in (env or {}):
             full.pop("EDGE_AGENT_TEST_CRASH_AT", None)  # never inherit the crash hook
         with open(self.log, "ab") as log:
@@ -80,16 +85,16 @@ class Daemon:
             return None
         return doc if doc.get("pid") == self.proc.pid else None
 
-    def wait_ready(self, timeout: float = 90.0) -> dict:
-        return wait_for(self.status, timeout, "daemon status.json", self.proc)
+    def wait_ready(self) -> dict:
+        """Its status document once it serves: READY=1, within the start-up time the daemon asks systemd for
+        (EXTEND_TIMEOUT_USEC), failing at once when it exits; it wrote status.json before READY."""
+        self.notify.wait_ready(self.proc, self.log)
+        return wait_for(self.status, 30.0, "daemon status.json after READY=1", self.proc)
 
     @property
     def url(self) -> str:
-        """The inference URL, once this daemon's status names it (a status written while it still restores its
-        models, before the HTTP server is up, says url: null)."""
-        return wait_for(
-            lambda: ((self.status() or {}).get("serving") or {}).get("url"), 90.0, "the daemon's URL", self.proc
-        )
+        """The inference URL, once the daemon is ready (before READY=1 it may still restore its models)."""
+        return (self.wait_ready().get("serving") or {})["url"]
 
     def wait_deployment(self, version: str, *, terminal: bool = True, timeout: float = 120.0) -> dict:
         def done():
@@ -103,7 +108,10 @@ class Daemon:
     def terminate(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.notify.close()
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
