@@ -32,8 +32,8 @@ from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
+    from agent.serving.http.server import OIPServer
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
     from agent.sources.mqtt import MqttSource
     from agent.targets import Target
     from agent.telemetry import Telemetry
@@ -80,7 +80,7 @@ class DeviceAgent:
         self.steps: Steps | None = None
         self.orchestrator: Orchestrator | None = None
         self.server: OIPServer | None = None
-        self.grpc_server: Any = None  # serving.grpc_front.GRPCServer when serving.grpc_port is set
+        self.grpc_server: Any = None  # serving.grpc.front.GRPCServer when serving.grpc_port is set
         self.link: MqttSource | None = None
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)

@@ -1,4 +1,4 @@
-"""Compiled caches are sealed when written and verified before use (agent.qualify.cacheseal): a corrupted,
+"""Compiled caches are sealed when written and verified before use (agent.package.cacheseal): a corrupted,
 missing or foreign file empties the directory, the runtime compiles afresh, and the damaged file is never loaded."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import realmodels as rm
 
 from agent.lifecycle.actions import open_and_warm
-from agent.qualify import cacheseal
+from agent.package import cacheseal
 
 
 def test_seal_then_verify_detects_corrupt_missing_and_foreign_files(tmp_path):

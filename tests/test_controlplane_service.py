@@ -20,8 +20,8 @@ from clirunner import EXE, ROOT, edge_agent
 
 from agent import sysroots
 from agent.artifacts.keys import generate
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.mqtt import BrokerConfig
 
 SYSROOTS = sysroots.root()

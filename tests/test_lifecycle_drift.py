@@ -10,9 +10,9 @@ import pytest
 from support.agent import make_agent
 from support.daemon import deploy, wait_for
 
+from agent.isolate.runner import FAULT_ENV
 from agent.lifecycle.slots import ModelSlots
-from agent.qualify.caches import drift_text, runtime_versions, version_drift
-from agent.qualify.isolate import FAULT_ENV
+from agent.package.caches import drift_text, runtime_versions, version_drift
 
 
 def _agent(tmp_path, providers, events, qualifier=None, isolate=False):

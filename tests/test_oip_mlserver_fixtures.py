@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from support.serving import _model, open_session
 
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 INPUT = {"name": "input-0", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}
 

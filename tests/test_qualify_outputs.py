@@ -21,8 +21,8 @@ from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.providers import get
 from agent.qualify import outputs as io
 from agent.qualify.harness import qualify
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(

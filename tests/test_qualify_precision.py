@@ -10,9 +10,9 @@ import realmodels as rm
 
 from agent import samples
 from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.package.load import load_package
+from agent.package.precision import effective, graph_precision, quant_ops
 from agent.qualify.harness import qualify
-from agent.qualify.package import load_package
-from agent.qualify.precision import effective, graph_precision, quant_ops
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(

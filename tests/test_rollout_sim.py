@@ -30,8 +30,8 @@ from agent.fleet import rollout_state as rs
 from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.fleet.rollout_run import run_rollback, run_rollout
-from agent.fleet.simulator import Simulator
 from agent.samples import cnn_model, tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.mqtt import BrokerConfig
 
 ROOT = Path(__file__).resolve().parent.parent

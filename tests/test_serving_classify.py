@@ -1,5 +1,5 @@
 """Classification extension: top-K classes per batch row as "value:index[:label]", labels from the package's
-labels.txt (agent/serving/labels.py), on HTTP; bad class counts are 400s."""
+labels.txt (agent/package/labels.py), on HTTP; bad class counts are 400s."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper
 from support.serving import _model, open_session
 
+from agent.package.labels import read_labels
 from agent.serving.dataplane import classify
 from agent.serving.errors import BadRequest
-from agent.serving.labels import read_labels
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 def test_classify_rows_and_labels():

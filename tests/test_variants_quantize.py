@@ -17,8 +17,8 @@ from support.daemon import deploy, running_agent
 
 from agent.errors import ModelError
 from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.package.load import load_package
 from agent.qualify.harness import qualify
-from agent.qualify.package import load_package
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(

@@ -65,10 +65,10 @@ def package(model, inputs, out, name, version, task, force, check_dir, as_json):
     With --check DIR, validate a hand-made package instead."""
     from pathlib import Path
 
-    from agent.qualify import packager
+    from agent.package import build as packager
 
     if check_dir:
-        from agent.qualify.pkgcheck import check
+        from agent.package.check import check
 
         found = check(Path(check_dir))
         if as_json:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError, LifecycleError, ModelError
+from agent.package.labels import read_labels
 from agent.serving import rungate
-from agent.serving.labels import read_labels
 from agent.util.atomic import fsync_dir
 from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
@@ -119,7 +119,7 @@ def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
         with open(blob, "rb") as f:
             magic = f.read(2)
         if magic == GZIP_MAGIC:
-            from agent.qualify.package import extract_archive
+            from agent.package.load import extract_archive
 
             root = extract_archive(blob, tmp)
             if root != tmp:  # archive with one top-level directory: flatten
@@ -160,7 +160,7 @@ def verify(
     ctx.check()
     root = unpack(store, sha, packages_root)
     first = before_check(root) if before_check is not None else {}
-    from agent.qualify.isolate import run_isolated
+    from agent.isolate.runner import run_isolated
 
     left = ctx.remaining()
     res = run_isolated(
@@ -180,7 +180,7 @@ def verify(
 
 def check_package(root: str) -> dict[str, Any]:
     """The child's side of verify(): load_package's checks; where the model is and its digest."""
-    from agent.qualify.package import load_package
+    from agent.package.load import load_package
 
     pkg = load_package(root)
     return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
@@ -188,18 +188,18 @@ def check_package(root: str) -> dict[str, Any]:
 
 def warm_feeds(session: ProviderSession, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
-    rebuilt from the package (agent.qualify.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
-    to the served file's input types, as qualification casts them for a variant (agent.qualify.variants).
+    rebuilt from the package (agent.package.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
+    to the served file's input types, as qualification casts them for a variant (agent.package.variants).
     Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
     root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
     if root is not None and root.is_dir():
         assert entry is not None  # root comes from entry["package_dir"]
+        from agent.package.inputs import plan_inputs
+        from agent.package.load import golden_datasets, read_meta
         from agent.providers.base import TensorSpec
-        from agent.qualify.inputs import plan_inputs
-        from agent.qualify.package import golden_datasets, read_meta
 
         specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.get("input_specs") or []]
-        from agent.qualify.variants import adapt_feeds
+        from agent.package.variants import adapt_feeds
 
         plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
         served = {"inputs": [{"name": s.name, "dtype": s.dtype} for s in session.inputs]}
@@ -222,10 +222,10 @@ def open_and_warm(
     entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict[str, Any] | None = None
 ) -> ProviderSession:
     """Build the session a slot entry or a decision describes, and run it a few times before it serves.
-    A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.qualify.cacheseal).
+    A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.package.cacheseal).
     `timings` gets session_s (creation), first_answer_s (creation + the first warm-up run) and cache_rebuilt."""
+    from agent.package import cacheseal
     from agent.providers import get
-    from agent.qualify import cacheseal
 
     model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
     if not Path(model_path).is_file():
@@ -287,7 +287,7 @@ def activate(
     before_swap(session) (the shadow phase; raising stops the deployment) and keeps the old session as the
     referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
     meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
-    meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (serving/labels.py)
+    meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (package/labels.py)
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
     timings: dict[str, Any] = {}

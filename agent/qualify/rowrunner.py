@@ -9,15 +9,16 @@ from functools import partial
 from typing import Any
 
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, coldstart, coverage_set, reference
+from agent.isolate.runner import IsolatedResult, IsolatedWorker, child_ask, run_isolated
+from agent.package import caches
+from agent.package import variants as var
+from agent.package.inputs import batch_size, package_plan
+from agent.package.load import ModelPackage
+from agent.qualify import coldstart, coverage_set, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
-from agent.qualify import variants as var
 from agent.qualify.decision import Row
-from agent.qualify.inputs import batch_size, package_plan
-from agent.qualify.isolate import IsolatedResult, IsolatedWorker, child_ask, run_isolated
 from agent.qualify.keptrows import KeptRows
-from agent.qualify.package import ModelPackage
 
 _PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
 

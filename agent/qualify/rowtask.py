@@ -8,9 +8,11 @@ import sys
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, cacheseal, coldstart, conditions, forkserver, latency
-from agent.qualify.isolate import child_progress as emit
-from agent.qualify.isolate import size_text
+from agent.isolate import forkserver
+from agent.isolate.runner import child_progress as emit
+from agent.isolate.runner import size_text
+from agent.package import cacheseal
+from agent.qualify import accuracy, coldstart, conditions, latency
 
 MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
@@ -56,13 +58,13 @@ def measure_row(
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
     memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs).
 
-    model_precision: the graph's own precision (agent.qualify.precision); declared: the graph's inputs and
+    model_precision: the graph's own precision (agent.package.precision); declared: the graph's inputs and
     outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
     with (agent.qualify.original) instead of `reference`."""
+    from agent.package.precision import effective
     from agent.providers import get
     from agent.qualify import original as orig
     from agent.qualify import outputs as io
-    from agent.qualify.precision import effective
 
     row: dict[str, Any] = {
         "provider": provider,

@@ -1,6 +1,6 @@
 """The transport-neutral inference core (KServe's data plane): metadata, readiness, infer with its response budget,
 statistics, classification and /metrics over the registry; raises ServingError subclasses (domain errors) that each
-front end (HTTP: handlers/wire/server; gRPC: grpc_front) maps to its own status at the edge."""
+front end (HTTP: handlers/wire/server; gRPC: grpc/front) maps to its own status at the edge."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ OPTIMIZE_KINDS = ("ort-basic", "ort-extended", "ort-all", "slim", "fusions")  # 
 TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features", "tasks", "qualify"}
 MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor", "os", "accelerators"}
 TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
+TOLERANCE_FIELDS = (*TOLERANCE_KEYS, "min_sqnr_db")  # every bound a model.yaml `tolerances:` may set
 # Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
 CPU_FEATURES = {
     "avx2": "avx2",

@@ -117,8 +117,8 @@ def oip_server(sessions, **server_kw) -> Iterator:
     """The one test server: an OIPServer on a free loopback port over a fresh registry serving `sessions`
     ((name, version, session[, meta]) each); `server_kw` go to OIPServer (token, max_body_bytes, ...). The server
     drains and the registry closes afterwards."""
+    from agent.serving.http.server import OIPServer
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
 
     reg = ModelRegistry()
     for name, version, session, *meta in sessions:

@@ -120,7 +120,7 @@ def serve(
 
 def _fresh_cache(parts: Parts, entry: dict[str, Any]) -> dict[str, Any]:
     """A runtime upgrade since qualification changes the cache key: never load a stale compiled blob."""
-    from agent.qualify import caches
+    from agent.package import caches
 
     stored = entry.get("versions") or {}
     if not entry.get("cache_dir") or not entry.get("model_sha256"):

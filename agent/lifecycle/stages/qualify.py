@@ -96,7 +96,7 @@ def _requalified_note(dep: Deployment, decision: dict[str, Any]) -> str:
 def drifted(parts: Parts) -> list[tuple[str, dict[str, Any], str]]:
     """Start-up: committed models whose decision was made under other runtime/provider/driver versions,
     as (name, committed entry, what changed); each is marked stale until re-qualified."""
-    from agent.qualify import caches
+    from agent.package import caches
 
     current = caches.runtime_versions(parts.profile)
     out = []

@@ -9,7 +9,7 @@ import socket
 import threading
 
 from agent.serving.budget import BodyBudget
-from agent.serving.wire import Conn
+from agent.serving.http.wire import Conn
 
 
 class ConnBook:

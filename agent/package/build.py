@@ -1,6 +1,6 @@
 """`edge-agent package`: build a model package from a model and real sample inputs, or check a hand-made one.
 
-A package is the directory the daemon and `qualify` read (agent.qualify.package): model.onnx, model.yaml and
+A package is the directory the daemon and `qualify` read (agent.package.load): model.onnx, model.yaml and
 test_data_set_N/{input,output}_K.pb. Here the inputs come from the user's files (.npy, .npz, .pb; .wav through
 the standard library; images through Pillow where it is installed); the shapes the graph leaves symbolic are
 read off those inputs and proposed as `input_shapes` (a range when the sets differ); the golden outputs are the
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from agent.errors import ModelError
+from agent.package.check import check, fit
 from agent.providers.base import TensorSpec
-from agent.qualify.pkgcheck import check, fit
 
 MAX_INPUT_FILE_BYTES = 1 << 30  # a sample input bigger than this is not a sample
 
@@ -67,7 +67,7 @@ def read_sample(path: Path) -> dict[str, np.ndarray] | list[np.ndarray]:
             with np.load(path, allow_pickle=False) as z:
                 return {k: z[k] for k in z.files}
         if suffix == ".pb":
-            from agent.qualify.inputs import load_tensor
+            from agent.package.inputs import load_tensor
 
             name, value = load_tensor(path)
             return {name: np.asarray(value)} if name else [np.asarray(value)]
@@ -186,8 +186,8 @@ def build(
     import yaml
     from onnx import numpy_helper
 
-    from agent.qualify.onnxfile import graph_specs
-    from agent.qualify.package import check_model
+    from agent.package.load import check_model
+    from agent.package.onnxfile import graph_specs
 
     model, out = Path(model), Path(out)
     proto = check_model(model)

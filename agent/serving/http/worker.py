@@ -14,11 +14,11 @@ import zlib
 from typing import Protocol
 
 from agent.serving.budget import BodyBudget, Ledger
-from agent.serving.compress import compress
 from agent.serving.dataplane import DataPlane
 from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
-from agent.serving.handlers import Response, Router, error_for, error_response, header_length
-from agent.serving.wire import (
+from agent.serving.http.compress import compress
+from agent.serving.http.handlers import Response, Router, error_for, error_response, header_length
+from agent.serving.http.wire import (
     LINGER_BYTES,
     MAX_HEAD,
     OPEN_PATHS,

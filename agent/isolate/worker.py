@@ -1,4 +1,4 @@
-"""Child-process entry point for isolate.py: `python -m agent.qualify.worker FD [options]` serves calls until told
+"""Child-process entry point for isolate.py: `python -m agent.isolate.worker FD [options]` serves calls until told
 to exit. Options: --parent PID (die with it), --nice N (run N levels lower), --data-limit BYTES (RLIMIT_DATA)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from agent.errors import without_source_locations
-from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
+from agent.isolate.childside import CHILD_CONN, FAULT_ENV, resolve
 
 
 def _inject_fault(tag: str) -> None:

@@ -2,7 +2,7 @@
 
 Connections live in two places (see server.py): while they wait for a request they sit in the selector thread
 (selector.py), which reads request heads and answers the health probes itself; a complete head goes to a worker
-(http_worker.py), which reads the body and answers. Both frame requests and answers with what is here.
+(http/worker.py), which reads the body and answers. Both frame requests and answers with what is here.
 A length header that is not plain ASCII digits is a 400 and closes the connection; chunked bodies are refused (411).
 """
 
@@ -15,7 +15,7 @@ from http import HTTPStatus
 from typing import Any, NamedTuple
 
 import agent
-from agent.serving.handlers import Response, Router, error_for, error_response
+from agent.serving.http.handlers import Response, Router, error_for, error_response
 
 MAX_LINE = 16 * 1024
 MAX_HEADERS = 100

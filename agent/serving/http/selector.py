@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.serving.connbook import ConnBook
-from agent.serving.handlers import Router
-from agent.serving.wire import LINGER_BYTES, LINGER_S, RECV_BYTES, Conn, head_end, probe_answer, refusal
+from agent.serving.http.connbook import ConnBook
+from agent.serving.http.handlers import Router
+from agent.serving.http.wire import LINGER_BYTES, LINGER_S, RECV_BYTES, Conn, head_end, probe_answer, refusal
 
 SWEEP_S = 0.1  # deadlines are checked this often
 _LISTENER, _WAKE = object(), object()

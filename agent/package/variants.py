@@ -81,8 +81,8 @@ def describe(path: Path) -> tuple[str, dict[str, list[dict[str, Any]]], Any]:
     """(graph precision, declared inputs/outputs, proto) of a model file (load_package has checked it)."""
     import onnx
 
-    from agent.qualify.onnxfile import graph_specs
-    from agent.qualify.precision import graph_precision
+    from agent.package.onnxfile import graph_specs
+    from agent.package.precision import graph_precision
 
     proto = onnx.load(str(path), load_external_data=False)
     ins, outs = graph_specs(proto)

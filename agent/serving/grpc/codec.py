@@ -81,7 +81,7 @@ def _input(t: Any, raw: memoryview | None, charge: codec.Charge, params: dict[st
 
 
 def decode(request: Any, raws: list[memoryview], charge: codec.Charge) -> codec.InferRequest:
-    """A ModelInferRequest (without its raw contents) and its raw_input_contents (grpc_raw.parse_request) as the
+    """A ModelInferRequest (without its raw contents) and its raw_input_contents (grpc/raw.parse_request) as the
     data plane's InferRequest; the raw contents are read in place, not copied."""
     params = params_of(request.parameters)
     check_request(params)
@@ -117,7 +117,7 @@ def decode(request: Any, raws: list[memoryview], charge: codec.Charge) -> codec.
 
 def encode(name: str, version: str, outputs: dict[str, Any], req: codec.InferRequest) -> tuple[Any, list[Any]]:
     """(the ModelInferResponse without raw contents, its raw_output_contents in order: the arrays themselves where
-    their memory is wire bytes, else a copy; grpc_raw.response_bytes joins them)."""
+    their memory is wire bytes, else a copy; grpc/raw.response_bytes joins them)."""
     resp = pb.ModelInferResponse(model_name=name, model_version=version, id=req.id or "")
     contents: list[Any] = []
     for out_name, value in outputs.items():

@@ -8,7 +8,7 @@ import collections
 import threading
 from collections.abc import Callable
 
-from agent.serving.wire import Conn
+from agent.serving.http.wire import Conn
 
 
 class _Seat:

@@ -1,5 +1,5 @@
 """`edge-agent package --check DIR`: every fix a hand-made package needs, found by the code the daemon loads
-packages with (agent.qualify.package). A model.yaml key the loader refuses is named with its fix, set aside, and
+packages with (agent.package.load). A model.yaml key the loader refuses is named with its fix, set aside, and
 the package is loaded again, so one run lists the fix of every key, not only the first; then the golden sets are
 read and fitted to the model's inputs as `edge-agent package` writes them."""
 
@@ -34,7 +34,7 @@ _KEY = re.compile(r"model\.yaml: (.+?): (.*)", re.S)
 
 def _load_every_key(path: Path) -> tuple[Any, list[Finding]]:
     """(the package as the daemon loads it, or None; one Finding per model.yaml key it refuses)."""
-    from agent.qualify import package as loader
+    from agent.package import load as loader
     from agent.util.yamlsafe import load_file
 
     try:
@@ -81,7 +81,7 @@ def _drop(meta: dict[str, Any], key: str) -> bool:
 
 def check(path: Path) -> list[Finding]:
     """Every fix a package needs, as the daemon would find them (empty: it will be accepted and qualified)."""
-    from agent.qualify.inputs import assumed_dims, load_dataset
+    from agent.package.inputs import assumed_dims, load_dataset
 
     path = Path(path)
     pkg, found = _load_every_key(path)

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from agent.errors import ModelError
+from agent.package.inputs import DEFAULT_DYNAMIC
 from agent.providers.base import TensorSpec
-from agent.qualify.inputs import DEFAULT_DYNAMIC
 
 FALLBACK_BUDGET = 4 << 30  # bytes, when physical memory cannot be read
 

@@ -1,4 +1,4 @@
-"""The fork server's lifeline: imported first by the qualification fork server (agent.qualify.forkserver's
+"""The fork server's lifeline: imported first by the qualification fork server (agent.isolate.forkserver's
 preload list), it makes the server exit when the process that started it dies, whatever killed it (SIGKILL
 included). multiprocessing's server waits for its parent's pipe to close, and a forked worker or any other child
 holding that pipe kept it running (seen: a server and its hung worker left behind by a SIGKILLed `conformance`).

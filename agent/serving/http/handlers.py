@@ -13,11 +13,11 @@ import numpy as np
 from agent.errors import ServingError
 from agent.serving import codec
 from agent.serving.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, model_config, model_metadata
-from agent.serving.decode import decode_request
-from agent.serving.encode import encode_response
 from agent.serving.entry import ModelEntry
 from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, TooManyFailures, status_of
-from agent.serving.jsondata import parse_json
+from agent.serving.http.decode import decode_request
+from agent.serving.http.encode import encode_response
+from agent.serving.http.jsondata import parse_json
 from agent.serving.outsize import Hold, no_hold
 
 __all__ = ["EXTENSIONS", "SERVER_NAME", "Router", "model_config", "model_metadata"]

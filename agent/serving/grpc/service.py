@@ -1,7 +1,7 @@
 """GRPCInferenceService (KServe v2) on grpcio's sync server: each RPC is authorized, counted per client address,
-run on the data plane, and its domain errors become a status at the edge (grpc_status.code_of).
+run on the data plane, and its domain errors become a status at the edge (grpc/status.code_of).
 
-Infer messages are read and written as bytes (grpc_raw): raw tensor contents are read in place and a response's
+Infer messages are read and written as bytes (grpc/raw): raw tensor contents are read in place and a response's
 written once, not copied by protobuf on the way in and three times on the way out.
 """
 
@@ -20,10 +20,10 @@ from agent.errors import ServingError
 from agent.serving.budget import Ledger
 from agent.serving.dataplane import DataPlane
 from agent.serving.errors import PeerBusy, TooManyFailures, Unsupported
-from agent.serving.grpc_codec import decode, encode, params_of
-from agent.serving.grpc_raw import parse_request, response_bytes
-from agent.serving.grpc_status import code_of, message_of, peer_host
-from agent.serving.grpc_watch import Streams
+from agent.serving.grpc.codec import decode, encode, params_of
+from agent.serving.grpc.raw import parse_request, response_bytes
+from agent.serving.grpc.status import code_of, message_of, peer_host
+from agent.serving.grpc.watch import Streams
 from agent.serving.metrics import Metric
 from agent.serving.proto import oip_pb2 as pb
 
@@ -150,7 +150,7 @@ class InferenceServicer:
 
     # ---- inference ------------------------------------------------------------------------------------
     def _infer(self, request: Any, raws: list[memoryview], size: int, stream: bool = False) -> bytes:
-        """One ModelInferRequest (parsed by grpc_raw.parse_request; `size` bytes as received) answered as the
+        """One ModelInferRequest (parsed by grpc/raw.parse_request; `size` bytes as received) answered as the
         serialized response (stream: a ModelStreamInferResponse)."""
         plane = self.plane
         plane.entry_check(request.model_name, request.model_version)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ModelError
+from agent.package.declared import check_declared_memory, default_budget
+from agent.package.onnxfile import graph_specs
 from agent.providers.base import TensorSpec
-from agent.qualify.declared import check_declared_memory, default_budget
-from agent.qualify.onnxfile import graph_specs
 from agent.util.hashing import sha256_file
 
 MAX_EXTRACT_BYTES = 4 << 30
@@ -54,7 +54,7 @@ class ModelPackage:
     opsets: dict[str, int] = field(default_factory=dict)
     op_types: list[str] = field(default_factory=list)
     size_bytes: int = 0
-    precision: str = "fp32"  # the graph's own precision (agent.qualify.precision)
+    precision: str = "fp32"  # the graph's own precision (agent.package.precision)
     reference_path: Path | None = None  # model.yaml reference: the fp32 original
     variants: dict[str, Path] = field(default_factory=dict)  # model.yaml variants: name -> model file
 
@@ -290,7 +290,7 @@ def check_declared_shapes(pkg: ModelPackage) -> None:
 
 
 def _validate_tolerances(tols: Any, bad) -> None:
-    from agent.qualify.accuracy import TOLERANCE_FIELDS
+    from agent.targets.schema import TOLERANCE_FIELDS
 
     if not isinstance(tols, dict):
         raise bad("tolerances", "expected a mapping")
@@ -305,8 +305,8 @@ def _validate_tolerances(tols: Any, bad) -> None:
 
 
 def _build(source: Path, root: Path, model_path: Path, meta: dict[str, Any]) -> ModelPackage:
-    from agent.qualify import variants
-    from agent.qualify.precision import graph_precision
+    from agent.package import variants
+    from agent.package.precision import graph_precision
 
     proto = check_model(model_path)
     inputs, outputs = graph_specs(proto)

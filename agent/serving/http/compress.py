@@ -6,7 +6,7 @@ import zlib
 
 from agent.errors import ServingError
 from agent.serving.budget import Ledger
-from agent.serving.handlers import Response
+from agent.serving.http.handlers import Response
 
 COMPRESS_MIN = 1024  # responses smaller than this go out uncompressed
 

@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterable
 
 from agent.errors import ServingError
 from agent.serving.budget import BodyBudget
-from agent.serving.connbook import ConnBook
 from agent.serving.dataplane import DataPlane
-from agent.serving.handlers import Router
-from agent.serving.http_worker import Worker
+from agent.serving.http.connbook import ConnBook
+from agent.serving.http.handlers import Router
+from agent.serving.http.pool import WorkerPool
+from agent.serving.http.selector import ConnLimits, Selector
+from agent.serving.http.wire import Conn
+from agent.serving.http.worker import Worker
 from agent.serving.metrics import Metric
 from agent.serving.registry import ModelRegistry
-from agent.serving.selector import ConnLimits, Selector
-from agent.serving.wire import Conn
-from agent.serving.workers import WorkerPool
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 DEFAULT_BODY_BUDGET = 256 * 1024 * 1024  # request memory (bodies as received, inflated, decoded) at once
@@ -57,7 +57,7 @@ class OIPServer:
     """KServe v2 REST server over a ModelRegistry. port=0 picks a free port (see .port); `collectors`
     (or add_metrics_collector) add Metric families to /metrics; shutdown(drain_timeout) drains.
     It composes the connection books (connbook.py), the selector thread (selector.py) and the worker pool
-    (workers.py, http_worker.py), and is what a worker sees of the server (http_worker.Host)."""
+    (workers.py, http/worker.py), and is what a worker sees of the server (http/worker.Host)."""
 
     def __init__(
         self,
@@ -176,7 +176,7 @@ class OIPServer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown(drain_timeout=5.0)
 
-    # ---- what workers see of the server (http_worker.Host) ---------------------------------------------
+    # ---- what workers see of the server (http/worker.Host) ---------------------------------------------
     def begin(self) -> bool:
         """A request starts being handled; False while shutting down."""
         return self._book.begin()

@@ -1,6 +1,6 @@
 """Run native-code work in a child process with a deadline: a crash or hang becomes a result, not our death.
 
-The child is `python -m agent.qualify.worker FD [--nice N] [--data-limit BYTES] [--parent PID]`; tasks
+The child is `python -m agent.isolate.worker FD [--nice N] [--data-limit BYTES] [--parent PID]`; tasks
 ("module:function", kwargs) and results travel as pickles over a socketpair (stdout is left to the runtimes,
 which print there), stderr goes to a file whose last lines explain a crash. An IsolatedWorker serves many
 calls and restarts after a crash; run_isolated() is the one-shot form used per provider row and by the
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import IO, Any
 
-from agent.qualify import forkserver
-from agent.qualify.childside import CHILD_CONN, FAULT_ENV, resolve
+from agent.isolate import forkserver
+from agent.isolate.childside import CHILD_CONN, FAULT_ENV, resolve
 
 __all__ = ["FAULT_ENV", "IsolatedResult", "IsolatedWorker", "child_ask", "child_progress", "resolve", "run_isolated"]
 
-_CHILD_CONN = CHILD_CONN  # set inside a worker process (agent.qualify.worker)
+_CHILD_CONN = CHILD_CONN  # set inside a worker process (agent.isolate.worker)
 STDERR_LINES = 3  # how many last stderr lines a crash report carries
 WATCH_S = 0.02  # RSS sampling period of the memory watchdog
 WORKER_BASE_BYTES = 384 << 20  # what a worker holds before its task allocates (Python, numpy, runtimes)
@@ -115,7 +115,7 @@ class IsolatedWorker:
         parent, child = socket.socketpair()
         self._stderr = tempfile.TemporaryFile()
         env = dict(os.environ if self._env is None else self._env)
-        argv = [sys.executable, "-m", "agent.qualify.worker", str(child.fileno()), "--parent", str(os.getpid())]
+        argv = [sys.executable, "-m", "agent.isolate.worker", str(child.fileno()), "--parent", str(os.getpid())]
         if self.nice:
             argv += ["--nice", str(self.nice)]
         if limit:

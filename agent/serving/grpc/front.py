@@ -1,4 +1,4 @@
-"""KServe v2 gRPC front end (grpcio's sync server): GRPCInferenceService (grpc_service) + grpc.health.v1 over the same
+"""KServe v2 gRPC front end (grpcio's sync server): GRPCInferenceService (grpc/service) + grpc.health.v1 over the same
 DataPlane as HTTP.
 
 Limits: a message's declared length is checked against max_body_bytes by gRPC's core before it is allocated
@@ -6,7 +6,7 @@ Limits: a message's declared length is checked against max_body_bytes by gRPC's 
 decoded; requests are handled by a bounded pool only once complete (slow senders hold a connection, not a thread),
 at most `max_rpcs` at once (the rest get RESOURCE_EXHAUSTED at once), at most `max_per_peer` from one client
 address, and connections idle for idle_timeout are closed. Token: metadata `authorization: Bearer <token>` on every
-RPC but ServerLive, ServerReady and the health service. Domain errors become status codes in grpc_status only.
+RPC but ServerLive, ServerReady and the health service. Domain errors become status codes in grpc/status only.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2_grpc
 
 from agent.errors import ServingError
 from agent.serving.dataplane import DataPlane
-from agent.serving.grpc_service import InferenceServicer
-from agent.serving.grpc_watch import Health, Streams
+from agent.serving.grpc.service import InferenceServicer
+from agent.serving.grpc.watch import Health, Streams
 from agent.serving.proto import oip_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
@@ -44,7 +44,7 @@ def _parsing(method: Callable[[Any, Any], Any], message: Any) -> Callable[[bytes
 
 
 def _handlers(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
-    """GRPCInferenceService's methods: infer on message bytes (grpc_raw: no protobuf copies of the tensors), the rest
+    """GRPCInferenceService's methods: infer on message bytes (grpc/raw: no protobuf copies of the tensors), the rest
     parsing their own request."""
     handlers = {}
     for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:

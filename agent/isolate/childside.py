@@ -9,7 +9,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 FAULT_ENV = "EDGE_AGENT_TEST_WORKER_FAULT"  # test-only: "abort[:tag]" or "hang[:tag]"
-CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.qualify.worker)
+CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.isolate.worker)
 
 
 def resolve(func: str) -> Callable[..., Any]:

@@ -1,6 +1,6 @@
 """Row workers forked from a server that imported the runtimes once (multiprocessing's forkserver).
 
-A fresh `python -m agent.qualify.worker` per row pays interpreter start-up and the numpy / onnxruntime /
+A fresh `python -m agent.isolate.worker` per row pays interpreter start-up and the numpy / onnxruntime /
 OpenVINO imports every time; on a small model that is most of a qualification's wall time. The forkserver
 imports them once, before any session or thread pool exists, and forks a clean process per worker: a crash
 still kills only that child (a row), the child's memory and thread pools start empty, and start-up costs a
@@ -24,15 +24,15 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 SPAWN_ENV = "EDGE_AGENT_SPAWN_WORKERS"
-# agent.qualify.lifeline first: the server exits with its starter (a SIGKILLed caller leaves nothing behind)
+# agent.isolate.lifeline first: the server exits with its starter (a SIGKILLed caller leaves nothing behind)
 PRELOAD = [
-    "agent.qualify.lifeline",
+    "agent.isolate.lifeline",
     "numpy",
     "onnx",
     "onnxruntime",
     "openvino",
     "agent.qualify.rowtask",
-    "agent.qualify.worker",
+    "agent.isolate.worker",
 ]
 _CONTEXT: list[Any] = []
 _LOCK = threading.Lock()  # one start at a time: __main__ is hidden meanwhile
@@ -148,7 +148,7 @@ def child_main(conn: Connection, options: dict[str, int], stderr_path: str, env:
     os.close(null)
     os.environ.clear()
     os.environ.update(env)
-    from agent.qualify import worker
+    from agent.isolate import worker
 
     priority = options.pop("priority", None)
     if priority is not None:

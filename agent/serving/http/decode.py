@@ -10,7 +10,7 @@ import numpy as np
 from agent.serving.binary import BinarySlot, binary_tensor, wire_dtype
 from agent.serving.codec import Charge, InferRequest, no_charge, numpy_dtype, oip_name
 from agent.serving.errors import BadRequest
-from agent.serving.jsondata import json_tensor, parse_json
+from agent.serving.http.jsondata import json_tensor, parse_json
 from agent.serving.params import check_request, class_count
 from agent.serving.shm import ShmOut, ShmSlot, input_slot, output_target
 

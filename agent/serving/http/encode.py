@@ -11,7 +11,7 @@ import numpy as np
 
 from agent.serving.binary import binary_blob, wire_ready
 from agent.serving.codec import InferRequest, carriable, datatype_of
-from agent.serving.jsondata import json_data, json_safe
+from agent.serving.http.jsondata import json_data, json_safe
 
 _HEADS: dict[
     tuple[Any, ...], bytes

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.fleet.sim_classes import DeviceClass, QualificationCache, discover_sysroots, load_classes
+from agent.sim.classes import DeviceClass, QualificationCache, discover_sysroots, load_classes
 
 __all__ = ["Simulator", "discover_sysroots"]
 
