@@ -8,7 +8,7 @@ import json
 import pytest
 import realmodels as rm
 
-from agent.lifecycle.actions import open_and_warm
+from agent.lifecycle.serve import open_and_warm
 from agent.package import cacheseal
 
 

@@ -216,7 +216,7 @@ def test_a_newer_version_supersedes_one_waiting_in_the_queue(tmp_path):
 
     from support.daemon import running_agent
 
-    from agent.lifecycle.actions import StepContext
+    from agent.lifecycle.context import StepContext
 
     gen = running_agent(tmp_path)
     agent = next(gen)

@@ -12,7 +12,7 @@ from support.agent import make_agent
 from support.mqtt import ControlPlane, mqtt_config, wait_for
 
 from agent.fleet import rollout_state as rs
-from agent.lifecycle.actions import StepContext
+from agent.lifecycle.context import StepContext
 from agent.samples import sample_tiny_package
 
 

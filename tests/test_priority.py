@@ -55,7 +55,7 @@ def test_zero_runs_inline_and_errors_propagate():
 _BUILD = """
 import json, os, sys, threading
 import onnx
-from agent.lifecycle.actions import warm_feeds
+from agent.lifecycle.serve import warm_feeds
 from agent.providers import get
 from agent.samples import cnn_model
 from agent.util import priority

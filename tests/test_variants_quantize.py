@@ -192,7 +192,7 @@ def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
     same values as float16 (as qualification fed it), at the declared opt and max shapes."""
     from onnx import TensorProto, helper
 
-    from agent.lifecycle.actions import warm_feeds
+    from agent.lifecycle.serve import warm_feeds
     from agent.providers import get
 
     for dtype, file in ((TensorProto.FLOAT, "model.onnx"), (TensorProto.FLOAT16, "model.fp16.onnx")):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Cancelled, DeadlineExceeded, Rejected, StepContext
 from agent.lifecycle.journal import Deployment, Journal, check_name
 from agent.lifecycle.recovery import commit_landed, recover
 from agent.lifecycle.reports import Listener, Reports
@@ -36,7 +36,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.current: Deployment | None = None
-        self.ctx: act.StepContext | None = None
+        self.ctx: StepContext | None = None
         self.pending: Deployment | None = None
         self.thread: threading.Thread | None = None
 
@@ -245,7 +245,7 @@ class Orchestrator:
                 dep, w.pending = w.pending, None
                 w.current = dep
                 # one context per deployment, set with `current`: a cancel between two steps is not lost
-                w.ctx = act.StepContext(None, progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
+                w.ctx = StepContext(None, progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
                 if dep is None or self._stopping:
                     w.current, w.thread = None, None
                     self._idle.notify_all()
@@ -314,16 +314,16 @@ class Orchestrator:
             }
         )
 
-    def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
+    def _step(self, dep: Deployment, ctx: StepContext) -> tuple[Event, str | None, dict[str, Any]]:
         try:
             ctx.check()
             event, data = self.steps.run(dep, ctx)
             return event, data.pop("reason", None), data
-        except act.Cancelled as exc:
+        except Cancelled as exc:
             return Event(exc.event), str(exc), {}
-        except act.DeadlineExceeded:
+        except DeadlineExceeded:
             return Event.TIMEOUT, f"{dep.state.value} exceeded its deadline of {self.deadlines[dep.state]:.0f}s", {}
-        except act.Rejected as exc:
+        except Rejected as exc:
             return Event.REJECT, str(exc), {}
         except EdgeAgentError as exc:
             # retryable: a transient failure that outlasted its retries; the same desired state may be submitted again

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import ProbationConfig, ServingConfig, ShadowConfig
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualqueue import QualificationQueue
 from agent.lifecycle.slots import ModelSlots
@@ -19,7 +19,7 @@ from agent.util.atomic import atomic_write_json
 
 Measure = Callable[[], dict[str, Any]]
 # (deployment, context, measure) -> Decision.to_dict(); measure() runs the real qualification child process
-Qualifier = Callable[[Deployment, act.StepContext, Measure], dict[str, Any]]
+Qualifier = Callable[[Deployment, StepContext, Measure], dict[str, Any]]
 NoteSink = Callable[[str, str], None]
 
 ENTRY_KEYS = (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 
 NEEDS_SOURCE = ("received", "downloading")  # states whose action talks to the source
@@ -24,9 +24,9 @@ class DeploymentSource(Protocol):
         """Can check()/fetch() work now (link up)?"""
 
     def check(self, dep: Deployment) -> None:
-        """RECEIVED (again, after a restart): raise act.Rejected when the deployment may not go on."""
+        """RECEIVED (again, after a restart): raise Rejected when the deployment may not go on."""
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
+    def fetch(self, dep: Deployment, ctx: StepContext) -> dict[str, Any]:
         """DOWNLOADING: land the artifact in the store; returns {"sha256", "size"}."""
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from agent import errors
 from agent.errors import LifecycleError
 from agent.isolate.runner import run_isolated
-from agent.lifecycle.actions import StepContext
+from agent.lifecycle.context import StepContext
 
 NO_DEADLINE_S = 24 * 3600.0
 DEADLINE_MARGIN_S = 5.0  # the state's deadline (ctx.check) fires before the runner's own timeout

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
 from agent.lifecycle import integrity
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.slots import ModelSlots
 from agent.lifecycle.states import State
+from agent.package.unpack import unpack
 from agent.util.hashing import sha256_file
 
 
@@ -50,7 +50,7 @@ def verify_unpacked(store: Any, packages: Path, entry: dict[str, Any]) -> str | 
         raise Corrupt(f"version {version}: {why}; blob {blob} does not match its sha256: cannot re-unpack")
     shutil.rmtree(pkg, ignore_errors=True)
     integrity.record_path(pkg).unlink(missing_ok=True)
-    act.unpack(store, sha, pkg.parent)
+    unpack(store, sha, pkg.parent)
     again = integrity.check(pkg, entry.get("model_sha256"), entry.get("model_path"))
     if again:
         raise Corrupt(f"version {version}: {why}; re-unpacked from the blob but: {'; '.join(again)}")

@@ -10,7 +10,7 @@ from typing import Any
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import repair, unloaded
 from agent.lifecycle.parts import Parts
-from agent.lifecycle.stages.activate import serve
+from agent.lifecycle.serve import serve
 
 
 def restore_all(parts: Parts) -> None:

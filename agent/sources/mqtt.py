@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.retry import retry_transient
@@ -209,15 +209,15 @@ class MqttSource:
                 max_skew_s=self.book.max_skew_s,
             )
         except ManifestRejected as exc:
-            raise act.Rejected(f"{exc.code}: {exc.reason}") from None
+            raise Rejected(f"{exc.code}: {exc.reason}") from None
         except EdgeAgentError as exc:
-            raise act.Rejected(f"malformed: {exc}") from None
+            raise Rejected(f"malformed: {exc}") from None
         if m.name != dep.model or m.version != dep.version:
-            raise act.Rejected(f"malformed: manifest {m.name} {m.version} was filed as {dep.model} {dep.version}")
+            raise Rejected(f"malformed: manifest {m.name} {m.version} was filed as {dep.model} {dep.version}")
         dep.data["manifest"] = m.to_dict()
         dep.data["key_id"] = m.key_id
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
+    def fetch(self, dep: Deployment, ctx: StepContext) -> dict[str, Any]:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
         from agent.artifacts.deadline import DownloadLimits

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.qualifier import run_qualification
@@ -15,7 +15,7 @@ from agent.lifecycle.states import Event
 from agent.util.atomic import atomic_write_json
 
 
-def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, Qualified]:
+def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Qualified]:
     cache_root = str(parts.state_dir / "cache")
     rec = Record(dep)
 

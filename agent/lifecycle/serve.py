@@ -1,189 +1,26 @@
-"""What each lifecycle state does: fetch into the store, verify, activate (build + warm + swap), restore."""
+"""Open, warm and swap a version in: shared by activation (a new deployment) and restore (start-up, failure,
+rollback): the swap mode, a fresh compiled cache, build + warm-up, then the registry's atomic swap."""
 
 from __future__ import annotations
 
-import gzip
-import os
-import shutil
-import tarfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.errors import EdgeAgentError, LifecycleError, ModelError
+from agent.errors import LifecycleError, ModelError
+from agent.lifecycle import repair
+from agent.lifecycle.parts import Parts
 from agent.package.labels import read_labels
 from agent.serving import rungate
-from agent.util.atomic import fsync_dir
-from agent.util.hashing import sha256_file
 from agent.util.priority import run_lowered
 
 if TYPE_CHECKING:
-    from agent.artifacts.store import ContentStore
     from agent.providers.base import ProviderSession
     from agent.serving.registry import ModelRegistry
 
-GZIP_MAGIC = b"\x1f\x8b"
 WARM_RUNS = 3
-
-
-class Cancelled(EdgeAgentError):
-    """The step was cancelled (operator, rollback or a newer deployment); `event` says which."""
-
-    def __init__(self, event: str, reason: str):
-        super().__init__(reason)
-        self.event = event
-
-
-class DeadlineExceeded(EdgeAgentError):
-    """The state's deadline passed."""
-
-
-class Rejected(EdgeAgentError):
-    """A manifest or package refused before any byte is downloaded."""
-
-
-@dataclass
-class StepContext:
-    """Handed to every action: cancellation, deadline and progress for one state of one deployment."""
-
-    deadline: float | None  # time.monotonic() value
-    cancel: threading.Event = field(default_factory=threading.Event)
-    cancel_event: str = "cancel"
-    cancel_reason: str = "cancelled"
-    progress: Callable[..., None] | None = None
-
-    def check(self) -> None:
-        """Raise Cancelled / DeadlineExceeded when the step must stop."""
-        if self.cancel.is_set():
-            raise Cancelled(self.cancel_event, self.cancel_reason)
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise DeadlineExceeded("deadline passed")
-
-    def remaining(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
-    def report(self, event: str, **fields: Any) -> None:
-        if self.progress is not None:
-            self.progress(event, **fields)
-
-
-def pack_dir(src: Path, dest: Path) -> None:
-    """A deterministic .tar.gz of a package directory (sorted names, zeroed times and owners), fsynced."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest, "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
-                    rel = path.relative_to(src).as_posix()
-                    if any(part.startswith(".") for part in Path(rel).parts):
-                        continue
-                    info = tarfile.TarInfo(rel)
-                    info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o644
-                    with open(path, "rb") as f:
-                        tar.addfile(info, f)
-        raw.flush()
-        os.fsync(raw.fileno())
-
-
-def fetch_inbox(src: Path, store: ContentStore, staging: Path, ctx: StepContext) -> dict[str, Any]:
-    """Local mode 'download': pack the inbox package into the content store."""
-    if not src.is_dir():
-        raise ModelError(f"inbox package {src} is gone or not a directory")
-    if not (src / "model.onnx").is_file() and not list(src.glob("*.onnx")):
-        raise ModelError(f"inbox package {src} has no model.onnx")
-    ctx.report("pack", path=str(src))
-    part = staging / f"inbox-{os.getpid()}-{threading.get_ident()}.tar.gz.part"
-    try:
-        pack_dir(src, part)
-        ctx.check()
-        size = part.stat().st_size
-        sha = store.put_file(part)
-    finally:
-        part.unlink(missing_ok=True)
-    return {"sha256": sha, "size": size}
-
-
-def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
-    """packages/<sha>/ holding the package (extracted from a .tar.gz blob, or the bare model.onnx)."""
-    final = packages_root / sha
-    if final.is_dir():
-        return final
-    blob = Path(store.path(sha))
-    tmp = packages_root / f".{sha}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        with open(blob, "rb") as f:
-            magic = f.read(2)
-        if magic == GZIP_MAGIC:
-            from agent.package.load import extract_archive
-
-            root = extract_archive(blob, tmp)
-            if root != tmp:  # archive with one top-level directory: flatten
-                for child in root.iterdir():
-                    os.replace(child, tmp / child.name)
-        else:
-            shutil.copyfile(blob, tmp / "model.onnx")
-        for p in tmp.rglob("*"):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(packages_root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
-
-
-def verify(
-    store: ContentStore,
-    sha: str,
-    packages_root: Path,
-    ctx: StepContext,
-    *,
-    memory_max: int | None = None,
-    before_check: Callable[[Path], dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Re-hash the stored blob, unpack it (both streamed: a chunk at a time) and run the package checks
-    (ONNX checker + shape inference) in a child process: the checker holds the whole model in memory, the
-    daemon never does. before_check(root) -> dict: runs on the unpacked files before any of them is parsed
-    (the model signature); what it returns is added to the result."""
-    if not store.has(sha):
-        raise LifecycleError(f"artifact {sha[:12]} is not in the store")
-    actual = sha256_file(store.path(sha))
-    if actual != sha:
-        raise LifecycleError(f"artifact hash mismatch: expected {sha[:12]}, store holds {actual[:12]}")
-    ctx.check()
-    root = unpack(store, sha, packages_root)
-    first = before_check(root) if before_check is not None else {}
-    from agent.isolate.runner import run_isolated
-
-    left = ctx.remaining()
-    res = run_isolated(
-        "agent.lifecycle.actions:check_package",
-        {"root": str(root)},
-        timeout=600.0 if left is None else left + 5.0,
-        tag="verify",
-        check=ctx.check,
-        memory_max=memory_max,
-    )
-    if not res.ok:
-        why = res.error.removeprefix("ModelError: ")
-        raise ModelError(why if res.kind == "exception" else f"package check: {why}")
-    got: dict[str, Any] = {**res.value, **first}
-    return got
-
-
-def check_package(root: str) -> dict[str, Any]:
-    """The child's side of verify(): load_package's checks; where the model is and its digest."""
-    from agent.package.load import load_package
-
-    pkg = load_package(root)
-    return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
 
 
 def warm_feeds(session: ProviderSession, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -317,3 +154,78 @@ def activate(
         rungate.disown(session)
         session.close()
         raise
+
+
+def swap_mode(parts: Parts, entry: dict[str, Any]) -> tuple[str, str]:
+    """make-before-break or stop-then-start for this activation: forced by config, else the target's rule
+    (`swap_when_memory_short`) against MemAvailable and the model's peak measured by qualification (its size on
+    disk when not measured)."""
+    from agent.serving.memory import choose_swap, mem_available
+
+    if parts.config.swap:
+        return parts.config.swap, f"{parts.config.swap} (set by configuration)"
+    peak = entry.get("memory_peak_bytes")  # measured by qualification (session, warm-up, timed runs)
+    if peak:
+        return choose_swap(parts.config.serving, int(peak), mem_available(), "measured peak")
+    return choose_swap(parts.config.serving, _model_bytes(entry), mem_available(), "size on disk")
+
+
+def serve(
+    parts: Parts,
+    name: str,
+    entry: dict[str, Any],
+    swap: str | None = None,
+    nice: int = 0,
+    before_swap: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
+    """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
+    rollbacks build at serving priority (getting back to a good model comes first)."""
+    note = repair.verify_unpacked(parts.store, parts.packages, entry)  # raises repair.Corrupt
+    if note:
+        parts.note(name, note)
+    if swap is None:
+        swap = swap_mode(parts, entry)[0]
+    keep = before_swap is not None and parts.config.trial.referee
+    result: dict[str, Any] = activate(
+        parts.registry,
+        name,
+        _fresh_cache(parts, entry),
+        swap=swap,
+        lock=parts.session_lock,
+        build_nice=nice,
+        before_swap=before_swap,
+        keep_previous=keep,
+    )
+    parts.unavailable.pop(name, None)
+    return result
+
+
+def _fresh_cache(parts: Parts, entry: dict[str, Any]) -> dict[str, Any]:
+    """A runtime upgrade since qualification changes the cache key: never load a stale compiled blob."""
+    from agent.package import caches
+
+    stored = entry.get("versions") or {}
+    if not entry.get("cache_dir") or not entry.get("model_sha256"):
+        return entry
+    current = caches.runtime_versions(parts.profile)
+    if all(stored.get(k) == v for k, v in current.items()):
+        return entry
+    versions = {**stored, **current}
+    fresh = caches.cache_dir_for(parts.state_dir / "cache", entry["model_sha256"], entry["provider"], versions)
+    return {**entry, "cache_dir": str(fresh), "versions": versions}
+
+
+def _model_bytes(entry: dict[str, Any]) -> int:
+    """What a session of this model needs at least: the size of its files (weights dominate)."""
+    path = entry.get("model_path")
+    if not path:
+        return 0
+    root = Path(path).parent
+    try:  # the graph and its external weights; golden test data does not load into the session
+        return sum(
+            p.stat().st_size
+            for p in root.rglob("*")
+            if p.is_file() and not any(part.startswith("test_data") for part in p.relative_to(root).parts)
+        )
+    except OSError:
+        return 0
