@@ -34,7 +34,6 @@ import numpy as np
 import pytest
 
 from agent.artifacts.store import ContentStore
-from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError, TransportError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal, check_history
@@ -46,6 +45,7 @@ from agent.lifecycle.steps import StepConfig, Steps
 from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE, TRANSITIONS
 from agent.serving.registry import ModelRegistry
 from agent.sources.inbox import InboxSource
+from agent.trial.settings import ProbationConfig, ShadowConfig
 
 S = State
 MODEL = "tiny"

@@ -19,7 +19,8 @@ from agent.lifecycle.context import StepContext
 from agent.lifecycle.stages.verify import verify
 from agent.package.unpack import check_package
 from agent.sources.inbox import fetch_inbox
-from agent.qualify import isolate, package  # imported before the measurement
+from agent.isolate import runner  # imported before the measurement
+from agent.package import load
 from agent.samples import write_package
 
 work, mib = Path(sys.argv[1]), int(sys.argv[2])

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ProbationConfig, ServingConfig, ShadowConfig
+from agent.config import ServingConfig
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualqueue import QualificationQueue
 from agent.lifecycle.slots import ModelSlots
+from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.util.atomic import atomic_write_json
 
 Measure = Callable[[], dict[str, Any]]

@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.trial import unjudged
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.trial.shadow import FAIL, Shadow, skipped
 
 
