@@ -67,11 +67,9 @@ def _main(kwargs: dict) -> None:
 
 def rss(pid: int) -> int:
     """Resident set size of a process in bytes."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    from support.proc import status_bytes
+
+    return status_bytes(pid, "VmRSS")
 
 
 class Served:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from brokers import NatsCluster
 from cp_support import running_service
+from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
@@ -41,14 +42,7 @@ class PatientSimulator(Simulator):
 
 
 def _until(what, check, timeout=WAIT_S, every=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    return wait_for(check, timeout, what, step=every)
 
 
 def test_rollout_converges_on_a_nats_cluster_with_a_node_killed(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from brokers import Mosquitto, free_port
 from clirunner import EXE, ROOT, edge_agent
+from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import generate
@@ -51,14 +52,7 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0)
 
 
 def _until(what, check, timeout=WAIT_S, every=0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    return wait_for(check, timeout, what, step=every)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,13 +1,11 @@
 """kill -9 of a device in the middle of a delta pull: the restart re-fetches no chunk it had verified."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 from delta_models import versions
+from support.child import kill_when_paused, spawn_child
 
 from agent.artifacts.delta import fetch_delta, prefill
 from agent.artifacts.manifest import Manifest
@@ -49,23 +47,10 @@ def test_sigkill_mid_delta_pull_resumes_without_refetching(mosquitto, tmp_path):
     store_dir = tmp_path / "dev"
     ContentStore(store_dir).put_file(v1)  # the version the device runs
     server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     pause_at = m2.artifact.size - changed // 2
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m2.json"), str(pause_at)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = spawn_child(__file__, mosquitto.url, str(store_dir), str(tmp_path / "m2.json"), str(pause_at))
     try:
-        for line in proc.stdout:
-            assert not line.startswith("finished"), "the child finished before it could be killed"
-            if line.startswith("paused"):
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL
+        kill_when_paused(proc)
         store = ContentStore(store_dir)
         assert not store.has(m2.artifact.sha256) and store.part_path(m2.artifact.sha256).exists()
         served_before = server.stats["bytes"]

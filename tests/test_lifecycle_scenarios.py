@@ -600,7 +600,7 @@ def run_scenario(sc: Scenario, base: Path, tmp_path: Path, shared: SharedQualifi
             assert fault.fired, "the fault was never injected"
         out["dep"] = dev.orch.journal.load(dep.id)
         out["serving"] = dev.serving()
-        out["committed"] = (dev.steps.slots.committed(MODEL) or {}).get("version")
+        out["committed"] = getattr(dev.steps.slots.committed(MODEL), "version", None)
         try:
             out["incumbent_untouched"] = dev.registry.entry(MODEL) is incumbent
         except Exception:  # noqa: BLE001 - nothing serves: the assertion on `serving` says so

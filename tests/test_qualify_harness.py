@@ -7,20 +7,15 @@ import os
 
 import onnx
 import pytest
+from support.qualify import BF16_X86
 
 from agent import samples
 from agent.errors import ProviderError
-from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.isolate.runner import FAULT_ENV, IsolatedWorker, run_isolated
 from agent.qualify.harness import qualify
 from agent.targets import get_target
 
-# This machine's CPU class: x86_64 with avx512_bf16, where OpenVINO defaults to bf16 and f32 is offered.
-PROFILE = HardwareProfile(
-    arch="x86_64",
-    os="Linux",
-    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
-)
+PROFILE = BF16_X86
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 120}
 
 

@@ -76,6 +76,11 @@ def fleet(tmp_path_factory):
             server.stop()
 
 
+def _signer(fleet) -> list[str]:
+    """The fleet command's signing key, store and broker."""
+    return ["--key", str(fleet.key), "--store", str(fleet.store), "--broker", fleet.broker.url]
+
+
 @pytest.fixture(scope="module")
 def pair(fleet):
     """Three x86 (openvino + cpu) and three Raspberry Pi 5 (cpu only) devices in group 'pair'."""
@@ -195,12 +200,7 @@ def test_accuracy_failure_halts_its_cohort_at_the_canary_only(fleet, pair, tmp_p
             "cohort",
             "--device",
             x86[0],
-            "--key",
-            str(fleet.key),
-            "--store",
-            str(fleet.store),
-            "--broker",
-            fleet.broker.url,
+            *_signer(fleet),
             "--wait",
             str(WAIT_S),
             "--json",
@@ -258,12 +258,7 @@ def test_control_plane_killed_mid_rollout_resumes_where_it_was(fleet, pair, tmp_
         "2",
         "--deadline",
         str(WAIT_S),
-        "--key",
-        str(fleet.key),
-        "--store",
-        str(fleet.store),
-        "--broker",
-        fleet.broker.url,
+        *_signer(fleet),
         "--wait",
         "--json",
     ]

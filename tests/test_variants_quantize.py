@@ -98,7 +98,7 @@ def test_the_daemon_serves_the_selected_variants_file(tmp_path):
         np.testing.assert_allclose(served, want_b, rtol=1e-5, atol=1e-5)
         from agent.lifecycle.slots import ModelSlots
 
-        assert ModelSlots(agent.state_dir).committed("mixed")["model_path"].endswith("b.onnx")
+        assert ModelSlots(agent.state_dir).committed("mixed").model_path.endswith("b.onnx")
     finally:
         next(gen, None)
 
@@ -193,6 +193,7 @@ def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
     from onnx import TensorProto, helper
 
     from agent.lifecycle.serve import warm_feeds
+    from agent.lifecycle.slots import SlotEntry
     from agent.providers import get
 
     for dtype, file in ((TensorProto.FLOAT, "model.onnx"), (TensorProto.FLOAT16, "model.fp16.onnx")):
@@ -207,7 +208,9 @@ def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
     )
     pkg = load_package(tmp_path)
     sess = get("cpu").open_session(str(tmp_path / "model.fp16.onnx"), options={})
-    entry = {"package_dir": str(tmp_path), "input_specs": pkg.to_dict()["inputs"]}
+    entry = SlotEntry(
+        version="1", sha256="0" * 64, provider="cpu", package_dir=str(tmp_path), input_specs=pkg.to_dict()["inputs"]
+    )
     sets = warm_feeds(sess, entry)
     assert [(f["x"].dtype.name, f["x"].shape) for f in sets] == [("float16", (2, 4)), ("float16", (8, 4))]
     for feeds in sets:

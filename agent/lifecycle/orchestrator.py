@@ -91,9 +91,9 @@ class Orchestrator:
         for name, entry, drift in self.steps.drifted():
             if name in busy:
                 continue
-            source = {"kind": "requalify", "drift": drift, "provider": entry.get("provider")}
+            source = {"kind": "requalify", "drift": drift, "provider": entry.provider}
             with self._lock:
-                self._schedule(self._create(name, entry["version"], source, sha256=entry["sha256"], fetched=True))
+                self._schedule(self._create(name, entry.version, source, sha256=entry.sha256, fetched=True))
 
     def source_up(self, kind: str) -> list[Deployment]:
         """A deployment source became ready: schedule the resumed deployments that waited for it."""
@@ -181,7 +181,7 @@ class Orchestrator:
                 prev = self.slots.get(model)["previous"]
                 if not prev:
                     raise LifecycleError(f"model {model!r} has no previous version to roll back to")
-                dep = self._create(model, prev["version"], {"kind": "rollback"}, sha256=prev["sha256"])
+                dep = self._create(model, prev.version, {"kind": "rollback"}, sha256=prev.sha256)
                 self._schedule(dep)
         return self.wait(dep.id, wait) if wait else dep
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agent.errors import LifecycleError, ModelError
 from agent.lifecycle import repair
 from agent.lifecycle.parts import Parts
+from agent.lifecycle.slots import SlotEntry
 from agent.package.labels import read_labels
 from agent.serving import rungate
 from agent.util.priority import run_lowered
@@ -23,19 +24,19 @@ if TYPE_CHECKING:
 WARM_RUNS = 3
 
 
-def warm_feeds(session: ProviderSession, entry: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def warm_feeds(session: ProviderSession, entry: SlotEntry | None = None) -> list[dict[str, Any]]:
     """The inputs qualification used, in its order (golden first, then the declared opt and max shapes),
     rebuilt from the package (agent.package.inputs.plan_inputs: same seed, same model.yaml, same files) and cast
     to the served file's input types, as qualification casts them for a variant (agent.package.variants).
     Zero tensors at dynamic dims = 1 only for an entry without its package (a model qualified elsewhere)."""
-    root = Path(entry["package_dir"]) if entry and entry.get("package_dir") else None
+    root = Path(entry.package_dir) if entry and entry.package_dir else None
     if root is not None and root.is_dir():
-        assert entry is not None  # root comes from entry["package_dir"]
+        assert entry is not None  # root comes from entry.package_dir
         from agent.package.inputs import plan_inputs
         from agent.package.load import golden_datasets, read_meta
         from agent.providers.base import TensorSpec
 
-        specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.get("input_specs") or []]
+        specs = [TensorSpec(s["name"], s["dtype"], tuple(s["shape"])) for s in entry.input_specs or []]
         from agent.package.variants import adapt_feeds
 
         plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
@@ -56,7 +57,7 @@ def _zeros(session: ProviderSession) -> dict[str, Any]:
 
 
 def open_and_warm(
-    entry: dict[str, Any], lock: threading.Lock | None = None, timings: dict[str, Any] | None = None
+    entry: SlotEntry, lock: threading.Lock | None = None, timings: dict[str, Any] | None = None
 ) -> ProviderSession:
     """Build the session a slot entry or a decision describes, and run it a few times before it serves.
     A compiled cache that fails its seal is emptied first (rebuilt, never loaded; agent.package.cacheseal).
@@ -64,29 +65,29 @@ def open_and_warm(
     from agent.package import cacheseal
     from agent.providers import get
 
-    model_path = entry.get("model_path") or str(Path(entry["package_dir"]) / "model.onnx")
+    model_path = entry.model_path or str(Path(entry.package_dir or "") / "model.onnx")
     if not Path(model_path).is_file():
         raise ModelError(f"model file {model_path} is missing")
-    sealed = cacheseal.problems(Path(model_path).parent) if entry.get("optimization") else []
+    sealed = cacheseal.problems(Path(model_path).parent) if entry.optimization else []
     if sealed:  # an optimised graph lives in the cache, outside the verified package: its seal vouches for it
         raise ModelError(f"optimised graph {model_path} is not loaded: {sealed[0]}")
-    provider = get(entry["provider"])
+    provider = get(entry.provider)
     before = rungate.native_tids()
     timings = {} if timings is None else timings
-    note = cacheseal.verify_or_reset(entry.get("cache_dir"))
+    note = cacheseal.verify_or_reset(entry.cache_dir)
     if note:
         timings["cache_rebuilt"] = note
     t0 = time.perf_counter()
     with lock or _NullLock():  # session creation is not thread-safe in every ORT version
         session = provider.open_session(
             model_path,
-            options=entry.get("options") or {},
-            precision=entry.get("requested_precision"),
-            device=entry.get("device"),
-            cache_dir=entry.get("cache_dir"),
+            options=entry.options or {},
+            precision=entry.requested_precision,
+            device=entry.device,
+            cache_dir=entry.cache_dir,
         )
     timings["session_s"] = round(time.perf_counter() - t0, 4)
-    cacheseal.seal(entry.get("cache_dir"))
+    cacheseal.seal(entry.cache_dir)
     try:
         sets = warm_feeds(session, entry)
         for i, feeds in enumerate(sets + [sets[0]] * max(0, WARM_RUNS - len(sets))):
@@ -95,7 +96,7 @@ def open_and_warm(
                 timings["first_answer_s"] = round(time.perf_counter() - t0, 4)
     except Exception as exc:
         session.close()
-        raise LifecycleError(f"warm-up on {entry['provider']} failed: {exc}") from exc
+        raise LifecycleError(f"warm-up on {entry.provider} failed: {exc}") from exc
     rungate.claim(session, before)  # the pool threads its build and warm-up started are its own (CPU time)
     return session
 
@@ -111,7 +112,7 @@ class _NullLock:
 def activate(
     registry: ModelRegistry,
     name: str,
-    entry: dict[str, Any],
+    entry: SlotEntry,
     *,
     swap: str | None = None,
     lock: threading.Lock | None = None,
@@ -123,8 +124,8 @@ def activate(
     Make-before-break builds `build_nice` levels below serving (the old version serves meanwhile), then runs
     before_swap(session) (the shadow phase; raising stops the deployment) and keeps the old session as the
     referee when asked; stop-then-start builds at serving priority (nothing serves the model meanwhile)."""
-    meta = {k: entry.get(k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
-    meta["_labels"] = read_labels(entry.get("package_dir"))  # classification extension (package/labels.py)
+    meta = {k: getattr(entry, k) for k in ("sha256", "model_sha256", "provider", "precision", "deployment_id")}
+    meta["_labels"] = read_labels(entry.package_dir)  # classification extension (package/labels.py)
     kwargs: dict[str, Any] = {"swap": swap} if swap else {}
 
     timings: dict[str, Any] = {}
@@ -137,7 +138,7 @@ def activate(
             registry.gate.busy(False)
 
     if swap == "stop-then-start":
-        result = registry.activate(name, entry["version"], build, meta, **kwargs)
+        result = registry.activate(name, entry.version, build, meta, **kwargs)
         return {**result, "build_priority": "serving priority (stop-then-start)", "timings": timings}
     session, how = run_lowered(build, build_nice)
     try:
@@ -146,7 +147,7 @@ def activate(
         if keep_previous:
             kwargs["keep_previous"] = True
         return {
-            **registry.activate(name, entry["version"], session, meta, **kwargs),
+            **registry.activate(name, entry.version, session, meta, **kwargs),
             "build_priority": how,
             "timings": timings,
         }
@@ -156,7 +157,7 @@ def activate(
         raise
 
 
-def swap_mode(parts: Parts, entry: dict[str, Any]) -> tuple[str, str]:
+def swap_mode(parts: Parts, entry: SlotEntry) -> tuple[str, str]:
     """make-before-break or stop-then-start for this activation: forced by config, else the target's rule
     (`swap_when_memory_short`) against MemAvailable and the model's peak measured by qualification (its size on
     disk when not measured)."""
@@ -164,7 +165,7 @@ def swap_mode(parts: Parts, entry: dict[str, Any]) -> tuple[str, str]:
 
     if parts.config.swap:
         return parts.config.swap, f"{parts.config.swap} (set by configuration)"
-    peak = entry.get("memory_peak_bytes")  # measured by qualification (session, warm-up, timed runs)
+    peak = entry.memory_peak_bytes  # measured by qualification (session, warm-up, timed runs)
     if peak:
         return choose_swap(parts.config.serving, int(peak), mem_available(), "measured peak")
     return choose_swap(parts.config.serving, _model_bytes(entry), mem_available(), "size on disk")
@@ -173,7 +174,7 @@ def swap_mode(parts: Parts, entry: dict[str, Any]) -> tuple[str, str]:
 def serve(
     parts: Parts,
     name: str,
-    entry: dict[str, Any],
+    entry: SlotEntry,
     swap: str | None = None,
     nice: int = 0,
     before_swap: Callable[[Any], None] | None = None,
@@ -200,24 +201,24 @@ def serve(
     return result
 
 
-def _fresh_cache(parts: Parts, entry: dict[str, Any]) -> dict[str, Any]:
+def _fresh_cache(parts: Parts, entry: SlotEntry) -> SlotEntry:
     """A runtime upgrade since qualification changes the cache key: never load a stale compiled blob."""
     from agent.package import caches
 
-    stored = entry.get("versions") or {}
-    if not entry.get("cache_dir") or not entry.get("model_sha256"):
+    stored = entry.versions or {}
+    if not entry.cache_dir or not entry.model_sha256:
         return entry
     current = caches.runtime_versions(parts.profile)
     if all(stored.get(k) == v for k, v in current.items()):
         return entry
     versions = {**stored, **current}
-    fresh = caches.cache_dir_for(parts.state_dir / "cache", entry["model_sha256"], entry["provider"], versions)
-    return {**entry, "cache_dir": str(fresh), "versions": versions}
+    fresh = caches.cache_dir_for(parts.state_dir / "cache", entry.model_sha256, entry.provider, versions)
+    return entry.with_(cache_dir=str(fresh), versions=versions)
 
 
-def _model_bytes(entry: dict[str, Any]) -> int:
+def _model_bytes(entry: SlotEntry) -> int:
     """What a session of this model needs at least: the size of its files (weights dominate)."""
-    path = entry.get("model_path")
+    path = entry.model_path
     if not path:
         return 0
     root = Path(path).parent

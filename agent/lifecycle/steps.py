@@ -12,6 +12,7 @@ from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts, Qualifier, StepConfig
 from agent.lifecycle.ports import NEEDS_SOURCE
 from agent.lifecycle.record import Result
+from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.stages import activate, probation, qualify, receive, verify
 from agent.lifecycle.states import Event, State
 from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE
@@ -51,7 +52,7 @@ class Steps(Parts):
         event, result = stage(self, dep, ctx)
         return event, ({} if result is None else result.to_data())
 
-    def drifted(self) -> list[tuple[str, dict[str, Any], str]]:
+    def drifted(self) -> list[tuple[str, SlotEntry, str]]:
         """Start-up: committed models decided under other runtime versions (see stages.qualify.drifted)."""
         return qualify.drifted(self)
 

@@ -136,11 +136,12 @@ class MqttSource:
         if winner is None or winner.manifest is None or self.seen(model, winner.digest):
             return
         m = winner.manifest
-        committed = self.slots.committed(model) or {}
-        if committed.get("version") == m.version and committed.get("sha256") == m.artifact.sha256:
+        committed = self.slots.committed(model)
+        have = committed.version if committed is not None else None
+        if committed is not None and have == m.version and committed.sha256 == m.artifact.sha256:
             self._call_off(model, m.version)  # what serves already (its journal record was compacted away)
             return
-        bad = version_order(m, committed.get("version"))
+        bad = version_order(m, have)
         if bad is not None:
             self._reject(model, winner, bad)
             return
@@ -197,12 +198,12 @@ class MqttSource:
         """RECEIVED (also after a restart): verify the envelope again now (time passed, keys may have changed)."""
         from agent.artifacts.manifest import ManifestRejected, receive
 
-        committed = self.slots.committed(dep.model) or {}
+        committed = self.slots.committed(dep.model)
         try:
             m = receive(
                 dep.source["envelope"].encode(),
                 self.keys,
-                committed.get("version"),
+                committed.version if committed is not None else None,
                 device_id=self.config.device_id,
                 groups=self.config.groups,
                 free_bytes=self.store.free_bytes(),

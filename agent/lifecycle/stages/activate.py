@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from agent.errors import LifecycleError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Activated
 from agent.lifecycle.serve import serve, swap_mode
+from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.stages.watch import Rehearsal, shadow_skip_reason
 from agent.lifecycle.states import Event
 
@@ -18,13 +17,14 @@ def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
     with parts.model_lock(dep.model):
         if dep.source.get("kind") == "rollback":
             slots = parts.slots.get(dep.model)
-            if (slots["committed"] or {}).get("sha256") == dep.data.get("sha256"):
-                serve(parts, dep.model, slots["committed"])  # swapped before a crash: just serve it
+            committed, previous = slots["committed"], slots["previous"]
+            if committed is not None and committed.sha256 == dep.data.get("sha256"):
+                serve(parts, dep.model, committed)  # swapped before a crash: just serve it
                 return Event.SWAPPED, Activated()
-            if (slots["previous"] or {}).get("sha256") != dep.data.get("sha256"):
+            if previous is None or previous.sha256 != dep.data.get("sha256"):
                 raise LifecycleError("the previous slot changed; nothing to roll back to")
-            swap = _report_swap(parts, slots["previous"], ctx)
-            done = serve(parts, dep.model, slots["previous"], swap["mode"])  # the slots change once it serves
+            swap = _report_swap(parts, previous, ctx)
+            done = serve(parts, dep.model, previous, swap["mode"])  # the slots change once it serves
             parts.slots.swap(dep.model)
             return Event.SWAPPED, Activated({**swap, "build": done.get("build_priority")})
         entry = parts.entry(dep)
@@ -52,12 +52,12 @@ def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
     return Event.ACTIVATED, Activated(swapped, rehearsal.figures, rehearsed=True)
 
 
-def _rehearsal(parts: Parts, name: str, mode: str, entry: dict[str, Any]) -> Rehearsal:
+def _rehearsal(parts: Parts, name: str, mode: str, entry: SlotEntry) -> Rehearsal:
     from agent.trial.probation import compute_measure
 
     shadow = parts.config.rehearsal
     window = parts.config.window_s
-    measure = compute_measure(entry.get("provider"), entry.get("device"))
+    measure = compute_measure(entry.provider, entry.device)
     r = Rehearsal(parts.registry, name, shadow, parts.config.trial, window, measure)
     why = shadow_skip_reason(parts.registry, name, mode, shadow)
     if why:
@@ -66,7 +66,7 @@ def _rehearsal(parts: Parts, name: str, mode: str, entry: dict[str, Any]) -> Reh
     return r
 
 
-def _report_swap(parts: Parts, entry: dict[str, Any], ctx: StepContext) -> dict[str, str]:
+def _report_swap(parts: Parts, entry: SlotEntry, ctx: StepContext) -> dict[str, str]:
     mode, why = swap_mode(parts, entry)
     ctx.report("swap_mode", mode=mode, why=why)
     return {"mode": mode, "why": why}

@@ -11,6 +11,7 @@ from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.record import Qualified, Record
+from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.states import Event
 from agent.util.atomic import atomic_write_json
 
@@ -57,6 +58,12 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
         raise LifecycleError(f"no provider passed qualification: {summary['why']}")
     if guessed:
         raise LifecycleError(guessed)
+    window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
+    return Event.QUALIFIED, Qualified(summary, _selected(dep, decision), window)
+
+
+def _selected(dep: Deployment, decision: dict[str, Any]) -> dict[str, Any]:
+    """What activation serves: the selected row's provider, precision, options, cache and measurements."""
     row = _selected_row(decision)
     note = _requalified_note(dep, decision)
     selected = {
@@ -77,8 +84,7 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
     }
     if row.get("variant"):  # a package of variants: serve exactly the file that won (and its cache key)
         selected.update(variant=row["variant"], model_path=row.get("model_path"), model_sha256=row.get("model_sha256"))
-    window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
-    return Event.QUALIFIED, Qualified(summary, selected, window)
+    return selected
 
 
 def _requalified_note(dep: Deployment, decision: dict[str, Any]) -> str:
@@ -93,7 +99,7 @@ def _requalified_note(dep: Deployment, decision: dict[str, Any]) -> str:
     return note
 
 
-def drifted(parts: Parts) -> list[tuple[str, dict[str, Any], str]]:
+def drifted(parts: Parts) -> list[tuple[str, SlotEntry, str]]:
     """Start-up: committed models whose decision was made under other runtime/provider/driver versions,
     as (name, committed entry, what changed); each is marked stale until re-qualified."""
     from agent.package import caches
@@ -102,8 +108,8 @@ def drifted(parts: Parts) -> list[tuple[str, dict[str, Any], str]]:
     out = []
     for name in parts.slots.names():
         entry = parts.slots.get(name)["committed"]
-        drift = caches.version_drift((entry or {}).get("versions"), current) if entry else {}
-        if drift:
+        drift = caches.version_drift(entry.versions, current) if entry else {}
+        if entry and drift:
             text = caches.drift_text(drift)
             parts.stale[name] = f"decided under other versions ({text}); re-qualifying in the background"
             out.append((name, entry, text))
