@@ -139,9 +139,6 @@ class DataPlane:
     def ready(self) -> bool:
         return self.accepting and bool(self.registry.ready())
 
-    def not_ready_reason(self) -> str:
-        return "not ready: " + ("shutting down" if not self.accepting else "a model is loading")
-
     def model_ready(self, name: str, version: str | None) -> bool:
         return bool(self.registry.ready(name, version or None))
 
