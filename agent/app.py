@@ -32,6 +32,8 @@ from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
+    from agent.config import AgentConfig
+    from agent.hardware.profile import HardwareProfile
     from agent.serving.http.server import OIPServer
     from agent.serving.registry import ModelRegistry
     from agent.sources.mqtt import MqttSource
@@ -51,14 +53,14 @@ class DeviceAgent:
 
     def __init__(
         self,
-        config,
+        config: AgentConfig,
         *,
-        profile=None,
+        profile: HardwareProfile | None = None,
         sysroot: str | Path | None = None,
         serve_http: bool = True,
         step_config: StepConfig | None = None,
         on_event: EventSink | None = None,
-        notifier=None,
+        notifier: Any = None,
         use_lock: bool = True,
         providers: list[str] | None = None,
         qualifier: Qualifier | None = None,
@@ -71,9 +73,7 @@ class DeviceAgent:
         self.profile, self.sysroot = profile, sysroot
         self.serve_http = serve_http
         self.step_config = step_config or StepConfig()  # what the caller chose; start() resolves the rest
-        self.on_event = on_event
-        self.notifier = notifier
-        self.use_lock = use_lock
+        self.on_event, self.notifier, self.use_lock = on_event, notifier, use_lock
         self.target: Target | None = None
         self.store: ContentStore | None = None
         self.registry: ModelRegistry | None = None
@@ -271,7 +271,7 @@ class DeviceAgent:
         """Wait until stop() finished and the state_dir lock is released (threads left behind have ended)."""
         return self._unlocked.wait(timeout)
 
-    def reload(self, new) -> dict[str, Any]:
+    def reload(self, new: AgentConfig) -> dict[str, Any]:
         """SIGHUP: apply what can change live (serving token, trusted keys, telemetry interval); name the rest."""
         from agent.config import changed_keys
 

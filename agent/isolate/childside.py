@@ -14,4 +14,5 @@ CHILD_CONN: list[Connection] = []  # set inside a worker process (agent.isolate.
 
 def resolve(func: str) -> Callable[..., Any]:
     module, name = func.split(":")
-    return getattr(importlib.import_module(module), name)
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn

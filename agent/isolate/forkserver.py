@@ -75,7 +75,8 @@ class Forked:
         self.pid = proc.pid
 
     def poll(self) -> int | None:
-        return self._p.exitcode
+        code: int | None = self._p.exitcode
+        return code
 
     def wait(self, timeout: float | None = None) -> int:
         self._p.join(timeout)

@@ -80,7 +80,7 @@ class IsolatedWorker:
         (the worker is killed over it); `answers`: question -> function, for child_ask() in the child."""
         self._env = env
         self.nice, self.memory_max, self.answers = max(0, int(nice)), memory_max, dict(answers or {})
-        self._proc: subprocess.Popen | forkserver.Forked | None = None
+        self._proc: subprocess.Popen[bytes] | forkserver.Forked | None = None
         self._conn: Connection | None = None
         self._stderr: IO[bytes] | None = None
         self.restarts = 0
@@ -98,7 +98,7 @@ class IsolatedWorker:
     def __enter__(self) -> IsolatedWorker:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _start(self) -> None:
@@ -223,7 +223,14 @@ class IsolatedWorker:
 class _Wait:
     """One call's wait: results, progress and questions from the child; deadline, cancellation, memory."""
 
-    def __init__(self, worker: IsolatedWorker, t0: float, timeout: float, progress, check) -> None:
+    def __init__(
+        self,
+        worker: IsolatedWorker,
+        t0: float,
+        timeout: float,
+        progress: Callable[..., None] | None,
+        check: Callable[[], None] | None,
+    ) -> None:
         self.w, self.t0, self.timeout, self.progress, self.check = worker, t0, timeout, progress, check
         self.deadline = t0 + timeout
         self.peak: int | None = None

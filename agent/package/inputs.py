@@ -40,7 +40,7 @@ def load_tensor(path: Path) -> tuple[str, Any]:
     raise ModelError(f"{path}: cannot read tensor: {errors[0]}")
 
 
-def _has_values(t) -> bool:
+def _has_values(t: Any) -> bool:
     return any(
         len(getattr(t, f))
         for f in ("float_data", "int32_data", "int64_data", "double_data", "string_data", "uint64_data")
@@ -88,7 +88,9 @@ def resolve_shape(
     return [d if isinstance(d, int) and d > 0 else int(dynamic_dims.get(str(d), DEFAULT_DYNAMIC)) for d in spec.shape]
 
 
-def assumed_dims(specs: list[TensorSpec], dynamic_dims: dict[str, int], input_shapes: dict[str, Any], values) -> dict:
+def assumed_dims(
+    specs: list[TensorSpec], dynamic_dims: dict[str, int], input_shapes: dict[str, Any], values: Any
+) -> dict[str, dict[str, int]]:
     """{input: {dim: value}} for every symbolic dim that nothing in the package declares (it becomes 1)."""
     out: dict[str, dict[str, int]] = {}
     for spec in specs:
@@ -101,7 +103,13 @@ def assumed_dims(specs: list[TensorSpec], dynamic_dims: dict[str, int], input_sh
 
 
 def seeded_feeds(
-    specs: list[TensorSpec], *, dynamic_dims=None, input_shapes=None, seed: int = 0, which: str = "opt", values=None
+    specs: list[TensorSpec],
+    *,
+    dynamic_dims: Any = None,
+    input_shapes: Any = None,
+    seed: int = 0,
+    which: str = "opt",
+    values: Any = None,
 ) -> dict[str, np.ndarray]:
     """Deterministic inputs that respect dtypes and shapes (floats ~ N(0,1), ints in [0, 10), bools);
     `values` (model.yaml input_values) gives an input's value outright (a scalar fills the shape)."""
@@ -137,16 +145,19 @@ def _bf16(spec: TensorSpec) -> np.dtype:
         raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16)
+    bf16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    return bf16
 
 
-def _ranged(rng, spec: TensorSpec, given: dict[str, Any], dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _ranged(rng: Any, spec: TensorSpec, given: dict[str, Any], dtype: np.dtype, shape: list[int]) -> np.ndarray:
     """model.yaml input_values range: integers uniform in [low, high), floats uniform in [low, high]."""
     low, high = given.get("low", 0), given["high"]
     if dtype.kind in "iu":
-        return rng.integers(int(low), int(high), shape).astype(dtype)
+        ints: np.ndarray = rng.integers(int(low), int(high), shape).astype(dtype)
+        return ints
     if dtype.kind == "f" or dtype.name == "bfloat16":
-        return rng.uniform(float(low), float(high), shape).astype(dtype)
+        floats: np.ndarray = rng.uniform(float(low), float(high), shape).astype(dtype)
+        return floats
     raise ModelError(f"input_values.{spec.name}: a range needs a numeric input, not {spec.dtype}")
 
 
@@ -211,7 +222,9 @@ def plan_inputs(
     return InputPlan(opt, None, opt, at_max, assumed, desc)
 
 
-def _timed_set(datasets, specs, outputs, shapes, which, first):
+def _timed_set(
+    datasets: Any, specs: list[TensorSpec], outputs: Any, shapes: Any, which: str, first: Any
+) -> tuple[Any, Any]:
     """The package's own inputs to time at `which` (opt or max): the first golden set whose shapes match the
     declared ones (every set matches where nothing is declared for `which`); (None, None) when none does."""
     want = {n: resolve_shape(s, {}, shapes, which) for s in specs if (n := s.name) in shapes}
@@ -219,17 +232,17 @@ def _timed_set(datasets, specs, outputs, shapes, which, first):
         return None, None
     for i, ds in enumerate(datasets):
         feeds = first if i == 0 and first is not None else load_dataset(ds, specs, outputs)[0]
-        if all(list(np.shape(feeds.get(n))) == shape for n, shape in want.items()):
+        if all(list(np.shape(feeds.get(n))) == shape for n, shape in want.items()):  # type: ignore[arg-type]
             return feeds, f"golden:{ds.name}"
     return None, None
 
 
-def package_plan(pkg) -> InputPlan:
+def package_plan(pkg: Any) -> InputPlan:
     """The InputPlan of a ModelPackage."""
     return plan_inputs(pkg.inputs, pkg.outputs, pkg.meta, pkg.datasets)
 
 
-def package_inputs(pkg) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+def package_inputs(pkg: Any) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
     """(accuracy feeds, golden outputs or None, description of the source) for a ModelPackage."""
     plan = package_plan(pkg)
     return plan.accuracy, plan.expected, plan.desc

@@ -231,7 +231,7 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
         raise bad("required_providers", "expected a list of provider names")
 
 
-def _validate_shape(shape: Any, key: str, bad) -> None:
+def _validate_shape(shape: Any, key: str, bad: Any) -> None:
     def dims(value: Any, where: str) -> list[int]:
         if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
             raise bad(where, "expected a list of non-negative integers")
@@ -254,7 +254,7 @@ def _validate_shape(shape: Any, key: str, bad) -> None:
             raise bad(key, f"expected min <= opt <= max in every dim, got {lo} then {hi}")
 
 
-def _validate_range(value: dict[str, Any], key: str, bad) -> None:
+def _validate_range(value: dict[str, Any], key: str, bad: Any) -> None:
     """input_values range: {low, high} (integers: token ids in [low, high); floats: uniform in [low, high])."""
     if set(value) - {"low", "high"} or "high" not in value:
         raise bad(key, "a range is {low: N, high: M} (high required; integers are drawn from [low, high))")
@@ -289,7 +289,7 @@ def check_declared_shapes(pkg: ModelPackage) -> None:
                     raise ModelError(f"model.yaml: {key}: dim {i} is {d}, but the model fixes it at {g}")
 
 
-def _validate_tolerances(tols: Any, bad) -> None:
+def _validate_tolerances(tols: Any, bad: Any) -> None:
     from agent.targets.schema import TOLERANCE_FIELDS
 
     if not isinstance(tols, dict):
@@ -367,7 +367,7 @@ def _default_name(source: Path, model_path: Path) -> str:
     return source.name.split(".")[0] if source.is_file() else source.name
 
 
-def check_model(model_path: Path):
+def check_model(model_path: Path) -> Any:
     """onnx.checker (full) + strict shape inference; returns the ModelProto with inferred shapes."""
     import onnx
 

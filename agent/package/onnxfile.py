@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.providers.base import TensorSpec
 
 
-def graph_specs(proto) -> tuple[list[TensorSpec], list[TensorSpec]]:
+def graph_specs(proto: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Graph inputs (initializers excluded) and outputs as TensorSpecs."""
     inits = {i.name for i in proto.graph.initializer}
     ins = [_vi_spec(v) for v in proto.graph.input if v.name not in inits]
@@ -13,7 +15,7 @@ def graph_specs(proto) -> tuple[list[TensorSpec], list[TensorSpec]]:
     return ins, outs
 
 
-def _vi_spec(vi) -> TensorSpec:
+def _vi_spec(vi: Any) -> TensorSpec:
     from onnx import helper
 
     tt = vi.type.tensor_type

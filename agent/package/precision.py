@@ -8,6 +8,7 @@ default. The row is judged with the target's tolerance for that label.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 # Ops that only appear in quantized graphs (QDQ, QOperator and dynamic-quantization formats, ORT contrib too).
@@ -31,7 +32,7 @@ _COARSENESS = {"fp32": 0.0, "fp16": 1.0, "bf16": 1.5, "int8": 2.0}  # bf16 keeps
 _RUNTIME_LABEL = {None: "fp32", "f32": "fp32", "fp32": "fp32", "f16": "fp16", "fp16": "fp16", "bf16": "bf16"}
 
 
-def _walk_graphs(graph: Any):
+def _walk_graphs(graph: Any) -> Iterator[Any]:
     yield graph
     for node in graph.node:
         for attr in node.attribute:
@@ -52,9 +53,9 @@ def quant_ops(proto: Any) -> list[str]:
     return sorted(found)
 
 
-def _float_elements(proto: Any) -> Counter:
+def _float_elements(proto: Any) -> Counter[int]:
     """Float weight elements by ONNX element type: initializers and Constant node values."""
-    counts: Counter = Counter()
+    counts: Counter[int] = Counter()
     for g in _walk_graphs(proto.graph):
         tensors = list(g.initializer)
         tensors += [a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
@@ -67,8 +68,8 @@ def _float_elements(proto: Any) -> Counter:
     return counts
 
 
-def _io_float_types(proto: Any) -> Counter:
-    counts: Counter = Counter()
+def _io_float_types(proto: Any) -> Counter[int]:
+    counts: Counter[int] = Counter()
     for vi in list(proto.graph.input) + list(proto.graph.output):
         if vi.type.HasField("tensor_type"):
             et = vi.type.tensor_type.elem_type

@@ -63,7 +63,9 @@ def resolve(root: Path, meta: dict[str, Any]) -> tuple[Path | None, dict[str, Pa
     return ref, out
 
 
-def check_same_interface(meta_path: Path, key: str, path: Path, model: Path, specs: tuple[list, list]) -> None:
+def check_same_interface(
+    meta_path: Path, key: str, path: Path, model: Path, specs: tuple[list[Any], list[Any]]
+) -> None:
     """A variant or reference must take and give the same tensors by name as the package's model (float
     types may differ: an fp16 graph with fp16 inputs), or serving and comparison would not line up."""
     _, declared, _ = describe(path)
@@ -86,7 +88,10 @@ def describe(path: Path) -> tuple[str, dict[str, list[dict[str, Any]]], Any]:
 
     proto = onnx.load(str(path), load_external_data=False)
     ins, outs = graph_specs(proto)
-    spec = lambda t: {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}  # noqa: E731
+
+    def spec(t: Any) -> dict[str, Any]:
+        return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+
     return graph_precision(proto), {"inputs": [spec(t) for t in ins], "outputs": [spec(t) for t in outs]}, proto
 
 

@@ -158,7 +158,7 @@ def _make(kind: str, src: str, dest: Path) -> None:
     atomic_write_bytes(dest, model.SerializeToString())
 
 
-def variants_for(found: list[Any], kinds: tuple[str, ...], cache_root: Any, run: Any) -> tuple[list[Any], list]:
+def variants_for(found: list[Any], kinds: tuple[str, ...], cache_root: Any, run: Any) -> tuple[list[Any], list[Any]]:
     """(optimised Variants to measure, build records) for each fp32 variant. `run(func, kwargs, tag)` is the
     harness's isolated runner. Without a cache root the files go to a temporary directory of this process."""
     import tempfile

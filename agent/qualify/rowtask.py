@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import resource
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
@@ -76,9 +77,10 @@ def measure_row(
     rss0 = _rss()
     emit("session", provider=provider, precision=precision)
     cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
-    opener = lambda d: get(provider).open_session(  # noqa: E731
-        model_path, options=options, precision=precision, device=device, cache_dir=d
-    )
+
+    def opener(d: str | None) -> Any:
+        return get(provider).open_session(model_path, options=options, precision=precision, device=device, cache_dir=d)
+
     first_cold = coldstart.cache_empty(cache_dir)
     try:
         sess = opener(cache_dir)
@@ -228,7 +230,7 @@ def confirm_latency(
     return row
 
 
-def _keeper(what: tuple[Any, ...]):
+def _keeper(what: tuple[Any, ...]) -> Callable[[Any], None]:
     def keep(sess: Any) -> None:
         old = _KEPT.pop("session", None)
         if old is not None:
@@ -289,7 +291,7 @@ def unsupported_ops(message: str) -> list[str]:
     return list(dict.fromkeys(ops))
 
 
-def _record_assignment(row: dict[str, Any], sess) -> None:
+def _record_assignment(row: dict[str, Any], sess: Any) -> None:
     try:
         a = sess.assignment()
     except Exception as exc:  # noqa: BLE001 - assignment is evidence, not a gate

@@ -39,7 +39,7 @@ class RepositoryService:
             self.plane.extensions.append("model_repository")
 
     # ---- transports -------------------------------------------------------------------------------------
-    def http(self, path: str, doc: dict) -> Any:
+    def http(self, path: str, doc: dict[str, Any]) -> Any:
         parts = path.strip("/").split("/")  # v2 repository index | v2 repository models NAME load|unload
         if parts == ["v2", "repository", "index"]:
             return self.call("index", doc)
@@ -48,7 +48,7 @@ class RepositoryService:
             return self.call(parts[4], {"model_name": parts[3], "parameters": params})
         raise NotFound(f"no such endpoint: {path}")
 
-    def call(self, method: str, doc: dict) -> Any:
+    def call(self, method: str, doc: dict[str, Any]) -> Any:
         if method == "index":
             models = self.index(bool(doc.get("ready")))
             return {"models": models} if doc.get("_grpc") else models
