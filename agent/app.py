@@ -154,7 +154,7 @@ class DeviceAgent:
             on_note=lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason}),
             attestor=Attestor(self.state_dir, self.config.device_id, publish=self._publish_attestation),
         )
-        self.steps.add_source(InboxSource(self.store, self.steps.journal, self.steps.staging))
+        self.steps.add_source(InboxSource(self.store, self.steps.staging))
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]

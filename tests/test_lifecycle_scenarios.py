@@ -390,7 +390,7 @@ class Device:
             qualifier=shared.for_dir(state_dir),
         )
         source = kw.pop("source", None) or InboxSource
-        self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
+        self.steps.add_source(source(self.store, self.steps.staging))
         self.events: list[dict[str, Any]] = []
         self.orch = Orchestrator(
             state_dir, self.steps, deadlines=kw.pop("deadlines", None), listeners=[self.events.append]

@@ -279,6 +279,8 @@ class Orchestrator:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
                 self._enter(dep, event, reason, **data)
+            if event is Event.FETCHED:
+                self.steps.landed(dep)
 
     def _broken(self, dep: Deployment, exc: BaseException) -> None:
         """_drive itself failed (e.g. a journal write: disk full, directory removed): fail the deployment with the

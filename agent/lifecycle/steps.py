@@ -56,6 +56,12 @@ class Steps(Parts):
         """Start-up: committed models decided under other runtime versions (see stages.qualify.drifted)."""
         return qualify.drifted(self)
 
+    def landed(self, dep: Deployment) -> None:
+        """The FETCHED transition is journaled: the deployment's source may let go of its own copy."""
+        src = self.sources.get(dep.source.get("kind", ""))
+        if src is not None:
+            src.landed(dep)
+
     def finished(self, dep: Deployment) -> None:
         cleanup.finished(self, dep)
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from agent.errors import LifecycleError, ModelError
 from agent.lifecycle.context import StepContext
-from agent.lifecycle.journal import Deployment, Journal
+from agent.lifecycle.journal import Deployment
+from agent.lifecycle.record import Fetched
 from agent.names import is_valid_name
 
 
@@ -22,8 +23,8 @@ class InboxSource:
 
     kind = "inbox"
 
-    def __init__(self, store: Any, journal: Journal, staging: Path) -> None:
-        self.store, self.journal, self.staging = store, journal, staging
+    def __init__(self, store: Any, staging: Path) -> None:
+        self.store, self.staging = store, staging
         self._warned: set[str] = set()
 
     def ready(self) -> bool:
@@ -33,13 +34,13 @@ class InboxSource:
         if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
             raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
 
-    def fetch(self, dep: Deployment, ctx: StepContext) -> dict[str, Any]:
-        src = Path(dep.source["path"])
-        got = fetch_inbox(src, self.store, self.staging, ctx)
-        dep.data.update(got, fetched=True)
-        self.journal.save(dep)  # the blob is safe in the store before the inbox copy goes
-        shutil.rmtree(src, ignore_errors=True)
-        return {}
+    def fetch(self, dep: Deployment, ctx: StepContext) -> Fetched:
+        got = fetch_inbox(Path(dep.source["path"]), self.store, self.staging, ctx)
+        return Fetched(sha256=got["sha256"], size=got["size"])
+
+    def landed(self, dep: Deployment) -> None:
+        """The blob is safe in the store and journaled: the inbox copy goes."""
+        shutil.rmtree(dep.source["path"], ignore_errors=True)
 
     def scan(
         self, inbox: Path, claimed: set[str | None], submit: Callable[..., Any], warn: Callable[[str, str], None]

@@ -19,6 +19,7 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
 from agent.lifecycle.journal import Deployment
+from agent.lifecycle.record import Fetched
 from agent.lifecycle.retry import retry_transient
 
 MAX_REJECTED = 64  # models whose last rejection the status document keeps
@@ -218,7 +219,7 @@ class MqttSource:
         dep.data["manifest"] = m.to_dict()
         dep.data["key_id"] = m.key_id
 
-    def fetch(self, dep: Deployment, ctx: StepContext) -> dict[str, Any]:
+    def fetch(self, dep: Deployment, ctx: StepContext) -> Fetched:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
         from agent.artifacts.deadline import DownloadLimits
@@ -253,7 +254,10 @@ class MqttSource:
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
-        return {"sha256": m.artifact.sha256, "size": m.artifact.size, **moved}
+        return Fetched(sha256=m.artifact.sha256, size=m.artifact.size, transfer=moved)
+
+    def landed(self, dep: Deployment) -> None:
+        """Nothing to let go of: the pulled chunks are the blob."""
 
     # ---- reporting -----------------------------------------------------------------------------
     def publish_status(self, doc: dict[str, Any]) -> None:

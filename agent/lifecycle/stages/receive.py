@@ -34,8 +34,7 @@ def on_downloading(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Eve
     source = parts.sources.get(dep.source.get("kind", ""))
     if source is None:
         raise LifecycleError(f"no source {dep.source.get('kind')!r} configured to fetch from")
-    got = source.fetch(dep, ctx)
-    return Event.FETCHED, Fetched(got)
+    return Event.FETCHED, source.fetch(dep, ctx)
 
 
 def download_mark(parts: Parts, dep: Deployment) -> int:

@@ -35,7 +35,12 @@ def on_verifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event
             before_check=lambda package_dir: signature(parts, package_dir),
         )
     integrity.record(got["package_dir"])  # what start-up checks the unpacked files against
-    return Event.VERIFIED, Verified(got)
+    return Event.VERIFIED, Verified(
+        package_dir=got["package_dir"],
+        model_path=got["model_path"],
+        model_sha256=got["model_sha256"],
+        model_signature=got.get("model_signature"),
+    )
 
 
 def signature(parts: Parts, package_dir: Path) -> dict[str, Any]:
