@@ -39,15 +39,6 @@ class Candidate:
     checked: float = 0.0
 
 
-@dataclass(frozen=True)
-class Decision:
-    """What resolving one model gave: a verified manifest to submit, or nothing (and why)."""
-
-    model: str
-    winner: Candidate | None
-    rejections: tuple[Candidate, ...]  # candidates refused in this pass (each reported once by the caller)
-
-
 class DesiredBook:
     """Per model, per scope: the latest retained message, verified. Not thread-safe (the agent loop owns it)."""
 
