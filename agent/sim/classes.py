@@ -15,7 +15,7 @@ from agent import sysroots as captures
 from agent.errors import ConfigError
 
 
-def discover_sysroots(base: str | os.PathLike | None = None) -> list[str]:
+def discover_sysroots(base: str | os.PathLike[str] | None = None) -> list[str]:
     """Every captured sysroot under `base` (default: the captures shipped in the package, agent/sysroots)."""
     root = Path(base) if base else captures.root()
     found = (
@@ -69,7 +69,7 @@ class DeviceClass:
         }
 
 
-def simulated_providers(profile, target) -> tuple[tuple[str, ...], dict[str, str]]:
+def simulated_providers(profile: Any, target: Any) -> tuple[tuple[str, ...], dict[str, str]]:
     """The target's providers that this host can stand in for, in the target's order.
 
     A provider is kept when its real probe (host runtime, simulated hardware profile) says available. On a device
@@ -129,20 +129,20 @@ class QualificationCache:
     Identical simulated devices (same target, same providers, same host) would measure the same thing; the
     first one measures for real, the others wait for it and reuse the result (counted in `stats`)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._done: dict[tuple, Any] = {}
-        self._busy: dict[tuple, threading.Lock] = {}
-        self._first: dict[tuple, str] = {}
+        self._done: dict[tuple[Any, ...], Any] = {}
+        self._busy: dict[tuple[Any, ...], threading.Lock] = {}
+        self._first: dict[tuple[Any, ...], str] = {}
         self.measured = 0
         self.reused = 0
 
     def get(
         self,
-        key: tuple,
+        key: tuple[Any, ...],
         device_id: str,
         compute: Callable[[], Any],
-        on_reuse=None,
+        on_reuse: Callable[[str], None] | None = None,
         check: Callable[[], None] | None = None,
     ) -> Any:
         """`check` (the waiting deployment's StepContext.check) is called every half second while another device

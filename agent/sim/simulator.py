@@ -16,10 +16,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ConfigError
 from agent.sim.classes import DeviceClass, QualificationCache, discover_sysroots, load_classes
+
+if TYPE_CHECKING:
+    from agent.transport.mqtt import BrokerConfig
 
 __all__ = ["Simulator", "discover_sysroots"]
 
@@ -31,7 +34,7 @@ class Simulator:
         self,
         count: int,
         *,
-        broker,
+        broker: BrokerConfig,
         prefix: str = "edge",
         trust: list[str],
         groups: list[str],
@@ -42,7 +45,7 @@ class Simulator:
         latency_budget_s: float = 0.3,
         share_qualification: bool = True,
         serve_http: bool = False,
-        store: str | os.PathLike | None = None,
+        store: str | os.PathLike[str] | None = None,
     ):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
@@ -113,7 +116,7 @@ class Simulator:
         finally:
             watch.stop()
 
-    def start_device(self, device_id: str, cls: DeviceClass):
+    def start_device(self, device_id: str, cls: DeviceClass) -> Any:
         """Create and start one agent (also used to bring a stopped device back)."""
         from agent.app import DeviceAgent
         from agent.config import parse_config
@@ -188,7 +191,7 @@ class Simulator:
     def __enter__(self) -> "Simulator":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- pieces --------------------------------------------------------------------------------------------
@@ -221,18 +224,21 @@ class Simulator:
             "downloads": {"allow_http": True},  # simulated devices on loopback pull from the bench's plain http server
         }
 
-    def _shared_qualifier(self, device_id: str, cls: DeviceClass):
+    def _shared_qualifier(self, device_id: str, cls: DeviceClass) -> Callable[[Any, Any, Any], Any]:
         """DeviceAgent's qualifier hook: identical devices (same artifact, target, providers) share one real
         measurement. A decision is shared whatever it says (also "no provider passed"); a crash or a cancel
         raises out of measure() and is never shared: the next device measures again."""
 
-        def qualifier(dep, ctx, measure):
+        cache = self.cache
+        assert cache is not None  # asked only where qualification is shared
+
+        def qualifier(dep: Any, ctx: Any, measure: Callable[[], Any]) -> Any:
             key = (dep.data.get("sha256"), cls.target, cls.providers)
 
             def reused(first: str) -> None:
                 self._progress("qualify_cache", device_id=device_id, key=f"{key[0][:12]}/{key[1]}", first=first)
 
-            return copy.deepcopy(self.cache.get(key, device_id, measure, on_reuse=reused, check=ctx.check))
+            return copy.deepcopy(cache.get(key, device_id, measure, on_reuse=reused, check=ctx.check))
 
         return qualifier
 
