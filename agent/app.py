@@ -32,8 +32,10 @@ from agent.sources.inbox import InboxSource
 
 if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
+    from agent.config import AgentConfig
+    from agent.hardware.profile import HardwareProfile
+    from agent.serving.http.server import OIPServer
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
     from agent.sources.mqtt import MqttSource
     from agent.targets import Target
     from agent.telemetry import Telemetry
@@ -51,14 +53,14 @@ class DeviceAgent:
 
     def __init__(
         self,
-        config,
+        config: AgentConfig,
         *,
-        profile=None,
+        profile: HardwareProfile | None = None,
         sysroot: str | Path | None = None,
         serve_http: bool = True,
         step_config: StepConfig | None = None,
         on_event: EventSink | None = None,
-        notifier=None,
+        notifier: Any = None,
         use_lock: bool = True,
         providers: list[str] | None = None,
         qualifier: Qualifier | None = None,
@@ -71,16 +73,14 @@ class DeviceAgent:
         self.profile, self.sysroot = profile, sysroot
         self.serve_http = serve_http
         self.step_config = step_config or StepConfig()  # what the caller chose; start() resolves the rest
-        self.on_event = on_event
-        self.notifier = notifier
-        self.use_lock = use_lock
+        self.on_event, self.notifier, self.use_lock = on_event, notifier, use_lock
         self.target: Target | None = None
         self.store: ContentStore | None = None
         self.registry: ModelRegistry | None = None
         self.steps: Steps | None = None
         self.orchestrator: Orchestrator | None = None
         self.server: OIPServer | None = None
-        self.grpc_server: Any = None  # serving.grpc_front.GRPCServer when serving.grpc_port is set
+        self.grpc_server: Any = None  # serving.grpc.front.GRPCServer when serving.grpc_port is set
         self.link: MqttSource | None = None
         self.telemetry: Telemetry | None = None
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
@@ -154,7 +154,7 @@ class DeviceAgent:
             on_note=lambda name, reason: self._emit({"event": "repair", "model": name, "reason": reason}),
             attestor=Attestor(self.state_dir, self.config.device_id, publish=self._publish_attestation),
         )
-        self.steps.add_source(InboxSource(self.store, self.steps.journal, self.steps.staging))
+        self.steps.add_source(InboxSource(self.store, self.steps.staging))
         deadlines = {State(k): float(v) for k, v in self.step_config.deadlines.items()}
         self.orchestrator = Orchestrator(
             self.state_dir, self.steps, deadlines=deadlines, listeners=[self.reporter.on_transition]
@@ -271,7 +271,7 @@ class DeviceAgent:
         """Wait until stop() finished and the state_dir lock is released (threads left behind have ended)."""
         return self._unlocked.wait(timeout)
 
-    def reload(self, new) -> dict[str, Any]:
+    def reload(self, new: AgentConfig) -> dict[str, Any]:
         """SIGHUP: apply what can change live (serving token, trusted keys, telemetry interval); name the rest."""
         from agent.config import changed_keys
 

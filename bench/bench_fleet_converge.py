@@ -96,8 +96,8 @@ def main(argv=None) -> dict:
     from agent.fleet.artifact_server import ArtifactServer, serve_http
     from agent.fleet.rollout_plan import RolloutSpec
     from agent.fleet.rollout_run import run_rollout
-    from agent.fleet.simulator import Simulator
     from agent.samples import write_package
+    from agent.sim.simulator import Simulator
     from agent.transport.mqtt import BrokerConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-converge-"))

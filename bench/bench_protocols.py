@@ -68,10 +68,10 @@ def _session(path: str):
 
 
 def _serve(path: str, ports, stop) -> None:
-    from agent.serving.grpc_front import GRPCServer
+    from agent.serving.grpc.front import GRPCServer
+    from agent.serving.http.server import OIPServer
     from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
 
     limit_malloc_arenas(2)
     fix_mmap_threshold()

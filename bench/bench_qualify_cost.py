@@ -125,8 +125,8 @@ class Timeline:
 def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spawn: bool, confirm: bool = False):
     """`qualify` in this process (its fork server, once started by the first call, is reused after). confirm:
     every qualification has a close call's confirmation round (CLOSE_CALL without bound)."""
+    from agent.isolate.forkserver import SPAWN_ENV
     from agent.qualify import harness
-    from agent.qualify.forkserver import SPAWN_ENV
     from agent.qualify.harness import qualify
 
     if confirm:
@@ -143,11 +143,11 @@ def fresh_qualify(conn, package: str, target: Any, providers: list[str], budget:
     """Child (spawned: a fresh interpreter, as `edge-agent qualify` or the daemon's qualification child): detect,
     load, qualify; its row workers fork from a fork server it starts itself, first thing (as the CLI does)."""
     os.environ.pop("EDGE_AGENT_SPAWN_WORKERS", None)
-    from agent.qualify import forkserver
+    from agent.isolate import forkserver
 
     forkserver.prewarm()
     from agent.hardware import detect
-    from agent.qualify.package import load_package
+    from agent.package.load import load_package
 
     _, d, phases = _qualify_wall(load_package(package), detect("/"), target, providers, budget, False, confirm)
     conn.send((d.to_dict(), phases))
@@ -221,9 +221,9 @@ def main() -> None:
 
     from agent.conformance.models import light_packages
     from agent.hardware import detect
+    from agent.package.inputs import package_plan
+    from agent.package.load import load_package
     from agent.providers import get
-    from agent.qualify.inputs import package_plan
-    from agent.qualify.package import load_package
     from agent.targets import match
 
     profile = detect("/")

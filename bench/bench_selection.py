@@ -60,8 +60,8 @@ def time_variant(
 def exhaustive(pkg, variants, target, runs: int, cap_s: float, rounds: int) -> dict[str, dict]:
     """key -> {p50, ok}: every variant in its own fresh process, `rounds` alternating rounds (A B C A B C ...)
     so load drift on a shared machine hits them alike; p50 = median of the round medians."""
-    from agent.qualify.inputs import package_inputs
-    from agent.qualify.isolate import IsolatedWorker
+    from agent.isolate.runner import IsolatedWorker
+    from agent.package.inputs import package_inputs
     from agent.qualify.rowrunner import tolerances_for
 
     feeds, golden, _ = package_inputs(pkg)
@@ -106,8 +106,8 @@ def main() -> None:
     from agent.conformance.models import light_packages
     from agent.conformance.runner import variants_for
     from agent.hardware import detect
+    from agent.package.load import load_package
     from agent.qualify.harness import qualify
-    from agent.qualify.package import load_package
     from agent.targets import match
 
     profile = detect("/")

@@ -43,10 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.providers import get  # noqa: E402
 from agent.samples import cnn_model  # noqa: E402
+from agent.serving.http.server import OIPServer  # noqa: E402
 from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas  # noqa: E402
 from agent.serving.metrics import FINITE_FIRST  # noqa: E402
 from agent.serving.registry import ModelRegistry  # noqa: E402
-from agent.serving.server import OIPServer  # noqa: E402
 from agent.util.priority import run_lowered  # noqa: E402
 
 OPTIONS = {"intra_op_num_threads": 1}  # serving: parallelism across requests, not inside one

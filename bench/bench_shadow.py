@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_serving import _load_clients, calibrate, log, pct  # noqa: E402
 
-from agent.config import ShadowConfig  # noqa: E402
+from agent.serving.http.server import OIPServer  # noqa: E402
 from agent.serving.memory import MMAP_THRESHOLD, fix_mmap_threshold, limit_malloc_arenas  # noqa: E402
 from agent.serving.registry import ModelRegistry  # noqa: E402
-from agent.serving.server import OIPServer  # noqa: E402
+from agent.trial.settings import ShadowConfig  # noqa: E402
 from agent.trial.shadow import Shadow  # noqa: E402
 
 

@@ -94,7 +94,7 @@ def dev(request) -> Device:
 @pytest.fixture(scope="session")
 def workers():
     """One isolated worker per provider variant (a crash restarts it; the suite goes on)."""
-    from agent.qualify.isolate import IsolatedWorker
+    from agent.isolate.runner import IsolatedWorker
 
     pool: dict[str, IsolatedWorker] = {}
 

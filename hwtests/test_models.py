@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent.package.load import load_package
 from agent.qualify.harness import qualify
-from agent.qualify.package import load_package
 
 
 @pytest.fixture(scope="session")

@@ -71,3 +71,14 @@ def ml_package(tmp_path):
     from agent.samples import sample_ml_package
 
     return sample_ml_package(tmp_path / "ml")
+
+
+@pytest.fixture
+def plane(tmp_path, mosquitto):
+    """A test control plane (support.mqtt.ControlPlane) serving artifacts, on the test's Mosquitto."""
+    from support.mqtt import ControlPlane
+
+    cp = ControlPlane(tmp_path / "cp", mosquitto)
+    cp.serve()
+    yield cp
+    cp.close()

@@ -15,8 +15,8 @@ from agent.artifacts.store import ContentStore
 from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.fleet.rollout_run import run_rollout
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.mqtt import BrokerConfig
 
 CLASSES = ["amd-epyc-x86", "rpi5-8gb"]

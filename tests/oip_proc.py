@@ -52,9 +52,9 @@ def _main(kwargs: dict) -> None:
     from support.serving import identity_all_types_model, open_session
 
     from agent.samples import tiny_model
+    from agent.serving.http.server import OIPServer
     from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
 
     limit_malloc_arenas(2)  # as the daemon does
     fix_mmap_threshold()
@@ -68,7 +68,7 @@ def _main(kwargs: dict) -> None:
     srv = OIPServer(reg, port=0, **kwargs).start()
     gsrv = None
     if grpc_opts is not None:
-        from agent.serving.grpc_front import GRPCServer
+        from agent.serving.grpc.front import GRPCServer
 
         gsrv = GRPCServer(srv.plane, port=0, **grpc_opts).start()
     print(json.dumps({"port": srv.port, "grpc_port": gsrv.port if gsrv else None}), flush=True)
@@ -81,11 +81,9 @@ def _main(kwargs: dict) -> None:
 
 def rss(pid: int) -> int:
     """Resident set size of a process in bytes."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    from support.proc import status_bytes
+
+    return status_bytes(pid, "VmRSS")
 
 
 class Served:

@@ -1,4 +1,4 @@
-"""Compiled caches are sealed when written and verified before use (agent.qualify.cacheseal): a corrupted,
+"""Compiled caches are sealed when written and verified before use (agent.package.cacheseal): a corrupted,
 missing or foreign file empties the directory, the runtime compiles afresh, and the damaged file is never loaded."""
 
 from __future__ import annotations
@@ -8,8 +8,11 @@ import json
 import pytest
 import realmodels as rm
 
-from agent.lifecycle.actions import open_and_warm
-from agent.qualify import cacheseal
+from agent.lifecycle.serve import open_and_warm
+from agent.lifecycle.slots import SlotEntry
+from agent.package import cacheseal
+
+SHA = "0" * 64  # the slot entry's artifact digest: not read when a session is opened
 
 
 def test_seal_then_verify_detects_corrupt_missing_and_foreign_files(tmp_path):
@@ -43,12 +46,14 @@ def test_serving_rebuilds_a_corrupted_openvino_cache_and_never_loads_it(tmp_path
     pytest.importorskip("openvino")
     pkg = rm.classifier_package(tmp_path / "pkg", sets=2)
     cache = tmp_path / "cache"
-    entry = {
-        "provider": "openvino",
-        "package_dir": str(pkg),
-        "model_path": str(pkg / "model.onnx"),
-        "cache_dir": str(cache),
-    }
+    entry = SlotEntry(
+        version="1",
+        sha256=SHA,
+        provider="openvino",
+        package_dir=str(pkg),
+        model_path=str(pkg / "model.onnx"),
+        cache_dir=str(cache),
+    )
     first: dict = {}
     open_and_warm(entry, timings=first).close()
     blobs = [p for p in cache.rglob("*") if p.is_file() and p.name != cacheseal.SEAL]
@@ -80,7 +85,9 @@ def test_serving_refuses_an_optimised_graph_that_fails_its_seal(tmp_path):
     out = tmp_path / "optimized"
     out.mkdir()
     rec = next(r for r in build(model_path=str(pkg / "model.onnx"), out_dir=str(out), kinds=["ort-basic"]))
-    entry = {"provider": "cpu", "package_dir": str(pkg), "model_path": rec["file"], "optimization": "ort-basic"}
+    entry = SlotEntry(
+        version="1", sha256=SHA, provider="cpu", package_dir=str(pkg), model_path=rec["file"], optimization="ort-basic"
+    )
     open_and_warm(entry).close()  # sealed when built: it serves
     with open(rec["file"], "ab") as f:
         f.write(b"\0")  # one byte more: still parses as ONNX, but not what was built and measured

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from clirunner import edge_agent
 from hostruntime import ort_openvino_devices
+from support.files import write_tree as _sysroot
 
 from agent import sysroots as captures
 from agent.hardware import detect
@@ -33,14 +34,6 @@ ORIN_NANO = {
     "etc/os-release": b'PRETTY_NAME="Ubuntu 22.04.5 LTS"\nID=ubuntu\nVERSION_ID="22.04"\n',
     "sys/class/devfreq/17000000.gpu/device/of_node/name": b"gpu\0",
 }
-
-
-def _sysroot(base: Path, files: dict[str, bytes]) -> Path:
-    for rel, data in files.items():
-        p = base / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-    return base
 
 
 def cli(*args: str):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from clirunner import edge_agent as _cli
+from support.files import write_tree as _sysroot
 
 from agent.config import changed_keys, default_device_id, load_config, parse_config
 from agent.errors import ConfigError
@@ -233,14 +234,6 @@ def test_loose_secret_permissions_warn(tmp_path, files):
     os.chmod(files["token"], 0o644)
     cfg = load_config(write(tmp_path, full(files)))
     assert any("serving.token_file" in w and "world-readable" in w for w in cfg.warnings)
-
-
-def _sysroot(root: Path, files: dict[str, bytes]) -> Path:
-    for rel, content in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content)
-    return root
 
 
 def test_device_id_prefers_board_serial_and_is_stable(tmp_path):

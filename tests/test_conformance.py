@@ -15,7 +15,7 @@ from agent.conformance.node import load_cases, run_variant
 from agent.conformance.report import write_all
 from agent.conformance.runner import run_conformance
 from agent.hardware.profile import CpuInfo, HardwareProfile
-from agent.qualify.isolate import FAULT_ENV
+from agent.isolate.runner import FAULT_ENV
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(

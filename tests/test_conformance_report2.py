@@ -20,7 +20,7 @@ from agent.conformance.report import Report, write_all
 from agent.conformance.runner import run_conformance
 from agent.errors import EdgeAgentError
 from agent.hardware.profile import CpuInfo, HardwareProfile
-from agent.qualify.isolate import FAULT_ENV
+from agent.isolate.runner import FAULT_ENV
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2))
@@ -182,7 +182,7 @@ def _workers(pid: int) -> list[psutil.Process]:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    return [k for k in kids if "agent.qualify.worker" in " ".join(k.cmdline())]
+    return [k for k in kids if "agent.isolate.worker" in " ".join(k.cmdline())]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])

@@ -7,18 +7,18 @@ test-artifacts/control-plane/)."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from cp_support import running_service
+from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.cpclient import upload_decisions
 from agent.transport.mqtt import BrokerConfig
@@ -57,14 +57,7 @@ def _package_tar(tmp: Path, version: str) -> bytes:
 
 
 def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    return wait_for(check, timeout, what, step=every)
 
 
 def test_enroll_20_devices_roll_out_halt_and_roll_back_in_a_browser(tmp_path):

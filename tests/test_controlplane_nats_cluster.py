@@ -15,12 +15,13 @@ import httpx
 import pytest
 from brokers import NatsCluster
 from cp_support import running_service
+from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
 from agent.artifacts.packtar import write_targz
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
 
@@ -41,14 +42,7 @@ class PatientSimulator(Simulator):
 
 
 def _until(what, check, timeout=WAIT_S, every=1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    return wait_for(check, timeout, what, step=every)
 
 
 def test_rollout_converges_on_a_nats_cluster_with_a_node_killed(tmp_path):

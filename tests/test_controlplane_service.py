@@ -17,11 +17,12 @@ import pytest
 import yaml
 from brokers import Mosquitto, free_port
 from clirunner import EXE, ROOT, edge_agent
+from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import generate
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.mqtt import BrokerConfig
 
 SYSROOTS = sysroots.root()
@@ -51,14 +52,7 @@ def _wait_up(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0)
 
 
 def _until(what, check, timeout=WAIT_S, every=0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    return wait_for(check, timeout, what, step=every)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

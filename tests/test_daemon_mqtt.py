@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from support.daemon import EXE, ROOT, Daemon, infer, wait_for, write_config
+from support.daemon import EXE, ROOT, Daemon, fleet_server, infer, wait_for, write_config
 from support.mqtt import register_device
 
 from agent.artifacts.keys import generate
@@ -44,12 +44,7 @@ def test_push_wait_deploys_rejects_untrusted_and_rolls_back(tmp_path, mosquitto)
     cfg = write_config(tmp_path / "dev", mqtt={"url": mosquitto.url}, extra={"trust": {"public_keys": [str(pubfile)]}})
     (tmp_path / "cp-store").mkdir()
     register_device(tmp_path / "cp-store", "dev-1", tmp_path / "dev" / "state")  # push --wait believes its reports
-    server = subprocess.Popen(
-        EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = fleet_server(tmp_path / "cp-store", mosquitto.url)
     d = Daemon(cfg, tmp_path / "dev" / "state")
     try:
         d.wait_ready()

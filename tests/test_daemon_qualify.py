@@ -10,6 +10,7 @@ import urllib.request
 
 import numpy as np
 from support.daemon import Daemon, drop, infer, wait_for, write_config
+from support.proc import status_bytes
 from test_qualify_field import RANGE, hog_package, maxpool_model, scaled_model
 
 from agent.samples import cnn_model, ml_model, sample_cnn_package, sample_ml_package, tiny_model, write_package
@@ -184,14 +185,6 @@ def test_packages_dropped_together_qualify_one_at_a_time_on_their_declared_shape
         assert d.terminate() == 0, d.tail()
 
 
-def _vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_serving(tmp_path):
     cfg = write_config(tmp_path, extra={"serving": {"host": "127.0.0.1", "port": 0, "memory_max": "1G"}})
     state = tmp_path / "state"
@@ -204,7 +197,7 @@ def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_servi
         dep = d.wait_deployment("2", timeout=600)
         assert dep["result"] == "failed" and "memory" in dep["reason"] and "1.0 GiB" in dep["reason"], dep
         assert infer(d.url, 1.0)[0] == "1"  # the previous version still serves
-        hwm = _vm_hwm(d.proc.pid)
+        hwm = status_bytes(d.proc.pid, "VmHWM")
         assert hwm < 1.5 * (1 << 30), hwm
         assert os.path.exists(state / "status.json")
     finally:
@@ -214,20 +207,14 @@ def test_a_model_over_memory_max_is_refused_and_the_previous_version_keeps_servi
 def test_a_newer_version_supersedes_one_waiting_in_the_queue(tmp_path):
     import threading
 
+    from support.agent import queue_holder
     from support.daemon import running_agent
-
-    from agent.lifecycle.actions import StepContext
 
     gen = running_agent(tmp_path)
     agent = next(gen)
     hold, held = threading.Event(), threading.Event()
 
-    def occupy() -> None:  # someone else's qualification holds the device
-        with agent.steps.qualify_queue.turn("other", StepContext(None)):
-            held.set()
-            hold.wait(120)
-
-    t = threading.Thread(target=occupy)
+    t = queue_holder(agent, hold, held, 120)  # someone else's qualification holds the device
     t.start()
     try:
         held.wait(30)

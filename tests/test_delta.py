@@ -161,7 +161,7 @@ def test_package_tarballs_are_cut_before_compression_so_versions_share_pieces(mo
     import shutil
     import tarfile
 
-    from agent.qualify.package import load_package
+    from agent.package.load import load_package
 
     v1, v2, changed = versions(tmp_path, layers=4, width=512)
     pkgs = []

@@ -8,7 +8,7 @@ import subprocess
 
 from clirunner import edge_agent
 from delta_models import versions
-from support.daemon import EXE, ROOT, Daemon, write_config
+from support.daemon import EXE, ROOT, Daemon, fleet_server, write_config
 from support.mqtt import register_device
 from support.wait import wait_for
 
@@ -27,12 +27,7 @@ def test_second_version_moves_only_the_changed_tensor(tmp_path, mosquitto):
     keyfile, pubfile, _ = generate(tmp_path / "keys")
     cfg = write_config(tmp_path / "dev", mqtt={"url": mosquitto.url}, extra={"trust": {"public_keys": [str(pubfile)]}})
     register_device(tmp_path / "cp-store", "dev-1", tmp_path / "dev" / "state")
-    server = subprocess.Popen(
-        EXE + ["fleet", "serve", "--store", str(tmp_path / "cp-store"), "--broker", mosquitto.url],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server = fleet_server(tmp_path / "cp-store", mosquitto.url)
     d = Daemon(cfg, tmp_path / "dev" / "state")
     try:
         d.wait_ready()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "targets" / "README.md"]
-SUBPACKAGES = "lifecycle|serving|qualify|artifacts|transport|fleet|providers|hardware|conformance|cli|util|services"
+SUBPACKAGES = "lifecycle|serving|qualify|package|isolate|sim|trial|sources|artifacts|transport|fleet|providers|hardware|conformance|cli|util|services"
 
 
 def _is_module(dotted: str) -> bool:

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 from support.agent import make_agent
-from support.mqtt import ControlPlane, mqtt_config
+from support.mqtt import mqtt_config
+from support.sockets import accept_each
 from support.wait import wait_for
 
 from agent.artifacts.fetch import fetch_artifact
@@ -42,37 +43,17 @@ class Tarpit:
         return f"http://127.0.0.1:{self.port}/blobs/sha256/{sha}"
 
     def _accept(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with self._lock:
-                self.connections += 1
-                self.open += 1
-            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+        accept_each(self.sock, self._stop, self._started)
 
-    def _drip(self, conn: socket.socket) -> None:
+    def _started(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.connections += 1
+            self.open += 1
+        threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
         try:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                block = conn.recv(4096)
-                if not block:
-                    return
-                head += block
-            m = re.search(rb"Range: bytes=(\d+)-", head)
-            start = int(m.group(1)) if m else 0
-            size = start + 10_000_000
-            conn.sendall(
-                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
-                f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
-            )
-            while not self._stop.is_set():
-                readable, _, _ = select.select([conn], [], [], self.every)
-                if readable and not conn.recv(1):  # the client closed its end
-                    return
-                conn.sendall(b"\0")  # a wrong byte too: the chunk hash would refuse it, were it ever complete
+            self._drip(conn)
         except OSError:
             return
         finally:
@@ -80,17 +61,36 @@ class Tarpit:
             with self._lock:
                 self.open -= 1
 
+    @staticmethod
+    def _open_range(conn: socket.socket, size_of) -> tuple[int, int] | None:
+        """Read the request head and answer 206 from its Range start to size_of(start); None: the client left."""
+        head = b""
+        while b"\r\n\r\n" not in head:
+            block = conn.recv(4096)
+            if not block:
+                return None
+            head += block
+        m = re.search(rb"Range: bytes=(\d+)-", head)
+        start = int(m.group(1)) if m else 0
+        size = size_of(start)
+        conn.sendall(
+            f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
+            f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
+        )
+        return start, size
+
+    def _drip(self, conn: socket.socket) -> None:
+        if self._open_range(conn, lambda start: start + 10_000_000) is None:
+            return
+        while not self._stop.is_set():
+            readable, _, _ = select.select([conn], [], [], self.every)
+            if readable and not conn.recv(1):  # the client closed its end
+                return
+            conn.sendall(b"\0")  # a wrong byte too: the chunk hash would refuse it, were it ever complete
+
     def close(self) -> None:
         self._stop.set()
         self.sock.close()
-
-
-@pytest.fixture
-def plane(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    cp.serve()
-    yield cp
-    cp.close()
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def _push(cp, tmp_path, version: str, sources):
 
 
 def _committed(agent, version):
-    return (agent.steps.slots.committed("tiny") or {}).get("version") == version
+    return getattr(agent.steps.slots.committed("tiny"), "version", None) == version
 
 
 def _serves(agent) -> float:
@@ -262,29 +262,13 @@ class SlowSource(Tarpit):
         super().__init__(every)
 
     def _drip(self, conn: socket.socket) -> None:
-        try:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                got = conn.recv(4096)
-                if not got:
-                    return
-                head += got
-            m = re.search(rb"Range: bytes=(\d+)-", head)
-            start = int(m.group(1)) if m else 0
-            size = len(self.data)
-            conn.sendall(
-                f"HTTP/1.1 206 Partial Content\r\nContent-Length: {size - start}\r\n"
-                f"Content-Range: bytes {start}-{size - 1}/{size}\r\n\r\n".encode()
-            )
-            for at in range(start, size, self.block):
-                conn.sendall(self.data[at : at + self.block])
-                time.sleep(self.every)
-        except OSError:
+        opened = self._open_range(conn, lambda start: len(self.data))
+        if opened is None:
             return
-        finally:
-            conn.close()
-            with self._lock:
-                self.open -= 1
+        start, size = opened
+        for at in range(start, size, self.block):
+            conn.sendall(self.data[at : at + self.block])
+            time.sleep(self.every)
 
 
 def test_a_slow_source_above_the_progress_deadline_completes(tmp_path):

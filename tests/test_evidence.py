@@ -19,8 +19,8 @@ from agent.lifecycle.states import State
 def decision(tmp_path_factory):
     """A real qualification decision of the tiny sample model on the CPU provider (measured here)."""
     from agent.hardware import detect
+    from agent.package.load import load_package
     from agent.qualify.harness import qualify
-    from agent.qualify.package import load_package
     from agent.samples import sample_tiny_package
     from agent.targets import match
 

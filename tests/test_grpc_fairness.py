@@ -14,10 +14,10 @@ import pytest
 from support.serving import GatedSession, open_session
 
 from agent.samples import tiny_model
-from agent.serving.grpc_front import GRPCServer
+from agent.serving.grpc.front import GRPCServer
+from agent.serving.http.server import OIPServer
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"

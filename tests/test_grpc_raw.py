@@ -1,4 +1,4 @@
-"""Infer messages handled as bytes (grpc_raw) read and write exactly what protobuf does: raw contents as views into
+"""Infer messages handled as bytes (grpc/raw) read and write exactly what protobuf does: raw contents as views into
 the message, every truncation of a message judged as protobuf judges it, responses that protobuf parses back."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 
-from agent.serving.grpc_raw import parse_request, response_bytes
+from agent.serving.grpc.raw import parse_request, response_bytes
 from agent.serving.proto import oip_pb2 as pb
 
 

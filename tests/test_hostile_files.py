@@ -16,7 +16,7 @@ from agent.artifacts.keys import device_key, public_pem
 from agent.config import MIN_TOKEN_CHARS, load_config
 from agent.errors import ConfigError, ModelError
 from agent.fleet.registry import KEY_OF_ANOTHER, DeviceRegistry
-from agent.qualify.package import load_package
+from agent.package.load import load_package
 from agent.samples import write_package
 from agent.transport.signing import sign_doc
 

@@ -1,4 +1,4 @@
-"""The large-body JSON parser (agent/serving/jsonfast.py) against the strict Python one it stands in for: the same
+"""The large-body JSON parser (agent/serving/http/jsonfast.py) against the strict Python one it stands in for: the same
 tensors from every valid request of every datatype, flat and nested, and the same refusal, word for word, of every
 malformed one (lying shapes, ragged or hidden nesting, malformed numbers, NaN/Inf text, out-of-range integers,
 strings among numbers). A body takes the fast path from FAST_MIN bytes: the same request padded with trailing
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.serving import jsonfast, jsonplan
 from agent.serving.budget import JSON_DECODE_FACTOR, BodyBudget, Ledger, parse_cost
 from agent.serving.codec import DATATYPES, numpy_dtype
-from agent.serving.decode import decode_request
 from agent.serving.errors import BadRequest, PayloadTooLarge
+from agent.serving.http import jsonfast, jsonplan
+from agent.serving.http.decode import decode_request
 
 PAD = b" " * jsonfast.FAST_MIN
 NUMERIC = [d for d in DATATYPES if d not in ("BYTES", "BOOL")]

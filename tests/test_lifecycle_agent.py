@@ -52,7 +52,7 @@ def test_bad_package_fails_and_the_old_model_keeps_serving(agent, case):
     assert dep.reason.startswith(where)
     assert infer(agent.url) == ("1", [1.0] * 4)
     assert agent.status()["models"]["tiny"]["version"] == "1"
-    assert agent.steps.slots.committed("tiny")["version"] == "1"
+    assert agent.steps.slots.committed("tiny").version == "1"
     assert check_state_dir(agent.state_dir) == []
 
 
@@ -111,7 +111,7 @@ def test_newer_version_supersedes_and_rollback_is_instant(agent):
     assert rb.state.value == "committed" and rb.version == "1" and rb.source["kind"] == "rollback"
     assert infer(agent.url) == ("1", [1.0] * 4)
     slots = agent.steps.slots.get("tiny")
-    assert (slots["committed"]["version"], slots["previous"]["version"]) == ("1", "3")
+    assert (slots["committed"].version, slots["previous"].version) == ("1", "3")
     assert check_state_dir(agent.state_dir) == []
 
 

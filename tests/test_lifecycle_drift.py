@@ -10,9 +10,9 @@ import pytest
 from support.agent import make_agent
 from support.daemon import deploy, wait_for
 
+from agent.isolate.runner import FAULT_ENV
 from agent.lifecycle.slots import ModelSlots
-from agent.qualify.caches import drift_text, runtime_versions, version_drift
-from agent.qualify.isolate import FAULT_ENV
+from agent.package.caches import drift_text, runtime_versions, version_drift
 
 
 def _agent(tmp_path, providers, events, qualifier=None, isolate=False):
@@ -73,7 +73,7 @@ def test_a_drifted_model_serves_stale_then_is_requalified(tmp_path):
         assert tiny["state"] == "committed" and "stale" not in tiny
         assert tiny["requalified"].startswith("re-qualified after onnxruntime 0.0.1 ->")
         slots = ModelSlots(tmp_path / "state").get("tiny")
-        assert slots["committed"]["versions"]["onnxruntime"] == runtime_versions()["onnxruntime"]
+        assert slots["committed"].versions["onnxruntime"] == runtime_versions()["onnxruntime"]
     finally:
         gate.set()
         b.stop()
@@ -90,7 +90,7 @@ def test_a_requalification_that_fails_on_the_old_provider_falls_back(tmp_path, m
     try:
         first = deploy(a, "1")
         assert first.state.value == "committed", first.reason
-        assert ModelSlots(tmp_path / "state").get("tiny")["committed"]["provider"] == "openvino"
+        assert ModelSlots(tmp_path / "state").get("tiny")["committed"].provider == "openvino"
     finally:
         a.stop()
     _age(tmp_path / "state", key="openvino", old="2020.1")
@@ -100,7 +100,7 @@ def test_a_requalification_that_fails_on_the_old_provider_falls_back(tmp_path, m
         dep = wait_for(lambda: _requalify(b), 240, "re-qualification")
         assert dep.state.value == "committed", dep.reason
         committed = ModelSlots(tmp_path / "state").get("tiny")["committed"]
-        assert committed["provider"] == "cpu"
+        assert committed.provider == "cpu"
         note = b.status()["models"]["tiny"]["requalified"]
         assert "openvino 2020.1 ->" in note and "openvino -> cpu" in note and "crashed" in note, note
         assert b.registry.entry("tiny").meta["provider"] == "cpu"

@@ -34,9 +34,8 @@ import numpy as np
 import pytest
 
 from agent.artifacts.store import ContentStore
-from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError, TransportError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal, check_history
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.recovery import MAX_ATTEMPTS
@@ -46,6 +45,7 @@ from agent.lifecycle.steps import StepConfig, Steps
 from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE, TRANSITIONS
 from agent.serving.registry import ModelRegistry
 from agent.sources.inbox import InboxSource
+from agent.trial.settings import ProbationConfig, ShadowConfig
 
 S = State
 MODEL = "tiny"
@@ -265,7 +265,7 @@ class ScenarioSteps(Steps):
         super().__init__(*args, **kwargs)
         self.fault = fault
 
-    def run(self, dep: Deployment, ctx: act.StepContext):
+    def run(self, dep: Deployment, ctx: StepContext):
         f = self.fault
         mine = f is not None and not f.fired and f.state is dep.state and f.version == dep.version
         if mine and f.when == "before":
@@ -275,7 +275,7 @@ class ScenarioSteps(Steps):
             self._fire(f, dep, ctx)
         return result
 
-    def _fire(self, f: Fault, dep: Deployment, ctx: act.StepContext) -> None:
+    def _fire(self, f: Fault, dep: Deployment, ctx: StepContext) -> None:
         f.fired = True
         if f.corrupt:
             blob = Path(self.store.path(dep.data["sha256"]))
@@ -297,7 +297,7 @@ class FlakyInbox(InboxSource):
         super().__init__(*args)
         self.failures, self.attempts = failures, 0
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
+    def fetch(self, dep: Deployment, ctx: StepContext) -> dict[str, Any]:
         from agent.artifacts.fetch import is_transient
 
         def attempt() -> dict[str, Any]:
@@ -354,7 +354,7 @@ class SharedQualification:
         self.decisions: dict[str, tuple[str, str]] = {}  # model sha256 -> (state_dir, decision json)
 
     def for_dir(self, state_dir: Path):
-        def qualify(dep: Deployment, ctx: act.StepContext, measure) -> dict[str, Any]:
+        def qualify(dep: Deployment, ctx: StepContext, measure) -> dict[str, Any]:
             key = dep.data.get("model_sha256") or ""
             if key in self.decisions:
                 where, doc = self.decisions[key]
@@ -390,7 +390,7 @@ class Device:
             qualifier=shared.for_dir(state_dir),
         )
         source = kw.pop("source", None) or InboxSource
-        self.steps.add_source(source(self.store, self.steps.journal, self.steps.staging))
+        self.steps.add_source(source(self.store, self.steps.staging))
         self.events: list[dict[str, Any]] = []
         self.orch = Orchestrator(
             state_dir, self.steps, deadlines=kw.pop("deadlines", None), listeners=[self.events.append]
@@ -600,7 +600,7 @@ def run_scenario(sc: Scenario, base: Path, tmp_path: Path, shared: SharedQualifi
             assert fault.fired, "the fault was never injected"
         out["dep"] = dev.orch.journal.load(dep.id)
         out["serving"] = dev.serving()
-        out["committed"] = (dev.steps.slots.committed(MODEL) or {}).get("version")
+        out["committed"] = getattr(dev.steps.slots.committed(MODEL), "version", None)
         try:
             out["incumbent_untouched"] = dev.registry.entry(MODEL) is incumbent
         except Exception:  # noqa: BLE001 - nothing serves: the assertion on `serving` says so

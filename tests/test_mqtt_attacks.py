@@ -9,20 +9,12 @@ from dataclasses import replace
 
 import pytest
 from support.agent import make_agent
-from support.mqtt import ControlPlane, mqtt_config, wait_for
+from support.mqtt import mqtt_config, wait_for
 
 from agent.samples import sample_tiny_package
 
 ATTACKS = ("forged", "unsigned", "untrusted", "future")
 DAY = 86400
-
-
-@pytest.fixture
-def plane(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    cp.serve()
-    yield cp
-    cp.close()
 
 
 def _agent(tmp_path, mosquitto, cp, probation_s=0.3, groups=()):
@@ -69,7 +61,7 @@ def test_attacks_leave_a_version_in_probation_alone(tmp_path, mosquitto, plane):
     a = _agent(tmp_path, mosquitto, plane)
     try:
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "1"), "tiny", "1")))
-        wait_for(lambda: (a.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        wait_for(lambda: getattr(a.steps.slots.committed("tiny"), "version", None) == "1", what="v1 committed")
         a.steps.config = replace(a.steps.config, probation_s=20)  # v2 is in probation while the attacks land
         plane.to_device("tiny", plane.envelope(plane.manifest(_pkg(tmp_path, "2"), "tiny", "2")))
         v2 = wait_for(
@@ -132,6 +124,6 @@ def test_a_future_dated_manifest_is_accepted_once_within_the_skew(tmp_path, mosq
     try:
         m = plane.manifest(_pkg(tmp_path, "1"), "tiny", "1", issued=time.time() + MAX_SKEW_S / 2)
         plane.to_device("tiny", plane.envelope(m))
-        wait_for(lambda: (a.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        wait_for(lambda: getattr(a.steps.slots.committed("tiny"), "version", None) == "1", what="v1 committed")
     finally:
         a.stop()

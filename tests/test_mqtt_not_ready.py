@@ -13,6 +13,7 @@ import time
 
 import pytest
 from brokers import free_port
+from support.sockets import accept_each
 
 from agent.errors import TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
@@ -31,26 +32,21 @@ class NotReadyGate:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
+        accept_each(self.sock, self._stop, self._relay)
+
+    def _relay(self, conn: socket.socket) -> None:
+        if time.monotonic() < self.open_at:
+            conn.settimeout(2)
             try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
+                conn.recv(1024)
             except OSError:
-                return
-            if time.monotonic() < self.open_at:
-                conn.settimeout(2)
-                try:
-                    conn.recv(1024)
-                except OSError:
-                    pass
-                conn.close()
-                self.hung_up += 1
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.broker_port))
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                pass
+            conn.close()
+            self.hung_up += 1
+            return
+        upstream = socket.create_connection(("127.0.0.1", self.broker_port))
+        for a, b in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
     def close(self) -> None:
         self._stop.set()

@@ -8,20 +8,11 @@ import threading
 from dataclasses import replace
 
 import pytest
-from support.agent import make_agent
-from support.mqtt import ControlPlane, mqtt_config, wait_for
+from support.agent import make_agent, queue_holder
+from support.mqtt import mqtt_config, wait_for
 
 from agent.fleet import rollout_state as rs
-from agent.lifecycle.actions import StepContext
 from agent.samples import sample_tiny_package
-
-
-@pytest.fixture
-def plane(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    cp.serve()
-    yield cp
-    cp.close()
 
 
 def _push(cp, tmp_path, version, rollback=False):
@@ -41,15 +32,10 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
     agent = make_agent(None, config=cfg, probation_s=0.3, serve_http=False, known_providers=["cpu"], start=True)
     hold, held = threading.Event(), threading.Event()
 
-    def occupy() -> None:  # another package's qualification holds the device
-        with agent.steps.qualify_queue.turn("other", StepContext(None)):
-            held.set()
-            hold.wait(300)
-
-    t = threading.Thread(target=occupy)
+    t = queue_holder(agent, hold, held, 300)  # another package's qualification holds the device
     try:
         _push(plane, tmp_path, "1")
-        wait_for(lambda: (agent.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        wait_for(lambda: getattr(agent.steps.slots.committed("tiny"), "version", None) == "1", what="v1 committed")
         if where == "queued":
             t.start()
             assert held.wait(30)
@@ -72,7 +58,7 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
         v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 called off")  # the queue is still held / probation runs
         assert v2.state.value != "committed", v2.reason
         assert "serves already" in (v2.reason or ""), v2.reason
-        assert agent.steps.slots.committed("tiny")["version"] == "1"
+        assert agent.steps.slots.committed("tiny").version == "1"
         wait_for(lambda: not agent.orchestrator.in_flight(), 60, "nothing in flight")
         # The control plane's reading of the retained status: version 1 runs, version 2 does not (confirmed).
         doc = wait_for(
@@ -99,7 +85,7 @@ def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, 
     late: list[str] = []
     try:
         _push(plane, tmp_path, "1")
-        wait_for(lambda: (agent.steps.slots.committed("tiny") or {}).get("version") == "1", what="v1 committed")
+        wait_for(lambda: getattr(agent.steps.slots.committed("tiny"), "version", None) == "1", what="v1 committed")
         agent.steps.config = replace(agent.steps.config, probation_s=8)
         _push(plane, tmp_path, "2")
         wait_for(
@@ -120,7 +106,7 @@ def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, 
             "a deployment of 1 after 2 committed",
         )
         assert back[-1].state.value == "committed", back[-1].reason
-        assert agent.steps.slots.committed("tiny")["version"] == "1"
+        assert agent.steps.slots.committed("tiny").version == "1"
         doc = wait_for(
             lambda: (d := plane.status_of("dev-1")) and rs.observe(d, "tiny", "1")[0] == rs.SUCCEEDED and d,
             60,

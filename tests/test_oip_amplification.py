@@ -90,7 +90,7 @@ def test_the_daemon_sizes_its_request_budget_from_memory_max(tmp_path):
     from support.daemon import Daemon, write_config
     from support.wait import wait_for
 
-    from agent.serving.server import DEFAULT_BODY_BUDGET, body_budget_for
+    from agent.serving.http.server import DEFAULT_BODY_BUDGET, body_budget_for
 
     assert body_budget_for(512 << 20) == 128 << 20 and body_budget_for(None) == DEFAULT_BODY_BUDGET
     assert body_budget_for(64 << 30) == DEFAULT_BODY_BUDGET and body_budget_for(100 << 20) == MAX_BODY

@@ -17,9 +17,9 @@ from support.serving import ALL_TYPES, GatedSession, identity_all_types_model, o
 
 from agent.samples import cnn_model, tiny_model
 from agent.serving.budget import JSON_DECODE_FACTOR
+from agent.serving.http.server import OIPServer
 from agent.serving.metrics import gauge
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,12 @@ against an ONNX model with MLServer's tensor names."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 from onnx import TensorProto, helper
-from support.serving import _model, open_session
+from support.serving import _model, call_json, open_session
 
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 INPUT = {"name": "input-0", "shape": [1, 3], "datatype": "INT32", "data": [1, 2, 3]}
 
@@ -34,13 +30,7 @@ def srv(tmp_path_factory):
 
 
 def _call(srv, method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
-    data = json.dumps(doc).encode() if doc is not None else None
-    req = urllib.request.Request(srv.url + path, data=data, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return call_json(srv.url + path, doc, method, timeout=30)
 
 
 def test_inference_request(srv):

@@ -17,8 +17,8 @@ from support.daemon import Daemon, drop, write_config
 from support.wait import wait_for
 from test_realmodels_daemon import infer
 
-from agent.qualify.inputs import load_dataset, package_plan
-from agent.qualify.package import load_package
+from agent.package.inputs import load_dataset, package_plan
+from agent.package.load import load_package
 
 rp = pytest.importorskip("realmodels_pip")
 

@@ -1,7 +1,7 @@
 """`edge-agent package` reads every size a sample input declares before it decodes it: a tiny .npz whose member
 declares 3x10^8 floats, a 19 KB PNG of 12,500 x 12,500 pixels, a header that lies about the bytes behind it
 are refused by name and size, under a 1 GiB address-space limit, with no MemoryError
-(agent/qualify/inputbudget.py)."""
+(agent/package/inputbudget.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from clirunner import EXE, ROOT
 
 from agent.errors import ModelError
-from agent.qualify.inputbudget import Budget, charge_image, default_budget, image_size, read_npy_file, read_npz
+from agent.package.inputbudget import Budget, charge_image, default_budget, image_size, read_npy_file, read_npz
 from agent.samples import tiny_model
 
 LIMIT = 1 << 30
@@ -155,7 +155,7 @@ def test_the_default_budget_follows_the_memory_the_process_may_take():
     if hard != resource.RLIM_INFINITY and hard < 4 << 30:
         pytest.skip("this process already runs under a small address-space limit")
     out = subprocess.run(
-        EXE[:1] + ["-c", "from agent.qualify.inputbudget import default_budget as d; print(d())"],
+        EXE[:1] + ["-c", "from agent.package.inputbudget import default_budget as d; print(d())"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from agent.errors import ModelError
-from agent.qualify.package import extract_archive
+from agent.package.load import extract_archive
 
 
 def _tar(path, entries):

@@ -55,7 +55,7 @@ def test_zero_runs_inline_and_errors_propagate():
 _BUILD = """
 import json, os, sys, threading
 import onnx
-from agent.lifecycle.actions import warm_feeds
+from agent.lifecycle.serve import warm_feeds
 from agent.providers import get
 from agent.samples import cnn_model
 from agent.util import priority
@@ -88,16 +88,8 @@ def test_runtime_thread_pools_get_serving_priority_back(tmp_path, provider, opti
     streams and the TBB workers it starts, some of them late): no thread they start keeps the low priority."""
     import json
 
-    out = subprocess.run(
-        [sys.executable, "-c", _BUILD, provider, json.dumps(options), str(tmp_path / "cnn.onnx")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    out = _python("-c", _BUILD, provider, json.dumps(options), str(tmp_path / "cnn.onnx"), timeout=120)
+    doc = json.loads(out.strip().splitlines()[-1])
     assert doc["how"] == "nice +10" and doc["new"], f"{provider} started no thread: the test proves nothing"
     assert {tid: n for tid, n in doc["new"].items() if n != doc["base"]} == {}
 
@@ -108,16 +100,21 @@ def _as_nobody(rlimit_nice: int) -> str:
         f"resource.setrlimit(resource.RLIMIT_NICE, ({rlimit_nice}, {rlimit_nice})); os.setgid(65534); os.setuid(65534);"
         "print(run_lowered(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), 10))"
     )
+    return _python("-c", code, timeout=60).strip()
+
+
+def _python(*args: str, timeout: float) -> str:
+    """A fresh interpreter on this checkout; its stdout (the test fails with its stderr when it fails)."""
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return out.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")

@@ -22,8 +22,8 @@ from support.agent import make_agent
 from support.daemon import drop
 from support.wait import wait_for
 
-from agent.config import ProbationConfig, ShadowConfig
 from agent.samples import write_package
+from agent.trial.settings import ProbationConfig, ShadowConfig
 
 
 def _agent(tmp_path, probation_s: float, shadow: ShadowConfig, probation: ProbationConfig | None = None):

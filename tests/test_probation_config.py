@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ProbationConfig, ShadowConfig, parse_config
+from agent.config import parse_config
 from agent.errors import ConfigError
+from agent.trial.settings import ProbationConfig, ShadowConfig
 
 
 def _serving(tmp_path: Path, serving: dict):

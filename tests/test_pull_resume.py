@@ -1,12 +1,10 @@
 """Kill the device mid-pull (SIGKILL of a real child process): the restart fetches only missing chunks."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
+from support.child import kill_when_paused, spawn_child
 from test_pull import make_artifact
 
 from agent.artifacts.manifest import Manifest
@@ -40,23 +38,9 @@ def test_resume_after_sigkill_fetches_only_missing_chunks(mosquitto, tmp_path):
     (tmp_path / "m.json").write_text(json.dumps(m.to_dict()))
     server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
     store_dir = tmp_path / "dev"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "child", mosquitto.url, str(store_dir), str(tmp_path / "m.json")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = spawn_child(__file__, mosquitto.url, str(store_dir), str(tmp_path / "m.json"))
     try:
-        for line in proc.stdout:
-            event = line.split()[0]
-            assert event != "finished", "the child finished before it could be killed"
-            if event == "paused":
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait(30)
-        assert proc.returncode == -signal.SIGKILL
+        kill_when_paused(proc)
         store = ContentStore(store_dir)
         assert not store.has(m.artifact.sha256) and store.part_path(m.artifact.sha256).exists()
         served_before = server.stats["bytes"]

@@ -11,9 +11,9 @@ import pytest
 
 from agent.errors import ModelError
 from agent.hardware import detect
+from agent.isolate.runner import FAULT_ENV, IsolatedWorker
+from agent.package.load import load_package
 from agent.qualify.harness import qualify
-from agent.qualify.isolate import FAULT_ENV, IsolatedWorker
-from agent.qualify.package import load_package
 from agent.samples import write_package
 
 PROFILE = detect("/")
@@ -132,7 +132,7 @@ def test_declared_range_measures_opt_and_max_and_assumes_nothing(tmp_path):
 
 
 def test_golden_data_for_accuracy_and_the_declared_opt_for_latency(tmp_path):
-    from agent.qualify.inputs import package_plan
+    from agent.package.inputs import package_plan
 
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 1, 8, 8)).astype(np.float32)}
     pkg = load_package(
@@ -146,7 +146,7 @@ def test_golden_data_for_accuracy_and_the_declared_opt_for_latency(tmp_path):
 
 
 def test_input_values_give_scalar_inputs_their_value(tmp_path):
-    from agent.qualify.inputs import package_plan
+    from agent.package.inputs import package_plan
 
     meta = {"input_shapes": {"x": [1, 160]}, "input_values": {"sr": 16000}}
     pkg = load_package(write_package(tmp_path / "s", scaled_model(), name="s", golden=False, extra_yaml=meta))
@@ -248,7 +248,7 @@ def test_a_result_sent_just_before_the_worker_exits_is_read(monkeypatch):
     for _ in range(5):
         with IsolatedWorker() as w:
             res = w.call(
-                "agent.qualify.caches:runtime_key", {"provider": "cpu", "versions": {}}, timeout=60, tag="done"
+                "agent.package.caches:runtime_key", {"provider": "cpu", "versions": {}}, timeout=60, tag="done"
             )
         assert res.ok and res.value.startswith("cpu-"), res.error
 
@@ -264,9 +264,9 @@ def test_a_large_result_arrives_whole_and_the_child_runs_niced():
 
 
 def test_exceptions_carry_no_source_location():
-    from agent.qualify.isolate import run_isolated
+    from agent.isolate.runner import run_isolated
 
-    res = run_isolated("agent.qualify.package:load_package", {"path": "/nonexistent"}, timeout=60)
+    res = run_isolated("agent.package.load:load_package", {"path": "/nonexistent"}, timeout=60)
     assert not res.ok and "ModelError" in res.error and ".py:" not in res.error
 
 

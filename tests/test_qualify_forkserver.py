@@ -1,4 +1,4 @@
-"""Row workers forked from a server that imported the runtimes once (agent.qualify.forkserver): a crash is
+"""Row workers forked from a server that imported the runtimes once (agent.isolate.forkserver): a crash is
 still a row, the child's stderr and priority are as a spawned worker's; and on a daemon, ten packages dropped
 at once never run more than one checker or row process at a time (the package check waits in the
 qualification queue), sampled from the process tree while they deploy."""
@@ -12,8 +12,8 @@ import psutil
 from support.daemon import Daemon, drop, write_config
 from test_daemon_qualify import _results
 
-from agent.qualify.forkserver import KEPT_NAME, WORKER_NAME
-from agent.qualify.isolate import FAULT_ENV, IsolatedWorker
+from agent.isolate.forkserver import KEPT_NAME, WORKER_NAME
+from agent.isolate.runner import FAULT_ENV, IsolatedWorker
 
 
 def test_a_forked_worker_is_a_child_of_the_preloaded_server_and_a_crash_is_a_result(monkeypatch):
@@ -35,12 +35,12 @@ def test_spawned_workers_remain_available(monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_SPAWN_WORKERS", "1")
     with IsolatedWorker() as w:
         res = w.call("os:getpid", {}, timeout=120)
-        assert res.ok and "agent.qualify.worker" in " ".join(psutil.Process(res.value).cmdline())
+        assert res.ok and "agent.isolate.worker" in " ".join(psutil.Process(res.value).cmdline())
 
 
 def _busy_workers(root: psutil.Process) -> list[int]:
     """Checker and row processes under the daemon: worker processes (forked ones are named edge-worker, or
-    edge-kept while one idles with its row's session; spawned ones run agent.qualify.worker) with no worker
+    edge-kept while one idles with its row's session; spawned ones run agent.isolate.worker) with no worker
     below them (a qualification's child holds its rows)."""
     info = {}
     try:
@@ -50,7 +50,7 @@ def _busy_workers(root: psutil.Process) -> list[int]:
     for p in procs:
         try:
             named = p.name() in (WORKER_NAME, KEPT_NAME)  # a kept (idle) row worker counts as one too
-            info[p.pid] = (p.ppid(), named or p.cmdline()[1:3] == ["-m", "agent.qualify.worker"])
+            info[p.pid] = (p.ppid(), named or p.cmdline()[1:3] == ["-m", "agent.isolate.worker"])
         except psutil.Error:
             continue
     workers = {pid for pid, (_, is_worker) in info.items() if is_worker}

@@ -7,20 +7,15 @@ import os
 
 import onnx
 import pytest
+from support.qualify import BF16_X86
 
 from agent import samples
 from agent.errors import ProviderError
-from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.isolate.runner import FAULT_ENV, IsolatedWorker, run_isolated
 from agent.qualify.harness import qualify
-from agent.qualify.isolate import FAULT_ENV, IsolatedWorker, run_isolated
 from agent.targets import get_target
 
-# This machine's CPU class: x86_64 with avx512_bf16, where OpenVINO defaults to bf16 and f32 is offered.
-PROFILE = HardwareProfile(
-    arch="x86_64",
-    os="Linux",
-    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
-)
+PROFILE = BF16_X86
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 120}
 
 
@@ -129,7 +124,7 @@ def test_isolated_hang_times_out_and_worker_recovers(monkeypatch):
 
 
 def test_isolated_exception_and_in_process_mode():
-    res = run_isolated("agent.qualify.package:load_package", {"path": "/nonexistent"}, timeout=60)
+    res = run_isolated("agent.package.load:load_package", {"path": "/nonexistent"}, timeout=60)
     assert not res.ok and res.kind == "exception" and "ModelError" in res.error
     local = run_isolated("os:getpid", {}, timeout=5, isolate=False)
     assert local.ok and local.value == os.getpid()
@@ -207,7 +202,7 @@ def _kept_cpu() -> dict[int, float]:
     """CPU seconds of each kept row worker (named edge-kept) under this process."""
     import psutil
 
-    from agent.qualify.forkserver import KEPT_NAME
+    from agent.isolate.forkserver import KEPT_NAME
 
     out = {}
     for p in psutil.Process().children(recursive=True):
@@ -221,17 +216,17 @@ def _kept_cpu() -> dict[int, float]:
 
 
 def _workers_alive_now() -> list[int]:
-    """Row workers under this process: forked ones by name (kept ones too), spawned ones by `-m agent.qualify.worker` (the fork
+    """Row workers under this process: forked ones by name (kept ones too), spawned ones by `-m agent.isolate.worker` (the fork
     server itself only names the module in its preload list)."""
     import psutil
 
-    from agent.qualify.forkserver import KEPT_NAME, WORKER_NAME
+    from agent.isolate.forkserver import KEPT_NAME, WORKER_NAME
 
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = p.cmdline()
-            spawned = any(a == "agent.qualify.worker" and b == "-m" for b, a in zip(cmd, cmd[1:]))
+            spawned = any(a == "agent.isolate.worker" and b == "-m" for b, a in zip(cmd, cmd[1:]))
             if p.status() != psutil.STATUS_ZOMBIE and (p.name() in (WORKER_NAME, KEPT_NAME) or spawned):
                 out.append(p.pid)
         except psutil.NoSuchProcess:

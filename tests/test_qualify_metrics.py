@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.package.caches import cache_dir_for, runtime_key, runtime_versions
 from agent.qualify import accuracy, latency, select
-from agent.qualify.caches import cache_dir_for, runtime_key, runtime_versions
 from agent.qualify.decision import Decision, Row
 
 TOL = accuracy.Tolerance(max_abs=1e-4, max_rel=1e-3, min_cosine=0.999, top1_agreement=0.99)

@@ -237,8 +237,8 @@ def test_the_daemon_serves_the_graph_the_decision_names(block, tmp_path):
         decision = json.loads((agent.state_dir / "decisions" / f"{dep.id}.json").read_text())
         served_file = decision["graph"]["file"]
         entry = ModelSlots(agent.state_dir).committed("block")
-        assert entry["model_path"] == served_file
-        assert entry["session_s"]["cold_s"] > 0 and entry["session_s"]["warm_s"] > 0
+        assert entry.model_path == served_file
+        assert entry.session_s["cold_s"] > 0 and entry.session_s["warm_s"] > 0
         assert decision["swap_timings"]["first_answer_s"] >= decision["swap_timings"]["session_s"] > 0
         from test_realmodels_daemon import infer
 

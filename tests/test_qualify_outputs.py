@@ -15,21 +15,18 @@ import onnx
 import pytest
 import realmodels as rm
 from onnx import TensorProto, helper
+from support.qualify import BF16_X86
+from support.serving import call_json, cast_model
 
 from agent.errors import ModelError
-from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.providers import get
 from agent.qualify import outputs as io
 from agent.qualify.harness import qualify
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 from agent.targets import get_target
 
-PROFILE = HardwareProfile(
-    arch="x86_64",
-    os="Linux",
-    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
-)
+PROFILE = BF16_X86
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
 
 
@@ -82,12 +79,7 @@ def test_non_oip_tensor_types_are_named():
 
 
 def post(url: str, model: str, doc: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=json.dumps(doc).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return call_json(f"{url}/v2/models/{model}/infer", doc)
 
 
 def test_serving_guard_answers_a_clear_error_not_a_repr(zipmap):
@@ -107,26 +99,14 @@ def test_serving_guard_answers_a_clear_error_not_a_repr(zipmap):
         reg.close()
 
 
-def _cast(src: int, dst: int) -> onnx.ModelProto:
-    g = helper.make_graph(
-        [helper.make_node("Cast", ["x"], ["y"], to=dst)],
-        "cast",
-        [helper.make_tensor_value_info("x", src, [1, 3])],
-        [helper.make_tensor_value_info("y", dst, [1, 3])],
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    return m
-
-
 def _providers() -> list[str]:
     return [n for n in ("cpu", "openvino") if get(n).probe(PROFILE).available]
 
 
 @pytest.mark.parametrize("provider", _providers())
 def test_bf16_metadata_input_and_output_agree_on_every_provider(provider, tmp_path):
-    onnx.save(_cast(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "in.onnx")
-    onnx.save(_cast(TensorProto.FLOAT, TensorProto.BFLOAT16), tmp_path / "out.onnx")
+    onnx.save(cast_model(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "in.onnx")
+    onnx.save(cast_model(TensorProto.FLOAT, TensorProto.BFLOAT16), tmp_path / "out.onnx")
     reg = ModelRegistry()
     for name in ("in", "out"):
         reg.activate(name, "1", get(provider).open_session(tmp_path / f"{name}.onnx"))
@@ -159,7 +139,7 @@ def test_bf16_metadata_input_and_output_agree_on_every_provider(provider, tmp_pa
 def test_bf16_model_qualifies_with_matching_datatypes(tmp_path):
     pkg = tmp_path / "bf16"
     pkg.mkdir()
-    onnx.save(_cast(TensorProto.BFLOAT16, TensorProto.FLOAT), pkg / "model.onnx")
+    onnx.save(cast_model(TensorProto.BFLOAT16, TensorProto.FLOAT), pkg / "model.onnx")
     x = np.array([[1.5, 0.1, -3.0]], dtype=ml_dtypes.bfloat16)
     ds = pkg / "test_data_set_0"
     ds.mkdir()
@@ -196,7 +176,7 @@ def test_contract_names_a_provider_that_relabels_bf16():
 
 def test_a_bare_bf16_model_gets_seeded_bf16_inputs(tmp_path):
     """No golden data: seeded bfloat16 inputs, ORT CPU reference, every provider's datatypes checked."""
-    onnx.save(_cast(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "bare.onnx")
+    onnx.save(cast_model(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "bare.onnx")
     d = qualify(tmp_path / "bare.onnx", PROFILE, get_target("generic-x86_64"), providers=_providers(), **FAST)
     assert d.reference.startswith(("onnx-reference-evaluator", "onnxruntime-cpu-fp32"))
     for row in d.results:

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 from agent import samples
 from agent.errors import ModelError
-from agent.qualify.inputs import package_inputs, seeded_feeds
-from agent.qualify.package import load_package
+from agent.package.inputs import package_inputs, seeded_feeds
+from agent.package.load import load_package
 
 
 def test_directory_package(cnn_package):

@@ -7,19 +7,15 @@ from __future__ import annotations
 import onnx
 import pytest
 import realmodels as rm
+from support.qualify import BF16_X86
 
 from agent import samples
-from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.package.load import load_package
+from agent.package.precision import effective, graph_precision, quant_ops
 from agent.qualify.harness import qualify
-from agent.qualify.package import load_package
-from agent.qualify.precision import effective, graph_precision, quant_ops
 from agent.targets import get_target
 
-PROFILE = HardwareProfile(
-    arch="x86_64",
-    os="Linux",
-    cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
-)
+PROFILE = BF16_X86
 FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
 
 

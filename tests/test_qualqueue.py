@@ -8,7 +8,7 @@ import time
 import pytest
 from support.daemon import wait_for
 
-from agent.lifecycle.actions import Cancelled, StepContext
+from agent.lifecycle.context import Cancelled, StepContext
 from agent.lifecycle.qualqueue import QualificationQueue
 
 

@@ -15,8 +15,8 @@ import realmodels as rm
 from support.agent import make_agent
 from support.daemon import deploy
 
-from agent.qualify.inputs import load_dataset
-from agent.qualify.package import load_package
+from agent.package.inputs import load_dataset
+from agent.package.load import load_package
 from agent.serving.codec import datatype_of
 
 ROOT = Path(__file__).resolve().parent.parent

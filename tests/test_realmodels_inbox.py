@@ -21,8 +21,8 @@ from support.daemon import Daemon, drop, write_config
 from test_daemon_qualify import _results, _windows
 from test_realmodels_daemon import infer
 
-from agent.qualify.inputs import load_dataset
-from agent.qualify.package import load_package
+from agent.package.inputs import load_dataset
+from agent.package.load import load_package
 
 ROOT = Path(__file__).resolve().parent.parent
 rp = pytest.importorskip("realmodels_pip")

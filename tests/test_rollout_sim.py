@@ -30,8 +30,8 @@ from agent.fleet import rollout_state as rs
 from agent.fleet.artifact_server import ArtifactServer
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.fleet.rollout_run import run_rollback, run_rollout
-from agent.fleet.simulator import Simulator
 from agent.samples import cnn_model, tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.mqtt import BrokerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +72,11 @@ def fleet(tmp_path_factory):
             for sim in sims:
                 sim.stop()
             server.stop()
+
+
+def _signer(fleet) -> list[str]:
+    """The fleet command's signing key, store and broker."""
+    return ["--key", str(fleet.key), "--store", str(fleet.store), "--broker", fleet.broker.url]
 
 
 @pytest.fixture(scope="module")
@@ -193,12 +198,7 @@ def test_accuracy_failure_halts_its_cohort_at_the_canary_only(fleet, pair, tmp_p
             "cohort",
             "--device",
             x86[0],
-            "--key",
-            str(fleet.key),
-            "--store",
-            str(fleet.store),
-            "--broker",
-            fleet.broker.url,
+            *_signer(fleet),
             "--wait",
             str(WAIT_S),
             "--json",
@@ -256,12 +256,7 @@ def test_control_plane_killed_mid_rollout_resumes_where_it_was(fleet, pair, tmp_
         "2",
         "--deadline",
         str(WAIT_S),
-        "--key",
-        str(fleet.key),
-        "--store",
-        str(fleet.store),
-        "--broker",
-        fleet.broker.url,
+        *_signer(fleet),
         "--wait",
         "--json",
     ]

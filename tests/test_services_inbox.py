@@ -14,7 +14,7 @@ from agent.sources.inbox import InboxSource
 def test_bad_names_are_warned_about_once_and_nothing_is_submitted(tmp_path):
     registry = ModelRegistry()
     steps = Steps(tmp_path, ContentStore(tmp_path, file_mode=0o600), registry)
-    steps.add_source(InboxSource(steps.store, steps.journal, steps.staging))
+    steps.add_source(InboxSource(steps.store, steps.staging))
     orchestrator = Orchestrator(tmp_path, steps)
     events: list[dict] = []
     try:

@@ -12,9 +12,9 @@ from agent.samples import tiny_model
 from agent.serving import auth
 from agent.serving.auth import AuthGate
 from agent.serving.errors import TooManyFailures, Unauthorized, status_of
-from agent.serving.grpc_front import GRPCServer
+from agent.serving.grpc.front import GRPCServer
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 TOKEN = "s3cret-token-of-some-length"
 

@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import urllib.request
-
 import ml_dtypes
 import numpy as np
 import onnx
 import pytest
 import tritonclient.http as th
-from onnx import TensorProto, helper
-from support.serving import oip_server
+from onnx import TensorProto
+from support.serving import call_json, cast_model, oip_server
 
 from agent.providers import get
-
-
-def cast_model(src: int, dst: int):
-    graph = helper.make_graph(
-        [helper.make_node("Cast", ["x"], ["y"], to=dst)],
-        "cast",
-        [helper.make_tensor_value_info("x", src, [1, 3])],
-        [helper.make_tensor_value_info("y", dst, [1, 3])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +28,7 @@ def server(tmp_path_factory):
 
 
 def post(srv, model: str, doc: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{srv.url}/v2/models/{model}/infer", data=json.dumps(doc).encode(), method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return call_json(f"{srv.url}/v2/models/{model}/infer", doc)
 
 
 def test_bf16_input_and_output_in_json(server):

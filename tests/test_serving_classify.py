@@ -1,5 +1,5 @@
 """Classification extension: top-K classes per batch row as "value:index[:label]", labels from the package's
-labels.txt (agent/serving/labels.py), on HTTP; bad class counts are 400s."""
+labels.txt (agent/package/labels.py), on HTTP; bad class counts are 400s."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import urllib.request
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from support.serving import _model, open_session
+from support.serving import _model, call_json, open_session
 
+from agent.package.labels import read_labels
 from agent.serving.dataplane import classify
 from agent.serving.errors import BadRequest
-from agent.serving.labels import read_labels
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 
 def test_classify_rows_and_labels():
@@ -55,12 +55,7 @@ def test_classification_over_http_uses_the_model_labels(tmp_path):
     with OIPServer(reg, port=0) as srv:
 
         def post(doc):
-            req = urllib.request.Request(f"{srv.url}/v2/models/cls/infer", data=json.dumps(doc).encode(), method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=30) as r:
-                    return r.status, json.loads(r.read())
-            except urllib.error.HTTPError as exc:
-                return exc.code, json.loads(exc.read())
+            return call_json(f"{srv.url}/v2/models/cls/infer", doc, timeout=30)
 
         x = {"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [0.2, 0.9, 0.1]}
         status, doc = post({"inputs": [x], "outputs": [{"name": "y", "parameters": {"classification": 2}}]})

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from agent.serving.codec import InferRequest
-from agent.serving.encode import encode_general, encode_response
-from agent.serving.wire import send_all
+from agent.serving.http.encode import encode_general, encode_response
+from agent.serving.http.wire import send_all
 
 
 def _flat(parts) -> bytes:
@@ -93,7 +93,7 @@ def test_cached_request_plan_decodes_every_kind_of_binary_input():
     import json
     import struct
 
-    from agent.serving.decode import decode_request
+    from agent.serving.http.decode import decode_request
 
     tensors = {
         "f": np.arange(6, dtype=np.float32).reshape(2, 3),

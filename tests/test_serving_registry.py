@@ -294,7 +294,7 @@ def test_grpc_maps_the_same_domain_errors_at_its_edge():
     """The gRPC front maps the same classes (no HTTP status in between); anything else is INTERNAL."""
     grpc = pytest.importorskip("grpc")
     from agent.serving import errors
-    from agent.serving.grpc_status import code_of
+    from agent.serving.grpc.status import code_of
 
     assert code_of(errors.ModelNotFound("x")) == grpc.StatusCode.NOT_FOUND
     assert code_of(errors.InvalidInput("x")) == grpc.StatusCode.INVALID_ARGUMENT

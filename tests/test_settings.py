@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 
 from agent import settings
-from agent.config import ProbationConfig, parse_config
+from agent.config import parse_config
 from agent.errors import ConfigError
 from agent.lifecycle.steps import StepConfig
 from agent.targets import get_target
+from agent.trial.settings import ProbationConfig
 
 
 def _config(**serving):

@@ -9,8 +9,8 @@ import numpy as np
 from probation_models import classifier_inputs, classifier_model, disagreement, nan_guard_model
 from support.serving import SINGLE_THREAD, log_model, open_session
 
-from agent.config import ShadowConfig
 from agent.serving.registry import ModelRegistry
+from agent.trial.settings import ShadowConfig
 from agent.trial.shadow import FAIL, INCONCLUSIVE, PASS, Shadow
 
 

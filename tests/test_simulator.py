@@ -15,7 +15,7 @@ from hostruntime import ort_openvino_devices
 
 from agent import sysroots as captures
 from agent.errors import ConfigError, LifecycleError
-from agent.fleet.sim_classes import QualificationCache, discover_sysroots, load_classes, resolve_sysroots
+from agent.sim.classes import QualificationCache, discover_sysroots, load_classes, resolve_sysroots
 
 SYSROOTS = captures.root()  # the device captures: package data (agent/sysroots)
 NOT_DEVICES = Path(__file__).parent / "fixtures" / "sysroots"  # garbage, empty: test-only trees
@@ -187,8 +187,8 @@ def test_rollout_through_nats_mqtt_gateway_unchanged(nats_mqtt, tmp_path):
     from agent.fleet.artifact_server import ArtifactServer
     from agent.fleet.rollout_plan import RolloutSpec
     from agent.fleet.rollout_run import run_rollout
-    from agent.fleet.simulator import Simulator
     from agent.samples import sample_tiny_package
+    from agent.sim.simulator import Simulator
     from agent.transport.mqtt import BrokerConfig
 
     key, pub, _ = generate(tmp_path / "keys")

@@ -53,8 +53,8 @@ def _restart(tmp_path):
 def test_a_replaced_unpacked_model_is_re_unpacked(two_versions):
     state = two_versions / "state"
     v1, v2 = ModelSlots(state).get("tiny")["previous"], _committed(state)
-    model = Path(v2["model_path"])
-    model.write_bytes(Path(v1["model_path"]).read_bytes())  # v1's graph under v2's name (same size)
+    model = Path(v2.model_path)
+    model.write_bytes(Path(v1.model_path).read_bytes())  # v1's graph under v2's name (same size)
     assert any("replaced" in p for p in check_state_dir(state))  # the state check sees it too
     a, repairs = _restart(two_versions)
     try:
@@ -68,7 +68,7 @@ def test_a_replaced_unpacked_model_is_re_unpacked(two_versions):
 
 def test_a_truncated_unpacked_model_is_re_unpacked(two_versions):
     state = two_versions / "state"
-    model = Path(_committed(state)["model_path"])
+    model = Path(_committed(state).model_path)
     model.write_bytes(model.read_bytes()[:20])
     a, repairs = _restart(two_versions)
     try:
@@ -80,7 +80,7 @@ def test_a_truncated_unpacked_model_is_re_unpacked(two_versions):
 
 def test_a_deleted_blob_leaves_the_verified_copy_serving(two_versions):
     state = two_versions / "state"
-    blob = state / "blobs" / "sha256" / _committed(state)["sha256"]
+    blob = state / "blobs" / "sha256" / _committed(state).sha256
     blob.unlink()
     a, repairs = _restart(two_versions)
     try:
@@ -94,13 +94,13 @@ def test_a_deleted_blob_leaves_the_verified_copy_serving(two_versions):
 def test_damage_beyond_repair_falls_back_to_the_previous_version(two_versions):
     state = two_versions / "state"
     c = _committed(state)
-    Path(c["model_path"]).write_bytes(b"\x08")
-    (state / "blobs" / "sha256" / c["sha256"]).unlink()
+    Path(c.model_path).write_bytes(b"\x08")
+    (state / "blobs" / "sha256" / c.sha256).unlink()
     a, repairs = _restart(two_versions)
     try:
         assert _serving(a) == ("1", [1.0] * 4)
         assert repairs and "previous version 1" in repairs[-1] and "cannot re-unpack" in repairs[-1]
-        assert _committed(state)["version"] == "1"
+        assert _committed(state).version == "1"
         assert a.status()["models"]["tiny"]["version"] == "1"
     finally:
         a.stop()

@@ -10,8 +10,8 @@ import numpy as np
 from support.serving import open_session
 
 from agent.samples import tiny_model
+from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
-from agent.serving.server import OIPServer
 
 CLIENTS = 4
 SWAPS = 24

@@ -6,16 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.files import write_tree as tree
 
 from agent.telemetry import Telemetry, collect, registry_stats, to_metrics
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, content in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(content)
-    return root
 
 
 @pytest.fixture

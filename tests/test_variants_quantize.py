@@ -17,8 +17,8 @@ from support.daemon import deploy, running_agent
 
 from agent.errors import ModelError
 from agent.hardware.profile import CpuInfo, HardwareProfile
+from agent.package.load import load_package
 from agent.qualify.harness import qualify
-from agent.qualify.package import load_package
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(
@@ -98,7 +98,7 @@ def test_the_daemon_serves_the_selected_variants_file(tmp_path):
         np.testing.assert_allclose(served, want_b, rtol=1e-5, atol=1e-5)
         from agent.lifecycle.slots import ModelSlots
 
-        assert ModelSlots(agent.state_dir).committed("mixed")["model_path"].endswith("b.onnx")
+        assert ModelSlots(agent.state_dir).committed("mixed").model_path.endswith("b.onnx")
     finally:
         next(gen, None)
 
@@ -192,7 +192,8 @@ def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
     same values as float16 (as qualification fed it), at the declared opt and max shapes."""
     from onnx import TensorProto, helper
 
-    from agent.lifecycle.actions import warm_feeds
+    from agent.lifecycle.serve import warm_feeds
+    from agent.lifecycle.slots import SlotEntry
     from agent.providers import get
 
     for dtype, file in ((TensorProto.FLOAT, "model.onnx"), (TensorProto.FLOAT16, "model.fp16.onnx")):
@@ -207,7 +208,9 @@ def test_warm_up_feeds_the_plan_in_the_served_variants_input_types(tmp_path):
     )
     pkg = load_package(tmp_path)
     sess = get("cpu").open_session(str(tmp_path / "model.fp16.onnx"), options={})
-    entry = {"package_dir": str(tmp_path), "input_specs": pkg.to_dict()["inputs"]}
+    entry = SlotEntry(
+        version="1", sha256="0" * 64, provider="cpu", package_dir=str(tmp_path), input_specs=pkg.to_dict()["inputs"]
+    )
     sets = warm_feeds(sess, entry)
     assert [(f["x"].dtype.name, f["x"].shape) for f in sets] == [("float16", (2, 4)), ("float16", (8, 4))]
     for feeds in sets:

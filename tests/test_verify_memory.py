@@ -15,8 +15,12 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 from agent.artifacts.store import ContentStore
-from agent.lifecycle import actions as act
-from agent.qualify import isolate, package  # imported before the measurement
+from agent.lifecycle.context import StepContext
+from agent.lifecycle.stages.verify import verify
+from agent.package.unpack import check_package
+from agent.sources.inbox import fetch_inbox
+from agent.isolate import runner  # imported before the measurement
+from agent.package import load
 from agent.samples import write_package
 
 work, mib = Path(sys.argv[1]), int(sys.argv[2])
@@ -42,11 +46,11 @@ def measured(fn):
 
 store = ContentStore(work / "state")
 (work / "state" / "tmp").mkdir(parents=True, exist_ok=True)
-ctx = act.StepContext(None)
-got, pack_growth = measured(lambda: act.fetch_inbox(work / "pkg", store, work / "state" / "tmp", ctx))
-res, verify_growth = measured(lambda: act.verify(store, got["sha256"], work / "state" / "packages", ctx))
+ctx = StepContext(None)
+got, pack_growth = measured(lambda: fetch_inbox(work / "pkg", store, work / "state" / "tmp", ctx))
+res, verify_growth = measured(lambda: verify(store, got["sha256"], work / "state" / "packages", ctx))
 size = Path(res["model_path"]).stat().st_size
-_, inproc_growth = measured(lambda: act.check_package(res["package_dir"]))  # what verify cost before the child
+_, inproc_growth = measured(lambda: check_package(res["package_dir"]))  # what verify cost before the child
 print(json.dumps({"model_bytes": size, "pack_growth": pack_growth, "verify_growth": verify_growth,
                   "in_process_check_growth": inproc_growth}))
 """

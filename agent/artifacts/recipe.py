@@ -12,7 +12,6 @@ method alone. A gzip stream is never chunked: one changed byte changes every com
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import mmap
 import os
@@ -59,9 +58,6 @@ class Layout:
 
     def offset(self, index: int) -> int:
         return self.offsets[index]
-
-    def index_at(self, offset: int) -> int:
-        return bisect.bisect_right(self.offsets, offset) - 1
 
 
 def tensor_cuts(data) -> list[tuple[int, int]]:

@@ -48,7 +48,7 @@ class _Progress:
 
 def _stop_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C: the suites' finally blocks close their workers (a busy one is killed), and a
-    worker whose parent dies anyway is killed by the kernel (agent.qualify.worker: PR_SET_PDEATHSIG)."""
+    worker whose parent dies anyway is killed by the kernel (agent.isolate.worker: PR_SET_PDEATHSIG)."""
     import signal
 
     def _raise(signum, frame):

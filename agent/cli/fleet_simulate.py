@@ -81,8 +81,8 @@ def simulate(
     import signal
 
     from agent.cli.signals import SignalFlags
-    from agent.fleet.sim_classes import resolve_sysroots
-    from agent.fleet.simulator import Simulator
+    from agent.sim.classes import resolve_sysroots
+    from agent.sim.simulator import Simulator
 
     sim = Simulator(
         count,

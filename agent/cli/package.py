@@ -71,10 +71,10 @@ def package(model, inputs, out, name, version, task, force, check_dir, max_input
     With --check DIR, validate a hand-made package instead."""
     from pathlib import Path
 
-    from agent.qualify import packager
+    from agent.package import build as packager
 
     if check_dir:
-        from agent.qualify.pkgcheck import check
+        from agent.package.check import check
 
         found = check(Path(check_dir))
         if as_json:
@@ -96,9 +96,7 @@ def package(model, inputs, out, name, version, task, force, check_dir, max_input
         Path(model),
         [Path(p) for p in inputs],
         Path(out),
-        name=name,
-        version=version,
-        task=task,
+        label=packager.Label(name=name, version=version, task=task),
         force=force,
         max_input_bytes=max_input_bytes,
     )

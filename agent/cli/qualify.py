@@ -105,7 +105,7 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
     provider passes."""
-    from agent.qualify import forkserver
+    from agent.isolate import forkserver
 
     forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks
     from agent.cli.progress import Progress
@@ -116,8 +116,8 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         Progress("qualify", _render, as_json) as progress,
     ):
         progress.quietly(f"qualify: reading {package} and this device's profile")  # said if it takes a while
+        from agent.package.load import load_package
         from agent.qualify.harness import qualify as run_qualify  # the runtimes' imports count as work too
-        from agent.qualify.package import load_package
         from agent.targets import detect_device
 
         pkg = load_package(package, extract_to=tmp)

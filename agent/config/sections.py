@@ -13,9 +13,7 @@ from agent.config.schema import (
     ControlPlaneConfig,
     DownloadsConfig,
     MqttConfig,
-    ProbationConfig,
     ServingConfig,
-    ShadowConfig,
     TelemetryConfig,
     TlsConfig,
     TrustConfig,
@@ -24,6 +22,7 @@ from agent.config.validator import Validator, flag, quantiles, real, show
 from agent.device_id import default_device_id
 from agent.errors import ConfigError
 from agent.names import is_valid_name
+from agent.trial.settings import ProbationConfig, ShadowConfig
 
 TOP_KEYS = (
     "device_id",

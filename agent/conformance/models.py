@@ -88,8 +88,8 @@ def run_models(
     One model at a time: its archive is extracted, qualified within model_budget_s (rows in flight are cut
     there, later rows are skipped with the reason), then its extraction is removed. With a cache_dir the
     reference outputs and compiled blobs of a model are reused by the next run."""
+    from agent.package.load import load_package
     from agent.qualify.harness import qualify
-    from agent.qualify.package import load_package
 
     cases, records = [], []
     t0 = time.monotonic()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.qualify.isolate import IsolatedWorker
+from agent.isolate.runner import IsolatedWorker
 
 CASE_TIMEOUT_S = 60.0
 

@@ -1,4 +1,4 @@
-"""Child-side work for one ONNX node test case on one provider (runs inside agent.qualify.worker)."""
+"""Child-side work for one ONNX node test case on one provider (runs inside agent.isolate.worker)."""
 
 from __future__ import annotations
 

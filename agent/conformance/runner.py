@@ -110,7 +110,7 @@ def _context(profile: Any, target: Any) -> tuple[Any, Any]:
 
 def _meta(profile: Any, target: Any, left_out: dict[str, str]) -> dict[str, Any]:
     from agent.hardware.emulation import detect_emulation
-    from agent.qualify.caches import runtime_versions
+    from agent.package.caches import runtime_versions
 
     now = time.time()
     return {

@@ -86,15 +86,7 @@ def parse(doc: Any, base: Path) -> Settings:
         raise ConfigError(f"tick_s: expected 0.01-10 seconds, got {tick!r}")
     host = str(listen.get("host", "127.0.0.1"))
     certfile, keyfile = _tls(doc.get("tls"), base)
-    insecure = listen.get("allow_insecure", False)
-    if not isinstance(insecure, bool):
-        raise ConfigError(f"listen.allow_insecure: expected true or false, got {insecure!r}")
-    if certfile is None and not insecure and not loopback(host):
-        raise ConfigError(
-            f"listen.host: {host} is reachable beyond this machine and the service would speak plain HTTP "
-            "(operator tokens and session cookies in the clear): give tls.certfile and tls.keyfile, or, with a "
-            "TLS-terminating proxy in front, listen.allow_insecure: true"
-        )
+    insecure = _insecure(listen, host, tls=certfile is not None)
     return Settings(
         host=host,
         port=port,
@@ -113,6 +105,20 @@ def parse(doc: Any, base: Path) -> Settings:
         allow_insecure=insecure,
         limits=parse_limits(doc.get("limits")),
     )
+
+
+def _insecure(listen: dict[str, Any], host: str, *, tls: bool) -> bool:
+    """listen.allow_insecure: plain HTTP beyond loopback only when asked for by name (a TLS proxy in front)."""
+    insecure = listen.get("allow_insecure", False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"listen.allow_insecure: expected true or false, got {insecure!r}")
+    if not tls and not insecure and not loopback(host):
+        raise ConfigError(
+            f"listen.host: {host} is reachable beyond this machine and the service would speak plain HTTP "
+            "(operator tokens and session cookies in the clear): give tls.certfile and tls.keyfile, or, with a "
+            "TLS-terminating proxy in front, listen.allow_insecure: true"
+        )
+    return insecure
 
 
 def loopback(host: str) -> bool:

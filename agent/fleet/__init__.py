@@ -1,4 +1,4 @@
-"""Control plane: push (signed desired state), artifact_server (chunk answers), status (fleet view).
+"""Control plane: push (signed desired state), artifact_server (chunk answers), status (fleet view), rollout.
 
-rollout and simulator live beside these and are written separately.
+The fleet simulator, which runs real device daemons, is agent.sim.
 """

@@ -28,7 +28,7 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
     if not package.exists():
         raise ModelError(f"package {package} does not exist")
     if validate:
-        from agent.qualify.package import load_package
+        from agent.package.load import load_package
 
         load_package(package)  # checker + shape inference: refuse to ship a broken model
     cs = ContentStore(store)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import shutil
-from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.perms import harden
 from agent.lifecycle.record import Record
-from agent.lifecycle.slots import ModelSlots, gc
+from agent.lifecycle.slots import ModelSlots, SlotEntry, gc
 from agent.lifecycle.states import State
 
 
@@ -29,7 +28,7 @@ def finished(parts: Parts, dep: Deployment) -> None:
         parts.attest(dep, "trial", dep.state.value, dep.reason)
     harden(parts.state_dir)
     try:
-        keep = {e.get("deployment_id") for e in _slot_entries(parts.slots) if e}
+        keep = {e.deployment_id for e in _slot_entries(parts.slots)}
         parts.journal.prune(parts.config.keep_deployments, keep_ids={k for k in keep if k})
     except (OSError, LifecycleError):
         pass  # compacted at the next end
@@ -50,7 +49,7 @@ def collect_garbage(parts: Parts) -> None:
         pass  # garbage stays until the next commit
     parts.journal.prune(
         parts.config.keep_deployments,
-        keep_ids={e["deployment_id"] for e in _slot_entries(parts.slots) if e and e.get("deployment_id") is not None},
+        keep_ids={e.deployment_id for e in _slot_entries(parts.slots) if e.deployment_id is not None},
     )
     ids = {d.id for d in parts.journal.all()}
     for p in (parts.state_dir / "decisions").glob("*.json"):
@@ -58,9 +57,9 @@ def collect_garbage(parts: Parts) -> None:
             p.unlink(missing_ok=True)
 
 
-def _slot_entries(slots: ModelSlots) -> list[dict[str, Any]]:
+def _slot_entries(slots: ModelSlots) -> list[SlotEntry]:
     """Every committed/previous entry of the readable slot files."""
-    out = []
+    out: list[SlotEntry] = []
     for name in slots.names():
         try:
             out += [e for e in slots.get(name).values() if e]

@@ -163,7 +163,7 @@ def offline_rollback(state_dir: str | os.PathLike[str], model: str) -> dict[str,
         prev = slots.get(model)["previous"]
         if not prev:
             raise LifecycleError(f"model {model!r} has no previous version to roll back to")
-        dep = journal.create(model, prev["version"], {"kind": "rollback", "offline": True}, sha256=prev["sha256"])
+        dep = journal.create(model, prev.version, {"kind": "rollback", "offline": True}, sha256=prev.sha256)
         journal.apply(dep, Event.ROLLBACK)
         slots.swap(model)
         journal.apply(dep, Event.SWAPPED, reason="rolled back while the daemon was stopped")

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent.artifacts.manifest import Manifest, ManifestRejected, compare_versions, parse_version, receive
+from agent.artifacts.manifest import Manifest, ManifestRejected, parse_version, receive
+from agent.artifacts.manifest.policy import downgrade
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -36,15 +37,6 @@ class Candidate:
     manifest: Manifest | None = None
     rejection: ManifestRejected | None = None
     checked: float = 0.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What resolving one model gave: a verified manifest to submit, or nothing (and why)."""
-
-    model: str
-    winner: Candidate | None
-    rejections: tuple[Candidate, ...]  # candidates refused in this pass (each reported once by the caller)
 
 
 class DesiredBook:
@@ -149,18 +141,8 @@ class DesiredBook:
 
 
 def version_order(m: Manifest, committed: str | None) -> ManifestRejected | None:
-    """The version-order rule against the committed version: newer, or a signed rollback."""
-    if committed is None or m.rollback:
-        return None
+    """The downgrade rule (agent.artifacts.manifest.policy.downgrade) against the committed version."""
     try:
-        newer = compare_versions(m.version, committed) > 0
+        return downgrade(m, committed)
     except Exception:  # noqa: BLE001 - an unparseable committed version does not block a verified manifest
         return None
-    if newer:
-        return None
-    return ManifestRejected(
-        "downgrade",
-        f"version {m.version} is not newer than installed {committed} (push a signed rollback to go back)",
-        m.name,
-        m.version,
-    )

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from agent.errors import LifecycleError
 from agent.lifecycle import integrity
 from agent.lifecycle.journal import Journal, check_history
-from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.slots import ModelSlots, SlotEntry
 
 
 def check_state_dir(state_dir: str | os.PathLike[str], *, rehash: bool = True) -> list[str]:
@@ -39,20 +38,20 @@ def check_state_dir(state_dir: str | os.PathLike[str], *, rehash: bool = True) -
     return problems
 
 
-def _check_entry(state_dir: Path, name: str, which: str, entry: dict[str, Any], rehash: bool) -> list[str]:
+def _check_entry(state_dir: Path, name: str, which: str, entry: SlotEntry, rehash: bool) -> list[str]:
     from agent.util.hashing import sha256_file
 
-    sha = entry.get("sha256") or ""
+    sha = entry.sha256
     blob = state_dir / "blobs" / "sha256" / sha
-    where = f"{name} {which} (version {entry.get('version')})"
+    where = f"{name} {which} (version {entry.version})"
     if not blob.is_file():
         return [f"{where}: blob {sha[:12]} is missing"]
     if rehash and sha256_file(blob) != sha:
         return [f"{where}: blob {sha[:12]} does not match its sha256"]
-    model = entry.get("model_path")
+    model = entry.model_path
     if model and not Path(model).is_file():
         return [f"{where}: unpacked model {model} is missing (it is rebuilt from the blob on activation)"]
-    pkg = entry.get("package_dir") or (str(Path(model).parent) if model else None)
+    pkg = entry.package_dir or (str(Path(model).parent) if model else None)
     if pkg and rehash:
-        return [f"{where}: {p}" for p in integrity.check(pkg, entry.get("model_sha256"), model, restamp=False)]
+        return [f"{where}: {p}" for p in integrity.check(pkg, entry.model_sha256, model, restamp=False)]
     return []

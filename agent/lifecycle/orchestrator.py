@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Cancelled, DeadlineExceeded, Rejected, StepContext
 from agent.lifecycle.journal import Deployment, Journal, check_name
 from agent.lifecycle.recovery import commit_landed, recover
 from agent.lifecycle.reports import Listener, Reports
@@ -36,7 +36,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.current: Deployment | None = None
-        self.ctx: act.StepContext | None = None
+        self.ctx: StepContext | None = None
         self.pending: Deployment | None = None
         self.thread: threading.Thread | None = None
 
@@ -91,9 +91,9 @@ class Orchestrator:
         for name, entry, drift in self.steps.drifted():
             if name in busy:
                 continue
-            source = {"kind": "requalify", "drift": drift, "provider": entry.get("provider")}
+            source = {"kind": "requalify", "drift": drift, "provider": entry.provider}
             with self._lock:
-                self._schedule(self._create(name, entry["version"], source, sha256=entry["sha256"], fetched=True))
+                self._schedule(self._create(name, entry.version, source, sha256=entry.sha256, fetched=True))
 
     def source_up(self, kind: str) -> list[Deployment]:
         """A deployment source became ready: schedule the resumed deployments that waited for it."""
@@ -181,7 +181,7 @@ class Orchestrator:
                 prev = self.slots.get(model)["previous"]
                 if not prev:
                     raise LifecycleError(f"model {model!r} has no previous version to roll back to")
-                dep = self._create(model, prev["version"], {"kind": "rollback"}, sha256=prev["sha256"])
+                dep = self._create(model, prev.version, {"kind": "rollback"}, sha256=prev.sha256)
                 self._schedule(dep)
         return self.wait(dep.id, wait) if wait else dep
 
@@ -245,7 +245,7 @@ class Orchestrator:
                 dep, w.pending = w.pending, None
                 w.current = dep
                 # one context per deployment, set with `current`: a cancel between two steps is not lost
-                w.ctx = act.StepContext(None, progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
+                w.ctx = StepContext(None, progress=lambda e, _d=dep, **f: self._progress(_d, e, **f))
                 if dep is None or self._stopping:
                     w.current, w.thread = None, None
                     self._idle.notify_all()
@@ -279,6 +279,8 @@ class Orchestrator:
                 if self._stopping:
                     return  # not journaled: recovery decides on the next start
                 self._enter(dep, event, reason, **data)
+            if event is Event.FETCHED:
+                self.steps.landed(dep)
 
     def _broken(self, dep: Deployment, exc: BaseException) -> None:
         """_drive itself failed (e.g. a journal write: disk full, directory removed): fail the deployment with the
@@ -314,16 +316,16 @@ class Orchestrator:
             }
         )
 
-    def _step(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, str | None, dict[str, Any]]:
+    def _step(self, dep: Deployment, ctx: StepContext) -> tuple[Event, str | None, dict[str, Any]]:
         try:
             ctx.check()
             event, data = self.steps.run(dep, ctx)
             return event, data.pop("reason", None), data
-        except act.Cancelled as exc:
+        except Cancelled as exc:
             return Event(exc.event), str(exc), {}
-        except act.DeadlineExceeded:
+        except DeadlineExceeded:
             return Event.TIMEOUT, f"{dep.state.value} exceeded its deadline of {self.deadlines[dep.state]:.0f}s", {}
-        except act.Rejected as exc:
+        except Rejected as exc:
             return Event.REJECT, str(exc), {}
         except EdgeAgentError as exc:
             # retryable: a transient failure that outlasted its retries; the same desired state may be submitted again

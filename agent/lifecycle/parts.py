@@ -10,41 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ProbationConfig, ServingConfig, ShadowConfig
-from agent.lifecycle import actions as act
+from agent.config import ServingConfig
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualqueue import QualificationQueue
-from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.slots import ENTRY_KEYS, ModelSlots, SlotEntry
+from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.util.atomic import atomic_write_json
 
 Measure = Callable[[], dict[str, Any]]
 # (deployment, context, measure) -> Decision.to_dict(); measure() runs the real qualification child process
-Qualifier = Callable[[Deployment, act.StepContext, Measure], dict[str, Any]]
+Qualifier = Callable[[Deployment, StepContext, Measure], dict[str, Any]]
 NoteSink = Callable[[str, str], None]
-
-ENTRY_KEYS = (
-    "version",
-    "sha256",
-    "model_sha256",
-    "provider",
-    "precision",
-    "requested_precision",
-    "options",
-    "device",
-    "cache_dir",
-    "versions",
-    "package_dir",
-    "model_path",
-    "latency_ms",
-    "deployment_id",
-    "variant",
-    "input_specs",
-    "contended",
-    "requalified",
-    "memory_peak_bytes",
-    "session_s",
-    "optimization",
-)
 
 
 @dataclass(frozen=True)
@@ -138,10 +115,11 @@ class Parts:
         if self.on_note is not None:
             self.on_note(name, reason)
 
-    def entry(self, dep: Deployment) -> dict[str, Any]:
+    def entry(self, dep: Deployment) -> SlotEntry:
+        """The slot entry this deployment commits: what it fetched and verified, and the selected row."""
         d = {**dep.data, **(dep.data.get("selected") or {})}
         d.update(version=dep.version, deployment_id=dep.id)
-        return {k: d.get(k) for k in ENTRY_KEYS}
+        return SlotEntry.from_data({k: d.get(k) for k in ENTRY_KEYS})
 
     def record_decision(self, dep_id: str, **extra: Any) -> None:
         """Add `extra` to the deployment's decision record (decisions/<id>.json), when there is one."""

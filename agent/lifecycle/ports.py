@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
+from agent.lifecycle.record import Fetched
 
 NEEDS_SOURCE = ("received", "downloading")  # states whose action talks to the source
 # why a deployment of a known kind finds no source on this daemon (the kind's source is not configured here)
@@ -24,10 +25,14 @@ class DeploymentSource(Protocol):
         """Can check()/fetch() work now (link up)?"""
 
     def check(self, dep: Deployment) -> None:
-        """RECEIVED (again, after a restart): raise act.Rejected when the deployment may not go on."""
+        """RECEIVED (again, after a restart): raise Rejected when the deployment may not go on."""
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
-        """DOWNLOADING: land the artifact in the store; returns {"sha256", "size"}."""
+    def fetch(self, dep: Deployment, ctx: StepContext) -> Fetched:
+        """DOWNLOADING: land the artifact in the store and say what landed; the lifecycle journals it (a source
+        never writes the journal)."""
+
+    def landed(self, dep: Deployment) -> None:
+        """The fetch is journaled: the source may let go of its own copy (the inbox directory)."""
 
 
 def missing_source(kind: Any) -> str:

@@ -8,8 +8,8 @@ from typing import Any
 
 from agent import errors
 from agent.errors import LifecycleError
-from agent.lifecycle.actions import StepContext
-from agent.qualify.isolate import run_isolated
+from agent.isolate.runner import run_isolated
+from agent.lifecycle.context import StepContext
 
 NO_DEADLINE_S = 24 * 3600.0
 DEADLINE_MARGIN_S = 5.0  # the state's deadline (ctx.check) fires before the runner's own timeout
@@ -84,9 +84,9 @@ def qualify_in_child(
     overrides: dict[str, Any],
 ) -> dict[str, Any]:
     """The child's side: load the package, apply the manifest's overrides, qualify, return the record."""
+    from agent.isolate.runner import child_progress
+    from agent.package.load import load_package
     from agent.qualify.harness import qualify
-    from agent.qualify.isolate import child_progress
-    from agent.qualify.package import load_package
 
     pkg = load_package(package_dir)
     for key in ("tolerances", "tolerance"):

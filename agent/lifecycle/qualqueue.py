@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agent.lifecycle.actions import Cancelled, StepContext
+from agent.lifecycle.context import Cancelled, StepContext
 
 POLL_S = 0.2
 

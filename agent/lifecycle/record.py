@@ -14,26 +14,30 @@ from agent.lifecycle.journal import Deployment
 
 @dataclass(frozen=True)
 class Fetched:
-    """DOWNLOADING: the artifact is in the content store (what the source returned: sha256, size)."""
+    """DOWNLOADING: the artifact is in the content store. What a source's fetch returns (its digest and size,
+    and what the transfer moved: bytes_fetched, bytes_reused); empty when it was there already."""
 
-    got: dict[str, Any] = field(default_factory=dict)
+    sha256: str | None = None
+    size: int | None = None
+    transfer: dict[str, int] = field(default_factory=dict)
 
     def to_data(self) -> dict[str, Any]:
-        return {**self.got, "fetched": True}
+        out: dict[str, Any] = {} if self.sha256 is None else {"sha256": self.sha256, "size": self.size}
+        return {**out, **self.transfer, "fetched": True}
 
 
 @dataclass(frozen=True)
 class Verified:
-    """VERIFYING: the unpacked package (package_dir, model_path, model_sha256, ...)."""
+    """VERIFYING: the unpacked, checked package; its model signature's verdict where this device requires one."""
 
-    got: dict[str, Any]
-
-    @property
-    def package_dir(self) -> str:
-        return str(self.got["package_dir"])
+    package_dir: str
+    model_path: str
+    model_sha256: str
+    model_signature: dict[str, Any] | None = None
 
     def to_data(self) -> dict[str, Any]:
-        return dict(self.got)
+        out = {"package_dir": self.package_dir, "model_sha256": self.model_sha256, "model_path": self.model_path}
+        return out if self.model_signature is None else {**out, "model_signature": self.model_signature}
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,10 @@ def commit_landed(slots: ModelSlots, dep: Deployment) -> bool:
     afterwards: the slot is what serves after any restart."""
     if dep.state not in (State.ACTIVATING, State.PROBATION):
         return False
-    committed = slots.committed(dep.model) or {}
-    same_blob = committed.get("sha256") and committed.get("sha256") == dep.data.get("sha256")
-    return bool(same_blob and (committed.get("deployment_id") == dep.id or dep.source.get("kind") == "rollback"))
+    committed = slots.committed(dep.model)
+    if committed is None or committed.sha256 != dep.data.get("sha256"):
+        return False
+    return committed.deployment_id == dep.id or dep.source.get("kind") == "rollback"
 
 
 def plan(journal: Journal, slots: ModelSlots, progress: Progress | None = None) -> list[Step]:

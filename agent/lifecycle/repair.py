@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
 from agent.lifecycle import integrity
 from agent.lifecycle.journal import Deployment, Journal
-from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.slots import ModelSlots, SlotEntry
 from agent.lifecycle.states import State
+from agent.package.unpack import unpack
 from agent.util.hashing import sha256_file
 
 
@@ -25,19 +25,19 @@ class Corrupt(LifecycleError):
     """A slot entry's files are damaged and cannot be rebuilt from an intact blob."""
 
 
-def package_dir(entry: dict[str, Any], packages: Path) -> Path:
-    if entry.get("package_dir"):
-        return Path(entry["package_dir"])
-    if entry.get("model_path"):
-        return Path(entry["model_path"]).parent
-    return packages / str(entry["sha256"])
+def package_dir(entry: SlotEntry, packages: Path) -> Path:
+    if entry.package_dir:
+        return Path(entry.package_dir)
+    if entry.model_path:
+        return Path(entry.model_path).parent
+    return packages / entry.sha256
 
 
-def verify_unpacked(store: Any, packages: Path, entry: dict[str, Any]) -> str | None:
+def verify_unpacked(store: Any, packages: Path, entry: SlotEntry) -> str | None:
     """Check the entry's unpacked files; re-unpack them from the blob when they differ and the blob is intact."""
-    sha, version = entry["sha256"], entry.get("version")
+    sha, version = entry.sha256, entry.version
     pkg = package_dir(entry, packages)
-    problems = integrity.check(pkg, entry.get("model_sha256"), entry.get("model_path"))
+    problems = integrity.check(pkg, entry.model_sha256, entry.model_path)
     blob = Path(store.path(sha))
     if not problems:
         if not blob.is_file():
@@ -50,15 +50,15 @@ def verify_unpacked(store: Any, packages: Path, entry: dict[str, Any]) -> str | 
         raise Corrupt(f"version {version}: {why}; blob {blob} does not match its sha256: cannot re-unpack")
     shutil.rmtree(pkg, ignore_errors=True)
     integrity.record_path(pkg).unlink(missing_ok=True)
-    act.unpack(store, sha, pkg.parent)
-    again = integrity.check(pkg, entry.get("model_sha256"), entry.get("model_path"))
+    unpack(store, sha, pkg.parent)
+    again = integrity.check(pkg, entry.model_sha256, entry.model_path)
     if again:
         raise Corrupt(f"version {version}: {why}; re-unpacked from the blob but: {'; '.join(again)}")
     return f"version {version}: {why}; re-unpacked from the intact blob {sha[:12]}"
 
 
 def rebuild_slots(
-    slots: ModelSlots, journal: Journal, name: str, entry_of: Callable[[Deployment], dict[str, Any]], why: str
+    slots: ModelSlots, journal: Journal, name: str, entry_of: Callable[[Deployment], SlotEntry], why: str
 ) -> str:
     """slots.json of `name` is unreadable: move it aside and replay the journal's commits (and rollbacks)."""
     path = slots.root / name / "slots.json"
@@ -67,9 +67,9 @@ def rebuild_slots(
         path.replace(aside)
     except OSError:
         pass
-    committed: dict[str, Any] | None = None
-    previous: dict[str, Any] | None = None
-    entries: dict[str, dict[str, Any]] = {}
+    committed: SlotEntry | None = None
+    previous: SlotEntry | None = None
+    entries: dict[str, SlotEntry] = {}
     done = [d for d in journal.all() if d.model == name and d.state is State.COMMITTED]
     for dep in sorted(done, key=lambda d: d.write_order):
         if dep.source.get("kind") == "rollback":
@@ -77,13 +77,13 @@ def rebuild_slots(
             if target is not None:
                 committed, previous = target, committed
             continue
-        entry = {**entry_of(dep), "ts": dep.updated}
-        entries[entry["sha256"]] = entry
-        if committed and committed.get("sha256") != entry["sha256"]:
+        entry = entry_of(dep).with_(ts=dep.updated)
+        entries[entry.sha256] = entry
+        if committed and committed.sha256 != entry.sha256:
             previous = committed
         committed = entry
     if committed is None:
         return f"{path}: {why}; moved to {aside.name}; the journal holds no committed deployment of {name}"
     slots.write(name, {"committed": committed, "previous": previous})
-    prev = f", previous {previous['version']}" if previous else ""
-    return f"{path}: {why}; moved to {aside.name} and rebuilt from the journal (committed {committed['version']}{prev})"
+    prev = f", previous {previous.version}" if previous else ""
+    return f"{path}: {why}; moved to {aside.name} and rebuilt from the journal (committed {committed.version}{prev})"

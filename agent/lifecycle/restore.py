@@ -5,12 +5,11 @@ Also start-up's restore of every committed slot (verified; the previous one when
 
 from __future__ import annotations
 
-from typing import Any
-
 from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle import repair, unloaded
 from agent.lifecycle.parts import Parts
-from agent.lifecycle.stages.activate import serve
+from agent.lifecycle.serve import serve
+from agent.lifecycle.slots import SlotEntry, Slots
 
 
 def restore_all(parts: Parts) -> None:
@@ -37,7 +36,7 @@ def ensure_committed(parts: Parts, name: str) -> None:
             if meta is not None:
                 parts.registry.deactivate(name)
             return
-        if meta and meta.get("sha256") == entry.get("sha256") and meta.get("version") == entry["version"]:
+        if meta and meta.get("sha256") == entry.sha256 and meta.get("version") == entry.version:
             return
         if _reinstate(parts, name, entry):
             return
@@ -49,7 +48,7 @@ def ensure_committed(parts: Parts, name: str) -> None:
             _serve_degraded(parts, name, entry, exc)
 
 
-def _fall_back(parts: Parts, name: str, slots: dict[str, Any], exc: Exception) -> None:
+def _fall_back(parts: Parts, name: str, slots: Slots, exc: Exception) -> None:
     """The committed entry's files are damaged beyond repair: serve the previous slot, which becomes the
     committed one (the damaged version can simply be pushed again), with the reason."""
     prev = slots["previous"]
@@ -60,18 +59,18 @@ def _fall_back(parts: Parts, name: str, slots: dict[str, Any], exc: Exception) -
     try:
         serve(parts, name, prev)
     except EdgeAgentError as again:
-        parts.unavailable[name] = f"committed {exc}; previous version {prev['version']} failed too: {again}"
+        parts.unavailable[name] = f"committed {exc}; previous version {prev.version} failed too: {again}"
         parts.note(name, parts.unavailable[name])
         return
     parts.slots.swap(name)
-    parts.note(name, f"committed {exc}; serving the previous version {prev['version']} instead")
+    parts.note(name, f"committed {exc}; serving the previous version {prev.version} instead")
 
 
-def _reinstate(parts: Parts, name: str, entry: dict[str, Any]) -> bool:
+def _reinstate(parts: Parts, name: str, entry: SlotEntry) -> bool:
     """Roll back to the referee (the committed version's session, kept through the swap) when it is this
     entry's: no build, no compile. False when there is none (then the slot is built again)."""
     version = parts.registry.referee(name)
-    if version != entry["version"]:
+    if version != entry.version:
         if version is not None:
             parts.registry.drop_referee(name)
         return False
@@ -79,25 +78,19 @@ def _reinstate(parts: Parts, name: str, entry: dict[str, Any]) -> bool:
     if done is None:
         return False
     meta = parts.serving_meta(name) or {}
-    if meta.get("sha256") != entry.get("sha256"):
+    if meta.get("sha256") != entry.sha256:
         return False  # same label, another package: the caller builds the committed one
     parts.unavailable.pop(name, None)
     return True
 
 
-def _serve_degraded(parts: Parts, name: str, entry: dict[str, Any], exc: Exception) -> None:
+def _serve_degraded(parts: Parts, name: str, entry: SlotEntry, exc: Exception) -> None:
     """The committed provider fails (driver gone, device busy): keep the model up on plain CPU, say so."""
-    why = f"committed version {entry['version']} cannot be served on {entry.get('provider')}: {exc}"
-    if entry.get("provider") != "cpu":
-        cpu = {
-            **entry,
-            "provider": "cpu",
-            "options": {},
-            "requested_precision": None,
-            "device": None,
-            "cache_dir": None,
-            "precision": None,
-        }
+    why = f"committed version {entry.version} cannot be served on {entry.provider}: {exc}"
+    if entry.provider != "cpu":
+        cpu = entry.with_(
+            provider="cpu", options={}, requested_precision=None, device=None, cache_dir=None, precision=None
+        )
         try:
             serve(parts, name, cpu)
             parts.unavailable[name] = f"degraded: {why}; serving on cpu (not qualified) until the next deployment"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Cancelled, DeadlineExceeded, StepContext
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ def backoff(attempt: int, base: float = BASE_S, cap: float = CAP_S, rng: random.
 
 def retry_transient(
     fn: Callable[[], T],
-    ctx: act.StepContext,
+    ctx: StepContext,
     *,
     transient: Callable[[BaseException], bool],
     until: float | None,
@@ -47,7 +47,7 @@ def retry_transient(
         ctx.check()
         try:
             return fn()
-        except (act.Cancelled, act.DeadlineExceeded):
+        except (Cancelled, DeadlineExceeded):
             raise
         except Exception as exc:  # noqa: BLE001 - classified below
             if not transient(exc):
@@ -62,7 +62,7 @@ def retry_transient(
             _sleep(ctx, wait)
 
 
-def _sleep(ctx: act.StepContext, seconds: float) -> None:
+def _sleep(ctx: StepContext, seconds: float) -> None:
     """Sleep in small slices so a cancel or supersede is honoured at once."""
     end = time.monotonic() + seconds
     while True:

@@ -11,7 +11,7 @@ from typing import Any
 from agent import __version__
 from agent.errors import LifecycleError
 from agent.lifecycle.journal import Journal
-from agent.lifecycle.slots import ModelSlots
+from agent.lifecycle.slots import ModelSlots, SlotEntry
 from agent.lifecycle.states import State
 
 
@@ -37,24 +37,7 @@ def models_block(
         c = s["committed"]
         if not c:
             continue
-        out[name] = {
-            "version": c["version"],
-            "sha256": c["sha256"],
-            "provider": c.get("provider"),
-            "precision": c.get("precision"),
-            "state": "stale" if (stale or {}).get(name) else State.COMMITTED.value,
-            "previous": (s["previous"] or {}).get("version"),
-        }
-        if c.get("variant"):  # a package of variants: which one serves
-            out[name]["variant"] = c["variant"]
-        if c.get("optimization"):  # an offline-optimised graph serves (agent.qualify.optimize)
-            out[name]["optimization"] = c["optimization"]
-        if c.get("session_s"):  # cold / warm session creation measured by qualification
-            out[name]["session_s"] = c["session_s"]
-        if stale and stale.get(name):
-            out[name]["stale"] = stale[name]
-        if c.get("requalified"):
-            out[name]["requalified"] = c["requalified"]
+        out[name] = _committed_block(c, s["previous"], (stale or {}).get(name))
     for name, dep in in_flight.items():
         if dep.state in (State.ACTIVATING, State.PROBATION) and serving.get(name) == dep.version:
             sel = dep.data.get("selected") or {}
@@ -172,3 +155,26 @@ def hardware_summary(profile: Any) -> dict[str, Any]:
 
 def status_path(state_dir: str | os.PathLike[str]) -> Path:
     return Path(state_dir) / "status.json"
+
+
+def _committed_block(c: SlotEntry, prev: SlotEntry | None, stale: str | None) -> dict[str, Any]:
+    """A committed slot as status shows it (`stale`: decided under other runtime versions)."""
+    out: dict[str, Any] = {
+        "version": c.version,
+        "sha256": c.sha256,
+        "provider": c.provider,
+        "precision": c.precision,
+        "state": "stale" if stale else State.COMMITTED.value,
+        "previous": prev.version if prev is not None else None,
+    }
+    if c.variant:  # a package of variants: which one serves
+        out["variant"] = c.variant
+    if c.optimization:  # an offline-optimised graph serves (agent.qualify.optimize)
+        out["optimization"] = c.optimization
+    if c.session_s:  # cold / warm session creation measured by qualification
+        out["session_s"] = c.session_s
+    if stale:
+        out["stale"] = stale
+    if c.requalified:
+        out["requalified"] = c.requalified
+    return out

@@ -6,19 +6,20 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
 from agent.lifecycle import cleanup, restore
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts, Qualifier, StepConfig
 from agent.lifecycle.ports import NEEDS_SOURCE
 from agent.lifecycle.record import Result
+from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.stages import activate, probation, qualify, receive, verify
 from agent.lifecycle.states import Event, State
 from agent.lifecycle.table import ENTRY_ACTIONS, RESTORE
 
 __all__ = ["Qualifier", "StepConfig", "Steps"]
 
-Stage = Callable[[Parts, Deployment, act.StepContext], tuple[Event, Result]]
+Stage = Callable[[Parts, Deployment, StepContext], tuple[Event, Result]]
 
 STAGES: dict[State, Stage] = {
     State.RECEIVED: receive.on_received,
@@ -44,19 +45,22 @@ class Steps(Parts):
         return receive.download_mark(self, dep)
 
     # ---- dispatch ------------------------------------------------------------------------------
-    def run(self, dep: Deployment, ctx: act.StepContext) -> tuple[Event, dict[str, Any]]:
+    def run(self, dep: Deployment, ctx: StepContext) -> tuple[Event, dict[str, Any]]:
         stage = STAGES.get(dep.state)
         if stage is None:
             raise LifecycleError(f"no action for state {dep.state.value}")
         event, result = stage(self, dep, ctx)
         return event, ({} if result is None else result.to_data())
 
-    def drifted(self) -> list[tuple[str, dict[str, Any], str]]:
+    def drifted(self) -> list[tuple[str, SlotEntry, str]]:
         """Start-up: committed models decided under other runtime versions (see stages.qualify.drifted)."""
         return qualify.drifted(self)
 
-    def swap_mode(self, entry: dict[str, Any]) -> tuple[str, str]:
-        return activate.swap_mode(self, entry)
+    def landed(self, dep: Deployment) -> None:
+        """The FETCHED transition is journaled: the deployment's source may let go of its own copy."""
+        src = self.sources.get(dep.source.get("kind", ""))
+        if src is not None:
+            src.landed(dep)
 
     def finished(self, dep: Deployment) -> None:
         cleanup.finished(self, dep)

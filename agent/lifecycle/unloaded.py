@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from agent.lifecycle.journal import check_name
+from agent.lifecycle.slots import SlotEntry
 from agent.util.atomic import atomic_write_json, fsync_dir, read_json
 
 
@@ -30,10 +30,10 @@ def clear(state_dir: str | os.PathLike[str], name: str) -> None:
     fsync_dir(path.parent)
 
 
-def held(state_dir: str | os.PathLike[str], name: str, committed: dict[str, Any] | None) -> bool:
+def held(state_dir: str | os.PathLike[str], name: str, committed: SlotEntry | None) -> bool:
     """Was the committed artifact of `name` unloaded (so it must not be served at start-up)?"""
     try:
         doc = read_json(_file(state_dir, name), default=None)
     except (ValueError, OSError):
         return False  # an unreadable mark never keeps a model from serving
-    return isinstance(doc, dict) and committed is not None and doc.get("sha256") == committed.get("sha256")
+    return isinstance(doc, dict) and committed is not None and doc.get("sha256") == committed.sha256

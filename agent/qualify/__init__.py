@@ -1,5 +1,5 @@
-"""Qualification: load a model package, measure it on each provider in isolation, select one with evidence.
+"""Qualification: measure a loaded model package on each provider in isolation, and select one with evidence.
 
-Entry points: agent.qualify.package.load_package(path) and agent.qualify.harness.qualify(...) -> Decision.
-Importing this package imports no runtime.
+Entry point: agent.qualify.harness.qualify(...) -> Decision. The package itself is agent.package; the child
+process each row runs in is agent.isolate. Importing this package imports no runtime.
 """

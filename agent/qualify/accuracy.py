@@ -9,30 +9,11 @@ fraction of rows) and top-5 agreement (mean overlap of the two top-5 sets).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Pass criteria; a None field is not checked. Mirrors agent.targets.Tolerance."""
-
-    max_abs: float | None = 1e-4
-    max_rel: float | None = 1e-3
-    min_cosine: float | None = 0.999
-    top1_agreement: float | None = None
-    min_sqnr_db: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if d["min_sqnr_db"] is None:  # the SQNR floor is shown only where a target, task or model sets one
-            del d["min_sqnr_db"]
-        return d
-
-
-TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerance))
+from agent.targets.schema import TOLERANCE_FIELDS, Tolerance
 
 
 def as_tolerance(obj: Any) -> Tolerance:

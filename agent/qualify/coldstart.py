@@ -33,7 +33,7 @@ def _timed(
 
 def cache_empty(cache_dir: str | None) -> bool:
     """No compiled artefact in the row's cache directory (or no directory)."""
-    from agent.qualify import cacheseal
+    from agent.package import cacheseal
 
     return not cache_dir or not any(p.is_file() and p.name != cacheseal.SEAL for p in Path(str(cache_dir)).rglob("*"))
 
@@ -48,7 +48,7 @@ def session_times(
     """{"cold_s", "warm_s", "cache", "how"}; `first_s`: the row's first session creation (its compile_s);
     `first_was_cold`: the row's cache was empty before that session. `keep`: given the warm session (the last
     one opened, on the row's own cache) instead of closing it."""
-    from agent.qualify import cacheseal
+    from agent.package import cacheseal
 
     if cache_empty(cache_dir):
         warm = _timed(open_session, cache_dir, keep)

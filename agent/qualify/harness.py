@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ProviderError
-from agent.qualify import coverage_set, forkserver, latency, probes, reference, select
+from agent.isolate import forkserver
+from agent.isolate.runner import IsolatedResult, run_isolated
+from agent.package import variants as var
+from agent.package.load import ModelPackage, load_package
+from agent.qualify import coverage_set, latency, probes, reference, select
 from agent.qualify import optimize as opt
 from agent.qualify import outputs as io
-from agent.qualify import variants as var
 from agent.qualify.decision import Decision, Row
-from agent.qualify.isolate import IsolatedResult, run_isolated
 from agent.qualify.keptrows import KeptRows
-from agent.qualify.package import ModelPackage, load_package
 from agent.qualify.rowrunner import RowRunner
 
 ROW_TIMEOUT_S = 600.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.qualify.isolate import IsolatedWorker
+from agent.isolate.runner import IsolatedWorker
 
 LIMIT = 2  # the confirmation round re-times the two fastest passing rows
 

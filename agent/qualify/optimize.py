@@ -50,7 +50,7 @@ def kind_of(variant: str | None) -> str | None:
 
 
 def out_dir_for(root: str | Path, model_sha256: str, versions: dict[str, Any]) -> Path:
-    from agent.qualify import caches
+    from agent.package import caches
 
     path = Path(root) / model_sha256 / "optimized" / caches.runtime_key("onnxruntime-cpu", versions)
     path.mkdir(parents=True, exist_ok=True)
@@ -93,7 +93,7 @@ def build(*, model_path: str, out_dir: str, kinds: list[str]) -> list[dict[str, 
     error, skipped}. A file already built for these versions is reused (its digest is recomputed)."""
     import onnx
 
-    from agent.qualify import cacheseal
+    from agent.package import cacheseal
     from agent.util.hashing import sha256_file
 
     rebuilt = cacheseal.verify_or_reset(out_dir)  # a corrupt or foreign optimised file is rebuilt, never measured
@@ -158,13 +158,13 @@ def _make(kind: str, src: str, dest: Path) -> None:
     atomic_write_bytes(dest, model.SerializeToString())
 
 
-def variants_for(found: list[Any], kinds: tuple[str, ...], cache_root: Any, run: Any) -> tuple[list[Any], list]:
+def variants_for(found: list[Any], kinds: tuple[str, ...], cache_root: Any, run: Any) -> tuple[list[Any], list[Any]]:
     """(optimised Variants to measure, build records) for each fp32 variant. `run(func, kwargs, tag)` is the
     harness's isolated runner. Without a cache root the files go to a temporary directory of this process."""
     import tempfile
 
-    from agent.qualify import caches
-    from agent.qualify.variants import Variant
+    from agent.package import caches
+    from agent.package.variants import Variant
 
     versions = caches.runtime_versions()
     out: list[Any] = []

@@ -10,6 +10,7 @@ import numpy as np
 
 from agent.errors import EdgeAgentError
 from agent.qualify import accuracy
+from agent.targets.schema import Tolerance
 
 MAX_SETS = 64  # golden sets used for agreement (each set is one more inference per provider)
 MAX_SET_BYTES = 64 << 20  # and no more input bytes than this in all (they travel to every row's child)
@@ -18,7 +19,7 @@ SEEDED_SETS = 8  # without golden data: this many seeded input sets
 
 def input_sets(pkg: Any, first: dict[str, Any]) -> list[dict[str, Any]]:
     """The inputs both models see: every golden set (up to MAX_SETS), else seeded sets (seed 0 first)."""
-    from agent.qualify.inputs import load_dataset, seeded_feeds
+    from agent.package.inputs import load_dataset, seeded_feeds
 
     if pkg.datasets:
         sets, total = [first], _nbytes(first)
@@ -74,9 +75,7 @@ def is_classifier(task: str | None) -> bool | None:
     return None if not task else "classif" in task.lower()
 
 
-def task_violations(
-    metrics: dict[str, dict[str, Any]], tol: accuracy.Tolerance, classifier: bool | None = None
-) -> list[str]:
+def task_violations(metrics: dict[str, dict[str, Any]], tol: Tolerance, classifier: bool | None = None) -> list[str]:
     """Classifier outputs are judged by top-1 agreement with the original, others by max_rel and cosine.
     classifier None: every classifier-shaped output ([N, C] floats) counts as one."""
     reasons = []
@@ -96,7 +95,7 @@ def compare(
     sess: Any,
     sets: list[dict[str, Any]],
     reference: list[dict[str, Any]],
-    tol: accuracy.Tolerance,
+    tol: Tolerance,
     classifier: bool | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """(the row's accuracy record, problems): the model on this provider against the original, all sets."""

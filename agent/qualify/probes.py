@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.qualify.isolate import run_isolated
+from agent.isolate.runner import run_isolated
 
 PROBE_TIMEOUT_S = 60.0  # every probe together; each is "a few seconds at most"
 

@@ -34,7 +34,7 @@ MIN_CALIBRATION_SETS = 8  # fewer real inputs than this and the calibrated range
 
 def calibration_sets(pkg: Any) -> list[dict[str, Any]]:
     """Every test_data_set_N's inputs; ModelError when the package has none (static needs real data)."""
-    from agent.qualify.inputs import load_dataset
+    from agent.package.inputs import load_dataset
 
     if not pkg.datasets:
         raise ModelError(
@@ -49,7 +49,7 @@ def quantize_package(
 ) -> dict[str, Any]:
     """Write OUT: the package as it is (its model is the fp32 variant) plus model.int8.onnx, and a model.yaml
     declaring `variants: {fp32: <model>, int8: model.int8.onnx}`. Returns what was written."""
-    from agent.qualify.package import load_package
+    from agent.package.load import load_package
 
     say = progress or (lambda event, **f: None)
     if mode not in MODES:
@@ -86,7 +86,7 @@ def quantize_package(
         shutil.move(str(work), str(dest))
     import onnx
 
-    from agent.qualify.precision import graph_precision, quant_ops
+    from agent.package.precision import graph_precision, quant_ops
 
     proto = onnx.load(str(dest / INT8_FILE), load_external_data=False)
     return {

@@ -39,10 +39,12 @@ def ort_cpu_outputs(*, model_path: str, feeds: dict[str, Any]) -> tuple[dict[str
         sess.close()
 
 
-def compute(model_path: str, feeds: dict[str, Any], *, timeout: float, isolate: bool, memory_max: int | None):
+def compute(
+    model_path: str, feeds: dict[str, Any], *, timeout: float, isolate: bool, memory_max: int | None
+) -> tuple[Any, str, str]:
     """(outputs or None, description, error). The description says which reference, and why not the
     independent one when it fell back."""
-    from agent.qualify.isolate import run_isolated
+    from agent.isolate.runner import run_isolated
 
     args = {"model_path": str(model_path), "feeds": feeds}
     limit = min(timeout, MAX_S)

@@ -9,29 +9,30 @@ from functools import partial
 from typing import Any
 
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, coldstart, coverage_set, reference
+from agent.isolate.runner import IsolatedResult, IsolatedWorker, child_ask, run_isolated
+from agent.package import caches
+from agent.package import variants as var
+from agent.package.inputs import batch_size, package_plan
+from agent.package.load import ModelPackage
+from agent.qualify import coldstart, coverage_set, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
-from agent.qualify import variants as var
 from agent.qualify.decision import Row
-from agent.qualify.inputs import batch_size, package_plan
-from agent.qualify.isolate import IsolatedResult, IsolatedWorker, child_ask, run_isolated
 from agent.qualify.keptrows import KeptRows
-from agent.qualify.package import ModelPackage
 
 _PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
 
 
 def _reference(
-    model_path,
+    model_path: Any,
     sha256: str,
-    feeds,
-    golden,
+    feeds: dict[str, Any],
+    golden: Any,
     isolate: bool,
     timeout: float,
     memory_max: int | None = None,
-    cache_root=None,
-) -> tuple[dict | None, str, str]:
+    cache_root: Any = None,
+) -> tuple[dict[str, Any] | None, str, str]:
     if golden:
         return golden, "golden outputs", ""
     cached = caches.load_reference(cache_root, sha256, feeds) if cache_root else None
@@ -71,7 +72,18 @@ class RowRunner:
     """The context of one qualification: inputs, reference, versions, and how to (re)measure a row (each row's
     rerun is kept by key in the shared `reruns`, for the harness's close-call round)."""
 
-    def __init__(self, pkg, profile, target, cache_root, progress, isolate, budget, timeout, all_precisions):
+    def __init__(
+        self,
+        pkg: ModelPackage,
+        profile: Any,
+        target: Any,
+        cache_root: Any,
+        progress: Callable[..., None] | None,
+        isolate: bool,
+        budget: Any,
+        timeout: float,
+        all_precisions: bool,
+    ) -> None:
         self.pkg, self.profile, self.target, self.cache_root = pkg, profile, target, cache_root
         self.say = progress or (lambda event, **f: None)
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
@@ -90,7 +102,7 @@ class RowRunner:
         self._rerun: dict[str, Callable[..., Row]] = {}
         self.variant = var.Variant(None, pkg.model_path, pkg.sha256, pkg.precision)
         self.original: dict[str, Any] | None = None
-        self.reference: dict | None = None
+        self.reference: dict[str, Any] | None = None
         self.ref_desc, self.ref_error = "none", "no reference outputs"
 
     def use_variant(self, v: var.Variant, reruns: dict[str, Callable[..., Row]]) -> None:
@@ -188,7 +200,9 @@ class RowRunner:
             rows.extend(self._precision_rows(prov, name, device, options, cdir, row_versions))
         return rows
 
-    def _precision_rows(self, prov, name, device, options, cdir, row_versions) -> list[Row]:
+    def _precision_rows(
+        self, prov: Any, name: str, device: Any, options: Any, cdir: Any, row_versions: Any
+    ) -> list[Row]:
         rows: list[Row] = []
         for precision in prov.precisions(self.profile):
             if precision is not None and not self.all_precisions and not (rows and rows[-1].stage == "accuracy"):
@@ -212,7 +226,17 @@ class RowRunner:
     def _tag(self) -> dict[str, Any]:
         return {"variant": self.variant.name} if self.variant.name else {}
 
-    def _run_row(self, name, precision, device, options, cdir, row_versions, confirm: bool = False, worker=None) -> Row:
+    def _run_row(
+        self,
+        name: str,
+        precision: Any,
+        device: Any,
+        options: Any,
+        cdir: Any,
+        row_versions: Any,
+        confirm: bool = False,
+        worker: Any = None,
+    ) -> Row:
         """Measure one row (confirm: re-time it, in `worker` when its worker was kept)."""
         try:
             row = self._measure_row(name, precision, device, options, cdir, row_versions, confirm, worker)
@@ -243,7 +267,7 @@ class RowRunner:
             self._held.close()
             self._held = None
 
-    def _call(self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker) -> IsolatedResult:
+    def _call(self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker: Any) -> IsolatedResult:
         """The row's child: a worker kept for it (confirmation), a new one kept after (when rows are kept for
         the confirmation round), else a one-shot child."""
         keep = worker is None and self.kept is not None and self.isolate and task.endswith(":measure_row")
@@ -268,7 +292,17 @@ class RowRunner:
             return self._call(task, kwargs, timeout, tag, None)
         return res
 
-    def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm=False, worker=None) -> Row:
+    def _measure_row(
+        self,
+        name: str,
+        precision: Any,
+        device: Any,
+        options: Any,
+        cdir: Any,
+        row_versions: Any,
+        confirm: bool = False,
+        worker: Any = None,
+    ) -> Row:
         left = self.deadline - time.monotonic() if self.deadline is not None else None
         if left is not None and left <= 0:
             return Row(
@@ -335,7 +369,7 @@ class RowRunner:
         return row
 
 
-def _broken_row(name: str, precision, device, options, res: IsolatedResult) -> Row:
+def _broken_row(name: str, precision: Any, device: Any, options: Any, res: IsolatedResult) -> Row:
     """A row whose worker did not return one: killed over the memory limit, crashed, hung or raised."""
     memory = res.kind == "memory"
     return Row(

@@ -5,12 +5,15 @@ from __future__ import annotations
 import re
 import resource
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
-from agent.qualify import accuracy, cacheseal, coldstart, conditions, forkserver, latency
-from agent.qualify.isolate import child_progress as emit
-from agent.qualify.isolate import size_text
+from agent.isolate import forkserver
+from agent.isolate.runner import child_progress as emit
+from agent.isolate.runner import size_text
+from agent.package import cacheseal
+from agent.qualify import accuracy, coldstart, conditions, latency
 
 MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
@@ -56,13 +59,13 @@ def measure_row(
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
     memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs).
 
-    model_precision: the graph's own precision (agent.qualify.precision); declared: the graph's inputs and
+    model_precision: the graph's own precision (agent.package.precision); declared: the graph's inputs and
     outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
     with (agent.qualify.original) instead of `reference`."""
+    from agent.package.precision import effective
     from agent.providers import get
     from agent.qualify import original as orig
     from agent.qualify import outputs as io
-    from agent.qualify.precision import effective
 
     row: dict[str, Any] = {
         "provider": provider,
@@ -74,9 +77,10 @@ def measure_row(
     rss0 = _rss()
     emit("session", provider=provider, precision=precision)
     cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
-    opener = lambda d: get(provider).open_session(  # noqa: E731
-        model_path, options=options, precision=precision, device=device, cache_dir=d
-    )
+
+    def opener(d: str | None) -> Any:
+        return get(provider).open_session(model_path, options=options, precision=precision, device=device, cache_dir=d)
+
     first_cold = coldstart.cache_empty(cache_dir)
     try:
         sess = opener(cache_dir)
@@ -226,7 +230,7 @@ def confirm_latency(
     return row
 
 
-def _keeper(what: tuple[Any, ...]):
+def _keeper(what: tuple[Any, ...]) -> Callable[[Any], None]:
     def keep(sess: Any) -> None:
         old = _KEPT.pop("session", None)
         if old is not None:
@@ -287,7 +291,7 @@ def unsupported_ops(message: str) -> list[str]:
     return list(dict.fromkeys(ops))
 
 
-def _record_assignment(row: dict[str, Any], sess) -> None:
+def _record_assignment(row: dict[str, Any], sess: Any) -> None:
     try:
         a = sess.assignment()
     except Exception as exc:  # noqa: BLE001 - assignment is evidence, not a gate

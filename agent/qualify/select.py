@@ -13,6 +13,7 @@ device, so it is never compared; the first passing row in the target's preferenc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agent.qualify.decision import Row
@@ -32,13 +33,16 @@ def is_near_tie(fast: Row, other: Row) -> bool:
         return True
     ci_a = (fast.latency_ms or {}).get("p50_ci95") or [a, a]
     ci_b = (other.latency_ms or {}).get("p50_ci95") or [b, b]
-    return ci_b[0] <= ci_a[1]
+    return bool(ci_b[0] <= ci_a[1])
 
 
 def choose(rows: list[Row], preference: list[str]) -> tuple[Row | None, str, dict[str, str]]:
     """(winner, why it won, {row key: why it lost})."""
     order = {name: i for i, name in enumerate(preference)}
-    rank = lambda r: order.get(r.provider, len(order))  # noqa: E731
+
+    def rank(r: Row) -> int:
+        return order.get(r.provider, len(order))
+
     passing = sorted((r for r in rows if r.status == "passed"), key=lambda r: (_p(r, "p50"), _p(r, "p99")))
     losers = {r.key: f"{r.status}: {r.reason}" for r in rows if r.status != "passed"}
     if not passing:
@@ -75,7 +79,9 @@ def _delivered_if_tied(winner: Row, passing: list[Row]) -> Row:
     return min(same, key=lambda r: (_p(r, "p50"), _p(r, "p99"))) if same else winner
 
 
-def _by_preference(passing: list[Row], rank, emulated: str, losers: dict[str, str]):
+def _by_preference(
+    passing: list[Row], rank: Callable[[Row], int], emulated: str, losers: dict[str, str]
+) -> tuple[Row | None, str, dict[str, str]]:
     """Selection without latency claims: the first passing row in preference order (then row order)."""
     winner = min(passing, key=lambda r: (rank(r), passing.index(r)))
     why = (

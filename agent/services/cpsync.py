@@ -51,7 +51,8 @@ class HttpControlPlane:
     def enroll(self, doc: dict[str, Any]) -> dict[str, Any]:
         from agent.transport.cpclient import call
 
-        return call(self.url, "POST", "/api/v1/enroll", doc, timeout=self.timeout)
+        answer: dict[str, Any] = call(self.url, "POST", "/api/v1/enroll", doc, timeout=self.timeout)
+        return answer
 
     def post_decision(self, device_id: str, doc: dict[str, Any]) -> Any:
         from agent.transport.cpclient import call
@@ -69,7 +70,7 @@ class ControlPlaneSync:
         port: ControlPlanePort,
         state_dir: str | Path,
         device_id: str,
-        key,
+        key: Any,
         *,
         token: str | None = None,
         report: bool = True,
@@ -283,7 +284,7 @@ class ControlPlaneSync:
 
 
 def for_agent(
-    config, state_dir: Path, identity: Callable[[], dict[str, Any]], on_change: Callable[[], Any], emit: Emit
+    config: Any, state_dir: Path, identity: Callable[[], dict[str, Any]], on_change: Callable[[], Any], emit: Emit
 ) -> ControlPlaneSync | None:
     """The daemon's sync for `config.control_plane` (None without one), with the device key of `state_dir`."""
     from agent.artifacts.keys import device_key

@@ -41,6 +41,6 @@ class HealthPublisher:
         return doc
 
 
-def registry_health(registry) -> Source:
+def registry_health(registry: Any) -> Source:
     """Health figures without telemetry: each serving model's stats."""
     return lambda: {"models": {n: registry.stats(n) for n in registry.models()}}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import EdgeAgentError, ServingError
 from agent.lifecycle import unloaded
+from agent.lifecycle.slots import Slots
 from agent.serving.errors import BadRequest, Conflict, Forbidden, NotFound
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class RepositoryService:
             self.plane.extensions.append("model_repository")
 
     # ---- transports -------------------------------------------------------------------------------------
-    def http(self, path: str, doc: dict) -> Any:
+    def http(self, path: str, doc: dict[str, Any]) -> Any:
         parts = path.strip("/").split("/")  # v2 repository index | v2 repository models NAME load|unload
         if parts == ["v2", "repository", "index"]:
             return self.call("index", doc)
@@ -47,7 +48,7 @@ class RepositoryService:
             return self.call(parts[4], {"model_name": parts[3], "parameters": params})
         raise NotFound(f"no such endpoint: {path}")
 
-    def call(self, method: str, doc: dict) -> Any:
+    def call(self, method: str, doc: dict[str, Any]) -> Any:
         if method == "index":
             models = self.index(bool(doc.get("ready")))
             return {"models": models} if doc.get("_grpc") else models
@@ -70,22 +71,21 @@ class RepositoryService:
         serving = self.registry.models()
         out = []
         for name in sorted(set(self.steps.slots.names()) | set(serving)):
-            slots = self.steps.slots.get(name) if name in self.steps.slots.names() else {"committed": None}
-            committed = slots.get("committed") or {}
-            version = serving.get(name) or committed.get("version") or ""
+            committed = self.steps.slots.committed(name) if name in self.steps.slots.names() else None
+            version = serving.get(name) or (committed.version if committed else "")
             if name in serving:
                 out.append({"name": name, "version": version, "state": "READY", "reason": ""})
                 continue
             if ready_only:
                 continue
-            if unloaded.held(self.state_dir, name, slots.get("committed")):
+            if unloaded.held(self.state_dir, name, committed):
                 why = "unloaded"
             else:
                 why = self.steps.unavailable.get(name, "not serving")
             out.append({"name": name, "version": version, "state": "UNAVAILABLE", "reason": why})
         return out
 
-    def _slots(self, name: str) -> dict[str, Any]:
+    def _slots(self, name: str) -> Slots:
         if name not in self.steps.slots.names():
             raise NotFound(f"model {name!r} has no slot on this device; deploy it first")
         return self.steps.slots.get(name)
@@ -104,15 +104,16 @@ class RepositoryService:
             )
         slots = self._slots(name)
         self._idle(name)
-        committed, previous = slots.get("committed") or {}, slots.get("previous") or {}
-        want = str(params.get("version") or committed.get("version") or "")
-        if want and want == committed.get("version"):
+        committed, previous = slots["committed"], slots["previous"]
+        have, before = (committed.version if committed else None), (previous.version if previous else None)
+        want = str(params.get("version") or have or "")
+        if want and want == have:
             unloaded.clear(self.state_dir, name)
             self.steps.ensure_committed(name)
             if name not in self.registry.models():
                 raise ServingError(self.steps.unavailable.get(name, f"model {name!r} could not be served"))
             return
-        if want and want == previous.get("version"):
+        if want and want == before:
             unloaded.clear(self.state_dir, name)
             try:
                 dep = self.orchestrator.rollback(name, wait=ROLLBACK_WAIT_S)
@@ -122,8 +123,7 @@ class RepositoryService:
                 raise ServingError(f"loading version {want} of {name!r} failed: {dep.reason}")
             return
         raise BadRequest(
-            f"model {name!r} has no version {want!r} on this device; committed: {committed.get('version')}, "
-            f"previous: {previous.get('version')}"
+            f"model {name!r} has no version {want!r} on this device; committed: {have}, previous: {before}"
         )
 
     def unload(self, name: str, params: dict[str, Any]) -> None:
@@ -132,7 +132,7 @@ class RepositoryService:
             raise BadRequest(f"unload parameter(s) {unknown[:4]} not supported")
         slots = self._slots(name)
         self._idle(name)
-        committed = slots.get("committed")
-        unloaded.mark(self.state_dir, name, committed.get("sha256") if committed else None)  # persist, then act
+        committed = slots["committed"]
+        unloaded.mark(self.state_dir, name, committed.sha256 if committed else None)  # persist, then act
         if name in self.registry.models():
             self.registry.deactivate(name)

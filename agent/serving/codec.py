@@ -2,7 +2,7 @@
 dtypes, the decoded InferRequest, the memory charge hook, and what the protocol can carry as an output.
 
 Request decoding (REST) lives in decode.py, response encoding in encode.py, the binary tensor data extension's
-framing in binary.py and JSON tensor data in jsondata.py; gRPC's in grpc_codec.py."""
+framing in binary.py and JSON tensor data in jsondata.py; gRPC's in grpc/codec.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The transport-neutral inference core (KServe's data plane): metadata, readiness, infer with its response budget,
 statistics, classification and /metrics over the registry; raises ServingError subclasses (domain errors) that each
-front end (HTTP: handlers/wire/server; gRPC: grpc_front) maps to its own status at the edge."""
+front end (HTTP: handlers/wire/server; gRPC: grpc/front) maps to its own status at the edge."""
 
 from __future__ import annotations
 
@@ -139,9 +139,6 @@ class DataPlane:
 
     def ready(self) -> bool:
         return self.accepting and bool(self.registry.ready())
-
-    def not_ready_reason(self) -> str:
-        return "not ready: " + ("shutting down" if not self.accepting else "a model is loading")
 
     def model_ready(self, name: str, version: str | None) -> bool:
         return bool(self.registry.ready(name, version or None))

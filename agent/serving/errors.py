@@ -2,7 +2,7 @@
 
 The core (registry, codec, data plane, auth, shared memory) raises what went wrong in its own terms (InvalidInput,
 ModelNotFound, ModelUnavailable, ...); only a transport turns that into its status: `status_of` here for HTTP,
-`grpc_status.code_of` for gRPC. Every serving error class lives in this module; none carries a status of its own.
+`grpc/status.code_of` for gRPC. Every serving error class lives in this module; none carries a status of its own.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from agent.serving.dataplane import DataPlane
-    from agent.serving.grpc_front import GRPCServer
-    from agent.serving.server import OIPServer
+    from agent.serving.grpc.front import GRPCServer
+    from agent.serving.http.server import OIPServer
 
 
 class FrontSettings(Protocol):
@@ -48,7 +48,7 @@ def start_fronts(
     """(HTTP server, gRPC server or None), both started; `extend(plane)` installs extensions (the repository)
     on the shared data plane before the gRPC front opens. memory_max (serving.memory_max, resolved) sizes the
     request memory budget both share (server.body_budget_for)."""
-    from agent.serving.server import OIPServer, body_budget_for
+    from agent.serving.http.server import OIPServer, body_budget_for
 
     server = OIPServer(
         registry,
@@ -66,6 +66,6 @@ def start_fronts(
         extend(server.plane)
     if s.grpc_port is None:
         return server, None
-    from agent.serving.grpc_front import GRPCServer
+    from agent.serving.grpc.front import GRPCServer
 
     return server, GRPCServer(server.plane, s.host, s.grpc_port, idle_timeout=s.idle_timeout_s).start()

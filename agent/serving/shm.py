@@ -118,6 +118,29 @@ def _close(region: _Region) -> None:
         pass
 
 
+def _check_registration(name: object, key: object, offset: object, byte_size: object) -> None:
+    """What a register request names, checked before anything is opened."""
+    if not isinstance(name, str) or not name or len(name) > 256:
+        raise BadRequest("region name must be a non-empty string of at most 256 characters")
+    if (
+        not isinstance(key, str)
+        or not key.startswith("/")
+        or "/" in key[1:]
+        or key in ("/", "/.", "/..")
+        or "\0" in key
+    ):
+        raise BadRequest(f"key must be a POSIX shared memory name like '/name', got {str(key)[:80]!r}")
+    if (
+        isinstance(offset, bool)
+        or isinstance(byte_size, bool)
+        or not isinstance(offset, int)
+        or not isinstance(byte_size, int)
+    ):
+        raise BadRequest("offset and byte_size must be integers")
+    if offset < 0 or byte_size <= 0:
+        raise BadRequest("offset must be >= 0 and byte_size > 0")
+
+
 class SharedMemory:
     """The registered regions (thread-safe). in_place: map them and let reads and the runtime's writes use the
     mapping (no copies; a truncation during a request can fault the process), else pread/pwrite (see above)."""
@@ -128,25 +151,7 @@ class SharedMemory:
         self._regions: dict[str, _Region] = {}
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not isinstance(name, str) or not name or len(name) > 256:
-            raise BadRequest("region name must be a non-empty string of at most 256 characters")
-        if (
-            not isinstance(key, str)
-            or not key.startswith("/")
-            or "/" in key[1:]
-            or key in ("/", "/.", "/..")
-            or "\0" in key
-        ):
-            raise BadRequest(f"key must be a POSIX shared memory name like '/name', got {str(key)[:80]!r}")
-        if (
-            isinstance(offset, bool)
-            or isinstance(byte_size, bool)
-            or not isinstance(offset, int)
-            or not isinstance(byte_size, int)
-        ):
-            raise BadRequest("offset and byte_size must be integers")
-        if offset < 0 or byte_size <= 0:
-            raise BadRequest("offset must be >= 0 and byte_size > 0")
+        _check_registration(name, key, offset, byte_size)
         with self._lock:
             if name in self._regions:
                 raise AlreadyExists(f"shared memory region {name!r} is already registered; unregister it first")

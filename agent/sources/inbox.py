@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import gzip
+import os
 import shutil
+import tarfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
-from agent.lifecycle.journal import Deployment, Journal
+from agent.errors import LifecycleError, ModelError
+from agent.lifecycle.context import StepContext
+from agent.lifecycle.journal import Deployment
+from agent.lifecycle.record import Fetched
 from agent.names import is_valid_name
 
 
@@ -18,8 +23,8 @@ class InboxSource:
 
     kind = "inbox"
 
-    def __init__(self, store: Any, journal: Journal, staging: Path) -> None:
-        self.store, self.journal, self.staging = store, journal, staging
+    def __init__(self, store: Any, staging: Path) -> None:
+        self.store, self.staging = store, staging
         self._warned: set[str] = set()
 
     def ready(self) -> bool:
@@ -29,13 +34,13 @@ class InboxSource:
         if not dep.data.get("sha256") and not Path(dep.source["path"]).is_dir():
             raise LifecycleError(f"inbox package {dep.source['path']} disappeared")
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
-        src = Path(dep.source["path"])
-        got = act.fetch_inbox(src, self.store, self.staging, ctx)
-        dep.data.update(got, fetched=True)
-        self.journal.save(dep)  # the blob is safe in the store before the inbox copy goes
-        shutil.rmtree(src, ignore_errors=True)
-        return {}
+    def fetch(self, dep: Deployment, ctx: StepContext) -> Fetched:
+        got = fetch_inbox(Path(dep.source["path"]), self.store, self.staging, ctx)
+        return Fetched(sha256=got["sha256"], size=got["size"])
+
+    def landed(self, dep: Deployment) -> None:
+        """The blob is safe in the store and journaled: the inbox copy goes."""
+        shutil.rmtree(dep.source["path"], ignore_errors=True)
 
     def scan(
         self, inbox: Path, claimed: set[str | None], submit: Callable[..., Any], warn: Callable[[str, str], None]
@@ -57,3 +62,39 @@ class InboxSource:
                         )
                     continue
                 submit(model_dir.name, version_dir.name, {"kind": "inbox", "path": str(version_dir)})
+
+
+def pack_dir(src: Path, dest: Path) -> None:
+    """A deterministic .tar.gz of a package directory (sorted names, zeroed times and owners), fsynced."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for path in sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink()):
+                    rel = path.relative_to(src).as_posix()
+                    if any(part.startswith(".") for part in Path(rel).parts):
+                        continue
+                    info = tarfile.TarInfo(rel)
+                    info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o644
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+        raw.flush()
+        os.fsync(raw.fileno())
+
+
+def fetch_inbox(src: Path, store: Any, staging: Path, ctx: StepContext) -> dict[str, Any]:
+    """Local mode 'download': pack the inbox package into the content store."""
+    if not src.is_dir():
+        raise ModelError(f"inbox package {src} is gone or not a directory")
+    if not (src / "model.onnx").is_file() and not list(src.glob("*.onnx")):
+        raise ModelError(f"inbox package {src} has no model.onnx")
+    ctx.report("pack", path=str(src))
+    part = staging / f"inbox-{os.getpid()}-{threading.get_ident()}.tar.gz.part"
+    try:
+        pack_dir(src, part)
+        ctx.check()
+        size = part.stat().st_size
+        sha = store.put_file(part)
+    finally:
+        part.unlink(missing_ok=True)
+    return {"sha256": sha, "size": size}

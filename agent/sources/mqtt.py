@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
 from agent.lifecycle.journal import Deployment
+from agent.lifecycle.record import Fetched
 from agent.lifecycle.retry import retry_transient
 
 MAX_REJECTED = 64  # models whose last rejection the status document keeps
@@ -136,11 +137,12 @@ class MqttSource:
         if winner is None or winner.manifest is None or self.seen(model, winner.digest):
             return
         m = winner.manifest
-        committed = self.slots.committed(model) or {}
-        if committed.get("version") == m.version and committed.get("sha256") == m.artifact.sha256:
+        committed = self.slots.committed(model)
+        have = committed.version if committed is not None else None
+        if committed is not None and have == m.version and committed.sha256 == m.artifact.sha256:
             self._call_off(model, m.version)  # what serves already (its journal record was compacted away)
             return
-        bad = version_order(m, committed.get("version"))
+        bad = version_order(m, have)
         if bad is not None:
             self._reject(model, winner, bad)
             return
@@ -197,27 +199,27 @@ class MqttSource:
         """RECEIVED (also after a restart): verify the envelope again now (time passed, keys may have changed)."""
         from agent.artifacts.manifest import ManifestRejected, receive
 
-        committed = self.slots.committed(dep.model) or {}
+        committed = self.slots.committed(dep.model)
         try:
             m = receive(
                 dep.source["envelope"].encode(),
                 self.keys,
-                committed.get("version"),
+                committed.version if committed is not None else None,
                 device_id=self.config.device_id,
                 groups=self.config.groups,
                 free_bytes=self.store.free_bytes(),
                 max_skew_s=self.book.max_skew_s,
             )
         except ManifestRejected as exc:
-            raise act.Rejected(f"{exc.code}: {exc.reason}") from None
+            raise Rejected(f"{exc.code}: {exc.reason}") from None
         except EdgeAgentError as exc:
-            raise act.Rejected(f"malformed: {exc}") from None
+            raise Rejected(f"malformed: {exc}") from None
         if m.name != dep.model or m.version != dep.version:
-            raise act.Rejected(f"malformed: manifest {m.name} {m.version} was filed as {dep.model} {dep.version}")
+            raise Rejected(f"malformed: manifest {m.name} {m.version} was filed as {dep.model} {dep.version}")
         dep.data["manifest"] = m.to_dict()
         dep.data["key_id"] = m.key_id
 
-    def fetch(self, dep: Deployment, ctx: act.StepContext) -> dict[str, Any]:
+    def fetch(self, dep: Deployment, ctx: StepContext) -> Fetched:
         """DOWNLOADING: resumable pull (the manifest's sources in order) into the store; transient failures are
         retried with backoff and jitter until the manifest expires (or the state's deadline)."""
         from agent.artifacts.deadline import DownloadLimits
@@ -252,7 +254,10 @@ class MqttSource:
         retry_transient(attempt, ctx, transient=is_transient, until=float(m.expires_at), what="download")
         if not self.store.has(m.artifact.sha256):
             raise LifecycleError("the pull finished but the artifact is not in the store")
-        return {"sha256": m.artifact.sha256, "size": m.artifact.size, **moved}
+        return Fetched(sha256=m.artifact.sha256, size=m.artifact.size, transfer=moved)
+
+    def landed(self, dep: Deployment) -> None:
+        """Nothing to let go of: the pulled chunks are the blob."""
 
     # ---- reporting -----------------------------------------------------------------------------
     def publish_status(self, doc: dict[str, Any]) -> None:

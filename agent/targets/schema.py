@@ -40,6 +40,7 @@ OPTIMIZE_KINDS = ("ort-basic", "ort-extended", "ort-all", "slim", "fusions")  # 
 TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features", "tasks", "qualify"}
 MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor", "os", "accelerators"}
 TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
+TOLERANCE_FIELDS = (*TOLERANCE_KEYS, "min_sqnr_db")  # every bound a model.yaml `tolerances:` may set
 # Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
 CPU_FEATURES = {
     "avx2": "avx2",
@@ -82,18 +83,20 @@ class Tolerance:
     """Accuracy bounds against the fp32 CPU reference. An element passes when
     |got - ref| <= max_abs + max_rel * scale, where scale = max |ref| over the output (numpy allclose style,
     relative to the output's scale so near-zero elements do not explode). Whole outputs also need
-    cosine >= min_cosine and, for classifiers, argmax agreement >= top1_agreement (fraction of samples)."""
+    cosine >= min_cosine and, for classifiers, argmax agreement >= top1_agreement (fraction of samples).
+    One class for targets and qualification (agent.qualify.accuracy): a None bound is not checked (model.yaml
+    may set one to null); a target's table sets every bound but min_sqnr_db."""
 
-    max_abs: float
-    max_rel: float
-    min_cosine: float
-    top1_agreement: float
+    max_abs: float | None = 1e-4
+    max_rel: float | None = 1e-3
+    min_cosine: float | None = 0.999
+    top1_agreement: float | None = None
     min_sqnr_db: float | None = None  # signal-to-quantization-noise ratio floor per output (dB); None: not checked
 
     def allows(self, abs_err: float, scale: float) -> bool:
-        return abs_err <= self.max_abs + self.max_rel * abs(scale)
+        return abs_err <= (self.max_abs or 0.0) + (self.max_rel or 0.0) * abs(scale)
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | None]:
         out = {k: getattr(self, k) for k in TOLERANCE_KEYS}
         if self.min_sqnr_db is not None:
             out["min_sqnr_db"] = self.min_sqnr_db

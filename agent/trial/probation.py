@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.config import ProbationConfig
 from agent.serving.metrics import percentile
 from agent.trial import unjudged
 from agent.trial.judge import QuantileTest, quantile_test, rate
+from agent.trial.settings import ProbationConfig
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
 CPU, WALL = "cpu", "wall"  # what "compute time" measures (compute_measure)

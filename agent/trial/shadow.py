@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from agent.config import ShadowConfig
 from agent.qualify.accuracy import output_metrics
 from agent.serving.rungate import CpuMark, RunGate
 from agent.trial.judge import limit_ms
+from agent.trial.settings import ShadowConfig
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 

@@ -1,5 +1,5 @@
 """The protobuf wire format, top level of one message, read in place (bytes, memoryview or mmap): no copy, no
-objects. One home for it: the gRPC infer path (serving/grpc_raw: raw tensor contents as views) and delta recipes
+objects. One home for it: the gRPC infer path (serving/grpc/raw: raw tensor contents as views) and delta recipes
 (artifacts/recipe: ONNX initializers' raw_data offsets in a mapped model) both walk messages with it."""
 
 from __future__ import annotations

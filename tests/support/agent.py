@@ -37,3 +37,18 @@ def make_agent(
     steps = replace(step_config if step_config is not None else fast(), **settings)
     a = DeviceAgent(config, step_config=steps, providers=known_providers, **agent_kw)
     return a.start() if start else a
+
+
+def queue_holder(agent: Any, hold: Any, held: Any, hold_s: float) -> Any:
+    """A thread (not started) that takes the agent's qualification queue as "other" (someone else's
+    qualification), sets `held`, and keeps its turn until `hold` is set (at most hold_s)."""
+    import threading
+
+    from agent.lifecycle.context import StepContext
+
+    def occupy() -> None:
+        with agent.steps.qualify_queue.turn("other", StepContext(None)):
+            held.set()
+            hold.wait(hold_s)
+
+    return threading.Thread(target=occupy)

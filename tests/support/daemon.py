@@ -173,3 +173,25 @@ def deploy(agent, version: str, writer=None, name: str = "tiny"):
         where = f"{seen[-1].state.value}: {seen[-1].reason}" if seen else "never journaled (not picked up)"
         threads = sorted(t.name for t in threading.enumerate())
         raise AssertionError(f"{e}; the deployment stood at {where}; threads {threads}") from None
+
+
+# the daemon killed with this state journaled -> (version serving after the restart, the deployment's end state)
+RESTART_OUTCOME = {
+    "received": ("2", "committed"),
+    "downloading": ("2", "committed"),
+    "verifying": ("2", "committed"),
+    "qualifying": ("2", "committed"),
+    "activating": ("1", "rolled_back"),
+    "probation": ("1", "rolled_back"),
+    "committed": ("2", "committed"),
+}
+
+
+def fleet_server(store: Path, broker_url: str) -> subprocess.Popen:
+    """`edge-agent fleet serve` on `store` (a directory) and the broker, output discarded; terminate() it."""
+    return subprocess.Popen(
+        EXE + ["fleet", "serve", "--store", str(store), "--broker", broker_url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +41,19 @@ def _model(nodes, inputs, outputs, inits=()):
     m.ir_version = 8
     onnx.checker.check_model(m)
     return m
+
+
+def cast_model(src: int, dst: int) -> onnx.ModelProto:
+    """One Cast node from dtype `src` to `dst` on a [1, 3] tensor (opset 17, IR 9: BF16 both ways)."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=dst)],
+        "cast",
+        [helper.make_tensor_value_info("x", src, [1, 3])],
+        [helper.make_tensor_value_info("y", dst, [1, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
 
 
 # One intra-op thread: a test that compares compute times keeps the pool's cache effects out of its figures (a
@@ -117,8 +133,8 @@ def oip_server(sessions, **server_kw) -> Iterator:
     """The one test server: an OIPServer on a free loopback port over a fresh registry serving `sessions`
     ((name, version, session[, meta]) each); `server_kw` go to OIPServer (token, max_body_bytes, ...). The server
     drains and the registry closes afterwards."""
+    from agent.serving.http.server import OIPServer
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
 
     reg = ModelRegistry()
     for name, version, session, *meta in sessions:
@@ -129,3 +145,14 @@ def oip_server(sessions, **server_kw) -> Iterator:
     finally:
         assert srv.shutdown(10)
         reg.close()
+
+
+def call_json(url: str, doc: dict | None = None, method: str = "POST", timeout: float = 60) -> tuple[int, dict]:
+    """One JSON request to the server: (status, decoded body), an error status with its body too."""
+    data = json.dumps(doc).encode() if doc is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())

@@ -46,13 +46,9 @@ def check_policy(
             m.name,
             m.version,
         )
-    if installed_version is not None and compare_versions(m.version, installed_version) <= 0 and not m.rollback:
-        raise ManifestRejected(
-            "downgrade",
-            f"version {m.version} is not newer than installed {installed_version} (push a signed rollback to go back)",
-            m.name,
-            m.version,
-        )
+    older = downgrade(m, installed_version)
+    if older is not None:
+        raise older
     if max_artifact_bytes is not None and m.artifact.size > max_artifact_bytes:
         raise ManifestRejected(
             "too-large",
@@ -65,6 +61,19 @@ def check_policy(
             "no-space", f"artifact is {m.artifact.size} bytes but only {free_bytes} are free", m.name, m.version
         )
     return m
+
+
+def downgrade(m: Manifest, installed_version: str | None) -> ManifestRejected | None:
+    """The one downgrade rule: a manifest must be newer than the installed version, unless it is a signed
+    rollback. The rejection, or None when the manifest may go on."""
+    if installed_version is None or m.rollback or compare_versions(m.version, installed_version) > 0:
+        return None
+    return ManifestRejected(
+        "downgrade",
+        f"version {m.version} is not newer than installed {installed_version} (push a signed rollback to go back)",
+        m.name,
+        m.version,
+    )
 
 
 def _iso(ts: float) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.lifecycle import actions as act
 from agent.lifecycle.cleanup import collect_garbage
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Trial
@@ -12,7 +12,7 @@ from agent.lifecycle.states import Event
 from agent.trial.probation import TROUBLE
 
 
-def on_probation(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, Trial]:
+def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Trial]:
     window = parts.config.window_s
     config = parts.config.trial
     state, reason, figures = probation_watch(

@@ -6,16 +6,17 @@ import time
 from typing import Any
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.record import Qualified, Record
+from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.states import Event
 from agent.util.atomic import atomic_write_json
 
 
-def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, Qualified]:
+def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Qualified]:
     cache_root = str(parts.state_dir / "cache")
     rec = Record(dep)
 
@@ -58,6 +59,12 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
         raise LifecycleError(f"no provider passed qualification: {summary['why']}")
     if guessed:
         raise LifecycleError(guessed)
+    window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
+    return Event.QUALIFIED, Qualified(summary, _selected(dep, decision), window)
+
+
+def _selected(dep: Deployment, decision: dict[str, Any]) -> dict[str, Any]:
+    """What activation serves: the selected row's provider, precision, options, cache and measurements."""
     row = _selected_row(decision)
     note = _requalified_note(dep, decision)
     selected = {
@@ -78,8 +85,7 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
     }
     if row.get("variant"):  # a package of variants: serve exactly the file that won (and its cache key)
         selected.update(variant=row["variant"], model_path=row.get("model_path"), model_sha256=row.get("model_sha256"))
-    window = {k: window[k] for k in ("queued_s", "started", "finished") if k in window}
-    return Event.QUALIFIED, Qualified(summary, selected, window)
+    return selected
 
 
 def _requalified_note(dep: Deployment, decision: dict[str, Any]) -> str:
@@ -94,17 +100,17 @@ def _requalified_note(dep: Deployment, decision: dict[str, Any]) -> str:
     return note
 
 
-def drifted(parts: Parts) -> list[tuple[str, dict[str, Any], str]]:
+def drifted(parts: Parts) -> list[tuple[str, SlotEntry, str]]:
     """Start-up: committed models whose decision was made under other runtime/provider/driver versions,
     as (name, committed entry, what changed); each is marked stale until re-qualified."""
-    from agent.qualify import caches
+    from agent.package import caches
 
     current = caches.runtime_versions(parts.profile)
     out = []
     for name in parts.slots.names():
         entry = parts.slots.get(name)["committed"]
-        drift = caches.version_drift((entry or {}).get("versions"), current) if entry else {}
-        if drift:
+        drift = caches.version_drift(entry.versions, current) if entry else {}
+        if entry and drift:
             text = caches.drift_text(drift)
             parts.stale[name] = f"decided under other versions ({text}); re-qualifying in the background"
             out.append((name, entry, text))

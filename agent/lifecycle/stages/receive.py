@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.ports import missing_source
@@ -11,7 +11,7 @@ from agent.lifecycle.record import Fetched, Record
 from agent.lifecycle.states import Event
 
 
-def on_received(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, None]:
+def on_received(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, None]:
     kind = dep.source.get("kind")
     if kind == "rollback":
         return Event.ROLLBACK, None
@@ -21,12 +21,12 @@ def on_received(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Ev
         return Event.ACCEPT, None
     source = parts.sources.get(kind) if isinstance(kind, str) else None
     if source is None:
-        raise act.Rejected(missing_source(kind))
+        raise Rejected(missing_source(kind))
     source.check(dep)
     return Event.ACCEPT, None
 
 
-def on_downloading(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[Event, Fetched]:
+def on_downloading(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Fetched]:
     rec = Record(dep)
     sha = rec.sha256
     if sha and parts.store.has(sha) and rec.fetched:
@@ -34,8 +34,7 @@ def on_downloading(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple
     source = parts.sources.get(dep.source.get("kind", ""))
     if source is None:
         raise LifecycleError(f"no source {dep.source.get('kind')!r} configured to fetch from")
-    got = source.fetch(dep, ctx)
-    return Event.FETCHED, Fetched(got)
+    return Event.FETCHED, source.fetch(dep, ctx)
 
 
 def download_mark(parts: Parts, dep: Deployment) -> int:

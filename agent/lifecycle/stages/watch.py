@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.config import ProbationConfig, ShadowConfig
 from agent.errors import LifecycleError
-from agent.lifecycle import actions as act
+from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.trial import unjudged
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
+from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.trial.shadow import FAIL, Shadow, skipped
 
 
@@ -55,8 +55,8 @@ class Rehearsal:
         window = self.probation_config.baseline_s
         self.baseline = incumbent_baseline(self.registry, self.name, incumbent, window, until, self.measure)
 
-    def before_swap(self, ctx: act.StepContext) -> Callable[[Any], None]:
-        """The callback act.activate runs between warm-up and swap."""
+    def before_swap(self, ctx: StepContext) -> Callable[[Any], None]:
+        """The callback serve.activate runs between warm-up and swap."""
 
         def run(session: Any) -> None:
             incumbent = self.registry.models().get(self.name)
@@ -74,7 +74,7 @@ class Rehearsal:
 
         return run
 
-    def _shadow(self, session: Any, ctx: act.StepContext, incumbent: str | None) -> dict[str, Any]:
+    def _shadow(self, session: Any, ctx: StepContext, incumbent: str | None) -> dict[str, Any]:
         shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU, gate=self.registry.gate)
         stats = self.registry.model_stats(self.name, incumbent)
         stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
@@ -95,7 +95,7 @@ class Rehearsal:
 def probation_watch(
     registry: Any,
     dep: Deployment,
-    ctx: act.StepContext,
+    ctx: StepContext,
     window: float,
     config: ProbationConfig,
     incumbent: Baseline | None,

@@ -1,0 +1,253 @@
+"""Identical inputs for every provider: golden test_data_set_N if present, else seeded feeds from the specs.
+
+model.yaml declares shapes per input: `input_shapes: {x: [1, 3, 224, 224]}` (fixed) or `{x: {min: [..],
+opt: [..], max: [..]}}` (a range, as TensorRT optimisation profiles do), `dynamic_dims: {H: 32}` by dim name,
+and `input_values: {sr: 16000}` for scalar or semantic inputs. Accuracy is judged on golden data (else seeded
+feeds at `opt`), latency is measured at `opt` (and at `max` when declared). A symbolic dim nobody declared is
+assumed to be 1 and named in `assumed`. The daemon's warm-up replays exactly these inputs, golden first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.errors import ModelError
+from agent.providers.base import TensorSpec
+
+DEFAULT_DYNAMIC = 1
+
+
+def load_tensor(path: Path) -> tuple[str, Any]:
+    """(name, value) from a TensorProto / SequenceProto / OptionalProto .pb file."""
+    import onnx
+    from onnx import numpy_helper
+
+    data = path.read_bytes()
+    errors = []
+    for cls, convert in ((onnx.TensorProto, numpy_helper.to_array), (onnx.SequenceProto, numpy_helper.to_list)):
+        proto = cls()
+        try:
+            proto.ParseFromString(data)
+            if cls is onnx.TensorProto and not (proto.dims or proto.raw_data or _has_values(proto)):
+                raise ValueError("empty tensor")
+            return proto.name, convert(proto)
+        except Exception as exc:  # noqa: BLE001 - try the next proto type
+            errors.append(str(exc))
+    raise ModelError(f"{path}: cannot read tensor: {errors[0]}")
+
+
+def _has_values(t: Any) -> bool:
+    return any(
+        len(getattr(t, f))
+        for f in ("float_data", "int32_data", "int64_data", "double_data", "string_data", "uint64_data")
+    )
+
+
+def load_dataset(
+    ds: Path, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Feeds and expected outputs from one test_data_set_N dir; unnamed tensors map by index."""
+    feeds = _load_indexed(ds, "input", inputs)
+    expected = _load_indexed(ds, "output", outputs)
+    if not feeds:
+        raise ModelError(f"{ds}: no input_*.pb files")
+    return feeds, expected
+
+
+def _load_indexed(ds: Path, prefix: str, specs: list[TensorSpec]) -> dict[str, Any]:
+    files = sorted(
+        ds.glob(f"{prefix}_*.pb"),
+        key=lambda p: int(p.stem.rsplit("_", 1)[-1]) if p.stem.rsplit("_", 1)[-1].isdigit() else 0,
+    )
+    out: dict[str, Any] = {}
+    names = [s.name for s in specs]
+    for i, f in enumerate(files):
+        name, value = load_tensor(f)
+        if name not in names:
+            if i >= len(names):
+                raise ModelError(f"{f}: the model has only {len(names)} {prefix}s")
+            name = names[i]
+        out[name] = value
+    return out
+
+
+def resolve_shape(
+    spec: TensorSpec, dynamic_dims: dict[str, int], input_shapes: dict[str, Any], which: str = "opt"
+) -> list[int]:
+    """Concrete shape: model.yaml input_shapes (a list, or the `which` of min/opt/max), else dynamic_dims by
+    dim name, else 1."""
+    declared = input_shapes.get(spec.name)
+    if isinstance(declared, dict):
+        return list(declared.get(which) or declared["opt"])
+    if declared is not None:
+        return list(declared)
+    return [d if isinstance(d, int) and d > 0 else int(dynamic_dims.get(str(d), DEFAULT_DYNAMIC)) for d in spec.shape]
+
+
+def assumed_dims(
+    specs: list[TensorSpec], dynamic_dims: dict[str, int], input_shapes: dict[str, Any], values: Any
+) -> dict[str, dict[str, int]]:
+    """{input: {dim: value}} for every symbolic dim that nothing in the package declares (it becomes 1)."""
+    out: dict[str, dict[str, int]] = {}
+    for spec in specs:
+        if spec.name in input_shapes or spec.name in (values or {}):
+            continue
+        for i, d in enumerate(spec.shape):
+            if not (isinstance(d, int) and d > 0) and str(d) not in dynamic_dims:
+                out.setdefault(spec.name, {})[str(d) if d not in (None, "", -1) else f"dim{i}"] = DEFAULT_DYNAMIC
+    return out
+
+
+def seeded_feeds(
+    specs: list[TensorSpec],
+    *,
+    dynamic_dims: Any = None,
+    input_shapes: Any = None,
+    seed: int = 0,
+    which: str = "opt",
+    values: Any = None,
+) -> dict[str, np.ndarray]:
+    """Deterministic inputs that respect dtypes and shapes (floats ~ N(0,1), ints in [0, 10), bools);
+    `values` (model.yaml input_values) gives an input's value outright (a scalar fills the shape)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in specs:
+        shape = resolve_shape(spec, dynamic_dims or {}, input_shapes or {}, which)
+        try:
+            dtype = np.dtype(spec.dtype)
+        except TypeError:
+            dtype = _bf16(spec)  # numpy has no bfloat16; ml_dtypes (an onnx dependency) does
+        given = (values or {}).get(spec.name)
+        if isinstance(given, dict):  # a range: {low, high} (ints: high exclusive, a vocabulary of token ids)
+            feeds[spec.name] = _ranged(rng, spec, given, dtype, shape)
+            continue
+        if given is not None:
+            feeds[spec.name] = _given(spec, given, dtype, shape)
+            continue
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            arr = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            arr = rng.integers(0, 2, shape).astype(bool)
+        elif dtype.kind in "iu":
+            arr = rng.integers(0, 10, shape).astype(dtype)
+        else:
+            raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
+        feeds[spec.name] = arr
+    return feeds
+
+
+def _bf16(spec: TensorSpec) -> np.dtype:
+    if spec.dtype != "bfloat16":
+        raise ModelError(f"input {spec.name!r}: cannot generate data for type {spec.dtype}")
+    import ml_dtypes
+
+    bf16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    return bf16
+
+
+def _ranged(rng: Any, spec: TensorSpec, given: dict[str, Any], dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """model.yaml input_values range: integers uniform in [low, high), floats uniform in [low, high]."""
+    low, high = given.get("low", 0), given["high"]
+    if dtype.kind in "iu":
+        ints: np.ndarray = rng.integers(int(low), int(high), shape).astype(dtype)
+        return ints
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        floats: np.ndarray = rng.uniform(float(low), float(high), shape).astype(dtype)
+        return floats
+    raise ModelError(f"input_values.{spec.name}: a range needs a numeric input, not {spec.dtype}")
+
+
+def _given(spec: TensorSpec, value: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """model.yaml input_values: a scalar fills the input's shape; a list is the value as written."""
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"input_values.{spec.name}: not a {dtype.name} value: {exc}") from None
+    return np.full(shape, arr, dtype=arr.dtype) if arr.ndim == 0 and shape else arr
+
+
+@dataclass
+class InputPlan:
+    """What qualification feeds: accuracy inputs (+ expected outputs when golden), latency at opt and max."""
+
+    accuracy: dict[str, Any]
+    expected: dict[str, Any] | None
+    latency: dict[str, Any]
+    at_max: dict[str, Any] | None = None
+    assumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    desc: str = ""
+
+    def warm_sets(self) -> list[dict[str, Any]]:
+        """The inputs in the order the daemon replays them before a swap: golden (accuracy) first."""
+        sets = [self.accuracy]
+        for extra in (self.latency, self.at_max):
+            if extra is not None and all(extra is not s for s in sets):
+                sets.append(extra)
+        return sets
+
+
+def plan_inputs(
+    specs: list[TensorSpec], outputs: list[TensorSpec], meta: dict[str, Any], datasets: list[Path]
+) -> InputPlan:
+    """The inputs of one package (model.yaml `meta`, its golden `datasets`), the same in qualify and daemon."""
+    dyn = dict(meta.get("dynamic_dims") or {})
+    shapes = dict(meta.get("input_shapes") or {})
+    values = dict(meta.get("input_values") or {})
+    declared = bool(shapes or values)
+    kw: dict[str, Any] = {"dynamic_dims": dyn, "input_shapes": shapes, "values": values}
+    ranged = any(isinstance(v, dict) and v.get("max") for v in shapes.values())
+    dims = ", ".join(f"{k}={v}" for k, v in dyn.items())
+    if datasets:  # the package's own inputs wherever they fit; generated only what is missing
+        feeds, expected = load_dataset(datasets[0], specs, outputs)
+        timed, timed_at = _timed_set(datasets, specs, outputs, shapes, "opt", feeds)
+        if timed is None:  # no golden set has the declared opt shape: generated at opt, said so
+            timed, timed_at = seeded_feeds(specs, **kw), "generated at declared opt"
+        at_max = None
+        if ranged:
+            at_max, where_max = _timed_set(datasets, specs, outputs, shapes, "max", None)
+            if at_max is None:
+                at_max, where_max = seeded_feeds(specs, which="max", **kw), "generated at declared max"
+            timed_at += f"; at max: {where_max}"
+        where = f"golden:{datasets[0].name}"
+        where += f"; latency on {timed_at}" if timed_at != where else ""
+        return InputPlan(feeds, expected or None, timed, at_max, {}, where)
+    opt = seeded_feeds(specs, **kw)
+    at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
+    assumed = assumed_dims(specs, dyn, shapes, values)
+    desc = f"seeded(seed=0{', ' + dims if dims else ''}{', declared shapes' if declared else ''})"
+    return InputPlan(opt, None, opt, at_max, assumed, desc)
+
+
+def _timed_set(
+    datasets: Any, specs: list[TensorSpec], outputs: Any, shapes: Any, which: str, first: Any
+) -> tuple[Any, Any]:
+    """The package's own inputs to time at `which` (opt or max): the first golden set whose shapes match the
+    declared ones (every set matches where nothing is declared for `which`); (None, None) when none does."""
+    want = {n: resolve_shape(s, {}, shapes, which) for s in specs if (n := s.name) in shapes}
+    if which == "max" and not want:
+        return None, None
+    for i, ds in enumerate(datasets):
+        feeds = first if i == 0 and first is not None else load_dataset(ds, specs, outputs)[0]
+        if all(list(np.shape(feeds.get(n))) == shape for n, shape in want.items()):  # type: ignore[arg-type]
+            return feeds, f"golden:{ds.name}"
+    return None, None
+
+
+def package_plan(pkg: Any) -> InputPlan:
+    """The InputPlan of a ModelPackage."""
+    return plan_inputs(pkg.inputs, pkg.outputs, pkg.meta, pkg.datasets)
+
+
+def package_inputs(pkg: Any) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    """(accuracy feeds, golden outputs or None, description of the source) for a ModelPackage."""
+    plan = package_plan(pkg)
+    return plan.accuracy, plan.expected, plan.desc
+
+
+def batch_size(feeds: dict[str, Any]) -> int:
+    first = next((v for v in feeds.values() if isinstance(v, np.ndarray) and v.ndim > 0), None)
+    return int(first.shape[0]) if first is not None else 1

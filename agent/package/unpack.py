@@ -1,0 +1,56 @@
+"""Unpack a stored package blob under packages/<sha>/ and check it (the child's side of the verify stage)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.util.atomic import fsync_dir
+
+if TYPE_CHECKING:
+    from agent.artifacts.store import ContentStore
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
+    """packages/<sha>/ holding the package (extracted from a .tar.gz blob, or the bare model.onnx)."""
+    final = packages_root / sha
+    if final.is_dir():
+        return final
+    blob = Path(store.path(sha))
+    tmp = packages_root / f".{sha}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with open(blob, "rb") as f:
+            magic = f.read(2)
+        if magic == GZIP_MAGIC:
+            from agent.package.load import extract_archive
+
+            root = extract_archive(blob, tmp)
+            if root != tmp:  # archive with one top-level directory: flatten
+                for child in root.iterdir():
+                    os.replace(child, tmp / child.name)
+        else:
+            shutil.copyfile(blob, tmp / "model.onnx")
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fsync_dir(packages_root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def check_package(root: str) -> dict[str, Any]:
+    """The child's side of verify(): load_package's checks; where the model is and its digest."""
+    from agent.package.load import load_package
+
+    pkg = load_package(root)
+    return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}

@@ -1,0 +1,1 @@
+"""The fleet simulator: N real DeviceAgents in one process on captured device classes."""
