@@ -44,6 +44,7 @@ ENTRY_KEYS = (
     "memory_peak_bytes",
     "session_s",
     "optimization",
+    "latency_points",
 )
 
 

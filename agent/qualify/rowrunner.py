@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from agent.hardware.emulation import detect_emulation
-from agent.qualify import caches, coldstart, coverage_set, reference
+from agent.qualify import caches, coldstart, coverage_set, points, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify import variants as var
@@ -243,20 +243,21 @@ class RowRunner:
             self._held.close()
             self._held = None
 
-    def _call(self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker) -> IsolatedResult:
+    def _call(
+        self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker, partial=None
+    ) -> IsolatedResult:
         """The row's child: a worker kept for it (confirmation), a new one kept after (when rows are kept for
-        the confirmation round), else a one-shot child."""
+        the confirmation round), else a one-shot child. The row so far (`row_partial`) lands in `partial`."""
         keep = worker is None and self.kept is not None and self.isolate and task.endswith(":measure_row")
+        say = points.catching(self.say, partial if partial is not None else {})
         if worker is None and not keep:
             return run_isolated(
-                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=self.say,
+                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=say,
                 memory_max=self.memory_max,
             )  # fmt: skip
         w = worker if worker is not None else IsolatedWorker(memory_max=self.memory_max)
         try:
-            res = w.call(
-                task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=self.say
-            )
+            res = w.call(task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=say)
         except BaseException:
             w.close()
             raise
@@ -265,7 +266,7 @@ class RowRunner:
         else:
             w.close()
         if worker is not None and res.kind == "crashed":  # the kept worker died idle: a new one, a new session
-            return self._call(task, kwargs, timeout, tag, None)
+            return self._call(task, kwargs, timeout, tag, None, partial)
         return res
 
     def _measure_row(self, name, precision, device, options, cdir, row_versions, confirm=False, worker=None) -> Row:
@@ -307,17 +308,26 @@ class RowRunner:
             "model_precision": self.variant.precision,
             "declared": self.variant.declared,
             "original": self.original,
+            "sources": self.plan.sources,
         }
+        timeout = min(self.timeout, left) if left is not None else self.timeout
+        kwargs["row_timeout_s"] = timeout
         served0, t0 = child_ask("serving_requests"), time.monotonic()
+        partial: dict[str, Any] = {}
         res = self._call(
             "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
             kwargs,
-            min(self.timeout, left) if left is not None else self.timeout,
+            timeout,
             (f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             worker,
+            partial,
         )
         served1, wall = child_ask("serving_requests"), time.monotonic() - t0
-        row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
+        if not res.ok and res.kind == "timeout" and partial.get("row"):
+            row = Row.from_dict(points.kept_partial(partial["row"], res.error, self.plan))
+        else:
+            row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
+        row.generated_inputs = dict(self.plan.generated)
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
         row.assumed_shapes = self.plan.assumed

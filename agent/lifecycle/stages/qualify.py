@@ -72,6 +72,7 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: act.StepContext) -> tuple[
         "contended": bool(row.get("contended")),
         "memory_peak_bytes": row.get("memory_peak_bytes"),
         "session_s": row.get("session_s") or {},
+        "latency_points": row.get("latency_points") or [],  # a max point not run is not replayed in warm-up
         "optimization": row.get("optimization"),
         "input_specs": (decision.get("model") or {}).get("inputs") or [],
         **({"requalified": note} if note else {}),
