@@ -171,6 +171,7 @@ class InputPlan:
     assumed: dict[str, dict[str, int]] = field(default_factory=dict)
     desc: str = ""
     sources: dict[str, str] = field(default_factory=dict)  # point (golden, opt, max) -> where its inputs come from
+    at_min: dict[str, Any] | None = None  # a range's min, when it differs from opt: timed to fit the max's estimate
     generated: dict[str, str] = field(default_factory=dict)  # "<point>.<input>" -> how its values were made
 
     def warm_sets(self) -> list[dict[str, Any]]:
@@ -214,15 +215,31 @@ def plan_inputs(
                 generated.update({f"max.{k}": v for k, v in made.items()})
             sources["max"] = where_max
             timed_at += f"; at max: {where_max}"
+        at_min = None
+        if ranged and _min_differs(specs, shapes):
+            at_min, sources["min"] = _timed_set(datasets, specs, outputs, shapes, "min", None)
+            if at_min is None:
+                at_min, made = from_golden(specs, feeds, gold, which="min", **kw)
+                sources["min"] = "generated at declared min from the golden values"
+                generated.update({f"min.{k}": v for k, v in made.items()})
         where = gold
         where += f"; latency on {timed_at}" if timed_at != where else ""
-        return InputPlan(feeds, expected or None, timed, at_max, {}, where, sources, generated)
+        return InputPlan(feeds, expected or None, timed, at_max, {}, where, sources, generated=generated, at_min=at_min)
     opt = seeded_feeds(specs, **kw)
     at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
     assumed = assumed_dims(specs, dyn, shapes, values)
     desc = f"seeded(seed=0{', ' + dims if dims else ''}{', declared shapes' if declared else ''})"
     sources = {"opt": desc, **({"max": "seeded at declared max"} if at_max is not None else {})}
-    return InputPlan(opt, None, opt, at_max, assumed, desc, sources)
+    at_min = seeded_feeds(specs, which="min", **kw) if ranged and _min_differs(specs, shapes) else None
+    sources.update({"min": "seeded at declared min"} if at_min is not None else {})
+    return InputPlan(opt, None, opt, at_max, assumed, desc, sources, at_min=at_min)
+
+
+def _min_differs(specs: list[TensorSpec], shapes: dict[str, Any]) -> bool:
+    """A declared range whose min is not its opt (a second size to fit the max point's estimate on)."""
+    return any(
+        resolve_shape(s, {}, shapes, "min") != resolve_shape(s, {}, shapes, "opt") for s in specs if s.name in shapes
+    )
 
 
 def _timed_set(datasets, specs, outputs, shapes, which, first):

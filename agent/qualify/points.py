@@ -25,6 +25,7 @@ ASSUMED_EXPONENT = 2.0  # cost ~ size^2 (attention-like) when no two measured po
 TIME_MARGIN = 0.8  # a run at max is started only when its estimate fits this share of the row's time left
 MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
 ALLOCATOR_SLACK = 32 << 20  # RSS the runs add at any size (arenas, thread stacks): not scaled with the inputs
+MIN_BUDGET = 0.1  # the declared min (timed before the max only to fit the estimate's exponent): this share
 GOLDEN_BUDGET = 0.25  # the golden point, when it is not the opt point: this share
 
 
@@ -57,14 +58,16 @@ def growth(small: dict[str, Any], large: dict[str, Any]) -> float:
 
 
 def exponent(measured: list[tuple[dict[str, Any], float]]) -> tuple[float, str]:
-    """(cost exponent, how it was found) from measured (feeds, p50 ms) points."""
-    for i, (fa, ta) in enumerate(measured):
-        for fb, tb in measured[i + 1 :]:
-            r = growth(fa, fb) if growth(fa, fb) > 1.0 else growth(fb, fa)
-            if r > 1.0 and ta > 0 and tb > 0:
-                small, large = (ta, tb) if growth(fa, fb) > 1.0 else (tb, ta)
-                k = min(3.0, max(1.0, math.log(large / small) / math.log(r)))
-                return k, f"fitted {k:.2f} between the measured points"
+    """(cost exponent, how it was found) from measured (feeds, p50 ms) points: fitted between the two largest
+    sizes (a fixed overhead flattens the smallest ones), clamped to [1, 3]."""
+    by_size = sorted(measured, key=lambda m: sum(_sizes(m[0]).values()))
+    large = by_size[-1] if by_size else None
+    for small in reversed(by_size[:-1]):
+        assert large is not None
+        r = growth(small[0], large[0])
+        if r > 1.0 and small[1] > 0 and large[1] > 0:
+            k = min(3.0, max(1.0, math.log(large[1] / small[1]) / math.log(r)))
+            return k, f"fitted {k:.2f} between {shapes(small[0])} and the larger point"
     return ASSUMED_EXPONENT, f"assumed {ASSUMED_EXPONENT:g} (one measured size)"
 
 

@@ -77,7 +77,7 @@ class RowRunner:
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
         self.plan = package_plan(pkg)
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
-        self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
+        self.latency_feeds, self.max_feeds, self.min_feeds = self.plan.latency, self.plan.at_max, self.plan.at_min
         self.memory_max: int | None = None
         self.asked: set[str] = set()
         self.deadline: float | None = None
@@ -104,6 +104,8 @@ class RowRunner:
             lat, top = self.plan.latency, self.plan.at_max
             self.latency_feeds = self.feeds if lat is raw else var.adapt_feeds(lat, v.declared)
             self.max_feeds = var.adapt_feeds(top, v.declared) if top is not None else None
+            low = self.plan.at_min
+            self.min_feeds = var.adapt_feeds(low, v.declared) if low is not None else None
         if v.reference is None:
             self.reference, self.ref_desc, self.ref_error = _reference(
                 v.model_path,
@@ -304,6 +306,7 @@ class RowRunner:
             "batch": batch_size(self.latency_feeds),
             "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
             "max_feeds": self.max_feeds,
+            "min_feeds": self.min_feeds,
             "memory_max": self.memory_max,
             "model_precision": self.variant.precision,
             "declared": self.variant.declared,

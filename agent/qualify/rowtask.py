@@ -46,6 +46,7 @@ def measure_row(
     batch: int = 1,
     latency_feeds: dict[str, Any] | None = None,
     max_feeds: dict[str, Any] | None = None,
+    min_feeds: dict[str, Any] | None = None,
     memory_max: int | None = None,
     model_precision: str | None = None,
     declared: dict[str, Any] | None = None,
@@ -185,6 +186,10 @@ def measure_row(
         )
     row.update(status="passed", reason=_passed_reason(row))
     if max_feeds is not None:
+        if min_feeds is not None:  # a second size for the max point's estimate (cheap: the smallest inputs)
+            low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s * points.MIN_BUDGET, batch=batch)
+            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
+            measured.insert(0, (min_feeds, float(low["p50"])))
         _at_max(row, sess, max_feeds, measured, budget_s, batch, deadline, (rss0, opened), memory_max, src, said)
     sess.close()
     return row
