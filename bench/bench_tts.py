@@ -7,6 +7,10 @@ row's verdict and its latency at every declared shape point with the runs it res
 
     .venv/bin/pip install --no-deps -r bench/requirements-tts.txt
     .venv/bin/python bench/bench_tts.py [--providers cpu] [--budget 1] [--timeout 300] [--max 224]
+        [--length-change 0.05]
+
+--length-change F qualifies against a copy of the shipped targets whose every tolerance has max_length_change F
+(an output of another length within it is compared on its overlap).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import argparse
 import hashlib
 import importlib.resources as res
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,12 +67,25 @@ def utterances(directory: Path, n: int = 56) -> list[Path]:
     return files
 
 
+def length_targets(directory: Path, change: float) -> Path:
+    """The shipped targets, each tolerance with max_length_change `change`."""
+    shutil.copytree(Path(__file__).resolve().parent.parent / "targets", directory)
+    for f in directory.glob("*.yaml"):
+        doc = yaml.safe_load(f.read_text())
+        for by_precision in (doc.get("tolerances") or {}).values():
+            for bounds in by_precision.values():
+                bounds["max_length_change"] = change
+        f.write_text(yaml.safe_dump(doc))
+    return directory
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--providers", nargs="*", default=[])
     ap.add_argument("--budget", default="1")
     ap.add_argument("--timeout", default="300")
     ap.add_argument("--max", type=int, default=224)
+    ap.add_argument("--length-change", type=float, default=None)
     args = ap.parse_args()
     exe = [sys.executable, "-m", "agent"]
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
@@ -82,14 +101,19 @@ def main() -> None:
         cmd = [*exe, "qualify", pkg, "--json", "--budget", args.budget, "--timeout", args.timeout]
         for p in args.providers:
             cmd += ["--provider", p]
+        env = dict(os.environ)
+        if args.length_change is not None:
+            env["EDGE_AGENT_TARGETS_DIR"] = str(length_targets(work / "targets", args.length_change))
         t0 = time.monotonic()
-        q = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+        q = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env)
         wall = time.monotonic() - t0
         doc = json.loads(q.stdout)
         print(f"qualify exit {q.returncode} in {wall:.0f} s; selected {doc['selected_key']}: {doc['reason']}")
         print(f"inputs: {doc['inputs']}")
         for r in doc["results"]:
             print(f"{r['key']} {r['status']} ({r.get('wall_s')} s): {r['reason']}")
+            if (r.get("accuracy") or {}).get("length_note"):
+                print(f"    {r['accuracy']['length_note']}")
             for p in r.get("latency_points") or []:
                 fig = f"p50 {p['p50']:.1f} ms over {p['runs']} runs" if p.get("runs") else "no figure"
                 print(f"    {p['point']} {p['inputs']}: {fig}; {p.get('stopped') or p.get('skipped') or ''}")

@@ -182,7 +182,8 @@ def measure_row(
             row,
             "accuracy",
             f"accuracy: {'; '.join(problems)} on {provider}"
-            + (f" ({row['precision']})" if row.get("precision") else ""),
+            + (f" ({row['precision']})" if row.get("precision") else "")
+            + (f"; {row['accuracy']['length_note']}" if (row.get("accuracy") or {}).get("length_note") else ""),
         )
     row.update(status="passed", reason=_passed_reason(row))
     if max_feeds is not None:
