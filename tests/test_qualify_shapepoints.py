@@ -230,3 +230,19 @@ def test_a_row_whose_output_length_differs_passes_on_the_overlap_only_within_max
     assert length["got"] > length["reference"] == length["compared"] and 0 < length["change"] <= 0.05, length
     assert f"compared on the first {length['compared']}" in row["reason"], row["reason"]
     assert row["accuracy"]["tolerance"]["max_length_change"] == 0.05
+
+
+def test_the_daemon_warm_up_replays_the_max_point_only_when_qualification_ran_it(tmp_path):
+    from agent.lifecycle.actions import warm_feeds
+    from agent.providers import get
+
+    pkg = _package(tmp_path, 224)
+    sess = get("cpu").open_session(str(pkg / "model.onnx"))
+    try:
+        ran = {"package_dir": str(pkg), "latency_points": [{"point": "max", "runs": 3, "p50": 1.0}]}
+        skipped = {"package_dir": str(pkg), "latency_points": [{"point": "max", "runs": 0, "skipped": "not run: ..."}]}
+        lengths = lambda entry: [f["tokens"].shape[1] for f in warm_feeds(sess, entry)]  # noqa: E731
+        assert lengths(ran) == [56, 224]
+        assert lengths(skipped) == [56]
+    finally:
+        sess.close()
