@@ -129,7 +129,7 @@ def test_a_max_point_slower_than_its_budget_or_the_row_never_times_the_row_out(t
     assert row["status"] == "passed" and decision["selected"] == "cpu", row
     assert "timed out" not in row["reason"] and row["stage"] is None, row["reason"]
     points = _points(row)
-    assert points["golden+opt"]["runs"] >= 1, points
+    assert points["golden+opt"]["runs"] >= 1 and points["min"]["runs"] >= 1, points
     top = points["max"]
     if top.get("runs"):  # the host ran it faster than its cost says: a figure, never a lost row
         assert top["p50"] > 0, top

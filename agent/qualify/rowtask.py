@@ -187,24 +187,30 @@ def measure_row(
         )
     row.update(status="passed", reason=_passed_reason(row))
     if max_feeds is not None:
-        if min_feeds is not None:  # a second size for the max point's estimate (cheap: the smallest inputs)
-            low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s * points.MIN_BUDGET, batch=batch)
-            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
-            measured.insert(0, (min_feeds, float(low["p50"])))
-        _at_max(row, sess, max_feeds, measured, budget_s, batch, deadline, (rss0, opened), memory_max, src, said)
+        feeds_at = (min_feeds, max_feeds)
+        _at_max(row, sess, feeds_at, measured, budget_s, batch, deadline, (rss0, opened), memory_max, src, said)
     sess.close()
     return row
 
 
-def _at_max(row, sess, max_feeds, measured, budget_s, batch, deadline, rss, memory_max, src, said):
+def _at_max(row, sess, feeds_at, measured, budget_s, batch, deadline, rss, memory_max, src, said):
     """The declared max point, last: the row so far goes to the parent first (kept if this outlasts the
-    deadline); checked against the time left and the memory budget, then timed; a run over memory_max there
-    fails the row."""
+    deadline); the declared min (when it differs from opt: a second size for the estimate); the max checked
+    against the time left and the memory budget, then timed; a run over memory_max there fails the row."""
     from agent.qualify.declared import default_budget
 
     rss0, opened = rss
-
+    min_feeds, max_feeds = feeds_at
     emit("row_partial", row=dict(row))
+    if min_feeds is not None:  # cheap: the smallest inputs
+        emit("latency", **said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget_s * points.MIN_BUDGET)
+        try:
+            low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s * points.MIN_BUDGET, batch=batch)
+            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
+            measured.insert(0, (min_feeds, float(low["p50"])))
+        except EdgeAgentError as exc:
+            row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
+        emit("row_partial", row=dict(row))  # with the min point
     budget = (memory_max, "serving.memory_max") if memory_max else default_budget()
     peak0 = _peak_rss()
     try:
