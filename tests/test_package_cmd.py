@@ -238,8 +238,9 @@ def _frames_model(path: Path, frames_per_short_token: int) -> Path:
 def test_data_dependent_output_length_qualifies_on_golden_inputs_with_or_without_input_shapes(tmp_path):
     """Issue 28, done when: a model whose output length depends on its input values (here, as a TTS decoder's on
     its token ids) qualifies on its golden inputs with the same budget and memory cap whether or not model.yaml
-    declares input_shapes. Generated inputs for it (ints in [0, 10)) would make a ~600 MiB output and the worker
-    would be stopped at the cap: the last run shows that is what a shape no golden set has still gets."""
+    declares input_shapes. A declared shape no golden set has gets its ids resampled from the golden ones (issue
+    42), so it qualifies too; ids the model never sees in service (`input_values` ints in [0, 10)) would make a
+    ~600 MiB output and the worker is stopped at the cap: the last run shows that."""
     model = _frames_model(tmp_path / "frames.onnx", 1 << 23)
     rng = np.random.default_rng(7)
     files = []
@@ -251,24 +252,28 @@ def test_data_dependent_output_length_qualifies_on_golden_inputs_with_or_without
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["input_shapes"] == {"ids": [1, 64]}
     assert "input_shapes" in (declared / "model.yaml").read_text()
-    bare, generated = tmp_path / "bare", tmp_path / "generated"
-    for other, shapes in ((bare, None), (generated, {"ids": [1, 32]})):  # none of the golden sets is [1, 32]
-        shutil.copytree(declared, other)
+    bare, generated, noise = tmp_path / "bare", tmp_path / "generated", tmp_path / "noise"
+    for other, shapes in ((bare, None), (generated, {"ids": [1, 32]}), (noise, {"ids": [1, 32]})):
+        shutil.copytree(declared, other)  # none of the golden sets is [1, 32]
         meta = yaml.safe_load((other / "model.yaml").read_text())
         meta.pop("input_shapes")
         meta.update({"input_shapes": shapes} if shapes else {})
+        meta.update({"input_values": {"ids": {"low": 0, "high": 10}}} if other is noise else {})
         (other / "model.yaml").write_text(yaml.safe_dump(meta))
 
     same = ("--provider", "cpu", "--budget", "1", "--timeout", "120", "--memory-max", "64M", "--json")
-    for pkg in (declared, bare):
+    for pkg in (declared, bare, generated):
         q = edge_agent("qualify", pkg, *same, timeout=300)
         assert q.returncode == 0, (pkg.name, q.stdout[-2000:], q.stderr[-2000:])
         decision = json.loads(q.stdout)
-        assert decision["selected"] == "cpu" and decision["inputs"] == "golden:test_data_set_0", (pkg.name, decision)
+        assert decision["selected"] == "cpu" and decision["inputs"].startswith("golden:test_data_set_0"), decision
         assert decision["results"][0]["status"] == "passed", decision["results"][0]
-    q = edge_agent("qualify", generated, *same, timeout=300)
+    assert "generated at declared opt from the golden values" in decision["inputs"], decision["inputs"]
+    assert "resampled" in decision["results"][0]["generated_inputs"]["opt.ids"], decision["results"][0]
+    q = edge_agent("qualify", noise, *same, timeout=300)
     assert q.returncode == 3, q.stdout[-2000:]
     decision = json.loads(q.stdout)
     assert "latency on generated at declared opt" in decision["inputs"], decision["inputs"]
     row = decision["results"][0]
+    assert row["generated_inputs"]["opt.ids"].startswith("input_values"), row["generated_inputs"]
     assert row["status"] != "passed" and "memory" in str(row.get("reason")), row

@@ -204,6 +204,7 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    lines += _point_lines(doc["results"])
     if (doc.get("graph") or {}).get("why"):
         lines.append(f"graph: {doc['graph']['why']}")
     busy = [r["key"] for r in doc["results"] if r.get("contended")]
@@ -238,6 +239,21 @@ def _original_lines(rows: list[dict]) -> list[str]:
         if o.get("error"):
             speed = f"; {o['error']}"
         out.append(f"  {r['key']} ({r.get('precision')}) vs fp32 original: {agree} over {acc.get('sets')} sets{speed}")
+    return out
+
+
+def _point_lines(rows: list[dict]) -> list[str]:
+    """Each row's latency at every declared shape point and how many runs it rests on; generated inputs."""
+    out = []
+    for r in rows:
+        for p in r.get("latency_points") or []:
+            fig = f"p50 {ms(p.get('p50'))} ms over {p.get('runs')} runs" if p.get("runs") else "-"
+            note = p.get("skipped") or p.get("stopped")
+            out.append(
+                f"  {r['key']} at {p['point']} {p['inputs']}: {fig} ({p.get('source')})" + (f"; {note}" if note else "")
+            )
+        for where, how in (r.get("generated_inputs") or {}).items() if r.get("latency_points") else ():
+            out.append(f"  {r['key']} generated {where}: {how}")
     return out
 
 

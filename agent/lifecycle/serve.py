@@ -41,6 +41,8 @@ def warm_feeds(session: ProviderSession, entry: SlotEntry | None = None) -> list
 
         plan = plan_inputs(specs or list(session.inputs), list(session.outputs), read_meta(root), golden_datasets(root))
         served = {"inputs": [{"name": s.name, "dtype": s.dtype} for s in session.inputs]}
+        if any(p.get("point") == "max" and not p.get("runs") for p in entry.latency_points or []):
+            plan.at_max = None  # qualification did not run it (over the row's time or memory): nor does warm-up
         return [adapt_feeds(f, served) for f in plan.warm_sets()]  # a variant gets them in its own input types
     return [_zeros(session)]
 

@@ -43,6 +43,7 @@ class SlotEntry:
     memory_peak_bytes: int | None = None
     session_s: float | None = None
     optimization: Any = None
+    latency_points: list[dict[str, Any]] | None = None  # qualification's shape points (agent.qualify.points)
     ts: float | None = None  # when it was committed (absent from an entry not committed yet)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 

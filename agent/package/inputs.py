@@ -3,7 +3,8 @@
 model.yaml declares shapes per input: `input_shapes: {x: [1, 3, 224, 224]}` (fixed) or `{x: {min: [..],
 opt: [..], max: [..]}}` (a range, as TensorRT optimisation profiles do), `dynamic_dims: {H: 32}` by dim name,
 and `input_values: {sr: 16000}` for scalar or semantic inputs. Accuracy is judged on golden data (else seeded
-feeds at `opt`), latency is measured at `opt` (and at `max` when declared). A symbolic dim nobody declared is
+feeds at `opt`), latency is measured at `opt` (and at `max` when declared); a declared shape no golden set has is
+made from the golden values (agent.package.fromgolden). A symbolic dim nobody declared is
 assumed to be 1 and named in `assumed`. The daemon's warm-up replays exactly these inputs, golden first.
 """
 
@@ -180,6 +181,9 @@ class InputPlan:
     at_max: dict[str, Any] | None = None
     assumed: dict[str, dict[str, int]] = field(default_factory=dict)
     desc: str = ""
+    sources: dict[str, str] = field(default_factory=dict)  # point (golden, opt, max) -> where its inputs come from
+    at_min: dict[str, Any] | None = None  # a range's min, when it differs from opt: timed to fit the max's estimate
+    generated: dict[str, str] = field(default_factory=dict)  # "<point>.<input>" -> how its values were made
 
     def warm_sets(self) -> list[dict[str, Any]]:
         """The inputs in the order the daemon replays them before a swap: golden (accuracy) first."""
@@ -202,24 +206,51 @@ def plan_inputs(
     ranged = any(isinstance(v, dict) and v.get("max") for v in shapes.values())
     dims = ", ".join(f"{k}={v}" for k, v in dyn.items())
     if datasets:  # the package's own inputs wherever they fit; generated only what is missing
+        from agent.package.fromgolden import from_golden
+
         feeds, expected = load_dataset(datasets[0], specs, outputs)
+        gold = f"golden:{datasets[0].name}"
+        sources, generated = {"golden": gold}, {}
         timed, timed_at = _timed_set(datasets, specs, outputs, shapes, "opt", feeds)
-        if timed is None:  # no golden set has the declared opt shape: generated at opt, said so
-            timed, timed_at = seeded_feeds(specs, **kw), "generated at declared opt"
+        if timed is None:  # no golden set has the declared opt shape: made from the golden values, said so
+            timed, made = from_golden(specs, feeds, gold, which="opt", **kw)
+            timed_at = "generated at declared opt from the golden values"
+            generated.update({f"opt.{k}": v for k, v in made.items()})
+        sources["opt"] = timed_at
         at_max = None
         if ranged:
             at_max, where_max = _timed_set(datasets, specs, outputs, shapes, "max", None)
             if at_max is None:
-                at_max, where_max = seeded_feeds(specs, which="max", **kw), "generated at declared max"
+                at_max, made = from_golden(specs, feeds, gold, which="max", **kw)
+                where_max = "generated at declared max from the golden values"
+                generated.update({f"max.{k}": v for k, v in made.items()})
+            sources["max"] = where_max
             timed_at += f"; at max: {where_max}"
-        where = f"golden:{datasets[0].name}"
+        at_min = None
+        if ranged and _min_differs(specs, shapes):
+            at_min, sources["min"] = _timed_set(datasets, specs, outputs, shapes, "min", None)
+            if at_min is None:
+                at_min, made = from_golden(specs, feeds, gold, which="min", **kw)
+                sources["min"] = "generated at declared min from the golden values"
+                generated.update({f"min.{k}": v for k, v in made.items()})
+        where = gold
         where += f"; latency on {timed_at}" if timed_at != where else ""
-        return InputPlan(feeds, expected or None, timed, at_max, {}, where)
+        return InputPlan(feeds, expected or None, timed, at_max, {}, where, sources, generated=generated, at_min=at_min)
     opt = seeded_feeds(specs, **kw)
     at_max = seeded_feeds(specs, which="max", **kw) if ranged else None
     assumed = assumed_dims(specs, dyn, shapes, values)
     desc = f"seeded(seed=0{', ' + dims if dims else ''}{', declared shapes' if declared else ''})"
-    return InputPlan(opt, None, opt, at_max, assumed, desc)
+    sources = {"opt": desc, **({"max": "seeded at declared max"} if at_max is not None else {})}
+    at_min = seeded_feeds(specs, which="min", **kw) if ranged and _min_differs(specs, shapes) else None
+    sources.update({"min": "seeded at declared min"} if at_min is not None else {})
+    return InputPlan(opt, None, opt, at_max, assumed, desc, sources, at_min=at_min)
+
+
+def _min_differs(specs: list[TensorSpec], shapes: dict[str, Any]) -> bool:
+    """A declared range whose min is not its opt (a second size to fit the max point's estimate on)."""
+    return any(
+        resolve_shape(s, {}, shapes, "min") != resolve_shape(s, {}, shapes, "opt") for s in specs if s.name in shapes
+    )
 
 
 def _timed_set(

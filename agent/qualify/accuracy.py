@@ -36,13 +36,34 @@ def override(base: Tolerance, patch: dict[str, Any] | None) -> Tolerance:
     return Tolerance(**values)
 
 
-def output_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
-    """Metrics for one output. Shape or dtype-kind mismatches are reported, not raised."""
+def output_metrics(ref: np.ndarray, got: np.ndarray, length_change: float | None = None) -> dict[str, Any]:
+    """Metrics for one output. Shape or dtype-kind mismatches are reported, not raised. With `length_change`
+    (the target's max_length_change), an output whose length differs from the reference along one dim by at
+    most that fraction is compared on the overlapping part, and `length` says so."""
     ref, got = np.asarray(ref), np.asarray(got)
     m: dict[str, Any] = {"shape": list(ref.shape), "dtype": str(ref.dtype)}
     if ref.shape != got.shape:
         m["error"] = f"shape {list(got.shape)} != reference {list(ref.shape)}"
-        return m
+        axes = [a for a in range(ref.ndim) if ref.shape[a] != got.shape[a]] if ref.ndim == got.ndim else []
+        if length_change is None or len(axes) != 1 or ref.shape[axes[0]] == 0:
+            return m
+        a = axes[0]
+        n_ref, n_got = ref.shape[a], got.shape[a]
+        change = abs(n_got - n_ref) / n_ref
+        length = {
+            "axis": a,
+            "reference": n_ref,
+            "got": n_got,
+            "change": round(change, 6),
+            "compared": min(n_ref, n_got),
+        }
+        if change > length_change:
+            m["error"] += f" (length change {change:.1%} > max_length_change {length_change:.1%})"
+            m["length"] = length
+            return m
+        cut = [slice(None)] * ref.ndim
+        cut[a] = slice(0, length["compared"])
+        return {**output_metrics(ref[tuple(cut)], got[tuple(cut)]), "shape": list(ref.shape), "length": length}
     if ref.dtype.kind in "OSU" or got.dtype.kind in "OSU":
         m["mismatches"] = int(np.sum(ref != got))
         return m
@@ -111,15 +132,31 @@ def _topk(r: np.ndarray, g: np.ndarray) -> dict[str, Any]:
     return out
 
 
-def compare(reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+def compare(
+    reference: dict[str, np.ndarray], outputs: dict[str, np.ndarray], length_change: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Metrics for every reference output; a missing output is an error entry."""
     result = {}
     for name, ref in reference.items():
         if name not in outputs:
             result[name] = {"error": "output missing from the provider's results"}
         else:
-            result[name] = output_metrics(ref, outputs[name])
+            result[name] = output_metrics(ref, outputs[name], length_change)
     return result
+
+
+def length_note(metrics: dict[str, dict[str, Any]]) -> str:
+    """How a row says an output was compared on its overlap: 'audio: length 87600 vs 90000 (-2.7%), compared on
+    the first 87600' (empty when every length matched)."""
+    notes = []
+    for name, m in metrics.items():
+        n = m.get("length")
+        if n and "error" not in m:
+            sign = (n["got"] - n["reference"]) / n["reference"]
+            notes.append(
+                f"{name}: length {n['got']} vs {n['reference']} ({sign:+.1%}), compared on the first {n['compared']}"
+            )
+    return "; ".join(notes)
 
 
 def violations(metrics: dict[str, dict[str, Any]], tol: Tolerance) -> list[str]:

@@ -34,6 +34,9 @@ class Row:
     rss_growth_mb: float | None = None
     memory_peak_bytes: int | None = None  # peak RSS growth of the session: create, warm-up, timed runs
     latency_max_ms: dict[str, Any] | None = None  # at model.yaml's declared max shape
+    # each declared shape point timed (golden, opt, max): inputs, source, p50/p90/p99, runs, stopped or skipped
+    latency_points: list[dict[str, Any]] = field(default_factory=list)
+    generated_inputs: dict[str, str] = field(default_factory=dict)  # input -> how its timed values were made
     conditions: dict[str, Any] = field(default_factory=dict)  # load, others' CPU share, serving rate, throttling
     contended: bool = False  # measured under contention: never a latency baseline
     assumed_shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # input -> {dim: value} guessed

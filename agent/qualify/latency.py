@@ -16,6 +16,7 @@ import numpy as np
 
 P90_MIN_RUNS = 64
 P99_MIN_RUNS = 662
+FLOOR_RUNS = 3  # a point's run-count floor: runs taken even past its soft budget when the hard limit holds them
 
 
 def measure(
@@ -28,17 +29,35 @@ def measure(
     batch: int = 1,
     progress: Callable[..., None] | None = None,
 ) -> dict[str, Any]:
-    """Time `run_once` and return the pinned latency_ms block plus throughput and support flags."""
-    warmup = _warm_up(run_once, warmup_s)
+    """Time `run_once` and return the pinned latency_ms block plus throughput and support flags.
+
+    The first run is timed on its own and decides this point's course: one longer than the budget whose
+    FLOOR_RUNS would not fit in the hard limit (3x budget, at least 2 s) is the point's one figure (`stopped`
+    says so); else warm-up takes at most a quarter of the budget and the timed runs stop at the budget once
+    `min_runs` are in, at the latest at the hard limit, and no run starts that the time left cannot hold once
+    FLOOR_RUNS are in."""
+    t_first = time.perf_counter()
+    run_once()
+    first_s = time.perf_counter() - t_first
+    hard_s = max(3 * budget_s, 2.0)
+    if first_s >= budget_s and first_s * FLOOR_RUNS > hard_s:
+        lat = summarize([first_s * 1e3], warmup_runs=0, total_s=first_s, batch=batch)
+        lat["stopped"] = (
+            f"one run took {first_s:.3g} s, over this point's budget {budget_s:.3g} s: the figure is that run's"
+        )
+        return lat
+    warmup = 1 + _warm_up(run_once, min(warmup_s, budget_s / 4), first_s, budget_s)
     samples: list[float] = []
-    hard_stop = time.perf_counter() + max(3 * budget_s, 2.0)
-    soft_stop = time.perf_counter() + budget_s
-    next_report = time.perf_counter() + 1.0
     t_start = time.perf_counter()
+    hard_stop = t_start + hard_s
+    soft_stop = t_start + budget_s
+    next_report = t_start + 1.0
     while len(samples) < target_runs:
         now = time.perf_counter()
         if (now >= soft_stop and len(samples) >= min_runs) or now >= hard_stop:
             break
+        if len(samples) >= FLOOR_RUNS and now + (samples[-1] / 1e3) > hard_stop:
+            break  # the next run would overrun the point's deadline
         t0 = time.perf_counter()
         run_once()
         samples.append((time.perf_counter() - t0) * 1e3)
@@ -48,7 +67,9 @@ def measure(
             )
             next_report = t0 + 1.0
     total_s = time.perf_counter() - t_start
-    return summarize(samples, warmup_runs=warmup, total_s=total_s, batch=batch)
+    lat = summarize(samples, warmup_runs=warmup, total_s=total_s, batch=batch)
+    lat["first_run_ms"] = round(first_s * 1e3, 3)
+    return lat
 
 
 def phrase(lat: dict[str, Any]) -> str:
@@ -56,11 +77,15 @@ def phrase(lat: dict[str, Any]) -> str:
     return f"p50 {lat['p50']:.3g} ms over {lat['runs']} runs"
 
 
-def _warm_up(run_once: Callable[[], Any], warmup_s: float) -> int:
-    """At least 3 runs, then until warmup_s has passed (at most 50 runs)."""
-    t_end = time.perf_counter() + warmup_s
+def _warm_up(run_once: Callable[[], Any], warmup_s: float, first_s: float, budget_s: float) -> int:
+    """After the first run: 2 more when they fit in a quarter of the budget, then more until warmup_s has
+    passed (50 runs in all at most)."""
+    t0 = time.perf_counter()
     n = 0
-    while n < 3 or (time.perf_counter() < t_end and n < 50):
+    while n < 49:
+        now = time.perf_counter()
+        if (n < 2 and now + first_s > t0 + budget_s / 4) or (n >= 2 and now >= t0 + warmup_s):
+            break
         run_once()
         n += 1
     return n

@@ -14,7 +14,7 @@ from agent.package import caches
 from agent.package import variants as var
 from agent.package.inputs import batch_size, package_plan
 from agent.package.load import ModelPackage
-from agent.qualify import coldstart, coverage_set, reference
+from agent.qualify import coldstart, coverage_set, points, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify.decision import Row
@@ -89,7 +89,7 @@ class RowRunner:
         self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
         self.plan = package_plan(pkg)
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
-        self.latency_feeds, self.max_feeds = self.plan.latency, self.plan.at_max
+        self.latency_feeds, self.max_feeds, self.min_feeds = self.plan.latency, self.plan.at_max, self.plan.at_min
         self.memory_max: int | None = None
         self.asked: set[str] = set()
         self.deadline: float | None = None
@@ -116,6 +116,8 @@ class RowRunner:
             lat, top = self.plan.latency, self.plan.at_max
             self.latency_feeds = self.feeds if lat is raw else var.adapt_feeds(lat, v.declared)
             self.max_feeds = var.adapt_feeds(top, v.declared) if top is not None else None
+            low = self.plan.at_min
+            self.min_feeds = var.adapt_feeds(low, v.declared) if low is not None else None
         if v.reference is None:
             self.reference, self.ref_desc, self.ref_error = _reference(
                 v.model_path,
@@ -267,20 +269,27 @@ class RowRunner:
             self._held.close()
             self._held = None
 
-    def _call(self, task: str, kwargs: dict[str, Any], timeout: float, tag: str, worker: Any) -> IsolatedResult:
+    def _call(
+        self,
+        task: str,
+        kwargs: dict[str, Any],
+        timeout: float,
+        tag: str,
+        worker: Any,
+        partial: dict[str, Any] | None = None,
+    ) -> IsolatedResult:
         """The row's child: a worker kept for it (confirmation), a new one kept after (when rows are kept for
-        the confirmation round), else a one-shot child."""
+        the confirmation round), else a one-shot child. The row so far (`row_partial`) lands in `partial`."""
         keep = worker is None and self.kept is not None and self.isolate and task.endswith(":measure_row")
+        say = points.catching(self.say, partial if partial is not None else {})
         if worker is None and not keep:
             return run_isolated(
-                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=self.say,
+                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=say,
                 memory_max=self.memory_max,
             )  # fmt: skip
         w = worker if worker is not None else IsolatedWorker(memory_max=self.memory_max)
         try:
-            res = w.call(
-                task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=self.say
-            )
+            res = w.call(task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=say)
         except BaseException:
             w.close()
             raise
@@ -289,7 +298,7 @@ class RowRunner:
         else:
             w.close()
         if worker is not None and res.kind == "crashed":  # the kept worker died idle: a new one, a new session
-            return self._call(task, kwargs, timeout, tag, None)
+            return self._call(task, kwargs, timeout, tag, None, partial)
         return res
 
     def _measure_row(
@@ -337,21 +346,31 @@ class RowRunner:
             "batch": batch_size(self.latency_feeds),
             "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
             "max_feeds": self.max_feeds,
+            "min_feeds": self.min_feeds,
             "memory_max": self.memory_max,
             "model_precision": self.variant.precision,
             "declared": self.variant.declared,
             "original": self.original,
+            "sources": self.plan.sources,
         }
+        timeout = min(self.timeout, left) if left is not None else self.timeout
+        kwargs["row_timeout_s"] = timeout
         served0, t0 = child_ask("serving_requests"), time.monotonic()
+        partial: dict[str, Any] = {}
         res = self._call(
             "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
             kwargs,
-            min(self.timeout, left) if left is not None else self.timeout,
+            timeout,
             (f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             worker,
+            partial,
         )
         served1, wall = child_ask("serving_requests"), time.monotonic() - t0
-        row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
+        if not res.ok and res.kind == "timeout" and partial.get("row"):
+            row = Row.from_dict(points.kept_partial(partial["row"], res.error, self.plan))
+        else:
+            row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
+        row.generated_inputs = dict(self.plan.generated)
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
         row.assumed_shapes = self.plan.assumed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import resource
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,9 +14,8 @@ from agent.isolate import forkserver
 from agent.isolate.runner import child_progress as emit
 from agent.isolate.runner import size_text
 from agent.package import cacheseal
-from agent.qualify import accuracy, coldstart, conditions, latency
+from agent.qualify import accuracy, coldstart, conditions, latency, points
 
-MAX_SHAPE_BUDGET = 0.25  # latency at the declared max shape: this share of the row's budget
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
 _ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
 # in a kept row worker (agent.qualify.keptrows): the row's warm session and what it was opened for, until the
@@ -49,11 +49,14 @@ def measure_row(
     batch: int = 1,
     latency_feeds: dict[str, Any] | None = None,
     max_feeds: dict[str, Any] | None = None,
+    min_feeds: dict[str, Any] | None = None,
     memory_max: int | None = None,
     model_precision: str | None = None,
     declared: dict[str, Any] | None = None,
     original: dict[str, Any] | None = None,
     keep: bool = False,
+    sources: dict[str, str] | None = None,
+    row_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
@@ -61,7 +64,10 @@ def measure_row(
 
     model_precision: the graph's own precision (agent.package.precision); declared: the graph's inputs and
     outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
-    with (agent.qualify.original) instead of `reference`."""
+    with (agent.qualify.original) instead of `reference`. sources: where each point's inputs come from (golden,
+    opt, max: agent.package.inputs.InputPlan.sources); row_timeout_s: the parent's deadline for this call, which
+    a run at max must fit (agent.qualify.points). Before the max point the row so far goes to the parent as a
+    `row_partial` event, the row it keeps if the max point outlasts the deadline."""
     from agent.package.precision import effective
     from agent.providers import get
     from agent.qualify import original as orig
@@ -74,7 +80,7 @@ def measure_row(
         "options": options,
         "cache_dir": cache_dir,
     }
-    rss0 = _rss()
+    rss0, deadline = _rss(), (time.monotonic() + row_timeout_s) if row_timeout_s else None
     emit("session", provider=provider, precision=precision)
     cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
 
@@ -90,6 +96,7 @@ def measure_row(
             row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
         return _fail_run(row, rss0, memory_max, "session creation failed", exc)
     cacheseal.seal(cache_dir)
+    opened = max(0, _rss() - rss0)  # the session as built: what a bigger input does not scale
     row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
     row.update(compile_s=sess.compile_s, model_precision=model_precision)
     _record_assignment(row, sess)
@@ -112,16 +119,19 @@ def measure_row(
                 sess, original["sets"], original["outputs"], tol, original.get("classifier")
             )
         else:
-            metrics = accuracy.compare(reference, outputs)
+            metrics = accuracy.compare(reference, outputs, tol.max_length_change)
             problems = accuracy.violations(metrics, tol)
             row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+            if accuracy.length_note(metrics):
+                row["accuracy"]["length_note"] = accuracy.length_note(metrics)
     except EdgeAgentError as exc:
         sess.close()
         return _fail_run(row, rss0, memory_max, "inference failed", exc)
     timed = latency_feeds if latency_feeds is not None else feeds
     said = {"provider": provider, "precision": row["precision"]}
-    emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
+    emit("latency", **said, inputs=points.shapes(timed), budget_s=budget_s)
     sampler = conditions.Sampler()
+    src = sources or {}
     try:
         lat = latency.measure(
             lambda: sess.run(timed),
@@ -129,16 +139,17 @@ def measure_row(
             batch=batch,
             progress=lambda event, **f: emit(event, **said, **f),
         )
-        if max_feeds is not None and not problems:
-            emit("latency", **said, shape="max", inputs=_shapes(max_feeds), budget_s=budget_s * MAX_SHAPE_BUDGET)
-            row["latency_max_ms"] = _without_samples(
-                latency.measure(
-                    lambda: sess.run(max_feeds),
-                    budget_s=budget_s * MAX_SHAPE_BUDGET,
-                    batch=batch,
-                    progress=lambda event, **f: emit(event, **said, shape="max", **f),
-                )
+        row["latency_points"] = [
+            points.entry("opt" if timed is not feeds else "golden+opt", timed, lat, src.get("opt"))
+        ]
+        measured = [(timed, float(lat["p50"]))]
+        if timed is not feeds and not problems:  # the golden inputs are a point of their own
+            emit(
+                "latency", **said, shape="golden", inputs=points.shapes(feeds), budget_s=budget_s * points.GOLDEN_BUDGET
             )
+            gold = latency.measure(lambda: sess.run(feeds), budget_s=budget_s * points.GOLDEN_BUDGET, batch=batch)
+            row["latency_points"].insert(0, points.entry("golden", feeds, gold, src.get("golden")))
+            measured.insert(0, (feeds, float(gold["p50"])))
     except EdgeAgentError as exc:
         sess.close()
         return _fail_run(row, rss0, memory_max, "inference at the latency shape failed", exc)
@@ -147,8 +158,8 @@ def measure_row(
     row["latency_ms"] = lat
     row["throughput_ips"] = lat.get("throughput_ips")
     _record_memory(row, rss0)
-    sess.close()
     if memory_max and row["memory_peak_bytes"] > memory_max:
+        sess.close()
         return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
     emit("session_times", provider=provider, precision=row["precision"])
     try:
@@ -170,14 +181,83 @@ def measure_row(
     if keep and "session" in _KEPT:
         forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
     if problems:
+        sess.close()
         return _fail(
             row,
             "accuracy",
             f"accuracy: {'; '.join(problems)} on {provider}"
-            + (f" ({row['precision']})" if row.get("precision") else ""),
+            + (f" ({row['precision']})" if row.get("precision") else "")
+            + (f"; {row['accuracy']['length_note']}" if (row.get("accuracy") or {}).get("length_note") else ""),
         )
     row.update(status="passed", reason=_passed_reason(row))
+    if max_feeds is not None:
+        feeds_at = (min_feeds, max_feeds)
+        _at_max(row, sess, feeds_at, measured, budget_s, batch, deadline, (rss0, opened), memory_max, src, said)
+    sess.close()
     return row
+
+
+def _at_max(
+    row: dict[str, Any],
+    sess: Any,
+    feeds_at: tuple[Any, Any],
+    measured: list[tuple[dict[str, Any], float]],
+    budget_s: float,
+    batch: int,
+    deadline: float | None,
+    rss: tuple[int, int],
+    memory_max: int | None,
+    src: dict[str, Any],
+    said: dict[str, Any],
+) -> None:
+    """The declared max point, last: the row so far goes to the parent first (kept if this outlasts the
+    deadline); the declared min (when it differs from opt: a second size for the estimate); the max checked
+    against the time left and the memory budget, then timed; a run over memory_max there fails the row."""
+    from agent.package.declared import default_budget
+
+    rss0, opened = rss
+    min_feeds, max_feeds = feeds_at
+    emit("row_partial", row=dict(row))
+    if min_feeds is not None:  # cheap: the smallest inputs
+        emit("latency", **said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget_s * points.MIN_BUDGET)
+        try:
+            low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s * points.MIN_BUDGET, batch=batch)
+            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
+            measured.insert(0, (min_feeds, float(low["p50"])))
+        except EdgeAgentError as exc:
+            row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
+        emit("row_partial", row=dict(row))  # with the min point
+    budget = (memory_max, "serving.memory_max") if memory_max else default_budget()
+    peak0 = _peak_rss()
+    try:
+        limits = points.MaxBudget(
+            measured=measured,
+            budget_s=budget_s * points.MAX_SHAPE_BUDGET,
+            batch=batch,
+            deadline=deadline,
+            peak_bytes=int(row.get("memory_peak_bytes") or 0),
+            base_bytes=opened,
+            memory_budget=budget,
+        )
+        lat_max, point = points.at_max(
+            sess.run,
+            max_feeds,
+            limits,
+            source=src.get("max"),
+            progress=lambda event, **f: emit(event, **said, **f),
+        )
+    except EdgeAgentError as exc:
+        lat_max, point = None, points.skipped("max", max_feeds, src.get("max"), f"failed: {exc}")
+    row["latency_max_ms"] = lat_max
+    row["latency_points"].append(point)
+    if _peak_rss() > peak0:
+        grown = _peak_rss() - rss0
+        row["memory_peak_bytes"] = max(int(row.get("memory_peak_bytes") or 0), grown)
+        row["rss_growth_mb"] = round(row["memory_peak_bytes"] / 2**20, 1)
+    if memory_max and row["memory_peak_bytes"] > memory_max:
+        _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, row["provider"]) + " (at max)")
+        return
+    row["reason"] = _passed_reason(row)
 
 
 def confirm_latency(
@@ -215,7 +295,7 @@ def confirm_latency(
             return _fail(row, "compatibility", f"session creation failed: {exc}")
     timed = latency_feeds if latency_feeds is not None else feeds
     said = {"provider": provider, "precision": sess.precision or precision}
-    emit("latency", **said, inputs=_shapes(timed), budget_s=budget_s)
+    emit("latency", **said, inputs=points.shapes(timed), budget_s=budget_s)
     sampler = conditions.Sampler()
     try:
         lat = latency.measure(
@@ -276,10 +356,6 @@ def _fail_run(row: dict[str, Any], rss0: int, memory_max: int | None, what: str,
     return _fail(row, "compatibility", f"{what}: {text[len(own) :] if text.startswith(own) else text}")
 
 
-def _without_samples(lat: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in lat.items() if k != "samples_ms"}
-
-
 def unsupported_ops(message: str) -> list[str]:
     """Op names a provider's error names: 'unsupported operator(s) A, B:' (openvino) or ORT's
     'Could not find an implementation for Op(ver) node'."""
@@ -318,11 +394,11 @@ def _passed_reason(row: dict[str, Any]) -> str:
     parts = [f"coverage {cov:.0%}" if cov is not None else "coverage not measured"]
     if "max_rel" in acc:
         parts.append(f"max_rel {acc['max_rel']:.2g}")
+    if acc.get("length_note"):
+        parts.append(acc["length_note"])
     if lat.get("p50") is not None:
         parts.append(latency.phrase(lat))
+    top = next((p for p in row.get("latency_points") or [] if p["point"] == "max"), None)
+    if top is not None:
+        parts.append(f"at max {top['p50']:.3g} ms over {top['runs']} runs" if top.get("runs") else "at max not run")
     return ", ".join(parts)
-
-
-def _shapes(feeds: dict[str, Any]) -> str:
-    """x[1, 3, 224, 224], ids[1, 64]: the shapes a latency measurement times (its progress says them)."""
-    return ", ".join(f"{k}{list(getattr(v, 'shape', ()))}" for k, v in feeds.items())

@@ -10,6 +10,7 @@ from agent.providers import PROVIDER_NAMES
 from agent.targets.schema import (
     MATCH_KEYS,
     OPTIMIZE_KINDS,
+    OPTIONAL_TOLERANCE_KEYS,
     PRECISIONS,
     SWAPS,
     TASKS,
@@ -88,8 +89,10 @@ def _parse_providers(path: Path, raw: Any) -> tuple[ProviderPref, ...]:
 
 
 def _parse_tolerance(path: Path, key: str, raw: Any, base: Tolerance | None) -> Tolerance:
-    if not isinstance(raw, dict) or set(raw) - set(TOLERANCE_KEYS) - {"min_sqnr_db"}:
-        raise _fail(path, key, f"expected a mapping with {', '.join(TOLERANCE_KEYS)} (and min_sqnr_db)")
+    if not isinstance(raw, dict) or set(raw) - set(TOLERANCE_KEYS) - set(OPTIONAL_TOLERANCE_KEYS):
+        raise _fail(
+            path, key, f"expected a mapping with {', '.join(TOLERANCE_KEYS)} (and {', '.join(OPTIONAL_TOLERANCE_KEYS)})"
+        )
     values = base.to_dict() if base else {}
     for k, v in raw.items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
@@ -97,7 +100,7 @@ def _parse_tolerance(path: Path, key: str, raw: Any, base: Tolerance | None) -> 
         if k == "min_sqnr_db" and isinstance(v, (int, float)) and not isinstance(v, bool):
             values[k] = float(v)
             continue
-        if k in ("min_cosine", "top1_agreement") and v > 1:
+        if k in ("min_cosine", "top1_agreement", "max_length_change") and v > 1:
             raise _fail(path, f"{key}.{k}", "expected a number between 0 and 1")
         values[k] = float(v)
     missing = [k for k in TOLERANCE_KEYS if k not in values]
@@ -196,8 +199,9 @@ def _parse_tasks(path: Path, raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
                 norm = normalize_precision(str(prec))
             except ConfigError as exc:
                 raise _fail(path, key, str(exc)) from None
-            if not isinstance(bounds, dict) or set(bounds) - set(TOLERANCE_KEYS) - {"min_sqnr_db"}:
-                raise _fail(path, key, f"expected a mapping with some of {', '.join(TOLERANCE_KEYS)}, min_sqnr_db")
+            if not isinstance(bounds, dict) or set(bounds) - set(TOLERANCE_KEYS) - set(OPTIONAL_TOLERANCE_KEYS):
+                known = ", ".join(TOLERANCE_KEYS + OPTIONAL_TOLERANCE_KEYS)
+                raise _fail(path, key, f"expected a mapping with some of {known}")
             for k, v in bounds.items():
                 ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
                 if not ok or (k != "min_sqnr_db" and v is not None and v < 0):

@@ -40,7 +40,8 @@ OPTIMIZE_KINDS = ("ort-basic", "ort-extended", "ort-all", "slim", "fusions")  # 
 TOP_KEYS = {"name", "description", "match", "providers", "tolerances", "serving", "features", "tasks", "qualify"}
 MATCH_KEYS = {"priority", "fallback", "arch", "compatible", "soc", "cpu_vendor", "os", "accelerators"}
 TOLERANCE_KEYS = ("max_abs", "max_rel", "min_cosine", "top1_agreement")
-TOLERANCE_FIELDS = (*TOLERANCE_KEYS, "min_sqnr_db")  # every bound a model.yaml `tolerances:` may set
+OPTIONAL_TOLERANCE_KEYS = ("min_sqnr_db", "max_length_change")  # unset unless a target, task or model sets them
+TOLERANCE_FIELDS = (*TOLERANCE_KEYS, *OPTIONAL_TOLERANCE_KEYS)  # every bound a model.yaml `tolerances:` may set
 # Features a profile can confirm itself (cpu flag or accelerator -> feature); see features_for().
 CPU_FEATURES = {
     "avx2": "avx2",
@@ -92,14 +93,17 @@ class Tolerance:
     min_cosine: float | None = 0.999
     top1_agreement: float | None = None
     min_sqnr_db: float | None = None  # signal-to-quantization-noise ratio floor per output (dB); None: not checked
+    # an output whose length differs by at most this fraction is compared on its overlap; None: equal lengths
+    max_length_change: float | None = None
 
     def allows(self, abs_err: float, scale: float) -> bool:
         return abs_err <= (self.max_abs or 0.0) + (self.max_rel or 0.0) * abs(scale)
 
     def to_dict(self) -> dict[str, float | None]:
         out = {k: getattr(self, k) for k in TOLERANCE_KEYS}
-        if self.min_sqnr_db is not None:
-            out["min_sqnr_db"] = self.min_sqnr_db
+        for key in OPTIONAL_TOLERANCE_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 

@@ -79,6 +79,7 @@ def _selected(dep: Deployment, decision: dict[str, Any]) -> dict[str, Any]:
         "contended": bool(row.get("contended")),
         "memory_peak_bytes": row.get("memory_peak_bytes"),
         "session_s": row.get("session_s") or {},
+        "latency_points": row.get("latency_points") or [],  # a max point not run is not replayed in warm-up
         "optimization": row.get("optimization"),
         "input_specs": (decision.get("model") or {}).get("inputs") or [],
         **({"requalified": note} if note else {}),
