@@ -12,8 +12,9 @@ from onnx import TensorProto, helper
 
 from agent import samples
 from agent.errors import ModelError
-from agent.package.inputs import package_inputs, seeded_feeds
+from agent.package.inputs import package_inputs
 from agent.package.load import load_package
+from agent.package.seeded import seeded_feeds
 
 
 def test_directory_package(cnn_package):

@@ -14,7 +14,7 @@ from agent.config import ServingConfig
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment, Journal
 from agent.lifecycle.qualqueue import QualificationQueue
-from agent.lifecycle.slots import ENTRY_KEYS, ModelSlots, SlotEntry
+from agent.lifecycle.slots import ADDED_KEYS, ENTRY_KEYS, ModelSlots, SlotEntry
 from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.util.atomic import atomic_write_json
 
@@ -119,7 +119,7 @@ class Parts:
         """The slot entry this deployment commits: what it fetched and verified, and the selected row."""
         d = {**dep.data, **(dep.data.get("selected") or {})}
         d.update(version=dep.version, deployment_id=dep.id)
-        return SlotEntry.from_data({k: d.get(k) for k in ENTRY_KEYS})
+        return SlotEntry.from_data({k: d.get(k) for k in (*ENTRY_KEYS, *ADDED_KEYS)})
 
     def record_decision(self, dep_id: str, **extra: Any) -> None:
         """Add `extra` to the deployment's decision record (decisions/<id>.json), when there is one."""

@@ -50,6 +50,7 @@ class SlotEntry:
     def to_data(self) -> dict[str, Any]:
         """The slots.json object: every entry key (null when unset), `ts` once committed, unknown keys kept."""
         out: dict[str, Any] = {k: getattr(self, k) for k in ENTRY_KEYS}
+        out.update({k: getattr(self, k) for k in ADDED_KEYS if getattr(self, k) is not None})
         if self.ts is not None:
             out["ts"] = self.ts
         return {**out, **self.extra}
@@ -61,7 +62,7 @@ class SlotEntry:
         missing = [k for k in ("version", "sha256", "provider") if not data.get(k)]
         if missing:
             raise LifecycleError(f"slot entry lacks {', '.join(missing)}")
-        known: dict[str, Any] = {k: data.get(k) for k in (*ENTRY_KEYS, "ts") if k in data}
+        known: dict[str, Any] = {k: data.get(k) for k in (*ENTRY_KEYS, *ADDED_KEYS, "ts") if k in data}
         known["version"] = str(known["version"])
         return cls(**known, extra={k: v for k, v in data.items() if k not in _FIELDS})
 
@@ -69,7 +70,10 @@ class SlotEntry:
         return replace(self, **changes)
 
 
-ENTRY_KEYS = tuple(f.name for f in fields(SlotEntry) if f.name not in ("ts", "extra"))
+# keys added after slots.json's format was set: written only when set, so an entry written before them (and read
+# by a release that does not know them) round-trips unchanged
+ADDED_KEYS = ("latency_points",)
+ENTRY_KEYS = tuple(f.name for f in fields(SlotEntry) if f.name not in ("ts", "extra", *ADDED_KEYS))
 _FIELDS = {f.name for f in fields(SlotEntry)}
 Slots = dict[str, SlotEntry | None]  # {"committed": ..., "previous": ...}
 

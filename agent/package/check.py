@@ -81,7 +81,8 @@ def _drop(meta: dict[str, Any], key: str) -> bool:
 
 def check(path: Path) -> list[Finding]:
     """Every fix a package needs, as the daemon would find them (empty: it will be accepted and qualified)."""
-    from agent.package.inputs import assumed_dims, load_dataset
+    from agent.package.inputs import load_dataset
+    from agent.package.seeded import assumed_dims
 
     path = Path(path)
     pkg, found = _load_every_key(path)

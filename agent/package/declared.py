@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from agent.errors import ModelError
-from agent.package.inputs import DEFAULT_DYNAMIC
+from agent.package.seeded import DEFAULT_DYNAMIC
 from agent.providers.base import TensorSpec
 
 FALLBACK_BUDGET = 4 << 30  # bytes, when physical memory cannot be read

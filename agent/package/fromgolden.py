@@ -31,7 +31,7 @@ def from_golden(
     values: dict[str, Any],
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(feeds at the declared `which` shape, {input: how its values were made}) for the inputs that changed."""
-    from agent.package.inputs import resolve_shape, seeded_feeds
+    from agent.package.seeded import resolve_shape, seeded_feeds
 
     seed = SEED
     rng = np.random.default_rng(seed)

@@ -218,3 +218,20 @@ def summarize(metrics: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if ks:
             summary[key] = min(ks)
     return summary
+
+
+_PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
+
+
+def tolerances_for(target: Any, pkg: Any, provider: str) -> dict[str | None, dict[str, Any]]:
+    """Tolerance per possible runtime precision: the target's, then its `tasks:` bounds for the package's task
+    (model.yaml `task`), then model.yaml's own."""
+    from agent.targets import normalize_precision, task_of
+
+    getter = getattr(target, "tolerances", None) or getattr(target, "tolerance", None)
+    by_task = (getattr(target, "tasks", None) or {}).get(task_of(pkg.task) or "") or {}
+    out = {}
+    for p in _PRECISION_KEYS:
+        base = override(as_tolerance(getter(provider, p) if getter else None), by_task.get(normalize_precision(p)))
+        out[p] = override(base, pkg.tolerance_override(provider, p)).to_dict()
+    return out

@@ -19,7 +19,8 @@ SEEDED_SETS = 8  # without golden data: this many seeded input sets
 
 def input_sets(pkg: Any, first: dict[str, Any]) -> list[dict[str, Any]]:
     """The inputs both models see: every golden set (up to MAX_SETS), else seeded sets (seed 0 first)."""
-    from agent.package.inputs import load_dataset, seeded_feeds
+    from agent.package.inputs import load_dataset
+    from agent.package.seeded import seeded_feeds
 
     if pkg.datasets:
         sets, total = [first], _nbytes(first)

@@ -14,13 +14,11 @@ from agent.package import caches
 from agent.package import variants as var
 from agent.package.inputs import batch_size, package_plan
 from agent.package.load import ModelPackage
-from agent.qualify import coldstart, coverage_set, points, reference
+from agent.qualify import accuracy, coldstart, coverage_set, points, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify.decision import Row
 from agent.qualify.keptrows import KeptRows
-
-_PRECISION_KEYS = (None, "f32", "bf16", "f16", "fp16", "int8")
 
 
 def _reference(
@@ -51,21 +49,6 @@ def _options(target: Any, name: str, probe: Any) -> dict[str, Any]:
         if getattr(pref, "name", None) == name:
             return dict(getattr(pref, "options", None) or {})
     return dict(getattr(probe, "options", None) or {})
-
-
-def tolerances_for(target: Any, pkg: ModelPackage, provider: str) -> dict[str | None, dict[str, Any]]:
-    """Tolerance per possible runtime precision: the target's, then its `tasks:` bounds for the package's task
-    (model.yaml `task`), then model.yaml's own."""
-    from agent.qualify.accuracy import as_tolerance, override
-    from agent.targets import normalize_precision, task_of
-
-    getter = getattr(target, "tolerances", None) or getattr(target, "tolerance", None)
-    by_task = (getattr(target, "tasks", None) or {}).get(task_of(pkg.task) or "") or {}
-    out = {}
-    for p in _PRECISION_KEYS:
-        base = override(as_tolerance(getter(provider, p) if getter else None), by_task.get(normalize_precision(p)))
-        out[p] = override(base, pkg.tolerance_override(provider, p)).to_dict()
-    return out
 
 
 class RowRunner:
@@ -341,7 +324,7 @@ class RowRunner:
             "cache_dir": str(cdir) if cdir else None,
             "feeds": self.feeds,
             "reference": self.reference,
-            "tolerances": tolerances_for(self.target, self.pkg, name),
+            "tolerances": accuracy.tolerances_for(self.target, self.pkg, name),
             "budget_s": self.budget,
             "batch": batch_size(self.latency_feeds),
             "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
@@ -358,7 +341,7 @@ class RowRunner:
         served0, t0 = child_ask("serving_requests"), time.monotonic()
         partial: dict[str, Any] = {}
         res = self._call(
-            "agent.qualify.rowtask:" + ("confirm_latency" if confirm else "measure_row"),
+            "agent.qualify.confirm:confirm_latency" if confirm else "agent.qualify.rowtask:measure_row",
             kwargs,
             timeout,
             (f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),

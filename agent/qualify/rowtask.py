@@ -6,7 +6,6 @@ import re
 import resource
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from agent.errors import EdgeAgentError, without_source_locations
@@ -14,13 +13,10 @@ from agent.isolate import forkserver
 from agent.isolate.runner import child_progress as emit
 from agent.isolate.runner import size_text
 from agent.package import cacheseal
-from agent.qualify import accuracy, coldstart, conditions, latency, points
+from agent.qualify import accuracy, coldstart, conditions, keptsession, latency, points
 
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
 _ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
-# in a kept row worker (agent.qualify.keptrows): the row's warm session and what it was opened for, until the
-# close-call confirmation round re-times it in this process
-_KEPT: dict[str, Any] = {}
 
 
 def _rss() -> int:
@@ -103,7 +99,7 @@ def measure_row(
     mismatch = io.contract_problems(declared or {}, sess)
     if mismatch:
         sess.close()
-        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
+        return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     try:
         outputs = sess.run(feeds)
     except EdgeAgentError as exc:
@@ -111,7 +107,7 @@ def measure_row(
     mismatch = io.result_problems(declared or {}, outputs)
     if mismatch:
         sess.close()
-        return _fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
+        return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
     tol = accuracy.as_tolerance(tolerances.get(row["precision"], tolerances.get(None)))
     try:
         if original:
@@ -160,10 +156,10 @@ def measure_row(
     _record_memory(row, rss0)
     if memory_max and row["memory_peak_bytes"] > memory_max:
         sess.close()
-        return _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
+        return fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
     emit("session_times", provider=provider, precision=row["precision"])
     try:
-        held = _keeper((model_path, provider, precision, device, cache_dir)) if keep else None
+        held = keptsession.keeper((model_path, provider, precision, device, cache_dir)) if keep else None
         row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s, first_cold, held)
     except EdgeAgentError as exc:
         row["session_s"] = {"error": f"not measured: {exc}"}
@@ -178,11 +174,11 @@ def measure_row(
             "file": original["file"],
             **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
         }
-    if keep and "session" in _KEPT:
+    if keep and keptsession.holds():
         forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
     if problems:
         sess.close()
-        return _fail(
+        return fail(
             row,
             "accuracy",
             f"accuracy: {'; '.join(problems)} on {provider}"
@@ -219,14 +215,7 @@ def _at_max(
     min_feeds, max_feeds = feeds_at
     emit("row_partial", row=dict(row))
     if min_feeds is not None:  # cheap: the smallest inputs
-        emit("latency", **said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget_s * points.MIN_BUDGET)
-        try:
-            low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s * points.MIN_BUDGET, batch=batch)
-            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
-            measured.insert(0, (min_feeds, float(low["p50"])))
-        except EdgeAgentError as exc:
-            row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
-        emit("row_partial", row=dict(row))  # with the min point
+        _at_min(row, sess, min_feeds, measured, budget_s * points.MIN_BUDGET, batch, src, said)
     budget = (memory_max, "serving.memory_max") if memory_max else default_budget()
     peak0 = _peak_rss()
     try:
@@ -255,77 +244,30 @@ def _at_max(
         row["memory_peak_bytes"] = max(int(row.get("memory_peak_bytes") or 0), grown)
         row["rss_growth_mb"] = round(row["memory_peak_bytes"] / 2**20, 1)
     if memory_max and row["memory_peak_bytes"] > memory_max:
-        _fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, row["provider"]) + " (at max)")
+        fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, row["provider"]) + " (at max)")
         return
     row["reason"] = _passed_reason(row)
 
 
-def confirm_latency(
-    *,
-    model_path: str,
-    provider: str,
-    options: dict[str, Any],
-    precision: str | None,
-    device: str | None,
-    cache_dir: str | None,
-    feeds: dict[str, Any],
+def _at_min(
+    row: dict[str, Any],
+    sess: Any,
+    min_feeds: dict[str, Any],
+    measured: list[tuple[dict[str, Any], float]],
     budget_s: float,
-    batch: int = 1,
-    latency_feeds: dict[str, Any] | None = None,
-    **_first_round: Any,
-) -> dict[str, Any]:
-    """Child task of a close call's confirmation round: the row's session (the one its kept worker still holds,
-    else a new one with the same file, options, device and sealed cache), warm-up and timed runs only. Accuracy,
-    coverage, memory, the latency at the max shape, session times and the original's speed-up were measured in
-    the first round; only the samples are merged."""
-    from agent.providers import get
-
-    row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
-    sess = _kept_session((model_path, provider, precision, device, cache_dir))
-    if sess is not None:
-        forkserver.set_name(forkserver.WORKER_NAME)  # a kept worker at work again
-    emit("session", provider=provider, precision=precision, kept=sess is not None)
-    if sess is None:  # not a kept worker (or it was restarted): the row's session again
-        cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
-        try:
-            sess = get(provider).open_session(
-                model_path, options=options, precision=precision, device=device, cache_dir=cache_dir
-            )
-        except EdgeAgentError as exc:
-            return _fail(row, "compatibility", f"session creation failed: {exc}")
-    timed = latency_feeds if latency_feeds is not None else feeds
-    said = {"provider": provider, "precision": sess.precision or precision}
-    emit("latency", **said, inputs=points.shapes(timed), budget_s=budget_s)
-    sampler = conditions.Sampler()
+    batch: int,
+    src: dict[str, Any],
+    said: dict[str, Any],
+) -> None:
+    """The declared min point (a second size for the max point's estimate), then the row so far to the parent."""
+    emit("latency", **said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget_s)
     try:
-        lat = latency.measure(
-            lambda: sess.run(timed), budget_s=budget_s, batch=batch, progress=lambda e, **f: emit(e, **said, **f)
-        )
+        low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s, batch=batch)
+        row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
+        measured.insert(0, (min_feeds, float(low["p50"])))
     except EdgeAgentError as exc:
-        return _fail(row, "latency", f"inference at the latency shape failed: {exc}")
-    finally:
-        sess.close()
-    row["conditions"] = sampler.stop()
-    row.update(status="passed", latency_ms=lat, contended=conditions.contended(row["conditions"]))
-    return row
-
-
-def _keeper(what: tuple[Any, ...]) -> Callable[[Any], None]:
-    def keep(sess: Any) -> None:
-        old = _KEPT.pop("session", None)
-        if old is not None:
-            old.close()
-        _KEPT.update(session=sess, what=what)
-
-    return keep
-
-
-def _kept_session(what: tuple[Any, ...]) -> Any:
-    """The session this worker kept for exactly this row (file, provider, precision, device, cache), or None."""
-    if _KEPT.get("what") != what:
-        return None
-    _KEPT.pop("what")
-    return _KEPT.pop("session", None)
+        row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
+    emit("row_partial", row=dict(row))  # with the min point
 
 
 def _record_memory(row: dict[str, Any], rss0: int) -> None:
@@ -346,14 +288,14 @@ def _fail_run(row: dict[str, Any], rss0: int, memory_max: int | None, what: str,
     if memory_max and any(m in text.lower() for m in _ALLOC_FAILED):
         said = re.search(r"(failed to allocate[^\n]*?)(?:\.|$|\n)", text, re.IGNORECASE)
         detail = said.group(1) if said else "an allocation was refused"
-        return _fail(
+        return fail(
             row,
             "memory",
             f"memory: the model needs more than serving.memory_max {size_text(memory_max)} allows on "
             f"{row['provider']} ({what}: {detail})",
         )
     own = f"{row['provider']}: {what}: "  # providers already say "<provider>: inference failed: ..."
-    return _fail(row, "compatibility", f"{what}: {text[len(own) :] if text.startswith(own) else text}")
+    return fail(row, "compatibility", f"{what}: {text[len(own) :] if text.startswith(own) else text}")
 
 
 def unsupported_ops(message: str) -> list[str]:
@@ -382,7 +324,7 @@ def _record_assignment(row: dict[str, Any], sess: Any) -> None:
             pass
 
 
-def _fail(row: dict[str, Any], stage: str, reason: str) -> dict[str, Any]:
+def fail(row: dict[str, Any], stage: str, reason: str) -> dict[str, Any]:
     row.update(status="failed", stage=stage, reason=without_source_locations(reason))
     return row
 
