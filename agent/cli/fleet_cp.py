@@ -195,13 +195,45 @@ def cp_rollback(
         while wait is not None and doc["phase"] not in ("finished", "failed") and time.monotonic() < deadline:
             time.sleep(1.0)
             doc = call(url, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)
-        return {"rollout": doc, "ok": wait is None or doc["phase"] == "finished"}
-    if version is None:
-        raise click.UsageError("--control-plane with --device/--group needs --version V (the version to return to)")
-    body = {"model": name, "version": version, **targets, "rollback": True}
-    doc = call(url, "POST", "/api/v1/push", body, token=token)
-    _wait_versions(url, token, body, wait, doc)
-    return doc
+        op = (doc.get("progress") or {}).get("rollback") or {}
+        done = doc["phase"] == "finished" and op.get("state", "done") == "done"
+        return {"rollout": doc, "rollback": op or None, "ok": wait is None or done}
+    if version is not None:
+        body = {"model": name, "version": version, **targets, "rollback": True}
+        doc = call(url, "POST", "/api/v1/push", body, token=token)
+        _wait_versions(url, token, body, wait, doc)
+        return doc
+    # no --version: each device back to the version it ran before (its verified status names it)
+    by_version: dict[str, list[str]] = {}
+    for dev, row in _targeted(url, token, targets).items():
+        prev = ((row.get("models") or {}).get(name) or {}).get("previous")
+        if not prev:
+            raise ConfigError(f"{dev}: its status names no version of {name} before this one: give --version V")
+        by_version.setdefault(str(prev), []).append(dev)
+    if not by_version:
+        raise ConfigError(f"no accepted device matches {targets}: nothing to roll back")
+    out: dict[str, Any] = {"model": name, "versions": {}, "devices": {}, "ok": True}
+    for prev, devs in sorted(by_version.items()):
+        body = {"model": name, "version": prev, "devices": sorted(devs), "groups": [], "rollback": True}
+        doc = call(url, "POST", "/api/v1/push", body, token=token)
+        _wait_versions(url, token, body, wait, doc)
+        out["versions"][prev] = sorted(devs)
+        out["devices"].update(doc.get("devices") or {})
+        out["ok"] = out["ok"] and doc["ok"]
+    return out
+
+
+def _targeted(url: str, token: str, targets: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """The accepted devices of targets' groups and devices, by id, as the API lists them."""
+    from agent.transport.cpclient import call
+
+    rows: dict[str, dict[str, Any]] = {}
+    for g in targets["groups"]:
+        for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)["devices"]:
+            rows[d["device_id"]] = d
+    for dev in targets["devices"]:
+        rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
+    return rows
 
 
 def cp_rollout(

@@ -215,7 +215,10 @@ def _stop_after(seconds: float | None) -> threading.Event | None:
 @click.option("--device", "device_id", help="Roll back this device.")
 @click.option("--group", help="Roll back every device of this group.")
 @click.option(
-    "--version", "version", help="Version to return to (default: each device's version before the last rollout)."
+    "--version",
+    "version",
+    help="Version to return to (default: each device's previous version: the one before the latest rollout of "
+    "NAME over the broker; the one its verified status names as previous with --control-plane).",
 )
 @click.option("--rollout", "rollout_id", help="With --control-plane: roll back this rollout of the service.")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key.")
@@ -242,8 +245,9 @@ def rollback(
     device or a group. Exits 1 if any device could not be rolled back.
 
     With --control-plane URL (through the API): --rollout ID halts that rollout and rolls back every device
-    that took its version; --device/--group with --version V pushes V (uploaded to the service) as a signed
-    rollback."""
+    that took or is taking its version, in every cohort and wave (run it again while any device still runs the
+    version); --device/--group push each device's previous version (or --version V, uploaded to the service)
+    as a signed rollback."""
     from agent.fleet.rollout_run import run_rollback
 
     if control_plane:
@@ -254,8 +258,13 @@ def rollback(
         if as_json:
             click.echo(json.dumps(doc, indent=2, sort_keys=True))
         elif rollout_id:
-            r = doc["rollout"]
+            r, op = doc["rollout"], doc.get("rollback") or {}
             click.echo(f"rollout {rollout_id}: {r['phase']}, {r['rollback_requested']} (state {r['state']})")
+            if op:
+                counts = ", ".join(f"{k} {v}" for k, v in sorted((op.get("result") or {}).items()))
+                click.echo(f"roll back: {op['state']}" + (f" ({counts})" if counts else ""))
+            if op.get("remaining"):
+                click.echo(f"still on the version: {', '.join(op['remaining'])}: run this command again")
         else:
             rows = [(d, r["result"], version, r["reason"] or "") for d, r in sorted((doc.get("devices") or {}).items())]
             click.echo(
