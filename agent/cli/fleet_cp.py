@@ -127,7 +127,7 @@ def _wait_versions(
 ) -> None:
     """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up),
     saying each device's version as it changes; doc gains `devices` ({id: {result, reason}}) and `ok`."""
-    from agent.transport.cpclient import call
+    from agent.fleet.outcome import COMMITTED, ON_PROBATION, model_phase, same_version
 
     if wait is None:
         doc["ok"] = True
@@ -135,29 +135,28 @@ def _wait_versions(
     deadline = time.monotonic() + wait
     said: dict[str, Any] = {}
     while True:
-        rows: dict[str, dict[str, Any]] = {}
-        for g in body["groups"]:
-            for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)["devices"]:
-                rows[d["device_id"]] = d
-        for dev in body["devices"]:
-            rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
-        have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
-        for d, v in sorted(have.items()):
-            if said.get(d, "?") != v:  # every change of a device's version is said as it happens
-                said[d] = v
-                result = "committed" if v == body["version"] else "pending"
-                progress("device", device_id=d, result=result, reason=f"runs {v}" if v else "runs no version")
-        if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
+        have = {}  # device -> (result, reason): committed only once probation passed (agent.fleet.outcome)
+        for d, r in _targeted(url, token, body).items():
+            model = (r.get("models") or {}).get(body["model"])
+            phase, words = model_phase(model)
+            on_it = isinstance(model, dict) and same_version(model.get("version"), body["version"])
+            have[d] = (phase if on_it else "pending", words.removeprefix(f"{ON_PROBATION}, "))
+        for d, (result, words) in sorted(have.items()):
+            seen = (result, "" if result == ON_PROBATION else words)  # the seconds left are no change
+            if said.get(d) != seen:  # every change is said as it happens
+                said[d] = seen
+                progress("device", device_id=d, result=result, reason=words)
+        if (have and all(r == COMMITTED for r, _ in have.values())) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
     doc["devices"] = {
         d: {
-            "result": "committed" if v == body["version"] else "not confirmed",
-            "reason": None if v == body["version"] else f"runs {v}",
+            "result": r if r in (COMMITTED, ON_PROBATION) else "not confirmed",
+            "reason": None if r == COMMITTED else w,
         }
-        for d, v in have.items()
+        for d, (r, w) in have.items()
     }
-    doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
+    doc["ok"] = bool(have) and all(r == COMMITTED for r, _ in have.values())
 
 
 def cp_register(url: str, token_file: str | None, device_id: str, pem: str | None, groups: list[str]) -> dict:

@@ -21,6 +21,7 @@ from agent.controlplane.models import ModelVersion, Rollout
 from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import NewRollout
 from agent.errors import EdgeAgentError
+from agent.fleet.outcome import ON_PROBATION, model_phase
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -36,6 +37,9 @@ def _when(ts: float | None) -> str:
 
 
 templates.env.filters["when"] = _when
+templates.env.filters["model_state"] = lambda m: (
+    model_phase(m)[1] if model_phase(m)[0] == ON_PROBATION else m.get("state")
+)
 router = APIRouter(include_in_schema=False)
 PAGE = 50
 
