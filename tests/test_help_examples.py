@@ -1,6 +1,7 @@
 """Every `--help` example runs as printed (issue 37, 5): each example line of every command's help, pasted into
 the directory scripts/quickstart.sh leaves (keys/, cp-store/ with the device registered, agent.yaml of device
-quickstart-device in group quickstart, pkg/ holding sample-tiny 1) plus cp.yaml for the control plane, exits 0.
+quickstart-device in group quickstart, pkg/ holding sample-tiny 1) plus pkg-2/ (sample-tiny 2) and cp.yaml for
+the control plane, exits 0.
 Examples that talk to a broker or a service run against ones this test starts (`mqtt://broker:1883` and
 `http://cp:8470` are the test's own); long-running ones (run, fleet serve, fleet simulate, control-plane) must
 still run after a while and stop cleanly on SIGTERM; the fleet examples run in an operator's order against a
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.timeout(3000), pytest.mark.slow]
 
 LONG = ("run", "fleet serve", "fleet simulate", "control-plane --config")  # services: run until stopped
 LIVE_ORDER = (  # an operator's order against one live device (the quickstart's daemon and artifact server)
-    "fleet push",
+    "fleet push pkg/",
     "fleet status",
     "fleet --context lab status",
     "fleet rollout",
@@ -39,6 +40,7 @@ LIVE_ORDER = (  # an operator's order against one live device (the quickstart's 
     "fleet --context lab push",
     "fleet clear",
     "status",
+    "fleet push pkg-2/",  # published, not waited for: the next example cancels it on the device
     "cancel",
     "rollback",
 )
@@ -110,6 +112,7 @@ def _workspace(dest: Path, broker_url: str) -> Path:
         dest,
     )
     sample_tiny_package(dest / "pkg", name="sample-tiny", version="1")
+    sample_tiny_package(dest / "pkg-2", name="sample-tiny", version="2")  # another model: a rollback has a target
     cp = {
         "listen": {"host": "127.0.0.1", "port": free_port()},
         "store": "cp-store",
@@ -120,12 +123,12 @@ def _workspace(dest: Path, broker_url: str) -> Path:
     return dest
 
 
-def _env(work: Path) -> dict[str, str]:
+def _env(work: Path, probation_s: str = "1") -> dict[str, str]:
     return {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         "PYTHONPATH": str(ROOT),
-        "EDGE_AGENT_PROBATION_S": "1",
+        "EDGE_AGENT_PROBATION_S": probation_s,
         "EDGE_AGENT_QUALIFY_BUDGET_S": "0.5",
         "EDGE_AGENT_FLEET_CONTEXTS": str(work / "fleet-contexts.yaml"),
         "HOME": str(work),
@@ -146,10 +149,11 @@ def _shell(line: str, cwd: Path, urls: dict[str, str], timeout: float = 900) -> 
     )
 
 
-def _spawn(line: str, cwd: Path, urls: dict[str, str], log: Path) -> subprocess.Popen:
+def _spawn(line: str, cwd: Path, urls: dict[str, str], log: Path, probation_s: str = "1") -> subprocess.Popen:
     for printed, real in urls.items():
         line = line.replace(printed, real)
-    return subprocess.Popen(shlex.split(line), cwd=cwd, env=_env(cwd), stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = _env(cwd, probation_s)
+    return subprocess.Popen(shlex.split(line), cwd=cwd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
 def _stop(proc: subprocess.Popen) -> int:
@@ -202,7 +206,7 @@ def test_service_example_runs_until_stopped(line, tmp_path, broker):
     assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM), (line, rc, (tmp_path / "log").read_text()[-3000:])
 
 
-def test_fleet_examples_run_in_order_against_a_live_device(tmp_path, broker):
+def test_fleet_and_control_plane_examples_run_in_order_against_a_live_device(tmp_path, broker):
     work = _workspace(tmp_path / "qs", broker.url)
     contexts = {
         "current": "lab",
@@ -212,7 +216,8 @@ def test_fleet_examples_run_in_order_against_a_live_device(tmp_path, broker):
     }
     (work / "fleet-contexts.yaml").write_text(yaml.safe_dump(contexts))
     urls = {"mqtt://broker:1883": broker.url}
-    daemon = _spawn("edge-agent run --config agent.yaml", work, urls, tmp_path / "agent.log")
+    # a 10 s probation: long enough for `cancel` to find the published version in flight, short for the rest
+    daemon = _spawn("edge-agent run --config agent.yaml", work, urls, tmp_path / "agent.log", probation_s="10")
     serve = _spawn(f"edge-agent fleet serve --store cp-store --broker {broker.url}", work, urls, tmp_path / "serve.log")
     failed = []
     try:
@@ -220,7 +225,42 @@ def test_fleet_examples_run_in_order_against_a_live_device(tmp_path, broker):
             r = _shell(line, work, urls)
             if r.returncode != 0:
                 failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+        failed += _control_plane_examples(work, tmp_path)
     finally:
         _stop(serve)
         _stop(daemon)
     assert not failed, (failed, (tmp_path / "agent.log").read_text()[-2000:])
+
+
+def _control_plane_examples(work: Path, tmp_path: Path) -> list:
+    """enroll and report against the control plane cp.yaml starts (the device has decision records by now)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{yaml.safe_load((work / 'cp.yaml').read_text())['listen']['port']}"
+    service = _spawn("edge-agent control-plane --config cp.yaml", work, {}, tmp_path / "cp.log")
+    failed = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/api/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert service.poll() is None and time.monotonic() < deadline, (tmp_path / "cp.log").read_text()[-2000:]
+            time.sleep(0.3)
+        admin = (work / "admin.token").read_text().strip()
+        grant = httpx.post(
+            url + "/api/v1/enroll-tokens",
+            json={"name": "quickstart", "groups": ["quickstart"], "uses": 1},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert grant.status_code in (200, 201), grant.text
+        (work / "enroll.token").write_text(grant.json()["token"])  # what the operator hands the device
+        for line in (e for e in examples() if _kind(e) == "cp"):  # enroll first, then report
+            r = _shell(line, work, {"http://cp:8470": url})
+            if r.returncode != 0:
+                failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+    finally:
+        _stop(service)
+    return failed

@@ -6,11 +6,13 @@ from __future__ import annotations
 import click
 
 # Every example runs as printed in the directory scripts/quickstart.sh leaves (keys/, cp-store/, agent.yaml of
-# device quickstart-device in group quickstart, pkg/ holding sample-tiny 1; cp.yaml beside them for the control
-# plane); tests/test_help_examples.py runs them all there, against a broker and service of its own.
+# device quickstart-device in group quickstart, pkg/ holding sample-tiny 1) with pkg-2/ (sample-tiny 2, another
+# model) and cp.yaml (the control plane) beside them; tests/test_help_examples.py runs them all there, against a
+# broker, daemon and service of its own.
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "attestation verify": (
-        "edge-agent attestation verify qualification.json --device-key state/device.pub --device quickstart-device",
+        'edge-agent attestation verify "$(ls state/attestations/*.qualification.intoto.json | head -1)" '
+        "--device-key state/device.pub --device quickstart-device",
     ),
     "control-plane enroll": (
         "edge-agent control-plane enroll --agent-config agent.yaml --url http://cp:8470 --token-file enroll.token",
@@ -29,6 +31,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "fleet push": (
         "edge-agent fleet push pkg/ --name sample-tiny --version 1 --group quickstart --key keys/fleet.key "
         "--store cp-store --broker mqtt://broker:1883 --wait 600",
+        "edge-agent fleet push pkg-2/ --name sample-tiny --version 4 --device quickstart-device --key keys/fleet.key "
+        "--store cp-store --broker mqtt://broker:1883",
     ),
     "fleet register": (
         "edge-agent fleet register quickstart-device --public-key state/device.pub --group quickstart --store cp-store",
@@ -38,7 +42,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "--broker mqtt://broker:1883 --wait 300",
     ),
     "fleet rollout": (
-        "edge-agent fleet rollout pkg/ --name sample-tiny --version 2 --all --cohort-by target --key keys/fleet.key "
+        "edge-agent fleet rollout pkg-2/ --name sample-tiny --version 2 --all --cohort-by target --key keys/fleet.key "
         "--store cp-store --broker mqtt://broker:1883 --wait 3600",
     ),
     "fleet serve": ("edge-agent fleet serve --store cp-store --broker mqtt://broker:1883 --http 127.0.0.1:8081",),
