@@ -5,12 +5,14 @@ roll back is a tracked operation with a result, and asking again is accepted (no
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
+from clirunner import edge_agent
 from cp_support import running_service
 
 from agent import sysroots
@@ -155,3 +157,19 @@ def _run(api, agents, tmp_path):
     assert second["progress"]["rollback"]["state"] == "done" and second["rollback_requested"].endswith("(request 2)")
     audit = api.get("/api/v1/audit", params={"limit": 1000}).json()["entries"]
     assert sum(1 for a in audit if a["action"] == "rollout.rollback" and a["target"] == "tiny-2") == 2
+
+    # the CLI: the rollout's roll back once more (accepted, done), then the group's without --version: each
+    # device goes back to what it ran before tiny-2 reached it (1), never to its `previous` (2, rolled back from)
+    token = tmp_path / "op.token"
+    token.write_text(api.headers["Authorization"].removeprefix("Bearer "))
+    url = str(api.base_url).rstrip("/")
+    cp = ("--control-plane", url, "--token-file", token, "--wait", "120", "--json")
+    r = edge_agent("fleet", "rollback", "tiny", "--rollout", "tiny-2", *cp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and doc["rollback"]["state"] == "done" and doc["rollback"]["attempts"] == 3, doc
+    r = edge_agent("fleet", "rollback", "tiny", "--group", "lab", *cp)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["versions"] == {"1": sorted(agents)} and doc["ok"], doc
+    assert {d["result"] for d in doc["devices"].values()} == {"committed"}, doc

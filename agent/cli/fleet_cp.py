@@ -202,13 +202,15 @@ def cp_rollback(
         doc = call(url, "POST", "/api/v1/push", body, token=token)
         _wait_versions(url, token, body, wait, doc)
         return doc
-    # no --version: each device back to the version it ran before (its verified status names it)
+    # no --version: each device back to the version it ran before the latest rollout of NAME that reached it
+    # (the rule of `fleet rollback` over the broker; never a device's `previous`, which after a roll back is
+    # the version rolled back from)
+    before = _previous_from_rollouts(url, token, name)
     by_version: dict[str, list[str]] = {}
-    for dev, row in _targeted(url, token, targets).items():
-        prev = ((row.get("models") or {}).get(name) or {}).get("previous")
-        if not prev:
-            raise ConfigError(f"{dev}: its status names no version of {name} before this one: give --version V")
-        by_version.setdefault(str(prev), []).append(dev)
+    for dev in _targeted(url, token, targets):
+        if dev not in before:
+            raise ConfigError(f"{dev}: no rollout of {name} through {url} says what it ran before: give --version V")
+        by_version.setdefault(before[dev], []).append(dev)
     if not by_version:
         raise ConfigError(f"no accepted device matches {targets}: nothing to roll back")
     out: dict[str, Any] = {"model": name, "versions": {}, "devices": {}, "ok": True}
@@ -219,6 +221,20 @@ def cp_rollback(
         out["versions"][prev] = sorted(devs)
         out["devices"].update(doc.get("devices") or {})
         out["ok"] = out["ok"] and doc["ok"]
+    return out
+
+
+def _previous_from_rollouts(url: str, token: str, name: str) -> dict[str, str]:
+    """{device: the version it ran before the latest rollout of `name` that reached it} from the service."""
+    from agent.transport.cpclient import call
+
+    rows = [r for r in call(url, "GET", "/api/v1/rollouts", token=token)["rollouts"] if r.get("model") == name]
+    out: dict[str, str] = {}
+    for r in sorted(rows, key=lambda r: r.get("created_at") or 0, reverse=True):
+        doc = call(url, "GET", f"/api/v1/rollouts/{r['rollout_id']}", token=token)
+        for d in (doc.get("progress") or {}).get("devices") or []:
+            if d["device_id"] not in out and d["result"] != "pending" and d.get("previous_version"):
+                out[d["device_id"]] = str(d["previous_version"])
     return out
 
 

@@ -217,8 +217,8 @@ def _stop_after(seconds: float | None) -> threading.Event | None:
 @click.option(
     "--version",
     "version",
-    help="Version to return to (default: each device's previous version: the one before the latest rollout of "
-    "NAME over the broker; the one its verified status names as previous with --control-plane).",
+    help="Version to return to (default: each device's version before the latest rollout of NAME that reached "
+    "it: the store's rollouts, or the service's with --control-plane).",
 )
 @click.option("--rollout", "rollout_id", help="With --control-plane: roll back this rollout of the service.")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key.")
@@ -246,8 +246,8 @@ def rollback(
 
     With --control-plane URL (through the API): --rollout ID halts that rollout and rolls back every device
     that took or is taking its version, in every cohort and wave (run it again while any device still runs the
-    version); --device/--group push each device's previous version (or --version V, uploaded to the service)
-    as a signed rollback."""
+    version); --device/--group push each device's version before the latest rollout of NAME (or --version V,
+    uploaded to the service) as a signed rollback."""
     from agent.fleet.rollout_run import run_rollback
 
     if control_plane:
@@ -266,11 +266,13 @@ def rollback(
             if op.get("remaining"):
                 click.echo(f"still on the version: {', '.join(op['remaining'])}: run this command again")
         else:
-            rows = [(d, r["result"], version, r["reason"] or "") for d, r in sorted((doc.get("devices") or {}).items())]
+            back = {d: v for v, devs in (doc.get("versions") or {}).items() for d in devs}  # without --version
+            devices = sorted((doc.get("devices") or {}).items())
+            rows = [(d, r["result"], version or back.get(d), r["reason"] or "") for d, r in devices]
             click.echo(
                 render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows)
                 if rows
-                else f"pushed rollback to {version}"
+                else f"pushed rollback to {version or ', '.join(sorted(doc.get('versions') or {}))}"
             )
         if not doc["ok"]:
             sys.exit(1)
