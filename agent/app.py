@@ -376,6 +376,7 @@ class DeviceAgent:
             notes=self.steps.notes,
             extra=extra,
             stale=self.steps.stale,
+            probation_s=self.step_config.window_s,
         )
 
     def write_status(self) -> dict[str, Any]:

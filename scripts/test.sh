@@ -17,6 +17,8 @@ command -v update-binfmts >/dev/null 2>&1 || [ -x /usr/sbin/update-binfmts ] || 
 [ -x /usr/lib/postgresql/15/bin/initdb ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need_apt+=(debootstrap)
+# tests/test_help_examples.py runs every --help example as printed; two of them pipe into jq
+command -v jq >/dev/null 2>&1 || need_apt+=(jq)
 [ -x "$VENV/bin/python" ] || python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[test.sh] installing system packages: ${need_apt[*]}"

@@ -32,6 +32,11 @@ SYSTEM = frozenset(
         "test_controlplane_web_security",
         "test_controlplane_tls",
         "test_controlplane_browser_attacks",
+        "test_controlplane_freshness",
+        "test_controlplane_probation",
+        "test_controlplane_rollback",
+        "test_rollout_recall",
+        "test_help_examples",  # every --help example against a live daemon, broker and service (6 min)
         "test_evidence_sim",
         "test_fleet_outcome",
         "test_fleet_push",

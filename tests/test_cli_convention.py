@@ -117,7 +117,7 @@ def test_tables_and_durations_have_one_home():
 
 def test_help_prints_the_example():
     r = edge_agent("fleet", "rollout", "--help")
-    assert r.returncode == 0 and "Examples:" in r.stdout and "edge-agent fleet rollout pkg/" in r.stdout
+    assert r.returncode == 0 and "Examples:" in r.stdout and "edge-agent fleet rollout pkg-2/" in r.stdout
 
 
 def test_tables_fit_their_widest_cell_and_durations_read_well():

@@ -57,3 +57,18 @@ def test_only_a_verified_report_counts_as_success_or_failure():
         assert device_result(good, "m", "2", True) == ("pending", f"report {trust or 'not verified'}: not counted")
         assert device_result(bad, "m", "2", True)[0] == "pending"
         assert rs.observe(good, "m", "2") == (None, None) and rs.observe(bad, "m", "2") == (None, None)
+
+
+def test_committed_only_after_probation_and_the_time_left_before():
+    from agent.fleet.outcome import model_phase
+
+    on = {"version": "2", "state": "probation", "probation_since": 100.0, "probation_s": 60.0, "probation_ends": 160.0}
+    assert model_phase(on, now=118.0) == ("on probation", "on probation, 42 s left")
+    assert model_phase({**on, "probation_ends": None}, now=118.0) == ("on probation", "on probation")
+    assert model_phase(on, now=1000.0)[1] == "on probation, 0 s left"  # past the end, not yet reported committed
+    assert model_phase({"version": "2", "state": "committed", "provider": "cpu"})[0] == "committed"
+    assert model_phase({"version": "2", "state": "stale"})[0] == "committed"  # committed under other runtimes
+    assert model_phase(None) == ("pending", "runs no version")
+    status = {"trust": "verified", "models": {"m": on}, "deployments": {}}
+    result, reason = device_outcome(status, "m", "2")
+    assert result == "pending" and reason.startswith("on probation")

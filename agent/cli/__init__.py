@@ -102,9 +102,9 @@ def cli():
     Examples:
       edge-agent profile                      what is this device, which target matches
       edge-agent providers --verify           rank execution providers, open a real session on each
-      edge-agent qualify model_dir/           measure every provider, select the best, with evidence
-      edge-agent run --config /etc/edge-agent/agent.yaml
-      edge-agent fleet push pkg/ --name resnet --version 3 --group lab --key fleet.key --store cp --broker mqtt://broker:1883 --wait 600
+      edge-agent qualify pkg/                 measure every provider, select the best, with evidence
+      edge-agent run --config agent.yaml
+      edge-agent fleet push pkg/ --name sample-tiny --version 1 --group quickstart --key keys/fleet.key --store cp-store --broker mqtt://broker:1883 --wait 600
 
     Set EDGE_AGENT_DEBUG=1 to see tracebacks for unexpected errors.
     """

@@ -17,8 +17,8 @@ def config():
 
     \b
     Examples:
-      edge-agent config check /etc/edge-agent/agent.yaml
-      edge-agent config check systemd/agent.yaml --json
+      edge-agent config check agent.yaml
+      edge-agent config check agent.yaml --json
       edge-agent config device-id
     """
 
@@ -35,8 +35,8 @@ def check(file, as_json, root):
 
     \b
     Examples:
-      edge-agent config check /etc/edge-agent/agent.yaml && sudo systemctl reload edge-agent
-      edge-agent config check my.yaml --json | jq -r .error
+      edge-agent config check agent.yaml && echo "valid: reload the daemon (systemctl reload edge-agent)"
+      edge-agent config check agent.yaml --json | jq -r .ok
     """
     try:
         cfg = load_config(file, root=root)

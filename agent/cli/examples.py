@@ -5,52 +5,65 @@ from __future__ import annotations
 
 import click
 
+# Every example runs as printed in the directory scripts/quickstart.sh leaves (keys/, cp-store/, agent.yaml of
+# device quickstart-device in group quickstart, pkg/ holding sample-tiny 1) with pkg-2/ (sample-tiny 2, another
+# model) and cp.yaml (the control plane) beside them; tests/test_help_examples.py runs them all there, against a
+# broker, daemon and service of its own.
 EXAMPLES: dict[str, tuple[str, ...]] = {
-    "attestation verify": ("edge-agent attestation verify qualification.json --device-key pi-1.pub --device pi-1",),
+    "attestation verify": (
+        'edge-agent attestation verify "$(ls state/attestations/*.qualification.intoto.json | head -1)" '
+        "--device-key state/device.pub --device quickstart-device",
+    ),
     "control-plane enroll": (
-        "edge-agent control-plane enroll --agent-config /etc/edge-agent/agent.yaml --url http://cp:8470 "
-        "--token-file enroll.token",
+        "edge-agent control-plane enroll --agent-config agent.yaml --url http://cp:8470 --token-file enroll.token",
     ),
-    "control-plane report": (
-        "edge-agent control-plane report --agent-config /etc/edge-agent/agent.yaml --url http://cp:8470",
-    ),
+    "control-plane report": ("edge-agent control-plane report --agent-config agent.yaml --url http://cp:8470",),
     "control-plane token": ("edge-agent control-plane --config cp.yaml token --name ci --role operator",),
     "fleet attestations": (
-        "edge-agent fleet attestations --store cp --broker mqtt://broker:1883 --model resnet --json",
+        "edge-agent fleet attestations --store cp-store --broker mqtt://broker:1883 --model sample-tiny --json",
     ),
-    "cancel": ("edge-agent cancel resnet --config /etc/edge-agent/agent.yaml",),
+    "cancel": ("edge-agent cancel sample-tiny --config agent.yaml",),
     "config device-id": ("edge-agent config device-id --json",),
     "conformance": (
         "edge-agent conformance --out report/",
-        "edge-agent conformance --provider cpu --provider openvino --out report/ --json",
+        "edge-agent conformance --provider cpu --out report/ --json",
     ),
     "fleet push": (
-        "edge-agent fleet push pkg/ --name resnet --version 3 --group lab --key fleet.key --store cp "
-        "--broker mqtt://broker:1883 --wait 600",
+        "edge-agent fleet push pkg/ --name sample-tiny --version 1 --group quickstart --key keys/fleet.key "
+        "--store cp-store --broker mqtt://broker:1883 --wait 600",
+        "edge-agent fleet push pkg-2/ --name sample-tiny --version 4 --device quickstart-device --key keys/fleet.key "
+        "--store cp-store --broker mqtt://broker:1883",
     ),
-    "fleet delete": ("edge-agent fleet delete pi-1 --control-plane http://cp:8470 --token-file admin.token",),
-    "fleet register": ("edge-agent fleet register pi-1 --public-key pi-1.pub --group lab --store cp",),
+    "fleet register": (
+        "edge-agent fleet register quickstart-device --public-key state/device.pub --group quickstart --store cp-store",
+    ),
+    "fleet delete": (
+        "edge-agent fleet delete quickstart-device --control-plane http://cp:8470 --token-file admin.token --json",
+    ),
     "fleet rollback": (
-        "edge-agent fleet rollback resnet --group lab --key fleet.key --store cp --broker URL --wait 300",
+        "edge-agent fleet rollback sample-tiny --group quickstart --key keys/fleet.key --store cp-store "
+        "--broker mqtt://broker:1883 --wait 300",
     ),
     "fleet rollout": (
-        "edge-agent fleet rollout pkg/ --name resnet --version 4 --all --cohort-by target --key fleet.key "
-        "--store cp --broker mqtt://broker:1883 --wait 3600",
+        "edge-agent fleet rollout pkg-2/ --name sample-tiny --version 2 --all --cohort-by target --key keys/fleet.key "
+        "--store cp-store --broker mqtt://broker:1883 --wait 3600",
     ),
-    "fleet serve": ("edge-agent fleet serve --store cp --broker mqtt://broker:1883 --http 0.0.0.0:8081",),
-    "fleet simulate": ("edge-agent fleet simulate --devices 20 --trust fleet.pub --store cp --broker URL",),
-    "fleet status": ("edge-agent fleet status --store cp --broker mqtt://broker:1883 --json",),
-    "keys device": ("edge-agent keys device --config /etc/edge-agent/agent.yaml",),
-    "keys generate": ("edge-agent keys generate --out keys/",),
+    "fleet serve": ("edge-agent fleet serve --store cp-store --broker mqtt://broker:1883 --http 127.0.0.1:8081",),
+    "fleet simulate": (
+        "edge-agent fleet simulate --devices 3 --trust keys/fleet.pub --store cp-store --broker mqtt://broker:1883",
+    ),
+    "fleet status": ("edge-agent fleet status --store cp-store --broker mqtt://broker:1883 --json",),
+    "keys device": ("edge-agent keys device --config agent.yaml",),
+    "keys generate": ("edge-agent keys generate --out new-keys/",),
     "keys show": ("edge-agent keys show keys/fleet.pub --json",),
     "qualify": (
-        "edge-agent qualify model_dir/",
-        "edge-agent qualify model.tar.gz --provider openvino --provider cpu --budget 10 --json",
+        "edge-agent qualify pkg/",
+        "edge-agent qualify pkg/ --provider cpu --budget 2 --json",
     ),
-    "quantize": ("edge-agent quantize model_dir/ --out model_int8/",),
-    "rollback": ("edge-agent rollback resnet --config /etc/edge-agent/agent.yaml",),
-    "run": ("edge-agent run --config /etc/edge-agent/agent.yaml",),
-    "status": ("edge-agent status --config /etc/edge-agent/agent.yaml --json",),
+    "quantize": ("edge-agent quantize pkg/ --out pkg-int8/",),
+    "rollback": ("edge-agent rollback sample-tiny --config agent.yaml",),
+    "run": ("edge-agent run --config agent.yaml",),
+    "status": ("edge-agent status --config agent.yaml --json",),
 }
 
 

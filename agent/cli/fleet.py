@@ -44,7 +44,7 @@ def fleet(ctx, context_name):
     \b
     Examples:
       edge-agent fleet --context lab status
-      edge-agent fleet push pkg/ --name resnet --version 3 --group lab --wait 600   (broker, store, key from the context)
+      edge-agent fleet --context lab push pkg/ --name sample-tiny --version 3 --group quickstart --wait 600   (broker, store, key from the context)
     """
     from agent.cli.fleet_context import default_map, load_context
 
@@ -342,7 +342,7 @@ def clear(model, devices, groups, as_json, **kw):
 
     \b
     Examples:
-      edge-agent fleet clear resnet --group lab --broker mqtt://broker:1883 --prefix old-prefix
+      edge-agent fleet clear sample-tiny --group quickstart --broker mqtt://broker:1883 --prefix old-prefix
     """
     from agent.fleet.clear import clear_desired
 

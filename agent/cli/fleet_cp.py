@@ -127,7 +127,7 @@ def _wait_versions(
 ) -> None:
     """With `wait`, poll the targeted devices' verified status until each runs body's version (or time is up),
     saying each device's version as it changes; doc gains `devices` ({id: {result, reason}}) and `ok`."""
-    from agent.transport.cpclient import call
+    from agent.fleet.outcome import COMMITTED, ON_PROBATION, model_phase, same_version
 
     if wait is None:
         doc["ok"] = True
@@ -135,29 +135,28 @@ def _wait_versions(
     deadline = time.monotonic() + wait
     said: dict[str, Any] = {}
     while True:
-        rows: dict[str, dict[str, Any]] = {}
-        for g in body["groups"]:
-            for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)["devices"]:
-                rows[d["device_id"]] = d
-        for dev in body["devices"]:
-            rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
-        have = {d: (r.get("models") or {}).get(body["model"], {}).get("version") for d, r in rows.items()}
-        for d, v in sorted(have.items()):
-            if said.get(d, "?") != v:  # every change of a device's version is said as it happens
-                said[d] = v
-                result = "committed" if v == body["version"] else "pending"
-                progress("device", device_id=d, result=result, reason=f"runs {v}" if v else "runs no version")
-        if (rows and all(v == body["version"] for v in have.values())) or time.monotonic() > deadline:
+        have = {}  # device -> (result, reason): committed only once probation passed (agent.fleet.outcome)
+        for d, r in _targeted(url, token, body).items():
+            model = (r.get("models") or {}).get(body["model"])
+            phase, words = model_phase(model)
+            on_it = isinstance(model, dict) and same_version(model.get("version"), body["version"])
+            have[d] = (phase if on_it else "pending", words.removeprefix(f"{ON_PROBATION}, "))
+        for d, (result, words) in sorted(have.items()):
+            seen = (result, "" if result == ON_PROBATION else words)  # the seconds left are no change
+            if said.get(d) != seen:  # every change is said as it happens
+                said[d] = seen
+                progress("device", device_id=d, result=result, reason=words)
+        if (have and all(r == COMMITTED for r, _ in have.values())) or time.monotonic() > deadline:
             break
         time.sleep(1.0)
     doc["devices"] = {
         d: {
-            "result": "committed" if v == body["version"] else "not confirmed",
-            "reason": None if v == body["version"] else f"runs {v}",
+            "result": r if r in (COMMITTED, ON_PROBATION) else "not confirmed",
+            "reason": None if r == COMMITTED else w,
         }
-        for d, v in have.items()
+        for d, (r, w) in have.items()
     }
-    doc["ok"] = bool(have) and all(v == body["version"] for v in have.values())
+    doc["ok"] = bool(have) and all(r == COMMITTED for r, _ in have.values())
 
 
 def cp_register(url: str, token_file: str | None, device_id: str, pem: str | None, groups: list[str]) -> dict:
@@ -195,13 +194,61 @@ def cp_rollback(
         while wait is not None and doc["phase"] not in ("finished", "failed") and time.monotonic() < deadline:
             time.sleep(1.0)
             doc = call(url, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)
-        return {"rollout": doc, "ok": wait is None or doc["phase"] == "finished"}
-    if version is None:
-        raise click.UsageError("--control-plane with --device/--group needs --version V (the version to return to)")
-    body = {"model": name, "version": version, **targets, "rollback": True}
-    doc = call(url, "POST", "/api/v1/push", body, token=token)
-    _wait_versions(url, token, body, wait, doc)
-    return doc
+        op = (doc.get("progress") or {}).get("rollback") or {}
+        done = doc["phase"] == "finished" and op.get("state", "done") == "done"
+        return {"rollout": doc, "rollback": op or None, "ok": wait is None or done}
+    if version is not None:
+        body = {"model": name, "version": version, **targets, "rollback": True}
+        doc = call(url, "POST", "/api/v1/push", body, token=token)
+        _wait_versions(url, token, body, wait, doc)
+        return doc
+    # no --version: each device back to the version it ran before the latest rollout of NAME that reached it
+    # (the rule of `fleet rollback` over the broker; never a device's `previous`, which after a roll back is
+    # the version rolled back from)
+    before = _previous_from_rollouts(url, token, name)
+    by_version: dict[str, list[str]] = {}
+    for dev in _targeted(url, token, targets):
+        if dev not in before:
+            raise ConfigError(f"{dev}: no rollout of {name} through {url} says what it ran before: give --version V")
+        by_version.setdefault(before[dev], []).append(dev)
+    if not by_version:
+        raise ConfigError(f"no accepted device matches {targets}: nothing to roll back")
+    out: dict[str, Any] = {"model": name, "versions": {}, "devices": {}, "ok": True}
+    for prev, devs in sorted(by_version.items()):
+        body = {"model": name, "version": prev, "devices": sorted(devs), "groups": [], "rollback": True}
+        doc = call(url, "POST", "/api/v1/push", body, token=token)
+        _wait_versions(url, token, body, wait, doc)
+        out["versions"][prev] = sorted(devs)
+        out["devices"].update(doc.get("devices") or {})
+        out["ok"] = out["ok"] and doc["ok"]
+    return out
+
+
+def _previous_from_rollouts(url: str, token: str, name: str) -> dict[str, str]:
+    """{device: the version it ran before the latest rollout of `name` that reached it} from the service."""
+    from agent.transport.cpclient import call
+
+    rows = [r for r in call(url, "GET", "/api/v1/rollouts", token=token)["rollouts"] if r.get("model") == name]
+    out: dict[str, str] = {}
+    for r in sorted(rows, key=lambda r: r.get("created_at") or 0, reverse=True):
+        doc = call(url, "GET", f"/api/v1/rollouts/{r['rollout_id']}", token=token)
+        for d in (doc.get("progress") or {}).get("devices") or []:
+            if d["device_id"] not in out and d["result"] != "pending" and d.get("previous_version"):
+                out[d["device_id"]] = str(d["previous_version"])
+    return out
+
+
+def _targeted(url: str, token: str, targets: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """The accepted devices of targets' groups and devices, by id, as the API lists them."""
+    from agent.transport.cpclient import call
+
+    rows: dict[str, dict[str, Any]] = {}
+    for g in targets["groups"]:
+        for d in call(url, "GET", f"/api/v1/devices?state=accepted&group={g}&limit=1000", token=token)["devices"]:
+            rows[d["device_id"]] = d
+    for dev in targets["devices"]:
+        rows[dev] = call(url, "GET", f"/api/v1/devices/{dev}", token=token)
+    return rows
 
 
 def cp_rollout(

@@ -215,7 +215,10 @@ def _stop_after(seconds: float | None) -> threading.Event | None:
 @click.option("--device", "device_id", help="Roll back this device.")
 @click.option("--group", help="Roll back every device of this group.")
 @click.option(
-    "--version", "version", help="Version to return to (default: each device's version before the last rollout)."
+    "--version",
+    "version",
+    help="Version to return to (default: each device's version before the latest rollout of NAME that reached "
+    "it: the store's rollouts, or the service's with --control-plane).",
 )
 @click.option("--rollout", "rollout_id", help="With --control-plane: roll back this rollout of the service.")
 @click.option("--key", "key_file", type=click.Path(dir_okay=False), help="Ed25519 signing key.")
@@ -242,8 +245,9 @@ def rollback(
     device or a group. Exits 1 if any device could not be rolled back.
 
     With --control-plane URL (through the API): --rollout ID halts that rollout and rolls back every device
-    that took its version; --device/--group with --version V pushes V (uploaded to the service) as a signed
-    rollback."""
+    that took or is taking its version, in every cohort and wave (run it again while any device still runs the
+    version); --device/--group push each device's version before the latest rollout of NAME (or --version V,
+    uploaded to the service) as a signed rollback."""
     from agent.fleet.rollout_run import run_rollback
 
     if control_plane:
@@ -253,16 +257,8 @@ def rollback(
         doc = cp_rollback(control_plane, cp_token_file, name, rollout_id, targets, version, wait)
         if as_json:
             click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        elif rollout_id:
-            r = doc["rollout"]
-            click.echo(f"rollout {rollout_id}: {r['phase']}, {r['rollback_requested']} (state {r['state']})")
         else:
-            rows = [(d, r["result"], version, r["reason"] or "") for d, r in sorted((doc.get("devices") or {}).items())]
-            click.echo(
-                render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows)
-                if rows
-                else f"pushed rollback to {version}"
-            )
+            _echo_cp_rollback(doc, rollout_id, version)
         if not doc["ok"]:
             sys.exit(1)
         return
@@ -318,3 +314,24 @@ def render_rollouts(docs: list[dict], finished: bool = False) -> str:
     if done and not finished:
         lines.append(f"{len(done)} finished rollout(s) retained (see `fleet rollout ... --json` for their summaries)")
     return "\n".join(lines)
+
+
+def _echo_cp_rollback(doc: dict, rollout_id: str | None, version: str | None) -> None:
+    """What a control-plane rollback did: the rollout's roll back operation, or each device's result."""
+    if rollout_id:
+        r, op = doc["rollout"], doc.get("rollback") or {}
+        click.echo(f"rollout {rollout_id}: {r['phase']}, {r['rollback_requested']} (state {r['state']})")
+        if op:
+            counts = ", ".join(f"{k} {v}" for k, v in sorted((op.get("result") or {}).items()))
+            click.echo(f"roll back: {op['state']}" + (f" ({counts})" if counts else ""))
+        if op.get("remaining"):
+            click.echo(f"still on the version: {', '.join(op['remaining'])}: run this command again")
+        return
+    back = {d: v for v, devs in (doc.get("versions") or {}).items() for d in devs}  # without --version
+    devices = sorted((doc.get("devices") or {}).items())
+    rows = [(d, r["result"], version or back.get(d), r["reason"] or "") for d, r in devices]
+    click.echo(
+        render_table(("DEVICE", "RESULT", "VERSION", "REASON"), rows)
+        if rows
+        else f"pushed rollback to {version or ', '.join(sorted(doc.get('versions') or {}))}"
+    )

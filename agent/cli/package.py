@@ -32,9 +32,9 @@ class _Greedy(click.Option):
 EXAMPLES = """
 \b
 Examples:
-  edge-agent package model.onnx --inputs image.npy --out my-model
-  edge-agent package model.onnx --inputs a.npz b.npz c.npz --out my-model --name det --version 2
-  edge-agent package --check my-model
+  edge-agent package pkg/model.onnx --inputs pkg/test_data_set_0/input_0.pb --out my-model
+  edge-agent package pkg/model.onnx --inputs pkg/test_data_set_0/input_0.pb --out my-model --name det --version 2
+  edge-agent package --check pkg/
 """
 
 

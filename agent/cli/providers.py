@@ -76,7 +76,7 @@ def providers(sysroot, target_name, verify, as_json):
       edge-agent providers
       edge-agent providers --verify          # also open a real session on each available one
       edge-agent providers --json | jq '.[] | select(.available) | .name'
-      edge-agent providers --sysroot agent/sysroots/intel-nuc-meteorlake
+      edge-agent providers --sysroot intel-nuc-meteorlake
       edge-agent providers --target raspberry-pi-5
     """
     if verify and sysroot:

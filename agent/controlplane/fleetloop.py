@@ -15,7 +15,6 @@ from agent.controlplane.db import StorageError, write
 from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
 from agent.controlplane.runner import ServiceRolloutEngine, new_state
 from agent.errors import EdgeAgentError
-from agent.fleet import rollout_state as rs
 from agent.fleet.registry import DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
 
@@ -155,16 +154,28 @@ class FleetLoop:
         with self.factory() as s:
             rows = s.scalars(select(Rollout).where(Rollout.phase.in_(("starting", "running")))).all()
         for row in rows:
+            if row.phase == "starting" and row.rollback_requested:
+                self._cancel(row)  # rolled back before any device was told
+                continue
             if row.phase == "starting":
                 self._plan(row)
                 continue
+            if not row.state:
+                continue
             engine = self._engine(row)
-            if row.rollback_requested and any(c["state"] == rs.RUNNING for c in engine.state["cohorts"].values()):
-                engine.operator_rollback(row.rollback_requested)
+            answered = (engine.state.get("rollback") or {}).get("request")
+            if row.rollback_requested and row.rollback_requested != answered:
+                engine.operator_rollback(_reason(row.rollback_requested), row.rollback_requested)
             if row.paused and not row.rollback_requested:
                 continue  # halted by an operator: no wave starts, nothing is judged until resumed
             if engine.step():
                 self.engines.pop(row.rollout_id, None)
+
+    def _cancel(self, row: Rollout) -> None:
+        with write(self.factory) as s:
+            r = s.get(Rollout, row.rollout_id)
+            if r is not None and r.state is None:
+                r.phase, r.reason, r.updated_at = "finished", f"{row.rollback_requested} before it started", time.time()
 
     def _plan(self, row: Rollout) -> None:
         from agent.fleet.rollout_run import _manifest_extras, _sources, registered_population, stored_artifact
@@ -209,3 +220,8 @@ class FleetLoop:
             r.state, r.phase, r.updated_at = state, "running", time.time()
             row = r
         self._engine(row).republish()
+
+
+def _reason(request: str) -> str:
+    """The operator's words of a roll back request, without its request number."""
+    return request.split(" (request ", 1)[0]

@@ -50,6 +50,8 @@ def start_rollout(ctx, body, actor: str) -> dict[str, Any]:
 
 
 def transition(ctx, rid: str, action: str, actor: str) -> dict[str, Any]:
+    if action == "rollback":
+        return request_rollback(ctx, rid, actor)
     with write(ctx.factory) as s:
         row = s.get(Rollout, rid)
         if row is None:
@@ -58,10 +60,8 @@ def transition(ctx, rid: str, action: str, actor: str) -> dict[str, Any]:
         stmt = update(Rollout).where(Rollout.rollout_id == rid, live, Rollout.rollback_requested.is_(None))
         if action == "halt":
             stmt = stmt.where(Rollout.paused.is_(False)).values(paused=True, updated_at=time.time())
-        elif action == "resume":
-            stmt = stmt.where(Rollout.paused.is_(True)).values(paused=False, updated_at=time.time())
         else:
-            stmt = stmt.values(rollback_requested=f"rolled back by {actor}", updated_at=time.time())
+            stmt = stmt.where(Rollout.paused.is_(True)).values(paused=False, updated_at=time.time())
         if getattr(s.execute(stmt), "rowcount", 0) != 1:
             s.refresh(row)
             raise repo.Conflict(f"action: cannot {action} rollout {rid} now ({_where(row)})")
@@ -71,6 +71,49 @@ def transition(ctx, rid: str, action: str, actor: str) -> dict[str, Any]:
         out = s.get(Rollout, rid)
         assert out is not None
         return rollout_dict(out, brief=True)
+
+
+def request_rollback(ctx, rid: str, actor: str) -> dict[str, Any]:
+    """Ask for a roll back of every device that took the version: accepted in any phase but `failed` (nothing
+    was told), and again while one is under way or after it (each request is numbered; the fleet loop answers
+    the latest once, rolling back whatever still runs the version)."""
+    with write(ctx.factory) as s:
+        row = s.get(Rollout, rid)
+        if row is None:
+            raise repo.NotFound(f"rollout_id: no rollout {rid!r}")
+        if row.phase == "failed":
+            raise repo.Conflict(f"action: rollout {rid} never started ({row.reason}): no device has to go back")
+        before = row.rollback_requested
+        n = _request_number(before) + 1
+        request = f"rolled back by {actor} (request {n})"
+        same = Rollout.rollback_requested.is_(None) if before is None else Rollout.rollback_requested == before
+        stmt = (
+            update(Rollout)
+            .where(Rollout.rollout_id == rid, same)
+            .values(
+                rollback_requested=request,
+                phase="running" if row.phase == "finished" and row.state else row.phase,
+                updated_at=time.time(),
+            )
+        )
+        if getattr(s.execute(stmt), "rowcount", 0) != 1:
+            s.refresh(row)  # another operator asked at the same moment: theirs is the request, equally good
+        repo.audit(s, actor, "rollout.rollback", rid, request=n)
+    ctx.wake()
+    with ctx.factory() as s:
+        out = s.get(Rollout, rid)
+        assert out is not None
+        return rollout_dict(out, brief=True)
+
+
+def _request_number(request: str | None) -> int:
+    if not request:
+        return 0
+    tail = request.rsplit("(request ", 1)
+    try:
+        return int(tail[1].rstrip(")")) if len(tail) == 2 else 1
+    except ValueError:
+        return 1
 
 
 def _where(row: Rollout) -> str:

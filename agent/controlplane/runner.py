@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agent.controlplane.db import write
 from agent.controlplane.models import Rollout
+from agent.fleet import rollout_recall as recall
 from agent.fleet import rollout_state as rs
 from agent.fleet.rollout import RolloutEngine
 from agent.fleet.rollout_plan import RolloutSpec, plan
@@ -92,22 +93,29 @@ class ServiceRolloutEngine(RolloutEngine):
             return 0, attempted, first
         return failed, attempted, first
 
-    def operator_rollback(self, reason: str) -> None:
-        """Halt every running cohort and roll its devices back (the engine's own halt)."""
-        for key, cohort in self.state["cohorts"].items():
-            if cohort["state"] == rs.RUNNING:
-                self._halt(key, reason)
-        self._save()
+    def operator_rollback(self, reason: str, request: str | None = None) -> dict[str, Any]:
+        """Roll back every device that took or is taking the version, in every cohort (running ones halt
+        through the engine's own halt); `request` names the operator's request this answers (repeatable)."""
+        return recall.recall(self, request or reason, reason)
+
+    def _settle(self) -> bool:
+        settled = super()._settle()
+        if settled:
+            recall.finish(self)  # a roll back in progress gets its result
+        return settled
 
     def _save(self) -> None:
         now = time.time()
         self.state["updated"] = now
         final = self.state["state"] in rs.ROLLOUT_FINAL
+        answered = (self.state.get("rollback") or {}).get("request")
         with write(self.factory) as s:
-            row = s.get(Rollout, self.state["rollout_id"])
+            row = s.get(Rollout, self.state["rollout_id"], with_for_update=True)
             if row is not None:
                 row.state, row.updated_at = _copy(self.state), now
-                row.phase = "finished" if final else "running"
+                # a roll back asked for since this engine last looked keeps the rollout running until applied
+                asked = row.rollback_requested is not None and row.rollback_requested != answered
+                row.phase = "finished" if final and not asked else "running"
         self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))
 
 

@@ -29,6 +29,29 @@ def same_version(a: Any, b: Any) -> bool:
         return str(a) == str(b)
 
 
+ON_PROBATION = "on probation"  # runs the version, not committed yet: probation has not passed
+
+
+def model_phase(model: Any, now: float | None = None) -> tuple[str, str]:
+    """The one reading of a status document's `models[NAME]` entry, for the CLI, the API's readers and the
+    dashboard: ("committed", words) only once probation passed (state committed, or stale: committed under
+    other runtime versions); ("on probation", "on probation, 42 s left") before; otherwise (state, words)."""
+    import time
+
+    if not isinstance(model, dict) or not model.get("version"):
+        return PENDING, "runs no version"
+    state = str(model.get("state") or COMMITTED)
+    if state in (COMMITTED, "stale"):
+        return COMMITTED, f"committed {model.get('version')} on {model.get('provider') or '?'}"
+    if state == "probation":
+        ends = model.get("probation_ends")
+        if isinstance(ends, (int, float)):
+            left = max(0.0, ends - (time.time() if now is None else now))
+            return ON_PROBATION, f"on probation, {left:.0f} s left"
+        return ON_PROBATION, "on probation"
+    return state, f"{state} {model.get('version')}"
+
+
 def untrusted(status: Any) -> str | None:
     """Why a device's report is not believed ("report unsigned: not counted"); None when it is (or is absent)."""
     if not isinstance(status, dict) or status.get("trust") == TRUSTED:
@@ -58,6 +81,9 @@ def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) 
         return PENDING, str(untrusted(status))
     model = (status.get("models") or {}).get(name)
     if isinstance(model, dict) and same_version(model.get("version"), version):
+        phase, words = model_phase(model)
+        if phase == ON_PROBATION:
+            return PENDING, words
         if model.get("state", COMMITTED) == COMMITTED:
             flagged = _unjudged(status, name, version)
             if flagged:

@@ -11,7 +11,7 @@ from pathlib import Path
 from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
-from agent.fleet.outcome import device_outcome, same_version
+from agent.fleet.outcome import ON_PROBATION, device_outcome, same_version
 from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
 from agent.fleet.status import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
@@ -232,7 +232,8 @@ def wait_for_devices(
                 continue
             result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
             if results[dev]["reason"] != reason:  # every change of a device's state is said as it happens
-                progress("device", device_id=dev, result=result, reason=reason)
+                on_probation = result == "pending" and reason.startswith(ON_PROBATION)  # not committed yet
+                progress("device", device_id=dev, result=ON_PROBATION if on_probation else result, reason=reason)
             results[dev] = {"result": result, "reason": reason}
         pending = [d for d, r in results.items() if r["result"] == "pending"]
         if results and not pending:

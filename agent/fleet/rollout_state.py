@@ -152,6 +152,7 @@ def progress_doc(state: dict) -> dict[str, Any]:
         "ts": time.time(),
         "devices": len(state["devices"]),
         "counts": totals(state),
+        "rollback": state.get("rollback"),  # an operator's roll back (agent.fleet.rollout_recall), when asked
         "cohorts": {
             key: {
                 "state": c["state"],
@@ -167,7 +168,7 @@ def progress_doc(state: dict) -> dict[str, Any]:
 
 def summary(state: dict) -> dict[str, Any]:
     """The summary JSON: the progress document plus every device with its result and reason."""
-    doc = progress_doc(state)
+    doc, now = progress_doc(state), time.time()
     doc["devices"] = [
         {
             "device_id": dev,
@@ -176,7 +177,34 @@ def summary(state: dict) -> dict[str, Any]:
             "result": d["result"],
             "reason": d["reason"],
             "previous_version": d["previous_version"],
+            "waiting_for": waiting_for(state, d, now),
         }
         for dev, d in sorted(state["devices"].items())
     ]
     return doc
+
+
+def waiting_for(state: dict, d: dict, now: float) -> str | None:
+    """What the rollout waits for from this device, in words (None: nothing, its result is final)."""
+    spec, cohort = state["spec"], state["cohorts"].get(d["cohort"]) or {}
+    deadline = float(spec.get("deadline_s") or 0)
+    result = d["result"]
+    if result == PENDING:
+        if cohort.get("state") != RUNNING:
+            return None
+        return f"wave {d['wave']} of cohort {d['cohort']} to start (now wave {cohort.get('wave')})"
+    if result == IN_PROGRESS:
+        if d.get("queued"):
+            return "the rate limit to release its desired state"
+        started = (cohort.get("wave_started") or {}).get(str(d["wave"]))
+        left = f" ({max(0.0, started + deadline - now):.0f} s left)" if started else ""
+        return f"a verified report that it committed {spec['version']} after probation{left}"
+    if result == ROLLBACK_PENDING:
+        started = cohort.get("rollback_started")
+        left = f" ({max(0.0, started + deadline - now):.0f} s left)" if started else ""
+        if d.get("previous_version"):
+            return f"a verified report that it runs {d['previous_version']} again{left}"
+        return f"a verified report that it dropped {spec['version']}{left}"
+    if result == ROLLBACK_FAILED and d.get("took"):
+        return "a repeated roll back: it may still run " + str(spec["version"])
+    return None

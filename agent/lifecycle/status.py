@@ -22,9 +22,12 @@ def models_block(
     unavailable: dict[str, str] | None = None,
     stale: dict[str, str] | None = None,
     notes: dict[str, str] | None = None,
+    probation_s: float | None = None,
 ) -> dict[str, Any]:
     """Per model: what serves (version, sha256, provider, precision) and its state (`stale`: committed, but
-    decided under other runtime versions; re-qualification runs in the background); `notes`: start-up repairs."""
+    decided under other runtime versions; re-qualification runs in the background); `notes`: start-up repairs.
+    A version on probation is not committed: its state says `probation`, with `probation_since` (when it
+    started, device clock) and, given the window `probation_s`, `probation_ends`."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
     serving = registry.models() if registry is not None else {}
@@ -49,6 +52,8 @@ def models_block(
                 "precision": sel.get("precision"),
                 "state": dep.state.value,
             }
+            if dep.state == State.PROBATION:
+                out[name].update(_probation_times(dep, probation_s))
     if registry is not None:
         for name, info in out.items():
             if info.get("state") == "corrupt":
@@ -64,6 +69,16 @@ def models_block(
     for name, note in (notes or {}).items():
         if name in out and not out[name].get("reason"):
             out[name]["repaired"] = note
+    return out
+
+
+def _probation_times(dep: Any, window: float | None) -> dict[str, Any]:
+    since = next((h.get("ts") for h in reversed(dep.history) if h.get("state") == State.PROBATION.value), None)
+    if not isinstance(since, (int, float)):
+        return {}
+    out: dict[str, Any] = {"probation_since": since}
+    if window is not None:
+        out.update(probation_s=float(window), probation_ends=since + float(window))
     return out
 
 
@@ -93,6 +108,7 @@ def build_status(
     recent: int = 10,
     extra: dict[str, Any] | None = None,
     stale: dict[str, str] | None = None,
+    probation_s: float | None = None,
 ) -> dict[str, Any]:
     slots, journal = ModelSlots(state_dir), Journal(state_dir)
     doc = {
@@ -104,7 +120,7 @@ def build_status(
         "target": target,
         "hardware": hardware or {},
         "providers": list(providers or []),
-        "models": models_block(slots, journal, registry, unavailable, stale, notes),
+        "models": models_block(slots, journal, registry, unavailable, stale, notes, probation_s),
         "deployments": deployments_block(journal),
         "recent_deployments": [{"model": d.model, **d.summary()} for d in journal.recent(recent)],
     }

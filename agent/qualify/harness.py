@@ -104,6 +104,7 @@ def qualify(
             kept.close()
     reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
     winner, why, losers = select.choose(rows, select.preference_of(target))
+    why = why if winner else select.no_winner_hint(rows, why, run.golden is not None, Path(pkg.model_path).name)
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
     model = pkg.to_dict()

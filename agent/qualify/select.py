@@ -126,3 +126,20 @@ def preference_of(target: Any) -> list[str]:
     """Provider names in the target's preference order."""
     prefs = getattr(target, "providers", None) or []
     return [getattr(p, "name", p) for p in prefs]
+
+
+def no_winner_hint(rows: list[Row], why: str, golden: bool, model_file: str) -> str:
+    """Why nothing was selected, taught: when every provider that ran failed only on accuracy against a
+    reference computed from seeded inputs (no golden data), the reference itself may not suit this model."""
+    ran = [r for r in rows if r.status == "failed"]
+    if golden or not ran or any(r.status == "passed" for r in rows):
+        return why
+    if not all((r.reason or "").startswith("accuracy:") for r in ran):
+        return why
+    return (
+        f"{why}: every provider disagrees with the reference outputs computed from seeded random inputs, so the "
+        "reference may not suit this model (random inputs can drive it where its outputs are unstable or "
+        "meaningless, or the model is not deterministic); package it with real inputs, whose outputs become the "
+        f"golden data, and qualify the package: edge-agent package {model_file} --inputs sample.npy --out "
+        "my-model, then edge-agent qualify my-model"
+    )

@@ -1,0 +1,267 @@
+"""Every `--help` example runs as printed (issue 37, 5): each example line of every command's help, pasted into
+the directory scripts/quickstart.sh leaves (keys/, cp-store/ with the device registered, agent.yaml of device
+quickstart-device in group quickstart, pkg/ holding sample-tiny 1) plus pkg-2/ (sample-tiny 2) and cp.yaml for
+the control plane, exits 0.
+Examples that talk to a broker or a service run against ones this test starts (`mqtt://broker:1883` and
+`http://cp:8470` are the test's own); long-running ones (run, fleet serve, fleet simulate, control-plane) must
+still run after a while and stop cleanly on SIGTERM; the fleet examples run in an operator's order against a
+live daemon and artifact server, as the quickstart starts them."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from brokers import Mosquitto, free_port
+from clirunner import ROOT
+
+from agent.cli import cli
+
+pytestmark = [pytest.mark.timeout(3000), pytest.mark.slow]
+
+LONG = ("run", "fleet serve", "fleet simulate", "control-plane --config")  # services: run until stopped
+LIVE_ORDER = (  # an operator's order against one live device (the quickstart's daemon and artifact server)
+    "fleet push pkg/",
+    "fleet status",
+    "fleet --context lab status",
+    "fleet rollout",
+    "fleet attestations",
+    "attestation verify",
+    "fleet rollback",
+    "fleet --context lab push",
+    "fleet clear",
+    "status",
+    "fleet push pkg-2/",  # published, not waited for: the next example cancels it on the device
+    "cancel",
+    "rollback",
+)
+CP = ("control-plane enroll", "control-plane report", "fleet delete")  # against a running service, in this order
+
+
+def _texts(cmd: click.Command, path: tuple[str, ...] = ()):
+    yield " ".join(path), (cmd.help or "") + "\n" + (cmd.epilog or "")
+    if isinstance(cmd, click.Group):
+        ctx = click.Context(cmd, info_name=" ".join(("edge-agent",) + path))
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            if sub is not None:
+                yield from _texts(sub, path + (name,))
+
+
+def examples() -> list[str]:
+    """Every example command line of every --help, once, without its trailing comment."""
+    out: list[str] = []
+    for _, text in _texts(cli):
+        for line in text.splitlines():
+            line = line.strip()
+            if not line.startswith("edge-agent "):
+                continue
+            line = line.split("  ")[0].strip()  # two spaces, then a comment
+            if line not in out:
+                out.append(line)
+    return out
+
+
+def _kind(line: str) -> str:
+    words = line.removeprefix("edge-agent ")
+    if any(words.startswith(w + " ") for w in CP):
+        return "cp"
+    if any(words == w or words.startswith(w + " ") for w in LONG) and " token " not in words:
+        return "long"
+    if any(words == w or words.startswith(w + " ") for w in LIVE_ORDER):
+        return "live"
+    return "offline"
+
+
+def _live_rank(line: str) -> int:
+    words = line.removeprefix("edge-agent ")
+    return next(i for i, w in enumerate(LIVE_ORDER) if words == w or words.startswith(w + " "))
+
+
+def _workspace(dest: Path, broker_url: str) -> Path:
+    """The quickstart's directory: fleet keys, agent.yaml, the device's key registered, the sample package."""
+    from agent.samples import sample_tiny_package
+
+    dest.mkdir(parents=True)
+    _ok(["keys", "generate", "--out", "keys"], dest)
+    doc = {
+        "device_id": "quickstart-device",
+        "groups": ["quickstart"],
+        "state_dir": "state",
+        "serving": {"host": "127.0.0.1", "port": free_port(), "grpc_port": free_port()},
+        "telemetry": {"interval_s": 10},
+        "mqtt": {"url": broker_url, "topic_prefix": "edge"},
+        "trust": {"public_keys": ["keys/fleet.pub"]},
+    }
+    (dest / "agent.yaml").write_text(yaml.safe_dump(doc))
+    _ok(["keys", "device", "--config", "agent.yaml"], dest)
+    _ok(
+        [
+            *("fleet", "register", "quickstart-device", "--public-key", "state/device.pub"),
+            *("--group", "quickstart", "--store", "cp-store"),
+        ],
+        dest,
+    )
+    sample_tiny_package(dest / "pkg", name="sample-tiny", version="1")
+    sample_tiny_package(dest / "pkg-2", name="sample-tiny", version="2")  # another model: a rollback has a target
+    cp = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "store": "cp-store",
+        "mqtt": {"url": broker_url},
+        "signing_key": "keys/fleet.key",
+    }
+    (dest / "cp.yaml").write_text(yaml.safe_dump(cp))
+    return dest
+
+
+def _env(work: Path, probation_s: str = "1") -> dict[str, str]:
+    return {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+        "EDGE_AGENT_PROBATION_S": probation_s,
+        "EDGE_AGENT_QUALIFY_BUDGET_S": "0.5",
+        "EDGE_AGENT_FLEET_CONTEXTS": str(work / "fleet-contexts.yaml"),
+        "HOME": str(work),
+    }
+
+
+def _ok(args: list[str], cwd: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "agent", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+
+
+def _shell(line: str, cwd: Path, urls: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    for printed, real in urls.items():
+        line = line.replace(printed, real)
+    cmd = "edge-agent " + line.removeprefix("edge-agent ")
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(cwd)
+    )
+
+
+def _spawn(line: str, cwd: Path, urls: dict[str, str], log: Path, probation_s: str = "1") -> subprocess.Popen:
+    for printed, real in urls.items():
+        line = line.replace(printed, real)
+    env = _env(cwd, probation_s)
+    return subprocess.Popen(shlex.split(line), cwd=cwd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    if shutil.which("edge-agent", path=str(Path(sys.executable).parent)) is None:
+        raise RuntimeError(f"edge-agent is not installed beside {sys.executable}: pip install -e .")
+    if shutil.which("jq") is None:
+        raise RuntimeError("jq is not installed (examples pipe --json into it): apt-get install -y jq")
+    with Mosquitto(tmp_path_factory.mktemp("mosquitto")) as b:
+        yield b
+
+
+def test_every_example_is_collected_and_classified():
+    found = examples()
+    assert len(found) >= 30, found
+    assert any(e.startswith("edge-agent fleet push pkg/ ") for e in found)
+    assert {_kind(e) for e in found} == {"offline", "long", "live", "cp"}
+    assert all(e.split()[0] == "edge-agent" for e in found)
+
+
+@pytest.mark.parametrize("line", [e for e in examples() if _kind(e) == "offline"])
+def test_offline_example_runs_as_printed(line, tmp_path, broker):
+    work = _workspace(tmp_path / "qs", broker.url)
+    r = _shell(line, work, {})
+    assert r.returncode == 0, (line, r.stdout[-3000:], r.stderr[-3000:])
+
+
+@pytest.mark.parametrize("line", [e for e in examples() if _kind(e) == "long"])
+def test_service_example_runs_until_stopped(line, tmp_path, broker):
+    work = _workspace(tmp_path / "qs", broker.url)
+    proc = _spawn(line, work, {"mqtt://broker:1883": broker.url}, tmp_path / "log")
+    try:
+        deadline = time.monotonic() + 8.0
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None, (line, (tmp_path / "log").read_text()[-3000:])
+    finally:
+        rc = _stop(proc)
+    assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM), (line, rc, (tmp_path / "log").read_text()[-3000:])
+
+
+def test_fleet_and_control_plane_examples_run_in_order_against_a_live_device(tmp_path, broker):
+    work = _workspace(tmp_path / "qs", broker.url)
+    contexts = {
+        "current": "lab",
+        "contexts": {
+            "lab": {"broker": broker.url, "store": str(work / "cp-store"), "key": str(work / "keys/fleet.key")}
+        },
+    }
+    (work / "fleet-contexts.yaml").write_text(yaml.safe_dump(contexts))
+    urls = {"mqtt://broker:1883": broker.url}
+    # a 10 s probation: long enough for `cancel` to find the published version in flight, short for the rest
+    daemon = _spawn("edge-agent run --config agent.yaml", work, urls, tmp_path / "agent.log", probation_s="10")
+    serve = _spawn(f"edge-agent fleet serve --store cp-store --broker {broker.url}", work, urls, tmp_path / "serve.log")
+    failed = []
+    try:
+        for line in sorted((e for e in examples() if _kind(e) == "live"), key=_live_rank):
+            r = _shell(line, work, urls)
+            if r.returncode != 0:
+                failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+        failed += _control_plane_examples(work, tmp_path)
+    finally:
+        _stop(serve)
+        _stop(daemon)
+    assert not failed, (failed, (tmp_path / "agent.log").read_text()[-2000:])
+
+
+def _control_plane_examples(work: Path, tmp_path: Path) -> list:
+    """enroll and report against the control plane cp.yaml starts (the device has decision records by now)."""
+    import httpx
+
+    url = f"http://127.0.0.1:{yaml.safe_load((work / 'cp.yaml').read_text())['listen']['port']}"
+    service = _spawn("edge-agent control-plane --config cp.yaml", work, {}, tmp_path / "cp.log")
+    failed = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/api/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert service.poll() is None and time.monotonic() < deadline, (tmp_path / "cp.log").read_text()[-2000:]
+            time.sleep(0.3)
+        admin = (work / "admin.token").read_text().strip()
+        grant = httpx.post(
+            url + "/api/v1/enroll-tokens",
+            json={"name": "quickstart", "groups": ["quickstart"], "uses": 1},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert grant.status_code in (200, 201), grant.text
+        (work / "enroll.token").write_text(grant.json()["token"])  # what the operator hands the device
+        ours = [e for e in examples() if _kind(e) == "cp"]
+        for line in sorted(ours, key=lambda e: CP.index(next(w for w in CP if e.startswith("edge-agent " + w)))):
+            r = _shell(line, work, {"http://cp:8470": url})
+            if r.returncode != 0:
+                failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
+    finally:
+        _stop(service)
+    return failed
