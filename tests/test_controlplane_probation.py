@@ -16,9 +16,8 @@ from cp_support import running_service
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.controlplane.auth import COOKIE
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
 
@@ -103,7 +102,7 @@ def _push(api, url, token, pkg, dev, agent, admin_token):
         model = api.get(f"/api/v1/devices/{dev}").json()["models"]["tiny"]
         assert model["state"] == "probation" and model["probation_s"] == PROBATION_S, model
         assert model["probation_ends"] == pytest.approx(model["probation_since"] + PROBATION_S)
-        page = httpx.get(f"{url}/devices/{dev}", cookies={COOKIE: admin_token}, timeout=60)
+        page = httpx.get(f"{url}/devices/{dev}", headers={"Authorization": f"Bearer {admin_token}"}, timeout=60)
         assert page.status_code == 200 and "on probation" in page.text, page.text[-2000:]
         assert proc.stdout is not None
         out = proc.stdout.read()

@@ -17,8 +17,8 @@ from cp_support import running_service
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.fleet.simulator import Simulator
 from agent.samples import tiny_model, write_package
+from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
 
