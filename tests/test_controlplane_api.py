@@ -252,6 +252,35 @@ def test_signed_decision_records(svc):
     assert [d["doc"]["decision"] for d in got["decisions"]] == [{"selected": "cpu"}]
 
 
+def test_the_device_page_shows_the_latency_at_each_shape_point_of_a_decision(svc):
+    """A row's `latency_points` (issue 42): one table line per point with its figures, runs and note, escaped;
+    one mistyped is refused at the edge naming the field; a row without `coverage` (an older device's) is no 500."""
+    cp, client, tmp = svc
+    key = device_key(tmp / "keys" / "dev-1")
+    _enroll(client, tmp, "dev-1")
+    client.post("/api/v1/devices/dev-1/accept")
+    gold = {"point": "golden+opt", "inputs": "tokens[1, 56]", "p50": 1.41, "p90": 2.52, "p99": 3.07, "runs": 97}
+    top = {"point": "max", "inputs": "tokens[1, 224]", "p50": 1400.0, "runs": 1, "stopped": "one run took 1.4 s"}
+    lost = {"point": "max", "inputs": "<b>tokens</b>[1, 4096]", "runs": 0, "skipped": "not run: <script>x</script>"}
+    rows = [
+        {"key": "cpu", "provider": "cpu", "status": "passed", "coverage": 1.0, "latency_points": [gold, top]},
+        {"key": "openvino", "provider": "openvino", "status": "failed", "latency_points": [lost]},
+    ]
+    doc = {"device_id": "dev-1", "model": "tts", "version": "1", "ts": 1}
+    bad = dict(rows[0], latency_points=[dict(gold, runs="many")])
+    r = client.post("/api/v1/devices/dev-1/decisions", json=sign_doc({**doc, "decision": {"results": [bad]}}, key))
+    assert r.status_code == 422 and "decision.results.0.latency_points.0.runs" in r.json()["error"], r.text
+    signed = sign_doc({**doc, "decision": {"selected": "cpu", "results": rows}}, key)
+    assert client.post("/api/v1/devices/dev-1/decisions", json=signed).status_code == 201
+    page = client.get("/devices/dev-1").text
+    assert "<h4>Latency at each shape point</h4>" in page, page
+    assert "<td>cpu</td><td>golden+opt</td><td>tokens[1, 56]</td>\n<td>1.41</td><td>2.52</td><td>3.07</td>" in page
+    assert "<td>1.4e+03</td><td>not measured</td><td>not measured</td>\n<td>1</td><td>one run took 1.4 s</td>" in page
+    assert "<td>&lt;b&gt;tokens&lt;/b&gt;[1, 4096]</td>" in page and "<td>0</td><td>not run: &lt;script&gt;" in page
+    assert "<script>" not in page and "<b>tokens" not in page
+    assert "passed</td>\n<td>100%</td>" in page and "failed</td>\n<td>not measured</td>" in page  # coverage
+
+
 def test_attestations_in_decision_records_are_verified_stored_and_shown(svc):
     """The attestations a device sends inside a decision record (`edge-agent control-plane report`, as the daemon
     does) are each verified against that accepted device's key: a good one is listed with its summary and the

@@ -62,7 +62,7 @@ def _points(row: dict) -> dict[str, dict]:
     return {p["point"]: p for p in row["latency_points"]}
 
 
-def test_a_tts_package_with_a_declared_max_4x_longer_qualifies_at_every_point_and_is_served(tmp_path):
+def test_a_tts_package_with_a_declared_max_4x_longer_qualifies_at_every_point(tmp_path):
     pkg = _package(tmp_path, 224, dim=256, layers=16)
     plan = package_plan(load_package(pkg))
     golden, _ = load_dataset(pkg / "test_data_set_0", load_package(pkg).inputs, load_package(pkg).outputs)
@@ -88,20 +88,88 @@ def test_a_tts_package_with_a_declared_max_4x_longer_qualifies_at_every_point_an
     human = edge_agent("qualify", pkg, "--provider", "cpu", "--budget", "0.2", timeout=300)
     assert human.returncode == 0 and "cpu at max tokens[1, 224]" in human.stdout, human.stdout
 
+
+def infer_binary(url: str, model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The KServe v2 binary extension both ways: raw little-endian tensors after the JSON header."""
+    inputs = [
+        {
+            "name": k,
+            "shape": list(v.shape),
+            "datatype": datatype_of(v.dtype),
+            "parameters": {"binary_data_size": v.nbytes},
+        }
+        for k, v in feeds.items()
+    ]
+    head = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
+    body = head + b"".join(np.ascontiguousarray(v).tobytes() for v in feeds.values())
+    headers = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
+    req = urllib.request.Request(f"{url}/v2/models/{model}/infer", data=body, method="POST", headers=headers)
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw, n = resp.read(), int(resp.headers["Inference-Header-Content-Length"])
+    doc, rest, out = json.loads(raw[:n]), raw[n:], {}
+    for o in doc["outputs"]:
+        assert o["datatype"] == "FP32", o
+        size = o["parameters"]["binary_data_size"]
+        out[o["name"]] = np.frombuffer(rest[:size], "<f4").reshape(o["shape"])
+        rest = rest[size:]
+    assert not rest, len(rest)
+    return out
+
+
+def test_a_daemon_qualifies_the_tts_package_at_every_declared_point_commits_it_and_serves_longer_utterances(
+    tmp_path,
+):
+    """The done-when of issue 42 through a real daemon: the package dropped into its inbox qualifies (the decision
+    record has a latency figure and its run count at each declared point, the journal the qualification's wall
+    time), commits after a short probation, and answers over HTTP at the golden length (JSON) and at lengths up to
+    the declared max (binary), each with the audio length the model computes from the token values."""
+    pkg = _package(tmp_path, 224, dim=256, layers=16)
+    p = load_package(pkg)
+    golden, _ = load_dataset(pkg / "test_data_set_0", p.inputs, p.outputs)
+    plan = package_plan(p)
     cfg = write_config(tmp_path)
     state = tmp_path / "state"
-    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_PROVIDERS": "cpu"})
+    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_BUDGET_S": "0.4"})
     try:
         d.wait_ready()
-        drop(state, "1", name="tts", writer=lambda p: shutil.copytree(pkg, p))
-        dep = wait_for(lambda: ((d.status() or {}).get("deployments") or {}).get("tts", {}).get("result"), 240, "tts")
-        assert dep == "committed", d.status()
+        drop(state, "1", name="tts", writer=lambda dst: shutil.copytree(pkg, dst))
+        done = lambda: ((d.status() or {}).get("deployments") or {}).get("tts", {}).get("result")  # noqa: E731
+        assert wait_for(done, 240, "tts committed", d.proc) == "committed", d.tail()
+        status = edge_agent("status", "--config", cfg, "--json")
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["models"]["tts"]["version"] == "1" and doc["models"]["tts"]["state"] == "committed", doc
+        dep_id = doc["deployments"]["tts"]["id"]
+
+        decision = json.loads((state / "decisions" / f"{dep_id}.json").read_text())
+        assert decision["selected"] == "cpu", decision["reason"]
+        (row,) = [r for r in decision["results"] if r["key"] == decision["selected_key"]]
+        points = _points(row)
+        assert set(points) == {"min", "golden+opt", "max"}, row["latency_points"]
+        for point in points.values():
+            assert point["runs"] >= 1 and point["p50"] > 0 and not point.get("skipped"), point
+        assert points["max"]["inputs"].startswith("tokens[1, 224]") and "generated" in points["max"]["source"]
+        assert points["golden+opt"]["inputs"].startswith("tokens[1, 56]"), points["golden+opt"]
+        journal = json.loads((state / "deployments" / f"{dep_id}.json").read_text())
+        window = journal["data"]["qualification"]
+        wall = window["finished"] - window["started"]
+        assert wall > 0 and window["queued_s"] >= 0, window
+        print(f"\nqualification in the daemon: {wall:.1f} s (queued {window['queued_s']:.2f} s)")
+        for point in row["latency_points"]:
+            tokens = point["inputs"].split("], ")[0] + "]"
+            print(f"  {point['point']:>10} {tokens}: p50 {point['p50']:.3g} ms over {point['runs']} runs")
+
         plain = ort.InferenceSession(str(pkg / "model.onnx"), providers=["CPUExecutionProvider"])
-        for feeds in (golden, plan.at_max):  # a golden utterance and one 4x longer: the audio grows with it
-            served = infer(d.url, "tts", feeds)["audio"]
+        longer = {**golden, "tokens": golden["tokens"][:, np.arange(140) % 56]}  # 2.5x, within the declared max
+        lengths = []
+        for feeds, call in ((golden, infer), (longer, infer_binary), (plan.at_max, infer_binary)):
+            served = call(d.url, "tts", feeds)["audio"]
             want = plain.run(None, feeds)[0]
-            assert served.shape == want.shape, (served.shape, want.shape)
+            assert served.shape == want.shape, (feeds["tokens"].shape, served.shape, want.shape)
             np.testing.assert_allclose(served, want, rtol=1e-4, atol=1e-4)
+            lengths.append(served.shape[0])
+        assert lengths[0] < lengths[1] < lengths[2], lengths  # the audio grows with the utterance
+        print(f"  audio samples at tokens 56 / 140 / 224: {lengths}")
     finally:
         assert d.terminate() == 0, d.tail()
 

@@ -78,6 +78,20 @@ class Latency(Doc):
     p99: float | None = None
 
 
+class Point(Doc):
+    """One shape point's latency (agent.qualify.points.entry): what the device page shows of it."""
+
+    point: Short | None = None
+    inputs: Text | None = None
+    source: Text | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    runs: int | None = None
+    stopped: Text | None = None
+    skipped: Text | None = None
+
+
 class Row(Doc):
     key: Text | None = None
     provider: Text | None = None
@@ -90,6 +104,7 @@ class Row(Doc):
     memory_peak_bytes: int | float | None = None
     contended: bool | None = None
     conditions: dict[str, Any] | None = None
+    latency_points: Annotated[list[Point], Field(max_length=16)] | None = None
 
 
 class Decision(Doc):
