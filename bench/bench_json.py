@@ -68,9 +68,9 @@ def _models(d: Path) -> dict[str, str]:
 
 def _serve(paths: dict[str, str], ports, stop) -> None:
     from agent.providers import get
+    from agent.serving.http.server import OIPServer
     from agent.serving.memory import fix_mmap_threshold, limit_malloc_arenas
     from agent.serving.registry import ModelRegistry
-    from agent.serving.server import OIPServer
 
     limit_malloc_arenas(2)  # as the daemon does
     fix_mmap_threshold()

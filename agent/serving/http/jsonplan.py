@@ -11,6 +11,7 @@ full parser again, so errors read as they always did.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, NamedTuple
 
@@ -25,6 +26,13 @@ from agent.serving.http.jsonfast import binary_hint
 SLOT = re.compile(rb'"data"\s*:\s*\[([-+0-9.eE,\s]*)\]')
 _MAX = 256  # templates kept
 _KEY_MAX = 8192  # longer headers are parsed every time (the cache's memory stays bounded: 256 x 8 KiB, as decode's)
+# float datatypes a slot of JSON floats converts to directly: the bound below which a double rounds to a finite value
+# (the largest finite plus half its last unit rounds to infinity); bfloat16 and every doubt go through json_tensor
+_FINITE_BELOW = {
+    np.dtype(np.float16): 65520.0,
+    np.dtype(np.float32): 2.0**128 - 2.0**103,
+    np.dtype(np.float64): math.inf,
+}
 
 
 class Slot(NamedTuple):
@@ -70,7 +78,7 @@ def decode(key: bytes, numbers: list[bytes], charge: Charge) -> InferRequest | N
     tpl = _TEMPLATES.get(key)
     if tpl is None:
         return None
-    need = (len(key) + sum(len(n) for n in numbers)) * JSON_DECODE_FACTOR  # as the full parser is charged
+    need = (len(key) + sum(map(len, numbers))) * JSON_DECODE_FACTOR  # as the full parser is charged
     try:
         charge(need, "the request's JSON")
     except (PayloadTooLarge, ServerBusy) as exc:
@@ -81,7 +89,10 @@ def decode(key: bytes, numbers: list[bytes], charge: Charge) -> InferRequest | N
             data = _DECODER.decode("[" + text.decode("ascii") + "]")
         except (ValueError, BadRequest):
             return None  # malformed numbers: the full parser names them
-        inputs[slot.name] = json_tensor(slot.name, data, slot.dtype, slot.size).reshape(slot.shape)
+        arr = _floats(data, slot)
+        if arr is None:
+            arr = json_tensor(slot.name, data, slot.dtype, slot.size)
+        inputs[slot.name] = arr.reshape(slot.shape)
     req = tpl.request
     return InferRequest(
         inputs=inputs,
@@ -93,6 +104,18 @@ def decode(key: bytes, numbers: list[bytes], charge: Charge) -> InferRequest | N
         params=req.params,
         shm_out=dict(req.shm_out),
     )
+
+
+def _floats(data: list[Any], slot: Slot) -> np.ndarray | None:
+    """A slot of JSON floats (no integers: a big one converts differently), as many as its shape holds, each
+    finite in its float datatype: the array json_tensor makes of them, without its checks; None for anything else
+    (json_tensor judges it, with its errors)."""
+    bound = _FINITE_BELOW.get(slot.dtype)
+    if bound is None or len(data) != slot.size or not data:
+        return None
+    if not all(type(v) is float for v in data) or not max(map(abs, data)) < bound:
+        return None
+    return np.array(data, dtype=slot.dtype)  # each double rounded once to the datatype, as astype does
 
 
 def learn(key: bytes, numbers: list[bytes], doc: Any, req: InferRequest) -> None:
