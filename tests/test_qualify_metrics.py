@@ -158,3 +158,17 @@ def test_runtime_versions_include_profile_software():
 
     v = runtime_versions(HardwareProfile(software={"l4t": "36.4.3", "jetpack": "6.2"}))
     assert v["l4t"] == "36.4.3" and v["jetpack"] == "6.2" and v["onnxruntime"]
+
+
+def test_identical_outputs_have_cosine_one_exactly_on_any_simd_width():
+    # float32 sums round with the SIMD width: before the fix an output equal to its golden scored 0.99999994 on an
+    # AVX-512 host and failed a bit-exact min_cosine of 1.0 (it passed on AVX2 hosts)
+    from agent.qualify.accuracy import _cosine
+
+    rng = np.random.default_rng(0)
+    for n in (3, 1000, 4097, 100_000):
+        a = rng.standard_normal(n).astype(np.float32)
+        assert _cosine(a, a.copy()) == 1.0
+    assert _cosine(np.zeros(4, np.float32), np.zeros(4, np.float32)) == 1.0
+    b = np.ones(8, np.float32)
+    assert 0.0 < _cosine(b, b + np.float32(1e-3) * np.arange(8, dtype=np.float32)) < 1.0
