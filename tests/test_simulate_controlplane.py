@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from brokers import Mosquitto
-from clirunner import ROOT
+from clirunner import ROOT, edge_agent
 from cp_support import running_service
 from support.wait import wait_for
 
@@ -129,3 +129,12 @@ def test_simulated_devices_enroll_with_a_running_service_and_post_their_evidence
             logs = {name: (tmp_path / f"{name}.out").read_text()[-3000:] for name in sims}
             assert codes == {"tok": 0, "acc": 0}, (codes, logs)
             assert all(e["event"] == "stopped" for e in (_events(tmp_path, n)[-1] for n in sims)), logs
+
+
+def test_control_plane_options_are_refused_without_what_they_need(tmp_path):
+    _, pub, _ = generate(tmp_path / "keys")
+    base = ("fleet", "simulate", "--devices", "1", "--trust", pub, "--broker", "mqtt://127.0.0.1:1")
+    alone = edge_agent(*base, "--accept", "--enroll-token-file", pub)
+    assert alone.returncode == 2 and "--enroll-token-file, --accept: only with --control-plane URL" in alone.stderr
+    no_token = edge_agent(*base, "--control-plane", "http://127.0.0.1:1", "--accept", env={"EDGE_AGENT_CP_TOKEN": ""})
+    assert no_token.returncode != 0 and "needs an operator token" in no_token.stderr, no_token.stderr
