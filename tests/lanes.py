@@ -46,6 +46,7 @@ SYSTEM = frozenset(
         "test_rollout_plan",
         "test_rollout_sim",
         "test_simulator",
+        "test_simulate_controlplane",  # `fleet simulate --control-plane`: enroll, accept, evidence on a service
         # whole daemons under faults: killed, cut off, attacked, flooded
         "test_daemon_crash",
         "test_daemon_mqtt_crash",

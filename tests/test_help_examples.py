@@ -44,7 +44,8 @@ LIVE_ORDER = (  # an operator's order against one live device (the quickstart's 
     "cancel",
     "rollback",
 )
-CP = ("control-plane enroll", "control-plane report", "fleet delete")  # against a running service, in this order
+CP = ("control-plane enroll", "control-plane report", "fleet delete", "fleet simulate")  # against a running service,
+# in this order (`fleet simulate` only with --control-plane: it runs until its devices are accepted, then is stopped)
 
 
 def _texts(cmd: click.Command, path: tuple[str, ...] = ()):
@@ -73,7 +74,7 @@ def examples() -> list[str]:
 
 def _kind(line: str) -> str:
     words = line.removeprefix("edge-agent ")
-    if any(words.startswith(w + " ") for w in CP):
+    if any(words.startswith(w + " ") for w in CP) and ("--control-plane " in words or "fleet simulate" not in words):
         return "cp"
     if any(words == w or words.startswith(w + " ") for w in LONG) and " token " not in words:
         return "long"
@@ -235,15 +236,16 @@ def test_fleet_and_control_plane_examples_run_in_order_against_a_live_device(tmp
                 failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
             if _live_rank(line) == cancel:
                 serve = _spawn(serve_line, work, urls, tmp_path / "serve.log")
-        failed += _control_plane_examples(work, tmp_path)
+        failed += _control_plane_examples(work, tmp_path, broker.url)
     finally:
         _stop(serve)
         _stop(daemon)
     assert not failed, (failed, (tmp_path / "agent.log").read_text()[-2000:])
 
 
-def _control_plane_examples(work: Path, tmp_path: Path) -> list:
-    """enroll and report against the control plane cp.yaml starts (the device has decision records by now)."""
+def _control_plane_examples(work: Path, tmp_path: Path, broker_url: str) -> list:
+    """enroll and report against the control plane cp.yaml starts (the device has decision records by now); a
+    simulated fleet enrolls there with the token an admin made for it."""
     import httpx
 
     url = f"http://127.0.0.1:{yaml.safe_load((work / 'cp.yaml').read_text())['listen']['port']}"
@@ -269,9 +271,50 @@ def _control_plane_examples(work: Path, tmp_path: Path) -> list:
         (work / "enroll.token").write_text(grant.json()["token"])  # what the operator hands the device
         ours = [e for e in examples() if _kind(e) == "cp"]
         for line in sorted(ours, key=lambda e: CP.index(next(w for w in CP if e.startswith("edge-agent " + w)))):
+            if line.startswith("edge-agent fleet simulate "):
+                _token_for(url, admin, work, "sim", 3)
+                failed += _simulated_fleet_enrolls(
+                    line, work, tmp_path, {"http://cp:8470": url, "mqtt://broker:1883": broker_url}, admin
+                )
+                continue
             r = _shell(line, work, {"http://cp:8470": url})
             if r.returncode != 0:
                 failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
     finally:
         _stop(service)
     return failed
+
+
+def _token_for(url: str, admin: str, work: Path, group: str, uses: int) -> None:
+    """An enrollment token for `uses` devices joining `group`, in work/enroll.token (what the operator hands out)."""
+    import httpx
+
+    grant = httpx.post(
+        url + "/api/v1/enroll-tokens",
+        json={"name": group, "groups": [group], "uses": uses},
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    assert grant.status_code == 201, grant.text
+    (work / "enroll.token").write_text(grant.json()["token"])
+
+
+def _simulated_fleet_enrolls(line: str, work: Path, tmp_path: Path, urls: dict[str, str], admin: str) -> list:
+    """`fleet simulate --control-plane`: runs until its three devices are accepted by the service, stops on SIGTERM."""
+    import httpx
+
+    log = tmp_path / "simulate-cp.log"
+    proc = _spawn(line, work, urls, log)
+    url, accepted = urls["http://cp:8470"], 0
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and accepted < 3 and time.monotonic() < deadline:
+            time.sleep(1)
+            rows = httpx.get(
+                url + "/api/v1/devices?state=accepted&group=sim", headers={"Authorization": f"Bearer {admin}"}
+            ).json()["devices"]
+            accepted = len(rows)
+    finally:
+        rc = _stop(proc)
+    if accepted == 3 and rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
+        return []
+    return [(line, rc, f"{accepted} of 3 accepted", log.read_text()[-1500:])]

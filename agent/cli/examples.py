@@ -51,6 +51,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "fleet serve": ("edge-agent fleet serve --store cp-store --broker mqtt://broker:1883 --http 127.0.0.1:8081",),
     "fleet simulate": (
         "edge-agent fleet simulate --devices 3 --trust keys/fleet.pub --store cp-store --broker mqtt://broker:1883",
+        "edge-agent fleet simulate --devices 3 --trust keys/fleet.pub --broker mqtt://broker:1883 "
+        "--control-plane http://cp:8470 --enroll-token-file enroll.token",
     ),
     "fleet status": ("edge-agent fleet status --store cp-store --broker mqtt://broker:1883 --json",),
     "keys device": ("edge-agent keys device --config agent.yaml",),

@@ -8,6 +8,8 @@ import click
 
 from agent.cli.broker_opts import broker_config as _broker
 from agent.cli.broker_opts import broker_options
+from agent.cli.fleet_simulate_cp import KEYS as CP_KEYS
+from agent.cli.fleet_simulate_cp import CpJoin, simulate_cp_options
 
 STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the threads' stacks are printed
 
@@ -57,7 +59,16 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 )
 @click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
 @click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
+@click.option(
+    "--telemetry-interval",
+    "telemetry_s",
+    type=click.FloatRange(0, 86400),
+    default=0.0,
+    show_default=True,
+    help="Seconds between the health messages each device publishes (0: none).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
+@simulate_cp_options
 @broker_options
 def simulate(
     count,
@@ -71,12 +82,15 @@ def simulate(
     latency_budget_s,
     no_shared_qualification,
     serve_http,
+    telemetry_s,
     as_json,
     **broker_kw,
 ):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
     profile from a captured sysroot) until interrupted (Ctrl-C or SIGTERM). Qualification is real; identical
-    devices share one measurement per (model sha256, target, provider set), and the output says so."""
+    devices share one measurement per (model sha256, target, provider set), and the output says so. With
+    --control-plane URL every device enrolls with that service and posts its signed decision records and
+    attestations there, as a daemon does; a line says how far the enrollment got whenever that changes."""
     import faulthandler
     import signal
 
@@ -84,6 +98,7 @@ def simulate(
     from agent.sim.classes import resolve_sysroots
     from agent.sim.simulator import Simulator
 
+    cp = CpJoin({k: broker_kw.pop(k) for k in CP_KEYS}, list(groups) or ["sim"])
     sim = Simulator(
         count,
         broker=_broker(broker_kw),
@@ -98,8 +113,11 @@ def simulate(
         share_qualification=not no_shared_qualification,
         serve_http=serve_http,
         store=store,
+        control_plane=cp.url,
+        enroll_token=cp.enroll_token,
+        telemetry_s=telemetry_s,
     )
-    if store is None:
+    if store is None and cp.url is None:
         click.echo(
             "simulate: no --store: the devices are not registered; push --wait and rollouts will not believe them",
             err=True,
@@ -110,6 +128,7 @@ def simulate(
         layout = sim.layout()
         click.echo(json.dumps({"event": "started", **layout}) if as_json else _render_layout(layout))
         while not flags.raised("stop"):
+            cp.tick(sim.control_plane_states(), as_json)
             flags.wait(1.0)
     except KeyboardInterrupt:
         pass
@@ -143,6 +162,8 @@ def _render_layout(layout: dict) -> str:
     from agent.cli.table import render_table
 
     lines = [f"simulate: {layout['devices']} devices on {layout['broker']} (state {layout['state_dir']}); Ctrl-C stops"]
+    if layout.get("control_plane"):
+        lines.append(f"simulate: every device enrolls with {layout['control_plane']} and posts its records there")
     classes = []
     for cls, n in sorted(layout["classes"].items()):
         classes.append((cls, n, layout["targets"][cls], ", ".join(layout["providers"][cls])))

@@ -4,7 +4,10 @@ hardware profile from a captured sysroot, qualifying what they receive for real 
 The simulator owns its devices: given the control plane's store, it registers each device's own key and groups
 in STORE/registry.json before the devices start (as an operator does at install), so `fleet push --wait` and
 `fleet rollout --store STORE` believe their signed reports; devices whose state (and key) it made in a temporary
-directory are taken out of the registry again when it stops."""
+directory are taken out of the registry again when it stops. Given a control plane's URL instead (or as well), each
+device enrolls through its API by itself and posts its signed decision records and attestations, as a daemon with
+a `control_plane` section in agent.yaml does (agent.services.cpsync, the same code): with the enrollment token
+when one is given (accepted at once, with the token's groups), else it waits as pending for an operator."""
 
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Simulator", "discover_sysroots"]
 
+CP_RETRY_MAX_S = 5.0  # a simulated device asks again (enrollment, refused posts) at least this often
+
 
 class Simulator:
     """Start/stop a simulated fleet. Device ids: {id_prefix}-{class}-{n}; classes assigned round-robin."""
@@ -46,6 +51,9 @@ class Simulator:
         share_qualification: bool = True,
         serve_http: bool = False,
         store: str | os.PathLike[str] | None = None,
+        control_plane: str | None = None,
+        enroll_token: str | None = None,
+        telemetry_s: float = 0.0,
     ):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
@@ -64,6 +72,8 @@ class Simulator:
         self._progress: Callable[..., None] = lambda event, **f: None
         self.store = Path(store) if store is not None else None  # whose registry.json gets the devices
         self.registered: dict[str, str] = {}  # device id -> key id this simulator registered
+        self.control_plane, self.enroll_token = control_plane, enroll_token  # each device's `control_plane` section
+        self.telemetry_s = telemetry_s  # health published every so many seconds (0: none, the default)
 
     # -- life --------------------------------------------------------------------------------------------
     def start(self, progress: Callable[..., None] | None = None) -> "Simulator":
@@ -212,17 +222,32 @@ class Simulator:
             mqtt["tls"] = {
                 k: v for k, v in (("ca", self.broker.ca), ("cert", self.broker.cert), ("key", self.broker.key)) if v
             }
-        return {
+        doc: dict[str, Any] = {
             "device_id": device_id,
             "groups": list(self.groups),
             "state_dir": str(self.state_dir / device_id),
             "target": cls.target,
             "mqtt": mqtt,
             "trust": {"public_keys": [str(Path(t).resolve()) for t in self.trust]},
-            "telemetry": {"interval_s": 0},
+            "telemetry": {"interval_s": self.telemetry_s},
             "serving": {"host": "127.0.0.1", "port": 0},
             "downloads": {"allow_http": True},  # simulated devices on loopback pull from the bench's plain http server
         }
+        if self.control_plane:
+            doc["control_plane"] = self._control_plane_section()
+        return doc
+
+    def _control_plane_section(self) -> dict[str, Any]:
+        """A daemon's `control_plane` section: the URL, the enrollment token in a file of the state directory (0600),
+        and a short back-off ceiling, so that an operator's accept is seen within seconds."""
+        section: dict[str, Any] = {"url": self.control_plane, "retry_max_s": CP_RETRY_MAX_S}
+        if self.enroll_token:
+            token = self.state_dir / ".enroll-token"
+            if not token.exists():
+                token.write_text(self.enroll_token + "\n")
+                token.chmod(0o600)
+            section["token_file"] = str(token)
+        return section
 
     def _shared_qualifier(self, device_id: str, cls: DeviceClass) -> Callable[[Any, Any, Any], Any]:
         """DeviceAgent's qualifier hook: identical devices (same artifact, target, providers) share one real
@@ -262,7 +287,18 @@ class Simulator:
             "providers": {c.name: list(c.providers) for c in self.classes},
             "dropped": {c.name: c.why for c in self.classes},
             "http": {dev: a.url for dev, a in self.agents.items()} if self.serve_http else {},
+            "control_plane": self.control_plane,  # where each device enrolls and posts (None: nowhere)
         }
+
+    def control_plane_states(self) -> dict[str, dict[str, Any]]:
+        """Each device's view of its control plane (its status document's `control_plane`: enrollment, posted,
+        pending, last error); empty without one."""
+        out = {}
+        for dev, agent in list(self.agents.items()):
+            sync = getattr(agent, "cpsync", None)
+            if sync is not None:
+                out[dev] = sync.snapshot()
+        return out
 
     def stats(self) -> dict[str, Any]:
         cache = self.cache.stats() if self.cache is not None else {"measured": None, "reused": 0}
