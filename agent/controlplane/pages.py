@@ -1,5 +1,6 @@
 """The dashboard's template engine: Jinja2 with autoescape on for every template (whatever its name), and the
-one error page every HTML error answer is rendered from (never text formatted into HTML by hand)."""
+one error page every HTML error answer is rendered from (never text formatted into HTML by hand). A value that is
+missing (None) prints "not recorded", never a literal `None`, whatever the template forgot."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(float(ts), datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
+NOT_RECORDED = "not recorded"
+
+
+def _shown(value: object) -> object:
+    """What a `{{ ... }}` prints: a missing value says so in words."""
+    return NOT_RECORDED if value is None else value
+
+
+env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True, finalize=_shown)
 env.filters["when"] = _when
 env.filters["model_state"] = lambda m: model_phase(m)[1] if model_phase(m)[0] == ON_PROBATION else m.get("state")
 templates = Jinja2Templates(env=env)

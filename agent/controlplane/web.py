@@ -149,33 +149,6 @@ def overview(request: Request):
     return _page(request, "overview.html", v, overview=ov, rollouts=recent)
 
 
-@router.get("/devices", response_class=HTMLResponse)
-def devices(
-    request: Request,
-    state: str = "accepted",
-    group: str = "",
-    target: str = "",
-    provider: str = "",
-    page: int = Query(0, ge=0, le=MAX_PAGE),
-):
-    v = _who(request)
-    if isinstance(v, Response):
-        return v
-    with request.app.state.cp.factory() as s:
-        total, rows = repo.list_devices(
-            s,
-            state=state or None,
-            group=group or None,
-            target=target or None,
-            provider=provider or None,
-            offset=page * PAGE,
-            limit=PAGE,
-        )
-        items = [repo.device_dict(r) for r in rows]
-    filters = {"state": state, "group": group, "target": target, "provider": provider}
-    return _page(request, "devices.html", v, devices=items, total=total, page=page, size=PAGE, filters=filters)
-
-
 @router.get("/pending", response_class=HTMLResponse)
 def pending(request: Request, page: int = Query(0, ge=0, le=MAX_PAGE)):
     v = _who(request)
