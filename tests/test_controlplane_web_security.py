@@ -90,7 +90,14 @@ def test_templates_have_no_inline_script_or_style():
             assert not re.search(pattern, text, re.I), (path.name, pattern)
     for script in (TEMPLATES.parent / "static").glob("*.js"):  # no markup built from strings, no eval
         text = script.read_text()
-        for pattern in (r"innerHTML", r"outerHTML", r"insertAdjacentHTML", r"document\.write", r"\beval\(", r"Function\("):
+        for pattern in (
+            r"innerHTML",
+            r"outerHTML",
+            r"insertAdjacentHTML",
+            r"document\.write",
+            r"\beval\(",
+            r"Function\(",
+        ):
             assert not re.search(pattern, text), (script.name, pattern)
 
 
