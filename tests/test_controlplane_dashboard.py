@@ -11,7 +11,10 @@ through the fleet loop's own intake (no broker) and whose signed decision record
 - the audit page, paged and filtered by actor and action, admins only;
 - hostile input: markup in an uploaded file's name, in filter parameters and in paths shown as text (with the
   CSP bypassed, so the escaping alone holds), and a cross-origin post of the upload form refused (403), as is one
-  without the form's CSRF token, nothing stored."""
+  without the form's CSRF token, nothing stored.
+
+Screenshots (a version's page after its upload, a refused upload, the devices grouped by health, the audit page)
+go to $EDGE_AGENT_ARTIFACTS/control-plane/ (default test-artifacts/control-plane/)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from cp_support import running_service
+from test_controlplane_browser import artifacts_dir
 from test_controlplane_browser_attacks import Attacker
 
 from agent.artifacts.keys import device_key, public_pem
@@ -164,6 +168,7 @@ def test_upload_with_progress_then_start_its_rollout(service, browser):
     bars = [s.rsplit(" | ", 1)[1].split("/") for s in seen]
     assert any(a == b and float(a) > size for a, b in bars), seen  # the bar full: the whole multipart body sent
     assert "package --check: ok" in page.inner_text("#checked")
+    page.screenshot(path=str(artifacts_dir() / "model-version.png"), full_page=True)
     assert ("tiny", "1") in _versions(api)
     # its rollout, started from the version's page
     page.select_option("#start-rollout select[name=group]", "lab")
@@ -226,6 +231,7 @@ def test_oversized_and_broken_uploads_are_refused_and_nothing_stored(service, br
     assert answer.value.status == 422
     page.wait_for_selector("#upload-refused")
     assert "does not load" in page.inner_text("#upload-refused") and page.locator("#findings li").count() >= 1
+    page.screenshot(path=str(artifacts_dir() / "upload-refused.png"), full_page=True)
     ctx.close()
     # without JavaScript the service refuses it: 413, before the route reads it
     ctx = browser.new_context(java_script_enabled=False)
@@ -271,6 +277,7 @@ def test_device_filters_groups_why_and_refresh(service, browser):
     page.wait_for_url("**/devices?*precision=int8*")
     assert page.locator("#devices td:first-child a").all_inner_texts() == ["d-2", "d-3"]
     listed("group_by=health")
+    page.screenshot(path=str(artifacts_dir() / "devices-by-health.png"), full_page=True)
     groups = dict(r.split("\t") for r in page.locator("#device-groups tr").all_inner_texts()[1:])
     assert groups == {"degraded": "1", "healthy": "2", "offline": "1", "on probation": "1"}
     # the why of each model, on the list and on the device page, without a click; a missing one in words
@@ -316,6 +323,7 @@ def test_audit_page_paged_filtered_admin_only(service, browser):
     page.goto(url + "/audit?action=device.groups")
     assert page.locator("#audit tr").count() == 51  # a page of 50 and the header
     assert "55 entries, page 1 of 2" in page.inner_text("#audit-count")
+    page.screenshot(path=str(artifacts_dir() / "audit.png"), full_page=True)
     page.click("a:text('next')")
     page.wait_for_url("**page=1*")
     assert page.locator("#audit tr").count() == 6 and "action=device.groups" in page.url
