@@ -1,5 +1,6 @@
-"""The dashboard: server-rendered HTML (Jinja2, autoescaped), no build step, nothing from a CDN, no JavaScript.
-Forms post to the same actions as the API (same rules, same audit log). Signing in opens a session
+"""The dashboard: server-rendered HTML (Jinja2, autoescaped), no build step, nothing from a CDN, no inline script
+(static/refresh.js and upload.js only; every page works without them; more pages in webdevices, webmodels and
+webaudit). Forms post to the same actions as the API (same rules, same audit log). Signing in opens a session
 (agent.controlplane.sessions: a random id in an HttpOnly, SameSite=Strict cookie); every form carries the
 session's CSRF token, checked here in constant time, and agent.controlplane.security refuses unsafe requests
 from another origin before they reach a route. Every HTML answer, errors included, comes from a template."""
