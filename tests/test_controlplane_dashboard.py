@@ -406,3 +406,51 @@ def test_hostile_names_params_paths_and_cross_origin_upload(service, browser):
     ctx.close()
     assert _versions(api) == before and len(_uploads(api)) == audited
     assert not [p for p in (tmp / "store").glob("tmp*")]  # no staging left behind
+
+
+def test_no_page_prints_none(service, browser):
+    """Missing values in what a device sent (a reason, a figure, a trial's field, a report's summary) print in
+    words ("not recorded", JSON's null inside a mapping), never Python's `None`, on every page."""
+    import re
+
+    cp, url, api, tmp = service
+    key = device_key(tmp / "keys" / "d-5")
+    row = {
+        "provider": "openvino",
+        "precision": "bf16",
+        "status": "failed",
+        "reason": None,
+        "conditions": {"load": None},
+    }
+    doc = {
+        "device_id": "d-5",
+        "model": "tiny",
+        "version": "2",
+        "deployment_id": "tiny-2-d-5",
+        "ts": time.time(),
+        "decision": {"selected": None, "reason": None, "results": [row]},
+        "trial": {"verdict": None, "shadow": {"p50": None}},
+    }
+    assert api.post("/api/v1/devices/d-5/decisions", json=sign_doc(doc, key)).status_code == 201
+    report = {"device_id": "d-5", "model": "tiny", "version": "2", "ts": time.time(), "summary": {"failed": None}}
+    assert api.post("/api/v1/devices/d-5/conformance", json=sign_doc(report, key)).status_code == 201
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    _sign_in(page, url, cp.admin_token)
+    for path in (
+        "/",
+        "/devices",
+        "/devices?group_by=model",
+        "/devices/d-5",
+        "/devices/d-4",
+        "/models",
+        "/rollouts",
+        "/audit",
+        "/pending",
+    ):
+        page.goto(url + path)
+        text = page.inner_text("main")
+        assert not re.search(r"\bNone\b", text), (path, text[:2000])
+    page.goto(url + "/devices/d-5")
+    assert "Why: not recorded" in page.inner_text("main")
+    ctx.close()

@@ -5,6 +5,7 @@ missing (None) prints "not recorded", never a literal `None`, whatever the templ
 from __future__ import annotations
 
 import datetime
+import json
 from pathlib import Path
 
 import jinja2
@@ -26,12 +27,24 @@ NOT_RECORDED = "not recorded"
 
 
 def _shown(value: object) -> object:
-    """What a `{{ ... }}` prints: a missing value says so in words."""
-    return NOT_RECORDED if value is None else value
+    """What a `{{ ... }}` prints: a missing value says so in words; a mapping or a list as JSON (its missing values
+    `null`), never Python's repr with `None` in it."""
+    if value is None:
+        return NOT_RECORDED
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
+
+
+def _brief(value: object, chars: int = 300) -> str:
+    """`value` as `{{ }}` prints it, cut to `chars` characters."""
+    text = str(_shown(value))
+    return text if len(text) <= chars else text[: chars - 3] + "..."
 
 
 env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True, finalize=_shown)
 env.filters["when"] = _when
+env.filters["brief"] = _brief
 env.filters["model_state"] = lambda m: model_phase(m)[1] if model_phase(m)[0] == ON_PROBATION else m.get("state")
 templates = Jinja2Templates(env=env)
 
