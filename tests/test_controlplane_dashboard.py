@@ -454,3 +454,51 @@ def test_no_page_prints_none(service, browser):
     page.goto(url + "/devices/d-5")
     assert "Why: not recorded" in page.inner_text("main")
     ctx.close()
+
+
+def test_push_a_version_to_a_hardware_class_from_its_page(tmp_path, browser):
+    """The version page's push: every accepted device of a hardware class gets the signed desired state, retained
+    on a real Mosquitto (read back by a subscriber), and no other device; a form without a target, or with a
+    device id carrying markup, pushes nothing and says why as text."""
+    from brokers import Mosquitto
+
+    from agent.artifacts.keys import generate
+    from agent.transport.mqtt import BrokerConfig, MqttLink
+
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        key, _, _ = generate(tmp_path / "fleet-keys")
+        doc = {"mqtt": {"url": broker.url}, "signing_key": str(key)}
+        with running_service(tmp_path / "cp", **doc) as (cp, url):
+            api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+            _fleet(cp, api, tmp_path)
+            body = _package(tmp_path, "1").read_bytes()
+            assert api.put("/api/v1/models/tiny/versions/1", content=body).status_code == 201
+            ctx = browser.new_context()
+            page = ctx.new_page()
+            _sign_in(page, url, cp.admin_token)
+            page.goto(url + "/models/tiny/1")
+            page.click("#push button[type=submit]")  # no target chosen
+            assert "not pushed: targets:" in page.inner_text("#push-result")
+            svg = "<svg/onload=window.__pwned=1>"  # one word: the ids are split at commas and spaces
+            page.fill("#push input[name=devices]", svg)
+            page.click("#push button[type=submit]")
+            assert f"{svg!r} is not a device id" in page.inner_text("#push-result")
+            assert page.locator("main svg").count() == 0 and not page.evaluate("() => window.__pwned === 1")
+            page.select_option("#push select[name=target]", "intel-xeon")
+            page.click("#push button[type=submit]")
+            page.wait_for_url(url + "/models/tiny/1")
+            notice = page.inner_text("#push-result")
+            assert notice == "pushed tiny 1 to hardware class intel-xeon (3 devices): d-3, d-4, d-5", notice
+            ctx.close()
+            seen: dict[str, bytes] = {}
+            link = MqttLink(BrokerConfig(broker.url)).start()
+            try:
+                link.subscribe(f"{cp.settings.prefix}/devices/+/desired/tiny", lambda t, p, r: seen.update({t: p}))
+                link.wait_subscribed(5)
+                time.sleep(0.5)  # the retained messages arrive right after the subscription
+            finally:
+                link.stop()
+            assert sorted(t.split("/")[-3] for t, p in seen.items() if p) == ["d-3", "d-4", "d-5"]
+            pushes = api.get("/api/v1/audit", params={"action": "model.push"}).json()["entries"]
+            assert [e["detail"]["devices"] for e in pushes] == [["d-3", "d-4", "d-5"]]
+            api.close()

@@ -95,6 +95,13 @@ def groups(session: Session) -> list[dict[str, Any]]:
     return [{"group": g, "devices": n} for g, n in rows]
 
 
+def targets(session: Session) -> list[dict[str, Any]]:
+    """Hardware classes of the accepted devices, each with how many."""
+    stmt = select(Device.target, func.count()).where(Device.state == "accepted", Device.target.is_not(None))
+    rows = session.execute(stmt.group_by(Device.target).order_by(Device.target)).all()
+    return [{"target": t, "devices": n} for t, n in rows]
+
+
 def overview(session: Session) -> dict[str, Any]:
     """Accepted devices by hardware cohort (target), provider, precision and model version, plus counts by
     state."""

@@ -1,6 +1,8 @@
 """The dashboard's model versions: the list, the upload form (a package file posted from the browser, checked
 with the rules of `edge-agent package --check` and stored as the API's upload is: agent.controlplane.packages),
-and a version's page with the form that starts its rollout (posted to /rollouts, as the rollouts page's is).
+and a version's page with the form that starts its rollout (posted to /rollouts, as the rollouts page's is) and
+the one that pushes it at once, without canary or waves, to chosen devices, a group or every accepted device of a
+hardware class (POST /api/v1/push's code: agent.controlplane.pushes).
 
 The upload's body is capped like the API's (max_body_bytes: limits.BodyLimit refuses it by Content-Length before
 a byte is read, or as the bytes pass the cap), the operator's role is checked before the body is read, the file
@@ -9,12 +11,14 @@ CSRF token is checked before anything of it is kept."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import quote
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
@@ -24,8 +28,10 @@ from agent.controlplane import packages, repo
 from agent.controlplane.limits import UPLOAD_PATH
 from agent.controlplane.models import AuditEntry, ModelVersion, Rollout
 from agent.controlplane.rollouts import rollout_dict
+from agent.controlplane.schemas import NAME, Push
 from agent.controlplane.sessions import same
-from agent.controlplane.web import Visit, _page, _who, error_page
+from agent.controlplane.web import Visit, _flash, _page, _who, error_page
+from agent.errors import ConfigError, EdgeAgentError
 from agent.fleet.rollout_plan import rollout_id
 
 router = APIRouter(include_in_schema=False)
@@ -113,7 +119,7 @@ def version_page(request: Request, name: str, version: str):
         uploaded = {"actor": upload.actor, "ts": upload.ts, "detail": upload.detail or {}} if upload else None
         existing = s.get(Rollout, rollout_id(name, version))
         rollout = rollout_dict(existing, brief=True) if existing is not None else None
-        groups = repo.groups(s)
+        groups, targets = repo.groups(s), repo.targets(s)
         mv = {
             "name": row.name,
             "version": row.version,
@@ -122,5 +128,61 @@ def version_page(request: Request, name: str, version: str):
             "format": row.format,
             "created_at": row.created_at,
         }
-    ctx = dict(mv=mv, uploaded=uploaded, rollout=rollout, groups=groups, models=[(name, version)])
-    return _page(request, "model.html", v, **ctx)
+    notice = v.session.pop_flash() if v.session else None
+    ctx = dict(mv=mv, uploaded=uploaded, rollout=rollout, groups=groups, targets=targets, notice=notice)
+    return _page(request, "model.html", v, models=[(name, version)], **ctx)
+
+
+def _push_targets(request: Request, devices: str, group: str, target: str) -> tuple[list[str], list[str], str]:
+    """(device ids, groups, in words) of a push form: exactly one of devices (ids separated by commas or spaces),
+    a group, or a hardware class (its accepted devices, as the registry has them now)."""
+    given = [bool(devices.strip()), bool(group), bool(target)]
+    if sum(given) != 1:
+        raise ConfigError("targets: give device ids, a group or a hardware class (one of the three)")
+    if group:
+        if not re.match(NAME, group):
+            raise ConfigError(f"group: {group[:80]!r} is not a group name")
+        return [], [group], f"group {group}"
+    if target:
+        with request.app.state.cp.factory() as s:
+            _, rows = repo.list_devices(s, state="accepted", target=target, limit=None)
+        ids = [r.device_id for r in rows]
+        if not ids:
+            raise ConfigError(f"target: no accepted device of hardware class {target[:64]!r}")
+        return ids, [], f"hardware class {target} ({len(ids)} devices)"
+    ids = sorted({d for d in devices.replace(",", " ").split() if d})
+    bad = [d for d in ids if not re.match(NAME, d)]
+    if bad:
+        raise ConfigError(f"devices: {bad[0][:80]!r} is not a device id")
+    return ids, [], f"{len(ids)} device(s)"
+
+
+@router.post("/models/{name}/{version}/push")
+def push_page(
+    request: Request,
+    name: str,
+    version: str,
+    devices: str = Form(""),
+    group: str = Form(""),
+    target: str = Form(""),
+    csrf: str = Form(""),
+):
+    v = _who(request, "operator", csrf)
+    if isinstance(v, Response):
+        return v
+    from pydantic import ValidationError
+
+    from agent.controlplane.pushes import push_version
+
+    try:
+        packages.check_names(name, version)
+        ids, groups, words = _push_targets(request, devices, group.strip(), target.strip())
+        doc = push_version(
+            request.app.state.cp, Push(model=name, version=version, devices=ids, groups=groups), v.op.actor
+        )
+        _flash(
+            v, f"pushed {name} {version} to {words}: {', '.join(doc['targets']['devices'] or doc['targets']['groups'])}"
+        )
+    except (ValidationError, EdgeAgentError) as exc:
+        _flash(v, f"not pushed: {exc}")
+    return RedirectResponse(f"/models/{quote(name)}/{quote(version)}", status_code=303)
