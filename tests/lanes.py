@@ -23,6 +23,7 @@ SYSTEM = frozenset(
         "test_controlplane_nats_cluster",
         "test_controlplane_api",
         "test_controlplane_browser",
+        "test_controlplane_dashboard",
         "test_controlplane_config",
         "test_controlplane_daemon",
         "test_controlplane_flood",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,11 +13,10 @@ from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
 from agent.controlplane.db import write
 from agent.controlplane.intake import read_document
-from agent.controlplane.models import DEVICE_STATES, AuditEntry, Device, DeviceDocument, ModelVersion, Rollout
+from agent.controlplane.models import DEVICE_STATES, Device, DeviceDocument, ModelVersion, Rollout
 from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import (
     NAME,
-    VERSION,
     Decide,
     Groups,
     NewDevice,
@@ -256,42 +254,17 @@ def models(request: Request, _: AsViewer):
 @router.put("/models/{name}/versions/{version}", status_code=201, tags=["models"])
 async def upload_model(request: Request, name: str, version: str, op: AsOperator):
     """The package bytes (a bare .onnx or a .tar.gz) as the request body."""
-    import re
+    from agent.controlplane.packages import by_magic, check_names, save_version
 
-    from agent.fleet.push import store_package
-
-    if not re.match(NAME, name):
-        raise HTTPException(422, f"name: invalid model name {name!r}")
-    if not re.match(VERSION, version):
-        raise HTTPException(422, f"version: {version!r} is not a dotted integer version")
+    check_names(name, version)
     ctx = cp(request)
     ctx.settings.store.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
-        head = b""
         path = Path(tmp) / "upload"
         with open(path, "wb") as f:
             async for chunk in request.stream():  # at most max_body_bytes: limits.BodyLimit cuts it off (413)
-                head = head or chunk[:2]
                 f.write(chunk)
-        final = path.rename(path.with_name("package.tar.gz" if head == b"\x1f\x8b" else "model.onnx"))
-        artifact = store_package(final, ctx.settings.store)
-    with write(ctx.factory) as s:
-        old = s.scalar(select(ModelVersion).where(ModelVersion.name == name, ModelVersion.version == version))
-        if old is not None and old.sha256 != artifact["sha256"]:
-            raise HTTPException(409, f"version: {name} {version} exists with other bytes; upload a new version")
-        if old is None:
-            s.add(
-                ModelVersion(
-                    name=name,
-                    version=version,
-                    sha256=artifact["sha256"],
-                    size=artifact["size"],
-                    format=artifact["format"],
-                    created_at=time.time(),
-                )
-            )
-            repo.audit(s, op.actor, "model.upload", f"{name}/{version}", sha256=artifact["sha256"])
-    return {"name": name, "version": version, "sha256": artifact["sha256"], "size": artifact["size"]}
+        return save_version(ctx, name, version, by_magic(path), op.actor)
 
 
 @router.post("/push", tags=["models"])
@@ -356,14 +329,18 @@ def new_enroll_token(request: Request, body: NewEnrollToken, op: AsAdmin):
 
 
 @router.get("/audit", tags=["audit"])
-def audit_log(request: Request, _: AsAdmin, limit: int = Query(100, ge=1, le=1000)):
+def audit_log(
+    request: Request,
+    _: AsAdmin,
+    actor: str = Query("", max_length=80),
+    action: str = Query("", max_length=64),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
+    limit: int = Query(100, ge=1, le=1000),
+):
+    """Newest first; `actor` and `action` match from their start (`operator:`, `rollout.`)."""
     with cp(request).factory() as s:
-        rows = s.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)).all()
-        return {
-            "entries": [
-                {"ts": a.ts, "actor": a.actor, "action": a.action, "target": a.target, "detail": a.detail} for a in rows
-            ]
-        }
+        total, entries = repo.audit_entries(s, actor, action, offset, limit)
+    return {"total": total, "offset": offset, "limit": limit, "entries": entries}
 
 
 @router.get("/health", tags=["service"])

@@ -56,6 +56,9 @@ def parse_limits(doc: Any) -> Limits:
     return Limits(**values)
 
 
+UPLOAD_PATH = "/models/upload"  # the dashboard's package upload (agent.controlplane.webmodels)
+
+
 class TooLarge(HTTPException):
     """A request body over its route's cap: 413 (an HTTP error itself, raised while the body streams in, so
     that whatever reads the body, a route or FastAPI's own parsing, answers it)."""
@@ -69,8 +72,9 @@ class TooComplex(EdgeAgentError):
 
 
 def body_cap(limits: Limits, max_body_bytes: int, method: str, path: str) -> int:
-    """The cap for one request: model uploads large, enrollment small, device documents in between."""
-    if method == "PUT" and path.startswith("/api/v1/models/"):
+    """The cap for one request: model uploads large (the API's and the dashboard's), enrollment small, device
+    documents in between."""
+    if (method == "PUT" and path.startswith("/api/v1/models/")) or (method == "POST" and path == UPLOAD_PATH):
         return max_body_bytes
     if path == "/api/v1/enroll":
         return limits.enroll_body_bytes
@@ -93,7 +97,7 @@ class BodyLimit:
         cap = self.cap_for(scope["method"], scope["path"])
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > cap):
-            await _refuse(send, cap)
+            await _refuse(send, cap, scope["path"])
             return
         seen, started = 0, False
 
@@ -115,12 +119,20 @@ class BodyLimit:
             await self.app(scope, counted, watched)
         except TooLarge:
             if not started:
-                await _refuse(send, cap)
+                await _refuse(send, cap, scope["path"])
 
 
-async def _refuse(send, cap: int) -> None:
-    body = json.dumps({"error": f"body: more than {cap} bytes for this route"}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _refuse(send, cap: int, path: str = "/api/") -> None:
+    """413, as JSON on the API and as the error page on the dashboard (whose upload form a browser posts)."""
+    message = f"body: more than {cap} bytes for this route"
+    if path.startswith("/api/"):
+        body, ctype = json.dumps({"error": message}).encode(), b"application/json"
+    else:
+        from agent.controlplane.pages import render_error
+
+        hint = f"{message} (the service's max_body_bytes); nothing was stored"
+        body, ctype = render_error(413, hint).encode(), b"text/html; charset=utf-8"
+    headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 413, "headers": [*headers, (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
 

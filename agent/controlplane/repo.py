@@ -24,6 +24,22 @@ def audit(session: Session, actor: str, action: str, target: str | None = None, 
     session.add(AuditEntry(ts=time.time(), actor=actor, action=action, target=target, detail=detail))
 
 
+def audit_entries(
+    session: Session, actor: str = "", action: str = "", offset: int = 0, limit: int = 100
+) -> tuple[int, list[dict[str, Any]]]:
+    """(how many match, the page of them, newest first); `actor` and `action` match from their start
+    (`operator:` every operator, `rollout.` every rollout action), as bound parameters."""
+    stmt = select(AuditEntry)
+    if actor:
+        stmt = stmt.where(AuditEntry.actor.startswith(actor, autoescape=True))
+    if action:
+        stmt = stmt.where(AuditEntry.action.startswith(action, autoescape=True))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(AuditEntry.id.desc()).offset(offset).limit(limit)).all()
+    entries = [{"ts": a.ts, "actor": a.actor, "action": a.action, "target": a.target, "detail": a.detail} for a in rows]
+    return total, entries
+
+
 def device(session: Session, device_id: str) -> Device:
     row = session.get(Device, device_id)
     if row is None:
@@ -41,8 +57,9 @@ def list_devices(
     online: bool | None = None,
     q: str | None = None,
     offset: int = 0,
-    limit: int = 50,
+    limit: int | None = 50,
 ) -> tuple[int, list[Device]]:
+    """(how many match, the page of them by device id; `limit` None: every one)."""
     stmt = select(Device)
     if state:
         stmt = stmt.where(Device.state == state)
@@ -78,20 +95,33 @@ def groups(session: Session) -> list[dict[str, Any]]:
     return [{"group": g, "devices": n} for g, n in rows]
 
 
+def targets(session: Session) -> list[dict[str, Any]]:
+    """Hardware classes of the accepted devices, each with how many."""
+    stmt = select(Device.target, func.count()).where(Device.state == "accepted", Device.target.is_not(None))
+    rows = session.execute(stmt.group_by(Device.target).order_by(Device.target)).all()
+    return [{"target": t, "devices": n} for t, n in rows]
+
+
 def overview(session: Session) -> dict[str, Any]:
-    """Accepted devices by hardware cohort (target), provider and model version, plus counts by state."""
+    """Accepted devices by hardware cohort (target), provider, precision and model version, plus counts by
+    state."""
     states = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
-    cohorts: dict[tuple[str, str, str], dict[str, int]] = {}
+    cohorts: dict[tuple[str, str, str, str], dict[str, int]] = {}
     for row in session.scalars(select(Device).where(Device.state == "accepted")).all():
         models = device_dict(row)["models"]  # checked again as read: a bad stored status never breaks this
+        served = [v for _, v in sorted(models.items()) if isinstance(v, dict)]
         versions = ", ".join(f"{m} {v.get('version')}" for m, v in sorted(models.items()) if isinstance(v, dict))
-        key = (row.target or "unknown", row.provider or "unknown", versions or "none")
+        precision = ", ".join(sorted({str(v["precision"]) for v in served if v.get("precision")}))
+        key = (row.target or "unknown", row.provider or "unknown", precision or "not reported", versions or "none")
         c = cohorts.setdefault(key, {"devices": 0, "online": 0})
         c["devices"] += 1
         c["online"] += int(bool(row.online))
     return {
         "states": {s: int(n) for s, n in states.items()},
-        "cohorts": [{"target": t, "provider": p, "models": m, **c} for (t, p, m), c in sorted(cohorts.items())],
+        "cohorts": [
+            {"target": t, "provider": p, "precision": q, "models": m, **c}
+            for (t, p, q, m), c in sorted(cohorts.items())
+        ],
     }
 
 

@@ -1,7 +1,7 @@
 """Browser protections on every answer of the service (an ASGI middleware, outside the routes):
 
-- headers: a strict Content-Security-Policy (no script at all, styles only from /static, no framing, forms post
-  only here, no <base>), `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`, `X-Frame-Options:
+- headers: a strict Content-Security-Policy (scripts and styles only from /static, never inline; no framing, forms
+  post only here, no <base>), `X-Content-Type-Options: nosniff`, `Referrer-Policy: same-origin`, `X-Frame-Options:
   DENY`, `Cache-Control: no-store` on HTML, and `Strict-Transport-Security` when served over TLS;
 - origin: every unsafe method (POST, PUT, PATCH, DELETE), dashboard and API alike, is refused (403) when the
   browser says it comes from elsewhere: an `Origin` other than the service's own (scheme, host and port: a page on
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from agent.controlplane.pages import render_error
 
 CSP = (
-    "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; object-src 'none'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; object-src 'none'; "
     "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
 HEADERS = [

@@ -129,6 +129,9 @@ def create_app(cp: ControlPlane) -> FastAPI:
     from agent.controlplane.sessions import Sessions
     from agent.controlplane.web import router as web_router
     from agent.controlplane.web import static_files
+    from agent.controlplane.webaudit import router as audit_router
+    from agent.controlplane.webdevices import router as devices_router
+    from agent.controlplane.webmodels import router as models_router
 
     app = FastAPI(
         title="edge-agent control plane",
@@ -142,6 +145,8 @@ def create_app(cp: ControlPlane) -> FastAPI:
     app.add_middleware(BrowserGuard)
     app.include_router(router)
     app.include_router(web_router)
+    for extra in (devices_router, models_router, audit_router):  # the dashboard's other pages
+        app.include_router(extra)
     app.mount("/static", static_files(), name="static")
     app.add_middleware(BodyLimit, cap_for=lambda m, p: body_cap(cp.settings.limits, cp.settings.max_body_bytes, m, p))
 

@@ -1,5 +1,6 @@
-"""The dashboard: server-rendered HTML (Jinja2, autoescaped), no build step, nothing from a CDN, no JavaScript.
-Forms post to the same actions as the API (same rules, same audit log). Signing in opens a session
+"""The dashboard: server-rendered HTML (Jinja2, autoescaped), no build step, nothing from a CDN, no inline script
+(static/refresh.js and upload.js only; every page works without them; more pages in webdevices, webmodels and
+webaudit). Forms post to the same actions as the API (same rules, same audit log). Signing in opens a session
 (agent.controlplane.sessions: a random id in an HttpOnly, SameSite=Strict cookie); every form carries the
 session's CSRF token, checked here in constant time, and agent.controlplane.security refuses unsafe requests
 from another origin before they reach a route. Every HTML answer, errors included, comes from a template."""
@@ -147,33 +148,6 @@ def overview(request: Request):
         rows = s.scalars(select(Rollout).order_by(Rollout.created_at.desc()).limit(10)).all()
         recent = [rollout_dict(r, brief=True) for r in rows]
     return _page(request, "overview.html", v, overview=ov, rollouts=recent)
-
-
-@router.get("/devices", response_class=HTMLResponse)
-def devices(
-    request: Request,
-    state: str = "accepted",
-    group: str = "",
-    target: str = "",
-    provider: str = "",
-    page: int = Query(0, ge=0, le=MAX_PAGE),
-):
-    v = _who(request)
-    if isinstance(v, Response):
-        return v
-    with request.app.state.cp.factory() as s:
-        total, rows = repo.list_devices(
-            s,
-            state=state or None,
-            group=group or None,
-            target=target or None,
-            provider=provider or None,
-            offset=page * PAGE,
-            limit=PAGE,
-        )
-        items = [repo.device_dict(r) for r in rows]
-    filters = {"state": state, "group": group, "target": target, "provider": provider}
-    return _page(request, "devices.html", v, devices=items, total=total, page=page, size=PAGE, filters=filters)
 
 
 @router.get("/pending", response_class=HTMLResponse)
