@@ -78,14 +78,14 @@ class Rehearsal:
         shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU, gate=self.registry.gate)
         stats = self.registry.model_stats(self.name, incumbent)
         stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
-        self.registry.attach_shadow(self.name, shadow)
+        self.registry.observe(self.name, shadow)
         try:
             ctx.report("shadow", phase="started", version_serving=incumbent)
             figures = shadow.run(ctx.check)
         finally:
             stats.watch(False)
             try:
-                self.registry.attach_shadow(self.name, None)
+                self.registry.observe(self.name, shadow, on=False)
             except Exception:  # noqa: BLE001 - the incumbent went away meanwhile: nothing to detach
                 pass
         ctx.report("shadow", phase="done", **figures)
