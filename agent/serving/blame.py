@@ -14,7 +14,6 @@ import numpy as np
 RefereeRun = Callable[[], "tuple[bool, str, dict[str, Any]] | None"]
 
 
-
 @dataclass(frozen=True)
 class Fault:
     """A failed (or NaN/Inf) run that is the request's doing: never counted against the version. invalid_input:

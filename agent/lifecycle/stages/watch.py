@@ -10,6 +10,7 @@ from agent.errors import LifecycleError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.trial import unjudged
+from agent.trial.paired import Pairing
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.trial.shadow import FAIL, Shadow, skipped
@@ -92,6 +93,28 @@ class Rehearsal:
         return figures
 
 
+def start_pairing(registry: Any, name: str, config: ProbationConfig, measure: str) -> Pairing | None:
+    """Paired timing of the serving version against the referee (the incumbent kept through the swap), observing
+    live requests; None when serving.probation.paired is off or there is no referee."""
+    ref = registry.referee_session(name) if config.paired else None
+    if ref is None:
+        return None
+    serving = registry.entry(name).session
+    pairing = Pairing(
+        ref[1], serving, registry.gate, share=config.paired_share, aa_share=config.paired_aa_share, cpu=measure == CPU
+    )
+    registry.observe(name, pairing)
+    return pairing.start()
+
+
+def _stop_pairing(registry: Any, name: str, pairing: Pairing) -> None:
+    try:
+        registry.observe(name, pairing, on=False)
+    except Exception:  # noqa: BLE001 - the version went away meanwhile: nothing to detach
+        pass
+    pairing.stop()
+
+
 def probation_watch(
     registry: Any,
     dep: Deployment,
@@ -108,23 +131,29 @@ def probation_watch(
     lat = sel.get("latency_ms") or {}
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
     measure = compute_measure(sel.get("provider"), sel.get("device"))
-    watch = Probation(
-        registry,
-        dep.model,
-        dep.version,
-        qualified,
-        window=window,
-        thresholds=config,
-        incumbent=incumbent,
-        measure=measure,
-    )
-    watch.start()
+    pairing = start_pairing(registry, dep.model, config, measure)
     try:
-        while not watch.done:
-            ctx.check()
-            watch.wait(0.2)
+        watch = Probation(
+            registry,
+            dep.model,
+            dep.version,
+            qualified,
+            window=window,
+            thresholds=config,
+            incumbent=incumbent,
+            measure=measure,
+            pairing=pairing,
+        )
+        watch.start()
+        try:
+            while not watch.done:
+                ctx.check()
+                watch.wait(0.2)
+        finally:
+            watch.stop()
     finally:
-        watch.stop()
+        if pairing is not None:  # done with both sessions before the referee is dropped or serves again
+            _stop_pairing(registry, dep.model, pairing)
     v = watch.verdict
     state, reason = unjudged.decide(v.state, v.reason, serving, TROUBLE)  # the target decides "not judged"
     if state in (PASSED, unjudged.NOT_JUDGED):
