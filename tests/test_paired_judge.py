@@ -29,44 +29,44 @@ def test_the_sign_test_interval_covers_the_median_with_the_confidence_asked():
 
 def test_a_true_2x_is_slower_and_equal_compute_is_not():
     rng = np.random.default_rng(3)
-    rule = PairedRule(factor=1.5, slack_ms=0.5)
+    rule = PairedRule(factor=1.5)
     slow, inc_ms = _pairs(rng, 40, 2.0)
     aa, _ = _pairs(rng, 10, 1.0)
-    said = judge(slow, aa, inc_ms, rule)
+    said = judge(slow, aa, rule)
     assert said.verdict == SLOWER, said.reason
     assert 1.8 < said.candidate.ratio < 2.2 and said.candidate.lo > said.line and said.candidate.lo > said.aa.hi
     assert "paired compute ratio 2." in said.reason and "A/A floor" in said.reason
     same, inc_ms = _pairs(rng, 40, 1.0)
-    said = judge(same, aa, inc_ms, rule)
+    said = judge(same, aa, rule)
     assert said.verdict == NOT_SLOWER and said.candidate.hi < said.line, said.reason
 
 
 def test_aa_pairs_are_never_called_slower():
     rng = np.random.default_rng(11)
-    rule = PairedRule(factor=1.5, slack_ms=0.0)
+    rule = PairedRule(factor=1.5)
     verdicts = []
     for _ in range(1000):
         aa_as_candidate, inc_ms = _pairs(rng, 16, 1.0, noise=0.25)  # noisy: wide intervals, some straddle
         floor, _ = _pairs(rng, 8, 1.0, noise=0.25)
-        verdicts.append(judge(aa_as_candidate, floor, inc_ms, rule).verdict)
+        verdicts.append(judge(aa_as_candidate, floor, rule).verdict)
     assert verdicts.count(SLOWER) == 0
     assert verdicts.count(NOT_SLOWER) > 500  # most are judged not slower; the rest say "not judged"
 
 
 def test_too_few_pairs_or_no_floor_or_no_separation_is_not_judged_with_counts():
     rng = np.random.default_rng(5)
-    rule = PairedRule(factor=1.5, slack_ms=0.0, min_pairs=16, min_aa=8)
+    rule = PairedRule(factor=1.5, min_pairs=16, min_aa=8)
     few, inc_ms = _pairs(rng, 10, 2.0)
-    said = judge(few, [], inc_ms, rule)
+    said = judge(few, [], rule)
     assert said.verdict == NOT_JUDGED and "10 candidate pairs, 0 A/A pairs" in said.reason and "need 16" in said.reason
     slow, inc_ms = _pairs(rng, 40, 2.0)
-    said = judge(slow, [0.0] * 3, inc_ms, rule)
+    said = judge(slow, [0.0] * 3, rule)
     assert said.verdict == NOT_JUDGED and "no A/A floor" in said.reason  # slower is never said without a floor
     wide = list(np.log(rng.choice([0.5, 3.0], 40)))  # pairs all over the place: the interval spans the line
-    said = judge(wide, [0.0] * 10, 2.0, rule)
+    said = judge(wide, [0.0] * 10, rule)
     assert said.verdict == NOT_JUDGED and "cannot separate" in said.reason
     noisy_floor = [math.log(v) for v in (0.2, 0.5, 1.0, 2.5, 3.0, 4.0, 5.0, 6.0)]  # A/A reaching above 2x
-    said = judge(slow, noisy_floor, inc_ms, rule)
+    said = judge(slow, noisy_floor, rule)
     assert said.verdict == NOT_JUDGED and "does not clear the A/A floor" in said.reason
 
 

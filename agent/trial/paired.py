@@ -149,9 +149,7 @@ class Pairing:
     # ---- verdict ----------------------------------------------------------------------------------------
     def result(self, rule: PairedRule) -> dict[str, Any]:
         """The "paired" block: {"ratio", "ci", "pairs", "aa": {...}, "conditions": {...}, "verdict", "reason"}."""
-        pairs, aa, inc = list(self.pairs), list(self.aa), list(self.incumbent_s)
-        inc_ms = float(np.median(inc)) * 1000.0 if inc else None
-        said = judge(pairs, aa, inc_ms, rule)
+        said = judge(list(self.pairs), list(self.aa), rule)
         return {
             **said.candidate.to_dict(),
             "aa": said.aa.to_dict(),

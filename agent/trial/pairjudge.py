@@ -7,8 +7,8 @@ distribution-free confidence interval from the sign test (order statistics x_(k)
 Binomial(n, 1/2) tail: no assumption on the noise's shape). A/A pairs (incumbent against incumbent, same
 machinery) give the noise floor at that moment.
 
-Verdict: "slower" only when the candidate's interval lies above both the target's line (factor x + slack, as
-probation's `limit_ms`) and the A/A interval; "not slower" when it lies below the line; otherwise (too few
+Verdict: "slower" only when the candidate's interval lies above both the target's factor (serving.probation.ratio;
+the window tests' slack_ms is not added: the A/A interval is the noise floor) and the A/A interval; "not slower" when it lies below the line; otherwise (too few
 pairs, too few A/A pairs, or an interval across the line) "not judged" with the counts."""
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from agent.trial.judge import limit_ms
 
 SLOWER, NOT_SLOWER, NOT_JUDGED = "slower", "not slower", "not judged"
 
@@ -79,8 +77,7 @@ def median_interval(log_ratios: Sequence[float], confidence: float) -> Interval:
 class PairedRule:
     """What the judge asks of the pairs (serving.probation.paired_*)."""
 
-    factor: float = 1.5  # the target's ratio (serving.probation.ratio)
-    slack_ms: float = 0.5  # ... plus this (serving.probation.slack_ms): the line is limit_ms(incumbent)
+    factor: float = 1.5  # the target's ratio (serving.probation.ratio); no slack: the A/A floor is the noise
     confidence: float = 0.99  # of each interval (sign test)
     min_pairs: int = 16  # candidate pairs before any verdict
     min_aa: int = 8  # A/A pairs before "slower" (8 is the least that gives a 99 % interval)
@@ -92,15 +89,13 @@ class PairedVerdict:
     reason: str
     candidate: Interval
     aa: Interval
-    line: float  # the target's line as a ratio (factor + slack over the incumbent's median)
+    line: float  # the target's factor
 
 
-def judge(pairs: Sequence[float], aa: Sequence[float], incumbent_ms: float | None, rule: PairedRule) -> PairedVerdict:
-    """The verdict from the candidate pairs' and the A/A pairs' log ratios; incumbent_ms: the incumbent's
-    median CPU ms in the pairs (turns the slack into a ratio)."""
+def judge(pairs: Sequence[float], aa: Sequence[float], rule: PairedRule) -> PairedVerdict:
+    """The verdict from the candidate pairs' and the A/A pairs' log ratios."""
     cand, floor = median_interval(pairs, rule.confidence), median_interval(aa, rule.confidence)
-    base = incumbent_ms if incumbent_ms and incumbent_ms > 0 else None
-    line = limit_ms(base, rule.factor, rule.slack_ms) / base if base else rule.factor
+    line = rule.factor
 
     def said(verdict: str, why: str) -> PairedVerdict:
         return PairedVerdict(verdict, why, cand, floor, line)
@@ -108,7 +103,7 @@ def judge(pairs: Sequence[float], aa: Sequence[float], incumbent_ms: float | Non
     counts = f"{cand.pairs} candidate pairs, {floor.pairs} A/A pairs"
     if cand.pairs < rule.min_pairs or cand.lo is None or cand.hi is None or cand.ratio is None:
         return said(NOT_JUDGED, f"too few pairs to judge ({counts}; need {rule.min_pairs})")
-    shown = f"paired compute ratio {cand.ratio:.2f} [{cand.lo:.2f}, {cand.hi:.2f}]"
+    shown = f"paired compute ratio {cand.ratio:.2f} [{cand.lo:.2f}, {cand.hi:.2f}] against the incumbent"
     if cand.hi < line:
         return said(NOT_SLOWER, f"{shown} below the line {line:.2f}x ({counts})")
     if cand.lo <= line:

@@ -279,7 +279,7 @@ class Probation:
         """Compute time judged by the pairs (paired.py, pairjudge.py): slower is trouble; not judged watches on up
         to `extend` windows, then is its own outcome with the counts; not slower passes."""
         t = self.thresholds
-        rule = PairedRule(t.ratio, t.slack_ms, t.paired_confidence, t.paired_min_pairs, t.paired_min_aa)
+        rule = PairedRule(t.ratio, t.paired_confidence, t.paired_min_pairs, t.paired_min_aa)
         paired = f["paired"] = self.pairing.result(rule)
         f["paired_runs"] = self.pairing.counts()
         if paired["verdict"] == SLOWER:
