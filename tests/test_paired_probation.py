@@ -58,6 +58,8 @@ def _trial(tmp_path, redundant: bool):
 
 def _paired_block(a, dep, status) -> dict:
     paired = dep.data["probation"]["paired"]
+    shadow = dep.data["shadow"]  # the shadow phase's pairs: reported there, carried into probation
+    assert shadow["verdict"] == "skipped" or set(shadow["paired"]) == KEYS, shadow
     assert set(paired) == KEYS and set(paired["conditions"]) == CONDITIONS, paired
     assert set(paired["aa"]) == {"ratio", "ci", "pairs"} and len(paired["ci"]) == 2
     decision = json.loads((a.state_dir / "decisions" / f"{dep.id}.json").read_bytes())

@@ -21,8 +21,14 @@ import numpy as np
 from agent.serving.rungate import CpuMark, RunGate
 from agent.trial import conditions
 from agent.trial.pairjudge import PairedRule, judge
+from agent.trial.settings import ProbationConfig
 
 WARM_GAP_S = 1.0  # a session idle longer than this runs once untimed before its timed run (caches, pool threads)
+
+
+def rule_of(config: ProbationConfig) -> PairedRule:
+    """What the judge asks of the pairs, from serving.probation."""
+    return PairedRule(config.ratio, config.paired_confidence, config.paired_min_pairs, config.paired_min_aa)
 
 
 class Pairing:
@@ -52,12 +58,20 @@ class Pairing:
         self._open = True
         self._started_cpu = time.process_time()
         self._last: dict[int, float] = {}  # id(session) -> perf_counter() of its last mirrored run
+        self._pair_cost = 0.0  # what the last pair cost (warm-ups included)
         self._order = 0  # ABBA: pairs 0 and 3 (mod 4) run the incumbent first, 1 and 2 the candidate
         self.pairs: list[float] = []  # log(candidate / incumbent) per pair
         self.aa: list[float] = []  # log(second incumbent run / first) per A/A pair (labels ABBA like the pairs)
         self.incumbent_s: list[float] = []  # the incumbent's time in each candidate pair
         self.mirrored_s = 0.0  # CPU (or wall) seconds the mirrored runs took, warm-ups included
         self.offered = self.over_budget = self.dropped = self.failed = 0
+        self.carried = 0  # pairs (A/A included) taken over from the shadow phase
+
+    def carry(self, earlier: "Pairing") -> None:
+        """Start from the pairs an earlier phase took on the same two sessions (the shadow phase's)."""
+        self.pairs, self.aa = list(earlier.pairs), list(earlier.aa)
+        self.incumbent_s = list(earlier.incumbent_s)
+        self.carried = len(self.pairs) + len(self.aa)
 
     # ---- request thread ---------------------------------------------------------------------------------
     def offer(self, feeds: dict[str, Any], outputs: dict[str, Any], elapsed: float, cpu: float | None) -> None:
@@ -79,7 +93,8 @@ class Pairing:
         return max(0.0, time.process_time() - self._started_cpu - self.mirrored_s)
 
     def within_budget(self) -> bool:
-        return self.mirrored_s <= self.share * self.serving_s()
+        """Would the next pair (costing what the last one did) keep the mirrored CPU within its share?"""
+        return self.mirrored_s + self._pair_cost <= self.share * self.serving_s()
 
     # ---- pair thread ------------------------------------------------------------------------------------
     def start(self) -> "Pairing":
@@ -107,6 +122,13 @@ class Pairing:
     def pair(self, feeds: dict[str, Any]) -> None:
         """One pair on `feeds`: candidate against incumbent, or (aa_share) incumbent against incumbent."""
         aa = self._rng.random() < self.aa_share
+        before = self.mirrored_s
+        try:
+            self._pair(feeds, aa)
+        finally:
+            self._pair_cost = self.mirrored_s - before
+
+    def _pair(self, feeds: dict[str, Any], aa: bool) -> None:
         other = self.incumbent if aa else self.candidate
         first_incumbent = self._order % 4 in (0, 3)
         self._order += 1
@@ -168,12 +190,14 @@ class Pairing:
             "mirrored_cpu_s": round(self.mirrored_s, 4),
             "serving_cpu_s": round(serving, 4),
             "share": round(self.mirrored_s / serving, 4) if serving > 0 else None,
+            "carried": self.carried,
         }
 
     def counts_said(self) -> str:
         c = self.counts()
         share = "not measured" if c["share"] is None else f"{100 * c['share']:.1f} %"
-        return (
+        carried = f"{c['carried']} pairs from the shadow phase, " if c["carried"] else ""
+        return carried + (
             f"{c['offered']} live requests offered, {c['over_budget']} left over budget, {c['dropped']} pairs dropped "
             f"(a run not measured alone or contended), {c['failed']} mirrored runs failed; mirrored CPU {share} of "
             f"serving CPU (budget {100 * self.share:g} %)"

@@ -13,8 +13,9 @@ from typing import Any
 from agent.serving.metrics import percentile
 from agent.trial import unjudged
 from agent.trial.judge import QuantileTest, quantile_test, rate
+from agent.trial.paired import rule_of
 from agent.trial.pairjudge import NOT_JUDGED as PAIRS_NOT_JUDGED
-from agent.trial.pairjudge import SLOWER, PairedRule
+from agent.trial.pairjudge import SLOWER
 from agent.trial.settings import ProbationConfig
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
@@ -279,8 +280,7 @@ class Probation:
         """Compute time judged by the pairs (paired.py, pairjudge.py): slower is trouble; not judged watches on up
         to `extend` windows, then is its own outcome with the counts; not slower passes."""
         t = self.thresholds
-        rule = PairedRule(t.ratio, t.paired_confidence, t.paired_min_pairs, t.paired_min_aa)
-        paired = f["paired"] = self.pairing.result(rule)
+        paired = f["paired"] = self.pairing.result(rule_of(t))
         f["paired_runs"] = self.pairing.counts()
         if paired["verdict"] == SLOWER:
             return Verdict(TROUBLE, f"probation: {paired['reason']}", f)
