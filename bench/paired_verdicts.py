@@ -12,8 +12,8 @@ Usage: .venv/bin/python bench/paired_verdicts.py [--trials 10] [--max-s 60] [--m
 Each trial does what probation does (agent/lifecycle/stages/watch.py start_pairing): the registry serves the
 candidate with the incumbent kept as the referee, in-process clients call registry.infer, and a Pairing runs
 pairs on copies of their requests within --share of the serving CPU; the judge (agent/trial/pairjudge.py, the
-daemon's defaults) is asked every 0.25 s until it decides or --max-s passes. The A/A rate: every A/A pair the
-trials collected, cut into candidate blocks of 16 and floor blocks of 8, judged as if they were a candidate.
+daemon's defaults) is asked every 0.25 s until it decides or --max-s passes. The A/A rate: 1000 blocks of 16
+"candidate" and 8 floor pairs drawn from the A/A pairs the load's trials took, judged as a candidate is.
 """
 
 from __future__ import annotations
@@ -74,12 +74,15 @@ def trial(paths: dict[str, Path], candidate: str, clients: int, share: float, ma
     reg.observe("m", pairing)
     stop = threading.Event()
     x = {"x": np.random.default_rng(1).standard_normal((1, WIDTH)).astype(np.float32)}
-    served = [0]
+    served, failed = [0], [0]
 
     def client() -> None:
         while not stop.is_set():
-            reg.infer("m", x)
-            served[0] += 1
+            try:
+                reg.infer("m", x)
+                served[0] += 1
+            except Exception:  # noqa: BLE001 - counted: mirroring must fail no request
+                failed[0] += 1
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -110,16 +113,21 @@ def trial(paths: dict[str, Path], candidate: str, clients: int, share: float, ma
         "aa": list(pairing.aa),
         "share": counts["share"],
         "requests": served[0],
+        "failed": failed[0],
     }
 
 
-def aa_rate(aa: list[float]) -> tuple[int, int]:
-    """(blocks judged "slower", blocks judged) over A/A pairs cut into 16 candidate + 8 floor pairs."""
-    slower = judged = 0
-    for i in range(0, len(aa) - 23, 24):
-        judged += 1
-        slower += judge(aa[i : i + 16], aa[i + 16 : i + 24], PairedRule()).verdict == SLOWER
-    return slower, judged
+def aa_rate(aa: list[float], blocks: int = 1000) -> tuple[int, int]:
+    """(blocks judged "slower", blocks judged): blocks of 16 "candidate" and 8 floor pairs drawn with replacement
+    from the A/A pairs this load's trials took (their real noise under the load), judged as a candidate is."""
+    if len(aa) < 24:
+        return 0, 0
+    rng = np.random.default_rng(0)
+    slower = 0
+    for _ in range(blocks):
+        draw = rng.choice(np.asarray(aa), 24)
+        slower += judge(list(draw[:16]), list(draw[16:]), PairedRule()).verdict == SLOWER
+    return slower, blocks
 
 
 def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dict:
@@ -152,6 +160,8 @@ def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dic
         "aa_pairs": len(aa),
         "aa_false_slower": f"{aa_slower}/{aa_blocks}",
         "mirrored_share_max": max(shares, default=None),
+        "requests": sum(r["requests"] for r in rows),
+        "failed_requests": sum(r["failed"] for r in rows),
         "conditions": cond,
         "rows": [{k: v for k, v in r.items() if k != "aa"} for r in rows],
     }
@@ -185,7 +195,8 @@ def main() -> None:
             f"{r['load']:>5}: wrong {r['wrong']}, not judged {r['not_judged']}, 2x decided {r['decided_2x']}/"
             f"{r['trials']} (median x{r['ratio_2x_median'] and round(r['ratio_2x_median'], 2)}, at most "
             f"{r['pairs_to_2x_max']} pairs / {r['seconds_to_2x_max']} s), A/A false slower {r['aa_false_slower']} "
-            f"blocks ({r['aa_pairs']} A/A pairs), mirrored CPU <= {r['mirrored_share_max']} of serving; "
+            f"blocks ({r['aa_pairs']} A/A pairs), mirrored CPU <= {r['mirrored_share_max']} of serving, "
+            f"{r['failed_requests']} of {r['requests']} requests failed; "
             f"PSI cpu {c['psi_cpu_some_avg10']} mem {c['psi_memory_some_avg10']}, {c['cpu_mhz']} MHz"
         )
 
