@@ -19,7 +19,7 @@ def _shadowed(tmp_path, incumbent, candidate, feeds: list[dict], config: ShadowC
     r.activate("m", "1", open_session(incumbent, tmp_path, "inc.onnx", SINGLE_THREAD))
     cand = open_session(candidate, tmp_path, "cand.onnx", SINGLE_THREAD)
     shadow = Shadow(cand, config, gate=r.gate)  # as the agent does: a measured shadow run has the cores' runtimes alone
-    r.attach_shadow("m", shadow)
+    r.observe("m", shadow)
     answers, stop = [], threading.Event()
 
     def client():
@@ -35,7 +35,7 @@ def _shadowed(tmp_path, incumbent, candidate, feeds: list[dict], config: ShadowC
     finally:
         stop.set()
         t.join(60)
-        r.attach_shadow("m", None)
+        r.observe("m", shadow, on=False)
         cand.close()
         r.close()
     return result, answers

@@ -265,6 +265,12 @@ def _probation(v: Validator, raw: Any) -> ProbationConfig:
         min_requests=v.integer(g("min_requests"), f"{key}.min_requests", 0, 100_000_000),
         extend=real(g("extend"), f"{key}.extend", 1.0, 100.0),
         referee=flag(g("referee"), f"{key}.referee"),
+        paired=flag(g("paired"), f"{key}.paired"),
+        paired_share=real(g("paired_share"), f"{key}.paired_share", 0.001, 1.0),
+        paired_aa_share=real(g("paired_aa_share"), f"{key}.paired_aa_share", 0.0, 0.9),
+        paired_min_pairs=v.integer(g("paired_min_pairs"), f"{key}.paired_min_pairs", 8, 100_000),
+        paired_min_aa=v.integer(g("paired_min_aa"), f"{key}.paired_min_aa", 8, 100_000),
+        paired_confidence=real(g("paired_confidence"), f"{key}.paired_confidence", 0.5, 0.9999),
     )
 
 

@@ -101,7 +101,8 @@ class Parts:
         self.qualifier = qualifier
         self.attestor = attestor  # agent.evidence.attest.Attestor: signs decisions and trial verdicts
         self._model_locks: dict[str, threading.Lock] = {}
-        self.baselines: dict[str, Any] = {}  # model -> the incumbent's Baseline taken at its last swap
+        # model -> the Rehearsal of its last swap (stages.watch): the incumbent's Baseline and the shadow's pairs
+        self.rehearsals: dict[str, Any] = {}
 
     def add_source(self, source: Any) -> None:
         self.sources[source.kind] = source

@@ -154,7 +154,23 @@ def figures_brief(dep: dict[str, Any]) -> str:
             f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "
             f"{pr.get('request_caused')} request-caused; compute {compute}"
         )
+        paired = pr.get("paired") if isinstance(pr.get("paired"), dict) else None
+        if paired:
+            parts.append(paired_brief(paired))
     return "; ".join(p for p in parts if p)
+
+
+def paired_brief(paired: dict[str, Any]) -> str:
+    """The paired verdict in a few words: ratio with its interval over N pairs, the A/A floor, the verdict."""
+
+    def said(block: Any) -> str:
+        if not isinstance(block, dict) or block.get("ratio") is None:
+            return "not measured"
+        ci = block.get("ci") or [None, None]
+        interval = f" [{ci[0]}, {ci[1]}]" if None not in ci else " (no interval)"
+        return f"x{block['ratio']}{interval} over {block.get('pairs')} pairs"
+
+    return f"paired {said(paired)}, A/A {said(paired.get('aa'))}: {paired.get('verdict')}"
 
 
 def hardware_summary(profile: Any) -> dict[str, Any]:

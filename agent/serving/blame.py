@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 # (succeeded, referee version, outputs) of the same request on the referee; None without one
 RefereeRun = Callable[[], "tuple[bool, str, dict[str, Any]] | None"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failed (or NaN/Inf) run that is the request's doing: never counted against the version. invalid_input:
+    the input itself is malformed (the client's error: InvalidInput); else the version is not blamed for it."""
+
+    why: str
+    invalid_input: bool = False
+
 
 _DOT_KINDS = (np.dtype(np.float32), np.dtype(np.float64))
 _DOT_MAX = 10_000  # OpenBLAS runs dot single-threaded up to here: no pool wake-ups on the serving path
@@ -46,16 +57,16 @@ def invalid_text(feeds: dict[str, Any]) -> str | None:
     return None
 
 
-def request_fault(feeds: dict[str, Any], referee_run: RefereeRun) -> str | None:
+def request_fault(feeds: dict[str, Any], referee_run: RefereeRun) -> Fault | None:
     """Why the runtime's failure on `feeds` is the request's doing, or None (the version is to blame)."""
     text = invalid_text(feeds)
     if text:
-        return text
+        return Fault(text, invalid_input=True)
     if nonfinite(feeds):
-        return "its input holds NaN/Inf"
+        return Fault("its input holds NaN/Inf")
     ran = referee_run()
     if ran is not None and not ran[0]:
-        return f"version {ran[1]} fails on the same input"
+        return Fault(f"version {ran[1]} fails on the same input")
     return None
 
 

@@ -27,7 +27,7 @@ class ModelEntry:
     checks: tuple[Any, ...] = ()
     output_names: tuple[str, ...] = ()
     holds: deque[None] = field(default_factory=deque)  # one item per request in flight (append/pop are atomic)
-    shadow: Any = None  # a Shadow (agent.trial.shadow) offered copies of this entry's requests, or None
+    observers: tuple[Any, ...] = ()  # run.Observer: offered each successful run (a trial registers them)
     retired: bool = False
     close_when_idle: bool = False
     closed: bool = False

@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.serving import blame
-from agent.serving.entry import ModelEntry, checks_of, validate
-from agent.serving.errors import InferenceFailed, InvalidInput, ModelNotFound, ModelUnavailable
+from agent.serving.entry import ModelEntry, checks_of
+from agent.serving.errors import InvalidInput, ModelNotFound, ModelUnavailable
 from agent.serving.metrics import FINITE_EVERY, ModelStats
-from agent.serving.rungate import CpuMark, RunGate
+from agent.serving.run import Observer, Run
+from agent.serving.rungate import RunGate
 from agent.serving.statsbook import StatsBook
 
 MAKE_BEFORE_BREAK = "make-before-break"
@@ -47,7 +47,7 @@ class ModelRegistry:
         # give NaN/Inf on the new version are re-run on it to tell the request's fault from the version's.
         self._referees: dict[str, ModelEntry] = {}
         # Every run of a session this registry serves passes the gate; a CPU-time sample is a run that had the
-        # runtimes to itself (rungate.py). Shadow runs and session builds pass it too (Shadow, actions.activate).
+        # runtimes to itself (rungate.py). Trial runs (shadow, pairs) and session builds pass it too.
         # The daemon serves through one registry, so its gate sees every run of the process.
         self.gate = gate or RunGate()
 
@@ -84,7 +84,7 @@ class ModelRegistry:
                 self._entries[name] = entry
                 self._loading.discard(name)
                 if old is not None and keep:
-                    old.retired, old.shadow = True, None  # no new holds; in-flight ones finish on it
+                    old.retired, old.observers = True, ()  # no new holds; in-flight ones finish on it
                     self._referees[name] = old
             report("swapped", model=name, version=version, previous=old.version if old else None)
             if old is not None and keep:
@@ -139,7 +139,7 @@ class ModelRegistry:
                     return None
                 del self._referees[name]
                 old = self._entries.get(name)
-                ref.retired, ref.shadow = False, None
+                ref.retired, ref.observers = False, ()
                 self._entries[name] = ref
                 self._loading.discard(name)
             info = self._retire(old, timeout) if old is not None else {}
@@ -151,14 +151,23 @@ class ModelRegistry:
             ref = self._referees.get(name)
         return ref.version if ref is not None else None
 
-    def attach_shadow(self, name: str, shadow: Any) -> str:
-        """Offer copies of the serving version's requests to `shadow` (None: stop); returns that version."""
+    def observe(self, name: str, observer: Observer, on: bool = True) -> str:
+        """Offer each successful run of the serving version of `name` to `observer` (on), or stop (off); returns
+        that version. A swap or rollback drops the observers of the version it swaps out."""
         with self._lock:
             entry = self._entries.get(name)
             if entry is None:
                 raise ModelNotFound(f"model {name!r} is not loaded")
-            entry.shadow = shadow
+            kept = tuple(o for o in entry.observers if o is not observer)
+            entry.observers = (*kept, observer) if on else kept
             return entry.version
+
+    def referee_session(self, name: str) -> tuple[str, Any] | None:
+        """(version, session) of the referee of `name` (the incumbent kept through a probation), or None. The
+        caller runs it only while the probation holds it (drop_referee and the rollback come after)."""
+        with self._lock:
+            ref = self._referees.get(name)
+            return None if ref is None or ref.session is None else (ref.version, ref.session)
 
     def deactivate(self, name: str, drain_timeout: float | None = None) -> dict[str, Any]:
         """Stop serving `name`: new requests get ModelNotFound, in-flight ones finish, the session is closed."""
@@ -189,7 +198,7 @@ class ModelRegistry:
 
     def _retire(self, entry: ModelEntry, timeout: float) -> dict[str, Any]:
         """Wait (up to timeout) for the requests holding a swapped-out entry, then close its session; past the
-        timeout the last request out closes it. Pairs with the lock-free hold in infer(): `retired` is set
+        timeout the last request out closes it. Pairs with the lock-free hold in hold(): `retired` is set
         before `holds` is read here, and a request reads `retired` after adding its hold, so either this wait
         sees the hold or the request sees `retired` and lets go before touching the session."""
         t0 = time.monotonic()
@@ -232,11 +241,12 @@ class ModelRegistry:
             return self._acquire(name, version)
         entry.holds.append(None)
         if entry.retired:
-            self._let_go(entry)
+            self.let_go(entry)
             return self._acquire(name, version)
         return entry
 
-    def _let_go(self, entry: ModelEntry) -> None:
+    def let_go(self, entry: ModelEntry) -> None:
+        """A hold on `entry` ends (Run.end, referee runs)."""
         entry.holds.pop()
         if not entry.retired:
             return
@@ -248,25 +258,10 @@ class ModelRegistry:
         if close:
             entry.close()
 
-    def _release(
-        self,
-        entry: ModelEntry,
-        elapsed: float | None = None,
-        ok: bool = True,
-        nonfinite: bool | None = None,
-        end: float = 0.0,
-        caused: bool = False,
-        cpu: float | None = None,
-        contended: bool = False,
-    ) -> None:
-        """The request is done with the entry. Its accounting, when it reached the runtime: a plain success is
-        appended lock-free (ModelStats.add); errors and sampled requests are recorded under the stats' lock."""
-        if elapsed is not None:
-            if ok and nonfinite is None and cpu is None and not contended:
-                entry.stats.add(elapsed, end)  # the common case: no lock
-            else:
-                entry.stats.record(elapsed, ok, nonfinite, end, caused, cpu, contended)
-        self._let_go(entry)
+    def hold(self, name: str, version: Any = None) -> Run:
+        """One inference on the serving version of `name` (and `version`): a Run that checks, gates, times,
+        records and ends it (run.py); ModelNotFound / ModelUnavailable when there is none to hold."""
+        return Run(self, self._hold(name, version), self.gate, self.check_finite)
 
     def infer(
         self, name: str, feeds: dict[str, Any], version: Any = None, outputs: list[str] | None = None, place: Any = None
@@ -274,60 +269,13 @@ class ModelRegistry:
         """Run one request on the serving version; returns (version, outputs by name). place(entry, names): the
         arrays the outputs are to be written into (session.run_into), or None for a plain run.
         Raises ModelNotFound/InvalidInput before the runtime sees bad input, InferenceFailed if the runtime fails."""
-        entry = self._hold(name, version)
-        elapsed, ok, nonfinite, end, caused, cpu, contended = None, False, None, 0.0, False, None, False
-        try:
-            try:
-                validate(entry, feeds)
-                if outputs is not None:
-                    unknown = [o for o in outputs if o not in entry.output_names]
-                    if unknown:
-                        raise InvalidInput(
-                            f"model {name!r} has no output(s) {unknown}; outputs: {list(entry.output_names)}"
-                        )
-            except InvalidInput:
-                entry.stats.reject()
-                raise
-            want = list(outputs) if outputs is not None else None
-            into = place(entry, want or list(entry.output_names)) if place is not None else None
-            sampled = entry.stats.check_finite()  # checked for NaN/Inf; its CPU time measured when the gate allows
-            alone = self.gate.begin(sampled)  # alone: no other run in flight, the runtimes' CPU time is this run's
-            mark = CpuMark(entry.session) if alone else None
-            t0 = time.perf_counter()
-            failure: Exception | None = None
-            try:
-                result = entry.session.run(feeds, want) if into is None else entry.session.run_into(feeds, into)
-                end = time.perf_counter()
-                spent = mark.spent() if mark is not None else None
-            except Exception as exc:  # the runtime's own failure, after validation passed
-                end, failure, spent = time.perf_counter(), exc, None
-            finally:  # before any referee run: that one enters the gate itself
-                if self.gate.end(alone, mark):  # none beside it, not kept off the cores
-                    cpu = spent
-                elif mark is not None:
-                    contended = mark.contended  # measured, and dropped (counted per version)
-            elapsed = end - t0
-            if failure is not None:
-                why = blame.request_fault(feeds, lambda: self._referee_run(entry, feeds, want))
-                caused = why is not None
-                if why is not None and why.startswith("input"):
-                    raise InvalidInput(f"model {name!r}: {why}") from failure
-                tail = f" ({why}; not counted against the version)" if why else ""
-                raise InferenceFailed(f"model {name!r} version {entry.version}: {failure}{tail}") from failure
-            ok = True
-            if sampled and self.check_finite:
-                nonfinite = blame.nonfinite(result)
-                if nonfinite:
-                    caused = blame.request_made_nonfinite(feeds, lambda: self._referee_run(entry, feeds, want))
-            shadow = entry.shadow
-            if shadow is not None:
-                shadow.offer(feeds, result, elapsed, cpu)
-            return entry.version, result
-        finally:
-            self._release(entry, elapsed, ok, nonfinite, end, caused, cpu, contended)
+        with self.hold(name, version) as run:
+            want = run.check(feeds, outputs)
+            into = place(run.entry, want or list(run.entry.output_names)) if place is not None else None
+            return run.version, run.execute(feeds, want, into)
 
     # ---- blame: the request's fault or the version's (failure paths only) --------------------------------
-    def _referee_run(
+    def referee_run(
         self, entry: ModelEntry, feeds: dict[str, Any], want: list[str] | None
     ) -> tuple[bool, str, dict[str, Any]] | None:
         """(succeeded, referee version, outputs) of the same request on the referee; None without one."""
@@ -345,7 +293,7 @@ class ModelRegistry:
         except Exception:  # noqa: BLE001 - the referee failing too is the answer
             return False, ref.version, {}
         finally:
-            self._let_go(ref)
+            self.let_go(ref)
 
     # ---- introspection ----------------------------------------------------------------------------
     def entry(self, name: str, version: Any = None) -> ModelEntry:

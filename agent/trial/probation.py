@@ -13,6 +13,9 @@ from typing import Any
 from agent.serving.metrics import percentile
 from agent.trial import unjudged
 from agent.trial.judge import QuantileTest, quantile_test, rate
+from agent.trial.paired import rule_of
+from agent.trial.pairjudge import NOT_JUDGED as PAIRS_NOT_JUDGED
+from agent.trial.pairjudge import SLOWER
 from agent.trial.settings import ProbationConfig
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
@@ -95,9 +98,13 @@ class Probation:
         measure: str = CPU,
         interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pairing: Any = None,
     ) -> None:
         """qualified_ms: the qualification's latency_ms (p50/p90/p99), None when unknown or measured under
-        contention; incumbent: the baseline before the swap (incumbent_baseline()), None on a first deployment."""
+        contention; incumbent: the baseline before the swap (incumbent_baseline()), None on a first deployment;
+        pairing: a started paired.Pairing of the incumbent and this version: when given, its verdict decides compute
+        time (the window's quantile tests are reported beside it)."""
+        self.pairing = pairing
         self.registry, self.name, self.version = registry, name, str(version)
         self.qualified = {k: v for k, v in (qualified_ms or {}).items() if k in ("p50", "p90", "p99")}
         self.incumbent = incumbent
@@ -237,6 +244,8 @@ class Probation:
             )
         if not ended:
             return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet", f)
+        if self.pairing is not None:
+            return self._paired_verdict(f, elapsed)
         if slow is not None:
             return Verdict(TROUBLE, self._slow_reason(slow, f), f)
         short = self._runs_short(f)
@@ -266,6 +275,29 @@ class Probation:
         return Verdict(
             PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, {how}", f
         )
+
+    def _paired_verdict(self, f: dict[str, Any], elapsed: float) -> Verdict:
+        """Compute time judged by the pairs (paired.py, pairjudge.py): slower is trouble; not judged watches on up
+        to `extend` windows, then is its own outcome with the counts; not slower passes."""
+        t = self.thresholds
+        paired = f["paired"] = self.pairing.result(rule_of(t))
+        f["paired_runs"] = self.pairing.counts()
+        if paired["verdict"] == SLOWER:
+            return Verdict(TROUBLE, f"probation: {paired['reason']}", f)
+        if paired["verdict"] == PAIRS_NOT_JUDGED and elapsed < self.window * t.extend:
+            f["extended"] = True
+            why = paired["reason"]
+            return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet; {why}; watching up to "
+                           f"{self.window * t.extend:g} s", f)  # fmt: skip
+        if f["requests"] < t.min_requests:
+            return Verdict(TROUBLE, f"probation: only {f['requests']} requests in {self.window:g} s", f)
+        if paired["verdict"] == PAIRS_NOT_JUDGED:
+            f["not_judged"] = {"signal": "paired", "measured": paired["pairs"], "needed": t.paired_min_pairs,
+                               "contended": f["paired_runs"]["dropped"], "requests": f["requests"],
+                               "aa": paired["aa"]["pairs"]}  # fmt: skip
+            return Verdict(unjudged.NOT_JUDGED, f"probation: compute time not judged: {paired['reason']}", f)
+        return Verdict(PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, "
+                       f"{paired['reason']}", f)  # fmt: skip
 
     def _runs_short(self, f: dict[str, Any]) -> int:
         """How many more of the candidate's runs a compute verdict needs, when none was judged only for want of

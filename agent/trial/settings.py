@@ -27,6 +27,14 @@ class ProbationConfig:
     # rungate.py): watch on until there are, up to this many times the window; 1: never
     extend: float = 3.0
     referee: bool = True  # make-before-break: keep the incumbent's session until the verdict, to re-run inputs
+    # Paired timing (trial/paired.py, pairjudge.py): with the referee kept, copies of live requests run on both
+    # versions back to back; the pairs' median log ratio and its interval decide compute time.
+    paired: bool = True
+    paired_share: float = 0.10  # mirrored runs' CPU at most this share of the serving CPU
+    paired_aa_share: float = 0.2  # this share of pairs is incumbent against incumbent (the noise floor)
+    paired_min_pairs: int = 16  # candidate pairs before a verdict
+    paired_min_aa: int = 8  # A/A pairs before "slower"
+    paired_confidence: float = 0.99  # of the sign-test intervals
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
                 dep.data["shadow"] = rehearsal.figures
                 parts.journal.save(dep)
                 parts.record_decision(dep.id, shadow=rehearsal.figures)
-        parts.baselines[dep.model] = rehearsal.baseline
+        parts.rehearsals[dep.model] = rehearsal  # the incumbent's baseline and the shadow's pairs
     timings = done.get("timings") or {}
     if timings:  # session creation and time to first answer of the swap, beside the qualification's figures
         parts.record_decision(dep.id, swap_timings=timings)

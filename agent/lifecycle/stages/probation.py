@@ -16,7 +16,7 @@ def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event
     window = parts.config.window_s
     config = parts.config.trial
     state, reason, figures = probation_watch(
-        parts.registry, dep, ctx, window, config, parts.baselines.pop(dep.model, None), parts.config.serving
+        parts.registry, dep, ctx, window, config, parts.rehearsals.pop(dep.model, None), parts.config.serving
     )
     parts.record_decision(dep.id, probation=figures)
     ctx.report("probation", verdict=state, reason=reason, **figures)

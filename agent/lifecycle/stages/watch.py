@@ -10,6 +10,7 @@ from agent.errors import LifecycleError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.trial import unjudged
+from agent.trial.paired import Pairing, rule_of
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.trial.shadow import FAIL, Shadow, skipped
@@ -45,6 +46,7 @@ class Rehearsal:
         self.shadow_config, self.probation_config, self.window_s = shadow, probation, window_s
         self.figures: dict[str, Any] | None = None
         self.baseline: Baseline | None = None
+        self.pairing: Pairing | None = None  # the shadow phase's pairs, carried into probation
 
     def skip(self, reason: str) -> None:
         self.figures = skipped(reason)
@@ -78,18 +80,58 @@ class Rehearsal:
         shadow = Shadow(session, self.shadow_config, cpu=self.measure == CPU, gate=self.registry.gate)
         stats = self.registry.model_stats(self.name, incumbent)
         stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
-        self.registry.attach_shadow(self.name, shadow)
+        self.registry.observe(self.name, shadow)
+        pairing = self.pairing = _pairing(self.registry, self.name, session, self.probation_config, self.measure)
         try:
             ctx.report("shadow", phase="started", version_serving=incumbent)
             figures = shadow.run(ctx.check)
         finally:
             stats.watch(False)
-            try:
-                self.registry.attach_shadow(self.name, None)
-            except Exception:  # noqa: BLE001 - the incumbent went away meanwhile: nothing to detach
-                pass
+            for observer in (shadow, pairing):
+                if observer is not None:
+                    _stop_observing(self.registry, self.name, observer)
+        if pairing is not None:  # reported with the shadow; judged in probation, with the pairs taken there
+            figures["paired"] = pairing.result(rule_of(self.probation_config))
         ctx.report("shadow", phase="done", **figures)
         return figures
+
+
+def _pairing(
+    registry: Any, name: str, candidate: Any, config: ProbationConfig, measure: str, incumbent: Any = None
+) -> Pairing | None:
+    """Paired timing of `candidate` against the incumbent (the serving session, or `incumbent`), observing the
+    serving version's live requests; None when serving.probation.paired is off."""
+    if not config.paired:
+        return None
+    inc = incumbent if incumbent is not None else registry.entry(name).session
+    pairing = Pairing(
+        inc, candidate, registry.gate, share=config.paired_share, aa_share=config.paired_aa_share, cpu=measure == CPU
+    )
+    registry.observe(name, pairing)
+    return pairing.start()
+
+
+def start_pairing(
+    registry: Any, name: str, config: ProbationConfig, measure: str, carried: Pairing | None = None
+) -> Pairing | None:
+    """Paired timing of the serving version against the referee (the incumbent kept through the swap), with the
+    shadow phase's pairs (`carried`: the same two sessions); None when it is off or there is no referee."""
+    ref = registry.referee_session(name) if config.paired else None
+    if ref is None:
+        return None
+    pairing = _pairing(registry, name, registry.entry(name).session, config, measure, ref[1])
+    if pairing is not None and carried is not None and carried.incumbent is ref[1]:
+        pairing.carry(carried)
+    return pairing
+
+
+def _stop_observing(registry: Any, name: str, observer: Any) -> None:
+    try:
+        registry.observe(name, observer, on=False)
+    except Exception:  # noqa: BLE001 - the version went away meanwhile: nothing to detach
+        pass
+    if isinstance(observer, Pairing):
+        observer.stop()
 
 
 def probation_watch(
@@ -98,7 +140,7 @@ def probation_watch(
     ctx: StepContext,
     window: float,
     config: ProbationConfig,
-    incumbent: Baseline | None,
+    rehearsal: Rehearsal | None,
     serving: dict[str, Any] | None = None,
 ) -> tuple[str, str, dict[str, Any]]:
     """Watch the new version for `window` seconds; (state, reason, figures). The referee (the incumbent's
@@ -108,23 +150,30 @@ def probation_watch(
     lat = sel.get("latency_ms") or {}
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
     measure = compute_measure(sel.get("provider"), sel.get("device"))
-    watch = Probation(
-        registry,
-        dep.model,
-        dep.version,
-        qualified,
-        window=window,
-        thresholds=config,
-        incumbent=incumbent,
-        measure=measure,
-    )
-    watch.start()
+    incumbent = rehearsal.baseline if rehearsal is not None else None
+    pairing = start_pairing(registry, dep.model, config, measure, rehearsal.pairing if rehearsal else None)
     try:
-        while not watch.done:
-            ctx.check()
-            watch.wait(0.2)
+        watch = Probation(
+            registry,
+            dep.model,
+            dep.version,
+            qualified,
+            window=window,
+            thresholds=config,
+            incumbent=incumbent,
+            measure=measure,
+            pairing=pairing,
+        )
+        watch.start()
+        try:
+            while not watch.done:
+                ctx.check()
+                watch.wait(0.2)
+        finally:
+            watch.stop()
     finally:
-        watch.stop()
+        if pairing is not None:  # done with both sessions before the referee is dropped or serves again
+            _stop_observing(registry, dep.model, pairing)
     v = watch.verdict
     state, reason = unjudged.decide(v.state, v.reason, serving, TROUBLE)  # the target decides "not judged"
     if state in (PASSED, unjudged.NOT_JUDGED):

@@ -1,0 +1,204 @@
+"""Paired timing during a trial: a sampled share of live requests is run again on both versions, back to back on
+one thread and the same inputs, ABBA order across pairs, each side warm; a small share runs incumbent against
+incumbent (A/A: the noise floor). An observer of the serving entry (run.Observer), registered by the trial.
+
+The client never waits for a pair: offer() (on the request thread, after the run) only copies the inputs when a
+pair is wanted; the pair runs later on this object's thread, or the copy is dropped. A pair's runs pass the run
+gate alone (rungate.py: the same CPU-time measure as every run; a client run may wait for one mirrored run to
+end, as for any measured run). Mirrored runs cost at most `share` of the serving CPU (the process's CPU time
+less the mirrored runs' own since the pairing began)."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from agent.serving.rungate import CpuMark, RunGate
+from agent.trial import conditions
+from agent.trial.pairjudge import PairedRule, judge
+from agent.trial.settings import ProbationConfig
+
+WARM_GAP_S = 1.0  # a session idle longer than this runs once untimed before its timed run (caches, pool threads)
+
+
+def rule_of(config: ProbationConfig) -> PairedRule:
+    """What the judge asks of the pairs, from serving.probation."""
+    return PairedRule(config.ratio, config.paired_confidence, config.paired_min_pairs, config.paired_min_aa)
+
+
+class Pairing:
+    """Pairs of (incumbent, candidate) runs on copies of live requests; result() judges them."""
+
+    def __init__(
+        self,
+        incumbent: Any,
+        candidate: Any,
+        gate: RunGate,
+        *,
+        share: float = 0.10,
+        aa_share: float = 0.2,
+        cpu: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        """incumbent, candidate: open sessions (the caller keeps both open until stop()); share: mirrored CPU
+        at most this share of serving CPU; aa_share: this share of pairs is incumbent against incumbent; cpu:
+        time CPU (every runtime thread, rungate.CpuMark), else wall time in the run (accelerators)."""
+        self.incumbent, self.candidate, self.gate = incumbent, candidate, gate
+        self.share, self.aa_share, self.cpu = float(share), float(aa_share), cpu
+        self._rng = random.Random(seed)
+        self._slot: dict[str, Any] | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._open = True
+        self._started_cpu = time.process_time()
+        self._last: dict[int, float] = {}  # id(session) -> perf_counter() of its last mirrored run
+        self._pair_cost = 0.0  # what the last pair cost (warm-ups included)
+        self._order = 0  # ABBA: pairs 0 and 3 (mod 4) run the incumbent first, 1 and 2 the candidate
+        self.pairs: list[float] = []  # log(candidate / incumbent) per pair
+        self.aa: list[float] = []  # log(second incumbent run / first) per A/A pair (labels ABBA like the pairs)
+        self.incumbent_s: list[float] = []  # the incumbent's time in each candidate pair
+        self.mirrored_s = 0.0  # CPU (or wall) seconds the mirrored runs took, warm-ups included
+        self.offered = self.over_budget = self.dropped = self.failed = 0
+        self.carried = 0  # pairs (A/A included) taken over from the shadow phase
+
+    def carry(self, earlier: "Pairing") -> None:
+        """Start from the pairs an earlier phase took on the same two sessions (the shadow phase's)."""
+        self.pairs, self.aa = list(earlier.pairs), list(earlier.aa)
+        self.incumbent_s = list(earlier.incumbent_s)
+        self.carried = len(self.pairs) + len(self.aa)
+
+    # ---- request thread ---------------------------------------------------------------------------------
+    def offer(self, feeds: dict[str, Any], outputs: dict[str, Any], elapsed: float, cpu: float | None) -> None:
+        """A live request was answered: copy its inputs for a pair when one is wanted and the budget allows."""
+        if not self._open or self._slot is not None:
+            return
+        self.offered += 1
+        if not self.within_budget():
+            self.over_budget += 1
+            return
+        try:
+            self._slot = {k: np.array(v, copy=True) for k, v in feeds.items()}
+            self._ready.set()
+        except Exception:  # noqa: BLE001 - pairing must never touch the client's request
+            pass
+
+    def serving_s(self) -> float:
+        """The process's CPU seconds since the pairing began, less the mirrored runs'."""
+        return max(0.0, time.process_time() - self._started_cpu - self.mirrored_s)
+
+    def within_budget(self) -> bool:
+        """Would the next pair (costing what the last one did) keep the mirrored CPU within its share?"""
+        return self.mirrored_s + self._pair_cost <= self.share * self.serving_s()
+
+    # ---- pair thread ------------------------------------------------------------------------------------
+    def start(self) -> "Pairing":
+        self._thread = threading.Thread(target=self._loop, name="trial-pairs", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """No more pairs; returns once the pair thread is done with both sessions."""
+        self._open = False
+        self._stop.set()
+        self._ready.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._ready.wait(0.2):
+                continue
+            self._ready.clear()
+            feeds, self._slot = self._slot, None
+            if feeds is not None and not self._stop.is_set():
+                self.pair(feeds)
+
+    def pair(self, feeds: dict[str, Any]) -> None:
+        """One pair on `feeds`: candidate against incumbent, or (aa_share) incumbent against incumbent."""
+        aa = self._rng.random() < self.aa_share
+        before = self.mirrored_s
+        try:
+            self._pair(feeds, aa)
+        finally:
+            self._pair_cost = self.mirrored_s - before
+
+    def _pair(self, feeds: dict[str, Any], aa: bool) -> None:
+        other = self.incumbent if aa else self.candidate
+        first_incumbent = self._order % 4 in (0, 3)
+        self._order += 1
+        for session in (self.incumbent, other):
+            if time.perf_counter() - self._last.get(id(session), -math.inf) > WARM_GAP_S:
+                self._timed(session, feeds)  # warm-up: untimed
+        if first_incumbent:
+            inc, cand = self._timed(self.incumbent, feeds), self._timed(other, feeds)
+        else:
+            cand, inc = self._timed(other, feeds), self._timed(self.incumbent, feeds)
+        if inc is None or cand is None or inc <= 0 or cand <= 0:
+            self.dropped += 1
+            return
+        if aa:
+            self.aa.append(math.log(cand / inc))
+        else:
+            self.pairs.append(math.log(cand / inc))
+            self.incumbent_s.append(inc)
+
+    def _timed(self, session: Any, feeds: dict[str, Any]) -> float | None:
+        """One run alone through the gate: its CPU (or wall) seconds, None when not measured or it failed."""
+        alone = self.gate.begin(True, paced=False)  # paced by `share` here, not by the gate's duty
+        mark = CpuMark(session) if alone and self.cpu else None
+        t0 = time.perf_counter()
+        spent: float | None = None
+        try:
+            try:
+                session.run(feeds, None)
+                spent = mark.spent() if mark is not None else time.perf_counter() - t0
+            finally:
+                held = self.gate.end(alone, mark)
+        except Exception:  # noqa: BLE001 - a failing mirrored run is counted, not raised (probation judges failures)
+            self.failed += 1
+            held = False
+        wall = time.perf_counter() - t0
+        self._last[id(session)] = time.perf_counter()
+        self.mirrored_s += spent if spent is not None else wall
+        return spent if held and alone else None
+
+    # ---- verdict ----------------------------------------------------------------------------------------
+    def result(self, rule: PairedRule) -> dict[str, Any]:
+        """The "paired" block: {"ratio", "ci", "pairs", "aa": {...}, "conditions": {...}, "verdict", "reason"}."""
+        said = judge(list(self.pairs), list(self.aa), rule)
+        return {
+            **said.candidate.to_dict(),
+            "aa": said.aa.to_dict(),
+            "conditions": conditions.read(),
+            "verdict": said.verdict,
+            "reason": f"{said.reason}; {self.counts_said()}",
+        }
+
+    def counts(self) -> dict[str, Any]:
+        serving = self.serving_s()
+        return {
+            "offered": self.offered,
+            "over_budget": self.over_budget,
+            "dropped": self.dropped,
+            "failed": self.failed,
+            "mirrored_cpu_s": round(self.mirrored_s, 4),
+            "serving_cpu_s": round(serving, 4),
+            "share": round(self.mirrored_s / serving, 4) if serving > 0 else None,
+            "carried": self.carried,
+        }
+
+    def counts_said(self) -> str:
+        c = self.counts()
+        share = "not measured" if c["share"] is None else f"{100 * c['share']:.1f} %"
+        carried = f"{c['carried']} pairs from the shadow phase, " if c["carried"] else ""
+        return carried + (
+            f"{c['offered']} live requests offered, {c['over_budget']} left over budget, {c['dropped']} pairs dropped "
+            f"(a run not measured alone or contended), {c['failed']} mirrored runs failed; mirrored CPU {share} of "
+            f"serving CPU (budget {100 * self.share:g} %)"
+        )
