@@ -20,7 +20,7 @@ from agent.controlplane.auth import Operator, bearer
 from agent.controlplane.db import write
 from agent.controlplane.models import ModelVersion, OperatorToken, Rollout
 from agent.controlplane.pages import HERE, render_error, templates
-from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
+from agent.controlplane.rollouts import ACTIONS, rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import NewRollout
 from agent.controlplane.security import safe_next
 from agent.controlplane.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, clear_cookie, read_cookie, same
@@ -299,7 +299,7 @@ def rollout_action(request: Request, rollout_id: str, action: str, csrf: str = F
     v = _who(request, "operator", csrf)
     if isinstance(v, Response):
         return v
-    if action not in ("halt", "resume", "rollback"):
+    if action not in ACTIONS:
         return error_page(404, f"unknown action {action}", v)
     try:
         transition(request.app.state.cp, rollout_id, action, v.op.actor)
