@@ -129,8 +129,10 @@ def request_unjudged(ctx, rid: str, word: str, actor: str) -> dict[str, Any]:
         before = row.unjudged_decision
         request = f"{word} by {actor} (request {_request_number(before) + 1})"
         same = Rollout.unjudged_decision.is_(None) if before is None else Rollout.unjudged_decision == before
-        stmt = update(Rollout).where(Rollout.rollout_id == rid, same).values(
-            unjudged_decision=request, updated_at=time.time()
+        stmt = (
+            update(Rollout)
+            .where(Rollout.rollout_id == rid, same)
+            .values(unjudged_decision=request, updated_at=time.time())
         )
         if getattr(s.execute(stmt), "rowcount", 0) != 1:
             s.refresh(row)
