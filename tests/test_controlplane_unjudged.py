@@ -107,7 +107,9 @@ def _run(api, url, token, devices, admin_token):
     shown = edge_agent("fleet", "status", *cli)
     assert shown.returncode == 0 and WAITING in shown.stdout and "fleet unjudged tiny-2" in shown.stdout, shown
     listed = edge_agent("fleet", "unjudged", "tiny-2", *cli, "--json")
-    assert listed.returncode == 0 and json.loads(listed.stdout)["waiting_for_operator"] == WAITING, listed
+    assert listed.returncode == 0 and json.loads(listed.stdout)["rollouts"][0]["waiting_for_operator"] == WAITING
+    every = edge_agent("fleet", "unjudged", *cli)  # every rollout that waits
+    assert every.returncode == 0 and f"{first}: not judged" in every.stdout and WAITING in every.stdout, every
     said = edge_agent("fleet", "unjudged", "tiny-2", *cli, "--accept")
     assert said.returncode == 0 and "accept by" in said.stdout, said
     assert _until("the next wave in flight", lambda: _in_progress(api)) == [second]

@@ -44,7 +44,12 @@ LIVE_ORDER = (  # an operator's order against one live device (the quickstart's 
     "cancel",
     "rollback",
 )
-CP = ("control-plane enroll", "control-plane report", "fleet delete")  # against a running service, in this order
+CP = (
+    "control-plane enroll",
+    "control-plane report",
+    "fleet unjudged",
+    "fleet delete",
+)  # against a running service, in this order
 
 
 def _texts(cmd: click.Command, path: tuple[str, ...] = ()):

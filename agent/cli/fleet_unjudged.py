@@ -1,5 +1,5 @@
-"""`edge-agent fleet unjudged ROLLOUT_ID --control-plane URL [--accept | --roll-back]`: the devices of a service
-rollout whose probation could not judge the version, holding their wave, and the operator's word on them."""
+"""`edge-agent fleet unjudged [ROLLOUT_ID] --control-plane URL [--accept | --roll-back]`: the devices of the
+service's rollouts whose probation could not judge the version, holding their wave, and the operator's word."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from agent.errors import ConfigError
 
 
 @click.command("unjudged")
-@click.argument("rollout_id")
+@click.argument("rollout_id", required=False)
 @click.option(
     "--accept", "word", flag_value="accept-unjudged", help="Keep the version on them: the held wave advances."
 )
@@ -23,25 +23,33 @@ from agent.errors import ConfigError
     flag_value="rollback-unjudged",
     help="Send those devices alone back to their previous version; the wave advances once they answered.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the rollout as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rollouts as JSON.")
 @control_plane_options
 def unjudged(rollout_id, word, as_json, control_plane=None, cp_token_file=None):
-    """List the devices of ROLLOUT_ID (a rollout of the control-plane service) that are not judged: their
-    probation could not tell whether the version is slower, and their wave waits for an operator's word
-    ("waiting for operator: N devices not judged"). With --accept or --roll-back, give that word (the service
-    applies it to every device then waiting, within a tick; the audit log names you)."""
+    """List the devices not judged of ROLLOUT_ID (without it: of every rollout of the control-plane service
+    that waits for one): their probation could not tell whether the version is slower, and their wave waits
+    for an operator's word ("waiting for operator: N devices not judged"). With --accept or --roll-back (and
+    ROLLOUT_ID), give that word: the service applies it to every device then waiting, within a tick, and its
+    audit log names you."""
     from agent.transport.cpclient import call
 
     if not control_plane:
         raise ConfigError("fleet unjudged works through the control-plane service: give --control-plane URL")
+    if word and not rollout_id:
+        raise ConfigError("--accept and --roll-back need the ROLLOUT_ID they answer")
     token = _token(cp_token_file)
     if word:
         call(control_plane, "POST", f"/api/v1/rollouts/{rollout_id}/{word}", token=token)
-    doc = call(control_plane, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)
+    if rollout_id:
+        docs = [call(control_plane, "GET", f"/api/v1/rollouts/{rollout_id}", token=token)]
+    else:
+        brief = call(control_plane, "GET", "/api/v1/rollouts", token=token)["rollouts"]
+        ids = [r["rollout_id"] for r in brief if r.get("waiting_for_operator")]
+        docs = [call(control_plane, "GET", f"/api/v1/rollouts/{rid}", token=token) for rid in ids]
     if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        click.echo(json.dumps({"rollouts": docs}, indent=2, sort_keys=True))
         return
-    click.echo(render(doc))
+    click.echo("\n".join(render(d) for d in docs) or "no rollout waits for an operator's word")
 
 
 def render(doc: dict[str, Any]) -> str:
