@@ -26,6 +26,19 @@ from agent.transport.topics import Topics
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 WAITING = "waiting for operator: 1 device not judged"
+PAIRED = {  # what the device reports of its trial's paired timing (agent.fleet.paired)
+    "ratio": 1.0412,
+    "ci": [0.93, 1.16],
+    "pairs": 213,
+    "aa": {"ratio": 1.0, "ci": [0.97, 1.03], "pairs": 40},
+    "conditions": {"psi_cpu_some_avg10": 41.5, "freq_mhz": 2400},
+    "verdict": "not judged",
+    "reason": "<b>the interval straddles the A/A floor</b>",
+}
+SHOWN = (
+    "paired ratio 1.04 [0.93, 1.16] over 213 pairs; A/A floor [0.97, 1.03] over 40 pairs; not judged "
+    "(&lt;b&gt;the interval straddles the A/A floor&lt;/b&gt;)"
+)
 
 
 def _until(what, check, timeout=120.0, every=0.3):
@@ -46,12 +59,14 @@ class _Device:
         self.dev, self.port, self.key = dev, port, device_key(tmp / "keys" / dev)
         self.topic = Topics(prefix).status(dev)
 
-    def report(self, version, previous=None, not_judged=False, sha=None):
+    def report(self, version, previous=None, not_judged=False, sha=None, paired=None):
         model = {"version": version, "state": "committed", "provider": "cpu", "previous": previous, "sha256": sha}
         dep = {"version": version, "state": "committed", "result": "committed"}
         if not_judged:
             counts = {"measured": 0, "needed": 64, "contended": 0, "requests": 800, "why": "no baseline: test"}
             dep["probation"] = {"requests": 800, "not_judged": counts}
+        if paired is not None:
+            dep.setdefault("probation", {})["paired"] = paired
         doc = {"device_id": self.dev, "online": True, "ts": time.time(), "target": "generic-x86_64"}
         doc.update(providers=["cpu"], models={"tiny": model}, deployments={"tiny": dep})
         payload = json.dumps(sign_doc(doc, self.key))
@@ -95,12 +110,16 @@ def _run(api, url, token, devices, admin_token):
     (first,) = _until("the canary in flight", lambda: _in_progress(api))
     (second,) = set(devices) - {first}
     assert api.post("/api/v1/rollouts/tiny-2/accept-unjudged").status_code == 409  # nobody waits yet
-    devices[first].report("2", previous="1", not_judged=True)
+    devices[first].report("2", previous="1", not_judged=True, paired=PAIRED)
     held = _until(
         "the wave held", lambda: (r := api.get("/api/v1/rollouts/tiny-2").json())["waiting_for_operator"] and r
     )
     assert held["waiting_for_operator"] == WAITING and held["progress"]["waiting_for_operator"] == [first]
     time.sleep(1.5)  # several ticks: the next wave does not start on its own
+    page = api.get(f"/devices/{first}").text  # the paired ratio and the A/A floor, escaped
+    assert f'<td class="paired">{SHOWN}</td>' in page and "<b>" not in page, page
+    rollout_page = api.get("/rollouts/tiny-2").text
+    assert f'<td class="paired">{SHOWN}</td>' in rollout_page and '<td class="paired">not measured</td>' in rollout_page
     assert _in_progress(api) == [] and api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"] == WAITING
 
     cli = ("--control-plane", url, "--token-file", token)
@@ -116,8 +135,13 @@ def _run(api, url, token, devices, admin_token):
     accepted = {d["device_id"]: d for d in api.get("/api/v1/rollouts/tiny-2").json()["progress"]["devices"]}[first]
     assert accepted["result"] == "not_judged" and accepted["waiting_for"] is None
 
-    devices[second].report("2", previous="1", not_judged=True)
+    hostile = dict(PAIRED, ci=[0.5, 0.7, 0.9], pairs=10**12)  # not of the schema: the status is not kept
+    devices[second].report("2", previous="1", not_judged=True, paired=hostile)
     _until("the second wave held", lambda: api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"])
+    time.sleep(1.0)
+    assert api.get(f"/api/v1/devices/{second}").json()["status"]["deployments"]["tiny"]["version"] == "1"
+    assert "10000000000" not in api.get("/rollouts/tiny-2").text  # neither page shows what was refused
+    devices[second].report("2", previous="1", not_judged=True)
     browser, csrf = _signed_in(url, admin_token, "/rollouts/tiny-2")
     page = browser.get("/rollouts/tiny-2").text
     assert WAITING in page and 'id="accept-unjudged"' in page and 'id="rollback-unjudged"' in page

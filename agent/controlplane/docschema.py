@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -163,11 +163,43 @@ class ModelStatus(Doc):
     reason: str | None = None
 
 
+Ratio = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # a time ratio: finite, not negative
+Interval = Annotated[list[Ratio], Field(min_length=2, max_length=2)]
+Pairs = Annotated[int, Field(ge=0, le=10**9)]
+
+
+class PairedSide(Doc):
+    """A ratio of paired timings with its confidence interval and the number of pairs (agent.fleet.paired)."""
+
+    ratio: Ratio | None = None
+    ci: Interval | None = None
+    pairs: Pairs | None = None
+
+
+class Paired(PairedSide):
+    """The trial's paired timing: candidate / incumbent, the A/A floor (incumbent / incumbent), the conditions
+    the pairs were taken under (a flat object, like `hardware`), the verdict and its reason."""
+
+    aa: PairedSide | None = None
+    conditions: Any = None
+    verdict: Literal["slower", "not slower", "not judged"] | None = None
+    reason: Text | None = None
+
+    _conditions = field_validator("conditions")(_hardware)
+
+
+class Trial(Doc):
+    paired: Paired | None = None
+
+
 class DeploymentStatus(Doc):
     version: Short | None = None
     state: Short | None = None
     result: Short | None = None
     reason: str | None = None
+    paired: Paired | None = None  # where a device reports it (agent.fleet.paired reads both)
+    probation: Trial | None = None
+    shadow: Trial | None = None
 
 
 class Status(Doc):

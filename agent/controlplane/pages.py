@@ -9,6 +9,7 @@ from pathlib import Path
 import jinja2
 from fastapi.templating import Jinja2Templates
 
+from agent.fleet import paired
 from agent.fleet.outcome import ON_PROBATION, model_phase
 
 HERE = Path(__file__).parent
@@ -23,6 +24,7 @@ def _when(ts: float | None) -> str:
 
 env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True)
 env.filters["when"] = _when
+env.filters["paired"] = paired.deployment_words  # a trial's paired ratio and A/A floor, or "not measured" (issue 36)
 env.filters["model_state"] = lambda m: model_phase(m)[1] if model_phase(m)[0] == ON_PROBATION else m.get("state")
 templates = Jinja2Templates(env=env)
 

@@ -290,8 +290,10 @@ def rollout_page(request: Request, rollout_id: str):
         if row is None:
             return error_page(404, f"no rollout {rollout_id}", v)
         r = rollout_dict(row)
+        ids = [d["device_id"] for d in (r["progress"] or {}).get("devices", [])]
+        timing = repo.paired_timing(s, ids, str(r["model"]))
     error = v.session.pop_flash() if v.session else None
-    return _page(request, "rollout.html", v, r=r, error=error)
+    return _page(request, "rollout.html", v, r=r, error=error, timing=timing)
 
 
 @router.post("/rollouts/{rollout_id}/{action}")
