@@ -94,6 +94,7 @@ def test_a_wave_with_a_device_not_judged_waits_for_the_operators_word(tmp_path):
             _until(
                 "verified statuses", lambda: all(api.get(f"/api/v1/devices/{d}").json()["status_ts"] for d in devices)
             )
+            _own_golden_row_on_the_device_page(api, devices["nj-a"])
             token = tmp_path / "op.token"
             token.write_text(cp.admin_token)
             _run(api, url, token, devices, cp.admin_token)
@@ -117,7 +118,7 @@ def _run(api, url, token, devices, admin_token):
     assert held["waiting_for_operator"] == WAITING and held["progress"]["waiting_for_operator"] == [first]
     time.sleep(1.5)  # several ticks: the next wave does not start on its own
     page = api.get(f"/devices/{first}").text  # the paired ratio and the A/A floor, escaped
-    assert f'<td class="paired">{SHOWN}</td>' in page and "<b>" not in page, page
+    assert f'<td class="paired">{SHOWN}</td>' in page and "<b>the interval" not in page, page
     rollout_page = api.get("/rollouts/tiny-2").text
     assert f'<td class="paired">{SHOWN}</td>' in rollout_page and '<td class="paired">not measured</td>' in rollout_page
     assert _in_progress(api) == [] and api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"] == WAITING
@@ -172,3 +173,28 @@ def _signed_in(url, token, target):
     r = c.post("/login", data={"token": token, "next": target, "csrf": nonce})
     assert r.status_code == 303, r.text
     return c, re.search(r'name="csrf" value="([^"]*)"', c.get(target).text).group(1)
+
+
+def _own_golden_row_on_the_device_page(api, device):
+    """A decision record's row compared with golden data its own runtime made says so on the device page."""
+    acc = {"max_rel": 0.0, "independent": {"reference": "onnx-reference-evaluator", "max_rel": 1.2e-7}}
+    rows = [
+        {
+            "key": "cpu",
+            "provider": "cpu",
+            "status": "passed",
+            "accuracy": acc,
+            "accuracy_basis": "own golden (not independent)",
+        },
+        {"key": "openvino", "provider": "openvino", "status": "passed", "accuracy": {"max_rel": 3e-6}},
+    ]
+    doc = {"device_id": device.dev, "model": "tiny", "version": "1", "ts": time.time()}
+    signed = sign_doc({**doc, "decision": {"selected": "cpu", "results": rows}}, device.key)
+    assert api.post(f"/api/v1/devices/{device.dev}/decisions", json=signed).status_code == 201
+    bad = sign_doc({**doc, "decision": {"results": [dict(rows[0], accuracy_basis=["x"])]}}, device.key)
+    r = api.post(f"/api/v1/devices/{device.dev}/decisions", json=bad)
+    assert r.status_code == 422 and "accuracy_basis" in r.json()["error"], r.text
+    page = api.get(f"/devices/{device.dev}").text
+    said = "accuracy vs own golden (not independent); vs onnx reference evaluator 1.2e-07"
+    assert f'<td>0 <span class="bad own-golden">{said}</span></td>' in page, page
+    assert page.count("own-golden") == 1  # the openvino row's golden is not its own

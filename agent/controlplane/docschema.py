@@ -69,8 +69,13 @@ class EnrollRequest(Doc):
     _hw = field_validator("hardware")(_hardware)
 
 
+class Independent(Doc):
+    max_rel: float | None = None  # an own-golden row against onnx's reference evaluator (qualify.owngolden)
+
+
 class Accuracy(Doc):
     max_rel: float | None = None
+    independent: Independent | None = None
 
 
 class Latency(Doc):
@@ -105,6 +110,7 @@ class Row(Doc):
     contended: bool | None = None
     conditions: dict[str, Any] | None = None
     latency_points: Annotated[list[Point], Field(max_length=16)] | None = None
+    accuracy_basis: Short | None = None  # "own golden (not independent)" (agent.qualify.owngolden)
 
 
 class Decision(Doc):
