@@ -121,7 +121,8 @@ def measure_row(
             metrics = accuracy.compare(reference, outputs, tol.max_length_change)
             problems = accuracy.violations(metrics, tol)
             row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
-            problems += owngolden.check(row, independent, outputs, tol) if independent is not None else []
+            if independent is not None:  # golden data this provider made: the evaluator confirms it or not
+                owngolden.check(row, independent, outputs, tol)
             if accuracy.length_note(metrics):
                 row["accuracy"]["length_note"] = accuracy.length_note(metrics)
     except EdgeAgentError as exc:
