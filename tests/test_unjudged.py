@@ -104,6 +104,8 @@ def test_runs_skipped_for_another_reason_are_not_judged_never_passed(tmp_path):
     status["deployments"]["m"]["probation"]["not_judged"] = n
     result, reason = device_outcome(status, "m", "2")
     assert result == UNJUDGED and "(0 runs measured of the 64 needed)" in reason, reason
+    brief = figures_brief(status["deployments"]["m"])
+    assert "NOT JUDGED (0 of 64 runs measured, 0 contended: 0 runs measured of the 64 needed)" in brief, brief
 
 
 @pytest.mark.parametrize(
