@@ -96,3 +96,17 @@ def test_halt_on_unjudged_counts_them_as_failures_and_never_holds(tmp_path):
     cohort = eng.state["cohorts"]["all"]
     assert cohort.get("waiting") is None and cohort["state"] in (rs.ROLLING_BACK, rs.HALTED)
     assert "not_judged" in cohort["reason"]
+
+
+def test_a_roll_back_of_the_whole_rollout_takes_the_held_devices_too(tmp_path):
+    fleet, clock = _Fleet(_fleet()), Clock()
+    _, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size="2", deadline_s=60)
+    eng.step()
+    (canary,) = _wave(eng)
+    _not_judged(fleet, canary)
+    eng.step()
+    assert rs.held_devices(eng.state) == [canary]
+    eng.operator_rollback("rolled back by operator:carol", "rolled back by operator:carol (request 1)")
+    assert eng.state["devices"][canary]["result"] == rs.ROLLBACK_PENDING and rs.held_devices(eng.state) == []
+    assert rs.progress_doc(eng.state)["cohorts"]["all"]["waiting"] is None
+    assert fleet.desired[canary]["manifest"] == {"name": "m", "version": "1", "rollback": True}

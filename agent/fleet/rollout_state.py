@@ -161,7 +161,7 @@ def progress_doc(state: dict) -> dict[str, Any]:
                 "wave": c["wave"],
                 "waves_total": len(c["waves"]),
                 "reason": c["reason"],
-                "waiting": c.get("waiting"),  # "waiting for operator: N devices not judged" (rollout_hold)
+                "waiting": c.get("waiting") if c["state"] == RUNNING else None,  # held for an operator's word
                 "waves": wave_counts(state, key),
             }
             for key, c in state["cohorts"].items()
