@@ -119,6 +119,7 @@ def _run(api, url, token, devices, admin_token):
     time.sleep(1.5)  # several ticks: the next wave does not start on its own
     page = api.get(f"/devices/{first}").text  # the paired ratio and the A/A floor, escaped
     assert f'<td class="paired">{SHOWN}</td>' in page and "<b>the interval" not in page, page
+    assert f'<span class="bad">{WAITING}</span>' in api.get("/rollouts").text  # the list says it too
     rollout_page = api.get("/rollouts/tiny-2").text
     assert f'<td class="paired">{SHOWN}</td>' in rollout_page and '<td class="paired">not measured</td>' in rollout_page
     assert _in_progress(api) == [] and api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"] == WAITING
