@@ -3,8 +3,9 @@
 Probation (and shadow) cannot judge compute time when the device never gave the candidate's runs the cores
 (rungate.py drops a run whose threads waited), nor when requests came but their runs were too few for any other
 reason or there was nothing to compare them with (no baseline): every such skip is "not judged" (`why` names
-it). The verdict then says "not judged" with the counts, and the target decides (`serving.unjudged`): `commit-flagged` (the default: the version serves, its status and
-decision record say "not judged") or `rollback`. Retrying first is `serving.probation.extend`: probation
+it). The verdict then says "not judged" with the counts, and the target decides (`serving.unjudged`):
+`commit-flagged` (the default: the version serves, its status and decision record say "not judged") or
+`rollback`. Retrying first is `serving.probation.extend`: probation
 watches on, up to that many windows, before it says "not judged".
 """
 
