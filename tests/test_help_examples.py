@@ -44,8 +44,14 @@ LIVE_ORDER = (  # an operator's order against one live device (the quickstart's 
     "cancel",
     "rollback",
 )
-CP = ("control-plane enroll", "control-plane report", "fleet delete", "fleet simulate")  # against a running service,
-# in this order (`fleet simulate` only with --control-plane: it runs until its devices are accepted, then is stopped)
+CP = (
+    "control-plane enroll",
+    "control-plane report",
+    "fleet unjudged",
+    "fleet delete",
+    "fleet simulate",
+)  # against a running service, in this order
+# (`fleet simulate` only with --control-plane: it runs until its devices are accepted, then is stopped)
 
 
 def _texts(cmd: click.Command, path: tuple[str, ...] = ()):

@@ -101,7 +101,8 @@ def test_compute_time_is_judged_against_the_incumbent_before_the_swap(tmp_path, 
     # Only honest outcomes: judged and right, or reported not judged (a busy host took the cores), never a guess
     if v.state == NOT_JUDGED:
         n = v.figures["not_judged"]
-        assert n["measured"] < n["needed"] and n["contended"] > 0 and "compute time not judged" in v.reason, v.reason
+        assert n["measured"] < n["needed"] and (n["contended"] > 0 or n.get("why")), v.figures
+        assert "compute time not judged" in v.reason, v.reason
     elif redundant:  # 2x the compute: rolled back, the reason names the compute ratio
         assert v.state == TROUBLE and "compute ratio" in v.reason and "incumbent" in v.reason, v.reason
         assert max(c["ratio"] for c in v.figures["compute"]) > 1.5

@@ -117,7 +117,9 @@ def test_first_deployment_compute_time_against_the_qualified_figures(tmp_path):
     _measure(r, since, 64)
     clock2.now = 20.0
     v = contended.evaluate()
-    assert v.state == PASSED and v.figures["baseline"]["source"] is None
+    # runs came, nothing to judge them against: not judged (with why), never passed (issue 36)
+    assert v.state == NOT_JUDGED and v.figures["baseline"]["source"] is None, (v.state, v.reason)
+    assert "no baseline" in v.figures["not_judged"]["why"] and "compute time not judged" in v.reason, v.reason
 
 
 def test_quiet_window_needs_min_requests_when_asked(tmp_path):
@@ -175,5 +177,19 @@ def test_a_window_short_of_requests_not_of_measurements_ends_on_time(tmp_path):
         stats.record(0.001, nonfinite=False, end=time.perf_counter(), cpu=0.001)  # measured, none dropped
     clock.now = 10.0
     v = p.evaluate()
-    assert v.state == PASSED and "10 runs measured of the 64 needed" in v.reason, v.reason
+    # too few runs measured for a reason other than contention: not judged with the counts, never passed
+    assert v.state == NOT_JUDGED and "10 runs measured of the 64 needed" in v.reason, v.reason
     assert "dropped" not in v.reason
+    assert v.figures["not_judged"]["measured"] == 10 and v.figures["not_judged"]["contended"] == 0
+    assert v.figures["not_judged"]["why"] == "10 runs measured of the 64 needed"
+
+
+def test_a_quiet_window_is_not_a_skip(tmp_path):
+    """No request at all: nothing was skipped; serving.probation.min_requests (0: a quiet window passes) decides."""
+    r = _registry(tmp_path, tiny_model(2.0))
+    clock = Clock()
+    p = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=Thresholds(extend=1.0), clock=clock)
+    clock.now = 10.0
+    v = p.evaluate()
+    assert v.state == PASSED and v.figures["requests"] == 0 and "not_judged" not in v.figures, v
+    assert "compute time not judged" in v.reason, v.reason

@@ -89,11 +89,23 @@ def test_a_first_deployment_without_qualified_figures_is_not_flagged():
     assert not unjudged.compute_unjudged(f, 64)
 
 
-def test_enough_measured_runs_are_judged_not_flagged(tmp_path):
-    r, p = _probation(tmp_path, measured=0, contended=0)  # nothing contended: the usual rules, no flag
+def test_runs_skipped_for_another_reason_are_not_judged_never_passed(tmp_path):
+    """800 requests, none measured, none contended (skipped for another reason): not judged, with the counts and
+    why (issue 36: every skip reason ends as "not judged")."""
+    r, p = _probation(tmp_path, measured=0, contended=0)
     v = p.evaluate()
     r.close()
-    assert v.state != unjudged.NOT_JUDGED and "not_judged" not in v.figures
+    assert v.state == unjudged.NOT_JUDGED and v.state != PASSED
+    n = v.figures["not_judged"]
+    assert (n["measured"], n["contended"], n["needed"], n["requests"]) == (0, 0, 64, 800)
+    assert n["why"] == "0 runs measured of the 64 needed"
+    assert v.reason == "probation: compute time not judged: 0 runs measured of the 64 needed (800 requests)"
+    status = _status(None)
+    status["deployments"]["m"]["probation"]["not_judged"] = n
+    result, reason = device_outcome(status, "m", "2")
+    assert result == UNJUDGED and "(0 runs measured of the 64 needed)" in reason, reason
+    brief = figures_brief(status["deployments"]["m"])
+    assert "NOT JUDGED (0 of 64 runs measured, 0 contended: 0 runs measured of the 64 needed)" in brief, brief
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "fleet delete": (
         "edge-agent fleet delete quickstart-device --control-plane http://cp:8470 --token-file admin.token --json",
     ),
+    "fleet unjudged": ("edge-agent fleet unjudged --control-plane http://cp:8470 --token-file admin.token --json",),
     "fleet rollback": (
         "edge-agent fleet rollback sample-tiny --group quickstart --key keys/fleet.key --store cp-store "
         "--broker mqtt://broker:1883 --wait 300",

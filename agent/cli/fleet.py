@@ -24,6 +24,7 @@ FLEET_COMMANDS = {
     "simulate": ("agent.cli.fleet_simulate:simulate", "Run simulated devices from captured sysroots."),
     "register": ("agent.cli.fleet:register", "Register a device's public key and groups in the device registry."),
     "delete": ("agent.cli.fleet_cp:delete", "Delete a device and its documents from the control-plane service."),
+    "unjudged": ("agent.cli.fleet_unjudged:unjudged", "A service rollout's devices not judged: accept or roll back."),
     "clear": ("agent.cli.fleet:clear", "Remove a retained desired state (a push to the wrong prefix or target)."),
     "attestations": ("agent.cli.attestations:fleet_attestations", "List and verify devices' signed attestations."),
 }
@@ -216,7 +217,14 @@ def status(as_json, store, registry_file, control_plane=None, cp_token_file=None
     """One row per device: online, models (version, provider, state), last deployment result and reason;
     `trust` says whether the report is signed by the device's registered key."""
     if control_plane:
-        return cp_status(control_plane, cp_token_file, as_json)
+        shown = cp_status(control_plane, cp_token_file, as_json)
+        if shown is not None:  # the service's rollouts in progress, as over the broker
+            from agent.cli.fleet_rollout import render_rollouts
+
+            lines = render_rollouts([r["progress"] for r in shown["rollouts"] if r.get("progress")])
+            if lines:
+                click.echo(lines)
+        return
     from agent.fleet.registry import NO_REGISTRY, REMEDY, DeviceRegistry, registry_for_store
     from agent.fleet.status import device_row, fleet_status
     from agent.lifecycle.status import figures_brief

@@ -45,7 +45,9 @@ def _token(path: str | None) -> str:
     return token
 
 
-def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
+def cp_status(url: str, token_file: str | None, as_json: bool) -> dict[str, Any] | None:
+    """Print the devices (and, with --json, the rollouts); returns the document when printed as a table, for
+    the caller to add its rollout lines."""
     from agent.transport.cpclient import call
 
     token, rows, offset = _token(token_file), [], 0
@@ -55,10 +57,11 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
         offset += len(page["devices"])
         if not page["devices"] or offset >= page["total"]:
             break
-    doc = {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"])}
+    doc: dict[str, Any] = {"devices": rows, "count": len(rows), "online": sum(1 for r in rows if r["online"])}
+    doc["rollouts"] = call(url, "GET", "/api/v1/rollouts", token=token)["rollouts"]
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        return
+        return None
     table = []
     for r in rows:
         models = (
@@ -71,6 +74,7 @@ def cp_status(url: str, token_file: str | None, as_json: bool) -> None:
         table.append((r["device_id"], r["state"], "yes" if r["online"] else "no", r["target"], models))
     click.echo(render_table(("DEVICE", "STATE", "ONLINE", "TARGET", "MODELS"), table))
     click.echo(f"{doc['online']}/{doc['count']} online (verified reports only, from {url})")
+    return doc
 
 
 def _upload(url: str, token: str, package: str, name: str, version: str) -> None:

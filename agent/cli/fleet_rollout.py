@@ -304,11 +304,13 @@ def render_rollouts(docs: list[dict], finished: bool = False) -> str:
             for w in c.get("waves", []):
                 n = w.get("counts", {})
                 busy = n.get("in_progress", 0) + n.get("rollback_pending", 0)
+                unjudged = f"/{n['not_judged']} not judged" if n.get("not_judged") else ""
                 waves.append(
                     f"{w.get('kind')} {w.get('index')}: {n.get('succeeded', 0)} ok/{n.get('failed', 0)} "
-                    f"failed/{busy} busy of {w.get('size')}"
+                    f"failed{unjudged}/{busy} busy of {w.get('size')}"
                 )
             reason = f" - {c['reason']}" if c.get("reason") else ""
+            reason += f" - {c['waiting']} (fleet unjudged {d.get('rollout_id')})" if c.get("waiting") else ""
             lines.append(f"  {key}: {c.get('state')}, wave {c.get('wave')}/{c.get('waves_total')}{reason}")
             lines += [f"    {w}" for w in waves]
     if done and not finished:

@@ -204,6 +204,7 @@ def render(doc: dict) -> str:
     if any("*" in str(r[9]) or "*" in str(r[8]) for r in table[1:]):
         lines.append("* not statistically supported: p90 needs >= 64 runs, p99 >= 662 (raise --budget)")
     lines += _original_lines(doc["results"])
+    lines += _own_golden_lines(doc)
     lines += _point_lines(doc["results"])
     if (doc.get("graph") or {}).get("why"):
         lines.append(f"graph: {doc['graph']['why']}")
@@ -239,6 +240,23 @@ def _original_lines(rows: list[dict]) -> list[str]:
         if o.get("error"):
             speed = f"; {o['error']}"
         out.append(f"  {r['key']} ({r.get('precision')}) vs fp32 original: {agree} over {acc.get('sets')} sets{speed}")
+    return out
+
+
+def _own_golden_lines(doc: dict) -> list[str]:
+    """Rows whose golden data their own runtime and provider made (agent.qualify.owngolden): said, with the
+    independent check that stood in for it, or that it was not checked."""
+    made = (doc.get("model") or {}).get("golden_made_by") or {}
+    who = " ".join(str(made[k]) for k in ("runtime", "version", "provider") if made.get(k)) or "unknown"
+    out = []
+    for r in doc["results"]:
+        if not r.get("accuracy_basis"):
+            continue
+        ind = (r.get("accuracy") or {}).get("independent")
+        also = (
+            f"vs onnx reference evaluator max_rel {_fmt(ind.get('max_rel'), '.2g')}" if ind else "not checked otherwise"
+        )
+        out.append(f"  {r['key']}: accuracy vs {r['accuracy_basis']} (golden made by {who}); {also}")
     return out
 
 

@@ -14,7 +14,7 @@ from agent.controlplane.auth import Operator, need
 from agent.controlplane.db import write
 from agent.controlplane.intake import read_document
 from agent.controlplane.models import DEVICE_STATES, Device, DeviceDocument, ModelVersion, Rollout
-from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
+from agent.controlplane.rollouts import ACTIONS, rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import (
     NAME,
     Decide,
@@ -303,9 +303,11 @@ def get_rollout(request: Request, rollout_id: str, _: AsViewer):
 
 @router.post("/rollouts/{rollout_id}/{action}", tags=["rollouts"])
 def act_rollout(request: Request, rollout_id: str, action: str, op: AsOperator):
-    """action: halt (no new wave starts, nothing judged), resume, or rollback (halt + roll every device back)."""
-    if action not in ("halt", "resume", "rollback"):
-        raise HTTPException(404, f"action: expected halt, resume or rollback, got {action!r}")
+    """action: halt (no new wave starts, nothing judged), resume, rollback (halt + roll every device back), or the
+    operator's word on the devices not judged that hold a wave: accept-unjudged (the wave advances) or
+    rollback-unjudged (those devices alone go back)."""
+    if action not in ACTIONS:
+        raise HTTPException(404, f"action: expected one of {', '.join(ACTIONS)}, got {action!r}")
     return transition(cp(request), rollout_id, action, op.actor)
 
 

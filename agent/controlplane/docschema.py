@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -69,8 +69,13 @@ class EnrollRequest(Doc):
     _hw = field_validator("hardware")(_hardware)
 
 
+class Independent(Doc):
+    max_rel: float | None = None  # an own-golden row against onnx's reference evaluator (qualify.owngolden)
+
+
 class Accuracy(Doc):
     max_rel: float | None = None
+    independent: Independent | None = None
 
 
 class Latency(Doc):
@@ -105,6 +110,7 @@ class Row(Doc):
     contended: bool | None = None
     conditions: dict[str, Any] | None = None
     latency_points: Annotated[list[Point], Field(max_length=16)] | None = None
+    accuracy_basis: Short | None = None  # "own golden (not independent)" (agent.qualify.owngolden)
 
 
 class Decision(Doc):
@@ -163,11 +169,43 @@ class ModelStatus(Doc):
     reason: str | None = None
 
 
+Ratio = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # a time ratio: finite, not negative
+Interval = Annotated[list[Ratio], Field(min_length=2, max_length=2)]
+Pairs = Annotated[int, Field(ge=0, le=10**9)]
+
+
+class PairedSide(Doc):
+    """A ratio of paired timings with its confidence interval and the number of pairs (agent.fleet.paired)."""
+
+    ratio: Ratio | None = None
+    ci: Interval | None = None
+    pairs: Pairs | None = None
+
+
+class Paired(PairedSide):
+    """The trial's paired timing: candidate / incumbent, the A/A floor (incumbent / incumbent), the conditions
+    the pairs were taken under (a flat object, like `hardware`), the verdict and its reason."""
+
+    aa: PairedSide | None = None
+    conditions: Any = None
+    verdict: Literal["slower", "not slower", "not judged"] | None = None
+    reason: Text | None = None
+
+    _conditions = field_validator("conditions")(_hardware)
+
+
+class Trial(Doc):
+    paired: Paired | None = None
+
+
 class DeploymentStatus(Doc):
     version: Short | None = None
     state: Short | None = None
     result: Short | None = None
     reason: str | None = None
+    paired: Paired | None = None  # where a device reports it (agent.fleet.paired reads both)
+    probation: Trial | None = None
+    shadow: Trial | None = None
 
 
 class Status(Doc):

@@ -166,6 +166,9 @@ class FleetLoop:
             answered = (engine.state.get("rollback") or {}).get("request")
             if row.rollback_requested and row.rollback_requested != answered:
                 engine.operator_rollback(_reason(row.rollback_requested), row.rollback_requested)
+            said = (engine.state.get("unjudged") or {}).get("request")
+            if row.unjudged_decision and row.unjudged_decision != said:
+                engine.decide_unjudged(row.unjudged_decision)  # accept or roll back the devices not judged
             if row.paused and not row.rollback_requested:
                 continue  # halted by an operator: no wave starts, nothing is judged until resumed
             if engine.step():

@@ -108,6 +108,8 @@ class Rollout(Base):
     phase: Mapped[str] = mapped_column(String(16), index=True)  # starting | running | finished | failed
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     rollback_requested: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    # the operator's word on devices not judged: "accept by X (request n)" | "rollback by X (request n)"
+    unjudged_decision: Mapped[str | None] = mapped_column(String(160), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_by: Mapped[str] = mapped_column(String(64))

@@ -11,6 +11,7 @@ from pathlib import Path
 import jinja2
 from fastapi.templating import Jinja2Templates
 
+from agent.fleet import paired
 from agent.fleet.outcome import ON_PROBATION, model_phase
 
 HERE = Path(__file__).parent
@@ -45,6 +46,7 @@ def _brief(value: object, chars: int = 300) -> str:
 env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True, finalize=_shown)
 env.filters["when"] = _when
 env.filters["brief"] = _brief
+env.filters["paired"] = paired.deployment_words  # a trial's paired ratio and A/A floor, or "not measured" (issue 36)
 env.filters["model_state"] = lambda m: model_phase(m)[1] if model_phase(m)[0] == ON_PROBATION else m.get("state")
 templates = Jinja2Templates(env=env)
 

@@ -191,3 +191,16 @@ def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
     if full:
         out["status"] = status or None
     return out
+
+
+def paired_timing(s: Session, device_ids: list[str], model: str) -> dict[str, str]:
+    """{device: its last trial of `model` in words: paired ratio, A/A floor, verdict; "not measured" when its
+    status carries none} (agent.fleet.paired), for the rollout page."""
+    from agent.fleet import paired
+
+    out = dict.fromkeys(device_ids, paired.NOT_MEASURED)
+    for start in range(0, len(device_ids), 500):
+        chunk = device_ids[start : start + 500]
+        for dev, status in s.execute(select(Device.device_id, Device.status).where(Device.device_id.in_(chunk))):
+            out[dev] = paired.status_words(status, model)
+    return out

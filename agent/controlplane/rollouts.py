@@ -11,6 +11,7 @@ from sqlalchemy import update
 from agent.controlplane import repo
 from agent.controlplane.db import write
 from agent.controlplane.models import Rollout
+from agent.fleet import rollout_hold as hold
 from agent.fleet import rollout_state as rs
 from agent.fleet.rollout_plan import RolloutSpec, rollout_id
 
@@ -49,9 +50,15 @@ def start_rollout(ctx, body, actor: str) -> dict[str, Any]:
     return {"rollout_id": rid, "phase": "starting"}
 
 
+UNJUDGED_ACTIONS = {"accept-unjudged": "accept", "rollback-unjudged": "rollback"}  # agent.fleet.rollout_hold
+ACTIONS = ("halt", "resume", "rollback", *UNJUDGED_ACTIONS)  # POST /rollouts/{id}/{action} (API and dashboard)
+
+
 def transition(ctx, rid: str, action: str, actor: str) -> dict[str, Any]:
     if action == "rollback":
         return request_rollback(ctx, rid, actor)
+    if action in UNJUDGED_ACTIONS:
+        return request_unjudged(ctx, rid, UNJUDGED_ACTIONS[action], actor)
     with write(ctx.factory) as s:
         row = s.get(Rollout, rid)
         if row is None:
@@ -106,6 +113,38 @@ def request_rollback(ctx, rid: str, actor: str) -> dict[str, Any]:
         return rollout_dict(out, brief=True)
 
 
+def request_unjudged(ctx, rid: str, word: str, actor: str) -> dict[str, Any]:
+    """The operator's word on the devices not judged that hold a wave: accept (the wave advances) or rollback
+    (those devices go back); a 409 when none waits, or the last word is not applied yet."""
+    with write(ctx.factory) as s:
+        row = s.get(Rollout, rid)
+        if row is None:
+            raise repo.NotFound(f"rollout_id: no rollout {rid!r}")
+        answered = ((row.state or {}).get("unjudged") or {}).get("request")
+        if row.unjudged_decision and row.unjudged_decision != answered:
+            raise repo.Conflict(f"action: rollout {rid}: {row.unjudged_decision} is not applied yet")
+        waiting = rs.held_devices(row.state) if row.state else []
+        if row.phase != "running" or not waiting:
+            raise repo.Conflict(f"action: no device of rollout {rid} waits for an operator's word ({_where(row)})")
+        before = row.unjudged_decision
+        request = f"{word} by {actor} (request {_request_number(before) + 1})"
+        same = Rollout.unjudged_decision.is_(None) if before is None else Rollout.unjudged_decision == before
+        stmt = (
+            update(Rollout)
+            .where(Rollout.rollout_id == rid, same)
+            .values(unjudged_decision=request, updated_at=time.time())
+        )
+        if getattr(s.execute(stmt), "rowcount", 0) != 1:
+            s.refresh(row)
+            raise repo.Conflict(f"action: rollout {rid}: another operator's word came first ({row.unjudged_decision})")
+        repo.audit(s, actor, f"rollout.{word}-unjudged", rid, devices=waiting)
+    ctx.wake()
+    with ctx.factory() as s:
+        out = s.get(Rollout, rid)
+        assert out is not None
+        return rollout_dict(out, brief=True)
+
+
 def _request_number(request: str | None) -> int:
     if not request:
         return 0
@@ -133,6 +172,7 @@ def rollout_dict(row: Rollout, brief: bool = False) -> dict[str, Any]:
         "phase": row.phase,
         "halted": bool(row.paused),
         "rollback_requested": row.rollback_requested,
+        "unjudged_decision": row.unjudged_decision,  # the operator's last word on devices not judged
         "reason": row.reason,
         "created_by": row.created_by,
         "created_at": row.created_at,
@@ -143,4 +183,6 @@ def rollout_dict(row: Rollout, brief: bool = False) -> dict[str, Any]:
         out.update(state=row.state["state"], progress=doc)
     else:
         out.update(state=None, progress=None)
+    held = rs.held_devices(row.state) if row.state else []
+    out["waiting_for_operator"] = hold.words(len(held)) if held else None  # the wave holds (rollout_hold)
     return out

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from agent.controlplane.db import write
 from agent.controlplane.models import Rollout
+from agent.fleet import rollout_hold as hold
 from agent.fleet import rollout_recall as recall
 from agent.fleet import rollout_state as rs
 from agent.fleet.rollout import RolloutEngine
@@ -92,6 +93,14 @@ class ServiceRolloutEngine(RolloutEngine):
         if finished < int(self.knobs.get("min_devices") or 0):
             return 0, attempted, first
         return failed, attempted, first
+
+    # devices not judged: the wave waits for an operator's word (agent.fleet.rollout_hold)
+    def _hold(self, key: str, wave: int, statuses: dict) -> tuple[bool, bool]:
+        return hold.check(self, key, wave, statuses)
+
+    def decide_unjudged(self, request: str) -> dict[str, Any]:
+        """Apply the operator's word on the devices not judged (accept or roll back), named by `request`."""
+        return hold.decide(self, request)
 
     def operator_rollback(self, reason: str, request: str | None = None) -> dict[str, Any]:
         """Roll back every device that took or is taking the version, in every cohort (running ones halt

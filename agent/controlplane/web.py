@@ -21,7 +21,7 @@ from agent.controlplane.auth import Operator, bearer
 from agent.controlplane.db import write
 from agent.controlplane.models import ModelVersion, OperatorToken, Rollout
 from agent.controlplane.pages import HERE, render_error, templates
-from agent.controlplane.rollouts import rollout_dict, start_rollout, transition
+from agent.controlplane.rollouts import ACTIONS, rollout_dict, start_rollout, transition
 from agent.controlplane.schemas import NewRollout
 from agent.controlplane.security import safe_next
 from agent.controlplane.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, clear_cookie, read_cookie, same
@@ -264,8 +264,10 @@ def rollout_page(request: Request, rollout_id: str):
         if row is None:
             return error_page(404, f"no rollout {rollout_id}", v)
         r = rollout_dict(row)
+        ids = [d["device_id"] for d in (r["progress"] or {}).get("devices", [])]
+        timing = repo.paired_timing(s, ids, str(r["model"]))
     error = v.session.pop_flash() if v.session else None
-    return _page(request, "rollout.html", v, r=r, error=error)
+    return _page(request, "rollout.html", v, r=r, error=error, timing=timing)
 
 
 @router.post("/rollouts/{rollout_id}/{action}")
@@ -273,7 +275,7 @@ def rollout_action(request: Request, rollout_id: str, action: str, csrf: str = F
     v = _who(request, "operator", csrf)
     if isinstance(v, Response):
         return v
-    if action not in ("halt", "resume", "rollback"):
+    if action not in ACTIONS:
         return error_page(404, f"unknown action {action}", v)
     try:
         transition(request.app.state.cp, rollout_id, action, v.op.actor)

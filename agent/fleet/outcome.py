@@ -68,7 +68,8 @@ def _unjudged(status: dict, name: str, version: str) -> str | None:
     n = pr.get("not_judged") if isinstance(pr, dict) else None
     if not isinstance(n, dict):
         return None
-    return f"not judged: {n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended"
+    why = f" ({str(n['why'])[:200]})" if isinstance(n.get("why"), str) else ""
+    return f"not judged: {n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended{why}"
 
 
 def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) -> tuple[str, str]:

@@ -123,6 +123,10 @@ class RolloutEngine:
                 return True
             if any(self.state["devices"][d]["result"] == rs.IN_PROGRESS for d in cohort["waves"][wave]):
                 return changed
+            held, moved = self._hold(key, wave, statuses)
+            changed |= moved
+            if held:
+                return changed
             if wave + 1 < len(cohort["waves"]):
                 cohort["wave"] = wave + 1
             else:
@@ -130,6 +134,11 @@ class RolloutEngine:
                 self.progress("cohort_completed", cohort=key, devices=attempted, failed=failed)
             changed = True
         return changed
+
+    def _hold(self, key: str, wave: int, statuses: dict) -> tuple[bool, bool]:
+        """(held, changed): does the finished wave wait for something more before the next starts? Here never;
+        the control plane's engine waits for an operator's word on devices not judged (agent.fleet.rollout_hold)."""
+        return False, False
 
     def _start_wave(self, key: str, wave: int) -> None:
         cohort, now = self.state["cohorts"][key], self.clock()

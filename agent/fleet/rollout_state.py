@@ -153,17 +153,25 @@ def progress_doc(state: dict) -> dict[str, Any]:
         "devices": len(state["devices"]),
         "counts": totals(state),
         "rollback": state.get("rollback"),  # an operator's roll back (agent.fleet.rollout_recall), when asked
+        "waiting_for_operator": held_devices(state),  # devices not judged, held for an operator's word (rollout_hold)
+        "unjudged": state.get("unjudged"),  # the operator's last word on them: request, action, devices
         "cohorts": {
             key: {
                 "state": c["state"],
                 "wave": c["wave"],
                 "waves_total": len(c["waves"]),
                 "reason": c["reason"],
+                "waiting": c.get("waiting") if c["state"] == RUNNING else None,  # held for an operator's word
                 "waves": wave_counts(state, key),
             }
             for key, c in state["cohorts"].items()
         },
     }
+
+
+def held_devices(state: dict) -> list[str]:
+    """Devices not judged, waiting for an operator's word (agent.fleet.rollout_hold)."""
+    return sorted(dev for dev, d in state["devices"].items() if d["result"] == NOT_JUDGED and d.get("held"))
 
 
 def summary(state: dict) -> dict[str, Any]:
@@ -199,8 +207,10 @@ def waiting_for(state: dict, d: dict, now: float) -> str | None:
         started = (cohort.get("wave_started") or {}).get(str(d["wave"]))
         left = f" ({max(0.0, started + deadline - now):.0f} s left)" if started else ""
         return f"a verified report that it committed {spec['version']} after probation{left}"
+    if result == NOT_JUDGED and d.get("held"):
+        return "an operator's word: accept the version or roll this device back (its probation could not judge it)"
     if result == ROLLBACK_PENDING:
-        started = cohort.get("rollback_started")
+        started = d.get("asked") or cohort.get("rollback_started")
         left = f" ({max(0.0, started + deadline - now):.0f} s left)" if started else ""
         if d.get("previous_version"):
             return f"a verified report that it runs {d['previous_version']} again{left}"

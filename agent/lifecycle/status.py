@@ -147,8 +147,10 @@ def figures_brief(dep: dict[str, Any]) -> str:
         n = pr.get("not_judged") if isinstance(pr.get("not_judged"), dict) else None
         compute = f"{ratios or 'not judged'} vs {base}"
         if n:  # agent.trial.unjudged: its own outcome, with the counts
+            why = f": {n['why']}" if isinstance(n.get("why"), str) else ""  # a skip besides contention
             compute = (
-                f"NOT JUDGED ({n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended)"
+                f"NOT JUDGED ({n.get('measured')} of {n.get('needed')} runs measured, {n.get('contended')} contended"
+                f"{why})"
             )
         parts.append(
             f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "

@@ -4,7 +4,8 @@ A package is the directory the daemon and `qualify` read (agent.package.load): m
 test_data_set_N/{input,output}_K.pb. Here the inputs come from the user's files (.npy, .npz, .pb; .wav through
 the standard library; images through Pillow where it is installed); the shapes the graph leaves symbolic are
 read off those inputs and proposed as `input_shapes` (a range when the sets differ); the golden outputs are the
-fp32 run of onnxruntime's CPU provider, and model.yaml says so (`golden_source`). The result is then loaded
+fp32 run of onnxruntime's CPU provider, and model.yaml says so (`golden_source`, and `golden_made_by`:
+{runtime, version, provider}, which qualification reads). The result is then loaded
 with the same code the daemon uses (load_package, plan_inputs), so a package this writes is one it accepts.
 """
 
@@ -45,6 +46,7 @@ class Built:
     symbolic: dict[str, dict[str, list[int]]]  # input -> {dim name: values seen across the sets}
     golden_source: str
     notes: list[str] = field(default_factory=list)
+    golden_made_by: dict[str, str] = field(default_factory=dict)  # {runtime, version, provider}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,7 @@ class Built:
             "input_shapes": self.input_shapes,
             "symbolic_dims": self.symbolic,
             "golden_source": self.golden_source,
+            "golden_made_by": self.golden_made_by,
             "notes": self.notes,
         }
 
@@ -190,6 +193,15 @@ def reference_run(model_path: Path, sets: list[dict[str, np.ndarray]]) -> tuple[
     return outs, f"onnxruntime {ort.__version__} CPUExecutionProvider, the model as given (edge-agent package)"
 
 
+def golden_made_by() -> dict[str, str]:
+    """model.yaml golden_made_by for reference_run's outputs (agent.package.golden)."""
+    import onnxruntime as ort
+
+    from agent.package.golden import by_onnxruntime
+
+    return by_onnxruntime(ort.__version__, "CPUExecutionProvider")
+
+
 def _short(exc: Exception) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 300 else text[:297] + "..."
@@ -245,12 +257,11 @@ def build(
         shutil.rmtree(stale)
     shutil.copyfile(model, out / "model.onnx")
     _copy_external_data(proto, model.parent, out)
-    meta: dict[str, Any] = {"name": name or model.stem, "version": str(version)}
-    if task:
-        meta["task"] = task
+    meta: dict[str, Any] = {"name": name or model.stem, "version": str(version), **({"task": task} if task else {})}
     if shapes:
         meta["input_shapes"] = shapes
     meta["golden_source"] = how
+    meta["golden_made_by"] = golden_made_by()  # which runtime and provider: qualify says when a row is that one
     (out / "model.yaml").write_text(yaml.safe_dump(meta, sort_keys=False, width=1 << 16))
     for k, (feeds, results) in enumerate(zip(fitted, outs)):
         ds = out / f"test_data_set_{k}"
@@ -263,7 +274,7 @@ def build(
     problems = check(out)
     if problems:
         raise ModelError(f"{out}: the written package does not pass its own check: {problems[0].problem}")
-    return Built(out, meta["name"], meta["version"], len(fitted), shapes, symbolic, how, notes)
+    return Built(out, meta["name"], meta["version"], len(fitted), shapes, symbolic, how, notes, meta["golden_made_by"])
 
 
 def _copy_external_data(proto, src_dir: Path, out: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ModelError
+from agent.package import golden
 from agent.package.declared import check_declared_memory, default_budget
 from agent.package.onnxfile import graph_specs
 from agent.providers.base import TensorSpec
@@ -31,6 +32,7 @@ _META_KEYS = {
     "reference",
     "variants",
     "golden_source",  # how the golden outputs were made (edge-agent package writes it)
+    "golden_made_by",  # {runtime, provider, version} that made them (agent.package.golden)
 }
 
 
@@ -71,6 +73,7 @@ class ModelPackage:
             "inputs": [_spec(t) for t in self.inputs],
             "outputs": [_spec(t) for t in self.outputs],
             "golden_datasets": [p.name for p in self.datasets],
+            "golden_made_by": golden.made_by(self.meta) if self.datasets else None,
             "precision": self.precision,
             "reference": self.reference_path.name if self.reference_path else None,
             "variants": {k: v.name for k, v in self.variants.items()},
@@ -226,6 +229,8 @@ def _validate_meta(meta: dict[str, Any], path: Path) -> None:
         elif not _plain_value(value):
             raise bad(f"input_values.{name}", "expected a number, a boolean, a (nested) list of them, or {low, high}")
     _validate_tolerances(meta.get("tolerances") or {}, bad)
+    if "golden_made_by" in meta:
+        golden.validate(meta["golden_made_by"], bad)
     req = meta.get("required_providers", [])
     if not isinstance(req, list) or not all(isinstance(p, str) for p in req):
         raise bad("required_providers", "expected a list of provider names")

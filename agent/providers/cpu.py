@@ -20,6 +20,7 @@ _CPU_EP_OPTIONS = {"use_arena"}
 class CpuProvider(Provider):
     name = "cpu"
     runtime = "onnxruntime"
+    ep_name = EP  # as onnxruntime names it (agent.qualify.owngolden compares it with golden_made_by)
 
     def probe(self, profile: "HardwareProfile", options: dict[str, Any] | None = None) -> ProbeResult:
         return probe_guard(self.name, self._probe, profile, options)

@@ -51,6 +51,7 @@ class Row:
     emulated: str | None = None  # measured under an emulator (qemu-user): latency is labelled, never compared
     optimization: str | None = None  # an offline-optimised graph (agent.qualify.optimize kind), else None
     accuracy_checked: bool | None = None  # False: compared with ORT CPU itself (agent.qualify.reference)
+    accuracy_basis: str | None = None  # "own golden (not independent)": golden data it made (qualify.owngolden)
 
     @property
     def key(self) -> str:

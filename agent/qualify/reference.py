@@ -47,18 +47,9 @@ def compute(
     from agent.isolate.runner import run_isolated
 
     args = {"model_path": str(model_path), "feeds": feeds}
-    limit = min(timeout, MAX_S)
-    res = run_isolated(
-        "agent.qualify.reference:independent_outputs",
-        args,
-        timeout=limit,
-        isolate=isolate,
-        tag="reference",
-        memory_max=min(memory_max or MAX_BYTES, MAX_BYTES),
-    )
-    if res.ok:
-        return res.value[0], res.value[1], ""
-    why = _why(res, limit)
+    values, why = independent(model_path, feeds, timeout=timeout, isolate=isolate, memory_max=memory_max)
+    if values is not None:
+        return values, INDEPENDENT, ""
     res = run_isolated(
         "agent.qualify.reference:ort_cpu_outputs",
         args,
@@ -70,6 +61,24 @@ def compute(
     if res.ok:
         return res.value[0], f"{ORT_CPU} ({why}: accuracy of the cpu row not checked)", ""
     return None, "none", f"no reference outputs: {why}; onnxruntime cpu: {res.error}"
+
+
+def independent(
+    model_path: Any, feeds: dict[str, Any], *, timeout: float, isolate: bool, memory_max: int | None
+) -> tuple[dict[str, Any] | None, str]:
+    """(outputs, "") from onnx's reference evaluator, bounded in its own worker, or (None, why not)."""
+    from agent.isolate.runner import run_isolated
+
+    limit = min(timeout, MAX_S)
+    res = run_isolated(
+        "agent.qualify.reference:independent_outputs",
+        {"model_path": str(model_path), "feeds": feeds},
+        timeout=limit,
+        isolate=isolate,
+        tag="reference",
+        memory_max=min(memory_max or MAX_BYTES, MAX_BYTES),
+    )
+    return (res.value[0], "") if res.ok else (None, _why(res, limit))
 
 
 def _why(res: Any, limit: float) -> str:
@@ -101,7 +110,8 @@ def apply_rule(rows: list[Any], target: Any) -> None:
     for row in rows:
         if row.status == "passed" and row.accuracy_checked is False:
             row.status, row.stage = "failed", "accuracy"
+            what = "only against its own golden data" if getattr(row, "accuracy_basis", None) else "no golden data"
             row.reason = (
-                f"accuracy not checked (no golden data and no independent reference); target "
+                f"accuracy not checked ({what} and no independent reference); target "
                 f"{getattr(target, 'name', '?')} has serving.unchecked_accuracy: refuse"
             )

@@ -12,9 +12,10 @@ from agent.hardware.emulation import detect_emulation
 from agent.isolate.runner import IsolatedResult, IsolatedWorker, child_ask, run_isolated
 from agent.package import caches
 from agent.package import variants as var
+from agent.package.golden import made_by as golden_made_by
 from agent.package.inputs import batch_size, package_plan
 from agent.package.load import ModelPackage
-from agent.qualify import accuracy, coldstart, coverage_set, points, reference
+from agent.qualify import accuracy, coldstart, coverage_set, owngolden, points, reference
 from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify.decision import Row
@@ -87,12 +88,13 @@ class RowRunner:
         self.original: dict[str, Any] | None = None
         self.reference: dict[str, Any] | None = None
         self.ref_desc, self.ref_error = "none", "no reference outputs"
+        self.own = owngolden.Evaluator(golden_made_by(pkg.meta))  # rows compared with golden data they made
 
     def use_variant(self, v: var.Variant, reruns: dict[str, Callable[..., Row]]) -> None:
         """Measure this variant (its own file, cache and input types) against the golden outputs or its own
-        ORT CPU outputs, or its fp32 original when it has one. `reruns` is shared by all variants, so a close
-        call is confirmed across them."""
+        ORT CPU outputs, or its fp32 original when it has one (`reruns`, shared: close calls across variants)."""
         self.variant, self._rerun = v, reruns
+        self.own.use(None, None, "")  # no golden data in use until the reference is known
         raw = self.feeds
         if v.declared:  # the one input plan, in this variant's input types
             self.feeds = var.adapt_feeds(raw, v.declared)
@@ -112,6 +114,7 @@ class RowRunner:
                 self.memory_max,
                 self.cache_root,
             )
+            self.ref_desc = self.own.use(self.reference, self.golden, self.ref_desc)
             return
         raw_sets = orig.input_sets(self.pkg, raw)  # each model gets the same values in its own input types
         sets = [var.adapt_feeds(f, v.declared) for f in raw_sets]
@@ -235,6 +238,7 @@ class RowRunner:
         row.variant, row.model_path, row.model_sha256 = v.name, str(v.model_path), v.sha256
         row.model_precision = row.model_precision or v.precision
         reference.mark(row, self.ref_desc)
+        self.own.mark(row)  # compared with golden data it made itself: said, and the evaluator's check
         budget = (getattr(self.target, "qualify", None) or {}).get("cold_start_budget_s")
         late = coldstart.over_budget(row.session_s, budget) if row.status == "passed" else ""
         if late:
@@ -335,6 +339,7 @@ class RowRunner:
             "declared": self.variant.declared,
             "original": self.original,
             "sources": self.plan.sources,
+            "independent": self.own.outputs(name, self),
         }
         timeout = min(self.timeout, left) if left is not None else self.timeout
         kwargs["row_timeout_s"] = timeout

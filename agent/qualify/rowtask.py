@@ -13,7 +13,7 @@ from agent.isolate import forkserver
 from agent.isolate.runner import child_progress as emit
 from agent.isolate.runner import size_text
 from agent.package import cacheseal
-from agent.qualify import accuracy, coldstart, conditions, keptsession, latency, points
+from agent.qualify import accuracy, coldstart, conditions, keptsession, latency, owngolden, points
 
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
 _ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
@@ -53,6 +53,7 @@ def measure_row(
     keep: bool = False,
     sources: dict[str, str] | None = None,
     row_timeout_s: float | None = None,
+    independent: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
     latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
@@ -62,8 +63,10 @@ def measure_row(
     outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
     with (agent.qualify.original) instead of `reference`. sources: where each point's inputs come from (golden,
     opt, max: agent.package.inputs.InputPlan.sources); row_timeout_s: the parent's deadline for this call, which
-    a run at max must fit (agent.qualify.points). Before the max point the row so far goes to the parent as a
-    `row_partial` event, the row it keeps if the max point outlasts the deadline."""
+    a run at max must fit (agent.qualify.points); independent: onnx's reference evaluator's outputs, compared as
+    well when `reference` is golden data this provider made itself (agent.qualify.owngolden). Before the max
+    point the row so far goes to the parent as a `row_partial` event, the row it keeps if the max point outlasts
+    the deadline."""
     from agent.package.precision import effective
     from agent.providers import get
     from agent.qualify import original as orig
@@ -118,6 +121,8 @@ def measure_row(
             metrics = accuracy.compare(reference, outputs, tol.max_length_change)
             problems = accuracy.violations(metrics, tol)
             row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
+            if independent is not None:  # golden data this provider made: the evaluator confirms it or not
+                owngolden.check(row, independent, outputs, tol)
             if accuracy.length_note(metrics):
                 row["accuracy"]["length_note"] = accuracy.length_note(metrics)
     except EdgeAgentError as exc:

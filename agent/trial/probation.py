@@ -267,6 +267,9 @@ class Probation:
         if unjudged.compute_unjudged(f, t.p90_samples):  # the device never had the cores: said, not passed
             f["not_judged"] = unjudged.compute_counts(f, t.p90_samples)
             return Verdict(unjudged.NOT_JUDGED, unjudged.reason("probation", f["not_judged"]), f)
+        if unjudged.runs_unjudged(f):  # runs came but none was judged (too few measured, no baseline): said
+            f["not_judged"] = unjudged.skip_counts(f, t.p90_samples, self._unjudged(f))
+            return Verdict(unjudged.NOT_JUDGED, unjudged.reason("probation", f["not_judged"]), f)
         judged = ", ".join(f"p{c['q']} x{c['ratio']:.2f}" for c in f.get("compute", []))
         against = f["baseline"]["source"]
         how = (

@@ -1,9 +1,11 @@
 """ "Not judged": a verdict that could not be measured is its own outcome, never a pass that guessed.
 
 Probation (and shadow) cannot judge compute time when the device never gave the candidate's runs the cores
-(rungate.py drops a run whose threads waited). The verdict then says "not judged" with the counts, and the
-target decides (`serving.unjudged`): `commit-flagged` (the default: the version serves, its status and
-decision record say "not judged") or `rollback`. Retrying first is `serving.probation.extend`: probation
+(rungate.py drops a run whose threads waited), nor when requests came but their runs were too few for any other
+reason or there was nothing to compare them with (no baseline): every such skip is "not judged" (`why` names
+it). The verdict then says "not judged" with the counts, and the target decides (`serving.unjudged`):
+`commit-flagged` (the default: the version serves, its status and decision record say "not judged") or
+`rollback`. Retrying first is `serving.probation.extend`: probation
 watches on, up to that many windows, before it says "not judged".
 """
 
@@ -39,7 +41,21 @@ def compute_unjudged(f: dict[str, Any], need: int) -> bool:
     return bool(f.get("compute_samples", 0) < need and f.get("compute_contended", 0) > 0)
 
 
+def runs_unjudged(f: dict[str, Any]) -> bool:
+    """Requests came but no compute quantile was judged, for any reason besides contention (too few runs
+    measured, the baseline's figures too few, no baseline at all): "not judged", never a pass. A quiet window
+    (no request) is not this: serving.probation.min_requests decides it."""
+    return not f.get("compute") and f.get("requests", 0) > 0
+
+
+def skip_counts(f: dict[str, Any], need: int, why: str) -> dict[str, Any]:
+    """compute_counts plus why the runs that came were not judged (`why`, the probation's words)."""
+    return {**compute_counts(f, need), "why": why}
+
+
 def reason(prefix: str, counts: dict[str, Any]) -> str:
+    if counts.get("why"):
+        return f"{prefix}: compute time not judged: {counts['why']} ({counts['requests']} requests)"
     said = (
         f"{prefix}: compute time not judged: {counts['measured']} runs measured of the {counts['needed']} needed, "
         f"{counts['contended']} dropped because their threads waited for the cores ({counts['requests']} requests)"
