@@ -76,7 +76,8 @@ def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
                 # or skipped for another reason, which says why (issue 36: never passed)
                 contended = (n["measured"] < n["needed"] and n["contended"] > 0) or n["incumbent_contended"] > 0
                 assert contended or n.get("why"), probation
-            assert dep.state.value == "committed"  # the default policy, serving.unjudged: commit-flagged
+            assert dep.state.value == "rolled_back", dep.reason  # the default policy, serving.unjudged: rollback
+            assert "rolled back to the version judged before" in dep.reason, dep.reason
         elif not probation.get("compute"):  # no baseline at all (the incumbent's runs were never measured)
             assert probation["baseline"]["source"] is None and dep.state.value == "committed", probation
         else:

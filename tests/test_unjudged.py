@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from support.serving import log_model, open_session
 from test_serving_probation import Clock
 
@@ -108,19 +107,24 @@ def test_runs_skipped_for_another_reason_are_not_judged_never_passed(tmp_path):
     assert "NOT JUDGED (0 of 64 runs measured, 0 contended: 0 runs measured of the 64 needed)" in brief, brief
 
 
-@pytest.mark.parametrize(
-    "serving, state", [({}, unjudged.NOT_JUDGED), ({"unjudged": "commit-flagged"}, unjudged.NOT_JUDGED)]
-)
-def test_the_target_commits_flagged_by_default(serving, state):
-    got, why = unjudged.decide(unjudged.NOT_JUDGED, "probation: compute time not judged", serving, TROUBLE)
-    assert got == state and "committed flagged" in why
+def test_an_unjudged_version_is_rolled_back_by_default_and_committed_flagged_where_the_target_says():
+    # issue 36: every shipped target rolls an unjudged version back to the one judged before
+    got, why = unjudged.decide(unjudged.NOT_JUDGED, "probation: compute time not judged", {}, TROUBLE)
+    assert got == TROUBLE and "rolled back to the version judged before" in why
+    got, why = unjudged.decide(
+        unjudged.NOT_JUDGED, "probation: compute time not judged", {"unjudged": "commit-flagged"}, TROUBLE
+    )
+    assert got == unjudged.NOT_JUDGED and "committed flagged" in why
+    # a first deployment has nothing to go back to: it serves, flagged, and says why
+    got, why = unjudged.decide(unjudged.NOT_JUDGED, "probation: compute time not judged", {}, TROUBLE, earlier=False)
+    assert got == unjudged.NOT_JUDGED and "no earlier version to roll back to" in why
 
 
 def test_the_target_may_roll_an_unjudged_version_back():
     got, why = unjudged.decide(
         unjudged.NOT_JUDGED, "probation: compute time not judged", {"unjudged": "rollback"}, TROUBLE
     )
-    assert got == TROUBLE and why.endswith("serving.unjudged is rollback")
+    assert got == TROUBLE and why.endswith("serving.unjudged is rollback)")
     assert unjudged.decide(PASSED, "fine", {"unjudged": "rollback"}, TROUBLE) == (PASSED, "fine")
 
 

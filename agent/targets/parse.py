@@ -141,8 +141,8 @@ def _parse_serving(path: Path, raw: Any) -> dict[str, Any]:
     for key in ("swap", "swap_when_memory_short"):
         if key in raw and raw[key] not in SWAPS:
             raise _fail(path, f"serving.{key}", f"{raw[key]!r} is not one of {', '.join(SWAPS)}")
-    if raw.get("unjudged", "commit-flagged") not in ("commit-flagged", "rollback"):
-        raise _fail(path, "serving.unjudged", f"{raw['unjudged']!r} is not one of commit-flagged, rollback")
+    if raw.get("unjudged", "rollback") not in ("rollback", "commit-flagged"):
+        raise _fail(path, "serving.unjudged", f"{raw['unjudged']!r} is not one of rollback, commit-flagged")
     if raw.get("unchecked_accuracy", "allow") not in ("allow", "refuse"):
         raise _fail(path, "serving.unchecked_accuracy", f"{raw['unchecked_accuracy']!r} is not one of allow, refuse")
     if "memory_max" in raw and not isinstance(raw["memory_max"], (str, int)):

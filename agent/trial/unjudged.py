@@ -4,9 +4,10 @@ Probation (and shadow) cannot judge compute time when the device never gave the 
 (rungate.py drops a run whose threads waited), nor when requests came but their runs were too few for any other
 reason or there was nothing to compare them with (no baseline): every such skip is "not judged" (`why` names
 it). The verdict then says "not judged" with the counts, and the target decides (`serving.unjudged`):
-`commit-flagged` (the default: the version serves, its status and decision record say "not judged") or
-`rollback`. Retrying first is `serving.probation.extend`: probation
-watches on, up to that many windows, before it says "not judged".
+`rollback` (the default, issue 36: the device returns to the version it served before, which was judged) or
+`commit-flagged` (the version serves, its status and decision record say "not judged"). A first deployment has no
+earlier version to return to: it commits flagged whatever the policy, and says why. Retrying first is
+`serving.probation.extend`: probation watches on, up to that many windows, before it says "not judged".
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 NOT_JUDGED = "not judged"
-POLICIES = ("commit-flagged", "rollback")
+POLICIES = ("rollback", "commit-flagged")
+DEFAULT_POLICY = "rollback"
 
 
 def compute_counts(f: dict[str, Any], need: int) -> dict[str, Any]:
@@ -66,15 +68,19 @@ def reason(prefix: str, counts: dict[str, Any]) -> str:
 
 
 def policy_of(serving: dict[str, Any] | None) -> str:
-    value = str((serving or {}).get("unjudged", "commit-flagged"))
-    return value if value in POLICIES else "commit-flagged"
+    value = str((serving or {}).get("unjudged", DEFAULT_POLICY))
+    return value if value in POLICIES else DEFAULT_POLICY
 
 
-def decide(state: str, why: str, serving: dict[str, Any] | None, trouble: str) -> tuple[str, str]:
-    """A NOT_JUDGED verdict under the target's policy: (NOT_JUDGED, why + 'committed flagged') or
-    (trouble, why + 'rolled back'). Other states pass through."""
+def decide(state: str, why: str, serving: dict[str, Any] | None, trouble: str, earlier: bool = True) -> tuple[str, str]:
+    """A NOT_JUDGED verdict under the target's policy: (trouble, why + 'rolled back') or (NOT_JUDGED, why +
+    'committed flagged'). `earlier`: the device has a committed version to return to (not on a first deployment,
+    which commits flagged whatever the policy). Other states pass through."""
     if state != NOT_JUDGED:
         return state, why
-    if policy_of(serving) == "rollback":
-        return trouble, f"{why}; the target's serving.unjudged is rollback"
+    policy = policy_of(serving)
+    if policy == "rollback" and earlier:
+        return trouble, f"{why}; rolled back to the version judged before (the target's serving.unjudged is rollback)"
+    if policy == "rollback":
+        return NOT_JUDGED, f"{why}; committed flagged: a first deployment has no earlier version to roll back to"
     return NOT_JUDGED, f"{why}; committed flagged (the target's serving.unjudged is commit-flagged)"

@@ -59,6 +59,7 @@ def _rehearsal(parts: Parts, name: str, mode: str, entry: SlotEntry) -> Rehearsa
     window = parts.config.window_s
     measure = compute_measure(entry.provider, entry.device)
     r = Rehearsal(parts.registry, name, shadow, parts.config.trial, window, measure)
+    r.earlier = parts.slots.committed(name) is not None
     why = shadow_skip_reason(parts.registry, name, mode, shadow)
     if why:
         r.skip(why)

@@ -47,6 +47,7 @@ class Rehearsal:
         self.figures: dict[str, Any] | None = None
         self.baseline: Baseline | None = None
         self.pairing: Pairing | None = None  # the shadow phase's pairs, carried into probation
+        self.earlier = True  # a committed version to roll back to (False on a first deployment: serving.unjudged)
 
     def skip(self, reason: str) -> None:
         self.figures = skipped(reason)
@@ -175,7 +176,8 @@ def probation_watch(
         if pairing is not None:  # done with both sessions before the referee is dropped or serves again
             _stop_observing(registry, dep.model, pairing)
     v = watch.verdict
-    state, reason = unjudged.decide(v.state, v.reason, serving, TROUBLE)  # the target decides "not judged"
+    earlier = rehearsal.earlier if rehearsal is not None else registry.referee_session(dep.model) is not None
+    state, reason = unjudged.decide(v.state, v.reason, serving, TROUBLE, earlier)  # the target decides "not judged"
     if state in (PASSED, unjudged.NOT_JUDGED):
         registry.drop_referee(dep.model)  # committed: the incumbent's session is not needed any more
     if state not in (TROUBLE, PASSED, unjudged.NOT_JUDGED):
