@@ -72,3 +72,15 @@ def test_committed_only_after_probation_and_the_time_left_before():
     status = {"trust": "verified", "models": {"m": on}, "deployments": {}}
     result, reason = device_outcome(status, "m", "2")
     assert result == "pending" and reason.startswith("on probation")
+
+
+def test_a_version_rolled_back_because_it_was_not_judged_is_not_judged_not_failed():
+    # serving.unjudged: rollback (the default): the device went back to the version judged before; the rollout holds
+    # for an operator's word instead of counting the version as failed (agent.fleet.rollout_hold)
+    counts = {"signal": "paired", "measured": 3, "needed": 16, "contended": 9, "requests": 400}
+    dep = {"version": "2", "state": "rolled_back", "result": "rolled_back", "reason": "not judged; rolled back"}
+    doc = _status("1", dep={**dep, "probation": {"not_judged": counts}})
+    result, words = device_outcome(doc, "m", "2")
+    assert result == "not judged" and words.startswith("rolled back to the version judged before, not judged: 3 of 16")
+    plain = _status("1", dep=dep)  # rolled back for what the version did: a failure as before
+    assert device_outcome(plain, "m", "2")[0] == "rolled_back"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 COMMITTED, PENDING = "committed", "pending"
-UNJUDGED = "not judged"  # committed, but probation could not measure it (agent.trial.unjudged): flagged
+UNJUDGED = "not judged"  # probation could not measure it (agent.trial.unjudged): committed flagged or rolled back
 TRUSTED = "verified"  # the one trust state (agent.fleet.registry) whose reports count, as success or failure
 BAD_STATES = ("failed", "rejected", "rolled_back")
 
@@ -74,7 +74,8 @@ def _unjudged(status: dict, name: str, version: str) -> str | None:
 
 def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) -> tuple[str, str]:
     """(result, reason) for (name, version) from a device's status document: result is "committed", one of
-    BAD_STATES, "not judged" (committed, flagged: probation could not measure it) or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
+    BAD_STATES, "not judged" (probation could not measure it: committed flagged, or rolled back by the target's
+    serving.unjudged, which is not a failure of the version) or "pending". `fresh`: the deployment record is newer than the push (only then does a bad
     record count: an old failure of the same version says nothing about this push)."""
     if not isinstance(status, dict):
         return PENDING, "no status"
@@ -95,6 +96,9 @@ def device_outcome(status: Any, name: str, version: str, *, fresh: bool = True) 
         result = dep.get("result") or dep.get("state")
         if result in BAD_STATES or dep.get("state") in BAD_STATES:
             state = str(dep.get("state") if dep.get("state") in BAD_STATES else result)
+            flagged = _unjudged(status, name, version) if state == "rolled_back" else None
+            if flagged:  # serving.unjudged: rollback: not the version's fault, an operator's word (rollout_hold)
+                return UNJUDGED, f"rolled back to the version judged before, {flagged}"
             return state, str(dep.get("reason") or state)
         return PENDING, f"state {dep.get('state')}"
     rejected = (status.get("rejected") or {}).get(name)
