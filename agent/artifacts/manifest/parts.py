@@ -41,7 +41,7 @@ class Artifact:
     def offset(self, index: int) -> int:
         return index * self.chunk_size
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = {
             "sha256": self.sha256,
             "size": self.size,
@@ -59,7 +59,7 @@ class Source:
     type: str  # "mqtt" | "http"
     url: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type} if self.url is None else {"type": self.type, "url": self.url}
 
 
@@ -69,7 +69,7 @@ def malformed(reason: str, d: object = None) -> ManifestRejected:
     return ManifestRejected("malformed", reason, (name or "")[:64] or None, (version or "")[:32] or None)
 
 
-def bounded_int(d: dict, key: str, lo: int, hi: int, where: str, whole: object) -> int:
+def bounded_int(d: dict[str, Any], key: str, lo: int, hi: int, where: str, whole: object) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise malformed(f"{where}{key} must be an integer in [{lo}, {hi}], got {v!r}"[:200], whole)
@@ -99,7 +99,7 @@ def parse_artifact(a: object, whole: object) -> Artifact:
     return Artifact(sha, size, chunk, tuple(chunks), a["format"], recipe)
 
 
-def _parse_recipe(r: object, size: int, whole: object) -> dict:
+def _parse_recipe(r: object, size: int, whole: object) -> dict[str, Any]:
     """{"chunker": str, "chunks": [[sha256, length], ...]} whose lengths add up to the artifact's size."""
     if not isinstance(r, dict) or set(r) != {"chunker", "chunks"} or not isinstance(r["chunker"], str):
         raise malformed("artifact.recipe must be {'chunker': str, 'chunks': [[sha256, length], ...]}", whole)
