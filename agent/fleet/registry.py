@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,9 @@ class DeviceRegistry:
         atomic_write_json(target, {"format": FORMAT, "devices": self.devices}, mode=0o600)
         return target
 
-    def register(self, device_id: str, public_key_pem: str, groups=(), *, replace: bool = False) -> dict[str, Any]:
+    def register(
+        self, device_id: str, public_key_pem: str, groups: Iterable[str] = (), *, replace: bool = False
+    ) -> dict[str, Any]:
         """One key, one device: a key another device holds is refused (ConfigError naming it) unless `replace`,
         which moves it here and revokes the other device's binding (the entry leaves the registry; its id is
         returned under `revoked`)."""
@@ -120,7 +122,9 @@ class DeviceRegistry:
         self._keys.pop(device_id, None)
         return True
 
-    def check_waitable(self, command: str, devices, groups, store) -> None:
+    def check_waitable(
+        self, command: str, devices: Iterable[str], groups: Iterable[str], store: str | os.PathLike[str]
+    ) -> None:
         """Waiting is for devices whose reports can count: every targeted device registered, every group with a
         registered member (membership comes only from the registry). ConfigError with the remedy otherwise."""
         missing = [d for d in devices if d not in self.devices]

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.artifacts.manifest.rejection import ManifestRejected
 from agent.names import is_valid_name
@@ -20,6 +20,20 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 ARTIFACT_KEYS = {"sha256", "size", "chunk_size", "chunks", "format"}
 ARTIFACT_OPTIONAL = {"recipe"}  # content-defined chunks for delta pulls (agent.artifacts.recipe); older agents
 # refuse a manifest with it, so `fleet push --no-delta` leaves it out
+
+
+class _ArtifactOptional(TypedDict, total=False):
+    recipe: dict[str, Any]  # {"chunker", "chunks": [[sha256, length], ...]}: present for a delta-capable artifact
+
+
+class ArtifactFields(_ArtifactOptional):
+    """A manifest's artifact fields as JSON (Artifact.to_dict; what fleet.push.store_package stores)."""
+
+    sha256: str
+    size: int
+    chunk_size: int
+    chunks: list[str]
+    format: str
 
 
 @dataclass(frozen=True)
@@ -41,8 +55,8 @@ class Artifact:
     def offset(self, index: int) -> int:
         return index * self.chunk_size
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {
+    def to_dict(self) -> ArtifactFields:
+        out: ArtifactFields = {
             "sha256": self.sha256,
             "size": self.size,
             "chunk_size": self.chunk_size,
