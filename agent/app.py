@@ -18,7 +18,7 @@ from agent.errors import EdgeAgentError
 from agent.lifecycle import control
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
-from agent.lifecycle.status import build_status, hardware_summary
+from agent.lifecycle.status_doc import build_status, hardware_summary
 from agent.lifecycle.steps import Qualifier, StepConfig, Steps
 from agent.services import cpsync
 from agent.services.control import ControlService
@@ -26,7 +26,7 @@ from agent.services.health import HealthPublisher, registry_health
 from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
-from agent.services.status import StatusWriter
+from agent.services.status_writer import StatusWriter
 from agent.serving.fronts import start_fronts
 from agent.sources.inbox import InboxSource
 

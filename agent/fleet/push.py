@@ -15,7 +15,7 @@ from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
 from agent.fleet.outcome import ON_PROBATION, StatusDoc, device_outcome, same_version
 from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
-from agent.fleet.status import TERMINAL_BAD, FleetWatch
+from agent.fleet.watch import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
 

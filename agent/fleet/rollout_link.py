@@ -23,12 +23,12 @@ ManifestDoc = dict[str, Any]  # Manifest.to_dict(): what a rollout persists per 
 
 
 class FleetLink:
-    """The engine's link: agent.fleet.status.FleetWatch (live retained status) plus retained QoS 1 publishes."""
+    """The engine's link: agent.fleet.watch.FleetWatch (live retained status) plus retained QoS 1 publishes."""
 
     def __init__(
         self, broker: BrokerConfig | str, prefix: str = "edge", registry: DeviceRegistry | None = None
     ) -> None:
-        from agent.fleet.status import FleetWatch
+        from agent.fleet.watch import FleetWatch
 
         broker = BrokerConfig(broker) if isinstance(broker, str) else broker
         self.topics = Topics(prefix)

@@ -288,7 +288,7 @@ def _s(p: object) -> str | None:
 
 def _last_status(state_dir: Path) -> dict[str, Any] | None:
     """The last status document written (status.json), for the LWT snapshot; None when unreadable."""
-    from agent.lifecycle.status import status_path
+    from agent.lifecycle.status_doc import status_path
     from agent.util.atomic import read_json
 
     try:
