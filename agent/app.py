@@ -183,12 +183,8 @@ class DeviceAgent:
             self.state_dir,
             self.store,
             steps.slots,
-            submit=orchestrator.submit,
-            seen=orchestrator.seen,
-            in_flight=orchestrator.in_flight,
-            cancel=orchestrator.cancel,
-            on_connection=self._on_connection,
-            on_rejected=self.reporter.on_rejected,
+            deployments=orchestrator,
+            events=self,  # SourceEvents: connection(), rejected()
             stall_s=self.step_config.stall_s,
         )
 
@@ -327,7 +323,11 @@ class DeviceAgent:
         self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
         self.health_source = self.health_source or self.telemetry.collect
 
-    def _on_connection(self, connected: bool, reason: str) -> None:
+    # ---- SourceEvents (agent.lifecycle.ports): what the MQTT source reports ---------------------------
+    def rejected(self, record: dict[str, Any]) -> None:
+        self.reporter.on_rejected(record)
+
+    def connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})
         if connected:
             assert self.orchestrator is not None and self.link is not None  # the link calls back only after _build

@@ -74,6 +74,18 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
         agent.stop()
 
 
+class _TooLate:
+    """The lifecycle's Deployments port (agent.lifecycle.ports) whose cancel, like one arriving as the commit is
+    journaled, changes nothing: it only records the reason."""
+
+    def __init__(self, orchestrator, late: list[str]):
+        self.submit, self.seen, self.in_flight = orchestrator.submit, orchestrator.seen, orchestrator.in_flight
+        self.late = late
+
+    def cancel(self, target: str, reason: str = "") -> None:
+        self.late.append(reason)
+
+
 def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, mosquitto, plane):
     """The halt's rollback arrives as version 2's probation ends: the cancel is too late and 2 commits. The desired
     state (1, signed as a rollback) still wins once 2 has ended: the device goes back to 1, and the rollout reads
@@ -95,7 +107,7 @@ def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, 
             what="v2 on probation",
         )
         assert agent.link is not None
-        agent.link.cancel = lambda dep_id, reason: late.append(reason)  # too late: the deployment goes on
+        agent.link.deployments = _TooLate(agent.orchestrator, late)  # the cancel comes too late: the deployment goes on
         _push(plane, tmp_path, "1", rollback=True)
         wait_for(lambda: late, 60, "the rollback to call v2 off")
         v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 ended")
