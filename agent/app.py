@@ -175,6 +175,7 @@ class DeviceAgent:
             self.link.publish_attestation(model, kind, envelope)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
+        from agent.lifecycle.intake import Intake
         from agent.sources.mqtt import MqttSource
 
         assert self.store is not None  # _build made it
@@ -183,8 +184,8 @@ class DeviceAgent:
             self.state_dir,
             self.store,
             steps.slots,
-            deployments=orchestrator,
-            events=self,  # SourceEvents: connection(), rejected()
+            deployments=Intake(orchestrator),
+            events=self,  # SourceEvents (agent.lifecycle.ports): connection() and rejected() below
             stall_s=self.step_config.stall_s,
         )
 
@@ -323,7 +324,6 @@ class DeviceAgent:
         self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
         self.health_source = self.health_source or self.telemetry.collect
 
-    # ---- SourceEvents (agent.lifecycle.ports): what the MQTT source reports ---------------------------
     def rejected(self, record: dict[str, Any]) -> None:
         self.reporter.on_rejected(record)
 

@@ -3,7 +3,7 @@
 DeploymentSource: the port through which desired state enters the lifecycle. A source verifies what it hands to
 Deployments.submit (an MQTT manifest completely: sources.mqtt), says whether it is up (in-flight deployments that
 need it resume only then), re-checks a deployment received before a restart, and fetches its artifact into the
-content store. Deployments: what a source may ask of the lifecycle (the Orchestrator). SourceEvents: what a
+content store. Deployments: what a source may ask of the lifecycle (lifecycle.intake). SourceEvents: what a
 source tells the daemon (the DeviceAgent) about itself.
 """
 
@@ -38,7 +38,7 @@ class DeploymentSource(Protocol):
 
 
 class Deployments(Protocol):
-    """The lifecycle as a source sees it (agent.lifecycle.orchestrator.Orchestrator)."""
+    """The lifecycle as a source sees it (agent.lifecycle.intake.Intake over the Orchestrator)."""
 
     def submit(self, model: str, version: str, source: dict[str, Any], **data: Any) -> Deployment | None:
         """Journal and queue verified desired state; None for a duplicate of one seen already."""
@@ -49,8 +49,9 @@ class Deployments(Protocol):
     def in_flight(self) -> dict[str, Deployment]:
         """Running deployments per model, and resumed ones waiting for their source."""
 
-    def cancel(self, target: str, reason: str = ...) -> Deployment | None:
-        """Cancel the in-flight deployment of a model (by model name or deployment id)."""
+    def settle(self, model: str, version: str) -> bool:
+        """The desired state is `version`, which serves already: the lifecycle decides whether a deployment in
+        flight is called off (True when one was)."""
 
 
 class SourceEvents(Protocol):

@@ -133,7 +133,10 @@ class MqttSource:
         committed = self.slots.committed(model)
         have = committed.version if committed is not None else None
         if committed is not None and have == m.version and committed.sha256 == m.artifact.sha256:
-            self._call_off(model, m.version)  # what serves already (its journal record was compacted away)
+            # what serves already (its journal record was compacted away): the lifecycle decides about a deployment
+            # of another version in flight; once one called off has ended, the model is resolved again
+            if self.deployments.settle(model, m.version):
+                self._called_off.add(model)
             return
         bad = version_order(m, have)
         if bad is not None:
@@ -151,14 +154,6 @@ class MqttSource:
             manifest=m.to_dict(),
             key_id=m.key_id,
         )
-
-    def _call_off(self, model: str, version: str) -> None:
-        """The winner is what already serves: a deployment of another version still in flight (queued, qualifying,
-        in its shadow phase or on probation) is cancelled, so the device ends on the version it was told to run."""
-        dep = self.deployments.in_flight().get(model)
-        if dep is not None and dep.version != version:
-            self.deployments.cancel(dep.id, f"desired state is {version} again, which serves already")
-            self._called_off.add(model)
 
     def _reject(self, model: str, cand: Candidate, exc: Any) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
