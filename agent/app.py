@@ -18,7 +18,7 @@ from agent.errors import EdgeAgentError
 from agent.lifecycle import control
 from agent.lifecycle.orchestrator import Orchestrator
 from agent.lifecycle.states import State
-from agent.lifecycle.status import build_status, hardware_summary
+from agent.lifecycle.status_doc import build_status, hardware_summary
 from agent.lifecycle.steps import Qualifier, StepConfig, Steps
 from agent.services import cpsync
 from agent.services.control import ControlService
@@ -26,7 +26,7 @@ from agent.services.health import HealthPublisher, registry_health
 from agent.services.inbox import InboxScanner
 from agent.services.probe import ProviderProbeService
 from agent.services.report import Reporter
-from agent.services.status import StatusWriter
+from agent.services.status_writer import StatusWriter
 from agent.serving.fronts import start_fronts
 from agent.sources.inbox import InboxSource
 
@@ -175,6 +175,7 @@ class DeviceAgent:
             self.link.publish_attestation(model, kind, envelope)
 
     def _mqtt_source(self, orchestrator: Orchestrator, steps: Steps) -> MqttSource:
+        from agent.lifecycle.intake import Intake
         from agent.sources.mqtt import MqttSource
 
         assert self.store is not None  # _build made it
@@ -183,12 +184,8 @@ class DeviceAgent:
             self.state_dir,
             self.store,
             steps.slots,
-            submit=orchestrator.submit,
-            seen=orchestrator.seen,
-            in_flight=orchestrator.in_flight,
-            cancel=orchestrator.cancel,
-            on_connection=self._on_connection,
-            on_rejected=self.reporter.on_rejected,
+            deployments=Intake(orchestrator),
+            events=self,  # SourceEvents (agent.lifecycle.ports): connection() and rejected() below
             stall_s=self.step_config.stall_s,
         )
 
@@ -327,7 +324,10 @@ class DeviceAgent:
         self.telemetry = Telemetry(self.state_dir, profile=self.profile, root=root, stats=stats, device_id=device)
         self.health_source = self.health_source or self.telemetry.collect
 
-    def _on_connection(self, connected: bool, reason: str) -> None:
+    def rejected(self, record: dict[str, Any]) -> None:
+        self.reporter.on_rejected(record)
+
+    def connection(self, connected: bool, reason: str) -> None:
         self._emit({"event": "mqtt", "connected": connected, "reason": reason})
         if connected:
             assert self.orchestrator is not None and self.link is not None  # the link calls back only after _build

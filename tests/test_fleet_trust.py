@@ -20,7 +20,7 @@ from agent.fleet.push import push
 from agent.fleet.registry import NO_REGISTRY, DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.fleet.rollout_run import run_rollout
-from agent.fleet.status import fleet_status
+from agent.fleet.watch import fleet_status
 from agent.samples import sample_tiny_package
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.signing import sign_doc

@@ -133,11 +133,11 @@ def test_desired_state_messages_never_crash_and_the_latest_per_scope_comes_out(m
     (resolution happens after verification, in lifecycle.desired.DesiredBook)."""
     import queue
 
-    from agent.transport.device import DesiredEvents
+    from agent.transport.device import DesiredEvents, RawDesired
 
     events = DesiredEvents()
     for scope, model, payload in msgs:
-        events.raw.put(("desired", scope, model, payload, f"t/{scope}/{model}"))
+        events.raw.put(RawDesired(scope, model, bytes(payload or b""), f"t/{scope}/{model}"))
     last = {}
     while True:
         try:

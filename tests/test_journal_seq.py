@@ -7,7 +7,7 @@ import json
 
 from agent.lifecycle.journal import Journal
 from agent.lifecycle.states import State
-from agent.lifecycle.status import build_status
+from agent.lifecycle.status_doc import build_status
 
 
 def _set(journal: Journal, dep_id: str, **fields) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent.serving.budget import JSON_DECODE_FACTOR, BodyBudget, Ledger, parse_cost
 from agent.serving.codec import DATATYPES, numpy_dtype
-from agent.serving.errors import BadRequest, PayloadTooLarge
+from agent.serving.errors import InvalidInput, PayloadTooLarge
 from agent.serving.http import jsonfast, jsonplan
 from agent.serving.http.decode import decode_request
 
@@ -28,7 +28,7 @@ def _outcome(body: bytes):
     """('ok', {name: (dtype, shape, values)}) or ('err', message) for one decode of `body`."""
     try:
         req = decode_request(body, None)
-    except BadRequest as exc:
+    except InvalidInput as exc:
         return "err", str(exc)
     out = {}
     for name, arr in req.inputs.items():
@@ -217,7 +217,7 @@ def _charges(body: bytes) -> list[tuple[int, str]]:
     charges: list[tuple[int, str]] = []
     try:
         decode_request(body, None, lambda n, what: charges.append((n, what)))
-    except BadRequest:
+    except InvalidInput:
         pass
     return charges
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.serving.errors import BadRequest
+from agent.serving.errors import InvalidInput
 from agent.serving.http import jsonplan
 from agent.serving.http.decode import decode_request
 
@@ -32,7 +32,7 @@ def _body(datatype: str, text: str, count: int) -> bytes:
 def _outcome(body: bytes):
     try:
         arr = decode_request(body, None).inputs["x"]
-    except BadRequest as exc:
+    except InvalidInput as exc:
         return "err", str(exc)
     return "ok", (str(arr.dtype), arr.shape, arr.tobytes())
 

@@ -12,6 +12,7 @@ from support.agent import make_agent, queue_holder
 from support.mqtt import mqtt_config, wait_for
 
 from agent.fleet import rollout_state as rs
+from agent.lifecycle.intake import Intake
 from agent.samples import sample_tiny_package
 
 
@@ -74,6 +75,18 @@ def test_a_signed_rollback_calls_off_the_version_still_in_flight(tmp_path, mosqu
         agent.stop()
 
 
+class _TooLate:
+    """The orchestrator as Intake drives it (agent.lifecycle.intake.Lifecycle), with a cancel that, like one
+    arriving as the commit is journaled, changes nothing: it only records the reason."""
+
+    def __init__(self, orchestrator, late: list[str]):
+        self.submit, self.seen, self.in_flight = orchestrator.submit, orchestrator.seen, orchestrator.in_flight
+        self.late = late
+
+    def cancel(self, target: str, reason: str = "") -> None:
+        self.late.append(reason)
+
+
 def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, mosquitto, plane):
     """The halt's rollback arrives as version 2's probation ends: the cancel is too late and 2 commits. The desired
     state (1, signed as a rollback) still wins once 2 has ended: the device goes back to 1, and the rollout reads
@@ -95,7 +108,7 @@ def test_a_rollback_that_comes_too_late_to_call_off_undoes_the_commit(tmp_path, 
             what="v2 on probation",
         )
         assert agent.link is not None
-        agent.link.cancel = lambda dep_id, reason: late.append(reason)  # too late: the deployment goes on
+        agent.link.deployments = Intake(_TooLate(agent.orchestrator, late))  # the cancel comes too late: it goes on
         _push(plane, tmp_path, "1", rollback=True)
         wait_for(lambda: late, 60, "the rollback to call v2 off")
         v2 = wait_for(lambda: _ended(agent, "2"), 120, "v2 ended")

@@ -15,7 +15,7 @@ from support.agent import make_agent
 from support.daemon import drop
 from support.wait import wait_for
 
-from agent.lifecycle.status import figures_brief
+from agent.lifecycle.status_doc import figures_brief
 from agent.samples import write_package
 from agent.trial.settings import ProbationConfig, ShadowConfig
 

@@ -9,7 +9,7 @@ from probation_models import chain_model, nan_guard_model, string_model
 from support.serving import SINGLE_THREAD, log_model, open_session, reshape_model, x4
 from test_serving_probation import Clock
 
-from agent.serving.errors import BadRequest, InferenceFailed
+from agent.serving.errors import InferenceFailed, InvalidInput
 from agent.serving.registry import ModelRegistry
 from agent.serving.rungate import RunGate
 from agent.trial.probation import PASSED, TROUBLE, WATCHING, Probation, Thresholds, incumbent_baseline
@@ -66,7 +66,7 @@ def test_invalid_text_is_a_400_and_not_counted(tmp_path):
     r = ModelRegistry()
     r.activate("m", "1", open_session(string_model(), tmp_path))
     p = Probation(r, "m", "1", None, window=3600, clock=Clock())
-    with pytest.raises(BadRequest, match="not valid UTF-8"):
+    with pytest.raises(InvalidInput, match="not valid UTF-8"):
         r.infer("m", {"s": np.array(["\udcff"], dtype=object)})
     assert r.infer("m", {"s": np.array(["ok"], dtype=object)})[1]["t"].tolist() == ["ok"]
     v = p.evaluate()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.lifecycle.status import figures_brief
+from agent.lifecycle.status_doc import figures_brief
 
 
 def test_figures_brief_names_the_verdicts_and_ratios():

@@ -141,11 +141,11 @@ def test_mqtt_sockets_do_without_nagle_also_after_a_reconnect(tmp_path):
             assert nodelay(dev) != 0  # set by MqttLink on every socket: paho's default leaves Nagle on
             before = dev._mqtt._client.socket()
             broker.restart()
-            seen: list = []  # the link's ("conn", connected, reason) events: a drop, then a new connection
+            seen: list = []  # the link's ConnectionEvents: a drop, then a new connection
             while not (False in seen and seen[-1] is True):
                 event = dev.events.raw.get(timeout=30)
-                if event[0] == "conn":
-                    seen.append(event[1])
+                if event.kind == "connection":
+                    seen.append(event.connected)
             assert dev._mqtt._client.socket() is not before and nodelay(dev) != 0
         finally:
             dev.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from agent.lifecycle.status import status_path
+from agent.lifecycle.status_doc import status_path
 from agent.services.probe import ProviderProbeService
 
 

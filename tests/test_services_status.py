@@ -1,4 +1,4 @@
-"""StatusWriter and Reporter (agent.services.status, agent.services.report) on a real tmp state_dir: status.json
+"""StatusWriter and Reporter (agent.services.status_writer, agent.services.report) on a real tmp state_dir: status.json
 written 0600 and published, nothing written after close(); transitions published and retries kept for status
 until the deployment moves on; a rejection rewrites status once, on the next tick."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import stat
 
-from agent.lifecycle.status import status_path
+from agent.lifecycle.status_doc import status_path
 from agent.services.report import Reporter
-from agent.services.status import StatusWriter
+from agent.services.status_writer import StatusWriter
 
 
 def test_written_published_and_nothing_after_close(tmp_path):

@@ -14,7 +14,7 @@ from support.serving import _model, call_json, open_session
 
 from agent.package.labels import read_labels
 from agent.serving.dataplane import classify
-from agent.serving.errors import BadRequest
+from agent.serving.errors import InvalidInput
 from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
 
@@ -31,7 +31,7 @@ def test_classify_rows_and_labels():
         "3.000000:0",
         "1.000000:2",
     ]
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidInput):
         classify(scores, 0, None)
 
 

@@ -10,7 +10,7 @@ from support.serving import GatedSession, log_model, open_session, reshape_model
 
 from agent.errors import ServingError
 from agent.samples import cnn_model, tiny_model
-from agent.serving.errors import BadRequest, InferenceFailed, ModelUnavailable, NotFound, status_of
+from agent.serving.errors import InferenceFailed, InvalidInput, ModelUnavailable, NotFound, status_of
 from agent.serving.registry import ModelRegistry
 
 
@@ -50,7 +50,7 @@ def test_dynamic_batch_dim_accepted_and_outputs_selectable(reg):
 )
 def test_bad_feeds_rejected_before_the_runtime(reg, feeds, fragment):
     before = reg.stats("tiny")
-    with pytest.raises(BadRequest) as info:
+    with pytest.raises(InvalidInput) as info:
         reg.infer("tiny", feeds)
     assert fragment in str(info.value) and status_of(info.value) == 400
     after = reg.stats("tiny")
@@ -62,7 +62,7 @@ def test_unknown_model_version_and_output(reg):
         reg.infer("nope", x4())
     with pytest.raises(NotFound, match="version 2 is not loaded"):
         reg.infer("tiny", x4(), version="2")
-    with pytest.raises(BadRequest, match="no output"):
+    with pytest.raises(InvalidInput, match="no output"):
         reg.infer("tiny", x4(), outputs=["nope"])
     assert issubclass(NotFound, ServingError)
 
@@ -179,7 +179,7 @@ def test_deactivate_and_unknown_swap_mode(reg):
     assert "tiny" not in reg.models()
     with pytest.raises(NotFound):
         reg.deactivate("tiny")
-    with pytest.raises(BadRequest, match="swap mode"):
+    with pytest.raises(InvalidInput, match="swap mode"):
         reg.activate("cnn", "8", object(), swap="yolo")
 
 
@@ -224,7 +224,7 @@ def test_finite_checks_every_response_first_and_on_probation_then_sampled(tmp_pa
     for _ in range(8):
         r.infer("log", nan)
     assert r.stats("log")["finite_checked"] == FINITE_FIRST + 20
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidInput):
         ModelRegistry(finite_every=0)
 
 

@@ -155,7 +155,7 @@ def test_simulate_cli_runs_real_agents_until_sigterm(mosquitto, tmp_path):
         assert started["classes"] == {"rpi4-4gb": 2, "amd-epyc-x86": 1}
         assert started["providers"] == {"rpi4-4gb": ["cpu"], "amd-epyc-x86": ["openvino", "cpu"]}
         from agent.fleet.registry import registry_for_store
-        from agent.fleet.status import fleet_status
+        from agent.fleet.watch import fleet_status
         from agent.transport.mqtt import BrokerConfig
 
         registry = registry_for_store(tmp_path / "cp-store")  # the simulator registered its devices

@@ -14,7 +14,7 @@ from support.daemon import deploy
 
 from agent.lifecycle.fsck import check_state_dir
 from agent.lifecycle.slots import ModelSlots
-from agent.lifecycle.status import build_status
+from agent.lifecycle.status_doc import build_status
 
 
 def _start(tmp_path, events):

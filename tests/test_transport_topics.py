@@ -3,8 +3,9 @@
 import pytest
 
 from agent.errors import TransportError
-from agent.transport.mqtt import BrokerConfig, _matches
+from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import Topics, check_prefix
+from agent.transport.topics import filter_matches as _matches
 
 
 def test_build_and_parse_roundtrip():

@@ -8,7 +8,7 @@ from test_serving_probation import Clock
 from agent.fleet import rollout_state as rs
 from agent.fleet.outcome import COMMITTED, UNJUDGED, device_outcome
 from agent.fleet.rollout_plan import RolloutSpec
-from agent.lifecycle.status import figures_brief
+from agent.lifecycle.status_doc import figures_brief
 from agent.serving.registry import ModelRegistry
 from agent.trial import unjudged
 from agent.trial.probation import PASSED, TROUBLE, Baseline, Probation

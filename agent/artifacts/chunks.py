@@ -12,6 +12,7 @@ variable-length, content-defined chunks of a delta pull); the server answers fro
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from agent.errors import ArtifactError
@@ -54,11 +55,11 @@ def _raw_sha(sha256: str) -> bytes:
     return raw
 
 
-def encode_request(sha256: str, chunk_size: int, indices) -> bytes:
-    indices = list(indices)
-    if not 1 <= len(indices) <= MAX_INDICES:
-        raise ArtifactError(f"a chunk request carries 1-{MAX_INDICES} indices, got {len(indices)}")
-    return _REQ.pack(REQ_MAGIC, _raw_sha(sha256), chunk_size, len(indices)) + struct.pack(f">{len(indices)}I", *indices)
+def encode_request(sha256: str, chunk_size: int, indices: Iterable[int]) -> bytes:
+    wanted = list(indices)
+    if not 1 <= len(wanted) <= MAX_INDICES:
+        raise ArtifactError(f"a chunk request carries 1-{MAX_INDICES} indices, got {len(wanted)}")
+    return _REQ.pack(REQ_MAGIC, _raw_sha(sha256), chunk_size, len(wanted)) + struct.pack(f">{len(wanted)}I", *wanted)
 
 
 def decode_request(data: bytes) -> ChunkRequest:

@@ -32,8 +32,12 @@ class DownloadWatch:
     progress window of the next source (the overall deadline runs on)."""
 
     def __init__(
-        self, limits: DownloadLimits, what: str, check: Callable[[], None] | None = None, clock=time.monotonic
-    ):
+        self,
+        limits: DownloadLimits,
+        what: str,
+        check: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limits, self.what, self._check, self._clock = limits, what, check, clock
         self.started = clock()
         self.source("")

@@ -11,16 +11,21 @@ source that misses its deadline is abandoned for the next. Plain `http://` sourc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.artifacts.deadline import DownloadLimits, DownloadWatch
 from agent.artifacts.manifest import Manifest, Source
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError, ArtifactRefused, DiskFull
 
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.artifacts.pull import ChunkLink
+    from agent.artifacts.recipe import Layout
 
-def ordered_sources(manifest: Manifest, order=None) -> list[Source]:
+
+def ordered_sources(manifest: Manifest, order: Sequence[str] | None = None) -> list[Source]:
     """The sources to try: the manifest's order; `order` (kinds, e.g. ("http",)) filters and re-ranks by kind."""
     sources = list(manifest.sources)
     if order is None:
@@ -33,9 +38,9 @@ def fetch_artifact(
     manifest: Manifest,
     store: ContentStore,
     *,
-    link=None,
+    link: ChunkLink | None = None,
     progress: Callable[..., None] | None = None,
-    order=None,
+    order: Sequence[str] | None = None,
     stall_timeout: float = 30.0,
     window: int | None = None,
     reserve_bytes: int = 0,
@@ -43,7 +48,7 @@ def fetch_artifact(
     limits: DownloadLimits | None = None,
     check: Callable[[], None] | None = None,
     allow_http: bool = True,
-    layout=None,
+    layout: Layout | None = None,
 ) -> Path:
     """Return the blob path; ArtifactError naming every source's failure when none delivered. `check` (the
     step's cancel/deadline) is called at least every 0.5 s while a source is pulled; what it raises ends the
@@ -88,17 +93,19 @@ def _pull(
     src: Source,
     manifest: Manifest,
     store: ContentStore,
-    link,
-    progress,
+    link: ChunkLink | None,
+    progress: Callable[..., None] | None,
     stall_timeout: float,
     window: int | None,
     reserve_bytes: int,
     ca: str | None,
     watch: DownloadWatch,
-    layout=None,
+    layout: Layout | None = None,
 ) -> Path:
     if src.type == "mqtt":
         from agent.artifacts.pull import ChunkPuller
+
+        assert link is not None  # fetch_artifact skips an mqtt source when there is no link
 
         return ChunkPuller(
             link, store, window=window, stall_timeout=stall_timeout, reserve_bytes=reserve_bytes, progress=progress

@@ -17,7 +17,8 @@ from pathlib import Path
 from agent.artifacts.deadline import POLL_S, DownloadWatch
 from agent.artifacts.manifest import Manifest
 from agent.artifacts.pull import check_space
-from agent.artifacts.staging import Staging
+from agent.artifacts.recipe import Layout
+from agent.artifacts.staging import Pieces, Staging
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError, ArtifactRefused
 
@@ -32,13 +33,19 @@ class HttpPuller:
         reserve_bytes: int = 0,
         retry_delay: float = 0.5,
         progress: Callable[..., None] | None = None,
-    ):
+    ) -> None:
         self.store, self.stall_timeout, self.reserve_bytes = store, stall_timeout, reserve_bytes
         self.retry_delay, self.progress = retry_delay, progress
         self._ctx = ssl.create_default_context(cafile=ca) if ca else None
         self.stats: dict[str, int] = {}
 
-    def pull(self, manifest: Manifest, url: str | None = None, watch: DownloadWatch | None = None, layout=None) -> Path:
+    def pull(
+        self,
+        manifest: Manifest,
+        url: str | None = None,
+        watch: DownloadWatch | None = None,
+        layout: Layout | None = None,
+    ) -> Path:
         """`watch` (agent.artifacts.deadline): progress and overall deadlines and the caller's cancel, checked at
         least every POLL_S while bytes trickle in or nothing comes. layout: a recipe.Layout (a delta pull): one
         Range request per run of missing chunks."""
@@ -63,7 +70,7 @@ class HttpPuller:
         finally:
             staging.close()
 
-    def _loop(self, manifest: Manifest, staging: Staging, url: str, a, watch: DownloadWatch | None) -> None:
+    def _loop(self, manifest: Manifest, staging: Staging, url: str, a: Pieces, watch: DownloadWatch | None) -> None:
         last_progress, last_error = time.monotonic(), ""
         self._partial = (-1, bytearray())  # a chunk begun on a connection that timed out: resumed mid-chunk
         while not staging.done:
@@ -84,7 +91,9 @@ class HttpPuller:
             if not staging.done and (staging.bytes_have(), len(self._partial[1])) == before:
                 time.sleep(self.retry_delay)  # nothing came on that request: not a tight loop
 
-    def _fetch_from(self, manifest: Manifest, staging: Staging, url: str, first: int, a, watch) -> None:
+    def _fetch_from(
+        self, manifest: Manifest, staging: Staging, url: str, first: int, a: Pieces, watch: DownloadWatch | None
+    ) -> None:
         index, buf = self._partial if self._partial[0] == first else (first, bytearray())
         start, stop = a.offset(first) + len(buf), first
         while stop < a.count and not staging.have[stop]:
@@ -93,7 +102,7 @@ class HttpPuller:
         req = urllib.request.Request(url, headers={"Range": f"bytes={start}-{last}", "User-Agent": "edge-agent"})
         self.stats["requests"] += 1
         try:
-            resp = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
+            resp: http.client.HTTPResponse = urllib.request.urlopen(req, timeout=self.stall_timeout, context=self._ctx)
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403, 410, 416):  # the server says no for good
                 raise ArtifactRefused(f"{url}: HTTP {exc.code} {exc.reason}") from None
@@ -135,7 +144,7 @@ class HttpPuller:
             )
 
 
-def _poll_reads(resp) -> None:
+def _poll_reads(resp: http.client.HTTPResponse) -> None:
     """Reads of this response return within POLL_S (the socket's timeout), so deadlines and cancel are checked
     while a source trickles; a timed-out response is dropped and the next request resumes where it stopped."""
     sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
@@ -143,7 +152,7 @@ def _poll_reads(resp) -> None:
         sock.settimeout(POLL_S)
 
 
-def _read_into(resp, buf: bytearray, n: int, watch) -> bool:
+def _read_into(resp: http.client.HTTPResponse, buf: bytearray, n: int, watch: DownloadWatch | None) -> bool:
     """Fill `buf` up to n bytes; False when the response ended, was cut or timed out first."""
     while len(buf) < n:
         try:

@@ -19,6 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agent.errors import ModelError
@@ -38,11 +39,11 @@ class ModelTrust:
 
 
 def sign_package(
-    package_dir: str | os.PathLike,
-    private_key: str | os.PathLike,
+    package_dir: str | os.PathLike[str],
+    private_key: str | os.PathLike[str],
     *,
-    certificate: str | os.PathLike | None = None,
-    chain: tuple[str | os.PathLike, ...] = (),
+    certificate: str | os.PathLike[str] | None = None,
+    chain: tuple[str | os.PathLike[str], ...] = (),
 ) -> Path:
     """Write package_dir/model.sig: signed with a key, or with a key and its certificate (+ chain)."""
     signing = _library("signing")
@@ -58,7 +59,7 @@ def sign_package(
     return root / SIGNATURE_NAME
 
 
-def _library(what: str):
+def _library(what: str) -> ModuleType:
     """The model_signing module `what`, or a ModelError saying how to install it (edge-agent[signing])."""
     import importlib
 
@@ -71,7 +72,7 @@ def _library(what: str):
         ) from None
 
 
-def verify_package(package_dir: str | os.PathLike, trust: ModelTrust) -> dict[str, Any]:
+def verify_package(package_dir: str | os.PathLike[str], trust: ModelTrust) -> dict[str, Any]:
     """{"verified": True, "signer", "manifest_sha256", "files"} or ModelError naming what failed (the file)."""
     verifying = _library("verifying")
 
@@ -142,7 +143,7 @@ def _coverage(root: Path, signed: set[str], ignore_paths: tuple[str, ...]) -> tu
     return files, ignored
 
 
-def signed_files(signature: str | os.PathLike) -> set[str]:
+def signed_files(signature: str | os.PathLike[str]) -> set[str]:
     """The file names the signature's manifest lists (shards `name:start:end` count as their file)."""
     try:
         bundle = json.loads(Path(signature).read_bytes())
@@ -154,7 +155,7 @@ def signed_files(signature: str | os.PathLike) -> set[str]:
     return {n.rsplit(":", 2)[0] for n in names} if shards else names
 
 
-def manifest_digest(signature: str | os.PathLike) -> str | None:
+def manifest_digest(signature: str | os.PathLike[str]) -> str | None:
     """The sha256 the signature's in-toto statement names as its subject (the digest of the file manifest)."""
     try:
         bundle = json.loads(Path(signature).read_bytes())
@@ -164,7 +165,7 @@ def manifest_digest(signature: str | os.PathLike) -> str | None:
         return None
 
 
-def _hashing(ignore_paths: tuple[str, ...]):
+def _hashing(ignore_paths: tuple[str, ...]) -> Any:  # model_signing.hashing.Config (an optional library)
     """Files hashed: all but model.sig and the device's explicit ignore_paths (no git-path defaults)."""
     hashing = _library("hashing")
     return hashing.Config().set_ignored_paths(paths=[SIGNATURE_NAME, *ignore_paths], ignore_git_paths=False)

@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from agent.artifacts.recipe import CHUNKER, cut_points
 from agent.errors import ModelError
@@ -26,7 +26,7 @@ from agent.errors import ModelError
 LEVEL = 6
 
 
-def _tar(directory: Path, out) -> list[tuple[int, int, str]]:
+def _tar(directory: Path, out: IO[bytes]) -> list[tuple[int, int, str]]:
     """Write the reproducible tar (sorted, mtime 0, no owners); returns (data offset, size, name) per file."""
     files = []
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -50,7 +50,7 @@ def _padded(n: int) -> int:
     return -(-n // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
 
 
-def _cuts(mm, files: list[tuple[int, int, str]]) -> list[int]:
+def _cuts(mm: mmap.mmap, files: list[tuple[int, int, str]]) -> list[int]:
     cuts = {0}
     for start, size, name in files:
         cuts.update((start, start + size))
@@ -65,7 +65,7 @@ def _cuts(mm, files: list[tuple[int, int, str]]) -> list[int]:
     return sorted(c for c in cuts if c < len(mm))
 
 
-def write_targz(directory: str | os.PathLike, out: str | os.PathLike) -> dict[str, Any]:
+def write_targz(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict[str, Any]:
     """Write directory as a gzip'd tar to `out`; returns its recipe (the compressed pieces, in order)."""
     directory = Path(directory)
     with tempfile.TemporaryFile(dir=Path(out).parent) as raw:

@@ -12,17 +12,37 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Protocol
 
 from agent.artifacts import chunks
+from agent.artifacts.deadline import DownloadWatch
 from agent.artifacts.manifest import Manifest
-from agent.artifacts.staging import RECOVER_GAP, Staging
+from agent.artifacts.recipe import Layout
+from agent.artifacts.staging import RECOVER_GAP, Pieces, Staging
 from agent.artifacts.store import ContentStore
 from agent.artifacts.window import InFlight, RttEstimator
 from agent.errors import ArtifactError, ArtifactRefused, DiskFull
 
 Progress = Callable[..., None]
+
+
+class ChunkSource(Protocol):
+    """One artifact's chunk channel as the puller uses it (agent.transport.device.ChunkChannel)."""
+
+    def request(self, chunk_size: int, indices: Iterable[int]) -> None: ...
+
+    def get(self, timeout: float) -> chunks.ChunkResponse | None: ...
+
+
+class ChunkLink(Protocol):
+    """What pulls over MQTT: a link that opens a chunk channel per artifact (agent.transport.device.DeviceLink)."""
+
+    def chunk_channel(self, sha256: str) -> AbstractContextManager[ChunkSource]: ...
+
+
 DEFAULT_WINDOW_BYTES = 16 * 1024 * 1024  # chunks in flight x chunk_size: the device's memory bound
 MIN_WINDOW = 4  # chunks
 MIN_REQUEST_TIMEOUT, MAX_REQUEST_TIMEOUT = 0.5, 20.0  # bounds of the adaptive per-chunk timeout (seconds)
@@ -42,7 +62,7 @@ class ChunkPuller:
 
     def __init__(
         self,
-        link,
+        link: ChunkLink,
         store: ContentStore,
         *,
         window: int | None = None,
@@ -55,7 +75,7 @@ class ChunkPuller:
         min_request_timeout: float = MIN_REQUEST_TIMEOUT,
         max_request_timeout: float = MAX_REQUEST_TIMEOUT,
         refill: int | None = None,
-    ):
+    ) -> None:
         """request_timeout: how long a chunk may take before any round trip was measured; then the timeout
         adapts to the measured round trips within [min_request_timeout, max_request_timeout] (never more than
         half the stall timeout). window: chunks in flight (default: what fits in window_bytes, at least 4).
@@ -70,7 +90,7 @@ class ChunkPuller:
         self._not_found = ""
         self.stats: dict[str, float] = {}
 
-    def pull(self, manifest: Manifest, watch=None, layout=None) -> Path:
+    def pull(self, manifest: Manifest, watch: DownloadWatch | None = None, layout: Layout | None = None) -> Path:
         """`watch` (agent.artifacts.deadline.DownloadWatch): progress/overall deadlines and the caller's cancel,
         checked on every turn of the loop (at least every 0.5 s). layout: a recipe.Layout to pull the artifact's
         variable chunks by recipe index (a delta pull)."""
@@ -78,7 +98,8 @@ class ChunkPuller:
         if self.store.has(a.sha256):
             return self.store.path(a.sha256)
         if self._window is None:  # in chunks: what fits in window_bytes (memory bound), at least 4
-            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // (a.chunk_size or max(layout.lens))))
+            biggest = a.chunk_size or (max(layout.lens) if layout is not None else 1)  # variable chunks: the largest
+            self.window = max(MIN_WINDOW, min(RECOVER_GAP - 1, self.window_bytes // biggest))
         staging = Staging(self.store, a).open()
         staging.lookahead = self.window
         try:
@@ -104,10 +125,12 @@ class ChunkPuller:
             staging.close()
 
     # --- the loop -------------------------------------------------------------------------------
-    def _loop(self, manifest: Manifest, staging: Staging, channel, a, watch=None) -> None:
+    def _loop(
+        self, manifest: Manifest, staging: Staging, channel: ChunkSource, a: Pieces, watch: DownloadWatch | None = None
+    ) -> None:
         missing = collections.deque(staging.missing())
         flight = self.flight = InFlight(RttEstimator(self.request_timeout, self._lo, self._hi))
-        bad: collections.Counter = collections.Counter()
+        bad: collections.Counter[int] = collections.Counter()
         last_progress = time.monotonic()
         self._not_found = ""
         self._report("start", manifest, staging)
@@ -136,7 +159,15 @@ class ChunkPuller:
             window=self.window,
         )
 
-    def _take(self, resp, staging: Staging, flight: InFlight, bad, missing, now: float) -> bool:
+    def _take(
+        self,
+        resp: chunks.ChunkResponse,
+        staging: Staging,
+        flight: InFlight,
+        bad: collections.Counter[int],
+        missing: collections.deque[int],
+        now: float,
+    ) -> bool:
         """Handle one answer; True when it wrote a new chunk (verified, pwritten straight from the payload)."""
         if resp.status != chunks.OK:
             self.stats["not_found"] += 1  # stays in flight: asked again when overdue (a server may appear)
@@ -151,7 +182,15 @@ class ChunkPuller:
             self._bad_chunk(resp.index, bad, missing, flight)
         return False
 
-    def _fill(self, channel, chunk_size: int, staging: Staging, missing, flight: InFlight, now: float) -> None:
+    def _fill(
+        self,
+        channel: ChunkSource,
+        chunk_size: int,
+        staging: Staging,
+        missing: collections.deque[int],
+        flight: InFlight,
+        now: float,
+    ) -> None:
         """Keep the window full: ask for more as soon as a few slots are free (a continuous pipeline; one small
         request message per `refill` chunks)."""
         free = self.window - len(flight)
@@ -170,7 +209,9 @@ class ChunkPuller:
             staging.note_requested(max(part))
             self.stats["requested"] += len(part)
 
-    def _bad_chunk(self, index: int, bad, missing, flight: InFlight) -> None:
+    def _bad_chunk(
+        self, index: int, bad: collections.Counter[int], missing: collections.deque[int], flight: InFlight
+    ) -> None:
         self.stats["bad"] += 1
         bad[index] += 1
         if bad[index] >= self.max_bad:
@@ -181,7 +222,7 @@ class ChunkPuller:
         flight.drop(index)
         missing.appendleft(index)
 
-    def _stall_reason(self, manifest: Manifest, staging: Staging, channel, not_found: str) -> str:
+    def _stall_reason(self, manifest: Manifest, staging: Staging, channel: ChunkSource, not_found: str) -> str:
         a = manifest.artifact
         where = f"{manifest.name} {manifest.version}: {staging.bytes_have()}/{a.size} bytes"
         if not_found:

@@ -18,10 +18,13 @@ import os
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ArtifactError
-from agent.util.pbwire import WireError, spans
+from agent.util.pbwire import Data, WireError, spans
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.artifacts.store import ContentStore
 
 CHUNKER = "onnx-tensors+fastcdc-v1"
 CHUNKERS = (CHUNKER, "fastcdc-v1", "onnx-tensors-v1")
@@ -60,7 +63,7 @@ class Layout:
         return self.offsets[index]
 
 
-def tensor_cuts(data) -> list[tuple[int, int]]:
+def tensor_cuts(data: Data) -> list[tuple[int, int]]:
     """(start, end) of every large ONNX initializer's raw data ([] when `data` is not an ONNX model).
 
     Read from the protobuf wire format in place (ModelProto.graph -> GraphProto.initializer ->
@@ -84,12 +87,12 @@ def tensor_cuts(data) -> list[tuple[int, int]]:
 MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW_DATA = 7, 5, 9  # field numbers in onnx.proto3
 
 
-def _field(data, start: int, end: int, wanted: int) -> tuple[int, int] | None:
+def _field(data: Data, start: int, end: int, wanted: int) -> tuple[int, int] | None:
     found = spans(data, start, end, wanted)
     return found[-1] if found else None  # protobuf: the last occurrence of a singular field wins
 
 
-def _cdc(view, start: int, end: int) -> list[int]:
+def _cdc(view: Data, start: int, end: int) -> list[int]:
     """FastCDC cut points strictly inside [start, end)."""
     try:
         from fastcdc.fastcdc_cy import fastcdc_cy
@@ -105,7 +108,7 @@ def _cdc(view, start: int, end: int) -> list[int]:
     return out[1:]
 
 
-def cut_points(data, chunker: str = CHUNKER) -> list[int]:
+def cut_points(data: Data, chunker: str = CHUNKER) -> list[int]:
     """Sorted chunk start offsets of `data` (bytes or an mmap), always starting at 0."""
     if chunker not in CHUNKERS:
         raise ArtifactError(f"unknown chunker {chunker!r}: this agent knows {list(CHUNKERS)}")
@@ -125,7 +128,7 @@ def cut_points(data, chunker: str = CHUNKER) -> list[int]:
     return sorted(starts)
 
 
-def compute_recipe(path: str | os.PathLike, chunker: str = CHUNKER) -> dict[str, Any] | None:
+def compute_recipe(path: str | os.PathLike[str], chunker: str = CHUNKER) -> dict[str, Any] | None:
     """The recipe of a file; None for an empty file or a gzip stream (compressed bytes do not chunk)."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0 or f.read(2) == GZIP_MAGIC:
@@ -145,7 +148,7 @@ class RecipeBook:
     committed and previous slots' blobs, therefore keeps their chunks and collects the rest; recipes of
     collected blobs are dropped here."""
 
-    def __init__(self, store):
+    def __init__(self, store: ContentStore) -> None:
         self.store = store
         self.root = Path(store.root) / "recipes"
         self.root.mkdir(parents=True, exist_ok=True)

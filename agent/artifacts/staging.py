@@ -14,11 +14,15 @@ import hashlib
 import os
 import threading
 import time
+from pathlib import Path
 
+from agent.artifacts.manifest.parts import Artifact
+from agent.artifacts.recipe import Layout
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
 from agent.util.atomic import atomic_write_json, read_json
 
+Pieces = Artifact | Layout  # the manifest's fixed chunks, or a recipe's variable ones (a delta pull)
 RECOVER_GAP = 256  # more than any automatic window: unwritten chunks in a row that end the recovery scan
 
 
@@ -28,10 +32,10 @@ class Staging:
     def __init__(
         self,
         store: ContentStore,
-        artifact,  # manifest.Artifact (fixed chunks) or recipe.Layout (variable chunks)
+        artifact: Pieces,
         persist_interval_s: float = 0.5,
         persist_bytes: int = 8 * 1024 * 1024,
-    ):
+    ) -> None:
         self.store, self.artifact = store, artifact
         self.part = store.part_path(artifact.sha256)
         self.bitmap_file = store.bitmap_path(artifact.sha256)
@@ -145,7 +149,7 @@ class Staging:
             self.requested_upto = index + 1
 
     # --- writing --------------------------------------------------------------------------------
-    def write(self, index: int, data) -> bool:
+    def write(self, index: int, data: bytes | bytearray | memoryview) -> bool:
         """Verify one chunk against the manifest and pwrite it; False (nothing written) on a hash mismatch."""
         a = self.artifact
         if len(data) != a.chunk_len(index) or hashlib.sha256(data).hexdigest() != a.chunks[index]:
@@ -207,7 +211,7 @@ class Staging:
             self._whole.update(os.pread(self._fd, n, a.offset(self._hashed)))
             self._hashed += 1
 
-    def finish(self):
+    def finish(self) -> Path:
         """Check the whole file's sha256 (as read back from the .part), then move it into the store."""
         if not self.done:
             raise ArtifactError("internal: finish() before every chunk was written")

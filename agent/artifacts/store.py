@@ -12,6 +12,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,7 @@ def check_sha(sha256: str) -> str:
     return sha256
 
 
-def hash_file(path: str | os.PathLike, chunk_size: int | None = None) -> tuple[str, int, list[str]]:
+def hash_file(path: str | os.PathLike[str], chunk_size: int | None = None) -> tuple[str, int, list[str]]:
     """(sha256, size, per-chunk sha256 list) of a file, reading it once."""
     whole, chunk_hashes, size = hashlib.sha256(), [], 0
     step = chunk_size or _BUF
@@ -53,7 +54,7 @@ STALE_TEMP_S = 3600  # a put.* temp file older than this was left by a crash
 class ContentStore:
     """root/blobs/sha256/<hex> (immutable, verified) and root/staging/<hex>.part + .bitmap (resumable)."""
 
-    def __init__(self, root: str | os.PathLike, file_mode: int = 0o644):
+    def __init__(self, root: str | os.PathLike[str], file_mode: int = 0o644):
         """file_mode: of the blobs (a device's state_dir store uses 0600; a control plane's may be served)."""
         self.root = Path(root)
         self.file_mode = file_mode
@@ -78,7 +79,7 @@ class ContentStore:
     def size(self, sha256: str) -> int:
         return self.path(sha256).stat().st_size
 
-    def put_file(self, path: str | os.PathLike) -> str:
+    def put_file(self, path: str | os.PathLike[str]) -> str:
         """Copy a file into the store (hashing while copying); returns its sha256."""
         h = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(prefix="put.", suffix=".tmp", dir=self.staging)
@@ -115,7 +116,7 @@ class ContentStore:
     def verify(self, sha256: str) -> bool:
         return self.has(sha256) and hash_file(self.path(sha256))[0] == sha256
 
-    def gc(self, keep) -> builtins.list[str]:
+    def gc(self, keep: Iterable[str]) -> builtins.list[str]:
         """Delete blobs not in `keep` and staging leftovers not belonging to a kept sha; returns removed shas.
 
         Temp files of writes in progress (`put.*`) are only removed once they are an hour old: another thread
@@ -174,7 +175,7 @@ class ContentStore:
         return shutil.disk_usage(self.root).free
 
 
-def _unlink(path) -> None:
+def _unlink(path: str | os.PathLike[str]) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -10,6 +10,8 @@ never the whole window. Pure logic with an injected clock: the puller passes `no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class RttEstimator:
     """Adaptive request timeout from chunk round trips: clamp(srtt + k x rttvar, lo, hi) x backoff."""
@@ -57,7 +59,7 @@ class InFlight:
     def __contains__(self, index: int) -> bool:
         return index in self._sent
 
-    def add(self, indices, now: float) -> None:
+    def add(self, indices: Iterable[int], now: float) -> None:
         for i in indices:
             if self._sent.pop(i, None) is not None:
                 self._again.add(i)

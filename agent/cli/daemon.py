@@ -124,7 +124,7 @@ def status(config_path, as_json):
     """Show models (version, sha256, provider, state) and recent deployments of this device."""
     from agent.lifecycle.control import daemon_running, holder_pid
     from agent.lifecycle.fsck import check_state_dir
-    from agent.lifecycle.status import build_status, status_path
+    from agent.lifecycle.status_doc import build_status, status_path
     from agent.util.atomic import read_json
 
     cfg = load_config(config_path, check_files=False)
@@ -157,7 +157,7 @@ def status(config_path, as_json):
 
 def _print_status(doc: dict) -> None:
     from agent.cli.table import render_table
-    from agent.lifecycle.status import figures_brief
+    from agent.lifecycle.status_doc import figures_brief
 
     d = doc["daemon"]
     url = (doc.get("serving") or {}).get("url")

@@ -226,8 +226,8 @@ def status(as_json, store, registry_file, control_plane=None, cp_token_file=None
                 click.echo(lines)
         return
     from agent.fleet.registry import NO_REGISTRY, REMEDY, DeviceRegistry, registry_for_store
-    from agent.fleet.status import device_row, fleet_status
-    from agent.lifecycle.status import figures_brief
+    from agent.fleet.watch import device_row, fleet_status
+    from agent.lifecycle.status_doc import figures_brief
 
     registry = DeviceRegistry.load(registry_file) if registry_file else registry_for_store(store)
     doc = fleet_status(broker_config(kw), kw["prefix"], registry=registry)

@@ -28,7 +28,9 @@ from agent.util import yamlsafe
 from agent.util.textfile import read_text
 
 
-def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check_files: bool = True) -> AgentConfig:
+def load_config(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] = "/", check_files: bool = True
+) -> AgentConfig:
     """Read and validate `path`. `root` is where the default device id is looked up (tests use sysroots)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -41,7 +43,7 @@ def load_config(path: str | os.PathLike, *, root: str | os.PathLike = "/", check
 
 
 def parse_config(
-    data: Any, *, base_dir: str | os.PathLike = ".", root: str | os.PathLike = "/", source: Path | None = None
+    data: Any, *, base_dir: str | os.PathLike[str] = ".", root: str | os.PathLike[str] = "/", source: Path | None = None
 ) -> AgentConfig:
     """Validate an already-parsed mapping. Relative paths resolve against `base_dir`. No file I/O except the
     default device id (read under `root` only when device_id is not set)."""
@@ -176,7 +178,7 @@ def changed_keys(old: AgentConfig, new: AgentConfig) -> tuple[set[str], set[str]
     return {k for k in diff if k in RELOADABLE}, {k for k in diff if k not in RELOADABLE}
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, val in d.items():
         if isinstance(val, dict):

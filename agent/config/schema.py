@@ -153,7 +153,8 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly resolved view (paths as strings; secrets are never read here)."""
-        return _jsonable(asdict(self)) | {"mode": self.mode}
+        view: dict[str, Any] = _jsonable(asdict(self))
+        return view | {"mode": self.mode}
 
 
 def _jsonable(obj: Any) -> Any:

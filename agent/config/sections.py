@@ -4,6 +4,8 @@ shadow, telemetry, downloads): each validates one section and returns its frozen
 from __future__ import annotations
 
 import difflib
+import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -74,7 +76,7 @@ def read_control_plane(v: Validator, raw: Any) -> ControlPlaneConfig:
     )
 
 
-def read_device_id(v: Validator, top: dict, root) -> tuple[str, str]:
+def read_device_id(v: Validator, top: dict[str, Any], root: str | os.PathLike[str]) -> tuple[str, str]:
     if top.get("device_id") is not None:
         return v.name(top["device_id"], "device_id"), "config"
     found = default_device_id(root)
@@ -248,7 +250,7 @@ def _flag(raw: Any, key: str) -> bool:
 def _probation(v: Validator, raw: Any) -> ProbationConfig:
     d, key = ProbationConfig(), "serving.probation"
     p = v.mapping(raw if raw is not None else {}, key, tuple(ProbationConfig.__dataclass_fields__))
-    g = lambda name: p.get(name, getattr(d, name))  # noqa: E731
+    g: Callable[[str], Any] = lambda name: p.get(name, getattr(d, name))  # noqa: E731
     return ProbationConfig(
         max_errors=v.integer(g("max_errors"), f"{key}.max_errors", 0, 1_000_000),
         max_nonfinite=v.integer(g("max_nonfinite"), f"{key}.max_nonfinite", 0, 1_000_000),
@@ -279,7 +281,7 @@ def _shadow(v: Validator, raw: Any) -> ShadowConfig:
     if isinstance(raw, bool):  # `shadow: false` switches it off
         return replace(d, enabled=raw)
     p = v.mapping(raw if raw is not None else {}, key, tuple(ShadowConfig.__dataclass_fields__))
-    g = lambda name: p.get(name, getattr(d, name))  # noqa: E731
+    g: Callable[[str], Any] = lambda name: p.get(name, getattr(d, name))  # noqa: E731
     max_rel = g("max_rel")
     return ShadowConfig(
         enabled=flag(g("enabled"), f"{key}.enabled"),

@@ -47,7 +47,7 @@ class Validator:
     def __init__(self, base_dir: Path):
         self.base_dir = base_dir
 
-    def mapping(self, raw: Any, where: str, allowed: tuple[str, ...]) -> dict:
+    def mapping(self, raw: Any, where: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(raw, dict):
             label = where or "config"
             raise ConfigError(f"{label}: expected a mapping, got {show(raw)}")

@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from agent.artifacts import chunks
 from agent.artifacts.manifest import MAX_CHUNK
@@ -24,6 +25,14 @@ from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
+
+if TYPE_CHECKING:  # pragma: no cover
+    import paho.mqtt.client as paho
+
+    from agent.artifacts.recipe import Layout
+    from agent.fleet.blob_http import BlobServer
+
+SentKey = tuple[str, str, int, int]  # (device, sha256, chunk_size, index) of an answer sent lately
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # answers one request may cause
 SENT_MEMORY = 65536  # (device, chunk) pairs remembered to skip re-requests already answered
@@ -47,11 +56,11 @@ class ArtifactServer:
         self.requests: "queue.Queue[tuple[str, bytes, float]]" = queue.Queue(maxsize=4096)
         self.stats: collections.Counter[str] = collections.Counter()
         self._gone: dict[str, float] = {}  # device -> when its will / offline status arrived
-        self._sent: "collections.OrderedDict[tuple, float]" = collections.OrderedDict()
+        self._sent: collections.OrderedDict[SentKey, float] = collections.OrderedDict()
         self._sent_lock = threading.Lock()
         self._fds: "collections.OrderedDict[str, int]" = collections.OrderedDict()
         self._fd_lock = threading.Lock()
-        self._layouts: dict = {}  # sha256 -> recipe.Layout, for requests by recipe index
+        self._layouts: dict[str, Layout] = {}  # sha256 -> recipe.Layout, for requests by recipe index
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -108,7 +117,7 @@ class ArtifactServer:
 
     # --- workers --------------------------------------------------------------------------------
     def _work(self) -> None:
-        infos: collections.deque = collections.deque()
+        infos: collections.deque[paho.MQTTMessageInfo] = collections.deque()
         while not self._stop.is_set():
             try:
                 topic, payload, received = self.requests.get(timeout=0.5)
@@ -131,7 +140,9 @@ class ArtifactServer:
             assert parsed.device is not None  # Topics.parse: artifacts/req/<id> always names it
             self._serve(parsed.device, req, received, infos)
 
-    def _serve(self, device: str, req: chunks.ChunkRequest, received: float, infos: collections.deque) -> None:
+    def _serve(
+        self, device: str, req: chunks.ChunkRequest, received: float, infos: collections.deque[paho.MQTTMessageInfo]
+    ) -> None:
         reply = self.topics.artifacts(device)
         for n, index in enumerate(req.indices):
             if self._stop.is_set():
@@ -158,7 +169,7 @@ class ArtifactServer:
                 return
             self._remember(key)
 
-    def _remember(self, key: tuple) -> None:
+    def _remember(self, key: SentKey) -> None:
         with self._sent_lock:
             self._sent[key] = time.monotonic()
             self._sent.move_to_end(key)
@@ -191,7 +202,7 @@ class ArtifactServer:
         self.stats["bytes"] += len(data)
         return chunks.response_header(req.sha256, req.chunk_size, index) + data
 
-    def _layout(self, sha256: str):
+    def _layout(self, sha256: str) -> Layout | None:
         """The artifact's recipe.Layout (kept beside the store by fleet push; computed once if missing)."""
         from agent.artifacts.recipe import Layout, RecipeBook
 
@@ -234,7 +245,7 @@ class ArtifactServer:
             return fd
 
 
-def serve_http(store: ContentStore, bind: str, **limits):
+def serve_http(store: ContentStore, bind: str, **limits: Any) -> BlobServer:
     """Serve the store's blobs over HTTP (agent.fleet.blob_http: one event loop, bounded connections);
     returns the server (call .shutdown())."""
     from agent.fleet.blob_http import serve_http as serve

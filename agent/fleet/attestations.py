@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import TransportError
 from agent.evidence.verify import verify_many
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.fleet.registry import DeviceRegistry
 
 
 def attestation_topic(prefix: str, device: str, model: str, kind: str) -> str:
@@ -27,7 +31,9 @@ def parse_topic(prefix: str, topic: str) -> tuple[str, str, str] | None:
     return (device, model, kind) if all(is_valid_name(x) for x in (device, model, kind)) else None
 
 
-def collect(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0):
+def collect(
+    broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0
+) -> list[tuple[str, str, str, bytes]]:
     """Every retained attestation on the broker: [(device, model, kind, envelope bytes)]."""
     got: list[tuple[str, str, str, bytes]] = []
     lock, synced = threading.Lock(), threading.Event()
@@ -55,8 +61,12 @@ def collect(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float =
 
 
 def fleet_attestations(
-    broker: BrokerConfig, registry, prefix: str = DEFAULT_PREFIX, device: str | None = None, model: str | None = None
-) -> list[dict]:
+    broker: BrokerConfig,
+    registry: DeviceRegistry,
+    prefix: str = DEFAULT_PREFIX,
+    device: str | None = None,
+    model: str | None = None,
+) -> list[dict[str, Any]]:
     """Verified rows (agent.evidence.verify.verify_many), filtered by device and model."""
     items = [i for i in collect(broker, prefix) if device in (None, i[0]) and model in (None, i[1])]
     return verify_many(sorted(items, key=lambda i: i[:3]), registry)

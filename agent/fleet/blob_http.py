@@ -18,7 +18,9 @@ import os
 import resource
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agent.artifacts.store import ContentStore
 from agent.errors import ArtifactError
@@ -49,7 +51,9 @@ class _Conn:
 class _Protocol(asyncio.StreamReaderProtocol):
     """StreamReaderProtocol that says when its connection is gone (the moment its descriptor is released)."""
 
-    def __init__(self, reader: asyncio.StreamReader, on_lost, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self, reader: asyncio.StreamReader, on_lost: Callable[[], None], loop: asyncio.AbstractEventLoop
+    ) -> None:
         super().__init__(reader, loop=loop)
         self._on_lost = on_lost
 
@@ -72,7 +76,7 @@ class BlobServer:
         idle_timeout: float = 30.0,
         header_timeout: float = 10.0,
         reserve_fds: int = 64,
-    ):
+    ) -> None:
         self.store, self.host, self.port = store, host, port
         self.max_connections = max(1, min(int(max_connections), fd_room(reserve_fds)))
         self.max_per_peer = max(1, int(max_per_peer))
@@ -84,7 +88,7 @@ class BlobServer:
         self._listener: socket.socket
         self._reading = self._stopping = self._want_room = False
         self._sockets = 0  # accepted and not yet closed (admitted or not)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._thread: threading.Thread | None = None
 
     @property
@@ -273,7 +277,7 @@ class BlobServer:
         self.stats["requests"] += 1
         return not close
 
-    async def _serve(self, writer: asyncio.StreamWriter, body: bool, target: str, rng: str | None, close: bool):
+    async def _serve(self, writer: asyncio.StreamWriter, body: bool, target: str, rng: str | None, close: bool) -> None:
         parts = target.split("?")[0].strip("/").split("/")
         if (
             len(parts) != 3
@@ -343,7 +347,7 @@ def parse_range(header: str, size: int) -> tuple[int, int] | None:
     return (start, end) if 0 <= start <= end else None
 
 
-def serve_http(store: ContentStore, bind: str, **limits) -> BlobServer:
+def serve_http(store: ContentStore, bind: str, **limits: Any) -> BlobServer:
     """Serve the store's blobs on HOST:PORT from a background thread; returns the server (call .shutdown())."""
     host, _, port = bind.rpartition(":")
     try:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import Topics, check_name
 
 
-def clear_desired(broker: BrokerConfig, prefix: str, model: str, devices, groups) -> dict[str, Any]:
+def clear_desired(
+    broker: BrokerConfig, prefix: str, model: str, devices: Iterable[str], groups: Iterable[str]
+) -> dict[str, Any]:
     """Publish an empty retained message on each desired-state topic (the broker drops the retained one)."""
     check_name(model, "model")
     topics = Topics(prefix)

@@ -14,6 +14,8 @@ COMMITTED, PENDING = "committed", "pending"
 UNJUDGED = "not judged"  # probation could not measure it (agent.trial.unjudged): committed flagged or rolled back
 TRUSTED = "verified"  # the one trust state (agent.fleet.registry) whose reports count, as success or failure
 BAD_STATES = ("failed", "rejected", "rolled_back")
+# A device's retained status document as received: untrusted JSON, read field by field with isinstance checks.
+StatusDoc = dict[str, Any]
 
 
 def same_version(a: Any, b: Any) -> bool:
@@ -59,7 +61,7 @@ def untrusted(status: Any) -> str | None:
     return f"report {status.get('trust') or 'not verified'}: not counted"
 
 
-def _unjudged(status: dict, name: str, version: str) -> str | None:
+def _unjudged(status: StatusDoc, name: str, version: str) -> str | None:
     """'not judged (...counts)' when the device's record of this version says probation could not judge it."""
     dep = (status.get("deployments") or {}).get(name)
     if not isinstance(dep, dict) or not same_version(dep.get("version"), version):

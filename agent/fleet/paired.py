@@ -29,7 +29,8 @@ def of_deployment(dep: Any) -> dict[str, Any] | None:
         return None
     for where in (dep, dep.get("probation"), dep.get("shadow")):
         if isinstance(where, dict) and isinstance(where.get("paired"), dict):
-            return where["paired"]
+            paired: dict[str, Any] = where["paired"]
+            return paired
     return None
 
 

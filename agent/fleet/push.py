@@ -3,17 +3,19 @@ and optionally wait until every targeted device reports that version committed (
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, TypedDict
 
-from agent.artifacts.manifest import Manifest, compare_versions, parse_envelope, parse_version
+from agent.artifacts.manifest import ArtifactFields, Manifest, compare_versions, parse_envelope, parse_version
 from agent.artifacts.store import ContentStore, hash_file
 from agent.errors import ConfigError, ManifestError, ModelError
-from agent.fleet.outcome import ON_PROBATION, device_outcome, same_version
+from agent.fleet.outcome import ON_PROBATION, StatusDoc, device_outcome, same_version
 from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
-from agent.fleet.status import TERMINAL_BAD, FleetWatch
+from agent.fleet.watch import TERMINAL_BAD, FleetWatch
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import DEFAULT_PREFIX, check_name
 
@@ -21,7 +23,20 @@ DEFAULT_CHUNK = 256 * 1024
 DEFAULT_TTL_S = 30 * 86400
 
 
-def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: bool = True, delta: bool = True) -> dict:
+class DeviceResult(TypedDict):
+    """One targeted device after `fleet push --wait`: committed, failed/rejected/rolled_back, pending or timeout."""
+
+    result: str
+    reason: str
+
+
+def store_package(
+    package: str | os.PathLike[str],
+    store: str | os.PathLike[str],
+    chunk_size: int = DEFAULT_CHUNK,
+    validate: bool = True,
+    delta: bool = True,
+) -> ArtifactFields:
     """Put a package (bare .onnx, directory or .tar.gz) into the store; returns the manifest artifact fields
     (with `recipe`, the content-defined chunks a delta pull needs, unless delta is off or it is a gzip stream)."""
     package = Path(package)
@@ -47,7 +62,7 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
             raise ModelError(f"{package}: a package is a directory, a .tar.gz or a bare .onnx file")
         sha = cs.put_file(src)
     sha2, size, chunks = hash_file(cs.path(sha), chunk_size)
-    art = {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    art: ArtifactFields = {"sha256": sha2, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
     if delta:
         from agent.artifacts.recipe import RecipeBook
 
@@ -59,7 +74,7 @@ def store_package(package, store, chunk_size: int = DEFAULT_CHUNK, validate: boo
     return art
 
 
-def _targets(prefix: str, name: str, devices, groups) -> list[str]:
+def _targets(prefix: str, name: str, devices: Iterable[str], groups: Iterable[str]) -> list[str]:
     from agent.transport.topics import Topics
 
     t = Topics(prefix)
@@ -94,26 +109,26 @@ def _check_monotonic(watch: FleetWatch, topics: list[str], manifest: Manifest, t
 
 
 def push(
-    package,
+    package: str | os.PathLike[str],
     *,
     name: str,
     version: str,
-    key_file,
-    store,
+    key_file: str | os.PathLike[str],
+    store: str | os.PathLike[str],
     broker: BrokerConfig,
     prefix: str = DEFAULT_PREFIX,
-    devices=(),
-    groups=(),
+    devices: Iterable[str] = (),
+    groups: Iterable[str] = (),
     http_url: str | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     ttl_s: int = DEFAULT_TTL_S,
     rollback: bool = False,
-    qualification: dict | None = None,
+    qualification: dict[str, Any] | None = None,
     wait: float | None = None,
     validate: bool = True,
     progress: Callable[..., None] | None = None,
     delta: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed.
     delta: the manifest carries the chunk recipe devices use to fetch only what changed (agent.artifacts.delta)."""
     from agent.artifacts.keys import key_id, load_private_key
@@ -153,7 +168,7 @@ def push(
     )
     envelope = manifest.sign(key)
     topics = _targets(prefix, name, devices, groups)
-    doc = {
+    doc: dict[str, Any] = {
         "name": name,
         "version": version,
         "sha256": art["sha256"],
@@ -182,12 +197,12 @@ def push(
     return doc
 
 
-def _dep_key(status: dict, name: str):
+def _dep_key(status: StatusDoc, name: str) -> tuple[Any, Any, Any, Any] | None:
     dep = (status.get("deployments") or {}).get(name)
     return (dep.get("id"), dep.get("version"), dep.get("state"), dep.get("ts")) if isinstance(dep, dict) else None
 
 
-def device_result(status: dict, name: str, version: str, fresh: bool) -> tuple[str, str]:
+def device_result(status: StatusDoc, name: str, version: str, fresh: bool) -> tuple[str, str]:
     """(result, reason) of one device for one pushed version: committed, failed/rejected/rolled_back, pending."""
     return device_outcome(status, name, version, fresh=fresh)
 
@@ -207,10 +222,17 @@ def _prefix_hint(watch: FleetWatch) -> str:
 
 
 def wait_for_devices(
-    watch: FleetWatch, name: str, version: str, devices, groups, timeout: float, baseline: dict, progress
-) -> dict[str, dict]:
+    watch: FleetWatch,
+    name: str,
+    version: str,
+    devices: Iterable[str],
+    groups: Iterable[str],
+    timeout: float,
+    baseline: dict[str, tuple[Any, Any, Any, Any] | None],
+    progress: Callable[..., None],
+) -> dict[str, DeviceResult]:
     """Wait until each targeted device is committed or has failed; pending devices time out with their state."""
-    results: dict[str, dict] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
+    results: dict[str, DeviceResult] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
     if watch.registry is not None:  # group members come from the registry, never from a device's claim
         for g in groups:
             for dev in watch.registry.members(g):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ class DeviceRegistry:
         self._keys: dict[str, Any] = {}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "DeviceRegistry":
+    def load(cls, path: str | os.PathLike[str]) -> "DeviceRegistry":
         path = Path(path)
         try:
             doc = read_json(path, default=None)
@@ -63,7 +63,7 @@ class DeviceRegistry:
 
     @classmethod
     @contextlib.contextmanager
-    def edit(cls, path: str | os.PathLike) -> Iterator["DeviceRegistry"]:
+    def edit(cls, path: str | os.PathLike[str]) -> Iterator["DeviceRegistry"]:
         """Load, change, save under an exclusive lock (PATH.lock): two operators (or a simulator and an
         operator) registering at once both land. Saved only when the block ends without an exception."""
         path = Path(path)
@@ -77,12 +77,14 @@ class DeviceRegistry:
         finally:
             os.close(fd)  # releases the lock
 
-    def save(self, path: str | os.PathLike | None = None) -> Path:
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         target = Path(path or self.path or REGISTRY_NAME)
         atomic_write_json(target, {"format": FORMAT, "devices": self.devices}, mode=0o600)
         return target
 
-    def register(self, device_id: str, public_key_pem: str, groups=(), *, replace: bool = False) -> dict[str, Any]:
+    def register(
+        self, device_id: str, public_key_pem: str, groups: Iterable[str] = (), *, replace: bool = False
+    ) -> dict[str, Any]:
         """One key, one device: a key another device holds is refused (ConfigError naming it) unless `replace`,
         which moves it here and revokes the other device's binding (the entry leaves the registry; its id is
         returned under `revoked`)."""
@@ -120,7 +122,9 @@ class DeviceRegistry:
         self._keys.pop(device_id, None)
         return True
 
-    def check_waitable(self, command: str, devices, groups, store) -> None:
+    def check_waitable(
+        self, command: str, devices: Iterable[str], groups: Iterable[str], store: str | os.PathLike[str]
+    ) -> None:
         """Waiting is for devices whose reports can count: every targeted device registered, every group with a
         registered member (membership comes only from the registry). ConfigError with the remedy otherwise."""
         missing = [d for d in devices if d not in self.devices]
@@ -164,7 +168,7 @@ class DeviceRegistry:
         return dict(doc, trust=trust, groups=self.groups(device_id))
 
 
-def registry_for_store(store: str | os.PathLike | None) -> DeviceRegistry | None:
+def registry_for_store(store: str | os.PathLike[str] | None) -> DeviceRegistry | None:
     """STORE/registry.json when it exists (None: no registry; reports are shown as unverified)."""
     if store is None:
         return None
@@ -172,7 +176,7 @@ def registry_for_store(store: str | os.PathLike | None) -> DeviceRegistry | None
     return DeviceRegistry.load(path) if path.exists() else None
 
 
-def require_registry(store: str | os.PathLike | None, command: str) -> DeviceRegistry:
+def require_registry(store: str | os.PathLike[str] | None, command: str) -> DeviceRegistry:
     """STORE/registry.json, or a ConfigError naming the remedy: `command` decides on device reports, and without
     a registry none of them can be verified (so none could ever count)."""
     registry = registry_for_store(store)

@@ -9,16 +9,37 @@ agent.fleet.rollout_mqtt provides both on top of the MQTT transport and the sign
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
+from agent.fleet.outcome import StatusDoc
 from agent.fleet.outcome import untrusted as report_untrusted
-from agent.fleet.rollout_plan import RolloutSpec, over_budget, plan, rollout_id
+from agent.fleet.rollout_plan import Planned, RolloutSpec, over_budget, plan, rollout_id
 
 Progress = Callable[..., None]
+
+
+class RolloutLink(Protocol):
+    """The fleet as the engine sees it (agent.fleet.rollout_link.FleetLink over MQTT)."""
+
+    def statuses(self) -> dict[str, StatusDoc]: ...
+
+    def wait_change(self, timeout: float) -> bool: ...
+
+    def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> None: ...
+
+    def publish_progress(self, rollout_id: str, doc: dict[str, Any]) -> None: ...
+
+
+class Issuer(Protocol):
+    """Signs a device's envelope (agent.fleet.rollout_link.ManifestIssuer); None when the version is unknown."""
+
+    def envelope(self, device_id: str, version: str, rollback: bool) -> bytes | None: ...
 
 
 def _noop(event: str, **fields: Any) -> None:
@@ -26,13 +47,13 @@ def _noop(event: str, **fields: Any) -> None:
 
 
 def open_rollout(
-    store,
+    store: str | Path,
     spec: RolloutSpec,
-    statuses: dict[str, dict],
-    manifest_info: dict,
+    statuses: dict[str, StatusDoc],
+    manifest_info: dict[str, Any],
     now: float | None = None,
-    extras: Callable[[dict], dict] | None = None,
-):
+    extras: Callable[[Planned], dict[str, Any]] | None = None,
+) -> tuple[rs.RolloutState, bool]:
     """Load the persisted rollout for (name, version), or plan and persist a new one. Returns (state, resumed).
 
     `extras(planned)` may add persisted fields to a new rollout (the signed-manifest bases, warnings)."""
@@ -63,14 +84,22 @@ def open_rollout(
 class RolloutEngine:
     """Drives one persisted rollout forward from the devices' retained status."""
 
-    def __init__(self, store, state: dict, link, issuer, progress: Progress | None = None, clock=time.time):
+    def __init__(
+        self,
+        store: str | Path | None,  # None: a subclass saves the state elsewhere (agent.controlplane.runner)
+        state: rs.RolloutState,
+        link: RolloutLink,
+        issuer: Issuer,
+        progress: Progress | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store, self.state, self.link, self.issuer = store, state, link, issuer
         self.spec = RolloutSpec.from_dict(state["spec"])
         self.progress = progress or _noop
         self.clock = clock
 
     # -- driving ---------------------------------------------------------------------------------------------
-    def run(self, wait: bool = True, stop=None, tick_s: float = 1.0) -> dict[str, Any]:
+    def run(self, wait: bool = True, stop: threading.Event | None = None, tick_s: float = 1.0) -> dict[str, Any]:
         """Republish what is in flight (idempotent), then step until finished (or once, without wait)."""
         self.republish()
         while True:
@@ -107,7 +136,7 @@ class RolloutEngine:
         return self.state["state"] in rs.ROLLOUT_FINAL
 
     # -- forward path ----------------------------------------------------------------------------------------
-    def _advance(self, key: str, statuses: dict) -> bool:
+    def _advance(self, key: str, statuses: dict[str, StatusDoc]) -> bool:
         cohort, changed = self.state["cohorts"][key], False
         while cohort["state"] == rs.RUNNING:
             wave = cohort["wave"]
@@ -135,7 +164,7 @@ class RolloutEngine:
             changed = True
         return changed
 
-    def _hold(self, key: str, wave: int, statuses: dict) -> tuple[bool, bool]:
+    def _hold(self, key: str, wave: int, statuses: dict[str, Any]) -> tuple[bool, bool]:
         """(held, changed): does the finished wave wait for something more before the next starts? Here never;
         the control plane's engine waits for an operator's word on devices not judged (agent.fleet.rollout_hold)."""
         return False, False
@@ -152,7 +181,7 @@ class RolloutEngine:
         kind = "canary" if wave == 0 and cohort["canary"] else "wave"
         self.progress("wave_started", cohort=key, wave=wave, kind=kind, devices=len(ids))
 
-    def _observe(self, key: str, statuses: dict) -> bool:
+    def _observe(self, key: str, statuses: dict[str, StatusDoc]) -> bool:
         changed, now = False, self.clock()
         started = self.state["cohorts"][key]["wave_started"]
         for dev, d in self.state["devices"].items():
@@ -213,7 +242,7 @@ class RolloutEngine:
                 self._restore_desired(dev)
                 d["desired_restored"] = True
 
-    def _advance_rollback(self, key: str, statuses: dict) -> bool:
+    def _advance_rollback(self, key: str, statuses: dict[str, StatusDoc]) -> bool:
         cohort, now, changed = self.state["cohorts"][key], self.clock(), False
         for dev, d in self.state["devices"].items():
             if d["cohort"] != key or d["result"] != rs.ROLLBACK_PENDING:
@@ -230,7 +259,7 @@ class RolloutEngine:
             changed = True
         return changed
 
-    def _rollback_outcome(self, d: dict, doc: dict | None) -> tuple[str | None, str | None]:
+    def _rollback_outcome(self, d: rs.DeviceRow, doc: StatusDoc | None) -> tuple[str | None, str | None]:
         prev, new, name = d["previous_version"], self.spec.version, self.spec.name
         if d.get("rollback_unavailable"):
             return rs.ROLLBACK_FAILED, d["rollback_unavailable"]
@@ -285,5 +314,6 @@ class RolloutEngine:
         self.link.publish_desired(dev, self.spec.name, env)
 
     def _save(self) -> None:
+        assert self.store is not None  # an engine built without a store overrides _save
         rs.save_state(self.store, self.state)
         self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))

@@ -26,7 +26,7 @@ def words(n: int) -> str:
     return f"{WAITING}: {n} device{'s' if n != 1 else ''} not judged"
 
 
-def check(engine: Any, key: str, wave: int, statuses: dict) -> tuple[bool, bool]:
+def check(engine: Any, key: str, wave: int, statuses: dict[str, Any]) -> tuple[bool, bool]:
     """(held, changed) for a cohort whose wave has no device in flight: held while a device of the wave is not
     judged without an operator's word, or sent back by one and not answered yet."""
     if engine.spec.halt_on_unjudged:
@@ -50,7 +50,7 @@ def check(engine: Any, key: str, wave: int, statuses: dict) -> tuple[bool, bool]
     return bool(waiting or back), changed
 
 
-def _answered(engine: Any, key: str, statuses: dict) -> bool:
+def _answered(engine: Any, key: str, statuses: dict[str, Any]) -> bool:
     """Devices an operator sent back: rolled back once their verified status says so, or failed past the
     rollout's deadline counted from the word."""
     changed, now = False, engine.clock()

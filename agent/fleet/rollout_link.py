@@ -5,42 +5,54 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from agent.artifacts.manifest import Manifest
+from agent.artifacts.manifest import ArtifactFields, Manifest
 from agent.transport.mqtt import BrokerConfig
 from agent.transport.topics import Topics
 
+if TYPE_CHECKING:  # pragma: no cover
+    import paho.mqtt.client as paho
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agent.fleet.outcome import StatusDoc
+    from agent.fleet.registry import DeviceRegistry
+
+ManifestDoc = dict[str, Any]  # Manifest.to_dict(): what a rollout persists per version, signed per device
+
 
 class FleetLink:
-    """The engine's link: agent.fleet.status.FleetWatch (live retained status) plus retained QoS 1 publishes."""
+    """The engine's link: agent.fleet.watch.FleetWatch (live retained status) plus retained QoS 1 publishes."""
 
-    def __init__(self, broker: BrokerConfig | str, prefix: str = "edge", registry=None):
-        from agent.fleet.status import FleetWatch
+    def __init__(
+        self, broker: BrokerConfig | str, prefix: str = "edge", registry: DeviceRegistry | None = None
+    ) -> None:
+        from agent.fleet.watch import FleetWatch
 
         broker = BrokerConfig(broker) if isinstance(broker, str) else broker
         self.topics = Topics(prefix)
         self.watch = FleetWatch(broker, prefix, registry=registry)
-        self._infos: list[Any] = []
+        self._infos: list[paho.MQTTMessageInfo] = []
 
     def __enter__(self) -> "FleetLink":
         self.watch.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.flush()
         finally:
             self.watch.stop()
 
-    def statuses(self) -> dict[str, dict]:
+    def statuses(self) -> dict[str, StatusDoc]:
         self.watch.drain()
         return {dev: doc for dev, doc in self.watch.status.items() if isinstance(doc, dict)}
 
     def wait_change(self, timeout: float) -> bool:
         return bool(self.watch.drain(timeout=timeout))
 
-    def device_desired(self, model: str, devices) -> dict[str, str | None]:
+    def device_desired(self, model: str, devices: Iterable[str]) -> dict[str, str | None]:
         """The retained device-specific desired state of `model` on each device now (None: none retained)."""
         seen: dict[str, bytes] = {}
         topic_filter = f"{self.topics.prefix}/devices/+/desired/{model}"
@@ -62,11 +74,11 @@ class FleetLink:
         topic = self.topics.device_desired(device_id, model)
         self._track(self.watch.link.publish(topic, envelope or b"", qos=1, retain=True))
 
-    def publish_progress(self, rollout_id: str, doc: dict) -> None:
+    def publish_progress(self, rollout_id: str, doc: dict[str, Any]) -> None:
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         self._track(self.watch.link.publish(self.topics.rollout(rollout_id), payload, qos=1, retain=True))
 
-    def _track(self, info) -> None:
+    def _track(self, info: paho.MQTTMessageInfo) -> None:
         self._infos = [i for i in self._infos if not i.is_published()] + [info]
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -84,7 +96,7 @@ class ManifestIssuer:
     """Signs per-device envelopes from the manifests persisted with the rollout (so republishes are identical:
     Ed25519 is deterministic and issued_at/expires_at are fixed at rollout creation)."""
 
-    def __init__(self, key, manifests: dict[str, dict]):
+    def __init__(self, key: Ed25519PrivateKey, manifests: dict[str, ManifestDoc]) -> None:
         self.key, self.manifests = key, manifests
         self._cache: dict[tuple[str, str, bool], bytes] = {}
 
@@ -103,12 +115,12 @@ class ManifestIssuer:
 def base_manifest(
     name: str,
     version: str,
-    artifact: dict,
-    sources: list[dict],
+    artifact: ArtifactFields,
+    sources: list[dict[str, str]],
     ttl_s: int,
     now: float,
-    qualification: dict | None = None,
-) -> dict:
+    qualification: dict[str, Any] | None = None,
+) -> ManifestDoc:
     """The manifest dict a rollout persists (targeting is filled per device when signing)."""
     m = Manifest.for_stored(
         artifact,

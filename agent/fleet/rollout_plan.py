@@ -6,11 +6,36 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from agent import names
 from agent.errors import ConfigError
+from agent.fleet.outcome import StatusDoc
 from agent.names import is_valid_name
+
+
+class PlannedCohort(TypedDict):
+    waves: list[list[str]]  # device ids, the canary wave first when there is one
+    canary: bool
+
+
+class _PlannedOptional(TypedDict, total=False):
+    previous_desired: str | None  # the device-specific desired state before the rollout (rollout_run's extras)
+
+
+class PlannedDevice(_PlannedOptional):
+    cohort: str
+    wave: int
+    previous_version: str | None
+    previous_sha256: str | None
+
+
+class Planned(TypedDict):
+    """plan(): the cohorts and their waves, and each selected device's place and version before the rollout."""
+
+    cohorts: dict[str, PlannedCohort]
+    devices: dict[str, PlannedDevice]
+
 
 VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 COHORT_KEYS = ("target", "provider")
@@ -135,7 +160,7 @@ def rollout_id(name: str, version: str) -> str:
     return check_name(f"{name}-{version}", "rollout id")
 
 
-def select_devices(statuses: dict[str, dict], group: str | None) -> list[str]:
+def select_devices(statuses: dict[str, StatusDoc], group: str | None) -> list[str]:
     """Devices in `group` (or all, when group is None) by their retained status, sorted by id."""
     out = []
     for dev_id, doc in statuses.items():
@@ -147,7 +172,7 @@ def select_devices(statuses: dict[str, dict], group: str | None) -> list[str]:
     return sorted(out)
 
 
-def cohort_of(doc: dict, cohort_by: str | None, name: str | None = None) -> str:
+def cohort_of(doc: StatusDoc, cohort_by: str | None, name: str | None = None) -> str:
     """The cohort key of one device: its target, or its primary (best available) provider; a status without
     a provider list falls back to the provider serving this model now."""
     if cohort_by is None:
@@ -163,13 +188,13 @@ def cohort_of(doc: dict, cohort_by: str | None, name: str | None = None) -> str:
     return str(value) if is_valid_name(value) else UNKNOWN
 
 
-def current_version(doc: dict, name: str) -> str | None:
+def current_version(doc: StatusDoc, name: str) -> str | None:
     m = (doc.get("models") or {}).get(name)
     v = m.get("version") if isinstance(m, dict) else None
     return v if isinstance(v, str) and VERSION_RE.match(v) else None
 
 
-def current_sha(doc: dict, name: str) -> str | None:
+def current_sha(doc: StatusDoc, name: str) -> str | None:
     m = (doc.get("models") or {}).get(name)
     v = m.get("sha256") if isinstance(m, dict) else None
     return v if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) else None
@@ -185,12 +210,12 @@ def split_waves(devices: list[str], canary: Count, wave_size: Count) -> list[lis
     return waves
 
 
-def canary_order(ids: Iterable[str], statuses: dict[str, dict]) -> list[str]:
+def canary_order(ids: Iterable[str], statuses: dict[str, StatusDoc]) -> list[str]:
     """Online devices first (an offline canary only burns the deadline), then by id."""
     return sorted(ids, key=lambda d: (not bool(statuses.get(d, {}).get("online")), d))
 
 
-def plan(spec: RolloutSpec, statuses: dict[str, dict]) -> dict[str, Any]:
+def plan(spec: RolloutSpec, statuses: dict[str, StatusDoc]) -> Planned:
     """Select and split: {"cohorts": {key: {"waves": [[ids]]}}, "devices": {id: {cohort, wave, previous_version}}}."""
     selected = select_devices(statuses, spec.group)
     if not selected:
@@ -203,7 +228,8 @@ def plan(spec: RolloutSpec, statuses: dict[str, dict]) -> dict[str, Any]:
     members: dict[str, list[str]] = {}
     for dev in selected:
         members.setdefault(cohort_of(statuses[dev], spec.cohort_by, spec.name), []).append(dev)
-    cohorts, devices = {}, {}
+    cohorts: dict[str, PlannedCohort] = {}
+    devices: dict[str, PlannedDevice] = {}
     for key in sorted(members):
         waves = split_waves(canary_order(members[key], statuses), canary, wave)
         cohorts[key] = {"waves": waves, "canary": bool(canary.of(len(members[key]), canary.value > 0))}

@@ -7,14 +7,18 @@ incomplete), started, finished, result counts and the devices that still run the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.fleet import rollout_state as rs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.fleet.outcome import StatusDoc
+    from agent.fleet.rollout import RolloutEngine
 
 RUNNING, DONE, INCOMPLETE = "running", "done", "incomplete"
 
 
-def _on_it(engine, d: dict, doc: dict | None) -> bool:
+def _on_it(engine: RolloutEngine, d: rs.DeviceRow, doc: StatusDoc | None) -> bool:
     """Does this device run (or may it run) the rollout's version now?"""
     name, version = engine.spec.name, engine.spec.version
     if rs.holds(doc, name, version):
@@ -24,7 +28,7 @@ def _on_it(engine, d: dict, doc: dict | None) -> bool:
     return d["result"] == rs.ROLLBACK_FAILED and bool(d.get("took")) and doc is None
 
 
-def recall(engine, request: str, reason: str) -> dict[str, Any]:
+def recall(engine: RolloutEngine, request: str, reason: str) -> dict[str, Any]:
     """Start (or repeat) the roll back of every device that took or is taking the version; returns the
     operation. Running cohorts halt through the engine's own halt; finished ones reopen for the roll back."""
     state, now = engine.state, engine.clock()
@@ -65,7 +69,7 @@ def recall(engine, request: str, reason: str) -> dict[str, Any]:
     return op
 
 
-def finish(engine) -> bool:
+def finish(engine: RolloutEngine) -> bool:
     """Close a running roll back once the rollout settled: its result and who still runs the version."""
     state = engine.state
     op = state.get("rollback")

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.artifacts.manifest import ArtifactFields
 from agent.errors import ConfigError
 from agent.fleet import rollout_state as rs
+from agent.fleet.outcome import StatusDoc
 from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
 from agent.fleet.rollout import RolloutEngine, open_rollout
-from agent.fleet.rollout_link import FleetLink, ManifestIssuer, base_manifest
-from agent.fleet.rollout_plan import RolloutSpec, check_name, check_version
+from agent.fleet.rollout_link import FleetLink, ManifestDoc, ManifestIssuer, base_manifest
+from agent.fleet.rollout_plan import Planned, RolloutSpec, check_name, check_version
+from agent.transport.mqtt import BrokerConfig
 
 MANIFEST_TTL_S = 30 * 86400
 DEFAULT_CHUNK = 256 * 1024
 
 
-def _push():
-    from agent.fleet import push
-
-    return push
-
-
-def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int = DEFAULT_CHUNK) -> dict | None:
+def stored_artifact(
+    store: str | Path, sha256: str, fmt: str | None = None, chunk_size: int = DEFAULT_CHUNK
+) -> ArtifactFields | None:
     """Manifest artifact fields for a blob already in the control plane's store (None if it is not there)."""
     from agent.artifacts.store import ContentStore, hash_file
 
@@ -37,16 +38,18 @@ def stored_artifact(store, sha256: str, fmt: str | None = None, chunk_size: int 
             fmt = "tar.gz" if f.read(2) == b"\x1f\x8b" else "onnx"
     from agent.artifacts.recipe import RecipeBook
 
-    art = {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
+    art: ArtifactFields = {"sha256": sha, "size": size, "chunk_size": chunk_size, "chunks": chunks, "format": fmt}
     recipe = RecipeBook(cs).ensure(sha)  # a delta-capable manifest for the rollback version too
-    return {**art, "recipe": recipe} if recipe is not None else art
+    if recipe is not None:
+        art["recipe"] = recipe
+    return art
 
 
-def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> list[dict]:
+def _sources(artifact: Mapping[str, Any], http_url: str | None, http_only: bool = False) -> list[dict[str, str]]:
     """MQTT chunks (and an http(s) URL, e.g. a CDN); http_only keeps the artifact bytes off the broker."""
     if http_only and not http_url:
         raise ConfigError("--http-only needs --http-url URL (where devices download the artifact)")
-    src = [] if http_only else [{"type": "mqtt"}]
+    src: list[dict[str, str]] = [] if http_only else [{"type": "mqtt"}]
     if http_url:
         if not http_url.startswith(("http://", "https://")):
             raise ConfigError(f"--http-url: expected an http:// or https:// URL, got {http_url!r}")
@@ -55,17 +58,23 @@ def _sources(artifact: dict, http_url: str | None, http_only: bool = False) -> l
 
 
 def _manifest_extras(
-    spec: RolloutSpec, store, artifact: dict, sources: list[dict], now: float, progress, link: FleetLink | None = None
-):
+    spec: RolloutSpec,
+    store: str | Path,
+    artifact: ArtifactFields,
+    sources: list[dict[str, str]],
+    now: float,
+    progress: Callable[..., None],
+    link: FleetLink | None = None,
+) -> Callable[[Planned], dict[str, Any]]:
     """Persist every manifest the rollout may sign (the new version, each previous version to roll back to)
     and each device's desired state before the rollout (restored as it was on devices that never change)."""
 
-    def extras(planned: dict) -> dict:
+    def extras(planned: Planned) -> dict[str, Any]:
         if link is not None:
             for dev, before in link.device_desired(spec.name, planned["devices"]).items():
                 planned["devices"][dev]["previous_desired"] = before
         manifests = {spec.version: base_manifest(spec.name, spec.version, artifact, sources, MANIFEST_TTL_S, now)}
-        warnings = []
+        warnings: list[str] = []
         for dev, d in sorted(planned["devices"].items()):
             prev, sha = d["previous_version"], d.get("previous_sha256")
             if prev is None or prev in manifests:
@@ -86,18 +95,18 @@ def _manifest_extras(
 
 
 def run_rollout(
-    package,
+    package: str | os.PathLike[str],
     spec: RolloutSpec,
     *,
-    key_file,
-    store,
-    broker,
+    key_file: str | os.PathLike[str],
+    store: str | Path,
+    broker: BrokerConfig | str,
     prefix: str = "edge",
     http_url: str | None = None,
     http_only: bool = False,
     wait: bool = True,
     progress: Callable[..., None] | None = None,
-    stop=None,
+    stop: threading.Event | None = None,
     tick_s: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> dict[str, Any]:
@@ -109,7 +118,9 @@ def run_rollout(
     key = load_private_key(key_file)
     _sources({"sha256": ""}, http_url, http_only)  # bad flags fail before anything is stored
     Path(store).mkdir(parents=True, exist_ok=True)
-    artifact = _push().store_package(package, store, chunk_size)
+    from agent.fleet.push import store_package
+
+    artifact = store_package(package, store, chunk_size)
     sources = _sources(artifact, http_url, http_only)
     with FleetLink(broker, prefix, registry=registry) as link:
         extras = _manifest_extras(spec, store, artifact, sources, time.time(), progress, link)
@@ -128,7 +139,9 @@ def run_rollout(
     return summary
 
 
-def registered_population(registry: DeviceRegistry, statuses: dict[str, dict], progress=None) -> dict[str, dict]:
+def registered_population(
+    registry: DeviceRegistry, statuses: dict[str, StatusDoc], progress: Callable[..., None] | None = None
+) -> dict[str, StatusDoc]:
     """What a rollout plans on: every registered device (its groups from the registry), with its status as the
     registry lets the control plane believe it; a registered device that never reported is an offline member
     (it counts as silent at the deadline). A status of a device outside the registry is left out."""
@@ -147,7 +160,7 @@ def registered_population(registry: DeviceRegistry, statuses: dict[str, dict], p
     return out
 
 
-def _previous_from_rollouts(store, name: str, device: str) -> tuple[str | None, dict | None]:
+def _previous_from_rollouts(store: str | Path, name: str, device: str) -> tuple[str | None, ManifestDoc | None]:
     """The version `device` ran before the latest rollout of `name` that touched it, and its manifest base."""
     for state in sorted(rs.list_states(store), key=lambda s: s["created"], reverse=True):
         d = state["devices"].get(device)
@@ -157,10 +170,11 @@ def _previous_from_rollouts(store, name: str, device: str) -> tuple[str | None, 
     return None, None
 
 
-def _manifest_for(store, name: str, version: str) -> dict | None:
+def _manifest_for(store: str | Path, name: str, version: str) -> ManifestDoc | None:
     for state in rs.list_states(store):
         if state["spec"]["name"] == name and version in state.get("manifests", {}):
-            return state["manifests"][version]
+            found: ManifestDoc = state["manifests"][version]
+            return found
     return None
 
 
@@ -170,9 +184,9 @@ def run_rollback(
     device: str | None,
     group: str | None,
     version: str | None,
-    key_file,
-    store,
-    broker,
+    key_file: str | os.PathLike[str],
+    store: str | Path,
+    broker: BrokerConfig | str,
     prefix: str = "edge",
     wait_s: float = 0.0,
 ) -> dict[str, Any]:
@@ -193,7 +207,8 @@ def run_rollback(
         assert registry is not None  # require_registry above
         registry.check_waitable("fleet rollback --wait", [device], [], store)
     key = load_private_key(key_file)
-    rows, manifests = [], {}
+    rows: list[dict[str, Any]] = []
+    manifests: dict[str, ManifestDoc] = {}
     with FleetLink(broker, prefix, registry=registry) as link:
         if device:
             targets = [device]
@@ -206,7 +221,7 @@ def run_rollback(
             ver, base = (
                 (version, _manifest_for(store, name, version)) if version else _previous_from_rollouts(store, name, dev)
             )
-            row = {"device_id": dev, "version": ver}
+            row: dict[str, Any] = {"device_id": dev, "version": ver}
             if ver is None:
                 row.update(
                     result="skipped",
@@ -228,7 +243,7 @@ def run_rollback(
     return {"model": name, "devices": rows}
 
 
-def _wait_rollback(link: FleetLink, name: str, rows: list[dict], wait_s: float) -> None:
+def _wait_rollback(link: FleetLink, name: str, rows: list[dict[str, Any]], wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     pending = [r for r in rows if r["result"] == "published"]
     while pending and wait_s > 0:

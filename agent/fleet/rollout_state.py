@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import ConfigError
-from agent.fleet.outcome import BAD_STATES, COMMITTED, UNJUDGED, device_outcome, same_version
-from agent.fleet.rollout_plan import RolloutSpec
+from agent.fleet.outcome import BAD_STATES, COMMITTED, UNJUDGED, StatusDoc, device_outcome, same_version
+from agent.fleet.rollout_plan import Planned, RolloutSpec
 from agent.util.atomic import atomic_write_json, read_json
 
 FORMAT = 1
@@ -23,6 +23,13 @@ CANCELLED, NOT_REACHED = "cancelled", "not_reached"
 RUNNING, ROLLING_BACK, COMPLETED, HALTED, PARTIAL = "running", "rolling_back", "completed", "halted", "partial"
 ROLLOUT_FINAL = {COMPLETED, HALTED, PARTIAL}
 
+# The persisted rollout (STORE/rollouts/<id>.json, and the control plane's rollout rows): a JSON document that the
+# engine, the recall and agent.controlplane's runner edit in place; new_state() lists the keys it starts with.
+RolloutState = dict[str, Any]
+# One device's row in it (state["devices"][id]): the plan's fields (cohort, wave, previous_version, ...) plus
+# result, reason, published and finished.
+DeviceRow = dict[str, Any]
+
 
 def rollouts_dir(store: str | Path) -> Path:
     return Path(store) / "rollouts"
@@ -32,8 +39,8 @@ def state_path(store: str | Path, rid: str) -> Path:
     return rollouts_dir(store) / f"{rid}.json"
 
 
-def new_state(rid: str, spec: RolloutSpec, planned: dict[str, Any], manifest_info: dict[str, Any], now: float) -> dict:
-    cohorts = {
+def new_state(rid: str, spec: RolloutSpec, planned: Planned, manifest_info: dict[str, Any], now: float) -> RolloutState:
+    cohorts: dict[str, dict[str, Any]] = {
         key: {
             "state": RUNNING,
             "wave": 0,
@@ -45,7 +52,7 @@ def new_state(rid: str, spec: RolloutSpec, planned: dict[str, Any], manifest_inf
         }
         for key, c in planned["cohorts"].items()
     }
-    devices = {
+    devices: dict[str, DeviceRow] = {
         dev: {**d, "result": PENDING, "reason": None, "published": None, "finished": None}
         for dev, d in planned["devices"].items()
     }
@@ -62,7 +69,7 @@ def new_state(rid: str, spec: RolloutSpec, planned: dict[str, Any], manifest_inf
     }
 
 
-def load_state(store: str | Path, rid: str) -> dict | None:
+def load_state(store: str | Path, rid: str) -> RolloutState | None:
     doc = read_json(state_path(store, rid))
     if doc is None:
         return None
@@ -71,12 +78,12 @@ def load_state(store: str | Path, rid: str) -> dict | None:
     return doc
 
 
-def save_state(store: str | Path, state: dict) -> None:
+def save_state(store: str | Path, state: RolloutState) -> None:
     state["updated"] = time.time()
     atomic_write_json(state_path(store, state["rollout_id"]), state)
 
 
-def list_states(store: str | Path) -> list[dict]:
+def list_states(store: str | Path) -> list[RolloutState]:
     out = []
     for p in sorted(rollouts_dir(store).glob("*.json")):
         doc = read_json(p)
@@ -85,7 +92,7 @@ def list_states(store: str | Path) -> list[dict]:
     return out
 
 
-def observe(doc: dict | None, name: str, version: str) -> tuple[str | None, str | None]:
+def observe(doc: StatusDoc | None, name: str, version: str) -> tuple[str | None, str | None]:
     """What a device's retained status says about (name, version): (SUCCEEDED|FAILED|None, reason)."""
     result, reason = device_outcome(doc, name, version)
     if result == COMMITTED:
@@ -97,19 +104,19 @@ def observe(doc: dict | None, name: str, version: str) -> tuple[str | None, str 
     return None, None
 
 
-def holds(doc: dict | None, name: str, version: str | None) -> bool:
+def holds(doc: StatusDoc | None, name: str, version: str | None) -> bool:
     """Does the device currently run (committed or on probation) this version of the model?"""
     model = ((doc or {}).get("models") or {}).get(name) if isinstance(doc, dict) else None
     return isinstance(model, dict) and same_version(model.get("version"), version)
 
 
-def held_before(doc: dict | None, name: str, version: str | None) -> bool:
+def held_before(doc: StatusDoc | None, name: str, version: str | None) -> bool:
     """Did the device run this version before what it runs now (its status names it as the previous one)?"""
     model = ((doc or {}).get("models") or {}).get(name) if isinstance(doc, dict) else None
     return isinstance(model, dict) and same_version(model.get("previous"), version)
 
 
-def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:
+def wave_counts(state: RolloutState, key: str) -> list[dict[str, Any]]:
     """Per-wave counts of one cohort for the progress document and the summary."""
     cohort = state["cohorts"][key]
     rows = []
@@ -131,14 +138,14 @@ def wave_counts(state: dict, key: str) -> list[dict[str, Any]]:
     return rows
 
 
-def totals(state: dict) -> dict[str, int]:
+def totals(state: RolloutState) -> dict[str, int]:
     out: dict[str, int] = {}
     for d in state["devices"].values():
         out[d["result"]] = out.get(d["result"], 0) + 1
     return out
 
 
-def progress_doc(state: dict) -> dict[str, Any]:
+def progress_doc(state: RolloutState) -> dict[str, Any]:
     """The retained p/rollouts/{id} document: where every cohort and wave stands."""
     spec = state["spec"]
     return {
@@ -169,12 +176,12 @@ def progress_doc(state: dict) -> dict[str, Any]:
     }
 
 
-def held_devices(state: dict) -> list[str]:
+def held_devices(state: RolloutState) -> list[str]:
     """Devices not judged, waiting for an operator's word (agent.fleet.rollout_hold)."""
     return sorted(dev for dev, d in state["devices"].items() if d["result"] == NOT_JUDGED and d.get("held"))
 
 
-def summary(state: dict) -> dict[str, Any]:
+def summary(state: RolloutState) -> dict[str, Any]:
     """The summary JSON: the progress document plus every device with its result and reason."""
     doc, now = progress_doc(state), time.time()
     doc["devices"] = [
@@ -192,7 +199,7 @@ def summary(state: dict) -> dict[str, Any]:
     return doc
 
 
-def waiting_for(state: dict, d: dict, now: float) -> str | None:
+def waiting_for(state: RolloutState, d: DeviceRow, now: float) -> str | None:
     """What the rollout waits for from this device, in words (None: nothing, its result is final)."""
     spec, cohort = state["spec"], state["cohorts"].get(d["cohort"]) or {}
     deadline = float(spec.get("deadline_s") or 0)

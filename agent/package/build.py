@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from agent.package.inputbudget import (
     read_npz,
 )
 from agent.providers.base import TensorSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
 
 MAX_INPUT_FILE_BYTES = 1 << 30  # a sample input bigger than this is not a sample
 
@@ -108,7 +111,8 @@ def _read_wav(path: Path, budget: Budget) -> np.ndarray:
         raise ModelError(f"{path}: {8 * width}-bit WAV is not supported (8, 16 or 32-bit PCM)")
     dtype, offset, scale = kinds[width]
     data = (np.frombuffer(raw, dtype=dtype).astype(np.float32) - offset) / scale
-    return data.reshape(-1, channels).mean(axis=1).astype(np.float32)
+    mono: np.ndarray = data.reshape(-1, channels).mean(axis=1).astype(np.float32)
+    return mono
 
 
 def _read_image(path: Path) -> np.ndarray:
@@ -125,7 +129,9 @@ def _read_image(path: Path) -> np.ndarray:
         raise ModelError(f"{path}: {exc}") from None
 
 
-def group_sets(samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray]]], specs: list[TensorSpec]):
+def group_sets(
+    samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray]]], specs: list[TensorSpec]
+) -> list[dict[str, np.ndarray]]:
     """Input sets from the files in order: a named file fills its inputs; positional arrays fill the next
     unfilled inputs; a set is complete when every input has a value."""
     names = [s.name for s in specs]
@@ -154,7 +160,9 @@ def group_sets(samples: list[tuple[Path, dict[str, np.ndarray] | list[np.ndarray
     return sets
 
 
-def infer_shapes(specs: list[TensorSpec], sets: list[dict[str, np.ndarray]]):
+def infer_shapes(
+    specs: list[TensorSpec], sets: list[dict[str, np.ndarray]]
+) -> tuple[dict[str, Any], dict[str, dict[str, list[int]]]]:
     """input_shapes for every input with a symbolic dim (a list when all sets agree, else {min, opt, max} with
     opt = the first set), and the symbolic dims by name with the values seen."""
     shapes: dict[str, Any] = {}
@@ -277,7 +285,7 @@ def build(
     return Built(out, meta["name"], meta["version"], len(fitted), shapes, symbolic, how, notes, meta["golden_made_by"])
 
 
-def _copy_external_data(proto, src_dir: Path, out: Path) -> None:
+def _copy_external_data(proto: onnx.ModelProto, src_dir: Path, out: Path) -> None:
     """External-data files the model names, copied beside it (their locations stay relative)."""
     for init in proto.graph.initializer:
         for entry in init.external_data:

@@ -31,4 +31,5 @@ def get(name: str) -> Provider:
     if name not in REGISTRY:
         raise KeyError(f"unknown provider {name!r}; known: {', '.join(PROVIDER_NAMES)}")
     module_name, cls_name = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)()
+    cls: type[Provider] = getattr(importlib.import_module(module_name), cls_name)
+    return cls()

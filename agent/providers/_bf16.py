@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent.providers.base import TensorSpec
 
 ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 
-def has_bf16(specs: list) -> bool:
+def has_bf16(specs: Sequence[TensorSpec]) -> bool:
     """True when any TensorSpec is bfloat16 (then the session must run through OrtValues)."""
     return any(s.dtype == "bfloat16" for s in specs)
 
@@ -30,9 +34,10 @@ def _to_ort(rt: Any, arr: np.ndarray) -> Any:
 
 def _to_numpy(value: Any) -> np.ndarray:
     if value.data_type() != "tensor(bfloat16)":
-        return value.numpy()
+        return np.asarray(value.numpy())
     import ml_dtypes  # a dependency of onnx; numpy itself has no bfloat16
 
     shape = tuple(value.shape())
     raw = ctypes.string_at(value.data_ptr(), 2 * math.prod(shape)) if math.prod(shape) else b""
-    return np.frombuffer(raw, dtype=ml_dtypes.bfloat16).reshape(shape).copy()
+    out: np.ndarray = np.frombuffer(raw, dtype=np.dtype(ml_dtypes.bfloat16)).reshape(shape).copy()
+    return out

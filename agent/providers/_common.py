@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from agent.providers.base import ProbeResult
@@ -14,11 +15,14 @@ if TYPE_CHECKING:  # pragma: no cover
 # Creating sessions concurrently is not safe in every runtime version (docs/field-notes.md): serialise it.
 SESSION_LOCK = threading.RLock()
 
-_IMPORTS: dict[str, tuple[Any, str | None]] = {}
+# A handle from a native runtime that ships no type stubs (onnxruntime, openvino): its attributes are dynamic.
+Native = Any
+
+_IMPORTS: dict[str, tuple[Native, str | None]] = {}
 _IMPORT_LOCK = threading.Lock()
 
 
-def try_import(module: str) -> tuple[Any, str | None]:
+def try_import(module: str) -> tuple[Native, str | None]:
     """Import a runtime module once per process: (module, None) or (None, 'why it failed')."""
     with _IMPORT_LOCK:
         if module not in _IMPORTS:
@@ -43,7 +47,7 @@ def unavailable(name: str, reason: str, remedy: str | None, **kw: Any) -> ProbeR
     return ProbeResult(name=name, available=False, reason=reason, remedy=remedy, **kw)
 
 
-def probe_guard(name: str, fn, *args: Any, **kwargs: Any) -> ProbeResult:
+def probe_guard(name: str, fn: Callable[..., ProbeResult], *args: Any, **kwargs: Any) -> ProbeResult:
     """Run a probe body; turn any unexpected exception into an unavailable result (probes never raise)."""
     try:
         return fn(*args, **kwargs)

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from agent.errors import ProviderError
 from agent.providers._bf16 import has_bf16, run_ort_values
-from agent.providers._common import SESSION_LOCK, try_import
+from agent.providers._common import SESSION_LOCK, Native, try_import
 from agent.providers.base import Assignment, ProviderSession, TensorSpec
 
 _ORT_DTYPES = {
@@ -54,7 +55,7 @@ _PLUGINS: dict[str, tuple[list[Any], str | None]] = {}
 _PLUGIN_LOCK = threading.Lock()
 
 
-def ort():
+def ort() -> Native:
     """The onnxruntime module (imported once) or ProviderError."""
     mod, err = try_import("onnxruntime")
     if mod is None:
@@ -62,7 +63,7 @@ def ort():
     return mod
 
 
-def ort_or_reason() -> tuple[Any, str | None]:
+def ort_or_reason() -> tuple[Native, str | None]:
     return try_import("onnxruntime")
 
 
@@ -109,7 +110,7 @@ def dtype_name(ort_type: str) -> str:
     return _ORT_DTYPES.get(inner, inner)
 
 
-def _shape(shape) -> tuple[Any, ...]:
+def _shape(shape: Iterable[int | str | None]) -> tuple[int | str | None, ...]:
     return tuple(d if isinstance(d, int) else (d or None) for d in shape)
 
 
@@ -128,7 +129,7 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, Any], dict[
     return attrs, config, ep
 
 
-def session_options(attrs: dict[str, Any], config: dict[str, str], profile_dir: str | None = None):
+def session_options(attrs: dict[str, Any], config: dict[str, str], profile_dir: str | None = None) -> Native:
     rt = ort()
     so = rt.SessionOptions()
     so.log_severity_level = 4  # failures come back as ProviderError with ORT's message; no duplicate log lines
@@ -221,7 +222,7 @@ class OrtSession(ProviderSession):
 
     def __init__(
         self,
-        sess,
+        sess: Native,
         *,
         provider: str,
         ep_name: str,
@@ -229,7 +230,7 @@ class OrtSession(ProviderSession):
         device: str | None,
         compile_s: float,
         profile_dir: str | None,
-    ):
+    ) -> None:
         self._sess = sess
         self._ep = ep_name
         self._profile_dir = profile_dir
@@ -328,7 +329,7 @@ class OrtSession(ProviderSession):
         self._native = None
 
 
-def graph_assignment(sess, ep_name: str) -> Assignment:
+def graph_assignment(sess: Native, ep_name: str) -> Assignment:
     """Node -> EP from ORT's recorded graph assignment (post-optimisation nodes)."""
     on, other = 0, Counter[str]()
     for sub in sess.get_provider_graph_assignment_info():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.providers._ortep import OrtEpProvider
 
@@ -25,7 +25,7 @@ class AclProvider(OrtEpProvider):
             )
         return None
 
-    def runtime_devices(self, profile: "HardwareProfile"):
+    def runtime_devices(self, profile: "HardwareProfile") -> tuple[list[Any] | None, str | None]:
         devs, why = super().runtime_devices(profile)
         if why and "not in this onnxruntime build" in why:
             why = (

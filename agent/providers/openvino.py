@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from agent.errors import ProviderError
-from agent.providers._common import SESSION_LOCK, has_arm_fp16, has_bf16, probe_guard, try_import, unavailable
+from agent.providers._common import (
+    SESSION_LOCK,
+    Native,
+    has_arm_fp16,
+    has_bf16,
+    probe_guard,
+    try_import,
+    unavailable,
+)
 from agent.providers.base import Assignment, ProbeResult, Provider, ProviderSession, TensorSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,14 +32,14 @@ _CORE: list[Any] = []
 _CORE_LOCK = threading.Lock()
 
 
-def _ov():
+def _ov() -> Native:
     mod, err = try_import("openvino")
     if mod is None:
         raise ProviderError(f"openvino: the openvino runtime cannot be imported: {err} (pip install openvino)")
     return mod
 
 
-def _core():
+def _core() -> Native:
     """One ov.Core per process (creating it loads plugins); its own lock so probes never wait on a compile."""
     with _CORE_LOCK:
         if not _CORE:
@@ -169,7 +177,7 @@ def split_options(options: dict[str, Any] | None) -> tuple[dict[str, str], list[
     return config, preferred
 
 
-def _first_available(core, preferred: list[str]) -> str:
+def _first_available(core: Native, preferred: list[str]) -> str:
     """The first preferred device the runtime sees (CPU when none is given)."""
     seen = {d.split(".")[0] for d in core.available_devices}
     return next((d for d in preferred if d.split(".")[0] in seen), preferred[0] if preferred else "CPU")
@@ -186,7 +194,7 @@ def _onnx_io_names(path: Path) -> tuple[frozenset[str], frozenset[str]]:
         return frozenset(), frozenset()
 
 
-def _read_model(core, path: Path):
+def _read_model(core: Native, path: Path) -> Native:
     """ONNX files go through the ONNX frontend only (read_model would try every frontend on a bad file)."""
     if path.suffix.lower() != ".onnx":
         return core.read_model(str(path))
@@ -196,7 +204,7 @@ def _read_model(core, path: Path):
     return fe.convert(fe.load(str(path)))
 
 
-def _check_device(core, device: str) -> None:
+def _check_device(core: Native, device: str) -> None:
     base = device.split(".")[0].split(":")[0]
     if base in ("AUTO", "HETERO", "MULTI", "BATCH"):
         return
@@ -207,7 +215,7 @@ def _check_device(core, device: str) -> None:
         )
 
 
-def _with_coverage(err: ProviderError, core, path: Path, device: str) -> ProviderError:
+def _with_coverage(err: ProviderError, core: Native, path: Path, device: str) -> ProviderError:
     """A graph OpenVINO converts only in part: what each device would take, measured on the converted rest."""
     if path.suffix.lower() == ".onnx" and unsupported_op_names(str(err)):
         from agent.providers import ov_coverage
@@ -248,10 +256,10 @@ class OpenVINOSession(ProviderSession):
 
     provider = "openvino"
 
-    def __init__(self, compiled, model_path: Path, *, device: str, compile_s: float):
+    def __init__(self, compiled: Native, model_path: Path, *, device: str, compile_s: float) -> None:
         self._compiled = compiled
         self._model_path = model_path
-        self._pool: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool: queue.SimpleQueue[Native] = queue.SimpleQueue()
         self.device = device
         self.compile_s = compile_s
         self.precision = self._precision()
@@ -269,7 +277,7 @@ class OpenVINOSession(ProviderSession):
             return None
 
     @staticmethod
-    def _spec(port, graph_names: frozenset[str] = frozenset()) -> TensorSpec:
+    def _spec(port: Native, graph_names: frozenset[str] = frozenset()) -> TensorSpec:
         # A port can carry several tensor names (internal aliases too): prefer the ONNX graph's own name.
         names = sorted(port.get_names())
         onnx_names = [n for n in names if n in graph_names]
@@ -343,7 +351,7 @@ class OpenVINOSession(ProviderSession):
         self._compiled = None
 
 
-def _in_tensor(port, value):
+def _in_tensor(port: Native, value: np.ndarray) -> Native:
     """A numpy feed for one input port; 4-bit types (i4, u4, f4e2m1) are packed two values per byte as OpenVINO
     expects (numpy/ml_dtypes hold one value per byte)."""
     et = port.get_element_type()
@@ -362,15 +370,16 @@ def _in_tensor(port, value):
     return _ov().Tensor(packed, _ov().Shape(list(arr.shape)), et)
 
 
-def _out_array(tensor) -> np.ndarray:
+def _out_array(tensor: Native) -> np.ndarray:
     """An output tensor as numpy; 4-bit outputs are unpacked to one value per byte (ml_dtypes int4/uint4/float4)."""
     et = tensor.element_type
     if et.get_type_name() == "bf16":  # .data is a float16 view of the bf16 bits
         import ml_dtypes
 
-        return np.asarray(tensor.data).view(np.uint16).view(ml_dtypes.bfloat16).copy()
+        bf16: np.ndarray = np.asarray(tensor.data).view(np.uint16).view(np.dtype(ml_dtypes.bfloat16)).copy()
+        return bf16
     if et.bitwidth != 4:
-        return tensor.data.copy()
+        return np.array(tensor.data, copy=True)
     shape = tuple(tensor.shape)
     raw = np.asarray(tensor.data).view(np.uint8).ravel()
     codes = np.stack([raw & 0x0F, raw >> 4], axis=1).ravel()[: int(np.prod(shape, dtype=np.int64))]
@@ -378,7 +387,8 @@ def _out_array(tensor) -> np.ndarray:
 
     name = et.get_type_name()
     if name == "i4":
-        return (((codes.astype(np.int8) ^ 8) - 8).astype(ml_dtypes.int4)).reshape(shape)
+        return (((codes.astype(np.int8) ^ 8) - 8).astype(np.dtype(ml_dtypes.int4))).reshape(shape)
     if name == "u4":
-        return codes.astype(ml_dtypes.uint4).reshape(shape)
-    return codes.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).reshape(shape)
+        return codes.astype(np.dtype(ml_dtypes.uint4)).reshape(shape)
+    f4: np.ndarray = codes.astype(np.uint8).view(np.dtype(ml_dtypes.float4_e2m1fn)).reshape(shape)
+    return f4

@@ -119,7 +119,9 @@ def _cut_framework_nodes(model: Any, types: dict[str, tuple[list[int], Any]]) ->
     return ov.Model(results, params, "coverage-cut"), names
 
 
-def _count(model, claimed, ran, unconverted, onnx_path, device) -> Assignment:
+def _count(
+    model: Any, claimed: dict[str, str], ran: set[str] | None, unconverted: list[str], onnx_path: Path, device: str
+) -> Assignment:
     nodes = onnx_nodes(onnx_path)
     ops = [o for o in model.get_ordered_ops() if o.get_type_name() not in _SKIP and not _is_framework(o)]
     if nodes is None:  # no ONNX graph to map to: count OpenVINO ops

@@ -10,6 +10,8 @@ from agent.providers import PROVIDER_NAMES, REGISTRY, get
 from agent.providers.base import ProbeResult
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from agent.hardware.profile import HardwareProfile
 
 
@@ -72,7 +74,9 @@ def _probe(
     return dataclasses.replace(res, preferred=preferred)
 
 
-def smoke_test(result: ProbeResult, model_path: str, feeds: dict, expected: dict) -> dict[str, Any]:
+def smoke_test(
+    result: ProbeResult, model_path: str, feeds: dict[str, np.ndarray], expected: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """Open a real session on an available provider and run one known input: {ok, precision, device, coverage, error}."""
     import numpy as np
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.providers._ortep import OrtEpProvider
 
@@ -20,7 +20,7 @@ class XnnpackProvider(OrtEpProvider):
     ep_keys = frozenset({"intra_op_num_threads"})
     session_defaults = {"intra_op_num_threads": 1}
 
-    def runtime_devices(self, profile: "HardwareProfile"):
+    def runtime_devices(self, profile: "HardwareProfile") -> tuple[list[Any] | None, str | None]:
         devs, why = super().runtime_devices(profile)
         if why and "not in this onnxruntime build" in why:
             why = "XNNPACK EP not in this onnxruntime build: the Linux/desktop pip wheels do not include it"

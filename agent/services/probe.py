@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError
-from agent.lifecycle.status import status_path
+from agent.lifecycle.status_doc import status_path
 from agent.services import Emit
 
 

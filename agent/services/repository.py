@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agent.errors import EdgeAgentError, ServingError
 from agent.lifecycle import unloaded
 from agent.lifecycle.slots import Slots
-from agent.serving.errors import BadRequest, Conflict, Forbidden, NotFound
+from agent.serving.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from agent.lifecycle.orchestrator import Orchestrator
@@ -56,10 +56,10 @@ class RepositoryService:
             raise Forbidden(f"repository {method} changes what the device serves: it needs serving.token_file set")
         name = doc.get("model_name")
         if not isinstance(name, str) or not name:
-            raise BadRequest("model_name is required")
+            raise InvalidInput("model_name is required")
         params = doc.get("parameters") or {}
         if not isinstance(params, dict):
-            raise BadRequest("'parameters' must be an object")
+            raise InvalidInput("'parameters' must be an object")
         if method == "load":
             self.load(name, params)
         else:
@@ -98,7 +98,7 @@ class RepositoryService:
     def load(self, name: str, params: dict[str, Any]) -> None:
         unknown = sorted(k for k in params if k != "version")
         if unknown:
-            raise BadRequest(
+            raise InvalidInput(
                 f"load parameter(s) {unknown[:4]} not supported: models come from signed deployments, not "
                 "from the request (parameters.version may name the committed or the previous slot)"
             )
@@ -118,18 +118,18 @@ class RepositoryService:
             try:
                 dep = self.orchestrator.rollback(name, wait=ROLLBACK_WAIT_S)
             except EdgeAgentError as exc:
-                raise BadRequest(str(exc)) from None
+                raise InvalidInput(str(exc)) from None
             if dep.state.value != "committed":
                 raise ServingError(f"loading version {want} of {name!r} failed: {dep.reason}")
             return
-        raise BadRequest(
+        raise InvalidInput(
             f"model {name!r} has no version {want!r} on this device; committed: {have}, previous: {before}"
         )
 
     def unload(self, name: str, params: dict[str, Any]) -> None:
         unknown = sorted(k for k in params if k != "unload_dependents")  # no ensembles here: no dependents
         if unknown:
-            raise BadRequest(f"unload parameter(s) {unknown[:4]} not supported")
+            raise InvalidInput(f"unload parameter(s) {unknown[:4]} not supported")
         slots = self._slots(name)
         self._idle(name)
         committed = slots["committed"]

@@ -10,7 +10,7 @@ import numpy as np
 
 from agent.serving.budget import BYTES_CHAR_FACTOR, BYTES_ELEMENT_COST
 from agent.serving.codec import LITTLE, Charge, no_charge
-from agent.serving.errors import BadRequest
+from agent.serving.errors import InvalidInput
 
 
 class BinarySlot(NamedTuple):
@@ -28,26 +28,26 @@ class BinarySlot(NamedTuple):
 def parse_bytes(name: str, blob: memoryview, count: int, charge: Charge = no_charge) -> np.ndarray:
     end = len(blob)
     if count * 4 > end:  # each element has at least its 4-byte length: checked before anything is allocated
-        raise BadRequest(f"input {name!r}: shape holds {count} BYTES elements but its data has only {end} bytes")
+        raise InvalidInput(f"input {name!r}: shape holds {count} BYTES elements but its data has only {end} bytes")
     charge(count * BYTES_ELEMENT_COST + BYTES_CHAR_FACTOR * end, f"BYTES input {name!r}")
     arr = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):
         if pos + 4 > end:
-            raise BadRequest(f"input {name!r}: BYTES data ends after {i} of {count} elements")
+            raise InvalidInput(f"input {name!r}: BYTES data ends after {i} of {count} elements")
         (n,) = struct.unpack_from("<I", blob, pos)
         pos += 4
         if pos + n > end:
-            raise BadRequest(f"input {name!r}: BYTES element {i} claims {n} bytes past the end of its data")
+            raise InvalidInput(f"input {name!r}: BYTES element {i} claims {n} bytes past the end of its data")
         try:
             arr[i] = str(blob[pos : pos + n], "utf-8")
         except UnicodeDecodeError:
-            raise BadRequest(
+            raise InvalidInput(
                 f"input {name!r}: BYTES element {i} is not UTF-8 (ONNX string tensors carry text)"
             ) from None
         pos += n
     if pos != end:
-        raise BadRequest(f"input {name!r}: {end - pos} bytes left over after {count} BYTES elements")
+        raise InvalidInput(f"input {name!r}: {end - pos} bytes left over after {count} BYTES elements")
     return arr
 
 

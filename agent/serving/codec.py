@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from agent.datatypes import DATATYPES
-from agent.serving.errors import BadRequest, InferenceFailed
+from agent.serving.errors import InferenceFailed, InvalidInput
 from agent.serving.shm import ShmOut
 
 LITTLE = sys.byteorder == "little"  # wire order is little-endian: native dtypes (the singletons) need no swap
@@ -26,17 +26,17 @@ def _bf16() -> np.dtype[Any]:
     try:
         import ml_dtypes  # shipped with onnx; numpy itself has no bfloat16
     except ImportError as exc:  # pragma: no cover - onnx depends on ml_dtypes
-        raise BadRequest("BF16 tensors need the ml_dtypes package, which is not installed") from exc
+        raise InvalidInput("BF16 tensors need the ml_dtypes package, which is not installed") from exc
     dtype: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
     return dtype
 
 
 def numpy_dtype(datatype: Any, where: str = "") -> np.dtype:
-    """numpy dtype for a KServe datatype name; BadRequest naming the OIP datatypes if it is missing or unknown."""
+    """numpy dtype for a KServe datatype name; InvalidInput naming the OIP datatypes if it is missing or unknown."""
     name = DATATYPES.get(datatype) if isinstance(datatype, str) else None
     if name is None:
         what = "'datatype' is missing" if datatype is None else f"unknown datatype {str(datatype)[:40]!r}"
-        raise BadRequest(f"{where}{what}; expected one of {', '.join(DATATYPES)}")
+        raise InvalidInput(f"{where}{what}; expected one of {', '.join(DATATYPES)}")
     return _bf16() if name == "bfloat16" else np.dtype(name)
 
 
@@ -59,7 +59,7 @@ def _datatype_of(name: str) -> str:
     if name in _BYTES_NAMES or name.startswith(("str", "bytes", "<U", "|S")):
         return "BYTES"
     if name not in _BY_NUMPY:
-        raise BadRequest(f"dtype {name!r} has no Open Inference Protocol datatype")
+        raise InvalidInput(f"dtype {name!r} has no Open Inference Protocol datatype")
     return _BY_NUMPY[name]
 
 

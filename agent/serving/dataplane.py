@@ -17,7 +17,7 @@ from agent.serving import codec
 from agent.serving.auth import AuthGate
 from agent.serving.budget import BodyBudget
 from agent.serving.entry import ModelEntry
-from agent.serving.errors import BadRequest, NotFound
+from agent.serving.errors import InvalidInput, NotFound
 from agent.serving.metrics import Metric, model_families, render
 from agent.serving.outsize import Hold, check_response, no_hold
 from agent.serving.registry import ModelRegistry
@@ -83,9 +83,9 @@ def classify(arr: np.ndarray, count: int, labels: list[str] | None) -> np.ndarra
     """Triton's classification extension: the top `count` classes of each batch row (of the whole tensor when it
     has one dimension) as BYTES "value:index[:label]", highest first."""
     if count < 1:
-        raise BadRequest(f"class_count must be a positive integer, got {count}")
+        raise InvalidInput(f"class_count must be a positive integer, got {count}")
     if arr.dtype.kind not in "biuf":
-        raise BadRequest(f"classification needs a numeric output, got {arr.dtype}")
+        raise InvalidInput(f"classification needs a numeric output, got {arr.dtype}")
     rows = arr.reshape(1, -1) if arr.ndim <= 1 else arr.reshape(arr.shape[0], -1)
     k = min(count, rows.shape[1])
     out = np.empty((rows.shape[0], k), dtype=object)

@@ -14,9 +14,6 @@ class InvalidInput(ServingError):
     """The request is malformed or does not match the model (name, dtype, shape, encoding)."""
 
 
-BadRequest = InvalidInput  # the name the request path has used
-
-
 class NotFound(ServingError):
     """Unknown endpoint or tensor name in the path."""
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agent.serving.errors import AlreadyExists, BadRequest, NotFound
+from agent.serving.errors import AlreadyExists, InvalidInput, NotFound
 
 SHM_DIR = "/dev/shm"
 MAX_REGIONS = 256
@@ -55,7 +55,7 @@ class ShmOut(NamedTuple):
 def _int(params: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     raw = params.get(key, default)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise BadRequest(f"{where}: {key} must be a non-negative integer")
+        raise InvalidInput(f"{where}: {key} must be a non-negative integer")
     return int(raw)
 
 
@@ -63,13 +63,13 @@ def input_slot(name: str, dtype: np.dtype, shape: tuple[int, ...], count: int, p
     where = f"input {name!r}"
     region = params.get("shared_memory_region")
     if not isinstance(region, str) or not region:
-        raise BadRequest(f"{where}: shared_memory_region must be a region name")
+        raise InvalidInput(f"{where}: shared_memory_region must be a region name")
     size = _int(params, "shared_memory_byte_size", where)
     offset = _int(params, "shared_memory_offset", where, 0)
     if dtype.kind == "O":
-        raise BadRequest(f"{where}: BYTES inputs in shared memory are not supported; send them in the request")
+        raise InvalidInput(f"{where}: BYTES inputs in shared memory are not supported; send them in the request")
     if size != count * dtype.itemsize:
-        raise BadRequest(
+        raise InvalidInput(
             f"{where}: shared_memory_byte_size {size} != {count} elements x {dtype.itemsize} bytes for shape "
             f"{list(shape)}"
         )
@@ -82,7 +82,7 @@ def output_target(name: str, params: dict[str, Any]) -> ShmOut | None:
         return None
     where = f"output {name!r}"
     if not isinstance(region, str) or not region:
-        raise BadRequest(f"{where}: shared_memory_region must be a region name")
+        raise InvalidInput(f"{where}: shared_memory_region must be a region name")
     return ShmOut(
         region, _int(params, "shared_memory_offset", where, 0), _int(params, "shared_memory_byte_size", where)
     )
@@ -90,7 +90,7 @@ def output_target(name: str, params: dict[str, Any]) -> ShmOut | None:
 
 def _fits(name: str, nbytes: int, target: ShmOut) -> None:
     if nbytes > target.size:
-        raise BadRequest(f"output {name!r} is {nbytes} bytes, over its shared_memory_byte_size of {target.size}")
+        raise InvalidInput(f"output {name!r} is {nbytes} bytes, over its shared_memory_byte_size of {target.size}")
 
 
 @dataclass
@@ -121,7 +121,7 @@ def _close(region: _Region) -> None:
 def _check_registration(name: object, key: object, offset: object, byte_size: object) -> None:
     """What a register request names, checked before anything is opened."""
     if not isinstance(name, str) or not name or len(name) > 256:
-        raise BadRequest("region name must be a non-empty string of at most 256 characters")
+        raise InvalidInput("region name must be a non-empty string of at most 256 characters")
     if (
         not isinstance(key, str)
         or not key.startswith("/")
@@ -129,16 +129,16 @@ def _check_registration(name: object, key: object, offset: object, byte_size: ob
         or key in ("/", "/.", "/..")
         or "\0" in key
     ):
-        raise BadRequest(f"key must be a POSIX shared memory name like '/name', got {str(key)[:80]!r}")
+        raise InvalidInput(f"key must be a POSIX shared memory name like '/name', got {str(key)[:80]!r}")
     if (
         isinstance(offset, bool)
         or isinstance(byte_size, bool)
         or not isinstance(offset, int)
         or not isinstance(byte_size, int)
     ):
-        raise BadRequest("offset and byte_size must be integers")
+        raise InvalidInput("offset and byte_size must be integers")
     if offset < 0 or byte_size <= 0:
-        raise BadRequest("offset must be >= 0 and byte_size > 0")
+        raise InvalidInput("offset must be >= 0 and byte_size > 0")
 
 
 class SharedMemory:
@@ -156,17 +156,17 @@ class SharedMemory:
             if name in self._regions:
                 raise AlreadyExists(f"shared memory region {name!r} is already registered; unregister it first")
             if len(self._regions) >= MAX_REGIONS:
-                raise BadRequest(f"at most {MAX_REGIONS} shared memory regions may be registered")
+                raise InvalidInput(f"at most {MAX_REGIONS} shared memory regions may be registered")
         path = os.path.join(SHM_DIR, key[1:])
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            raise BadRequest(f"cannot open shared memory {key!r}: {exc.strerror}") from None
+            raise InvalidInput(f"cannot open shared memory {key!r}: {exc.strerror}") from None
         try:
             st = os.fstat(fd)
             real = st.st_size
             if offset + byte_size > real:
-                raise BadRequest(
+                raise InvalidInput(
                     f"region {name!r}: offset {offset} + byte_size {byte_size} exceeds the real size {real} of {key!r}"
                 )
             mm = None
@@ -221,10 +221,10 @@ class SharedMemory:
             if region is not None:
                 region.users += 1
         if region is None:
-            raise BadRequest(f"{what}: shared memory region {region_name!r} is not registered")
+            raise InvalidInput(f"{what}: shared memory region {region_name!r} is not registered")
         try:
             if offset + size > region.byte_size:
-                raise BadRequest(
+                raise InvalidInput(
                     f"{what}: offset {offset} + {size} bytes run past region {region_name!r} of "
                     f"{region.byte_size} bytes"
                 )
@@ -236,12 +236,12 @@ class SharedMemory:
             if last:
                 _close(region)
 
-    def _too_small(self, region: _Region, start: int, size: int, what: str) -> BadRequest:
+    def _too_small(self, region: _Region, start: int, size: int, what: str) -> InvalidInput:
         try:
             real: int | str = os.fstat(region.fd).st_size
         except OSError as exc:
-            return BadRequest(f"{what}: region {region.name!r} is gone: {exc.strerror}")
-        return BadRequest(
+            return InvalidInput(f"{what}: region {region.name!r} is gone: {exc.strerror}")
+        return InvalidInput(
             f"{what}: region {region.name!r} ({region.key}) is now {real} bytes, too small for bytes "
             f"{start}..{start + size}"
         )
@@ -251,14 +251,14 @@ class SharedMemory:
         its region and its start in the memory object."""
         with self._held(region_name, offset, size, what) as (region, start):
             if region.mm is None:
-                raise BadRequest(f"{what}: shared memory region {region_name!r} is not mapped")
+                raise InvalidInput(f"{what}: shared memory region {region_name!r} is not mapped")
             # the size now; 4x cheaper than fstat (the offset is unused)
             if start + size > os.lseek(region.fd, 0, os.SEEK_END):
                 raise self._too_small(region, start, size, what)
             try:
                 return memoryview(region.mm)[start : start + size], region, start
             except ValueError:
-                raise BadRequest(f"{what}: shared memory region {region_name!r} was unregistered") from None
+                raise InvalidInput(f"{what}: shared memory region {region_name!r} was unregistered") from None
 
     def read(self, slot: ShmSlot) -> np.ndarray:
         """The input: read (preadv) into a fresh array, or in_place an array over the mapping (no copy)."""
@@ -276,16 +276,16 @@ class SharedMemory:
                     try:
                         n = os.preadv(region.fd, [view[got:]], start + got)
                     except OSError as exc:
-                        raise BadRequest(f"{what}: region {slot.region!r} cannot be read: {exc.strerror}") from None
+                        raise InvalidInput(f"{what}: region {slot.region!r} cannot be read: {exc.strerror}") from None
                     if not n:  # the file ends before the window does: its owner shrank it
                         raise self._too_small(region, start, slot.size, what)
                     got += n
         return (arr.view(np.uint8) != 0 if slot.dtype == np.bool_ else arr).reshape(slot.shape)
 
     def write(self, name: str, arr: np.ndarray, target: ShmOut) -> int:
-        """Copy an output into its region; BadRequest when it does not fit the space the request gave."""
+        """Copy an output into its region; InvalidInput when it does not fit the space the request gave."""
         if arr.dtype.kind == "O":
-            raise BadRequest(f"output {name!r}: BYTES outputs in shared memory are not supported")
+            raise InvalidInput(f"output {name!r}: BYTES outputs in shared memory are not supported")
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype)
         _fits(name, data.nbytes, target)
         what = f"output {name!r}"
@@ -299,7 +299,7 @@ class SharedMemory:
                     raise self._too_small(region, start, data.nbytes, what)
                 put = os.pwrite(region.fd, data.data.cast("B"), start) if data.nbytes else 0
             except OSError as exc:
-                raise BadRequest(f"{what}: region {target.region!r} cannot be written: {exc.strerror}") from None
+                raise InvalidInput(f"{what}: region {target.region!r} cannot be written: {exc.strerror}") from None
             if put != data.nbytes:
                 raise self._too_small(region, start, data.nbytes, what)
         return int(data.nbytes)

@@ -103,7 +103,7 @@ class Simulator:
         """Return once every device is connected and its retained status is visible on the broker (what a
         control plane selecting devices will read); TransportError naming the missing ones otherwise."""
         from agent.errors import TransportError
-        from agent.fleet.status import FleetWatch
+        from agent.fleet.watch import FleetWatch
 
         deadline = time.monotonic() + timeout
         for dev, agent in list(self.agents.items()):

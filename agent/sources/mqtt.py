@@ -19,13 +19,12 @@ from agent.errors import EdgeAgentError, LifecycleError
 from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
 from agent.lifecycle.journal import Deployment
+from agent.lifecycle.ports import Deployments, SourceEvents
 from agent.lifecycle.record import Fetched
 from agent.lifecycle.retry import retry_transient
 
 MAX_REJECTED = 64  # models whose last rejection the status document keeps
 REPORTED_MEMORY = 4096  # (model, scope, digest) rejections already reported (each is reported once)
-
-Submit = Callable[..., Any]
 
 
 class MqttSource:
@@ -40,12 +39,8 @@ class MqttSource:
         store: Any,
         slots: Any,
         *,
-        submit: Submit,
-        seen: Callable[[str, str], bool],
-        in_flight: Callable[[], dict[str, Deployment]],
-        cancel: Callable[[str, str], Any],
-        on_connection: Callable[[bool, str], None],
-        on_rejected: Callable[[dict[str, Any]], None],
+        deployments: Deployments,
+        events: SourceEvents,
         stall_s: float = 30.0,
     ) -> None:
         from agent.artifacts.keys import device_key, trusted_keys
@@ -54,10 +49,8 @@ class MqttSource:
         m = config.mqtt
         tls = m.tls
         self.config, self.store, self.slots = config, store, slots
-        self.submit, self.seen = submit, seen
-        self.in_flight, self.cancel = in_flight, cancel
-        # told of each connection change, and of each refused desired state (whose event this source publishes)
-        self.on_connection, self.on_rejected = on_connection, on_rejected
+        self.deployments = deployments
+        self.events = events  # told of each connection change and each refused desired state (its event: ours)
         self.stall_s = stall_s
         self.keys = trusted_keys(list(config.trust.public_keys))
         self.book = DesiredBook(lambda: self.keys, config.device_id, config.groups, max_skew_s=config.trust.max_skew_s)
@@ -111,7 +104,7 @@ class MqttSource:
                 break
             if ev.kind == "connection":
                 self._up = self._up or ev.connected
-                self.on_connection(ev.connected, ev.reason)
+                self.events.connection(ev.connected, ev.reason)
                 continue
             refused += [(ev.model, c) for c in self.book.update(ev.scope, ev.model, ev.payload, ev.topic)]
             if ev.model not in changed:
@@ -122,7 +115,7 @@ class MqttSource:
             changed += [m for m in again if m not in changed]
             refused += still
         if self._called_off:
-            flying = self.in_flight()
+            flying = self.deployments.in_flight()
             for model in [m for m in self._called_off if m not in flying]:
                 self._called_off.discard(model)
                 if model not in changed:
@@ -134,19 +127,22 @@ class MqttSource:
 
     def _resolve(self, model: str) -> None:
         winner = self.book.resolve(model)
-        if winner is None or winner.manifest is None or self.seen(model, winner.digest):
+        if winner is None or winner.manifest is None or self.deployments.seen(model, winner.digest):
             return
         m = winner.manifest
         committed = self.slots.committed(model)
         have = committed.version if committed is not None else None
         if committed is not None and have == m.version and committed.sha256 == m.artifact.sha256:
-            self._call_off(model, m.version)  # what serves already (its journal record was compacted away)
+            # what serves already (its journal record was compacted away): the lifecycle decides about a deployment
+            # of another version in flight; once one called off has ended, the model is resolved again
+            if self.deployments.settle(model, m.version):
+                self._called_off.add(model)
             return
         bad = version_order(m, have)
         if bad is not None:
             self._reject(model, winner, bad)
             return
-        self.submit(
+        self.deployments.submit(
             model,
             m.version,
             {
@@ -158,14 +154,6 @@ class MqttSource:
             manifest=m.to_dict(),
             key_id=m.key_id,
         )
-
-    def _call_off(self, model: str, version: str) -> None:
-        """The winner is what already serves: a deployment of another version still in flight (queued, qualifying,
-        in its shadow phase or on probation) is cancelled, so the device ends on the version it was told to run."""
-        dep = self.in_flight().get(model)
-        if dep is not None and dep.version != version:
-            self.cancel(dep.id, f"desired state is {version} again, which serves already")
-            self._called_off.add(model)
 
     def _reject(self, model: str, cand: Candidate, exc: Any) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
@@ -181,7 +169,7 @@ class MqttSource:
         self.rejected.move_to_end(model)
         while len(self.rejected) > MAX_REJECTED:
             self.rejected.popitem(last=False)
-        self.on_rejected(record)
+        self.events.rejected(record)
         self.publish_event(
             {
                 "deployment_id": None,
@@ -288,7 +276,7 @@ def _s(p: object) -> str | None:
 
 def _last_status(state_dir: Path) -> dict[str, Any] | None:
     """The last status document written (status.json), for the LWT snapshot; None when unreadable."""
-    from agent.lifecycle.status import status_path
+    from agent.lifecycle.status_doc import status_path
     from agent.util.atomic import read_json
 
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from agent.errors import TransportError
@@ -77,3 +78,9 @@ class BrokerConfig:
 def _redact(url: str) -> str:
     u = urlsplit(url)
     return url.replace(f"{u.password}@", "***@") if u.password else url
+
+
+def clean_start(protocol: int) -> bool | Literal[3]:
+    """paho's connect_async clean_start: a fresh session under MQTT 5; paho's default (3, first connect only)
+    otherwise, which MQTT 3.1.1 ignores (its clean_session is set on the client)."""
+    return True if protocol == 5 else 3

@@ -10,9 +10,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import ConfigError, TransportError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 ENROLL_KIND = "enroll"
 
@@ -58,7 +61,12 @@ def post_json(url: str, path: str, body: Any, token: str | None = None) -> Any:
 
 
 def enroll_request(
-    device_id: str, key, *, hardware: dict | None = None, target: str | None = None, token: str | None = None
+    device_id: str,
+    key: Ed25519PrivateKey,
+    *,
+    hardware: dict[str, Any] | None = None,
+    target: str | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """A signed enrollment request for `device_id` made with the device's own key (checked by
     agent.controlplane.enroll on the service's side)."""
@@ -79,13 +87,18 @@ def enroll_request(
     return sign_doc(doc, key)
 
 
-def enroll(url: str, device_id: str, key, **kw: Any) -> dict[str, Any]:
+def enroll(url: str, device_id: str, key: Ed25519PrivateKey, **kw: Any) -> dict[str, Any]:
     """Ask the control plane at `url` to enroll this device: {"device_id", "state"} (pending or accepted)."""
-    return post_json(url, "/api/v1/enroll", enroll_request(device_id, key, **kw))
+    answer: dict[str, Any] = post_json(url, "/api/v1/enroll", enroll_request(device_id, key, **kw))
+    return answer
 
 
 def signed_decision(
-    device_id: str, key, decision_file: Path, attestations: Path | None = None, seq: int | None = None
+    device_id: str,
+    key: Ed25519PrivateKey,
+    decision_file: Path,
+    attestations: Path | None = None,
+    seq: int | None = None,
 ) -> dict[str, Any]:
     """The decision record of one deployment, signed with the device key; with `attestations` (the device's
     state_dir/attestations), the signed in-toto envelopes of that deployment go along in `attestations`. `seq`:
@@ -116,7 +129,9 @@ def signed_decision(
     return signed_document(device_id, key, doc, seq)
 
 
-def signed_document(device_id: str, key, doc: dict[str, Any], seq: int | None = None) -> dict[str, Any]:
+def signed_document(
+    device_id: str, key: Ed25519PrivateKey, doc: dict[str, Any], seq: int | None = None
+) -> dict[str, Any]:
     """`doc` (a decision record, a conformance report) with `device_id`, `ts` now and `seq` when given, signed
     with the device key (agent.transport.signing)."""
     from agent.transport.signing import sign_doc
@@ -131,7 +146,7 @@ def post_decision(url: str, device_id: str, doc: dict[str, Any]) -> Any:
     return post_json(url, f"/api/v1/devices/{device_id}/decisions", doc)
 
 
-def upload_decisions(url: str, device_id: str, key, state_dir: Path) -> int | None:
+def upload_decisions(url: str, device_id: str, key: Ed25519PrivateKey, state_dir: Path) -> int | None:
     """Post every decision record of state_dir/decisions, each with the next number of the device's sequence."""
     from agent.transport.docseq import take
 

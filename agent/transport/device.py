@@ -15,12 +15,17 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.artifacts import chunks
 from agent.errors import ArtifactError, TransportError
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics, check_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 
 @dataclass(frozen=True)
@@ -31,14 +36,14 @@ class RawDesired:
     model: str
     payload: bytes  # b"" = withdrawn
     topic: str
-    kind: str = "raw_desired"
+    kind: Literal["raw_desired"] = "raw_desired"
 
 
 @dataclass(frozen=True)
 class ConnectionEvent:
     connected: bool
     reason: str
-    kind: str = "connection"
+    kind: Literal["connection"] = "connection"
 
 
 class DesiredEvents:
@@ -49,11 +54,11 @@ class DesiredEvents:
     home of "device beats group")."""
 
     def __init__(self) -> None:
-        self.raw: "queue.Queue[tuple]" = queue.Queue()
+        self.raw: queue.Queue[RawDesired | ConnectionEvent] = queue.Queue()
         self._lock = threading.Lock()
-        self._out: collections.deque = collections.deque()
+        self._out: collections.deque[RawDesired | ConnectionEvent] = collections.deque()
 
-    def get(self, block: bool = True, timeout: float | None = None):
+    def get(self, block: bool = True, timeout: float | None = None) -> RawDesired | ConnectionEvent:
         """Next event; raw messages already waiting are applied together, so a burst of retained desired
         states yields only the final winner per model."""
         with self._lock:
@@ -70,20 +75,19 @@ class DesiredEvents:
                     raise queue.Empty
             return self._out.popleft()
 
-    def _apply(self, items: list[tuple]) -> None:
+    def _apply(self, items: list[RawDesired | ConnectionEvent]) -> None:
         latest: dict[tuple[str, str], RawDesired] = {}
         for item in items:
-            if item[0] == "conn":
+            if isinstance(item, ConnectionEvent):
                 self._out.extend(latest.values())  # order kept around connection changes
                 latest.clear()
-                self._out.append(ConnectionEvent(item[1], item[2]))
+                self._out.append(item)
                 continue
-            _, scope, model, payload, topic = item
-            latest.pop((scope, model), None)
-            latest[(scope, model)] = RawDesired(scope, model, bytes(payload or b""), topic)
+            latest.pop((item.scope, item.model), None)
+            latest[(item.scope, item.model)] = item
         self._out.extend(latest.values())
 
-    def get_nowait(self):
+    def get_nowait(self) -> RawDesired | ConnectionEvent:
         return self.get(block=False)
 
 
@@ -94,7 +98,7 @@ class ChunkChannel:
         self.link, self.sha256 = link, sha256
         self.responses: "queue.Queue[bytes]" = queue.Queue()
 
-    def request(self, chunk_size: int, indices) -> None:
+    def request(self, chunk_size: int, indices: Iterable[int]) -> None:
         payload = chunks.encode_request(self.sha256, chunk_size, indices)
         self.link._mqtt.publish(self.link.topics.artifact_req(self.link.device_id), payload, qos=1)
 
@@ -121,10 +125,10 @@ class ChunkChannel:
     def close(self) -> None:
         self.link._close_channel(self)
 
-    def __enter__(self):
+    def __enter__(self) -> ChunkChannel:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -135,7 +139,7 @@ class DeviceLink:
         self,
         url: str | BrokerConfig,
         device_id: str,
-        groups=(),
+        groups: Iterable[str] = (),
         prefix: str = DEFAULT_PREFIX,
         *,
         username: str | None = None,
@@ -145,9 +149,9 @@ class DeviceLink:
         key: str | None = None,
         protocol: str = "auto",
         keepalive: int = 30,
-        last_status: dict | None = None,
-        signer=None,
-    ):
+        last_status: dict[str, Any] | None = None,
+        signer: Ed25519PrivateKey | None = None,
+    ) -> None:
         """Desired state arrives as RawDesired messages (verified and resolved by the consumer). signer: the device's Ed25519 key; status, events, health
         and the LWT are signed with it (transport.signing)."""
         self.signer = signer
@@ -183,7 +187,7 @@ class DeviceLink:
             self._mqtt.subscribe(self.topics.group_desired_filter(g), self._on_desired, qos=1)
         self._mqtt.subscribe(self.topics.artifacts(self.device_id), self._on_chunk, qos=1)
 
-    def _will_payload(self, doc: dict | None) -> bytes:
+    def _will_payload(self, doc: dict[str, Any] | None) -> bytes:
         """The LWT: the last status snapshot with online=false, so a crashed device keeps its groups, target and
         models in `fleet status` (a bare stub would drop it from group rollouts)."""
         snap = dict(doc or {})
@@ -192,7 +196,7 @@ class DeviceLink:
         snap.pop("ts", None)  # the broker publishes the will later; a stale ts would mislead
         return self._encode(snap)
 
-    def _encode(self, doc: dict) -> bytes:
+    def _encode(self, doc: dict[str, Any]) -> bytes:
         if self.signer is not None:
             from agent.transport.signing import sign_doc
 
@@ -228,7 +232,7 @@ class DeviceLink:
         return self._mqtt.wait_connected(timeout)
 
     # --- outgoing -------------------------------------------------------------------------------
-    def publish_status(self, doc: dict) -> None:
+    def publish_status(self, doc: dict[str, Any]) -> None:
         """Retained QoS 1 status; device_id/online/ts filled in; remembered and republished on reconnect."""
         doc = dict(doc, device_id=self.device_id, online=doc.get("online", True))
         doc.setdefault("ts", time.time())
@@ -237,12 +241,12 @@ class DeviceLink:
         self._publish(self.topics.status(self.device_id), self._last_status, 1, True)
         self._mqtt.set_will(self.topics.status(self.device_id), self._will_payload(doc), 1, True)
 
-    def publish_event(self, doc: dict) -> None:
+    def publish_event(self, doc: dict[str, Any]) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
         self._publish(self.topics.events(self.device_id), self._encode(doc), 1, False)
 
-    def publish_health(self, doc: dict) -> None:
+    def publish_health(self, doc: dict[str, Any]) -> None:
         doc = dict(doc, device_id=self.device_id)
         doc.setdefault("ts", time.time())
         self._publish(self.topics.health(self.device_id), self._encode(doc), 0, True)
@@ -276,10 +280,10 @@ class DeviceLink:
     # --- callbacks (network thread: only enqueue) -----------------------------------------------
     def _on_desired(self, topic: str, payload: bytes, retained: bool) -> None:
         parsed = self.topics.parse(topic)
-        if parsed is None:
+        if parsed is None or parsed.model is None:  # the subscriptions are desired-state filters: both name a model
             return
         scope = "device" if parsed.kind == "device_desired" else f"group:{parsed.group}"
-        self.events.raw.put(("desired", scope, parsed.model, payload, topic))
+        self.events.raw.put(RawDesired(scope, parsed.model, bytes(payload or b""), topic))
 
     def _on_chunk(self, topic: str, payload: bytes, retained: bool) -> None:
         ch = self._channels.get(chunks.peek_sha(payload) or "")
@@ -292,4 +296,4 @@ class DeviceLink:
                 self._mqtt.publish(self.topics.status(self.device_id), self._last_status, 1, True)
             except TransportError:
                 pass  # queue full: the next publish_status carries the state
-        self.events.raw.put(("conn", connected, reason))
+        self.events.raw.put(ConnectionEvent(connected, reason))

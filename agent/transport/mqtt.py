@@ -17,12 +17,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent.errors import TransportError
-from agent.transport.broker import BrokerConfig
+from agent.transport.broker import BrokerConfig, clean_start
 from agent.transport.handshake import handshake_failure
-from agent.transport.netloop import NetLoop
+from agent.transport.netloop import NetLoop, set_nodelay
+from agent.transport.topics import filter_matches
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
+    from paho.mqtt.client import ConnectFlags, DisconnectFlags
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    Props = Properties | None  # MQTT 5 properties; None under MQTT 3.1.1
 
 __all__ = ["BrokerConfig", "MqttLink"]
 
@@ -156,7 +162,7 @@ class MqttLink:
         if self.connected.is_set() and self._client is not None:
             self._client.unsubscribe(topic_filter)
 
-    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False):
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
         """Queue a message; TransportError when the bounded outgoing queue is full. Returns paho's MessageInfo."""
         import paho.mqtt.client as mqtt
 
@@ -175,13 +181,13 @@ class MqttLink:
         return info
 
     # --- internals ------------------------------------------------------------------------------
-    def _make_client(self):
+    def _make_client(self) -> paho.Client:
         import paho.mqtt.client as mqtt
 
         proto = mqtt.MQTTv5 if self.protocol == 5 else mqtt.MQTTv311
-        kw = {} if proto == mqtt.MQTTv5 else {"clean_session": True}
-        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=proto, **kw)
-        c.on_socket_open = _set_nodelay  # small packets (requests, PUBACKs) must not wait 40 ms for Nagle
+        clean = None if proto == mqtt.MQTTv5 else True  # MQTT 5 has clean_start (at connect) instead
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=proto, clean_session=clean)
+        c.on_socket_open = set_nodelay  # small packets (requests, PUBACKs) must not wait 40 ms for Nagle
         user, pw = self.broker.credentials()
         if user is not None:
             c.username_pw_set(user, pw)
@@ -197,8 +203,7 @@ class MqttLink:
         c.max_inflight_messages_set(self.max_inflight)
         c.on_connect, c.on_disconnect = self._on_connect, self._on_disconnect
         c.on_message, c.on_subscribe = self._on_message, self._on_subscribe
-        kwargs = {"clean_start": True} if proto == mqtt.MQTTv5 else {}
-        c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
+        c.connect_async(self.host, self.port, keepalive=self.broker.keepalive, clean_start=clean_start(self.protocol))
         self._client = c  # before its thread starts: callbacks of any other (replaced) client are ignored
         self._net = NetLoop(  # back-off 1 s doubling to 10 s, reset at each CONNACK
             c,
@@ -240,7 +245,7 @@ class MqttLink:
                 self._client = self._make_client()
                 self._switching = False
 
-    def _send_subscribe(self, client, topic_filter: str, qos: int) -> None:
+    def _send_subscribe(self, client: paho.Client, topic_filter: str, qos: int) -> None:
         rc, mid = client.subscribe(topic_filter, qos=qos)
         if mid is not None:
             with self._subs_cv:
@@ -265,7 +270,9 @@ class MqttLink:
             time.sleep(0.1)
         return not self.denied and not self._pending_subs
 
-    def _on_connect(self, client, userdata, flags, reason_code, properties=None):
+    def _on_connect(
+        self, client: paho.Client, userdata: object, flags: ConnectFlags, reason_code: ReasonCode, props: Props = None
+    ) -> None:
         if client is not self._client:
             return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         if reason_code.is_failure:
@@ -294,7 +301,7 @@ class MqttLink:
         if self.on_connection:
             self.on_connection(True, "connected")
 
-    def _on_connect_fail(self, client, userdata):
+    def _on_connect_fail(self, client: paho.Client, userdata: object) -> None:
         if client is not self._client:
             return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         self._count_failure(self._at, None)
@@ -317,17 +324,25 @@ class MqttLink:
             )
         return why or "no CONNACK from the broker"
 
-    def _next_endpoint(self, client) -> None:
+    def _next_endpoint(self, client: paho.Client) -> None:
         """Failover (network thread, inside a paho callback): the next reconnect goes to the next broker URL.
         paho's loop reconnects to client.host/port after its back-off; connect_async only sets them."""
         if len(self._endpoints) < 2 or self._stopping.is_set() or self._switching:
             return
         self._at = (self._at + 1) % len(self._endpoints)
         self.host, self.port = self._endpoints[self._at]
-        kwargs = {"clean_start": True} if self.protocol == 5 else {}
-        client.connect_async(self.host, self.port, keepalive=self.broker.keepalive, **kwargs)
+        client.connect_async(
+            self.host, self.port, keepalive=self.broker.keepalive, clean_start=clean_start(self.protocol)
+        )
 
-    def _on_disconnect(self, client, userdata, flags, reason_code, properties=None):
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: DisconnectFlags,
+        reason_code: ReasonCode,
+        props: Props = None,
+    ) -> None:
         if client is not self._client:
             return  # the MQTT 5 client an 'auto' link replaced: its late events are not ours
         was = self.connected.is_set()
@@ -342,7 +357,9 @@ class MqttLink:
             self.on_connection(False, f"disconnected: {reason_code}")
         self._next_endpoint(client)
 
-    def _on_subscribe(self, client, userdata, mid, reason_codes, properties=None):
+    def _on_subscribe(
+        self, client: paho.Client, userdata: object, mid: int, reason_codes: list[ReasonCode], props: Props = None
+    ) -> None:
         with self._subs_cv:
             topic_filter = self._pending_subs.pop(mid, None)
             if topic_filter is None:
@@ -372,29 +389,10 @@ class MqttLink:
         timer.daemon = True
         timer.start()
 
-    def _on_message(self, client, userdata, msg):
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        payload = (
+            msg.payload if isinstance(msg.payload, bytes) else bytes(msg.payload)
+        )  # paho types it bytes | bytearray
         for topic_filter, (_qos, handler) in self._subs.items():
-            if _matches(topic_filter, msg.topic):
-                handler(msg.topic, msg.payload, bool(msg.retain))
-
-
-def _matches(topic_filter: str, topic: str) -> bool:
-    if topic_filter.startswith("$share/"):
-        topic_filter = topic_filter.split("/", 2)[2]
-    f, t = topic_filter.split("/"), topic.split("/")
-    for i, part in enumerate(f):
-        if part == "#":
-            return True
-        if i >= len(t) or (part != "+" and part != t[i]):
-            return False
-    return len(f) == len(t)
-
-
-def _set_nodelay(client, userdata, sock) -> None:
-    """paho leaves Nagle on; set TCP_NODELAY on every (re)connected socket (TLS sockets wrap a TCP one)."""
-    import socket
-
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError):
-        pass  # not a TCP socket (e.g. a unix socket or websocket proxy): nothing to do
+            if filter_matches(topic_filter, msg.topic):
+                handler(msg.topic, payload, bool(msg.retain))

@@ -15,7 +15,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import paho.mqtt.client as paho
 
 _POLL = hasattr(select, "poll")
 _READ_EVENTS = (select.POLLIN | select.POLLERR | select.POLLHUP | select.POLLNVAL) if _POLL else 0
@@ -167,3 +170,14 @@ class NetLoop:
                 pass
         for s in (self._wake_r, self._wake_w):
             s.close()
+
+
+def set_nodelay(client: paho.Client, userdata: object, sock: paho.SocketLike) -> None:
+    """paho's on_socket_open: paho leaves Nagle on; set TCP_NODELAY on every (re)connected socket (TLS sockets
+    wrap a TCP one), so small packets (requests, PUBACKs) do not wait 40 ms."""
+    if not isinstance(sock, socket.socket):  # a websocket wrapper has no socket options: nothing to do
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass  # not a TCP socket (e.g. a unix socket): nothing to do

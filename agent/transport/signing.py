@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 SIG = "sig"
 
 
-def sign_doc(doc: dict[str, Any], key) -> dict[str, Any]:
+def sign_doc(doc: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
     """A copy of `doc` with its signature (an existing "sig" is replaced)."""
     from agent.artifacts.keys import key_id
     from agent.artifacts.manifest import canonical_json
@@ -20,7 +23,7 @@ def sign_doc(doc: dict[str, Any], key) -> dict[str, Any]:
     return {**body, SIG: {"key_id": key_id(key.public_key()), "signature": base64.b64encode(sig).decode()}}
 
 
-def verify_doc(doc: dict[str, Any], public_key) -> str:
+def verify_doc(doc: dict[str, Any], public_key: Ed25519PublicKey) -> str:
     """ "verified", "unsigned" or "bad-signature" (also for a signature by another key)."""
     from cryptography.exceptions import InvalidSignature
 

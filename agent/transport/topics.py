@@ -45,7 +45,7 @@ class Topics:
 
     prefix: str = DEFAULT_PREFIX
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_prefix(self.prefix)
 
     # --- builders -------------------------------------------------------------------------------
@@ -111,3 +111,16 @@ class Topics:
         if parts[0] == "rollouts" and len(parts) == 2:
             return Parsed("rollout", rollout=parts[1])
         return None
+
+
+def filter_matches(topic_filter: str, topic: str) -> bool:
+    """Does `topic` match the MQTT subscription filter (+, #, and a $share/<group>/ prefix)?"""
+    if topic_filter.startswith("$share/"):
+        topic_filter = topic_filter.split("/", 2)[2]
+    f, t = topic_filter.split("/"), topic.split("/")
+    for i, part in enumerate(f):
+        if part == "#":
+            return True
+        if i >= len(t) or (part != "+" and part != t[i]):
+            return False
+    return len(f) == len(t)

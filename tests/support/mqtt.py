@@ -78,7 +78,7 @@ class ControlPlane:
     def status_of(self, device_id: str, timeout: float = 15.0) -> dict | None:
         """The device's retained status as this control plane believes it (verified against its registry)."""
         from agent.fleet.registry import registry_for_store
-        from agent.fleet.status import FleetWatch
+        from agent.fleet.watch import FleetWatch
 
         watch = FleetWatch(BrokerConfig(self.broker.url), registry=registry_for_store(self.store_dir))
         with watch.start(timeout):

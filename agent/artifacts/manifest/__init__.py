@@ -19,6 +19,7 @@ from agent.artifacts.manifest.parts import (
     MAX_CHUNKS,
     MIN_CHUNK,
     Artifact,
+    ArtifactFields,
     Source,
 )
 from agent.artifacts.manifest.policy import check_policy
@@ -37,6 +38,7 @@ __all__ = [
     "SCHEMA",
     "VERSION_RE",
     "Artifact",
+    "ArtifactFields",
     "Manifest",
     "ManifestRejected",
     "Source",

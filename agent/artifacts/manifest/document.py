@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from agent.errors import ManifestError
 from agent.names import is_valid_name
 
 if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 SCHEMA = 1
 MANIFEST_KEYS = {
@@ -68,19 +68,25 @@ class Manifest:
         sha256: str,
         size: int,
         chunk_size: int,
-        chunks,
+        chunks: Iterable[str],
         fmt: str = "onnx",
-        sources=({"type": "mqtt"},),
-        devices=(),
-        groups=(),
-        qualification=None,
+        sources: Iterable[Source | Mapping[str, Any]] = ({"type": "mqtt"},),
+        devices: Iterable[str] = (),
+        groups: Iterable[str] = (),
+        qualification: Mapping[str, Any] | None = None,
         ttl_s: int = 30 * 86400,
         rollback: bool = False,
         now: float | None = None,
         recipe: Mapping[str, Any] | None = None,
     ) -> "Manifest":
         issued = int(time.time() if now is None else now)
-        art = {"sha256": sha256, "size": size, "chunk_size": chunk_size, "chunks": list(chunks), "format": fmt}
+        art: dict[str, Any] = {
+            "sha256": sha256,
+            "size": size,
+            "chunk_size": chunk_size,
+            "chunks": list(chunks),
+            "format": fmt,
+        }
         if recipe is not None:
             art["recipe"] = dict(recipe)
         return cls.from_dict(
@@ -119,7 +125,7 @@ class Manifest:
         """Strict schema check; raises ManifestRejected('malformed' or 'invalid-name')."""
         return _parse_manifest(d, key_id)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         a = self.artifact
         return {
             "schema": SCHEMA,
@@ -137,7 +143,7 @@ class Manifest:
     def canonical(self) -> bytes:
         return canonical_json(self.to_dict())
 
-    def sign(self, private_key) -> bytes:
+    def sign(self, private_key: Ed25519PrivateKey) -> bytes:
         """The envelope bytes to publish: {"manifest", "signature", "key_id"}."""
         from agent.artifacts.keys import key_id
 
@@ -150,14 +156,19 @@ class Manifest:
         return json.dumps(env, sort_keys=True, separators=(",", ":")).encode()
 
     # --- queries --------------------------------------------------------------------------------
-    def targets(self, device_id: str, groups=()) -> bool:
+    def targets(self, device_id: str, groups: Iterable[str] = ()) -> bool:
         return device_id in self.devices or bool(set(groups) & set(self.groups))
 
     def source(self, kind: str) -> Source | None:
         return next((s for s in self.sources if s.type == kind), None)
 
     @staticmethod
-    def verify(envelope: bytes | str, trusted_keys, installed_version: str | None = None, **kw) -> "Manifest":
+    def verify(
+        envelope: bytes | str,
+        trusted_keys: Mapping[str, Ed25519PublicKey],
+        installed_version: str | None = None,
+        **kw: Any,
+    ) -> "Manifest":
         """Verify a signed envelope (same as `receive`); returns the Manifest or raises ManifestRejected."""
         return receive(envelope, trusted_keys, installed_version, **kw)
 
@@ -210,7 +221,7 @@ def receive(
     installed_version: str | None = None,
     *,
     device_id: str | None = None,
-    groups=(),
+    groups: Iterable[str] = (),
     now: float | None = None,
     max_artifact_bytes: int | None = None,
     free_bytes: int | None = None,

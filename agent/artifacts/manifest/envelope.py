@@ -7,7 +7,7 @@ import base64
 import binascii
 import json
 import re
-from typing import Any
+from typing import Any, NoReturn
 
 from agent.artifacts.manifest.rejection import ManifestRejected
 
@@ -20,7 +20,7 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def parse_envelope(data: bytes | str) -> tuple[dict, bytes, str]:
+def parse_envelope(data: bytes | str) -> tuple[dict[str, Any], bytes, str]:
     """Split an envelope into (manifest dict, signature bytes, key_id); ManifestRejected on any shape error."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
@@ -48,7 +48,7 @@ def parse_envelope(data: bytes | str) -> tuple[dict, bytes, str]:
     return env["manifest"], raw, kid
 
 
-def _no_constants(name: str):
+def _no_constants(name: str) -> NoReturn:
     raise ValueError(f"{name} is not allowed")
 
 

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from agent.artifacts.manifest.rejection import ManifestRejected
 from agent.names import is_valid_name
@@ -20,6 +20,20 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 ARTIFACT_KEYS = {"sha256", "size", "chunk_size", "chunks", "format"}
 ARTIFACT_OPTIONAL = {"recipe"}  # content-defined chunks for delta pulls (agent.artifacts.recipe); older agents
 # refuse a manifest with it, so `fleet push --no-delta` leaves it out
+
+
+class _ArtifactOptional(TypedDict, total=False):
+    recipe: dict[str, Any]  # {"chunker", "chunks": [[sha256, length], ...]}: present for a delta-capable artifact
+
+
+class ArtifactFields(_ArtifactOptional):
+    """A manifest's artifact fields as JSON (Artifact.to_dict; what fleet.push.store_package stores)."""
+
+    sha256: str
+    size: int
+    chunk_size: int
+    chunks: list[str]
+    format: str
 
 
 @dataclass(frozen=True)
@@ -41,8 +55,8 @@ class Artifact:
     def offset(self, index: int) -> int:
         return index * self.chunk_size
 
-    def to_dict(self) -> dict:
-        out = {
+    def to_dict(self) -> ArtifactFields:
+        out: ArtifactFields = {
             "sha256": self.sha256,
             "size": self.size,
             "chunk_size": self.chunk_size,
@@ -59,7 +73,7 @@ class Source:
     type: str  # "mqtt" | "http"
     url: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type} if self.url is None else {"type": self.type, "url": self.url}
 
 
@@ -69,7 +83,7 @@ def malformed(reason: str, d: object = None) -> ManifestRejected:
     return ManifestRejected("malformed", reason, (name or "")[:64] or None, (version or "")[:32] or None)
 
 
-def bounded_int(d: dict, key: str, lo: int, hi: int, where: str, whole: object) -> int:
+def bounded_int(d: dict[str, Any], key: str, lo: int, hi: int, where: str, whole: object) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise malformed(f"{where}{key} must be an integer in [{lo}, {hi}], got {v!r}"[:200], whole)
@@ -99,7 +113,7 @@ def parse_artifact(a: object, whole: object) -> Artifact:
     return Artifact(sha, size, chunk, tuple(chunks), a["format"], recipe)
 
 
-def _parse_recipe(r: object, size: int, whole: object) -> dict:
+def _parse_recipe(r: object, size: int, whole: object) -> dict[str, Any]:
     """{"chunker": str, "chunks": [[sha256, length], ...]} whose lengths add up to the artifact's size."""
     if not isinstance(r, dict) or set(r) != {"chunker", "chunks"} or not isinstance(r["chunker"], str):
         raise malformed("artifact.recipe must be {'chunker': str, 'chunks': [[sha256, length], ...]}", whole)

@@ -4,6 +4,7 @@ downgrade, size."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from agent.artifacts.manifest.rejection import ManifestRejected
@@ -18,7 +19,7 @@ def check_policy(
     installed_version: str | None = None,
     *,
     device_id: str | None = None,
-    groups=(),
+    groups: Iterable[str] = (),
     now: float | None = None,
     max_artifact_bytes: int | None = None,
     free_bytes: int | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from agent.errors import ManifestError
 
@@ -16,7 +17,9 @@ class ManifestRejected(ManifestError):
         self.code, self.reason, self.model, self.version = code, reason, model, version
 
 
-def rejection_record(exc: ManifestRejected, deployment_id: str | None = None, ts: float | None = None) -> dict:
+def rejection_record(
+    exc: ManifestRejected, deployment_id: str | None = None, ts: float | None = None
+) -> dict[str, Any]:
     """The status document's deployments[model] entry for a rejection (what `fleet status` shows)."""
     return {
         "id": deployment_id or f"{exc.model or 'unknown'}-{exc.version or '?'}-rejected",

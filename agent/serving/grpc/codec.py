@@ -9,7 +9,7 @@ import numpy as np
 
 from agent.serving import codec
 from agent.serving.binary import binary_blob, parse_bytes, wire_ready
-from agent.serving.errors import BadRequest
+from agent.serving.errors import InvalidInput
 from agent.serving.params import check_request, class_count
 from agent.serving.proto import oip_pb2 as pb
 from agent.serving.shm import ShmSlot, input_slot, output_target
@@ -44,20 +44,20 @@ def _input(t: Any, raw: memoryview | None, charge: codec.Charge, params: dict[st
     where = f"input {t.name!r}"
     dtype = codec.numpy_dtype(t.datatype, f"{where}: ")
     if any(d < 0 for d in t.shape) or len(t.shape) > 32:
-        raise BadRequest(f"{where}: 'shape' must be at most 32 non-negative integers, got {list(t.shape)[:40]}")
+        raise InvalidInput(f"{where}: 'shape' must be at most 32 non-negative integers, got {list(t.shape)[:40]}")
     shape = tuple(int(d) for d in t.shape)
     count = 1
     for d in shape:
         count *= d
     if count * max(dtype.itemsize, 1) >= 1 << 63:
-        raise BadRequest(f"{where}: shape {list(shape)} describes more than 2^63 bytes")
+        raise InvalidInput(f"{where}: shape {list(shape)} describes more than 2^63 bytes")
     if "shared_memory_region" in params:
         return input_slot(t.name, dtype, shape, count, params)
     if raw is not None:
         if t.datatype == "BYTES":
             return parse_bytes(t.name, raw, count, charge).reshape(shape)
         if len(raw) != count * dtype.itemsize:
-            raise BadRequest(
+            raise InvalidInput(
                 f"{where}: raw contents of {len(raw)} bytes != {count} elements x {dtype.itemsize} bytes of "
                 f"{t.datatype} for shape {list(shape)}"
             )
@@ -66,10 +66,10 @@ def _input(t: Any, raw: memoryview | None, charge: codec.Charge, params: dict[st
         return (arr.view(np.uint8) != 0 if dtype == np.bool_ else arr).reshape(shape)
     field = _CONTENTS.get(t.datatype)
     if field is None:
-        raise BadRequest(f"{where}: {t.datatype} has no typed contents field; send raw_input_contents")
+        raise InvalidInput(f"{where}: {t.datatype} has no typed contents field; send raw_input_contents")
     values = getattr(t.contents, field)
     if len(values) != count:
-        raise BadRequest(f"{where}: shape holds {count} elements but contents have {len(values)}")
+        raise InvalidInput(f"{where}: shape holds {count} elements but contents have {len(values)}")
     if t.datatype == "BYTES":
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)
@@ -77,7 +77,7 @@ def _input(t: Any, raw: memoryview | None, charge: codec.Charge, params: dict[st
     try:
         return np.array(values, dtype=dtype).reshape(shape)
     except OverflowError:
-        raise BadRequest(f"{where}: a value is out of range for {t.datatype}") from None
+        raise InvalidInput(f"{where}: a value is out of range for {t.datatype}") from None
 
 
 def decode(request: Any, raws: list[memoryview], charge: codec.Charge) -> codec.InferRequest:
@@ -88,18 +88,18 @@ def decode(request: Any, raws: list[memoryview], charge: codec.Charge) -> codec.
     tensor_params = [params_of(t.parameters) for t in request.inputs]
     in_request = sum(1 for p in tensor_params if "shared_memory_region" not in p)
     if raws and len(raws) != in_request:  # raw contents belong to the inputs not in shared memory, in order
-        raise BadRequest(f"{len(raws)} raw_input_contents for {in_request} inputs not in shared memory")
+        raise InvalidInput(f"{len(raws)} raw_input_contents for {in_request} inputs not in shared memory")
     inputs: dict[str, Any] = {}
     k = 0
     for t, p in zip(request.inputs, tensor_params):
         if t.name in inputs:
-            raise BadRequest(f"input {t.name!r} appears twice")
+            raise InvalidInput(f"input {t.name!r} appears twice")
         raw = None
         if raws and "shared_memory_region" not in p:
             raw, k = raws[k], k + 1
         inputs[t.name] = _input(t, raw, charge, p)
     if not inputs:
-        raise BadRequest("'inputs' must be a non-empty list")
+        raise InvalidInput("'inputs' must be a non-empty list")
     req = codec.InferRequest(inputs=inputs, binary_default=True, id=request.id or None, params=params)
     if request.outputs:
         req.outputs = []

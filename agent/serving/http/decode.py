@@ -9,7 +9,7 @@ import numpy as np
 
 from agent.serving.binary import BinarySlot, binary_tensor, wire_dtype
 from agent.serving.codec import Charge, InferRequest, no_charge, numpy_dtype, oip_name
-from agent.serving.errors import BadRequest
+from agent.serving.errors import InvalidInput
 from agent.serving.http import jsonplan
 from agent.serving.http.jsondata import json_tensor
 from agent.serving.http.jsonfast import FAST_MIN, NumericData, parse_infer
@@ -35,11 +35,11 @@ _MAX_BYTES = 1 << 63  # numpy (and ONNX's int64 dims) cannot describe a tensor o
 
 
 def _shape(raw: Any, where: str, itemsize: int) -> tuple[tuple[int, ...], int]:
-    """(shape, element count); BadRequest unless a list of non-negative integers that numpy can describe."""
+    """(shape, element count); InvalidInput unless a list of non-negative integers that numpy can describe."""
     if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
-        raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}")
+        raise InvalidInput(f"{where}: 'shape' must be a list of non-negative integers, got {str(raw)[:80]}")
     if len(raw) > 32:
-        raise BadRequest(f"{where}: shape has {len(raw)} dimensions (at most 32)")
+        raise InvalidInput(f"{where}: shape has {len(raw)} dimensions (at most 32)")
     span = max(itemsize, 1)  # the bytes numpy would index: zero dimensions aside
     count = 1
     for d in raw:
@@ -47,46 +47,46 @@ def _shape(raw: Any, where: str, itemsize: int) -> tuple[tuple[int, ...], int]:
             span *= d
         count *= d
     if span >= _MAX_BYTES:
-        raise BadRequest(f"{where}: shape {raw} describes more than 2^63 bytes")
+        raise InvalidInput(f"{where}: shape {raw} describes more than 2^63 bytes")
     return tuple(raw), count
 
 
 def _input(spec: Any, i: int, binary: memoryview, offset: int, charge: Charge) -> np.ndarray | BinarySlot | ShmSlot:
     """One input: its JSON data as an array, or where its binary data lies (sizes checked, nothing allocated)."""
     if not isinstance(spec, dict):
-        raise BadRequest(f"inputs[{i}] must be an object")
+        raise InvalidInput(f"inputs[{i}] must be an object")
     name = spec.get("name")
     if not isinstance(name, str) or not name:
-        raise BadRequest(f"inputs[{i}]: 'name' must be a non-empty string")
+        raise InvalidInput(f"inputs[{i}]: 'name' must be a non-empty string")
     where = f"input {name!r}"
     dtype = numpy_dtype(spec.get("datatype"), f"{where}: ")
     shape, count = _shape(spec.get("shape"), where, dtype.itemsize)
     params = spec.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest(f"{where}: 'parameters' must be an object")
+        raise InvalidInput(f"{where}: 'parameters' must be an object")
     if "shared_memory_region" in params:
         if "data" in spec or "binary_data_size" in params:
-            raise BadRequest(f"{where}: has shared_memory_region and data of its own")
+            raise InvalidInput(f"{where}: has shared_memory_region and data of its own")
         return input_slot(name, dtype, shape, count, params)
     size = params.get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise BadRequest(f"{where}: binary_data_size must be a non-negative integer")
+            raise InvalidInput(f"{where}: binary_data_size must be a non-negative integer")
         if "data" in spec:
-            raise BadRequest(f"{where}: has both 'data' and binary_data_size")
+            raise InvalidInput(f"{where}: has both 'data' and binary_data_size")
         if offset + size > len(binary):
-            raise BadRequest(f"{where}: binary_data_size {size} runs past the end of the body")
+            raise InvalidInput(f"{where}: binary_data_size {size} runs past the end of the body")
         wire = wire_dtype(dtype)
         if wire is not None and size != count * dtype.itemsize:
-            raise BadRequest(
+            raise InvalidInput(
                 f"{where}: binary_data_size {size} != {count} elements x {dtype.itemsize} bytes of "
                 f"{oip_name(dtype)} for shape {list(shape)}"
             )
         if wire is None and count * 4 > size:
-            raise BadRequest(f"{where}: shape holds {count} BYTES elements but its data has only {size} bytes")
+            raise InvalidInput(f"{where}: shape holds {count} BYTES elements but its data has only {size} bytes")
         return BinarySlot(name, dtype, shape, count, offset, size, wire)
     if "data" not in spec:
-        raise BadRequest(f"{where}: needs 'data' or parameters.binary_data_size")
+        raise InvalidInput(f"{where}: needs 'data' or parameters.binary_data_size")
     data = spec["data"]
     if isinstance(data, NumericData):  # a large body's numbers, parsed but not yet converted (jsonfast.py)
         return data.tensor(name, dtype, count, charge).reshape(shape)
@@ -97,14 +97,14 @@ def _outputs(raw: Any, req: InferRequest) -> None:
     if raw is None:
         return
     if not isinstance(raw, list):
-        raise BadRequest("'outputs' must be a list")
+        raise InvalidInput("'outputs' must be a list")
     req.outputs = []
     for i, spec in enumerate(raw):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-            raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+            raise InvalidInput(f"outputs[{i}] must be an object with a string 'name'")
         params = spec.get("parameters") or {}
         if not isinstance(params, dict):
-            raise BadRequest(f"output {spec['name']!r}: 'parameters' must be an object")
+            raise InvalidInput(f"output {spec['name']!r}: 'parameters' must be an object")
         count = class_count(spec["name"], params)
         if count is not None:
             req.classes[spec["name"]] = count
@@ -130,7 +130,7 @@ def decode_request(body: bytes | memoryview, header_length: int | None, charge: 
     """Decode an infer request body; header_length is the Inference-Header-Content-Length (None: all JSON).
     `charge` counts what decoding will hold (JSON objects, BYTES strings) before it is allocated."""
     if header_length is not None and not 0 <= header_length <= len(body):
-        raise BadRequest(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
+        raise InvalidInput(f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes")
     head = body if header_length is None else body[:header_length]
     cut = jsonplan.split(bytes(body)) if header_length is None and len(body) < FAST_MIN else None
     if cut is not None and (known := jsonplan.decode(cut[0], cut[1], charge)) is not None:
@@ -169,10 +169,10 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> tuple
     """Parse and check the JSON header (no binary input is read, and BYTES ones are parsed per request)."""
     doc = parse_infer(head, charge, "the request's JSON")
     if not isinstance(doc, dict):
-        raise BadRequest("the request must be a JSON object")
+        raise InvalidInput("the request must be a JSON object")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest("'inputs' must be a non-empty list")
+        raise InvalidInput("'inputs' must be a non-empty list")
     slots: list[BinarySlot] = []
     got: dict[str, np.ndarray | BinarySlot | ShmSlot] = {}
     offset = 0
@@ -180,13 +180,13 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> tuple
         one = _input(spec, i, binary, offset, charge)
         name = one.name if isinstance(one, BinarySlot) else spec["name"]
         if name in got:
-            raise BadRequest(f"input {name!r} appears twice")
+            raise InvalidInput(f"input {name!r} appears twice")
         got[name] = one
         if isinstance(one, BinarySlot):
             slots.append(one)
             offset += one.size
     if offset != len(binary):
-        raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+        raise InvalidInput(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     all_binary = len(slots) == len(got)
     inputs: dict[str, Any] = {}  # arrays, and ShmSlots the data plane reads when the request runs
     if not all_binary:  # mixed: this plan is not cached, so its binary inputs are read here
@@ -194,7 +194,7 @@ def _plan(head: bytes | memoryview, binary: memoryview, charge: Charge) -> tuple
             inputs[name] = binary_tensor(one, binary, charge) if isinstance(one, BinarySlot) else one
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
-        raise BadRequest("'parameters' must be an object")
+        raise InvalidInput("'parameters' must be an object")
     check_request(params)
     rid = doc.get("id")
     req = InferRequest(

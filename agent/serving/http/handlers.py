@@ -14,7 +14,7 @@ from agent.errors import ServingError
 from agent.serving import codec
 from agent.serving.dataplane import EXTENSIONS, SERVER_NAME, DataPlane, model_config, model_metadata
 from agent.serving.entry import ModelEntry
-from agent.serving.errors import BadRequest, MethodNotAllowed, NotFound, ServerBusy, TooManyFailures, status_of
+from agent.serving.errors import InvalidInput, MethodNotAllowed, NotFound, ServerBusy, TooManyFailures, status_of
 from agent.serving.http.decode import decode_request
 from agent.serving.http.encode import encode_response
 from agent.serving.http.jsondata import parse_json
@@ -134,10 +134,10 @@ class Router:
         hook = self.plane.extension_hook(path)
         if hook is None:
             what = path.split("/")[2]
-            raise BadRequest(f"the {what} extension is not supported by this server (see /v2 'extensions')")
+            raise InvalidInput(f"the {what} extension is not supported by this server (see /v2 'extensions')")
         doc = parse_json(body, what="the request") if len(body) else {}
         if not isinstance(doc, dict):
-            raise BadRequest("the request body must be a JSON object")
+            raise InvalidInput("the request body must be a JSON object")
         self._only(
             method, "POST" if path.endswith(("/load", "/unload", "/register", "/unregister", "/index")) else "GET"
         )
@@ -187,26 +187,26 @@ def raw_request(entry: ModelEntry, body: bytes | memoryview) -> codec.InferReque
     only input, its shape the model's with at most one variable dimension, derived from the body's size; every
     output comes back as binary data."""
     if len(entry.inputs) != 1:
-        raise BadRequest(
+        raise InvalidInput(
             f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
             f"{entry.name!r} has {len(entry.inputs)}"
         )
     spec = entry.inputs[0]
     datatype = codec.datatype_of(spec.dtype)
     if datatype == "BYTES":
-        raise BadRequest("a raw binary request cannot carry a BYTES input; send a JSON header")
+        raise InvalidInput("a raw binary request cannot carry a BYTES input; send a JSON header")
     dtype = codec.numpy_dtype(datatype)
     dims = [d if isinstance(d, int) and d >= 0 else -1 for d in spec.shape]
     known = 1
     for d in dims:
         known *= d if d >= 0 else 1
     if dims.count(-1) > 1:
-        raise BadRequest(
+        raise InvalidInput(
             f"input {spec.name!r} has shape {dims}: a raw binary request fits at most one variable dimension"
         )
     elements, rem = divmod(len(body), dtype.itemsize)
     if rem or (known and elements % known) or (-1 not in dims and elements != known):
-        raise BadRequest(
+        raise InvalidInput(
             f"raw binary body of {len(body)} bytes does not fit input {spec.name!r} ({datatype}, shape {dims})"
         )
     shape = [elements // known if d == -1 else d for d in dims] if known else [0 if d == -1 else d for d in dims]
@@ -219,5 +219,5 @@ def header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-        raise BadRequest(f"Inference-Header-Content-Length must be plain ASCII digits, got {raw[:20]!r}")
+        raise InvalidInput(f"Inference-Header-Content-Length must be plain ASCII digits, got {raw[:20]!r}")
     return int(raw)

@@ -19,7 +19,7 @@ import numpy as np
 
 from agent.serving.budget import JSON_DECODE_FACTOR
 from agent.serving.codec import Charge, InferRequest
-from agent.serving.errors import BadRequest, PayloadTooLarge, ServerBusy
+from agent.serving.errors import InvalidInput, PayloadTooLarge, ServerBusy
 from agent.serving.http.jsondata import _DECODER, json_tensor
 from agent.serving.http.jsonfast import binary_hint
 
@@ -87,7 +87,7 @@ def decode(key: bytes, numbers: list[bytes], charge: Charge) -> InferRequest | N
     for slot, text in zip(tpl.slots, numbers):
         try:
             data = _DECODER.decode("[" + text.decode("ascii") + "]")
-        except (ValueError, BadRequest):
+        except (ValueError, InvalidInput):
             return None  # malformed numbers: the full parser names them
         arr = _floats(data, slot)
         if arr is None:
@@ -129,7 +129,7 @@ def learn(key: bytes, numbers: list[bytes], doc: Any, req: InferRequest) -> None
         return
     try:
         skeleton = _DECODER.decode(key.decode("utf-8"))
-    except (ValueError, BadRequest):
+    except (ValueError, InvalidInput):
         return
     slots = []
     for spec, text, empty in zip(specs, numbers, skeleton.get("inputs") or []):

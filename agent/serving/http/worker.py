@@ -15,7 +15,7 @@ from typing import Protocol
 
 from agent.serving.budget import BodyBudget, Ledger
 from agent.serving.dataplane import DataPlane
-from agent.serving.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from agent.serving.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 from agent.serving.http.compress import compress
 from agent.serving.http.handlers import Response, Router, error_for, error_response, header_length
 from agent.serving.http.jsonfast import JSON_BODY_HINT
@@ -164,7 +164,7 @@ class Worker:
                 raw_len = head.headers.get("inference-header-content-length")
                 try:
                     hlen = header_length(raw_len)
-                except BadRequest:
+                except InvalidInput:
                     close = True  # a length header that lies about its digits: nothing after it is trusted
                     raise
                 self._authorize(head, conn.peer)
@@ -246,7 +246,7 @@ class Worker:
                     sock.settimeout(left)
                 k = sock.recv_into(view[got:])
                 if not k:
-                    raise BadRequest(f"request body ended after {got} of {n} bytes")
+                    raise InvalidInput(f"request body ended after {got} of {n} bytes")
                 got += k
         except TimeoutError:
             raise RequestTimeout(f"request body incomplete after {self.oip.request_timeout:g} s") from None
@@ -261,7 +261,7 @@ class Worker:
         if enc == "identity":
             return body
         if enc not in ("gzip", "deflate"):
-            raise BadRequest(f"unsupported Content-Encoding {enc[:20]!r}; use gzip, deflate or none")
+            raise InvalidInput(f"unsupported Content-Encoding {enc[:20]!r}; use gzip, deflate or none")
         limit = self.oip.max_body_bytes
         d = zlib.decompressobj(zlib.MAX_WBITS | 16 if enc == "gzip" else zlib.MAX_WBITS)
         out, data = bytearray(), body
@@ -276,9 +276,9 @@ class Worker:
                 if d.eof or not (chunk or data):
                     break
         except zlib.error as exc:
-            raise BadRequest(f"body is not valid {enc}: {exc}") from None
+            raise InvalidInput(f"body is not valid {enc}: {exc}") from None
         if not d.eof:
-            raise BadRequest(f"body is not valid {enc}: truncated stream")
+            raise InvalidInput(f"body is not valid {enc}: truncated stream")
         return memoryview(out)
 
     def _send(self, conn: Conn, resp: Response, close: bool, head_only: bool = False) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.lifecycle.status import status_path
+from agent.lifecycle.status_doc import status_path
 from agent.services import Emit, Publish
 from agent.util.atomic import atomic_write_json
 

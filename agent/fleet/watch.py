@@ -7,9 +7,11 @@ import queue
 import threading
 import time
 import uuid
+from typing import Any
 
 from agent.errors import TransportError
-from agent.fleet.registry import NO_REGISTRY, set_aside
+from agent.fleet.outcome import StatusDoc
+from agent.fleet.registry import NO_REGISTRY, DeviceRegistry, set_aside
 from agent.transport.mqtt import BrokerConfig, MqttLink
 from agent.transport.topics import DEFAULT_PREFIX, Topics
 
@@ -21,7 +23,13 @@ class FleetWatch:
     """Subscribes to every device's retained status (and events); `sync()` returns once the retained
     flood has arrived (a marker published by us comes back after it: one client's packets stay in order)."""
 
-    def __init__(self, broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, events: bool = False, registry=None):
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        prefix: str = DEFAULT_PREFIX,
+        events: bool = False,
+        registry: DeviceRegistry | None = None,
+    ) -> None:
         """registry: agent.fleet.registry.DeviceRegistry; every report is verified against it (its `trust`
         set, groups taken from it, an unverified report's claims set aside; unverified events dropped).
         Without one, every report carries trust "unverified (no device registry)" with its claims set aside
@@ -29,8 +37,8 @@ class FleetWatch:
         self.registry = registry
         self.topics = Topics(prefix)
         self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
-        self.status: dict[str, dict] = {}
-        self.rollouts: dict[str, dict] = {}  # retained p/rollouts/{id} progress documents
+        self.status: dict[str, StatusDoc] = {}
+        self.rollouts: dict[str, dict[str, Any]] = {}  # retained p/rollouts/{id} progress documents
         self.inbox: "queue.Queue[tuple[str, bytes]]" = queue.Queue()
         self._marker = f"{prefix}/control/{self.link.client_id}/sync"
         self._synced = threading.Event()
@@ -67,18 +75,18 @@ class FleetWatch:
     def stop(self) -> None:
         self.link.stop()
 
-    def __enter__(self):
+    def __enter__(self) -> FleetWatch:
         return self.start()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _enqueue(self, topic: str, payload: bytes, retained: bool) -> None:
         self.inbox.put((topic, payload))
 
-    def drain(self, timeout: float = 0.0) -> list[tuple[str, str, dict]]:
+    def drain(self, timeout: float = 0.0) -> list[tuple[str, str, StatusDoc]]:
         """Apply waiting messages; returns [(kind, device, doc)] in arrival order (kind: status or events)."""
-        out: list[tuple[str, str, dict]] = []
+        out: list[tuple[str, str, StatusDoc]] = []
         block = timeout > 0
         while True:
             try:
@@ -109,14 +117,14 @@ class FleetWatch:
             if doc is not None and (parsed.kind == "status" or doc.get("trust") != UNTRUSTED_EVENT):
                 out.append((parsed.kind, parsed.device, doc))
 
-    def _believe(self, kind: str, device: str, doc: dict) -> dict:
+    def _believe(self, kind: str, device: str, doc: StatusDoc) -> StatusDoc:
         out = set_aside(doc, NO_REGISTRY) if self.registry is None else self.registry.apply(device, doc)
         if kind == "events" and out["trust"] != "verified":
             out["trust"] = UNTRUSTED_EVENT  # not handed on: an unverified event decides nothing
         return out
 
 
-def _json(payload: bytes) -> dict | None:
+def _json(payload: bytes) -> dict[str, Any] | None:
     try:
         doc = json.loads(payload) if payload else None
     except (ValueError, RecursionError):  # nested past the parser (a hostile status): unreadable, like bad JSON
@@ -124,7 +132,7 @@ def _json(payload: bytes) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def device_row(device_id: str, doc: dict) -> dict:
+def device_row(device_id: str, doc: StatusDoc) -> dict[str, Any]:
     """One `fleet status` row: online, models (version/provider/state), last deployment result + reason."""
     models = doc["models"] if isinstance(doc.get("models"), dict) else {}
     deployments = doc["deployments"] if isinstance(doc.get("deployments"), dict) else {}
@@ -151,7 +159,9 @@ def device_row(device_id: str, doc: dict) -> dict:
     }
 
 
-def fleet_status(broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0, registry=None) -> dict:
+def fleet_status(
+    broker: BrokerConfig, prefix: str = DEFAULT_PREFIX, timeout: float = 15.0, registry: DeviceRegistry | None = None
+) -> dict[str, Any]:
     """{"devices": [row, ...]} sorted by device id, from the retained status topics (verified against
     `registry` when given: each row's `trust` says how far to believe it)."""
     with FleetWatch(broker, prefix, registry=registry) as watch:
