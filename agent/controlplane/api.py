@@ -58,7 +58,7 @@ async def enroll_device(request: Request) -> dict[str, Any]:
             return {"device_id": doc["device_id"], "state": "pending"}
         raise
     if out["state"] == "accepted":
-        ctx.registry_changed()
+        ctx.registry_changed(out["device_id"])
     return out
 
 
@@ -97,7 +97,7 @@ def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[s
         _name(g, "groups")
     with write(cp(request).factory) as s:
         out = repo.device_dict(enroll.preregister(s, body.device_id, body.public_key, body.groups, op.actor))
-    cp(request).registry_changed()
+    cp(request).registry_changed(body.device_id)
     return out
 
 
@@ -122,7 +122,7 @@ def _decide(request: Request, device_id: str, accept: bool, body: Decide | None,
     with write(cp(request).factory) as s:
         row = enroll.decide(s, device_id, accept, op.actor, groups)
         out = repo.device_dict(row)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 
@@ -147,7 +147,7 @@ def reject(request: Request, device_id: str, op: AsOperator):
 def decommission(request: Request, device_id: str, op: AsAdmin):
     with write(cp(request).factory) as s:
         out = repo.device_dict(enroll.decommission(s, device_id, op.actor))
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 
@@ -156,7 +156,7 @@ def delete_device(request: Request, device_id: str, op: AsAdmin):
     """The device and everything kept for it (groups, decision records, conformance reports), audited."""
     with write(cp(request).factory) as s:
         deleted = enroll.delete_device(s, device_id, op.actor)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return {"device_id": device_id, "deleted": deleted}
 
 
@@ -169,7 +169,7 @@ def set_groups(request: Request, device_id: str, body: Groups, op: AsOperator):
         repo.set_groups(s, row, body.groups)
         repo.audit(s, op.actor, "device.groups", device_id, groups=body.groups)
         out = repo.device_dict(row)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 

@@ -219,7 +219,7 @@ def device_action(request: Request, device_id: str, action: str, groups: str = F
             enroll.decide(s, device_id, action == "accept", v.op.actor, wanted if action == "accept" else None)
     except EdgeAgentError as exc:
         return error_page(400, str(exc), v)
-    request.app.state.cp.registry_changed()
+    request.app.state.cp.registry_changed(device_id)
     return RedirectResponse("/pending", status_code=303)
 
 

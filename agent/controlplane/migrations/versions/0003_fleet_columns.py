@@ -1,0 +1,73 @@
+"""whole-fleet views from indexed columns: each device's precision, model versions and model state (and a small
+per-model summary for lists), backfilled from the stored status documents
+
+Revision ID: 0003_fleet_columns
+Revises: 0002_freshness
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0003_fleet_columns"
+down_revision = "0002_freshness"
+branch_labels = None
+depends_on = None
+
+COLUMNS = ("precision", "model_versions", "model_state")
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("devices") as batch:
+        for name in COLUMNS:
+            batch.add_column(sa.Column(name, sa.String(255), nullable=True))
+        batch.add_column(sa.Column("models_summary", sa.JSON, nullable=True))
+    for name in COLUMNS:
+        op.create_index(f"ix_devices_{name}", "devices", [name])
+    op.create_index(
+        "ix_devices_cohort", "devices", ["state", "target", "provider", "precision", "model_versions", "online"]
+    )
+    op.create_index("ix_devices_state_id", "devices", ["state", "device_id"])
+    _backfill()
+
+
+def _backfill() -> None:
+    """Every device with a stored status gets its columns, a batch of 500 rows at a time (keyset on the id)."""
+    from agent.controlplane import cohort
+    from agent.controlplane.docschema import clean
+
+    devices = sa.table(
+        "devices",
+        sa.column("device_id", sa.String),
+        sa.column("status", sa.JSON),
+        *(sa.column(n, sa.String) for n in COLUMNS),
+        sa.column("models_summary", sa.JSON),
+    )
+    conn = op.get_bind()
+    last = ""
+    while True:
+        rows = conn.execute(
+            sa.select(devices.c.device_id, devices.c.status)
+            .where(devices.c.device_id > last, devices.c.status.isnot(None))
+            .order_by(devices.c.device_id)
+            .limit(500)
+        ).all()
+        if not rows:
+            return
+        for device_id, status in rows:
+            doc = clean("status", status) if isinstance(status, dict) else {}
+            values = dict(cohort.columns(doc), models_summary=cohort.summary(doc))
+            conn.execute(devices.update().where(devices.c.device_id == device_id).values(**values))
+        last = rows[-1][0]
+
+
+def downgrade() -> None:
+    op.drop_index("ix_devices_state_id", "devices")
+    op.drop_index("ix_devices_cohort", "devices")
+    for name in COLUMNS:
+        op.drop_index(f"ix_devices_{name}", "devices")
+    with op.batch_alter_table("devices") as batch:
+        batch.drop_column("models_summary")
+        for name in reversed(COLUMNS):
+            batch.drop_column(name)
