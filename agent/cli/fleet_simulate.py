@@ -13,7 +13,13 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 
 
 @click.command("simulate")
-@click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
+@click.option(
+    "--devices",
+    "count",
+    type=click.IntRange(1, 100000),
+    required=True,
+    help="Number of simulated devices (at most 5000 real ones; --light: up to 100000).",
+)
 @click.option(
     "--trust",
     "trust_file",
@@ -58,6 +64,27 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 @click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
 @click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
+@click.option(
+    "--light",
+    is_flag=True,
+    help="Light devices: the device protocol (enrollment, signed statuses and decision records, desired state, "
+    "chunk pulls with hash checks, probation, commit) without running models, thousands per process "
+    "(docs/scaling.md).",
+)
+@click.option(
+    "--control-plane",
+    "control_plane",
+    help="--light: enroll each device through this control plane's API (http://HOST:PORT) and post its decision "
+    "records there.",
+)
+@click.option("--enroll-token", help="--light: the enrollment token the devices present (accepted at once).")
+@click.option(
+    "--clients",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="--light: MQTT connections the whole light fleet shares.",
+)
 @broker_options
 def simulate(
     count,
@@ -72,6 +99,10 @@ def simulate(
     no_shared_qualification,
     serve_http,
     as_json,
+    light,
+    control_plane,
+    enroll_token,
+    clients,
     **broker_kw,
 ):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
@@ -79,6 +110,16 @@ def simulate(
     devices share one measurement per (model sha256, target, provider set), and the output says so."""
     import faulthandler
     import signal
+
+    if light:
+        from agent.cli.fleet_simulate_light import run_light
+
+        light_kw = dict(control_plane=control_plane, enroll_token=enroll_token, clients=clients, store=store)
+        light_kw["prefix"] = broker_kw["prefix"]
+        run_light(count, trust_file, groups, id_prefix, probation_s, as_json, _broker(broker_kw), **light_kw)
+        return
+    if count > 5000:
+        raise click.UsageError("--devices: at most 5000 real devices (use --light for more)")
 
     from agent.cli.signals import SignalFlags
     from agent.sim.classes import resolve_sysroots

@@ -90,6 +90,15 @@ def list_devices(
         return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
 
 
+@router.get("/overview", tags=["devices"])
+def overview(request: Request, _: AsViewer) -> dict[str, Any]:
+    """The dashboard overview's counts: devices by state; accepted devices by target, provider, precision and
+    model versions (with how many are online); one count per value of each and of the model state. Counted by
+    the database over columns kept as statuses arrive (no status document read)."""
+    with cp(request).factory() as s:
+        return repo.overview(s)
+
+
 @router.post("/devices", status_code=201, tags=["devices"])
 def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[str, Any]:
     """Pre-register a device's public key with groups (accepted at once: `fleet register --control-plane`)."""
