@@ -111,9 +111,13 @@ def test_a_light_fleet_enrolls_without_a_reload_and_converges_on_a_rollout(tmp_p
 
     key, pub, _ = generate(tmp_path / "fleet-keys")
     limits = {"address_burst": 100000, "address_per_minute": 1e6, "key_burst": 1000, "key_per_minute": 1e5}
-    with Mosquitto(tmp_path / "mq") as broker, running_service(
-        tmp_path, signing_key=str(key), mqtt={"url": broker.url}, tick_s=0.3, limits=limits
-    ) as (cp, url):
+    with (
+        Mosquitto(tmp_path / "mq") as broker,
+        running_service(tmp_path, signing_key=str(key), mqtt={"url": broker.url}, tick_s=0.3, limits=limits) as (
+            cp,
+            url,
+        ),
+    ):
         h = {"Authorization": f"Bearer {cp.admin_token}"}
         token = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "l", "uses": 200}, headers=h).json()["token"]
         opts = LightOptions(control_plane=url, enroll_token=token, probation_s=0.5, clients=2)

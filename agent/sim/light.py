@@ -66,6 +66,7 @@ class LightFleet:
         self.threads: list[threading.Thread] = []
         self.counts = {"desired": 0, "pulled": 0, "committed": 0, "refused": 0, "failed": 0, "decisions": 0}
         self.progress: Callable[..., None] = lambda event, **f: None
+        self.reported: dict[tuple[str, str, str], dict[str, float]] = {}  # (device, model, version): wall times
 
     def _make(self, count: int, id_prefix: str, targets: tuple[str, ...], groups: list[str]) -> dict[str, LightDevice]:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -78,9 +79,11 @@ class LightFleet:
         return out
 
     # -- life --------------------------------------------------------------------------------------------
-    def start(self, progress: Callable[..., None] | None = None) -> "LightFleet":
+    def start(self, progress: Callable[..., None] | None = None, enroll: bool = True) -> "LightFleet":
+        """enroll False: the caller ran enroll() already (a bench times it apart)."""
         self.progress = progress or self.progress
-        self.enroll()
+        if enroll:
+            self.enroll()
         for k in range(self.clients):
             link = MqttLink(self.broker, client_id=f"edge-light-{k}-{id(self) % 100000}", max_queued=10**6)
             if k == 0:
@@ -194,6 +197,7 @@ class LightFleet:
         if current.get("version") == manifest.version and current.get("state") in ("committed", "probation"):
             return  # already runs it (a republished, byte-identical envelope)
         deployment_id = f"{model}-{manifest.version}-{int(time.time() * 1000)}"
+        self.reported[(device_id, model, manifest.version)] = {"desired": time.time()}
         try:
             self._pull(dev, manifest)
         except EdgeAgentError as exc:
@@ -271,6 +275,7 @@ class LightFleet:
                 done = dev.commit(model, version)
             if done:
                 self.counts["committed"] += 1
+                self.reported.get((device_id, model, version), {})["committed"] = time.time()
                 self.publish_status(dev)
 
     def stats(self) -> dict[str, Any]:
