@@ -7,6 +7,7 @@ runs (no registry reload, each status verified once) and converges on a canary-t
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import time
 
@@ -151,3 +152,43 @@ def test_a_light_fleet_enrolls_without_a_reload_and_converges_on_a_rollout(tmp_p
             assert cp.loop.reloads == 0
         finally:
             fleet.stop()
+
+
+def test_migration_0003_backfills_the_columns_from_stored_statuses(db_url):
+    """A database at 0002 with devices that reported: after the upgrade each has its columns, as the intake sets."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from agent.controlplane import cohort
+    from agent.controlplane.db import MIGRATIONS, make_engine
+
+    engine = make_engine(db_url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002_freshness")
+    cast = "CAST(:s AS JSON)" if engine.dialect.name == "postgresql" else ":s"
+    docs = {f"old-{i}": _status(i) for i in range(12)}
+    with engine.begin() as conn:
+        for dev, doc in [*docs.items(), ("never", None)]:
+            conn.execute(
+                text(
+                    "INSERT INTO devices (device_id, state, public_key, groups, online, hardware, status, requested_at)"
+                    f" VALUES (:d, 'accepted', 'k', '[]', true, '{{}}', {cast}, 1.0)"
+                ),
+                {"d": dev, "s": None if doc is None else json.dumps(doc)},
+            )
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    with engine.connect() as conn:
+        rows = {
+            r[0]: r[1:]
+            for r in conn.execute(text("SELECT device_id, precision, model_versions, model_state FROM devices"))
+        }
+    engine.dispose()
+    want = {dev: tuple(cohort.columns(doc).values()) for dev, doc in docs.items()}
+    assert {d: r for d, r in rows.items() if d != "never"} == want and rows["never"] == (None, None, None)
+    assert {r[1] for r in want.values()} >= {"det 2", "cls 4, det 2", "none"}  # one model, two, none
