@@ -94,16 +94,20 @@ def overview(session: Session) -> dict[str, Any]:
         select(*cols, func.count(), online).where(Device.state == ACCEPTED).group_by(*cols).order_by(*cols)
     ).all()
     names = ("target", "provider", "precision", "models")
-    cohorts = [
+    cohorts: list[dict[str, Any]] = [
         {**{k: r[i] or ("none" if k == "models" else "unknown") for i, k in enumerate(names)},
          "devices": int(r[4]), "online": int(r[5] or 0)}
         for r in rows
     ]  # fmt: skip
-    by = {}
-    for name in BREAKDOWNS:
-        col = getattr(Device, name)
-        got = session.execute(select(col, func.count()).where(Device.state == ACCEPTED).group_by(col)).all()
-        by[name] = {str(v) if v is not None else "unknown": int(n) for v, n in sorted(got, key=lambda r: str(r[0]))}
+    by: dict[str, dict[str, int]] = {k: {} for k in BREAKDOWNS}
+    for c in cohorts:  # the cohort columns' counts are sums over the cohorts: no query of their own
+        for name, key in zip(BREAKDOWNS, (*names[:3], "models")):
+            value, n = str(c[key]), int(c["devices"])
+            by[name][value] = by[name].get(value, 0) + n
+    col = Device.model_state
+    got = session.execute(select(col, func.count()).where(Device.state == ACCEPTED).group_by(col)).all()
+    by["model_state"] = {str(v) if v is not None else "unknown": int(n) for v, n in got}
+    by = {k: dict(sorted(v.items())) for k, v in by.items()}
     return {"states": {s: int(n) for s, n in states.items()}, "cohorts": cohorts, "by": by}
 
 
