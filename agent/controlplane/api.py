@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import func, select
+from sqlalchemy.orm import defer
 
 from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
@@ -226,8 +227,6 @@ _SQLITE_WRITER = threading.Lock()
 
 
 def _store_signed(ctx, device_id: str, kind: str, doc: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-    from sqlalchemy.orm import defer
-
     from agent.artifacts.keys import parse_public_key
     from agent.controlplane import documents
     from agent.transport.signing import verify_doc
@@ -335,7 +334,7 @@ def push_model(request: Request, body: Push, op: AsOperator):
 @router.get("/rollouts", tags=["rollouts"])
 def rollouts(request: Request, _: AsViewer):
     with cp(request).factory() as s:
-        rows = s.scalars(select(Rollout).order_by(Rollout.created_at.desc())).all()
+        rows = s.scalars(select(Rollout).options(defer(Rollout.state)).order_by(Rollout.created_at.desc())).all()
         return {"rollouts": [rollout_dict(r, brief=True) for r in rows]}
 
 

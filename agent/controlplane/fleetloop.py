@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from agent.controlplane import statusintake
 from agent.controlplane.db import StorageError, write
@@ -133,8 +133,10 @@ class FleetLoop:
         return engine
 
     def _rollouts(self) -> None:
+        # each tick: the rollouts' small columns; a rollout's state (every device's entry) only for a new engine
+        live = select(Rollout).options(defer(Rollout.state)).where(Rollout.phase.in_(("starting", "running")))
         with self.factory() as s:
-            rows = s.scalars(select(Rollout).where(Rollout.phase.in_(("starting", "running")))).all()
+            rows = s.scalars(live).all()
         for row in rows:
             if row.phase == "starting" and row.rollback_requested:
                 self._cancel(row)  # rolled back before any device was told
@@ -142,8 +144,12 @@ class FleetLoop:
             if row.phase == "starting":
                 self._plan(row)
                 continue
-            if not row.state:
-                continue
+            if row.rollout_id not in self.engines:
+                with self.factory() as s:
+                    full = s.get(Rollout, row.rollout_id)
+                if full is None or not full.state:
+                    continue
+                row = full
             engine = self._engine(row)
             answered = (engine.state.get("rollback") or {}).get("request")
             if row.rollback_requested and row.rollback_requested != answered:

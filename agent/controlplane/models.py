@@ -122,6 +122,7 @@ class Rollout(Base):
     rollback_requested: Mapped[str | None] = mapped_column(String(160), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # progress_doc(state), saved with it
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)

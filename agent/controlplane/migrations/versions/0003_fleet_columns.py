@@ -1,5 +1,5 @@
 """whole-fleet views from indexed columns: each device's precision, model versions and model state (and a small
-per-model summary for lists), backfilled from the stored status documents
+per-model summary for lists), backfilled from the stored status documents; each rollout's progress document
 
 Revision ID: 0003_fleet_columns
 Revises: 0002_freshness
@@ -29,6 +29,8 @@ def upgrade() -> None:
         "ix_devices_cohort", "devices", ["state", "target", "provider", "precision", "model_versions", "online"]
     )
     op.create_index("ix_devices_state_id", "devices", ["state", "device_id"])
+    with op.batch_alter_table("rollouts") as batch:  # lists read it instead of every device's rollout state
+        batch.add_column(sa.Column("progress", sa.JSON, nullable=True))
     _backfill()
 
 
@@ -63,6 +65,8 @@ def _backfill() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("rollouts") as batch:
+        batch.drop_column("progress")
     op.drop_index("ix_devices_state_id", "devices")
     op.drop_index("ix_devices_cohort", "devices")
     for name in COLUMNS:
