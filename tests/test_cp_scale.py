@@ -188,6 +188,10 @@ def test_migration_0003_backfills_the_columns_from_stored_statuses(db_url):
             r[0]: r[1:]
             for r in conn.execute(text("SELECT device_id, precision, model_versions, model_state FROM devices"))
         }
+    with engine.begin() as conn:  # and back down, and up again
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0002_freshness")
+        command.upgrade(cfg, "head")
     engine.dispose()
     want = {dev: tuple(cohort.columns(doc).values()) for dev, doc in docs.items()}
     assert {d: r for d, r in rows.items() if d != "never"} == want and rows["never"] == (None, None, None)

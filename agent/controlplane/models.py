@@ -25,6 +25,7 @@ class Device(Base):
     __table_args__ = (
         Index("ix_devices_cohort", "state", "target", "provider", "precision", "model_versions", "online"),
         Index("ix_devices_state_id", "state", "device_id"),
+        Index("ix_devices_state_model_state", "state", "model_state"),
     )
 
     device_id: Mapped[str] = mapped_column(String(64), primary_key=True)
