@@ -11,7 +11,11 @@ process. Measured, in this order:
   ingest       service CPU per status (each device's signed retained status, until every one is kept)
   overview     GET / (the dashboard overview, bearer token) and GET /api/v1/overview: p50 ms
   list         GET /api/v1/devices?limit=50&offset=RANDOM and GET /devices?page=RANDOM: p99 ms
-  decisions    signed decision records posted by 8 threads for distinct devices: records/s
+               (both right after the statuses were kept, again once autovacuum processed the devices table
+               (the bench's server checks every 10 s; migration 0003 sets the table's thresholds), and after the
+               rollout)
+  decisions    signed decision records posted by 8 threads for distinct devices: records/s, and the service's
+               CPU per record (1000 / that = records/s one free core would take)
   rollout      canary 1 %, waves of 25 %: for each wave, the seconds from its last device's commit report to the
                next wave's first desired state (the last wave: to the rollout's end), and the convergence time
                (rollout created -> last commit report)
@@ -97,6 +101,16 @@ def start_service(tmp: Path, db_url: str, broker_url: str, signing_key: Path) ->
     return proc, url, (tmp / "admin.token").read_text().strip()
 
 
+def autovacuum_every(base: str, seconds: int) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f"ALTER SYSTEM SET autovacuum_naptime = '{int(seconds)}s'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+    engine.dispose()
+
+
 def new_database(base: str, n: int) -> str:
     from sqlalchemy import create_engine, text
 
@@ -115,6 +129,44 @@ def kept(db_url: str) -> int:
         got = conn.execute(text("SELECT count(*) FROM devices WHERE status_ts IS NOT NULL")).scalar()
     engine.dispose()
     return int(got or 0)
+
+
+def vacuumed_after(db_url: str, since: float, timeout: float = 180.0) -> float:
+    """Seconds until autovacuum analysed and vacuumed the devices table after `since` (migration 0003's per-table
+    settings; the bench's server checks every 10 s)."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    q = text("SELECT extract(epoch FROM last_autovacuum), extract(epoch FROM last_autoanalyze) "
+             "FROM pg_stat_user_tables WHERE relname = 'devices'")  # fmt: skip
+    t0 = time.time()
+    try:
+        while time.time() - t0 < timeout:
+            with engine.connect() as conn:
+                vac, ana = conn.execute(q).one()
+            if vac and ana and float(vac) > since and float(ana) > since:
+                return round(time.time() - t0, 1)
+            time.sleep(1.0)
+    finally:
+        engine.dispose()
+    return -1.0
+
+
+def pages(url: str, h: dict, n: int, samples: int, out: dict, tag: str = "") -> None:
+    import httpx
+
+    with httpx.Client(base_url=url, headers=h, timeout=60) as client:
+        timed_gets(client, ["/", "/api/v1/overview"] * 3)  # warm
+        out[f"overview_page_p50_ms{tag}"] = round(statistics.median(timed_gets(client, ["/"] * (samples // 4))), 1)
+        got = timed_gets(client, ["/api/v1/overview"] * (samples // 4))
+        out[f"overview_api_p50_ms{tag}"] = round(statistics.median(got), 1)
+        offs = [random.randrange(0, max(1, n - 50)) for _ in range(samples)]
+        api = timed_gets(client, [f"/api/v1/devices?limit=50&offset={o}" for o in offs])
+        page = timed_gets(client, [f"/devices?page={o // 50}" for o in offs[: samples // 2]])
+        out[f"list_api_p99_ms{tag}"], out[f"list_page_p99_ms{tag}"] = (
+            round(pct(api, 0.99), 1),
+            round(pct(page, 0.99), 1),
+        )
 
 
 def post_decisions(url: str, fleet, count: int) -> float:
@@ -192,7 +244,7 @@ def one_size(n: int, pg_base: str, broker, tmp: Path, samples: int) -> dict:
     try:
         grant = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "bench", "uses": n}, headers=h).json()
         opts = LightOptions(id_prefix=f"l{n}", control_plane=url, enroll_token=grant["token"], probation_s=2.0,
-                            clients=4, workers=16)  # fmt: skip
+                            clients=4, workers=32)  # fmt: skip
         fleet = LightFleet(n, BrokerConfig(broker.url), [str(pub)], opts)
         c0, t0 = cpu_s(proc.pid), time.perf_counter()
         fleet.enroll()
@@ -204,16 +256,17 @@ def one_size(n: int, pg_base: str, broker, tmp: Path, samples: int) -> dict:
         c2, t2 = cpu_s(proc.pid), time.perf_counter()
         out["ingest_cpu_ms"] = round((c2 - c1) / n * 1000, 2)
         out["ingest_s"] = round(t2 - t1, 1)
-        with httpx.Client(base_url=url, headers=h, timeout=60) as client:
-            timed_gets(client, ["/", "/api/v1/overview"] * 3)  # warm
-            out["overview_page_p50_ms"] = round(statistics.median(timed_gets(client, ["/"] * (samples // 4))), 1)
-            out["overview_api_p50_ms"] = round(statistics.median(timed_gets(client, ["/api/v1/overview"] * (samples // 4))), 1)  # fmt: skip
-            offs = [random.randrange(0, max(1, n - 50)) for _ in range(samples)]
-            api = timed_gets(client, [f"/api/v1/devices?limit=50&offset={o}" for o in offs])
-            page = timed_gets(client, [f"/devices?page={o // 50}" for o in offs[: samples // 2]])
-            out["list_api_p99_ms"], out["list_page_p99_ms"] = round(pct(api, 0.99), 1), round(pct(page, 0.99), 1)
-        out["decisions_per_s"] = round(post_decisions(url, fleet, min(n, 2000)), 1)
+        pages(url, h, n, samples, out, "_before_autovacuum")
+        out["autovacuum_wait_s"] = vacuumed_after(db_url, time.time() - (time.perf_counter() - t2))
+        pages(url, h, n, samples, out)
+        c3 = cpu_s(proc.pid)
+        count = min(n, 2000)
+        out["decisions_per_s"] = round(post_decisions(url, fleet, count), 1)
+        out["decision_cpu_ms"] = round((cpu_s(proc.pid) - c3) / count * 1000, 2)
         out["rollout"] = rollout(url, h, db_url, fleet, n, tmp)
+        out["decided_max_s"] = max(out["rollout"]["decided_after_wave_s"])
+        out["converged_s"] = out["rollout"]["converged_s"]
+        pages(url, h, n, samples // 2, out, "_after_rollout")
         fleet.stop()
     finally:
         proc.terminate()
@@ -234,6 +287,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="cp-scale-") as td:
         tmp = Path(td)
         with postgres(tmp / "pg") as pg:
+            autovacuum_every(pg, 10)
             for n in sizes:
                 with Mosquitto(tmp / f"mq-{n}") as broker:
                     (tmp / f"n{n}").mkdir()
