@@ -149,9 +149,59 @@ def test_a_light_fleet_enrolls_without_a_reload_and_converges_on_a_rollout(tmp_p
             assert done["state"] == "completed" and done["progress"]["counts"].get("succeeded") == 200, done
             assert fleet.counts["committed"] == 200 and fleet.counts["decisions"] == 200
             assert fleet.counts["failed"] == 0 and fleet.counts["refused"] == 0
-            assert cp.loop.reloads == 0
+            # a device that reported before it asked: its kept status is believed once it is accepted
+            late = LightFleet(1, BrokerConfig(broker.url), [str(pub)], LightOptions(id_prefix="late", clients=1))
+            late.start()
+            wait_for(lambda: "late-1" in watch.status, 30, "the late device's status seen")
+            before = watch.verifications
+            late.control_plane, late.enroll_token = url, token2(url, h)
+            assert late.enroll() == {"accepted": 1}
+            with cp.factory() as s:
+                wait_for(lambda: (s.expire_all(), s.get(Device, "late-1").status_ts)[1], 30, "the late status kept")
+            assert cp.loop.reloads == 0 and watch.verifications - before <= 2, watch.verifications - before
+            late.stop()
         finally:
             fleet.stop()
+
+
+def token2(url: str, h: dict) -> str:
+    return httpx.post(url + "/api/v1/enroll-tokens", json={"name": "late", "uses": 1}, headers=h).json()["token"]
+
+
+def test_fleet_simulate_light_from_the_cli(tmp_path):
+    """`edge-agent fleet simulate --light --store S`: the devices registered in S/registry.json, their signed
+    statuses retained on the broker, stopped by SIGTERM with its counts as JSON."""
+    import json as _json
+    import signal
+    import subprocess
+
+    from clirunner import EXE, ROOT
+
+    from agent.fleet.registry import DeviceRegistry
+    from agent.fleet.status import fleet_status
+    from agent.transport.mqtt import BrokerConfig
+
+    _, pub, _ = generate(tmp_path / "fleet-keys")
+    with Mosquitto(tmp_path / "mq") as broker:
+        cmd = [*EXE, "fleet", "simulate", "--light", "--devices", "30", "--trust", str(pub), "--broker", broker.url,
+               "--store", str(tmp_path / "store"), "--clients", "2", "--json"]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            started = _json.loads(proc.stdout.readline())
+            assert started["event"] == "started" and started["devices"] == 30 and started["clients"] == 2
+            registry = DeviceRegistry.load(tmp_path / "store" / "registry.json")
+            assert len(registry.devices) == 30
+            got = wait_for(
+                lambda: (r := fleet_status(BrokerConfig(broker.url), registry=registry))["count"] == 30 and r,
+                30,
+                "30 retained statuses",
+            )
+            assert {d["trust"] for d in got["devices"]} == {"verified"}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert _json.loads(out.strip().splitlines()[-1])["event"] == "stopped"
 
 
 def test_migration_0003_backfills_the_columns_from_stored_statuses(db_url):
