@@ -94,16 +94,20 @@ class FleetLoop:
         one at a time; their kept statuses believed again. Never a resubscription to every device's status."""
         with self._changed_lock:
             named, self._changed_devices = self._changed_devices, set()
-        if self.registry_dirty.is_set():
+        if self.registry_dirty.is_set():  # nobody named the devices: every entry read again (no resubscription)
             self.registry_dirty.clear()
             self.reloads += 1
-            named |= set(self.registry.devices) | set(registry_from_db(self.factory).devices)
-        if not named:
-            return
-        kids = {str(e.get("key_id")) for d in named if (e := self.registry.devices.get(d))}
-        for dev, entry in statusintake.entries(self.factory, named, kids).items():
-            self.registry.put(dev, entry)
-        if self.link is not None:
+            fresh = registry_from_db(self.factory).devices
+            for dev in set(self.registry.devices) | set(fresh):
+                if self.registry.devices.get(dev) != fresh.get(dev):
+                    self.registry.put(dev, fresh.get(dev))
+                    named.add(dev)
+        elif named:
+            kids = {str(e.get("key_id")) for d in named if (e := self.registry.devices.get(d))}
+            for dev, entry in statusintake.entries(self.factory, named, kids).items():
+                self.registry.put(dev, entry)
+                named.add(dev)  # a device that held a moved key too
+        if named and self.link is not None:
             self.link.watch.believe_again(named)
 
     def _ingest(self, statuses: dict[str, dict]) -> None:
