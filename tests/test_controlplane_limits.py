@@ -130,6 +130,7 @@ def test_bad_rows_in_the_database_never_break_a_listing_or_a_page(svc):
     _raw_json(cp, "devices", "hardware", "device_id = 'bad-1'", deep)
     _raw_json(cp, "devices", "hardware", "device_id = 'pend-1'", '{"arch": ' * 400 + "1" + "}" * 400)
     _raw_json(cp, "devices", "status", "device_id = 'bad-1'", '{"models": [1], "deployments": {"m": 3}}')
+    _raw_json(cp, "devices", "models_summary", "device_id = 'bad-1'", '{"m": [1]}')  # what a list shows
     _raw_json(cp, "devices", "groups", "device_id = 'ok-1'", '"lab"')
     deep_decision = '{"a": ' * 700 + "1" + "}" * 700
     bad_docs = [
@@ -171,6 +172,8 @@ def test_bad_rows_in_the_database_never_break_a_listing_or_a_page(svc):
     assert listed["bad-1"]["hardware"] == {} and any(p.startswith("hardware") for p in listed["bad-1"]["invalid"])
     assert listed["pend-1"]["hardware"] == {} and listed["ok-1"]["groups"] == [] and "invalid" not in listed["ok-1"]
     assert any(p.startswith("status.models") for p in listed["bad-1"]["invalid"])
+    shown = client.get("/api/v1/devices/bad-1").json()  # the device itself: its whole status, checked as read
+    assert any(p.startswith("status.models") for p in shown["invalid"])
     decisions = [d["doc"] for d in client.get("/api/v1/devices/bad-1").json()["decisions"]]
     marks = sorted(p for d in decisions for p in d.get("invalid", []))
     assert "document: expected an object, got list" in marks

@@ -15,7 +15,13 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 
 
 @click.command("simulate")
-@click.option("--devices", "count", type=click.IntRange(1, 5000), required=True, help="Number of simulated devices.")
+@click.option(
+    "--devices",
+    "count",
+    type=click.IntRange(1, 100000),
+    required=True,
+    help="Number of simulated devices (at most 5000 real ones; --light: up to 100000).",
+)
 @click.option(
     "--trust",
     "trust_file",
@@ -69,6 +75,20 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
 @simulate_cp_options
+@click.option(
+    "--light",
+    is_flag=True,
+    help="Light devices: the device protocol (enrollment, signed statuses and decision records, desired state, "
+    "chunk pulls with hash checks, probation, commit) without running models, thousands per process "
+    "(docs/scaling.md); with --control-plane they enroll with --enroll-token-file's token.",
+)
+@click.option(
+    "--clients",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="--light: MQTT connections the whole light fleet shares.",
+)
 @broker_options
 def simulate(
     count,
@@ -84,6 +104,8 @@ def simulate(
     serve_http,
     telemetry_s,
     as_json,
+    light,
+    clients,
     **broker_kw,
 ):
     """Run N real device agents in this process (each its own MQTT client, state directory and hardware
@@ -94,11 +116,21 @@ def simulate(
     import faulthandler
     import signal
 
+    cp = CpJoin({k: broker_kw.pop(k) for k in CP_KEYS}, list(groups) or ["sim"])
+    if light:
+        from agent.cli.fleet_simulate_light import run_light
+
+        light_kw = dict(control_plane=cp.url, enroll_token=cp.enroll_token, clients=clients, store=store)
+        light_kw["prefix"] = broker_kw["prefix"]
+        run_light(count, trust_file, groups, id_prefix, probation_s, as_json, _broker(broker_kw), **light_kw)
+        return
+    if count > 5000:
+        raise click.UsageError("--devices: at most 5000 real devices (use --light for more)")
+
     from agent.cli.signals import SignalFlags
     from agent.sim.classes import resolve_sysroots
     from agent.sim.simulator import Simulator
 
-    cp = CpJoin({k: broker_kw.pop(k) for k in CP_KEYS}, list(groups) or ["sim"])
     sim = Simulator(
         count,
         broker=_broker(broker_kw),

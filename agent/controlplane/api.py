@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from sqlalchemy import func, select
+from sqlalchemy.orm import defer
 
 from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, need
@@ -56,7 +59,7 @@ async def enroll_device(request: Request) -> dict[str, Any]:
             return {"device_id": doc["device_id"], "state": "pending"}
         raise
     if out["state"] == "accepted":
-        ctx.registry_changed()
+        ctx.registry_changed(out["device_id"])
     return out
 
 
@@ -88,6 +91,15 @@ def list_devices(
         return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
 
 
+@router.get("/overview", tags=["devices"])
+def overview(request: Request, _: AsViewer) -> dict[str, Any]:
+    """The dashboard overview's counts: devices by state; accepted devices by target, provider, precision and
+    model versions (with how many are online); one count per value of each and of the model state. Counted by
+    the database over columns kept as statuses arrive (no status document read)."""
+    with cp(request).factory() as s:
+        return repo.overview(s)
+
+
 @router.post("/devices", status_code=201, tags=["devices"])
 def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[str, Any]:
     """Pre-register a device's public key with groups (accepted at once: `fleet register --control-plane`)."""
@@ -95,7 +107,7 @@ def register_device(request: Request, body: NewDevice, op: AsOperator) -> dict[s
         _name(g, "groups")
     with write(cp(request).factory) as s:
         out = repo.device_dict(enroll.preregister(s, body.device_id, body.public_key, body.groups, op.actor))
-    cp(request).registry_changed()
+    cp(request).registry_changed(body.device_id)
     return out
 
 
@@ -120,7 +132,7 @@ def _decide(request: Request, device_id: str, accept: bool, body: Decide | None,
     with write(cp(request).factory) as s:
         row = enroll.decide(s, device_id, accept, op.actor, groups)
         out = repo.device_dict(row)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 
@@ -145,7 +157,7 @@ def reject(request: Request, device_id: str, op: AsOperator):
 def decommission(request: Request, device_id: str, op: AsAdmin):
     with write(cp(request).factory) as s:
         out = repo.device_dict(enroll.decommission(s, device_id, op.actor))
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 
@@ -154,7 +166,7 @@ def delete_device(request: Request, device_id: str, op: AsAdmin):
     """The device and everything kept for it (groups, decision records, conformance reports), audited."""
     with write(cp(request).factory) as s:
         deleted = enroll.delete_device(s, device_id, op.actor)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return {"device_id": device_id, "deleted": deleted}
 
 
@@ -167,7 +179,7 @@ def set_groups(request: Request, device_id: str, body: Groups, op: AsOperator):
         repo.set_groups(s, row, body.groups)
         repo.audit(s, op.actor, "device.groups", device_id, groups=body.groups)
         out = repo.device_dict(row)
-    cp(request).registry_changed()
+    cp(request).registry_changed(device_id)
     return out
 
 
@@ -191,21 +203,13 @@ async def post_conformance(request: Request, response: Response, device_id: str)
 
 
 async def _signed_doc(request: Request, response: Response, device_id: str, kind: str) -> dict[str, Any]:
-    from agent.artifacts.keys import parse_public_key
-    from agent.controlplane import documents, freshness
-    from agent.transport.signing import verify_doc
+    from starlette.concurrency import run_in_threadpool
+
+    from agent.controlplane import freshness
 
     doc = await read_document(request, kind)
-    try:
-        with write(cp(request).factory) as s:
-            row = s.get(Device, device_id)
-            if row is None or row.state != "accepted":  # one answer: unknown and pending are not told apart
-                raise HTTPException(403, f"device_id: {device_id} is not an accepted device")
-            key = parse_public_key(row.public_key, where=f"key of {device_id}")
-            trust = verify_doc(doc, key)
-            if trust != "verified" or doc.get("device_id") != device_id:
-                raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
-            created, out = documents.store(s, row, key, kind, doc)
+    try:  # the database's round trips off the event loop: documents of many devices are stored side by side
+        created, out = await run_in_threadpool(_store_signed, cp(request), device_id, kind, doc)
     except (HTTPException, freshness.Stale, freshness.BadStamp, attestations.Mismatch) as exc:
         why = str(exc.detail if isinstance(exc, HTTPException) else exc)[:300]
         if isinstance(exc, HTTPException) and not why.startswith("sig:"):
@@ -215,6 +219,26 @@ async def _signed_doc(request: Request, response: Response, device_id: str, kind
         raise
     response.status_code = 201 if created else 200
     return out
+
+
+_SQLITE_WRITER = threading.Lock()
+
+
+def _store_signed(ctx, device_id: str, kind: str, doc: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
+    from agent.artifacts.keys import parse_public_key
+    from agent.controlplane import documents
+    from agent.transport.signing import verify_doc
+
+    one_writer = _SQLITE_WRITER if ctx.engine.dialect.name == "sqlite" else contextlib.nullcontext()
+    with one_writer, write(ctx.factory) as s:  # SQLite: one writer at a time (no lock upgrade deadlock)
+        row = s.get(Device, device_id, options=[defer(Device.status), defer(Device.hardware)])
+        if row is None or row.state != "accepted":  # one answer: unknown and pending are not told apart
+            raise HTTPException(403, f"device_id: {device_id} is not an accepted device")
+        key = parse_public_key(row.public_key, where=f"key of {device_id}")
+        trust = verify_doc(doc, key)
+        if trust != "verified" or doc.get("device_id") != device_id:
+            raise HTTPException(403, f"sig: {kind} document not verified against {device_id}'s key ({trust})")
+        return documents.store(s, row, key, kind, doc)
 
 
 @router.get("/devices/{device_id}/attestations", tags=["attestations"])
@@ -283,7 +307,7 @@ def push_model(request: Request, body: Push, op: AsOperator):
 @router.get("/rollouts", tags=["rollouts"])
 def rollouts(request: Request, _: AsViewer):
     with cp(request).factory() as s:
-        rows = s.scalars(select(Rollout).order_by(Rollout.created_at.desc())).all()
+        rows = s.scalars(select(Rollout).options(defer(Rollout.state)).order_by(Rollout.created_at.desc())).all()
         return {"rollouts": [rollout_dict(r, brief=True) for r in rows]}
 
 

@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
+from agent.controlplane import statusintake
 from agent.controlplane.db import StorageError, write
 from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
 from agent.controlplane.runner import ServiceRolloutEngine, new_state
@@ -29,30 +30,18 @@ def registry_from_db(factory: sessionmaker[Session]) -> DeviceRegistry:
     return DeviceRegistry({d: {"public_key": pem, "key_id": kid, "groups": list(g or [])} for d, pem, kid, g in rows})
 
 
-def _unfit(doc: dict, limits) -> str | None:
-    """Why a verified status cannot be kept (too deep, a field of the wrong type or size), else None."""
-    from agent.controlplane.docschema import DocumentInvalid, check
-    from agent.controlplane.limits import depth
-
-    if depth(doc, limits.json_depth) > limits.json_depth:
-        return f"nested deeper than {limits.json_depth} levels"
-    try:
-        check("status", doc, limits.hardware_bytes)
-    except DocumentInvalid as exc:
-        return str(exc)
-    return None
-
-
 class FleetLoop:
     def __init__(self, factory: sessionmaker[Session], settings, key=None):
         self.factory, self.settings, self.key = factory, settings, key
         self.registry = registry_from_db(factory)
-        self.registry_dirty = threading.Event()
+        self.registry_dirty = threading.Event()  # set: the whole registry is read again (no device named)
+        self._changed_devices: set[str] = set()  # accepted, rejected, re-keyed since the last tick
+        self._changed_lock = threading.Lock()
+        self.reloads = 0  # whole-registry reads since start (an enrollment names its device: none)
         self.wake = threading.Event()
         self.stop_event = threading.Event()
         self.engines: dict[str, ServiceRolloutEngine] = {}
         self.link: Any = None
-        self._seen: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self.error: str | None = None
 
@@ -88,45 +77,42 @@ class FleetLoop:
                 log.exception("fleet loop turn failed")
             self.link.wait_change(self.settings.tick_s)
 
+    def devices_changed(self, device_ids) -> None:
+        """These devices' registry entries changed in the database (enrollment accepted, rejected, re-keyed,
+        deleted): the next tick reads just their rows, and believes just their kept statuses again."""
+        with self._changed_lock:
+            self._changed_devices.update(device_ids)
+        self.wake.set()
+
     def tick(self) -> None:
-        if self.registry_dirty.is_set():
-            self.registry_dirty.clear()
-            fresh = registry_from_db(self.factory)
-            self.registry.devices, self.registry._keys = fresh.devices, {}
-            self._seen.clear()
-            # subscribe again: the broker hands every retained status over once more, believed with the new keys
-            watch = self.link.watch
-            watch.link.unsubscribe(watch.topics.all_status())
-            watch.link.subscribe(watch.topics.all_status(), watch._enqueue, qos=1)
-        self._ingest(self.link.statuses())
+        self._refresh_registry()
+        self._ingest(self.link.watch.take_changed())
         self._rollouts()
 
+    def _refresh_registry(self) -> None:
+        """Entries of the devices named since the last tick (or the whole registry, when none was named), put
+        one at a time; their kept statuses believed again. Never a resubscription to every device's status."""
+        with self._changed_lock:
+            named, self._changed_devices = self._changed_devices, set()
+        if self.registry_dirty.is_set():  # nobody named the devices: every entry read again (no resubscription)
+            self.registry_dirty.clear()
+            self.reloads += 1
+            fresh = registry_from_db(self.factory).devices
+            for dev in set(self.registry.devices) | set(fresh):
+                if self.registry.devices.get(dev) != fresh.get(dev):
+                    self.registry.put(dev, fresh.get(dev))
+                    named.add(dev)
+        elif named:
+            kids = {str(e.get("key_id")) for d in named if (e := self.registry.devices.get(d))}
+            for dev, entry in statusintake.entries(self.factory, named, kids).items():
+                self.registry.put(dev, entry)
+                named.add(dev)  # a device that held a moved key too
+        if named and self.link is not None:
+            self.link.watch.believe_again(named)
+
     def _ingest(self, statuses: dict[str, dict]) -> None:
-        changed = {d: doc for d, doc in statuses.items() if self._seen.get(d) is not doc}
-        if not changed:
-            return
-        with write(self.factory) as s:
-            for dev, doc in changed.items():
-                self._seen[dev] = doc
-                if doc.get("trust") != "verified":
-                    continue  # only verified reports change anything
-                row = s.get(Device, dev)
-                if row is None or row.state != ACCEPTED:
-                    continue
-                why = _unfit(doc, self.settings.limits)
-                if why:  # verified, but not of the status's shape: nothing of it is kept
-                    log.warning("fleet loop: status of %s not kept: %s", dev, why)
-                    continue
-                providers: list = doc["providers"] if isinstance(doc.get("providers"), list) else []
-                models: dict = doc["models"] if isinstance(doc.get("models"), dict) else {}
-                serving = [m.get("provider") for m in models.values() if isinstance(m, dict) and m.get("provider")]
-                row.status = {k: v for k, v in doc.items() if k != "sig"}
-                row.status_ts = float(doc["ts"]) if isinstance(doc.get("ts"), (int, float)) else time.time()
-                row.online = bool(doc.get("online"))
-                row.target = doc.get("target") if isinstance(doc.get("target"), str) else row.target
-                row.provider = (serving or providers or [row.provider])[0]
-                if isinstance(doc.get("hardware"), dict):
-                    row.hardware = doc["hardware"]
+        if statuses:
+            statusintake.ingest(self.factory, self.settings.limits, statuses)
 
     # -- rollouts ------------------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -151,8 +137,10 @@ class FleetLoop:
         return engine
 
     def _rollouts(self) -> None:
+        # each tick: the rollouts' small columns; a rollout's state (every device's entry) only for a new engine
+        live = select(Rollout).options(defer(Rollout.state)).where(Rollout.phase.in_(("starting", "running")))
         with self.factory() as s:
-            rows = s.scalars(select(Rollout).where(Rollout.phase.in_(("starting", "running")))).all()
+            rows = s.scalars(live).all()
         for row in rows:
             if row.phase == "starting" and row.rollback_requested:
                 self._cancel(row)  # rolled back before any device was told
@@ -160,8 +148,12 @@ class FleetLoop:
             if row.phase == "starting":
                 self._plan(row)
                 continue
-            if not row.state:
-                continue
+            if row.rollout_id not in self.engines:
+                with self.factory() as s:
+                    full = s.get(Rollout, row.rollout_id)
+                if full is None or not full.state:
+                    continue
+                row = full
             engine = self._engine(row)
             answered = (engine.state.get("rollback") or {}).get("request")
             if row.rollback_requested and row.rollback_requested != answered:

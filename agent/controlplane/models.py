@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 PENDING, ACCEPTED, REJECTED, DECOMMISSIONED = "pending", "accepted", "rejected", "decommissioned"
@@ -17,7 +17,16 @@ class Base(DeclarativeBase):
 
 
 class Device(Base):
+    """An enrolled (or asking) device. precision, model_versions, model_state and models_summary are computed
+    from its last verified status when it is ingested (agent.controlplane.cohort): the overview groups by them in
+    SQL and a device list shows them without reading a status document."""
+
     __tablename__ = "devices"
+    __table_args__ = (
+        Index("ix_devices_cohort", "state", "target", "provider", "precision", "model_versions", "online"),
+        Index("ix_devices_state_id", "state", "device_id"),
+        Index("ix_devices_state_model_state", "state", "model_state"),
+    )
 
     device_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
@@ -33,6 +42,10 @@ class Device(Base):
     requested_at: Mapped[float] = mapped_column(Float)
     decided_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     decided_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    precision: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
+    model_versions: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
+    model_state: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
+    models_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class DeviceGroup(Base):
@@ -112,6 +125,7 @@ class Rollout(Base):
     unjudged_decision: Mapped[str | None] = mapped_column(String(160), nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     state: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # progress_doc(state), saved with it
     created_by: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session, defer
 
-from agent.controlplane.models import AuditEntry, Device, DeviceDocument, DeviceGroup
+from agent.controlplane.models import ACCEPTED, AuditEntry, Device, DeviceDocument, DeviceGroup
 from agent.errors import ConfigError
 
 
@@ -73,8 +73,9 @@ def list_devices(
         stmt = stmt.where(Device.online == online)
     if q:
         stmt = stmt.where(Device.device_id.startswith(q, autoescape=True))
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(Device.device_id).offset(offset).limit(limit)).all()
+    total = session.scalar(select(func.count()).select_from(stmt.with_only_columns(Device.device_id).subquery())) or 0
+    page = stmt.options(defer(Device.status), defer(Device.public_key)).order_by(Device.device_id)
+    rows = session.scalars(page.offset(offset).limit(limit)).all()
     return total, list(rows)
 
 
@@ -102,27 +103,36 @@ def targets(session: Session) -> list[dict[str, Any]]:
     return [{"target": t, "devices": n} for t, n in rows]
 
 
+COHORT = ("target", "provider", "precision", "model_versions")
+BREAKDOWNS = ("target", "provider", "precision", "model_versions", "model_state")
+
+
 def overview(session: Session) -> dict[str, Any]:
-    """Accepted devices by hardware cohort (target), provider, precision and model version, plus counts by
-    state."""
+    """Counts by state, and accepted devices by hardware cohort (target), provider, precision and model versions
+    (with how many are online), plus one count per value of each of those and of the model state: SQL GROUP BY
+    over the indexed columns the status intake keeps (agent.controlplane.cohort); no status document is read."""
     states = dict(session.execute(select(Device.state, func.count()).group_by(Device.state)).all())
-    cohorts: dict[tuple[str, str, str, str], dict[str, int]] = {}
-    for row in session.scalars(select(Device).where(Device.state == "accepted")).all():
-        models = device_dict(row)["models"]  # checked again as read: a bad stored status never breaks this
-        served = [v for _, v in sorted(models.items()) if isinstance(v, dict)]
-        versions = ", ".join(f"{m} {v.get('version')}" for m, v in sorted(models.items()) if isinstance(v, dict))
-        precision = ", ".join(sorted({str(v["precision"]) for v in served if v.get("precision")}))
-        key = (row.target or "unknown", row.provider or "unknown", precision or "not reported", versions or "none")
-        c = cohorts.setdefault(key, {"devices": 0, "online": 0})
-        c["devices"] += 1
-        c["online"] += int(bool(row.online))
-    return {
-        "states": {s: int(n) for s, n in states.items()},
-        "cohorts": [
-            {"target": t, "provider": p, "precision": q, "models": m, **c}
-            for (t, p, q, m), c in sorted(cohorts.items())
-        ],
-    }
+    cols = [getattr(Device, c) for c in COHORT]
+    online = func.sum(case((Device.online.is_(True), 1), else_=0))
+    rows = session.execute(
+        select(*cols, func.count(), online).where(Device.state == ACCEPTED).group_by(*cols).order_by(*cols)
+    ).all()
+    names = ("target", "provider", "precision", "models")
+    cohorts: list[dict[str, Any]] = [
+        {**{k: r[i] or ("none" if k == "models" else "unknown") for i, k in enumerate(names)},
+         "devices": int(r[4]), "online": int(r[5] or 0)}
+        for r in rows
+    ]  # fmt: skip
+    by: dict[str, dict[str, int]] = {k: {} for k in BREAKDOWNS}
+    for c in cohorts:  # the cohort columns' counts are sums over the cohorts: no query of their own
+        for name, key in zip(BREAKDOWNS, (*names[:3], "models")):
+            value, n = str(c[key]), int(c["devices"])
+            by[name][value] = by[name].get(value, 0) + n
+    col = Device.model_state
+    got = session.execute(select(col, func.count()).where(Device.state == ACCEPTED).group_by(col)).all()
+    by["model_state"] = {str(v) if v is not None else "unknown": int(n) for v, n in got}
+    by = {k: dict(sorted(v.items())) for k, v in by.items()}
+    return {"states": {s: int(n) for s, n in states.items()}, "cohorts": cohorts, "by": by}
 
 
 def documents(session: Session, device_id: str, kind: str, limit: int = 20) -> list[DeviceDocument]:
@@ -167,7 +177,10 @@ def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
     blanked and named under "invalid" (docschema)."""
     from agent.controlplane.docschema import INVALID, clean, hardware
 
-    status = clean("status", row.status) if row.status is not None else {}
+    if full or (row.models_summary is None and row.status_ts is not None):
+        status = clean("status", row.status) if row.status is not None else {}
+    else:  # a list: the summary the intake kept (checked as read), never the status document
+        status = clean("status", {"models": row.models_summary}) if row.models_summary is not None else {}
     hw, invalid = hardware(row.hardware)
     invalid += [f"status.{p}" for p in status.get(INVALID, [])]
     groups = row.groups if isinstance(row.groups, list) else []

@@ -178,7 +178,9 @@ def rollout_dict(row: Rollout, brief: bool = False) -> dict[str, Any]:
         "created_at": row.created_at,
         "updated_at": row.updated_at,
     }
-    if row.state:
+    if brief and row.progress is not None:  # saved with the state: a list reads no device's entry
+        out.update(state=row.progress.get("state"), progress=row.progress)
+    elif row.state:
         doc = rs.summary(row.state) if not brief else rs.progress_doc(row.state)
         out.update(state=row.state["state"], progress=doc)
     else:

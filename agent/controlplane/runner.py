@@ -118,14 +118,15 @@ class ServiceRolloutEngine(RolloutEngine):
         self.state["updated"] = now
         final = self.state["state"] in rs.ROLLOUT_FINAL
         answered = (self.state.get("rollback") or {}).get("request")
+        progress = rs.progress_doc(self.state)
         with write(self.factory) as s:
             row = s.get(Rollout, self.state["rollout_id"], with_for_update=True)
             if row is not None:
-                row.state, row.updated_at = _copy(self.state), now
+                row.state, row.updated_at, row.progress = _copy(self.state), now, _copy(progress)
                 # a roll back asked for since this engine last looked keeps the rollout running until applied
                 asked = row.rollback_requested is not None and row.rollback_requested != answered
                 row.phase = "finished" if final and not asked else "running"
-        self.link.publish_progress(self.state["rollout_id"], rs.progress_doc(self.state))
+        self.link.publish_progress(self.state["rollout_id"], progress)
 
 
 def _copy(state: dict) -> dict:

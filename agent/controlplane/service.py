@@ -104,8 +104,13 @@ class ControlPlane:
             self.artifacts.stop()
         self.engine.dispose()
 
-    def registry_changed(self) -> None:
-        if self.loop is not None:
+    def registry_changed(self, *device_ids: str) -> None:
+        """The registry entries of these devices changed (none named: any may have)."""
+        if self.loop is None:
+            return
+        if device_ids:
+            self.loop.devices_changed(device_ids)
+        else:
             self.loop.registry_dirty.set()
 
     def wake(self) -> None:

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import select
+from sqlalchemy.orm import defer
 
 from agent.controlplane import attestations, enroll, repo, tokens
 from agent.controlplane.auth import Operator, bearer
@@ -145,7 +146,9 @@ def overview(request: Request):
         return v
     with request.app.state.cp.factory() as s:
         ov = repo.overview(s)
-        rows = s.scalars(select(Rollout).order_by(Rollout.created_at.desc()).limit(10)).all()
+        rows = s.scalars(
+            select(Rollout).options(defer(Rollout.state)).order_by(Rollout.created_at.desc()).limit(10)
+        ).all()
         recent = [rollout_dict(r, brief=True) for r in rows]
     return _page(request, "overview.html", v, overview=ov, rollouts=recent)
 
@@ -193,7 +196,7 @@ def device_action(request: Request, device_id: str, action: str, groups: str = F
             enroll.decide(s, device_id, action == "accept", v.op.actor, wanted if action == "accept" else None)
     except EdgeAgentError as exc:
         return error_page(400, str(exc), v)
-    request.app.state.cp.registry_changed()
+    request.app.state.cp.registry_changed(device_id)
     return RedirectResponse("/pending", status_code=303)
 
 
@@ -203,7 +206,8 @@ def rollouts(request: Request):
     if isinstance(v, Response):
         return v
     with request.app.state.cp.factory() as s:
-        rows = [rollout_dict(r, brief=True) for r in s.scalars(select(Rollout).order_by(Rollout.created_at.desc()))]
+        listed = select(Rollout).options(defer(Rollout.state)).order_by(Rollout.created_at.desc())
+        rows = [rollout_dict(r, brief=True) for r in s.scalars(listed)]
         models = [
             (m.name, m.version) for m in s.scalars(select(ModelVersion).order_by(ModelVersion.name, ModelVersion.id))
         ]

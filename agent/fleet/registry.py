@@ -47,6 +47,8 @@ class DeviceRegistry:
         self.devices = dict(devices or {})
         self.path = path
         self._keys: dict[str, Any] = {}
+        self._holders: dict[str, set[str]] | None = None  # key id -> devices, built when first asked
+        self._indexed = 0  # how many devices the index holds (a dict changed behind put's back is indexed again)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "DeviceRegistry":
@@ -105,21 +107,35 @@ class DeviceRegistry:
         for other in holders:
             self.unregister(other)
         entry = {"public_key": public_key_pem.strip() + "\n", "key_id": kid, "groups": sorted(set(groups))}
-        self.devices[device_id] = entry
-        self._keys.pop(device_id, None)
+        self.put(device_id, entry)
         return dict(entry, revoked=holders)
 
+    def put(self, device_id: str, entry: dict[str, Any] | None) -> None:
+        """Set (None: drop) one device's entry; its cached key and the key index follow (nothing else reloads)."""
+        old = self.devices.pop(device_id, None)
+        self._keys.pop(device_id, None)
+        if self._holders is not None and old is not None:
+            self._holders.get(str(old.get("key_id")), set()).discard(device_id)
+        if entry is not None:
+            self.devices[device_id] = entry
+            if self._holders is not None:
+                self._holders.setdefault(str(entry.get("key_id")), set()).add(device_id)
+        self._indexed = len(self.devices)
+
     def holders(self, kid: str, other_than: str | None = None) -> list[str]:
-        """Devices registered with key id `kid` (but `other_than`)."""
-        return sorted(d for d, e in self.devices.items() if e.get("key_id") == kid and d != other_than)
+        """Devices registered with key id `kid` (but `other_than`), from an index (a lookup, not a scan)."""
+        if self._holders is None or self._indexed != len(self.devices):
+            self._indexed, self._holders = len(self.devices), {}
+            for d, e in self.devices.items():
+                self._holders.setdefault(str(e.get("key_id")), set()).add(d)
+        return sorted(d for d in self._holders.get(kid, ()) if d != other_than)
 
     def unregister(self, device_id: str, key_id: str | None = None) -> bool:
         """Drop a device (only while it still has `key_id`, when given); True when it was removed."""
         entry = self.devices.get(device_id)
         if entry is None or (key_id is not None and entry.get("key_id") != key_id):
             return False
-        del self.devices[device_id]
-        self._keys.pop(device_id, None)
+        self.put(device_id, None)
         return True
 
     def check_waitable(

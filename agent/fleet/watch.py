@@ -7,6 +7,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from agent.errors import TransportError
@@ -38,6 +39,9 @@ class FleetWatch:
         self.topics = Topics(prefix)
         self.link = MqttLink(broker, client_id=f"edge-cp-{uuid.uuid4().hex[:12]}")
         self.status: dict[str, StatusDoc] = {}
+        self.raw: dict[str, bytes] = {}  # each device's last retained status as it came (re-read on a key change)
+        self.changed: set[str] = set()  # devices whose status changed since the last take_changed()
+        self.verifications = 0  # statuses parsed and verified (a repeated document is neither)
         self.rollouts: dict[str, dict[str, Any]] = {}  # retained p/rollouts/{id} progress documents
         self.inbox: "queue.Queue[tuple[str, bytes]]" = queue.Queue()
         self._marker = f"{prefix}/control/{self.link.client_id}/sync"
@@ -97,6 +101,12 @@ class FleetWatch:
             parsed = self.topics.parse(topic)
             if parsed is None or parsed.kind not in ("status", "events", "rollout"):
                 continue
+            if parsed.kind == "status" and parsed.device is not None:
+                if self.raw.get(parsed.device) == payload and parsed.device in self.status:
+                    continue  # the same document again (a resubscription, a reconnect): verified once already
+                self.raw[parsed.device] = payload
+                self.changed.add(parsed.device)
+                self.verifications += 1
             doc = _json(payload)
             if parsed.kind == "rollout":
                 assert parsed.rollout is not None  # Topics.parse: rollouts/<id> always names it
@@ -111,11 +121,32 @@ class FleetWatch:
             if parsed.kind == "status":
                 if doc is None:
                     self.status.pop(parsed.device, None)  # cleared or unreadable status
+                    self.raw.pop(parsed.device, None)
                     continue
                 doc.setdefault("device_id", parsed.device)
                 self.status[parsed.device] = doc
             if doc is not None and (parsed.kind == "status" or doc.get("trust") != UNTRUSTED_EVENT):
                 out.append((parsed.kind, parsed.device, doc))
+
+    def take_changed(self) -> dict[str, StatusDoc]:
+        """{device: status} of the devices whose status changed (or was believed again) since the last call."""
+        self.drain()
+        changed, self.changed = self.changed, set()
+        return {d: self.status[d] for d in sorted(changed) if d in self.status}
+
+    def believe_again(self, devices: Iterable[str]) -> None:
+        """Believe these devices' kept statuses again after their registry entry changed (accepted, re-keyed,
+        dropped): no resubscription, no other device's status read again."""
+        for device in devices:
+            payload = self.raw.get(device)
+            doc = _json(payload) if payload else None
+            if doc is None:
+                continue
+            doc = self._believe("status", device, doc)
+            doc.setdefault("device_id", device)
+            self.status[device] = doc
+            self.changed.add(device)
+            self.verifications += 1
 
     def _believe(self, kind: str, device: str, doc: StatusDoc) -> StatusDoc:
         out = set_aside(doc, NO_REGISTRY) if self.registry is None else self.registry.apply(device, doc)
