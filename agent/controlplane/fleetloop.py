@@ -11,9 +11,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from agent.controlplane import alerts
 from agent.controlplane.db import StorageError, write
 from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
 from agent.controlplane.runner import ServiceRolloutEngine, new_state
+from agent.controlplane.telemetry_intake import HealthInbox
+from agent.controlplane.telemetry_intake import ingest as ingest_health
 from agent.errors import EdgeAgentError
 from agent.fleet.registry import DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
@@ -52,6 +55,7 @@ class FleetLoop:
         self.stop_event = threading.Event()
         self.engines: dict[str, ServiceRolloutEngine] = {}
         self.link: Any = None
+        self.health = HealthInbox(settings.prefix)  # health telemetry (agent.controlplane.telemetry_intake)
         self._seen: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self.error: str | None = None
@@ -61,6 +65,7 @@ class FleetLoop:
 
         self.link = FleetLink(self.settings.broker_url, self.settings.prefix, registry=self.registry)
         self.link.__enter__()
+        self.link.watch.link.subscribe(self.health.topic_filter(), self.health.on_message, qos=0)
         self._resume()
         self._thread = threading.Thread(target=self._run, name="cp-fleet", daemon=True)
         self._thread.start()
@@ -98,7 +103,10 @@ class FleetLoop:
             watch = self.link.watch
             watch.link.unsubscribe(watch.topics.all_status())
             watch.link.subscribe(watch.topics.all_status(), watch._enqueue, qos=1)
+            watch.link.unsubscribe(self.health.topic_filter())
+            watch.link.subscribe(self.health.topic_filter(), self.health.on_message, qos=0)
         self._ingest(self.link.statuses())
+        ingest_health(self.factory, self.registry, self.health, self.settings, time.time())
         self._rollouts()
 
     def _ingest(self, statuses: dict[str, dict]) -> None:
@@ -127,6 +135,7 @@ class FleetLoop:
                 row.provider = (serving or providers or [row.provider])[0]
                 if isinstance(doc.get("hardware"), dict):
                     row.hardware = doc["hardware"]
+                alerts.on_status(s, dev, row.status, time.time(), self.settings.alerts)  # rolled back, not judged
 
     # -- rollouts ------------------------------------------------------------------------------------------
     def _resume(self) -> None:
