@@ -87,7 +87,10 @@ def layout(
         if len(measured) <= MAX_DOTS
         else [],
         yticks=[{"y": y(v), "label": _fmt(v)} for v in yticks],
-        xticks=[{"x": x(t), "label": _utc(t, days)} for t in (x0, (x0 + x1) / 2, x1)],
+        xticks=[
+            {"x": x(t), "label": _utc(t, days), "anchor": a}
+            for t, a in ((x0, "start"), ((x0 + x1) / 2, "middle"), (x1, "end"))
+        ],
         last=f"{_fmt(measured[-1][1])} {unit}",
         axis_y={"x": 12, "y": TOP + ph / 2},
         axis_x={"x": LEFT + pw / 2, "y": HEIGHT - 4},
