@@ -133,7 +133,9 @@ def test_telemetry_charts_matrix_alerts_and_webhook(tmp_path, db_url):
             try:
                 for dev, link in links.items():
                     link.publish_status({"target": "rpi5-8gb" if dev == "dev-a" else HOSTILE, "models": {}})
-                wait_for(lambda: all(d["status_ts"] for d in api.get("/api/v1/devices").json()["devices"]), 60, "status")
+                wait_for(
+                    lambda: all(d["status_ts"] for d in api.get("/api/v1/devices").json()["devices"]), 60, "status"
+                )
                 _telemetry(api, links, tmp_path, broker.url)
                 _matrix(api, keys)
                 pkg = write_package(tmp_path / "tiny-1", tiny_model(1.0), name="tiny", version="1")
