@@ -103,11 +103,17 @@ class FleetLoop:
             watch = self.link.watch
             watch.link.unsubscribe(watch.topics.all_status())
             watch.link.subscribe(watch.topics.all_status(), watch._enqueue, qos=1)
-            watch.link.unsubscribe(self.health.topic_filter())
-            watch.link.subscribe(self.health.topic_filter(), self.health.on_message, qos=0)
         self._ingest(self.link.statuses())
-        ingest_health(self.factory, self.registry, self.health, self.settings, time.time())
         self._rollouts()
+        self._telemetry()
+
+    def _telemetry(self) -> None:
+        """Health messages in (a newly accepted device's counts from its next one); a fault here is logged and
+        never stops statuses or rollouts."""
+        try:
+            ingest_health(self.factory, self.registry, self.health, self.settings, time.time())
+        except Exception as exc:  # noqa: BLE001 - telemetry is never worth a rollout's turn
+            log.warning("fleet loop: health telemetry not kept: %s", exc)
 
     def _ingest(self, statuses: dict[str, dict]) -> None:
         changed = {d: doc for d, doc in statuses.items() if self._seen.get(d) is not doc}
@@ -135,7 +141,7 @@ class FleetLoop:
                 row.provider = (serving or providers or [row.provider])[0]
                 if isinstance(doc.get("hardware"), dict):
                     row.hardware = doc["hardware"]
-                alerts.on_status(s, dev, row.status, time.time(), self.settings.alerts)  # rolled back, not judged
+                _device_alerts(s, dev, row.status, self.settings.alerts)
 
     # -- rollouts ------------------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -229,6 +235,14 @@ class FleetLoop:
             r.state, r.phase, r.updated_at = state, "running", time.time()
             row = r
         self._engine(row).republish()
+
+
+def _device_alerts(s: Session, dev: str, status: dict, cfg) -> None:
+    """A stored status raises or clears the device's rolled-back and not-judged alerts (never stops ingestion)."""
+    try:
+        alerts.on_status(s, dev, status, time.time(), cfg)
+    except Exception:  # noqa: BLE001 - an alert is never worth a device's status
+        log.exception("fleet loop: alerts of %s not updated", dev)
 
 
 def _reason(request: str) -> str:
