@@ -164,3 +164,40 @@ def test_the_webhook_post_reads_the_answer_as_hostile():
         assert not ok and note
     finally:
         srv.close()
+
+
+def test_the_matrix_groups_evidence_rows_by_version_and_class_and_fills_in_older_records(tmp_path):
+    from agent.controlplane.models import Device, DeviceDocument
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
+    db.migrate(engine)
+    factory = db.sessions(engine)
+
+    def record_doc(dev: str, selected: str, p99: float, nj: bool) -> dict:
+        row = {"key": selected, "precision": "fp16", "latency_ms": {"p50": 1.0, "p99": p99}}
+        doc = {"model": "m", "version": "2", "decision": {"selected": selected, "results": [row]}}
+        return {**doc, "probation": {"not_judged": {"measured": 1}}} if nj else doc
+
+    with db.write(factory) as s:
+        for i, (target, sel, p99, nj) in enumerate(
+            (
+                ("pi5", "cpu", 4.0, False),
+                ("pi5", "cpu", 6.0, True),
+                ("pi5", "qnn", 2.0, False),
+                (None, "cpu", 1.0, False),
+            )
+        ):
+            s.add(Device(device_id=f"d{i}", state="accepted", public_key="k", target=target, requested_at=0.0))
+            doc = record_doc(f"d{i}", sel, p99, nj)
+            s.add(DeviceDocument(device_id=f"d{i}", kind="decision", model="m", version="2", doc=doc, ts=float(i)))
+    with db.write(factory) as s:  # stored before the evidence table existed: filled in
+        assert matrix.backfill(s) == 4 and matrix.backfill(s) == 0
+    with factory() as s:
+        m = matrix.matrix(s)
+        assert m["classes"] == ["", "pi5"] and len(m["rows"]) == 1
+        pi5 = m["rows"][0]["cells"]["pi5"]
+        assert pi5["devices"] == 3 and pi5["not_judged"] == 1
+        cpu = next(c for c in pi5["choices"] if c["provider"] == "cpu")
+        assert cpu["devices"] == 2 and cpu["p99_ms"] == 5.0 and cpu["p99_ms_worst"] == 6.0
+        assert [e.device_id for e, _ in matrix.cell_devices(s, "m", "2", None, 0, 50)] == ["d3"]
+    engine.dispose()

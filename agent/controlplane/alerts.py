@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from agent.controlplane.models import ACCEPTED, Device, Rollout
 from agent.controlplane.obs_tables import Alert, TelemetryHead
 from agent.controlplane.observe_settings import AlertSettings
+from agent.fleet import rollout_state as rs
 from agent.fleet.outcome import UNJUDGED, device_outcome
 
 HALTED, ROLLED_BACK, NOT_JUDGED, SILENT = "rollout_halted", "device_rolled_back", "device_not_judged", "device_silent"
@@ -81,7 +82,10 @@ def _rollout_condition(row: Rollout) -> Condition | None:
         why += f"; {row.rollback_requested}"
     detail = {"model": row.spec.get("name"), "version": row.spec.get("version"), "state": state.get("state")}
     detail["halted_cohorts"] = halted_cohorts[:20]
-    msg = f"rollout {row.rollout_id} halted: {_short(why)}"
+    counts = rs.totals(state) if isinstance(state.get("devices"), dict) else {}
+    detail["devices"] = counts  # by result: rolled_back, succeeded, not_reached...
+    said = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()) if v)
+    msg = f"rollout {row.rollout_id} halted: {_short(why)}" + (f" (devices: {said})" if said else "")
     return (f"{HALTED}:{row.rollout_id}", HALTED, row.rollout_id, msg, detail)
 
 
@@ -122,7 +126,7 @@ def _raise(s: Session, cond: Condition, now: float, webhook: bool) -> None:
     key, kind, subject, message, detail = cond
     row = s.get(Alert, key)
     if row is not None and row.cleared_at is None:
-        row.seen_at = now  # still true: not raised again
+        row.seen_at, row.message, row.detail = now, message, detail  # still true: updated, not raised again
         return
     if row is None:
         row = Alert(key=key, kind=kind, subject=subject[:160])
