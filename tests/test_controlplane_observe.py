@@ -245,6 +245,12 @@ def _alerts(api, cp, links, hook):
     wait_for(lambda: len(hook.keys(rb)) == 2, 60, "rolled-back alert sent")
     page = api.get("/alerts").text
     assert "&lt;b&gt;p99 x3&lt;/b&gt;" in page and "<b>p99" not in page
+    # a version its probation could not judge
+    nj = {"tiny": {"version": "1", "state": "committed", "probation": {"not_judged": {"measured": 3, "needed": 64}}}}
+    links["dev-b"].publish_status({"target": HOSTILE, "models": {"tiny": {"version": "1", "state": "committed"}},
+                                   "deployments": nj})  # fmt: skip
+    wait_for(lambda: _active(api, "device_not_judged:dev-b:tiny"), 60, "not-judged alert")
+    assert "not judged" in _active(api, "device_not_judged:dev-b:tiny")["message"]
     # dev-b sent one health message long ago: gone silent; one more and it is back
     wait_for(lambda: _active(api, "device_silent:dev-b"), 60, "dev-b silent")
     links["dev-b"].publish_health(_health(50))
