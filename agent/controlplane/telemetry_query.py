@@ -21,6 +21,7 @@ HEALTH = (
     ("temp_max_c", "Temperature", "°C", "hottest thermal zone (sysfs), mean per bucket", "hottest device", None),
     ("mem_used_percent", "Memory used", "%", "psutil virtual_memory, mean per bucket", "mean of the devices", PCT),
     ("rss_mib", "Agent memory", "MiB", "resident set of the agent process, mean per bucket", "mean", None),
+    ("disk_used_percent", "Disk used", "%", "filesystem of the state_dir, mean per bucket", "mean of the devices", PCT),
     ("gpu_load_percent", "GPU load", "%", "devfreq load (Jetson iGPU), mean per bucket", "mean of the devices", PCT),
     ("throttled", "Throttled", "0/1", "Pi firmware get_throttled: 1 when a 'now' flag was set", "any device", (0, 1)),
 )
@@ -36,8 +37,8 @@ def _health_rows(s: Session, device_id: str | None, target: str | None, limit: i
     p = TelemetryPoint
     stmt: Any
     if device_id is not None:
-        cols = [p.ts, p.cpu_percent, p.temp_max_c, p.mem_used_percent, p.rss_bytes, p.gpu_load_percent, p.throttled]
-        stmt = select(*cols).where(p.device_id == device_id)
+        cols = [p.ts, p.cpu_percent, p.temp_max_c, p.mem_used_percent, p.rss_bytes, p.disk_used_percent]
+        stmt = select(*cols, p.gpu_load_percent, p.throttled).where(p.device_id == device_id)
     else:
         stmt = (
             select(
@@ -46,6 +47,7 @@ def _health_rows(s: Session, device_id: str | None, target: str | None, limit: i
                 func.max(p.temp_max_c),
                 func.avg(p.mem_used_percent),
                 func.avg(p.rss_bytes),
+                func.avg(p.disk_used_percent),
                 func.avg(p.gpu_load_percent),
                 func.max(p.throttled),
             )
@@ -55,7 +57,7 @@ def _health_rows(s: Session, device_id: str | None, target: str | None, limit: i
         )
     rows: list[Any] = list(s.execute(stmt.order_by(p.ts.desc()).limit(limit)).all())
     out = []
-    for ts, cpu, temp, mem, rss, gpu, thr in reversed(rows):
+    for ts, cpu, temp, mem, rss, disk, gpu, thr in reversed(rows):
         out.append(
             {
                 "ts": ts,
@@ -63,6 +65,7 @@ def _health_rows(s: Session, device_id: str | None, target: str | None, limit: i
                 "temp_max_c": temp,
                 "mem_used_percent": mem,
                 "rss_mib": None if rss is None else rss / 1048576.0,
+                "disk_used_percent": disk,
                 "gpu_load_percent": gpu,
                 "throttled": thr,
             }
