@@ -255,6 +255,11 @@ def _alerts(api, cp, links, hook):
     wait_for(lambda: _active(api, "device_silent:dev-b"), 60, "dev-b silent")
     links["dev-b"].publish_health(_health(50))
     wait_for(lambda: _active(api, "device_silent:dev-b") is None, 60, "dev-b heard again")
+    # a deleted device takes its telemetry and evidence along; its alerts clear
+    gone = api.delete("/api/v1/devices/dev-b").json()["deleted"]
+    assert gone["telemetry_points"] >= 1 and gone["evidence_rows"] == 1 and gone["telemetry_heads"] == 1, gone
+    assert api.get("/api/v1/evidence").json()["classes"] == ["rpi5-8gb"]
+    wait_for(lambda: _active(api, "device_not_judged:dev-b:tiny") is None, 60, "a deleted device's alert cleared")
 
 
 def _browser(url, cp):
@@ -284,7 +289,7 @@ def _browser(url, cp):
             assert page.locator("svg.chart polyline").count() >= 6
             page.screenshot(path=str(shots / "charts-device.png"), full_page=True)
             page.goto(url + "/evidence")
-            assert page.locator("#matrix a").count() == 2
+            assert page.locator("#matrix a").count() == 1 and "cpu fp32" in page.inner_text("#matrix")  # dev-b gone
             page.screenshot(path=str(shots / "evidence-matrix.png"), full_page=True)
             page.goto(url + "/alerts")
             assert "rollout tiny-1 halted" in page.inner_text("#alerts")
