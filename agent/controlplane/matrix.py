@@ -63,25 +63,28 @@ def figures(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def record(s: Session, row: DeviceDocument) -> None:
-    """Keep the evidence row of a stored decision record (the newest record of a device's version wins)."""
+def record(s: Session, row: DeviceDocument) -> bool:
+    """Keep the evidence row of a stored decision record (the newest record of a device's version wins); False
+    when the record says nothing the matrix keeps (not an object) or a newer one is kept already."""
     if row.kind != "decision" or not row.model or not row.version or not isinstance(row.doc, dict):
-        return
+        return False
     if row.id is None:
         s.flush()
     found = s.get(EvidenceRow, (row.device_id, row.model, row.version))
     if found is not None and found.ts > row.ts:
-        return
+        return False
     if found is None:
         found = EvidenceRow(device_id=row.device_id, model=row.model, version=row.version)
         s.add(found)
     found.doc_id, found.ts = row.id, row.ts
     for k, v in figures(row.doc).items():
         setattr(found, k, v)
+    return True
 
 
 def backfill(s: Session, limit: int = 500) -> int:
-    """Evidence rows for decision records stored before this table existed (a batch; 0 when none is missing)."""
+    """Evidence rows for decision records stored before this table existed: how many this batch made (0: none is
+    missing, or none of the rest can make one)."""
     e = EvidenceRow
     missing = (
         select(DeviceDocument)
@@ -96,11 +99,11 @@ def backfill(s: Session, limit: int = 500) -> int:
         .order_by(DeviceDocument.ts.desc())
         .limit(limit)
     )
-    rows = list(s.scalars(missing).all())
-    for row in rows:
-        record(s, row)
+    made = 0
+    for row in s.scalars(missing).all():
+        made += record(s, row)
         s.flush()
-    return len(rows)
+    return made
 
 
 def _groups(s: Session) -> list[Any]:
