@@ -4,7 +4,7 @@ messages over a real Mosquitto kept downsampled with the per-device bound holdin
 escaped; the fleet evidence matrix from signed decision records; alerts for a halted rollout, a rolled-back device
 and a device gone silent, shown on the dashboard and POSTed to a real local webhook receiver once per raise (each
 alert's first answer a 500, the retry's a 1 MB body); the charts rendered in Debian's chromium (Playwright), screenshots
-kept in $EDGE_AGENT_ARTIFACTS/control-plane/."""
+kept in $EDGE_AGENT_ARTIFACTS/control-plane/; a real daemon's own health messages drawn."""
 
 from __future__ import annotations
 
@@ -296,3 +296,52 @@ def _browser(url, cp):
             page.screenshot(path=str(shots / "alerts.png"), full_page=True)
         finally:
             browser.close()
+
+
+def test_a_real_daemons_health_reaches_the_charts(tmp_path):
+    """`edge-agent run` with `control_plane` (it enrolls itself with a token) and `telemetry.interval_s: 1`: its
+    signed health messages, as the daemon publishes them, become points of its charts: CPU measured by psutil on
+    this host, and the served model's requests/s derived from the counter the inference requests below move."""
+    from support.daemon import Daemon, write_config
+
+    from agent.artifacts.packtar import write_targz
+    from agent.samples import sample_tiny_package
+
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        fleet_key, fleet_pub, _ = generate(tmp_path / "keys")
+        doc = {"signing_key": str(fleet_key), "mqtt": {"url": broker.url}, "tick_s": 0.3, "telemetry": {"bucket_s": 1}}
+        with running_service(tmp_path / "cp", **doc) as (cp, url):
+            api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+            grant = api.post("/api/v1/enroll-tokens", json={"name": "lab", "groups": ["lab"], "uses": 1})
+            (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
+            extra = {
+                "trust": {"public_keys": [str(fleet_pub)]},
+                "control_plane": {"url": url, "retry_max_s": 2, "token_file": str(tmp_path / "enroll.token")},
+                "telemetry": {"interval_s": 1},
+            }
+            config = write_config(tmp_path / "dev", mqtt={"url": broker.url}, extra=extra)
+            daemon = Daemon(config, tmp_path / "dev" / "state")
+            try:
+                daemon.wait_ready()
+                wait_for(lambda: api.get("/api/v1/devices/dev-1").json().get("state") == "accepted", 60, "enrolled")
+                write_targz(sample_tiny_package(tmp_path / "tiny-1", version="1"), tmp_path / "tiny-1.tar.gz")
+                r = api.put("/api/v1/models/tiny/versions/1", content=(tmp_path / "tiny-1.tar.gz").read_bytes())
+                assert r.status_code == 201, r.text
+                r = api.post("/api/v1/push", json={"model": "tiny", "version": "1", "devices": ["dev-1"]})
+                assert r.status_code == 200, r.text
+                assert daemon.wait_deployment("1", timeout=240)["result"] == "committed", daemon.tail()
+                infer = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+
+                def served():
+                    for _ in range(20):
+                        assert httpx.post(f"{daemon.url}/v2/models/tiny/infer", json=infer).status_code == 200
+                    tiny = _points(api, "dev-1")["models"].get("tiny") or []
+                    return any(p["req_per_s"] for p in tiny) and tiny
+
+                wait_for(served, 120, "requests/s of tiny from the daemon's health messages")
+                got = _points(api, "dev-1")
+                assert any(p["cpu_percent"] is not None for p in got["health"]), got["health"]
+                page = api.get("/devices/dev-1/charts").text
+                assert "<polyline" in page and 'id="chart-tiny-req_per_s"' in page
+            finally:
+                daemon.terminate()
