@@ -201,3 +201,39 @@ def test_the_matrix_groups_evidence_rows_by_version_and_class_and_fills_in_older
         assert cpu["devices"] == 2 and cpu["p99_ms"] == 5.0 and cpu["p99_ms_worst"] == 6.0
         assert [e.device_id for e, _ in matrix.cell_devices(s, "m", "2", None, 0, 50)] == ["d3"]
     engine.dispose()
+
+
+def test_a_class_rollup_holds_each_devices_share_once(tmp_path):
+    from agent.controlplane import telemetry_query
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
+    db.migrate(engine)
+    factory = db.sessions(engine)
+    cfg = TelemetrySettings(bucket_s=10, max_points=2, retention_s=3600)
+
+    def h(ts: float, cpu: float, temp: float, requests: int) -> dict:
+        return {"ts": ts, "cpu": {"percent": cpu}, "temperature_max_c": temp,
+                "models": {"m": {"version": "1", "requests": requests, "p99_ms": temp / 10}}}  # fmt: skip
+
+    with db.write(factory) as s:
+        record(s, "a", sample(h(1, 10.0, 40.0, 0)), 1000.0, cfg, "pi")
+        record(s, "b", sample(h(1, 30.0, 60.0, 0)), 1001.0, cfg, "pi")
+        record(s, "a", sample(h(2, 30.0, 45.0, 0)), 1002.0, cfg, "pi")  # a's mean moves to 20: its share replaced
+        record(s, "c", sample(h(1, 90.0, 99.0, 0)), 1003.0, cfg, "other")
+        record(s, "a", sample(h(3, 20.0, 40.0, 100)), 1010.0, cfg, "pi")  # next bucket: a's requests/s
+        record(s, "b", sample(h(3, 20.0, 40.0, 50)), 1011.0, cfg, "pi")
+    with factory() as s:
+        pi = telemetry_query.series(s, 10, target="pi")
+        first, second = pi["health"]
+        assert first["cpu_percent"] == pytest.approx(25.0) and first["temp_max_c"] == 60.0  # (20 + 30) / 2; hottest
+        assert second["cpu_percent"] == pytest.approx(20.0)
+        rates = [p["req_per_s"] for p in pi["models"]["m"]]
+        assert rates[0] == 0.0 and rates[1] == pytest.approx(100 / 8 + 50 / 10)  # each device's rate, summed
+        assert pi["models"]["m"][0]["p99_ms"] == 6.0  # the worst sample
+        assert telemetry_query.series(s, 10, target="other")["health"][0]["cpu_percent"] == 90.0
+        assert telemetry_query.series(s, 10, target=None)["health"] == []
+    with db.write(factory) as s:
+        record(s, "a", sample(h(4, 20.0, 40.0, 100)), 1020.0, cfg, "pi")
+    with factory() as s:
+        assert len(telemetry_query.series(s, 10, target="pi")["health"]) == 2  # max_points per class too
+    engine.dispose()

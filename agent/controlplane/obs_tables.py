@@ -96,3 +96,47 @@ class Alert(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     sent_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     send_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ClassPoint(Base):
+    """One bucket of one hardware class's health, kept as devices report (so a class's chart reads its own rows,
+    never every device's): per gauge the sum and count of its devices' bucket means (a device's mean changing
+    within the bucket replaces its share), the hottest sample, and 1 when a sample was throttled."""
+
+    __tablename__ = "class_points"
+
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)  # "": devices of no known class
+    ts: Mapped[float] = mapped_column(Float, primary_key=True, index=True)
+    cpu_percent_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    cpu_percent_n: Mapped[int] = mapped_column(Integer, default=0)
+    load_1m_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    load_1m_n: Mapped[int] = mapped_column(Integer, default=0)
+    mem_used_percent_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    mem_used_percent_n: Mapped[int] = mapped_column(Integer, default=0)
+    rss_bytes_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    rss_bytes_n: Mapped[int] = mapped_column(Integer, default=0)
+    disk_used_percent_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    disk_used_percent_n: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_load_percent_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_load_percent_n: Mapped[int] = mapped_column(Integer, default=0)
+    temp_max_c: Mapped[float | None] = mapped_column(Float, nullable=True)
+    throttled: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class ClassModelPoint(Base):
+    """One bucket of one model's serving figures over a hardware class: requests/s and errors/s summed over its
+    devices (each device's latest rate in the bucket), the mean of their p50, the worst p99 sample."""
+
+    __tablename__ = "class_model_points"
+
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True, index=True)
+    version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    req_per_s_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    req_per_s_n: Mapped[int] = mapped_column(Integer, default=0)
+    err_per_s_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    err_per_s_n: Mapped[int] = mapped_column(Integer, default=0)
+    p50_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+    p50_ms_n: Mapped[int] = mapped_column(Integer, default=0)
+    p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from agent.controlplane import telemetry_rollup as rollup
 from agent.controlplane.limits import TooComplex, check_json
-from agent.controlplane.obs_tables import ModelPoint, TelemetryHead, TelemetryPoint
+from agent.controlplane.obs_tables import ClassModelPoint, ClassPoint, ModelPoint, TelemetryHead, TelemetryPoint
 from agent.controlplane.observe_settings import TelemetrySettings
 from agent.names import is_valid_name
 from agent.transport.topics import Topics
@@ -154,31 +155,39 @@ def _mean(old: float | None, new: float | None, n: int) -> float | None:
     return (old * n + new) / (n + 1)
 
 
-def record(s: Session, device_id: str, smp: Sample, now: float, cfg: TelemetrySettings) -> bool:
-    """Merge one verified sample into its bucket; False when it is the same message again (a retained copy)."""
+def record(
+    s: Session, device_id: str, smp: Sample, now: float, cfg: TelemetrySettings, target: str | None = None
+) -> bool:
+    """Merge one verified sample into its bucket (and its class's, `target`); False when it is the same message
+    again (a retained copy)."""
     head = s.get(TelemetryHead, device_id)
     if head is not None and smp.device_ts is not None and head.device_ts == smp.device_ts:
         return False
-    ts = math.floor(now / cfg.bucket_s) * cfg.bucket_s
-    point = s.get(TelemetryPoint, (device_id, float(ts)))
+    ts = float(math.floor(now / cfg.bucket_s) * cfg.bucket_s)
+    point = s.get(TelemetryPoint, (device_id, ts))
     fresh = point is None
     if point is None:
-        point = TelemetryPoint(device_id=device_id, ts=float(ts), n=0)
+        point = TelemetryPoint(device_id=device_id, ts=ts, n=0)
         s.add(point)
+    old = {g: getattr(point, g) for g in GAUGES}
     for name in GAUGES:
         setattr(point, name, _mean(getattr(point, name), smp.gauges.get(name), point.n))
     if smp.throttled is not None:
         point.throttled = max(point.throttled or 0, smp.throttled)
     point.n += 1
+    class_fresh = rollup.health(s, target, ts, old, {g: getattr(point, g) for g in GAUGES}, smp)
     before = dict(head.counters) if head is not None and isinstance(head.counters, dict) else {}
-    counters = _models(s, device_id, smp, float(ts), now, before, cfg)
+    counters = _models(s, (device_id, target), smp, ts, now, before, cfg)
     if head is None:
         s.add(TelemetryHead(device_id=device_id, heard_at=now, device_ts=smp.device_ts, counters=counters))
     else:
         head.heard_at, head.device_ts, head.counters = now, smp.device_ts, counters
-    if fresh:
+    if fresh or class_fresh:
         s.flush()
+    if fresh:
         prune(s, TelemetryPoint, cfg, now, TelemetryPoint.device_id == device_id)
+    if class_fresh:
+        prune(s, ClassPoint, cfg, now, ClassPoint.target == (target or ""))
     return True
 
 
@@ -188,9 +197,19 @@ def _rate(new: int | None, old: Any, dt: float) -> float | None:
     return (new - old) / dt
 
 
+MODEL_FIELDS = ("req_per_s", "err_per_s", "p50_ms", "p99_ms", "version")
+
+
 def _models(
-    s: Session, device_id: str, smp: Sample, ts: float, now: float, before: dict[str, Any], cfg: TelemetrySettings
+    s: Session,
+    who: tuple[str, str | None],
+    smp: Sample,
+    ts: float,
+    now: float,
+    before: dict[str, Any],
+    cfg: TelemetrySettings,
 ) -> dict[str, Any]:
+    device_id, target = who
     counters: dict[str, Any] = {}
     for name, m in smp.models.items():
         prev: dict[str, Any] = before[name] if isinstance(before.get(name), dict) else {}
@@ -201,15 +220,21 @@ def _models(
         if row is None:
             row = ModelPoint(device_id=device_id, model=name, ts=ts)
             s.add(row)
+        old = {f: getattr(row, f) for f in MODEL_FIELDS}
         row.version, row.requests, row.errors = m.version, m.requests, m.errors
         row.p50_ms, row.p99_ms = m.p50_ms, m.p99_ms
         if same:
             row.req_per_s = _rate(m.requests, prev.get("requests"), dt) if dt else row.req_per_s
             row.err_per_s = _rate(m.errors, prev.get("errors"), dt) if dt else row.err_per_s
+        class_fresh = rollup.model(s, target, name, ts, old, {f: getattr(row, f) for f in MODEL_FIELDS})
         counters[name] = {"version": m.version, "requests": m.requests, "errors": m.errors, "at": now}
-        if fresh:
+        if fresh or class_fresh:
             s.flush()
+        if fresh:
             prune(s, ModelPoint, cfg, now, (ModelPoint.device_id == device_id) & (ModelPoint.model == name))
+        if class_fresh:
+            t = target or ""
+            prune(s, ClassModelPoint, cfg, now, (ClassModelPoint.target == t) & (ClassModelPoint.model == name))
     return counters
 
 
@@ -223,7 +248,7 @@ def prune(s: Session, table: Any, cfg: TelemetrySettings, now: float, where: Any
 
 def prune_all(s: Session, cfg: TelemetrySettings, now: float) -> None:
     """Points past the retention of devices that stopped reporting (the per-device bound runs at each insert)."""
-    for table in (TelemetryPoint, ModelPoint):
+    for table in (TelemetryPoint, ModelPoint, ClassPoint, ClassModelPoint):
         s.execute(delete(table).where(table.ts < now - cfg.retention_s))
 
 
@@ -242,7 +267,9 @@ def ingest(factory: Any, registry: Any, inbox: HealthInbox, settings: Any, now: 
         return 0
     n = 0
     with write(factory) as s:
-        wanted = select(Device.device_id).where(Device.device_id.in_(sorted(samples)), Device.state == ACCEPTED)
-        for dev in s.scalars(wanted).all():
-            n += record(s, dev, samples[dev], now, settings.telemetry)
+        wanted = select(Device.device_id, Device.target).where(
+            Device.device_id.in_(sorted(samples)), Device.state == ACCEPTED
+        )
+        for dev, target in s.execute(wanted).all():
+            n += record(s, dev, samples[dev], now, settings.telemetry, target)
     return n

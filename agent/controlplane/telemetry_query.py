@@ -1,17 +1,18 @@
-"""Reading the kept telemetry: one device's series, or a hardware class's (aggregated per bucket in the database:
-the mean CPU and memory of its devices, the hottest temperature, requests summed, the worst p99), as data for the
-API and as charts (agent.controlplane.charts) for the pages. Bounded: at most `telemetry.max_points` buckets."""
+"""Reading the kept telemetry: one device's series, or a hardware class's (its rollup, agent.controlplane
+.telemetry_rollup: the mean CPU and memory of its devices, the hottest temperature, requests summed, the worst
+p99), as data for the API and as charts (agent.controlplane.charts) for the pages. Bounded: at most
+`telemetry.max_points` buckets, read from rows of that device or that class only."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from agent.controlplane import telemetry_rollup as rollup
 from agent.controlplane.charts import layout
-from agent.controlplane.models import ACCEPTED, Device
-from agent.controlplane.obs_tables import ModelPoint, TelemetryPoint
+from agent.controlplane.obs_tables import ClassModelPoint, ClassPoint, ModelPoint, TelemetryPoint
 from agent.controlplane.telemetry_intake import MAX_MODELS
 
 PCT = (0.0, 100.0)
@@ -33,67 +34,45 @@ MODEL = (
 )
 
 
-def _health_rows(s: Session, device_id: str | None, target: str | None, limit: int) -> list[dict[str, Any]]:
+def _health_rows(s: Session, device_id: str, limit: int) -> list[dict[str, Any]]:
     p = TelemetryPoint
-    stmt: Any
-    if device_id is not None:
-        cols = [p.ts, p.cpu_percent, p.temp_max_c, p.mem_used_percent, p.rss_bytes, p.disk_used_percent]
-        stmt = select(*cols, p.gpu_load_percent, p.throttled).where(p.device_id == device_id)
-    else:
-        stmt = (
-            select(
-                p.ts,
-                func.avg(p.cpu_percent),
-                func.max(p.temp_max_c),
-                func.avg(p.mem_used_percent),
-                func.avg(p.rss_bytes),
-                func.avg(p.disk_used_percent),
-                func.avg(p.gpu_load_percent),
-                func.max(p.throttled),
-            )
-            .join(Device, Device.device_id == p.device_id)
-            .where(Device.state == ACCEPTED, Device.target.is_(None) if target is None else Device.target == target)
-            .group_by(p.ts)
-        )
+    cols = [p.ts, p.cpu_percent, p.temp_max_c, p.mem_used_percent, p.rss_bytes, p.disk_used_percent]
+    stmt = select(*cols, p.gpu_load_percent, p.throttled).where(p.device_id == device_id)
     rows: list[Any] = list(s.execute(stmt.order_by(p.ts.desc()).limit(limit)).all())
+    return [
+        {
+            "ts": ts,
+            "cpu_percent": cpu,
+            "temp_max_c": temp,
+            "mem_used_percent": mem,
+            "rss_mib": None if rss is None else rss / 1048576.0,
+            "disk_used_percent": disk,
+            "gpu_load_percent": gpu,
+            "throttled": thr,
+        }
+        for ts, cpu, temp, mem, rss, disk, gpu, thr in reversed(rows)
+    ]
+
+
+def _class_health_rows(s: Session, target: str | None, limit: int) -> list[dict[str, Any]]:
+    c = ClassPoint
+    rows = s.scalars(select(c).where(c.target == (target or "")).order_by(c.ts.desc()).limit(limit)).all()
     out = []
-    for ts, cpu, temp, mem, rss, disk, gpu, thr in reversed(rows):
-        out.append(
-            {
-                "ts": ts,
-                "cpu_percent": cpu,
-                "temp_max_c": temp,
-                "mem_used_percent": mem,
-                "rss_mib": None if rss is None else rss / 1048576.0,
-                "disk_used_percent": disk,
-                "gpu_load_percent": gpu,
-                "throttled": thr,
-            }
+    for r in reversed(rows):
+        rss = rollup.mean(r, "rss_bytes")
+        point = {"ts": r.ts, "temp_max_c": r.temp_max_c, "throttled": r.throttled}
+        point.update({g: rollup.mean(r, g) for g in ("cpu_percent", "mem_used_percent", "disk_used_percent")})
+        point.update(
+            gpu_load_percent=rollup.mean(r, "gpu_load_percent"), rss_mib=None if rss is None else rss / 1048576.0
         )
+        out.append(point)
     return out
 
 
-def _model_rows(s: Session, device_id: str | None, target: str | None, limit: int) -> dict[str, list[dict]]:
+def _model_rows(s: Session, device_id: str, limit: int) -> dict[str, list[dict]]:
     m = ModelPoint
-    stmt: Any
-    if device_id is not None:
-        cols = [m.model, m.ts, m.req_per_s, m.err_per_s, m.p50_ms, m.p99_ms, m.version]
-        stmt = select(*cols).where(m.device_id == device_id)
-    else:
-        stmt = (
-            select(
-                m.model,
-                m.ts,
-                func.sum(m.req_per_s),
-                func.sum(m.err_per_s),
-                func.avg(m.p50_ms),
-                func.max(m.p99_ms),
-                func.max(m.version),
-            )
-            .join(Device, Device.device_id == m.device_id)
-            .where(Device.state == ACCEPTED, Device.target.is_(None) if target is None else Device.target == target)
-            .group_by(m.model, m.ts)
-        )
+    cols = [m.model, m.ts, m.req_per_s, m.err_per_s, m.p50_ms, m.p99_ms, m.version]
+    stmt = select(*cols).where(m.device_id == device_id)
     rows: list[Any] = list(s.execute(stmt.order_by(m.ts.desc()).limit(limit * MAX_MODELS)).all())
     out: dict[str, list[dict]] = {}
     for model, ts, req, err, p50, p99, version in reversed(rows):
@@ -103,12 +82,29 @@ def _model_rows(s: Session, device_id: str | None, target: str | None, limit: in
     return {k: v[-limit:] for k, v in sorted(out.items())}
 
 
+def _class_model_rows(s: Session, target: str | None, limit: int) -> dict[str, list[dict]]:
+    c = ClassModelPoint
+    stmt = select(c).where(c.target == (target or "")).order_by(c.ts.desc()).limit(limit * MAX_MODELS)
+    out: dict[str, list[dict]] = {}
+    for r in reversed(s.scalars(stmt).all()):
+        out.setdefault(r.model, []).append(
+            {
+                "ts": r.ts,
+                "req_per_s": rollup.total(r, "req_per_s"),
+                "err_per_s": rollup.total(r, "err_per_s"),
+                "p50_ms": rollup.mean(r, "p50_ms"),
+                "p99_ms": r.p99_ms,
+                "version": r.version,
+            }
+        )
+    return {k: v[-limit:] for k, v in sorted(out.items())}
+
+
 def series(s: Session, limit: int, device_id: str | None = None, target: str | None = None) -> dict[str, Any]:
     """{"health": [point...], "models": {model: [point...]}} of a device, or of a class (device_id None)."""
-    return {
-        "health": _health_rows(s, device_id, target, limit),
-        "models": _model_rows(s, device_id, target, limit),
-    }
+    if device_id is not None:
+        return {"health": _health_rows(s, device_id, limit), "models": _model_rows(s, device_id, limit)}
+    return {"health": _class_health_rows(s, target, limit), "models": _class_model_rows(s, target, limit)}
 
 
 def charts(data: dict[str, Any], per_device: bool) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""telemetry downsampled per device and per model, evidence rows for the fleet matrix, alerts
+"""telemetry downsampled per device, per model and per hardware class, evidence rows for the fleet matrix, alerts
 
 Revision ID: 0005_telemetry
 Revises: 0002_freshness
@@ -51,6 +51,35 @@ def _telemetry() -> None:
     op.create_index("ix_telemetry_heads_heard_at", "telemetry_heads", ["heard_at"])
 
 
+def _sums(*names: str) -> list[sa.Column]:
+    cols = []
+    for n in names:
+        cols += [sa.Column(f"{n}_sum", sa.Float, nullable=False), sa.Column(f"{n}_n", sa.Integer, nullable=False)]
+    return cols
+
+
+def _classes() -> None:
+    op.create_table(
+        "class_points",
+        sa.Column("target", sa.String(64), primary_key=True),
+        sa.Column("ts", sa.Float, primary_key=True),
+        *_sums("cpu_percent", "load_1m", "mem_used_percent", "rss_bytes", "disk_used_percent", "gpu_load_percent"),
+        sa.Column("temp_max_c", sa.Float, nullable=True),
+        sa.Column("throttled", sa.Integer, nullable=True),
+    )
+    op.create_index("ix_class_points_ts", "class_points", ["ts"])
+    op.create_table(
+        "class_model_points",
+        sa.Column("target", sa.String(64), primary_key=True),
+        sa.Column("model", sa.String(64), primary_key=True),
+        sa.Column("ts", sa.Float, primary_key=True),
+        sa.Column("version", sa.String(64), nullable=True),
+        *_sums("req_per_s", "err_per_s", "p50_ms"),
+        sa.Column("p99_ms", sa.Float, nullable=True),
+    )
+    op.create_index("ix_class_model_points_ts", "class_model_points", ["ts"])
+
+
 def _evidence_and_alerts() -> None:
     op.create_table(
         "evidence_rows",
@@ -88,9 +117,11 @@ def _evidence_and_alerts() -> None:
 
 def upgrade() -> None:
     _telemetry()
+    _classes()
     _evidence_and_alerts()
 
 
 def downgrade() -> None:
-    for table in ("alerts", "evidence_rows", "telemetry_heads", "model_points", "telemetry_points"):
+    tables = ("alerts", "evidence_rows", "class_model_points", "class_points", "telemetry_heads", "model_points")
+    for table in (*tables, "telemetry_points"):
         op.drop_table(table)
