@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from agent.controlplane import charts, db, matrix
 from agent.controlplane.obs_tables import ModelPoint, TelemetryPoint
 from agent.controlplane.observe_settings import TelemetrySettings, parse_alerts, parse_telemetry
-from agent.controlplane.telemetry_intake import parse, record, sample
+from agent.controlplane.telemetry_intake import parse, prune, prune_all, record, sample
 from agent.controlplane.webhook import post
 from agent.errors import ConfigError
 
@@ -72,6 +72,7 @@ def test_samples_merge_per_bucket_and_the_bounds_hold(tmp_path):
         assert record(s, "d", sample(_health(3, 50)), 1005.0, cfg)  # same bucket: merged (mean of 1 and 3)
         for i in range(4, 10):
             record(s, "d", sample(_health(i, 50 + 100 * i)), 1000.0 + 10 * i, cfg)
+        prune(s, cfg, 1090.0, ["d"], [""])  # after each tick's samples (telemetry_intake.ingest)
     with factory() as s:
         rows = s.scalars(select(TelemetryPoint).order_by(TelemetryPoint.ts)).all()
         assert [r.ts for r in rows] == [1070.0, 1080.0, 1090.0]  # 3 kept of 7 buckets
@@ -81,6 +82,7 @@ def test_samples_merge_per_bucket_and_the_bounds_hold(tmp_path):
         assert s.scalar(select(func.count()).select_from(ModelPoint)) == 3
     with db.write(factory) as s:
         record(s, "d", sample(_health(20, 0)), 1000.0 + 7200, cfg)  # two hours later: the old ones expire
+        prune_all(s, cfg, 1000.0 + 7200)  # retention, at each alert check
     with factory() as s:
         assert s.scalars(select(TelemetryPoint.ts)).all() == [8200.0]
         (m,) = s.scalars(select(ModelPoint)).all()
@@ -234,6 +236,27 @@ def test_a_class_rollup_holds_each_devices_share_once(tmp_path):
         assert telemetry_query.series(s, 10, target=None)["health"] == []
     with db.write(factory) as s:
         record(s, "a", sample(h(4, 20.0, 40.0, 100)), 1020.0, cfg, "pi")
+        prune(s, cfg, 1020.0, ["a"], ["pi"])
     with factory() as s:
         assert len(telemetry_query.series(s, 10, target="pi")["health"]) == 2  # max_points per class too
+    engine.dispose()
+
+
+def test_one_tick_of_many_devices_of_one_class(tmp_path):
+    """As the fleet loop records a tick (telemetry_intake.ingest: one sample per device, no flush before each
+    lookup): the class's bucket is made once and every device's share lands in it."""
+    from agent.controlplane import telemetry_query
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
+    db.migrate(engine)
+    factory = db.sessions(engine)
+    cfg = TelemetrySettings(bucket_s=60)
+    with db.write(factory) as s, s.no_autoflush:
+        for i in range(5):
+            doc = {"ts": 1.0, "cpu": {"percent": 10.0 * i}, "models": {"m": {"version": "1", "p50_ms": 1.0 * i}}}
+            record(s, f"d{i}", sample(doc), 6000.0, cfg, "pi")
+    with factory() as s:
+        pi = telemetry_query.series(s, 10, target="pi")
+        assert [p["cpu_percent"] for p in pi["health"]] == [20.0]
+        assert [p["p50_ms"] for p in pi["models"]["m"]] == [2.0]
     engine.dispose()

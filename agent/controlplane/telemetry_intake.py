@@ -165,7 +165,6 @@ def record(
         return False
     ts = float(math.floor(now / cfg.bucket_s) * cfg.bucket_s)
     point = s.get(TelemetryPoint, (device_id, ts))
-    fresh = point is None
     if point is None:
         point = TelemetryPoint(device_id=device_id, ts=ts, n=0)
         s.add(point)
@@ -175,19 +174,13 @@ def record(
     if smp.throttled is not None:
         point.throttled = max(point.throttled or 0, smp.throttled)
     point.n += 1
-    class_fresh = rollup.health(s, target, ts, old, {g: getattr(point, g) for g in GAUGES}, smp)
+    rollup.health(s, target, ts, old, {g: getattr(point, g) for g in GAUGES}, smp)
     before = dict(head.counters) if head is not None and isinstance(head.counters, dict) else {}
     counters = _models(s, (device_id, target), smp, ts, now, before, cfg)
     if head is None:
         s.add(TelemetryHead(device_id=device_id, heard_at=now, device_ts=smp.device_ts, counters=counters))
     else:
         head.heard_at, head.device_ts, head.counters = now, smp.device_ts, counters
-    if fresh or class_fresh:
-        s.flush()
-    if fresh:
-        prune(s, TelemetryPoint, cfg, now, TelemetryPoint.device_id == device_id)
-    if class_fresh:
-        prune(s, ClassPoint, cfg, now, ClassPoint.target == (target or ""))
     return True
 
 
@@ -216,7 +209,6 @@ def _models(
         same = prev.get("version") == m.version
         dt = now - prev["at"] if isinstance(prev.get("at"), (int, float)) else 0.0
         row = s.get(ModelPoint, (device_id, name, ts))
-        fresh = row is None
         if row is None:
             row = ModelPoint(device_id=device_id, model=name, ts=ts)
             s.add(row)
@@ -226,30 +218,34 @@ def _models(
         if same:
             row.req_per_s = _rate(m.requests, prev.get("requests"), dt) if dt else row.req_per_s
             row.err_per_s = _rate(m.errors, prev.get("errors"), dt) if dt else row.err_per_s
-        class_fresh = rollup.model(s, target, name, ts, old, {f: getattr(row, f) for f in MODEL_FIELDS})
+        rollup.model(s, target, name, ts, old, {f: getattr(row, f) for f in MODEL_FIELDS})
         counters[name] = {"version": m.version, "requests": m.requests, "errors": m.errors, "at": now}
-        if fresh or class_fresh:
-            s.flush()
-        if fresh:
-            prune(s, ModelPoint, cfg, now, (ModelPoint.device_id == device_id) & (ModelPoint.model == name))
-        if class_fresh:
-            t = target or ""
-            prune(s, ClassModelPoint, cfg, now, (ClassModelPoint.target == t) & (ClassModelPoint.model == name))
     return counters
 
 
-def prune(s: Session, table: Any, cfg: TelemetrySettings, now: float, where: Any) -> None:
-    """Keep at most cfg.max_points rows of `where` (the newest) and none older than cfg.retention_s."""
-    s.execute(delete(table).where(where, table.ts < now - cfg.retention_s))
-    kth = s.scalar(select(table.ts).where(where).order_by(table.ts.desc()).offset(cfg.max_points - 1).limit(1))
-    if kth is not None:
-        s.execute(delete(table).where(where, table.ts < kth))
+def prune(s: Session, cfg: TelemetrySettings, now: float, devices: list[str], targets: list[str]) -> None:
+    """The bound of the devices (and classes) that reported in this tick: their points of the newest `max_points`
+    buckets of the service's clock kept (one row per bucket: at most `max_points`), older ones deleted by the
+    primary key's range, a thousand devices a statement."""
+    newest = math.floor(now / cfg.bucket_s) * cfg.bucket_s
+    cut = newest - (cfg.max_points - 1) * cfg.bucket_s
+    by: list[tuple[list[str], Any, Any]] = [
+        (devices, TelemetryPoint, TelemetryPoint.device_id),
+        (devices, ModelPoint, ModelPoint.device_id),
+        (targets, ClassPoint, ClassPoint.target),
+        (targets, ClassModelPoint, ClassModelPoint.target),
+    ]
+    for keys, table, column in by:
+        for i in range(0, len(keys), 1000):
+            stmt = delete(table).where(column.in_(keys[i : i + 1000]), table.ts < cut)
+            s.execute(stmt.execution_options(synchronize_session=False))
 
 
 def prune_all(s: Session, cfg: TelemetrySettings, now: float) -> None:
-    """Points past the retention of devices that stopped reporting (the per-device bound runs at each insert)."""
+    """Points past `retention_s`, of every device and class (also those that stopped reporting)."""
     for table in (TelemetryPoint, ModelPoint, ClassPoint, ClassModelPoint):
-        s.execute(delete(table).where(table.ts < now - cfg.retention_s))
+        stmt = delete(table).where(table.ts < now - cfg.retention_s)
+        s.execute(stmt.execution_options(synchronize_session=False))
 
 
 def ingest(factory: Any, registry: Any, inbox: HealthInbox, settings: Any, now: float) -> int:
@@ -270,6 +266,9 @@ def ingest(factory: Any, registry: Any, inbox: HealthInbox, settings: Any, now: 
         wanted = select(Device.device_id, Device.target).where(
             Device.device_id.in_(sorted(samples)), Device.state == ACCEPTED
         )
-        for dev, target in s.execute(wanted).all():
-            n += record(s, dev, samples[dev], now, settings.telemetry, target)
+        rows = s.execute(wanted).all()
+        with s.no_autoflush:  # one flush at the end, not one before each lookup
+            for dev, target in rows:
+                n += record(s, dev, samples[dev], now, settings.telemetry, target)
+        prune(s, settings.telemetry, now, [d for d, _ in rows], sorted({t or "" for _, t in rows}))
     return n

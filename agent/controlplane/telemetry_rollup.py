@@ -38,33 +38,31 @@ def _max(current: float | None, value: float | None) -> float | None:
     return value if current is None else max(current, value)
 
 
-def health(s: Session, target: str | None, ts: float, old: dict[str, Any], new: dict[str, Any], sample: Any) -> bool:
-    """The class bucket of a device's changed bucket; True when the class bucket is new (prune then)."""
+def health(s: Session, target: str | None, ts: float, old: dict[str, Any], new: dict[str, Any], sample: Any) -> None:
+    """The class bucket of a device's changed bucket."""
     row = s.get(ClassPoint, (target or "", ts))
-    fresh = row is None
     if row is None:
         row = ClassPoint(target=target or "", ts=ts, **_zeroed(MEANS))
         s.add(row)
+        s.flush()  # the next device of the class in this transaction finds it (once per class and bucket)
     for name in MEANS:
         _replace(row, name, old.get(name), new.get(name))
     row.temp_max_c = _max(row.temp_max_c, sample.gauges.get("temp_max_c"))
     if sample.throttled is not None:
         row.throttled = max(row.throttled or 0, sample.throttled)
-    return fresh
 
 
-def model(s: Session, target: str | None, name: str, ts: float, old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """The class bucket of one model of a device's changed bucket; True when new."""
+def model(s: Session, target: str | None, name: str, ts: float, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """The class bucket of one model of a device's changed bucket."""
     row = s.get(ClassModelPoint, (target or "", name, ts))
-    fresh = row is None
     if row is None:
         row = ClassModelPoint(target=target or "", model=name, ts=ts, **_zeroed(MODEL_SUMS))
         s.add(row)
+        s.flush()
     for field in MODEL_SUMS:
         _replace(row, field, old.get(field), new.get(field))
     row.p99_ms = _max(row.p99_ms, new.get("p99_ms"))
     row.version = new.get("version") or row.version
-    return fresh
 
 
 def mean(row: Any, name: str) -> float | None:
