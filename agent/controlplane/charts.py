@@ -28,6 +28,16 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 1e5 else f"{v:.2e}"
 
 
+def _tick(v: float, step: float) -> str:
+    """A tick's label with as many decimals as its step needs (99.15 and 99.2 stay apart)."""
+    if abs(v) >= 1e5 or 0 < step < 1e-6:
+        return f"{v:.2e}"
+    mag = math.floor(math.log10(step))
+    extra = 0 if round(step / 10**mag, 6) in (1, 2, 5) else 1  # a step of 2.5 needs one decimal more
+    decimals = min(6, max(0, extra - mag))
+    return f"{v:.{decimals}f}"
+
+
 def _utc(ts: float, with_date: bool = False) -> str:
     t = datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
     return t.strftime("%m-%d %H:%M" if with_date else "%H:%M:%S")
@@ -86,7 +96,7 @@ def layout(
         dots=[{"x": x(t), "y": y(v), "label": f"{_fmt(v)} {unit} at {_utc(t, True)} UTC"} for t, v in measured]
         if len(measured) <= MAX_DOTS
         else [],
-        yticks=[{"y": y(v), "label": _fmt(v)} for v in yticks],
+        yticks=[{"y": y(v), "label": _tick(v, step)} for v in yticks],
         xticks=[
             {"x": x(t), "label": _utc(t, days), "anchor": a}
             for t, a in ((x0, "start"), ((x0 + x1) / 2, "middle"), (x1, "end"))
