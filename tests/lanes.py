@@ -39,6 +39,7 @@ SYSTEM = frozenset(
         "test_controlplane_unjudged",
         "test_rollout_unjudged",
         "test_cp_scale",
+        "test_controlplane_observe",
         "test_rollout_recall",
         "test_help_examples",  # every --help example against a live daemon, broker and service (6 min)
         "test_evidence_sim",

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from agent.controlplane import attestations, freshness, repo
+from agent.controlplane import attestations, freshness, matrix, repo
 from agent.controlplane.models import Device, DeviceDocument
 
 DECISION = "decision"
@@ -46,6 +46,7 @@ def store(session: Session, device: Device, public_key, kind: str, doc: dict[str
         device_id=device.device_id, kind=kind, model=model, version=version, doc=body, ts=now, seq=seq, digest=sha
     )
     session.add(row)
+    matrix.record(session, row)  # the row the fleet evidence matrix aggregates
     freshness.advance(session, device, kind, seq, sha, ts, now)
     return True, _answer(device.device_id, kind, row, stored=True)
 

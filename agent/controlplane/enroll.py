@@ -22,6 +22,7 @@ from agent.controlplane.models import (
     EnrollNonce,
     EnrollToken,
 )
+from agent.controlplane.obs_tables import EvidenceRow, ModelPoint, TelemetryHead, TelemetryPoint
 from agent.controlplane.tokens import digest
 from agent.errors import ConfigError
 from agent.transport.cpclient import ENROLL_KIND as KIND
@@ -157,10 +158,15 @@ def decommission(session: Session, device_id: str, actor: str) -> Device:
 
 
 def remove(session: Session, device_id: str) -> dict[str, int]:
-    """Delete a device's row and everything kept for it (groups, documents, enrollment nonces): {table: rows}."""
+    """Delete a device's row and everything kept for it (groups, documents, enrollment nonces, telemetry, evidence
+    rows): {table: rows}. Its alerts are cleared by the next check and listed as cleared."""
     counts: dict[str, int] = {}
     for table, column in (
         (DeviceDocument, DeviceDocument.device_id),
+        (EvidenceRow, EvidenceRow.device_id),
+        (TelemetryPoint, TelemetryPoint.device_id),
+        (ModelPoint, ModelPoint.device_id),
+        (TelemetryHead, TelemetryHead.device_id),
         (DeviceGroup, DeviceGroup.device_id),
         (EnrollNonce, EnrollNonce.device_id),
         (Device, Device.device_id),

@@ -11,10 +11,12 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer, sessionmaker
 
-from agent.controlplane import statusintake
+from agent.controlplane import alerts, statusintake
 from agent.controlplane.db import StorageError, write
 from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
 from agent.controlplane.runner import ServiceRolloutEngine, new_state
+from agent.controlplane.telemetry_intake import HealthInbox
+from agent.controlplane.telemetry_intake import ingest as ingest_health
 from agent.errors import EdgeAgentError
 from agent.fleet.registry import DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
@@ -42,6 +44,7 @@ class FleetLoop:
         self.stop_event = threading.Event()
         self.engines: dict[str, ServiceRolloutEngine] = {}
         self.link: Any = None
+        self.health = HealthInbox(settings.prefix)  # health telemetry (agent.controlplane.telemetry_intake)
         self._thread: threading.Thread | None = None
         self.error: str | None = None
 
@@ -50,6 +53,7 @@ class FleetLoop:
 
         self.link = FleetLink(self.settings.broker_url, self.settings.prefix, registry=self.registry)
         self.link.__enter__()
+        self.link.watch.link.subscribe(self.health.topic_filter(), self.health.on_message, qos=0)
         self._resume()
         self._thread = threading.Thread(target=self._run, name="cp-fleet", daemon=True)
         self._thread.start()
@@ -88,6 +92,15 @@ class FleetLoop:
         self._refresh_registry()
         self._ingest(self.link.watch.take_changed())
         self._rollouts()
+        self._telemetry()
+
+    def _telemetry(self) -> None:
+        """Health messages in (a newly accepted device's counts from its next one); a fault here is logged and
+        never stops statuses or rollouts."""
+        try:
+            ingest_health(self.factory, self.registry, self.health, self.settings, time.time())
+        except Exception as exc:  # noqa: BLE001 - telemetry is never worth a rollout's turn
+            log.warning("fleet loop: health telemetry not kept: %s", exc)
 
     def _refresh_registry(self) -> None:
         """Entries of the devices named since the last tick (or the whole registry, when none was named), put
@@ -112,7 +125,10 @@ class FleetLoop:
 
     def _ingest(self, statuses: dict[str, dict]) -> None:
         if statuses:
-            statusintake.ingest(self.factory, self.settings.limits, statuses)
+            alerts_cfg = self.settings.alerts
+            statusintake.ingest(
+                self.factory, self.settings.limits, statuses, lambda s, dev, st: _device_alerts(s, dev, st, alerts_cfg)
+            )
 
     # -- rollouts ------------------------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -215,6 +231,14 @@ class FleetLoop:
             r.state, r.phase, r.updated_at = state, "running", time.time()
             row = r
         self._engine(row).republish()
+
+
+def _device_alerts(s: Session, dev: str, status: dict, cfg) -> None:
+    """A stored status raises or clears the device's rolled-back and not-judged alerts (never stops ingestion)."""
+    try:
+        alerts.on_status(s, dev, status, time.time(), cfg)
+    except Exception:  # noqa: BLE001 - an alert is never worth a device's status
+        log.exception("fleet loop: alerts of %s not updated", dev)
 
 
 def _reason(request: str) -> str:

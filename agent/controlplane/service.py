@@ -16,6 +16,7 @@ from sqlalchemy import func, select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent.controlplane import db, repo, tokens
+from agent.controlplane.alert_monitor import AlertMonitor
 from agent.controlplane.enroll import EnrollRefused
 from agent.controlplane.importer import import_store
 from agent.controlplane.limits import BodyLimit, body_cap
@@ -43,6 +44,7 @@ class ControlPlane:
         self.imported: dict[str, int] = {}
         self.admin_token: str | None = None
         self.guard = Guard(settings.limits)  # rate limits and the pending cap's counters
+        self.alerts = AlertMonitor(self.factory, settings)  # alerts, the webhook, telemetry retention
 
     def prepare(self) -> "ControlPlane":
         with db.write(self.factory) as s:
@@ -61,6 +63,7 @@ class ControlPlane:
     def start_fleet(self) -> None:
         """The fleet side (artifact server, fleet loop). A broker that does not answer does not stop the service:
         the API and dashboard serve (the pages show why the fleet link is down) while a thread retries."""
+        self.alerts.start()
         if not self.settings.broker_url:
             return
         key = None
@@ -98,6 +101,7 @@ class ControlPlane:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.alerts.stop()
         if self.loop is not None:
             self.loop.stop()
         if self.artifacts is not None:
@@ -120,8 +124,8 @@ class ControlPlane:
     def loop_state(self) -> dict[str, Any]:
         if self.loop is None:
             why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
-            return {"running": False, "why": why}
-        return {"running": True, "error": self.loop.error}
+            return {"running": False, "why": why, "alerts": self.alerts.active}
+        return {"running": True, "error": self.loop.error, "alerts": self.alerts.active}
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -129,6 +133,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def create_app(cp: ControlPlane) -> FastAPI:
+    from agent.controlplane import observe_api, observe_web
     from agent.controlplane.api import router
     from agent.controlplane.security import BrowserGuard
     from agent.controlplane.sessions import Sessions
@@ -152,6 +157,8 @@ def create_app(cp: ControlPlane) -> FastAPI:
     app.include_router(web_router)
     for extra in (devices_router, models_router, audit_router):  # the dashboard's other pages
         app.include_router(extra)
+    app.include_router(observe_web.router)
+    app.include_router(observe_api.router)
     app.mount("/static", static_files(), name="static")
     app.add_middleware(BodyLimit, cap_for=lambda m, p: body_cap(cp.settings.limits, cp.settings.max_body_bytes, m, p))
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from agent.controlplane.limits import Limits, parse_limits
+from agent.controlplane.observe_settings import AlertSettings, TelemetrySettings, parse_alerts, parse_telemetry
 from agent.errors import ConfigError
 
 KEYS = {
@@ -22,6 +23,8 @@ KEYS = {
     "tick_s",
     "tls",
     "limits",
+    "telemetry",
+    "alerts",
 }
 
 
@@ -41,6 +44,8 @@ class Settings:
     tls_keyfile: Path | None = None  # its PEM private key (uvicorn's ssl_keyfile)
     allow_insecure: bool = False  # listen.allow_insecure: plain HTTP beyond loopback (a TLS proxy in front)
     limits: Limits = Limits()  # body caps, JSON depth, rate limits, the pending cap (agent.controlplane.limits)
+    telemetry: TelemetrySettings = TelemetrySettings()  # downsampling and retention (observe_settings)
+    alerts: AlertSettings = AlertSettings()  # conditions and the webhook (observe_settings)
 
     @property
     def scheme(self) -> str:
@@ -104,6 +109,8 @@ def parse(doc: Any, base: Path) -> Settings:
         tls_keyfile=keyfile,
         allow_insecure=insecure,
         limits=parse_limits(doc.get("limits")),
+        telemetry=parse_telemetry(doc.get("telemetry")),
+        alerts=parse_alerts(doc.get("alerts")),
     )
 
 

@@ -34,8 +34,9 @@ def unfit(doc: dict, limits) -> str | None:
     return None
 
 
-def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict]) -> int:
-    """Keep each verified status of an accepted device (one write transaction); returns how many were kept."""
+def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict], on_kept=None) -> int:
+    """Keep each verified status of an accepted device (one write transaction); returns how many were kept.
+    `on_kept(session, device_id, status)` runs in the same transaction for each status kept (alerts)."""
     verified = {d: doc for d, doc in statuses.items() if doc.get("trust") == "verified"}
     if not verified:
         return 0  # only verified reports change anything
@@ -45,7 +46,10 @@ def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict]) ->
         for i in range(0, len(ids), BATCH):
             stmt = select(Device).where(Device.device_id.in_(ids[i : i + BATCH]), Device.state == ACCEPTED)
             for row in s.scalars(stmt.options(defer(Device.status), defer(Device.public_key))).all():
-                kept += _keep(row, verified[row.device_id], limits)
+                if _keep(row, verified[row.device_id], limits):
+                    kept += 1
+                    if on_kept is not None:
+                        on_kept(s, row.device_id, row.status)
     return kept
 
 

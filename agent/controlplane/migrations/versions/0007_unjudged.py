@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_unjudged"
-down_revision = "0003_fleet_columns"
+down_revision = "0005_telemetry"
 branch_labels = None
 depends_on = None
 
