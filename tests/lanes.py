@@ -34,6 +34,7 @@ SYSTEM = frozenset(
         "test_controlplane_browser_attacks",
         "test_controlplane_freshness",
         "test_controlplane_probation",
+        "test_controlplane_replicas",
         "test_controlplane_rollback",
         "test_rollout_recall",
         "test_help_examples",  # every --help example against a live daemon, broker and service (6 min)

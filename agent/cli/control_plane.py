@@ -59,6 +59,37 @@ def token(ctx: click.Context, name: str, role: str) -> None:
     click.echo(value)
 
 
+@control_plane.command("leader")
+@click.option("--json", "as_json", is_flag=True, help="print the lease as JSON")
+@click.pass_context
+def leader(ctx: click.Context, as_json: bool) -> None:
+    """Which replica leads the rollouts and the MQTT fan-out: the leader lease in the service's database (holder,
+    fencing token, seconds until it expires)."""
+    from agent.controlplane import db, settings
+    from agent.controlplane.lease import read_state
+
+    if not ctx.obj.get("config"):
+        raise click.UsageError("--config FILE is required (before the subcommand)")
+    cfg = settings.load(ctx.obj["config"])
+    engine = db.make_engine(cfg.database_url)
+    db.migrate(engine)
+    try:
+        doc = read_state(db.sessions(engine), lease_s=cfg.lease_s)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+        return
+    if doc["holder"] is None:
+        last = f" (last: {doc['last_holder']}, fence {doc['fence']})" if doc.get("last_holder") else ""
+        click.echo(f"no leader now{last}: a replica with a broker takes the lease within {cfg.lease_s:g} s")
+        return
+    click.echo(
+        f"leader {doc['holder']}, fence {doc['fence']}, held {doc['held_for_s']:.1f} s, "
+        f"lease expires in {doc['expires_in_s']:.1f} s unless renewed"
+    )
+
+
 def _agent(agent_config: str):
     from agent.artifacts.keys import device_key
     from agent.config import load_config

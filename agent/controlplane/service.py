@@ -18,9 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from agent.controlplane import db, repo, tokens
 from agent.controlplane.enroll import EnrollRefused
 from agent.controlplane.importer import import_store
+from agent.controlplane.lease import Lease
 from agent.controlplane.limits import BodyLimit, body_cap
 from agent.controlplane.models import OperatorToken
-from agent.controlplane.ratelimit import Guard
+from agent.controlplane.ratelimit import Guard, shared_limiter
 from agent.controlplane.settings import Settings, loopback
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -36,13 +37,12 @@ class ControlPlane:
         self.engine = db.make_engine(settings.database_url)
         db.migrate(self.engine)
         self.factory = db.sessions(self.engine)
-        self.loop: Any = None
-        self.artifacts: Any = None
-        self.fleet_error: str | None = None
+        self.lease = Lease(self.engine, settings.lease_s)  # the rollout leader's lease (agent.controlplane.lease)
+        self.role: Any = None  # agent.controlplane.leader.FleetRole, with a broker
         self.stopping = threading.Event()
         self.imported: dict[str, int] = {}
         self.admin_token: str | None = None
-        self.guard = Guard(settings.limits)  # rate limits and the pending cap's counters
+        self.guard = Guard(settings.limits, shared_limiter(self.factory, self.engine))  # rate limits, pending cap
 
     def prepare(self) -> "ControlPlane":
         with db.write(self.factory) as s:
@@ -59,49 +59,36 @@ class ControlPlane:
         return self
 
     def start_fleet(self) -> None:
-        """The fleet side (artifact server, fleet loop). A broker that does not answer does not stop the service:
-        the API and dashboard serve (the pages show why the fleet link is down) while a thread retries."""
+        """The fleet side (artifact server; the fleet loop on the replica holding the leader lease). A broker
+        that does not answer does not stop the service: the API and dashboard serve (the pages show why the
+        fleet link is down) while a thread retries."""
         if not self.settings.broker_url:
             return
+        from agent.controlplane.leader import FleetRole
+
         key = None
         if self.settings.signing_key is not None:
             from agent.artifacts.keys import load_private_key
 
             key = load_private_key(self.settings.signing_key)  # a bad key is a config error: fail at start
-        try:
-            self._connect(key)
-        except EdgeAgentError as exc:
-            self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
-            log.warning("fleet link: %s", self.fleet_error)
-            threading.Thread(target=self._retry, args=(key,), name="cp-fleet-connect", daemon=True).start()
+        self.role = FleetRole(self.factory, self.settings, self.lease, key).start()
 
-    def _connect(self, key) -> None:
-        from agent.artifacts.store import ContentStore
-        from agent.controlplane.fleetloop import FleetLoop
-        from agent.fleet.artifact_server import ArtifactServer
-        from agent.transport.mqtt import BrokerConfig
+    @property
+    def loop(self) -> Any:
+        return self.role.loop if self.role is not None else None
 
-        broker = BrokerConfig(str(self.settings.broker_url))
-        self.settings.store.mkdir(parents=True, exist_ok=True)
-        if self.artifacts is None:
-            self.artifacts = ArtifactServer(ContentStore(self.settings.store), broker, self.settings.prefix).start()
-        self.loop = FleetLoop(self.factory, self.settings, key).start()
-        self.fleet_error = None
+    @property
+    def artifacts(self) -> Any:
+        return self.role.artifacts if self.role is not None else None
 
-    def _retry(self, key) -> None:
-        while not self.stopping.wait(5.0):
-            try:
-                self._connect(key)
-                return
-            except EdgeAgentError as exc:
-                self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
+    @property
+    def fleet_error(self) -> str | None:
+        return self.role.error if self.role is not None else None
 
     def stop(self) -> None:
         self.stopping.set()
-        if self.loop is not None:
-            self.loop.stop()
-        if self.artifacts is not None:
-            self.artifacts.stop()
+        if self.role is not None:
+            self.role.stop()
         self.engine.dispose()
 
     def registry_changed(self) -> None:
@@ -115,8 +102,19 @@ class ControlPlane:
     def loop_state(self) -> dict[str, Any]:
         if self.loop is None:
             why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
+            if self.role is not None and not self.fleet_error:
+                holder = self.lease.state().get("holder") or "no replica yet"
+                why = f"standby replica: {holder} leads the rollouts and the MQTT fan-out (leader lease)"
             return {"running": False, "why": why}
         return {"running": True, "error": self.loop.error}
+
+    def leader_state(self) -> dict[str, Any]:
+        """/api/v1/health's `leader` (agent.controlplane.leader)."""
+        if self.role is not None:
+            return self.role.state()
+        out = self.lease.state()
+        out.update(leading=False, why="no mqtt.url configured: no fleet loop to lead")
+        return out
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -138,7 +136,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         redoc_url=None,
     )
     app.state.cp = cp
-    app.state.sessions = Sessions()
+    app.state.sessions = Sessions(cp.factory)
     app.add_middleware(BrowserGuard)
     app.include_router(router)
     app.include_router(web_router)
