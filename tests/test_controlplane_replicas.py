@@ -6,6 +6,7 @@ Fencing on the database: a stale leader's write is refused."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import signal
@@ -207,9 +208,14 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
         logs = [tmp_path / "a.log", tmp_path / "b.log"]
         desired: Counter[str] = Counter()
         watcher = MqttLink(BrokerConfig(broker.url), client_id="desired-counter").start()
-        watcher.subscribe(
-            "edge/devices/+/desired/tiny", lambda t, p, retained: desired.update([t.split("/")[2]] if p else [])
-        )
+        seen: list = []
+
+        def count(topic: str, payload: bytes, retained: bool) -> None:
+            seen.append((topic.split("/")[2], hashlib.sha256(payload).hexdigest()[:12], retained, time.time()))
+            if payload and not retained:  # a publication; a retained one is the broker replaying the current
+                desired.update([topic.split("/")[2]])  # state to a (re)subscription (MqttLink asks once more)
+
+        watcher.subscribe("edge/devices/+/desired/tiny", count)
         sim = Simulator(
             3,
             broker=BrokerConfig(broker.url),
@@ -270,8 +276,7 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
             assert took["fence"] == fence_before + 1 and took["takeovers"] == 1, took
             done = wait_for(
                 lambda: (
-                    (r := httpx.get(urls[1] + "/api/v1/rollouts/tiny-1", headers=h).json())["phase"] == "finished"
-                    and r
+                    (r := httpx.get(urls[1] + "/api/v1/rollouts/tiny-1", headers=h).json())["phase"] == "finished" and r
                 ),
                 WAIT_S,
                 "tiny-1 finished on b",
@@ -283,7 +288,7 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
             assert poller.failures == [] and poller.ok > 0, poller.failures[:5]
             # no device received its desired state twice: counted on the broker, recorded in the ledger
             time.sleep(1.0)  # anything published late would be counted too
-            assert dict(desired) == {d: 1 for d in sim.agents}, dict(desired)
+            assert dict(desired) == {d: 1 for d in sim.agents}, (dict(desired), seen, killed)
             for dev in sim.agents:
                 journals = [json.loads(p.read_text()) for p in (sim.state_dir / dev / "deployments").glob("*.json")]
                 ones = [j for j in journals if j.get("model") == "tiny" and j.get("version") == "1"]
