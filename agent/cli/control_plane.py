@@ -80,13 +80,22 @@ def leader(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, sort_keys=True))
         return
-    if doc["holder"] is None:
-        last = f" (last: {doc['last_holder']}, fence {doc['fence']})" if doc.get("last_holder") else ""
-        click.echo(f"no leader now{last}: a replica with a broker takes the lease within {cfg.lease_s:g} s")
-        return
+    from agent.cli.table import duration, render_fields
+
     click.echo(
-        f"leader {doc['holder']}, fence {doc['fence']}, held {doc['held_for_s']:.1f} s, "
-        f"lease expires in {doc['expires_in_s']:.1f} s unless renewed"
+        render_fields(
+            [
+                (
+                    "leader",
+                    doc["holder"]
+                    or f"none now (a replica with a broker takes the lease within {duration(cfg.lease_s)})",
+                ),
+                ("last holder", doc.get("last_holder")),
+                ("fence", doc["fence"]),
+                ("held for", duration(doc.get("held_for_s"))),
+                ("expires in", duration(doc.get("expires_in_s")) + (" unless renewed" if doc["holder"] else "")),
+            ]
+        )
     )
 
 

@@ -9,6 +9,7 @@ PUBACK and the mark: the same bytes again, which a device treats as nothing new)
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -36,12 +37,11 @@ class LedgerLink:
         return getattr(self.link, name)
 
     def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> None:
-        payload = envelope or b""
         key = {
             "rollout_id": self.rollout_id,
             "round": (self.round_of() or "")[:160],
             "device_id": device_id,
-            "digest": hashlib.sha256(payload).hexdigest(),
+            "digest": _digest(envelope),
         }
         with write(self.factory) as s:
             row = s.get(Publication, key)
@@ -51,18 +51,31 @@ class LedgerLink:
             if row is None:
                 fence = s.scalar(select(LeaderLease.fence).where(LeaderLease.name == "fleet")) or 0
                 s.add(Publication(**key, fence=fence, sent_at=None))
-        topic = self.link.topics.device_desired(device_id, model)
-        info = self.link.watch.link.publish(topic, payload, qos=1, retain=True)
-        try:
-            info.wait_for_publish(timeout=ACK_WAIT_S)
-        except (RuntimeError, ValueError) as exc:
-            log.warning("desired state for %s: not acknowledged (%s); republished at the next resume", device_id, exc)
-            return
-        if info.is_published():
+        info = self.link.publish_desired(device_id, model, envelope)
+        if _acknowledged(info, device_id):
             with write(self.factory) as s:
                 row = s.get(Publication, key)
                 if row is not None:
                     row.sent_at = time.time()
+
+
+def _digest(envelope: Any) -> str:
+    payload = envelope or b""
+    if not isinstance(payload, bytes):  # a link of another kind may carry documents, not bytes
+        payload = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def _acknowledged(info: Any, device_id: str) -> bool:
+    """The broker's PUBACK came (a link that returns no MessageInfo has delivered when it returns)."""
+    if info is None or not hasattr(info, "wait_for_publish"):
+        return True
+    try:
+        info.wait_for_publish(timeout=ACK_WAIT_S)
+    except (RuntimeError, ValueError) as exc:
+        log.warning("desired state for %s: not acknowledged (%s); republished at the next resume", device_id, exc)
+        return False
+    return bool(info.is_published())
 
 
 def sent(factory: sessionmaker[Session], rollout_id: str) -> dict[str, int]:
