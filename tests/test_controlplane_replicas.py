@@ -110,6 +110,38 @@ def test_sessions_and_rate_limits_are_shared_through_the_database(pg):
         e2.dispose()
 
 
+def test_replicas_starting_at_once_migrate_once_and_make_one_admin_token(pg, tmp_path):
+    from agent.controlplane.service import ControlPlane
+    from agent.controlplane.settings import parse
+
+    errors: list[str] = []
+    made: list = []
+
+    def start(i: int) -> None:
+        try:
+            doc = {
+                "store": str(tmp_path / "store"),
+                "database": {"url": pg},
+                "admin_token_file": str(tmp_path / f"a{i}"),
+            }
+            made.append(ControlPlane(parse(doc, tmp_path)).prepare())
+        except Exception as exc:  # noqa: BLE001 - each replica's failure is the finding
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)  # without the advisory locks, concurrent migrations can wait on each other for ever
+    try:
+        assert not any(t.is_alive() for t in threads), "a replica's start hung"
+        assert errors == [] and len(made) == 3, errors
+        assert sum(1 for c in made if c.admin_token) == 1  # one first start, whichever won
+    finally:
+        for c in made:
+            c.stop()
+
+
 # -- two replicas as processes ---------------------------------------------------------------------------------
 def _config(path: Path, port: int, db_url: str, broker: str, key: Path, store: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

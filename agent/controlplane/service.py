@@ -46,6 +46,7 @@ class ControlPlane:
 
     def prepare(self) -> "ControlPlane":
         with db.write(self.factory) as s:
+            db.serialize(s, "prepare")  # replicas starting at once: one imports and makes the admin token
             self.imported = import_store(s, self.settings.store)
             if (s.scalar(select(func.count()).select_from(OperatorToken)) or 0) == 0:
                 self.admin_token = tokens.create_operator(s, "admin", "admin")
@@ -104,7 +105,8 @@ class ControlPlane:
             why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
             if self.role is not None and not self.fleet_error:
                 holder = self.lease.state().get("holder") or "no replica yet"
-                why = f"standby replica: {holder} leads the rollouts and the MQTT fan-out (leader lease)"
+                why = f"standby: {holder} leads the rollouts and the MQTT fan-out (leader lease)"
+                return {"running": False, "standby": True, "why": why}
             return {"running": False, "why": why}
         return {"running": True, "error": self.loop.error}
 
