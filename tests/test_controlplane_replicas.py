@@ -329,6 +329,18 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
             assert r.returncode == 0, r.stderr
             lead = json.loads(r.stdout)
             assert lead["holder"] == took["replica"] and lead["fence"] == took["fence"], lead
+            # a replica started again joins as a standby; the leader stopped cleanly hands the lease over at once
+            a = _start(cfgs[0], logs[0])
+            procs.append(a)
+            wait_for(lambda: _health(urls[0]), 60, "replica a up again")
+            assert not _health(urls[0])["leader"]["leading"]
+            stopped = time.time()
+            _stop(b)
+            back = wait_for(
+                lambda: (d := _health(urls[0])) and d["leader"]["leading"] and d["leader"], 30, "a leads", step=0.1
+            )
+            print(f"handover after the leader's SIGTERM: {back['leading_since'] - stopped:.2f} s")
+            assert back["fence"] == took["fence"] + 1, back
         finally:
             for p in procs:
                 _stop(p)

@@ -216,8 +216,14 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT."""
     if settings.tls_certfile is not None:
         check_tls(settings)  # before the database and the fleet link: a bad certificate changes nothing
+    import signal
+
     cp = ControlPlane(settings).prepare()
     cp.start_fleet()
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn stops gracefully on SIGTERM, then raises the signal again under the handler it found: with the
+        # default one the process would die there, before cp.stop() (the leader lease released, the loop flushed)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server(cp).run()
     finally:
