@@ -35,6 +35,7 @@ SYSTEM = frozenset(
         "test_controlplane_browser_attacks",
         "test_controlplane_freshness",
         "test_controlplane_probation",
+        "test_controlplane_replicas",
         "test_controlplane_rollback",
         "test_controlplane_unjudged",
         "test_rollout_unjudged",

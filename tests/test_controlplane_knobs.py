@@ -66,11 +66,21 @@ def test_rate_limit_publishes_at_most_n_a_minute_and_restart_keeps_the_queue(tmp
     assert len(fleet.desired) == 4  # two a minute
     queued = {d for d, v in _saved(factory).state["devices"].items() if v.get("queued")}
     assert len(queued) == 6 and not queued & set(fleet.desired)
-    # a restart from the database: what was published is published again, nothing queued is
+    # a restart from the database: nothing queued is published, nothing the broker took is published again (the
+    # ledger of agent.controlplane.ledger), and what was recorded but never acknowledged goes out once more
+    from sqlalchemy import update
+
+    from agent.controlplane.shared_models import Publication
+
+    lost = sorted(fleet.desired)[0]
+    with db.write(factory) as s:
+        s.execute(update(Publication).where(Publication.device_id == lost).values(sent_at=None))
     fleet2 = _Fleet(_fleet())
     again = ServiceRolloutEngine(factory, _saved(factory).state, fleet2, _Issuer(), {"rate_per_minute": 2}, clock=clock)
     again.republish()
-    assert set(fleet2.desired) == set(fleet.desired)
+    assert set(fleet2.desired) == {lost} and again.link.skipped == 3
+    again.republish()  # and once only: now the four are all acknowledged
+    assert set(fleet2.desired) == {lost} and again.link.skipped == 3 + 4
 
 
 def test_min_devices_before_the_failure_threshold_applies(tmp_path):

@@ -82,7 +82,7 @@ def _kind(line: str) -> str:
     words = line.removeprefix("edge-agent ")
     if any(words.startswith(w + " ") for w in CP) and ("--control-plane " in words or "fleet simulate" not in words):
         return "cp"
-    if any(words == w or words.startswith(w + " ") for w in LONG) and " token " not in words:
+    if any(words == w or words.startswith(w + " ") for w in LONG) and not {"token", "leader"} & set(words.split()):
         return "long"
     if any(words == w or words.startswith(w + " ") for w in LIVE_ORDER):
         return "live"

@@ -59,6 +59,46 @@ def token(ctx: click.Context, name: str, role: str) -> None:
     click.echo(value)
 
 
+@control_plane.command("leader")
+@click.option("--json", "as_json", is_flag=True, help="print the lease as JSON")
+@click.pass_context
+def leader(ctx: click.Context, as_json: bool) -> None:
+    """Which replica leads the rollouts and the MQTT fan-out: the leader lease in the service's database (holder,
+    fencing token, seconds until it expires)."""
+    from agent.controlplane import db, settings
+    from agent.controlplane.lease import read_state
+
+    if not ctx.obj.get("config"):
+        raise click.UsageError("--config FILE is required (before the subcommand)")
+    cfg = settings.load(ctx.obj["config"])
+    engine = db.make_engine(cfg.database_url)
+    db.migrate(engine)
+    try:
+        doc = read_state(db.sessions(engine), lease_s=cfg.lease_s)
+    finally:
+        engine.dispose()
+    if as_json:
+        click.echo(json.dumps(doc, sort_keys=True))
+        return
+    from agent.cli.table import duration, render_fields
+
+    click.echo(
+        render_fields(
+            [
+                (
+                    "leader",
+                    doc["holder"]
+                    or f"none now (a replica with a broker takes the lease within {duration(cfg.lease_s)})",
+                ),
+                ("last holder", doc.get("last_holder")),
+                ("fence", doc["fence"]),
+                ("held for", duration(doc.get("held_for_s"))),
+                ("expires in", duration(doc.get("expires_in_s")) + (" unless renewed" if doc["holder"] else "")),
+            ]
+        )
+    )
+
+
 def _agent(agent_config: str):
     from agent.artifacts.keys import device_key
     from agent.config import load_config

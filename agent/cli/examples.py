@@ -19,6 +19,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "control-plane report": ("edge-agent control-plane report --agent-config agent.yaml --url http://cp:8470",),
     "control-plane token": ("edge-agent control-plane --config cp.yaml token --name ci --role operator",),
+    "control-plane leader": ("edge-agent control-plane --config cp.yaml leader --json",),
     "fleet attestations": (
         "edge-agent fleet attestations --store cp-store --broker mqtt://broker:1883 --model sample-tiny --json",
     ),

@@ -33,6 +33,9 @@ class AlertMonitor:
         self._stop = threading.Event()
         self.checked = threading.Event()  # set after each check (tests wait on it)
         self._thread: threading.Thread | None = None
+        # replicas (agent.controlplane.leader): only the lease holder raises alerts, prunes telemetry and sends the
+        # webhook; a standby only reads the count for its pages
+        self.leading: Callable[[], bool] = lambda: True
 
     def start(self) -> "AlertMonitor":
         if self.sender is not None:
@@ -60,6 +63,10 @@ class AlertMonitor:
             self._stop.wait(self.cfg.check_s)
 
     def check(self) -> None:
+        if not self.leading():
+            with self.factory() as s:
+                self.active = alerts.active_count(s)
+            return
         now = self.clock()
         with write(self.factory) as s:
             alerts.evaluate(s, now, self.cfg)

@@ -375,4 +375,5 @@ def health(request: Request):
     with ctx.factory() as s:
         devices = s.scalar(select(func.count()).select_from(Device)) or 0
         limits = ctx.guard.report(s)
-    return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state(), "limits": limits}
+    leader = ctx.leader_state()
+    return {"ok": True, "devices": devices, "fleet_loop": ctx.loop_state(), "leader": leader, "limits": limits}

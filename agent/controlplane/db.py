@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -61,8 +61,20 @@ def migrate(engine: Engine) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as conn:
+        serialize(conn, "migrate")  # replicas starting at once: one migrates, the others then find it done
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
+
+
+LOCKS = {"migrate": 0x6561_6370_0001, "prepare": 0x6561_6370_0002}  # "eacp" and a number
+
+
+def serialize(conn: Any, what: str) -> None:
+    """On PostgreSQL, a transaction-scoped advisory lock: the same step of several replicas runs one at a time
+    (held until the transaction ends). SQLite serializes writers by itself."""
+    dialect = conn.get_bind().dialect if isinstance(conn, Session) else conn.dialect
+    if dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCKS[what]})
 
 
 def sessions(engine: Engine) -> sessionmaker[Session]:

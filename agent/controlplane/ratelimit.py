@@ -1,9 +1,10 @@
 """Rate limits for unauthenticated posts (enrollment, device documents): token buckets per source address and per
-key, behind a small interface (RateLimiter) so that a service of several replicas can keep the buckets in its
-database instead; the service is one process today and keeps them in memory (InProcessLimiter)."""
+key, behind a small interface (RateLimiter): on SQLite (one process) in memory (InProcessLimiter), on PostgreSQL
+in the database (DbLimiter: every replica takes from the same buckets, so a limit holds across replicas)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
@@ -46,6 +47,50 @@ class InProcessLimiter:
             while len(self._buckets) > self.max_buckets:
                 self._buckets.popitem(last=False)
         return wait
+
+
+class DbLimiter:
+    """Token buckets in the `rate_buckets` table, one row-locked transaction per take (the database's rows are
+    shared by every replica); buckets idle for an hour are deleted now and then (one refilled anyway)."""
+
+    PRUNE_EVERY = 1000
+
+    def __init__(self, factory, clock=time.time):
+        self.factory, self.clock = factory, clock
+        self._takes = 0
+
+    def take(self, bucket: str, per_minute: float, burst: int) -> float:
+        from sqlalchemy import delete
+        from sqlalchemy.exc import IntegrityError
+
+        from agent.controlplane.db import write
+        from agent.controlplane.shared_models import RateBucket
+
+        if len(bucket) > 200:
+            bucket = "sha256:" + hashlib.sha256(bucket.encode()).hexdigest()
+        self._takes += 1
+        for _ in range(3):  # two replicas making the same new bucket at once: the loser reads the winner's row
+            now, rate = self.clock(), per_minute / 60.0
+            try:
+                with write(self.factory) as s:
+                    if self._takes % self.PRUNE_EVERY == 0:
+                        s.execute(delete(RateBucket).where(RateBucket.at < now - 3600))
+                    row = s.get(RateBucket, bucket, with_for_update=True)
+                    if row is None:
+                        row = RateBucket(bucket=bucket, tokens=float(burst), at=now)
+                        s.add(row)
+                    tokens = min(float(burst), row.tokens + max(0.0, now - row.at) * rate)
+                    wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
+                    row.tokens, row.at = (tokens - 1.0 if wait == 0.0 else tokens), now
+                return wait
+            except IntegrityError:
+                continue
+        return 0.0
+
+
+def shared_limiter(factory, engine) -> RateLimiter:
+    """The limiter for this database: shared buckets on PostgreSQL (replicas), in memory on SQLite."""
+    return DbLimiter(factory) if engine.dialect.name == "postgresql" else InProcessLimiter()
 
 
 class Guard:

@@ -34,7 +34,13 @@ class ServiceRolloutEngine(RolloutEngine):
         progress=None,
         clock=time.time,
     ):
-        super().__init__(None, state, link, issuer, progress, clock=clock)
+        from agent.controlplane.ledger import LedgerLink
+
+        # every desired state recorded (fenced) before it is published: none goes out twice, across leaders
+        ledger = LedgerLink(
+            link, factory, state["rollout_id"], lambda: (self.state.get("rollback") or {}).get("request")
+        )
+        super().__init__(None, state, ledger, issuer, progress, clock=clock)
         self.factory, self.knobs = factory, dict(knobs)
 
     # rate limit: a started wave's devices are published at most rate_per_minute a minute

@@ -19,9 +19,10 @@ from agent.controlplane import db, repo, tokens
 from agent.controlplane.alert_monitor import AlertMonitor
 from agent.controlplane.enroll import EnrollRefused
 from agent.controlplane.importer import import_store
+from agent.controlplane.lease import Lease
 from agent.controlplane.limits import BodyLimit, body_cap
 from agent.controlplane.models import OperatorToken
-from agent.controlplane.ratelimit import Guard
+from agent.controlplane.ratelimit import Guard, shared_limiter
 from agent.controlplane.settings import Settings, loopback
 from agent.errors import ConfigError, EdgeAgentError
 
@@ -37,17 +38,18 @@ class ControlPlane:
         self.engine = db.make_engine(settings.database_url)
         db.migrate(self.engine)
         self.factory = db.sessions(self.engine)
-        self.loop: Any = None
-        self.artifacts: Any = None
-        self.fleet_error: str | None = None
+        self.lease = Lease(self.engine, settings.lease_s)  # the rollout leader's lease (agent.controlplane.lease)
+        self.role: Any = None  # agent.controlplane.leader.FleetRole, with a broker
         self.stopping = threading.Event()
         self.imported: dict[str, int] = {}
         self.admin_token: str | None = None
-        self.guard = Guard(settings.limits)  # rate limits and the pending cap's counters
-        self.alerts = AlertMonitor(self.factory, settings)  # alerts, the webhook, telemetry retention
+        self.guard = Guard(settings.limits, shared_limiter(self.factory, self.engine))  # rate limits, pending cap
+        self.alerts = AlertMonitor(self.factory, settings)  # alerts, the webhook, telemetry retention (leader only)
+        self.alerts.leading = lambda: self.role is None or self.role.loop is not None
 
     def prepare(self) -> "ControlPlane":
         with db.write(self.factory) as s:
+            db.serialize(s, "prepare")  # replicas starting at once: one imports and makes the admin token
             self.imported = import_store(s, self.settings.store)
             if (s.scalar(select(func.count()).select_from(OperatorToken)) or 0) == 0:
                 self.admin_token = tokens.create_operator(s, "admin", "admin")
@@ -61,51 +63,38 @@ class ControlPlane:
         return self
 
     def start_fleet(self) -> None:
-        """The fleet side (artifact server, fleet loop). A broker that does not answer does not stop the service:
-        the API and dashboard serve (the pages show why the fleet link is down) while a thread retries."""
+        """The fleet side (artifact server; the fleet loop on the replica holding the leader lease). A broker
+        that does not answer does not stop the service: the API and dashboard serve (the pages show why the
+        fleet link is down) while a thread retries."""
         self.alerts.start()
         if not self.settings.broker_url:
             return
+        from agent.controlplane.leader import FleetRole
+
         key = None
         if self.settings.signing_key is not None:
             from agent.artifacts.keys import load_private_key
 
             key = load_private_key(self.settings.signing_key)  # a bad key is a config error: fail at start
-        try:
-            self._connect(key)
-        except EdgeAgentError as exc:
-            self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
-            log.warning("fleet link: %s", self.fleet_error)
-            threading.Thread(target=self._retry, args=(key,), name="cp-fleet-connect", daemon=True).start()
+        self.role = FleetRole(self.factory, self.settings, self.lease, key).start()
 
-    def _connect(self, key) -> None:
-        from agent.artifacts.store import ContentStore
-        from agent.controlplane.fleetloop import FleetLoop
-        from agent.fleet.artifact_server import ArtifactServer
-        from agent.transport.mqtt import BrokerConfig
+    @property
+    def loop(self) -> Any:
+        return self.role.loop if self.role is not None else None
 
-        broker = BrokerConfig(str(self.settings.broker_url))
-        self.settings.store.mkdir(parents=True, exist_ok=True)
-        if self.artifacts is None:
-            self.artifacts = ArtifactServer(ContentStore(self.settings.store), broker, self.settings.prefix).start()
-        self.loop = FleetLoop(self.factory, self.settings, key).start()
-        self.fleet_error = None
+    @property
+    def artifacts(self) -> Any:
+        return self.role.artifacts if self.role is not None else None
 
-    def _retry(self, key) -> None:
-        while not self.stopping.wait(5.0):
-            try:
-                self._connect(key)
-                return
-            except EdgeAgentError as exc:
-                self.fleet_error = f"broker {self.settings.broker_url}: {exc}; retrying every 5 s"
+    @property
+    def fleet_error(self) -> str | None:
+        return self.role.error if self.role is not None else None
 
     def stop(self) -> None:
         self.stopping.set()
         self.alerts.stop()
-        if self.loop is not None:
-            self.loop.stop()
-        if self.artifacts is not None:
-            self.artifacts.stop()
+        if self.role is not None:
+            self.role.stop()
         self.engine.dispose()
 
     def registry_changed(self, *device_ids: str) -> None:
@@ -124,8 +113,20 @@ class ControlPlane:
     def loop_state(self) -> dict[str, Any]:
         if self.loop is None:
             why = self.fleet_error or "no mqtt.url configured: no device status, no rollouts"
+            if self.role is not None and not self.fleet_error:
+                holder = self.lease.state().get("holder") or "no replica yet"
+                why = f"standby: {holder} leads the rollouts and the MQTT fan-out (leader lease)"
+                return {"running": False, "standby": True, "why": why, "alerts": self.alerts.active}
             return {"running": False, "why": why, "alerts": self.alerts.active}
         return {"running": True, "error": self.loop.error, "alerts": self.alerts.active}
+
+    def leader_state(self) -> dict[str, Any]:
+        """/api/v1/health's `leader` (agent.controlplane.leader)."""
+        if self.role is not None:
+            return self.role.state()
+        out = self.lease.state()
+        out.update(leading=False, why="no mqtt.url configured: no fleet loop to lead")
+        return out
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -151,7 +152,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         redoc_url=None,
     )
     app.state.cp = cp
-    app.state.sessions = Sessions()
+    app.state.sessions = Sessions(cp.factory)
     app.add_middleware(BrowserGuard)
     app.include_router(router)
     app.include_router(web_router)
@@ -233,8 +234,14 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT."""
     if settings.tls_certfile is not None:
         check_tls(settings)  # before the database and the fleet link: a bad certificate changes nothing
+    import signal
+
     cp = ControlPlane(settings).prepare()
     cp.start_fleet()
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn stops gracefully on SIGTERM, then raises the signal again under the handler it found: with the
+        # default one the process would die there, before cp.stop() (the leader lease released, the loop flushed)
+        signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server(cp).run()
     finally:

@@ -21,6 +21,7 @@ KEYS = {
     "admin_token_file",
     "max_body_bytes",
     "tick_s",
+    "lease_s",
     "tls",
     "limits",
     "telemetry",
@@ -40,6 +41,7 @@ class Settings:
     admin_token_file: Path | None = None
     max_body_bytes: int = 256 * 1024 * 1024
     tick_s: float = 0.5
+    lease_s: float = 5.0  # the rollout leader's lease: renewed every lease_s / 5, taken over lease_s after
     tls_certfile: Path | None = None  # PEM certificate chain (uvicorn's ssl_certfile)
     tls_keyfile: Path | None = None  # its PEM private key (uvicorn's ssl_keyfile)
     allow_insecure: bool = False  # listen.allow_insecure: plain HTTP beyond loopback (a TLS proxy in front)
@@ -89,6 +91,9 @@ def parse(doc: Any, base: Path) -> Settings:
     tick = doc.get("tick_s", 0.5)
     if not isinstance(tick, (int, float)) or not 0.01 <= tick <= 10:
         raise ConfigError(f"tick_s: expected 0.01-10 seconds, got {tick!r}")
+    lease = doc.get("lease_s", 5.0)
+    if not isinstance(lease, (int, float)) or isinstance(lease, bool) or not 1 <= lease <= 60:
+        raise ConfigError(f"lease_s: expected 1-60 seconds, got {lease!r}")
     host = str(listen.get("host", "127.0.0.1"))
     certfile, keyfile = _tls(doc.get("tls"), base)
     insecure = _insecure(listen, host, tls=certfile is not None)
@@ -105,6 +110,7 @@ def parse(doc: Any, base: Path) -> Settings:
         else store.parent / "admin.token",
         max_body_bytes=max_body,
         tick_s=float(tick),
+        lease_s=float(lease),
         tls_certfile=certfile,
         tls_keyfile=keyfile,
         allow_insecure=insecure,

@@ -180,7 +180,7 @@ def device_page(request: Request, device_id: str):
 def _flash(v: Visit, message: str) -> None:
     """A message for the next page of this session (never carried in the URL, so a link cannot plant one)."""
     if v.session is not None:
-        v.session.flash = message[:300]
+        v.session.set_flash(message[:300])
 
 
 @router.post("/devices/{device_id}/{action}")

@@ -69,10 +69,13 @@ class FleetLink:
             self.watch.link.unsubscribe(topic_filter)
         return {dev: (seen[dev].decode("utf-8", "replace") if seen.get(dev) else None) for dev in devices}
 
-    def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> None:
-        """Retained desired state for one device; None clears it (group desired state applies again)."""
+    def publish_desired(self, device_id: str, model: str, envelope: bytes | None) -> Any:
+        """Retained desired state for one device; None clears it (group desired state applies again). Returns
+        the publish's MessageInfo (wait_for_publish(), is_published(): the broker's PUBACK)."""
         topic = self.topics.device_desired(device_id, model)
-        self._track(self.watch.link.publish(topic, envelope or b"", qos=1, retain=True))
+        info = self.watch.link.publish(topic, envelope or b"", qos=1, retain=True)
+        self._track(info)
+        return info
 
     def publish_progress(self, rollout_id: str, doc: dict[str, Any]) -> None:
         payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0005_telemetry"
-down_revision = "0003_fleet_columns"
+down_revision = "0004_replicas"
 branch_labels = None
 depends_on = None
 
