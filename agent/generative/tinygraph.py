@@ -1,0 +1,124 @@
+"""The ONNX graph of the tiny decoder (see tinymodel.py): standard ops only, so every ONNX Runtime provider can run it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from agent.generative.tinymodel import OPSET, VOCAB
+
+
+class _Graph:
+    def __init__(self, rng: np.random.Generator, perturb: float) -> None:
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.rng = rng
+        self.perturb = perturb
+        self.n = 0
+
+    def name(self, base: str) -> str:
+        self.n += 1
+        return f"{base}_{self.n}"
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        name = self.name(base)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def weight(self, base: str, shape: tuple[int, ...], scale: float) -> str:
+        w = self.rng.normal(0.0, scale, size=shape).astype(np.float32)
+        if self.perturb:
+            w = w + self.rng.normal(0.0, self.perturb * scale, size=shape).astype(np.float32)
+        return self.const(base, w)
+
+    def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        from onnx import helper
+
+        out = out or self.name(op_type.lower())
+        self.nodes.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
+
+
+def _mask(g: _Graph) -> str:
+    """An additive bias [B,1,S,T]: 0 where query i may see key j (j <= past + i and attention_mask[j] == 1), else -1e9."""
+    zero, one = g.const("zero", np.array(0, np.int64)), g.const("one", np.array(1, np.int64))
+    s = g.op("Gather", [g.op("Shape", ["input_ids"]), one], axis=0)
+    t = g.op("Gather", [g.op("Shape", ["attention_mask"]), one], axis=0)
+    kidx = g.op("Range", [zero, t, one])
+    qidx = g.op("Unsqueeze", [g.op("Range", [g.op("Sub", [t, s]), t, one]), g.const("ax", np.array([1], np.int64))])
+    causal = g.op("LessOrEqual", [kidx, qidx])
+    pad = g.op("Cast", ["attention_mask"], to=9)
+    pad = g.op("Unsqueeze", [pad, g.const("ax", np.array([1, 2], np.int64))])
+    allowed = g.op("And", [causal, pad])
+    return g.op("Where", [allowed, g.const("z", np.array(0.0, np.float32)), g.const("neg", np.array(-1e9, np.float32))])
+
+
+def _norm(g: _Graph, x: str, hidden: int) -> str:
+    return g.op(
+        "LayerNormalization",
+        [x, g.const("ln_w", np.ones(hidden, np.float32)), g.const("ln_b", np.zeros(hidden, np.float32))],
+        axis=-1,
+    )
+
+
+def _heads(g: _Graph, x: str, w: str, heads: int, hd: int) -> str:
+    r = g.op("Reshape", [g.op("MatMul", [x, w]), g.const("shape", np.array([0, 0, heads, hd], np.int64))])
+    return g.op("Transpose", [r], perm=[0, 2, 1, 3])
+
+
+def _layer(g: _Graph, x: str, bias: str, i: int, hidden: int, heads: int) -> str:
+    hd = hidden // heads
+    scale = 1.0 / np.sqrt(hidden)
+    h = _norm(g, x, hidden)
+    q = _heads(g, h, g.weight("wq", (hidden, hidden), scale), heads, hd)
+    k = _heads(g, h, g.weight("wk", (hidden, hidden), scale), heads, hd)
+    v = _heads(g, h, g.weight("wv", (hidden, hidden), scale), heads, hd)
+    pk = g.op("Concat", [f"past_key_values.{i}.key", k], f"present.{i}.key", axis=2)
+    pv = g.op("Concat", [f"past_key_values.{i}.value", v], f"present.{i}.value", axis=2)
+    scores = g.op("MatMul", [q, g.op("Transpose", [pk], perm=[0, 1, 3, 2])])
+    scores = g.op("Add", [g.op("Mul", [scores, g.const("sc", np.array(1.0 / np.sqrt(hd), np.float32))]), bias])
+    ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), pv])
+    ctx = g.op(
+        "Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), g.const("shape", np.array([0, 0, hidden], np.int64))]
+    )
+    x = g.op("Add", [x, g.op("MatMul", [ctx, g.weight("wo", (hidden, hidden), scale)])])
+    up = g.op("Relu", [g.op("MatMul", [_norm(g, x, hidden), g.weight("w1", (hidden, 4 * hidden), scale)])])
+    return g.op("Add", [x, g.op("MatMul", [up, g.weight("w2", (4 * hidden, hidden), 0.5 * scale)])])
+
+
+def decoder(*, layers: int, hidden: int, heads: int, max_length: int, seed: int, perturb: float = 0.0) -> Any:
+    """The decoder ModelProto; the same seed gives the same weights, `perturb` adds relative noise on top of them."""
+    from onnx import TensorProto, helper
+
+    g = _Graph(np.random.default_rng(seed), perturb)
+    hd = hidden // heads
+    x = g.op(
+        "Add",
+        [
+            g.op("Gather", [g.weight("embed", (VOCAB, hidden), 1.0), "input_ids"]),
+            g.op("Gather", [g.weight("pos", (max_length, hidden), 0.5), "position_ids"]),
+        ],
+    )
+    bias = _mask(g)
+    for i in range(layers):
+        x = _layer(g, x, bias, i, hidden, heads)
+    g.op("MatMul", [_norm(g, x, hidden), g.weight("lm_head", (hidden, VOCAB), 2.0 / np.sqrt(hidden))], "logits")
+    kv: list[str | int | None] = ["batch", heads, "past", hd]
+    inputs = [
+        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "total"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "seq"]),
+    ]
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", VOCAB])]
+    pkv: list[str | int | None] = ["batch", heads, "present", hd]
+    for i in range(layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, kv))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, pkv))
+    graph = helper.make_graph(g.nodes, "tiny_decoder", inputs, outputs, g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edge-agent")
+    model.ir_version = 8
+    return model
