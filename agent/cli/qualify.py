@@ -104,7 +104,14 @@ def _resolve_target(profile, name):
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
-    provider passes."""
+    provider passes. A generative package (model.yaml `kind: generative`) gets TTFT, TPOT, peak RSS and fidelity
+    rows instead (docs/generative.md)."""
+    from agent.generative.package import is_generative
+
+    if is_generative(package):
+        from agent.cli.genqualify import run_generative
+
+        return run_generative(package, list(providers), as_json, save, timeout, _render)
     from agent.isolate import forkserver
 
     forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks

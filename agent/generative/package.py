@@ -150,7 +150,7 @@ def check_generative(path: str | Path) -> list[tuple[str, str, str]]:
                 found.append((f"model.yaml: variants.{name}", "outside the package", "use a subdirectory"))
                 continue
             found += layout_problems(vdir, runtime, max_length)
-    return found
+    return list(dict.fromkeys(found))  # a variant repeats the root's max_length finding: say it once
 
 
 def load_generative(path: str | Path) -> GenerativePackage:

@@ -2,11 +2,11 @@
 SPEC.json`), so its peak RSS is its own and a crash or hang costs only the row. Prints one JSON line.
 
 SPEC: {"model_dir", "provider", "max_length", "prompt_lengths": [n, ...], "tpot_tokens", "repeats",
-       "seed_tokens": [ids], "held": [[ids], ...] (teacher-forced sequences), "prompts": [[ids], ...] (greedy),
-       "greedy_tokens", "out_dir"}.
+       "prompt_texts": [judge prompts], "held": [[ids], ...] or null (the teacher-forced sequences; null: this is
+       the reference, which holds each prompt plus its own greedy continuation), "greedy_tokens", "out_dir"}.
 Measures, through onnxruntime-genai itself: load time; time to first token per prompt length (prefill + the first
 generate step), time per output token over `tpot_tokens` greedy tokens; teacher-forced logits on each held sequence
-(saved as out_dir/held_K.npy); greedy tokens from each prompt; then one generation up to max_length so the KV cache
+(saved as out_dir/held_K.npy); greedy tokens from each judge prompt; then one generation up to max_length so the KV cache
 is at its largest, and the process's peak RSS (VmHWM) after it.
 """
 
@@ -30,9 +30,9 @@ def _model(og: Any, model_dir: str, provider: str) -> Any:
     return og.Model(cfg)
 
 
-def _generator(og: Any, model: Any, max_length: int) -> Any:
+def _generator(og: Any, model: Any, max_length: int, min_length: int = 0) -> Any:
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False)
+    params.set_search_options(max_length=max_length, min_length=min_length, do_sample=False)
     return og.Generator(model, params)
 
 
@@ -57,8 +57,8 @@ def _timed_generation(
     return first, steps
 
 
-def _greedy(og: Any, model: Any, prompt: list[int], count: int, max_length: int) -> list[int]:
-    gen = _generator(og, model, max_length)
+def _greedy(og: Any, model: Any, prompt: list[int], count: int, max_length: int, min_length: int = 0) -> list[int]:
+    gen = _generator(og, model, max_length, min_length)
     gen.append_tokens(prompt)
     out: list[int] = []
     while len(out) < count and not gen.is_done():
@@ -86,6 +86,30 @@ def _pct(values: list[float]) -> dict[str, Any]:
     return {"p50_ms": float(np.percentile(arr, 50)), "p90_ms": float(np.percentile(arr, 90)), "n": len(values)}
 
 
+def _tokenized(og: Any, model: Any, spec: dict[str, Any]) -> tuple[list[list[int]], list[int]]:
+    """(the judge prompts as token ids, the seed the timed prompts repeat)."""
+    tok = og.Tokenizer(model)
+    prompts = [[int(t) for t in tok.encode(text)] for text in spec["prompt_texts"]]
+    seed = [t for p in prompts for t in p] or [0]
+    return prompts, seed
+
+
+def _timings(og: Any, model: Any, spec: dict[str, Any], seed: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    max_length = int(spec["max_length"])
+    ttft: dict[str, Any] = {}
+    tpot: list[float] = []
+    for n in spec["prompt_lengths"]:
+        prompt = _prompt_of(seed, int(n))
+        _timed_generation(og, model, prompt, 2, max_length)  # warm-up at this length
+        firsts = []
+        for _ in range(int(spec["repeats"])):
+            first, steps = _timed_generation(og, model, prompt, int(spec["tpot_tokens"]), max_length)
+            firsts.append(first)
+            tpot.extend(steps)
+        ttft[str(n)] = _pct(firsts)
+    return ttft, _pct(tpot)
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime_genai as og
 
@@ -96,32 +120,26 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         return {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}".strip()}
     load_s = time.perf_counter() - t0
     max_length = int(spec["max_length"])
-    ttft: dict[str, Any] = {}
-    tpot: list[float] = []
-    for n in spec["prompt_lengths"]:
-        prompt = _prompt_of(spec["seed_tokens"], int(n))
-        _timed_generation(og, model, prompt, 2, max_length)  # warm-up at this length
-        firsts = []
-        for _ in range(int(spec["repeats"])):
-            first, steps = _timed_generation(og, model, prompt, int(spec["tpot_tokens"]), max_length)
-            firsts.append(first)
-            tpot.extend(steps)
-        ttft[str(n)] = _pct(firsts)
+    prompts, seed = _tokenized(og, model, spec)
+    ttft, tpot = _timings(og, model, spec, seed)
+    greedy = [_greedy(og, model, p, int(spec["greedy_tokens"]), max_length) for p in prompts]
+    held = spec.get("held") or [p + g for p, g in zip(prompts, greedy, strict=True)]  # the reference's own
     out_dir = Path(spec["out_dir"])
-    for k, seq in enumerate(spec.get("held") or []):
+    for k, seq in enumerate(held):
         np.save(out_dir / f"held_{k}.npy", _teacher_forced(og, model, seq, max_length))
-    greedy = [_greedy(og, model, p, int(spec["greedy_tokens"]), max_length) for p in spec.get("prompts") or []]
-    full = _greedy(og, model, spec["seed_tokens"][:1] or [0], max_length, max_length)  # KV cache at max_length
+    full = _greedy(og, model, seed[:1], max_length, max_length, max_length)  # no early stop: the KV cache at max
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "status": "measured",
         "load_s": load_s,
         "ttft_ms": ttft,
-        "tpot_ms": _pct(tpot),
+        "tpot_ms": tpot,
+        "prompts": prompts,
         "greedy": greedy,
+        "held": held,
         "peak_rss_bytes": int(peak_kib) * 1024,
-        "kv_tokens_at_peak": len(spec["seed_tokens"][:1]) + len(full),
-        "versions": {"onnxruntime-genai": og.__version__},
+        "kv_tokens_at_peak": 1 + len(full),
+        "versions": {"onnxruntime-genai": str(og.__version__)},
     }
 
 

@@ -49,7 +49,7 @@ def write_generative_package(
     *,
     variants: tuple[str, ...] = ("int8",),
     max_length: int = 256,
-    perturb: float = 0.5,
+    perturb: float = 0.2,
     seed: int = 0,
     name: str = "tiny-lm",
 ) -> Path:

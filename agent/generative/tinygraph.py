@@ -6,14 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from agent.generative.tinymodel import OPSET, VOCAB
+VOCAB = 257  # 256 bytes + <|endoftext|> (agent.generative.tinymodel's tokenizer)
+OPSET = 17
 
 
 class _Graph:
-    def __init__(self, rng: np.random.Generator, perturb: float) -> None:
+    def __init__(self, rng: np.random.Generator, noise: np.random.Generator, perturb: float) -> None:
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.rng = rng
+        self.noise = noise  # its own stream: the weights stay those of the same seed, noise on top
         self.perturb = perturb
         self.n = 0
 
@@ -31,7 +33,7 @@ class _Graph:
     def weight(self, base: str, shape: tuple[int, ...], scale: float) -> str:
         w = self.rng.normal(0.0, scale, size=shape).astype(np.float32)
         if self.perturb:
-            w = w + self.rng.normal(0.0, self.perturb * scale, size=shape).astype(np.float32)
+            w = w + self.noise.normal(0.0, self.perturb * scale, size=shape).astype(np.float32)
         return self.const(base, w)
 
     def op(self, op_type: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
@@ -93,7 +95,7 @@ def decoder(*, layers: int, hidden: int, heads: int, max_length: int, seed: int,
     """The decoder ModelProto; the same seed gives the same weights, `perturb` adds relative noise on top of them."""
     from onnx import TensorProto, helper
 
-    g = _Graph(np.random.default_rng(seed), perturb)
+    g = _Graph(np.random.default_rng(seed), np.random.default_rng(seed + 1), perturb)
     hd = hidden // heads
     x = g.op(
         "Add",

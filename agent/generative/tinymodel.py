@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-VOCAB = 257  # 256 bytes + <|endoftext|>
-EOS = 256
-OPSET = 17
+from agent.generative.tinygraph import VOCAB, decoder
+
+EOS = 256  # <|endoftext|>, the last of VOCAB
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -144,8 +144,6 @@ def write_tiny_genai(
 ) -> Path:
     """Write the tiny model in onnxruntime-genai's layout into `directory` (created) and return it."""
     import onnx
-
-    from agent.generative.tinygraph import decoder
 
     directory.mkdir(parents=True, exist_ok=True)
     model = decoder(layers=layers, hidden=hidden, heads=heads, max_length=max_length, seed=seed, perturb=perturb)

@@ -1,0 +1,101 @@
+"""Generative packages (docs/generative.md): the tiny decoder made in code runs on onnxruntime-genai itself,
+`package --check` finds what a package lacks, and `qualify` prints a row per provider and precision, selects one
+and refuses a variant under the fidelity floor. Needs onnxruntime-genai (`edge-agent[genai]`, x86_64)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agent.cli import cli
+from agent.generative import fidelity
+from agent.generative.package import check_generative, load_generative
+from agent.generative.samples import write_generative_package
+
+og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (edge-agent[genai])")
+
+
+@pytest.fixture(scope="module")
+def pkg_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_generative_package(tmp_path_factory.mktemp("gen") / "tiny", variants=("int8", "perturbed"))
+
+
+def test_the_runtime_generates_with_the_tiny_model(pkg_dir: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    model = og.Model(str(pkg_dir))
+    tok = og.Tokenizer(model)
+    ids = [int(t) for t in tok.encode("Hello, edge!")]
+    assert tok.decode(ids) == "Hello, edge!"
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=48, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    teacher = np.asarray(gen.get_output("logits"))[0]
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    assert len(out) == 48 - len(ids)
+    # the same graph run by ONNX Runtime directly, no KV cache: the same logits and the same first token
+    sess = ort.InferenceSession(str(pkg_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {
+        "input_ids": np.array([ids]),
+        "attention_mask": np.ones((1, len(ids)), np.int64),
+        "position_ids": np.arange(len(ids))[None],
+    }
+    for i in range(2):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, 2, 0, 16), np.float32)
+    direct = sess.run(["logits"], feeds)[0][0]
+    assert np.abs(direct - teacher).max() < 1e-4
+    assert int(direct[-1].argmax()) == out[0]
+
+
+def test_package_check_names_every_fix(pkg_dir: Path, tmp_path: Path) -> None:
+    assert check_generative(pkg_dir) == []
+    bad = tmp_path / "bad"
+    shutil.copytree(pkg_dir, bad)
+    (bad / "int8" / "tokenizer.json").unlink()
+    text = (bad / "model.yaml").read_text().replace("max_length: 256", "max_length: 999\nbogus: 1")
+    (bad / "model.yaml").write_text(text)
+    res = CliRunner().invoke(cli, ["package", "--check", str(bad), "--json"])
+    assert res.exit_code == 1
+    wheres = [f["where"] for f in json.loads(res.output)["fixes"]]
+    assert wheres == ["model.yaml: bogus", "model.yaml: max_length", str(bad / "int8")]
+
+
+def test_greedy_reports_the_first_divergence() -> None:
+    got = fidelity.greedy([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]], 64)
+    assert got == {"match": 5 / 6, "tokens": 6, "first_divergence": 2}
+    assert fidelity.greedy([[1, 2]], [[1, 2]], 64)["first_divergence"] is None
+
+
+def test_qualify_rows_select_and_refuse_the_perturbed_variant(pkg_dir: Path, tmp_path: Path) -> None:
+    pkg = load_generative(pkg_dir)
+    assert set(pkg.variants) == {"int8", "perturbed"}
+    (pkg_dir / "model.yaml").write_text(
+        (pkg_dir / "model.yaml").read_text() + "timing: {repeats: 2, tpot_tokens: 16, prompt_lengths: [16, 64]}\n"
+    )
+    save = tmp_path / "decision.json"
+    res = CliRunner().invoke(cli, ["qualify", str(pkg_dir), "--provider", "cpu", "--json", "--save", str(save)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(save.read_text())
+    rows = {r["key"]: r for r in doc["results"]}
+    ref = rows["onnxruntime-genai/cpu:fp32"]
+    assert ref["status"] == "passed"
+    assert ref["fidelity"]["top1"] == 1.0 and ref["fidelity"]["max_logit_diff"] == 0.0
+    assert set(ref["ttft_ms"]) == {"16", "64"} and ref["tpot_ms"]["n"] == 2 * 2 * 15
+    assert ref["peak_rss_bytes"] > 0 and ref["kv_tokens_at_peak"] == 256
+    bad = rows["onnxruntime-genai/cpu:perturbed"]
+    assert bad["status"] == "failed" and "under the floor" in bad["reason"]
+    assert bad["fidelity"]["top1"] < doc["gates"]["min_top1"]
+    assert doc["selected"] in {k for k, r in rows.items() if r["status"] == "passed"}
+    assert rows["openvino-genai/-"]["status"] == "unavailable" and rows["openvino-genai/-"]["fix"]
+    human = CliRunner().invoke(cli, ["qualify", str(pkg_dir), "--provider", "cpu"])
+    assert "cpu:perturbed  failed" in human.output and "selected: onnxruntime-genai/cpu:" in human.output
