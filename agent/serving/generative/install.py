@@ -1,0 +1,51 @@
+"""Load the generative models a daemon serves (serving.generative) and put the /v1 routes on its data plane."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from agent.serving.generative.engine import GenerativeModel
+from agent.serving.generative.kvbudget import KVBudget
+from agent.serving.generative.openai import OpenAIRoutes
+
+
+class ModelSetting(Protocol):
+    """config.GenerativeModelConfig (serving/ never imports the settings loader)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def package(self) -> Path: ...
+
+    @property
+    def variant(self) -> str | None: ...
+
+    @property
+    def provider(self) -> str: ...
+
+
+def model_dir(package: Path, variant: str | None) -> Path:
+    """The directory the runtime loads: the package's own model, or the folder model.yaml names for `variant`."""
+    from agent.generative.package import load_generative
+
+    pkg = load_generative(package)
+    if variant is None:
+        return pkg.root
+    if variant not in pkg.variants:
+        from agent.errors import ConfigError
+
+        raise ConfigError(f"{package}: no variant {variant!r} (model.yaml has: {', '.join(pkg.variants) or 'none'})")
+    return pkg.variants[variant]
+
+
+def install(plane: Any, models: tuple[ModelSetting, ...], kv_budget: int) -> OpenAIRoutes | None:
+    """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route /v1 to them."""
+    if not models:
+        return None
+    budget = KVBudget(kv_budget)
+    loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
+    routes = OpenAIRoutes(loaded)
+    plane.openai = routes
+    return routes

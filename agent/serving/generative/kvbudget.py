@@ -1,0 +1,71 @@
+"""The KV-memory budget of the generative models a daemon serves: a request holds the KV cache it can grow to
+(its prompt plus max_tokens, or max_length when the model preallocates a shared past/present buffer) from its
+first token to its last; a request that cannot fit is refused with the reason (503), never run into an OOM."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.serving.errors import ServerBusy
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one token of KV cache costs, read from genai_config.json."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    dtype_bytes: int
+    max_length: int
+    shared_buffer: bool  # search.past_present_share_buffer: the cache is allocated at max_length up front
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_size * self.dtype_bytes  # keys and values
+
+    def bytes_for(self, tokens: int) -> int:
+        return self.bytes_per_token * (self.max_length if self.shared_buffer else min(tokens, self.max_length))
+
+
+def kv_shape(model_dir: Path, dtype_bytes: int = 4) -> KVShape:
+    cfg = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))
+    dec, search = cfg["model"]["decoder"], cfg.get("search") or {}
+    heads = int(dec.get("num_key_value_heads") or dec["num_attention_heads"])
+    max_length = int(search.get("max_length") or cfg["model"].get("context_length"))
+    return KVShape(
+        int(dec["num_hidden_layers"]),
+        heads,
+        int(dec["head_size"]),
+        dtype_bytes,
+        max_length,
+        bool(search.get("past_present_share_buffer", False)),
+    )
+
+
+class KVBudget:
+    """Bytes of KV cache held by the streams in flight, against a limit (all generative models together)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = int(limit_bytes)
+        self.held = 0
+        self.streams = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, nbytes: int, what: str) -> None:
+        with self._lock:
+            if self.held + nbytes > self.limit:
+                raise ServerBusy(
+                    f"KV-memory budget: {what} needs {nbytes} bytes of KV cache; {self.held} of the {self.limit}-byte "
+                    f"budget (serving.generative.kv_budget) are held by {self.streams} stream(s) in flight"
+                )
+            self.held += nbytes
+            self.streams += 1
+
+    def release(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+            self.streams -= 1

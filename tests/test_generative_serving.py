@@ -1,0 +1,161 @@
+"""The OpenAI-compatible routes (docs/generative.md) on a real HTTP server and the tiny decoder made in code run by
+onnxruntime-genai: completions and chat, streamed (SSE) and not, the inference port's token, the KV-memory budget's
+503 with its reason, and a client that hangs up ending its generation. The server comes from an agent.yaml through
+the same path the daemon takes (config -> start_fronts)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+
+import pytest
+
+from agent.config.load import parse_config
+from agent.generative.samples import write_generative_package
+from agent.serving.fronts import start_fronts
+from agent.serving.generative.engine import Sampling, Usage
+from agent.serving.http.wire import send_stream
+from agent.serving.registry import ModelRegistry
+
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed (edge-agent[genai])")
+TOKEN = "a-token-of-at-least-16-chars"
+PER_TOKEN = 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 heads x head size 16 x fp32
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("gens")
+    pkg = write_generative_package(root / "tiny", variants=("int8",))
+    (root / "token").write_text(TOKEN)
+    budget = 4 * PER_TOKEN * 64  # four requests of 64 tokens (prompt + max_tokens) at once
+    cfg = parse_config(
+        {
+            "serving": {
+                "port": 0,
+                "grpc_port": None,
+                "token_file": str(root / "token"),
+                "generative": {"kv_budget": budget, "models": {"tiny-lm": {"package": str(pkg), "variant": "int8"}}},
+            }
+        },
+        base_dir=root,
+    )
+    reg = ModelRegistry()
+    srv, _ = start_fronts(reg, cfg.serving)
+    try:
+        yield srv
+    finally:
+        assert srv.shutdown(10)
+        reg.close()
+
+
+def _post(srv, path: str, doc: dict, token: str | None = TOKEN) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    conn.request("POST", path, json.dumps(doc), headers)
+    return conn.getresponse()
+
+
+def _events(resp: http.client.HTTPResponse) -> list:
+    assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+    out = []
+    for block in resp.read().decode().split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: ")
+            out.append(block[6:] if block[6:] == "[DONE]" else json.loads(block[6:]))
+    return out
+
+
+def test_completions_streamed_and_not_agree(server) -> None:
+    doc = {"model": "tiny-lm", "prompt": "Hello, edge", "max_tokens": 12, "temperature": 0}
+    whole = json.loads(_post(server, "/v1/completions", doc).read())
+    assert whole["object"] == "text_completion" and whole["usage"]["prompt_tokens"] == len("Hello, edge")
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] in ("length", "stop")
+    assert whole["usage"]["completion_tokens"] == (
+        12 if choice["finish_reason"] == "length" else whole["usage"]["completion_tokens"]
+    )
+    events = _events(_post(server, "/v1/completions", {**doc, "stream": True}))
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == choice["finish_reason"]
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == choice["text"]
+
+
+def test_chat_stream_and_models(server) -> None:
+    doc = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 10, "temperature": 0}
+    whole = json.loads(_post(server, "/v1/chat/completions", doc).read())
+    assert whole["object"] == "chat.completion" and whole["model"] == "tiny-lm"
+    events = _events(_post(server, "/v1/chat/completions", {**doc, "stream": True}))
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant" and events[-1] == "[DONE]"
+    assert all(e["object"] == "chat.completion.chunk" for e in events[:-1])
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    assert text == whole["choices"][0]["message"]["content"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert [m["id"] for m in json.loads(conn.getresponse().read())["data"]] == ["tiny-lm"]
+
+
+def test_stop_sampling_and_refusals(server) -> None:
+    greedy = json.loads(_post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 20, "temperature": 0}).read())
+    text = greedy["choices"][0]["text"]
+    if len(text) > 3:  # stop at a string the greedy text holds: the text ends before it
+        stop = text[2:4]
+        cut = json.loads(
+            _post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 20, "temperature": 0, "stop": stop}).read()
+        )
+        assert cut["choices"][0]["text"] == text[: text.find(stop)] and cut["choices"][0]["finish_reason"] == "stop"
+    sampled = _post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 5, "temperature": 0.8, "top_p": 0.9})
+    assert sampled.status == 200
+    assert _post(server, "/v1/completions", {"prompt": "abc"}, token=None).status == 401
+    assert _post(server, "/v1/completions", {"prompt": "abc", "max_tokens": 0}).status == 400
+    assert _post(server, "/v1/completions", {"model": "nope", "prompt": "abc"}).status == 404
+
+
+def test_kv_budget_refuses_with_the_reason_and_frees_it(server) -> None:
+    model = server.plane.openai.models["tiny-lm"]
+    held = [model.reserve([1] * 4, Sampling(max_tokens=60)) for _ in range(4)]  # four streams in flight
+    try:
+        resp = _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 8})
+        assert resp.status == 503 and resp.getheader("Retry-After") == "1"
+        assert "KV-memory budget" in json.loads(resp.read())["error"]
+    finally:
+        for n in held:
+            model.budget.release(n)
+    assert _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 8}).status == 200
+    assert model.budget.held == 0 and model.budget.streams == 0
+
+
+def test_eight_concurrent_streams_finish(server) -> None:
+    results: list[int] = []
+
+    def one() -> None:
+        ev = _events(_post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 8, "stream": True}))
+        results.append(len(ev))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]  # 8 x 10 tokens fit the budget of 4 x 64
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 8 and all(n >= 2 for n in results)
+
+
+def test_a_client_that_hangs_up_ends_its_generation(server) -> None:
+    model = server.plane.openai.models["tiny-lm"]
+    usage = Usage()
+    held = model.reserve([104, 105], Sampling(max_tokens=60))
+    pieces = model.generate([104, 105], Sampling(max_tokens=60, temperature=0), usage, held)
+    a, b = socket.socketpair()
+    b.close()  # the client is gone before the first piece
+    with pytest.raises(OSError):
+        send_stream(a, _bytes(pieces))
+    a.close()
+    assert usage.completion_tokens < 60 and model.budget.held == 0  # the generation ended, its KV budget freed
+
+
+def _bytes(pieces):
+    try:
+        for p in pieces:
+            yield p.encode() or b"-"
+    finally:
+        pieces.close()
