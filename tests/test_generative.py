@@ -99,3 +99,21 @@ def test_qualify_rows_select_and_refuse_the_perturbed_variant(pkg_dir: Path, tmp
     assert rows["openvino-genai/-"]["status"] == "unavailable" and rows["openvino-genai/-"]["fix"]
     human = CliRunner().invoke(cli, ["qualify", str(pkg_dir), "--provider", "cpu"])
     assert "cpu:perturbed  failed" in human.output and "selected: onnxruntime-genai/cpu:" in human.output
+
+
+def test_a_host_without_the_runtime_says_why_and_how_to_fix() -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    script = (
+        f"import sys; sys.path.insert(0, {str(root)!r}); from agent.generative.runtimes import genai_missing; "
+        "import json; print(json.dumps(genai_missing()))"
+    )
+    res = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(res.stdout)  # -S: no site-packages, so no onnxruntime-genai
+    assert got["reason"] in (
+        "onnxruntime-genai is not installed",
+        "onnxruntime-genai publishes no Linux aarch64 wheel (its issue #339)",
+    )
+    assert got["fix"]

@@ -112,7 +112,7 @@ def test_stop_sampling_and_refusals(server) -> None:
 
 
 def test_kv_budget_refuses_with_the_reason_and_frees_it(server) -> None:
-    model = server.plane.openai.models["tiny-lm"]
+    model = server.plane.generation.models["tiny-lm"]
     held = [model.reserve([1] * 4, Sampling(max_tokens=60)) for _ in range(4)]  # four streams in flight
     try:
         resp = _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 8})
@@ -141,7 +141,7 @@ def test_eight_concurrent_streams_finish(server) -> None:
 
 
 def test_a_client_that_hangs_up_ends_its_generation(server) -> None:
-    model = server.plane.openai.models["tiny-lm"]
+    model = server.plane.generation.models["tiny-lm"]
     usage = Usage()
     held = model.reserve([104, 105], Sampling(max_tokens=60))
     pieces = model.generate([104, 105], Sampling(max_tokens=60, temperature=0), usage, held)
@@ -159,3 +159,19 @@ def _bytes(pieces):
             yield p.encode() or b"-"
     finally:
         pieces.close()
+
+
+def test_triton_generate_and_generate_stream(server) -> None:
+    doc = {"text_input": "Hello, edge", "parameters": {"max_tokens": 12, "temperature": 0}}
+    whole = json.loads(_post(server, "/v2/models/tiny-lm/generate", doc).read())
+    assert whole["model_name"] == "tiny-lm" and whole["finish_reason"] in ("length", "stop")
+    events = _events(_post(server, "/v2/models/tiny-lm/generate_stream", doc))
+    assert events[-1]["finish_reason"] == whole["finish_reason"]
+    assert "".join(e["text_output"] for e in events) == whole["text_output"]
+    # the same text as the OpenAI route gives for the same greedy request
+    same = json.loads(
+        _post(server, "/v1/completions", {"prompt": "Hello, edge", "max_tokens": 12, "temperature": 0}).read()
+    )
+    assert same["choices"][0]["text"] == whole["text_output"]
+    assert _post(server, "/v2/models/nope/generate", doc).status == 404
+    assert _post(server, "/v2/models/tiny-lm/generate", {"parameters": {}}).status == 400

@@ -8,6 +8,8 @@ from typing import Any, Protocol
 from agent.serving.generative.engine import GenerativeModel
 from agent.serving.generative.kvbudget import KVBudget
 from agent.serving.generative.openai import OpenAIRoutes
+from agent.serving.generative.triton import generate
+from agent.serving.http.handlers import Response
 
 
 class ModelSetting(Protocol):
@@ -40,12 +42,25 @@ def model_dir(package: Path, variant: str | None) -> Path:
     return pkg.variants[variant]
 
 
-def install(plane: Any, models: tuple[ModelSetting, ...], kv_budget: int) -> OpenAIRoutes | None:
-    """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route /v1 to them."""
+class GenerationRoutes:
+    """The plane's generation hook: Triton's /v2/models/M/generate[_stream], else the OpenAI-compatible /v1."""
+
+    def __init__(self, models: dict[str, GenerativeModel]) -> None:
+        self.models = models
+        self.openai = OpenAIRoutes(models)
+
+    def __call__(self, method: str, path: str, body: bytes | memoryview) -> Response:
+        if path.startswith("/v2/models/"):
+            return generate(self.models, method, path.split("?", 1)[0], body)
+        return self.openai(method, path, body)
+
+
+def install(plane: Any, models: tuple[ModelSetting, ...], kv_budget: int) -> GenerationRoutes | None:
+    """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route to them."""
     if not models:
         return None
     budget = KVBudget(kv_budget)
     loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
-    routes = OpenAIRoutes(loaded)
-    plane.openai = routes
+    routes = GenerationRoutes(loaded)
+    plane.generation = routes
     return routes

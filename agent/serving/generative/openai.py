@@ -6,43 +6,16 @@ applied yet: docs/generative.md). Errors are ServingErrors: the HTTP edge (handl
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Generator, Iterator
 from typing import Any
 
 from agent.serving.errors import BadRequest, MethodNotAllowed, ModelNotFound, NotFound
-from agent.serving.generative.engine import GenerativeModel, Sampling, Usage
+from agent.serving.generative.engine import GenerativeModel, Usage
+from agent.serving.generative.params import sampling_of, sse
 from agent.serving.http.handlers import Response, json_response
 from agent.serving.http.jsondata import parse_json
-
-MAX_TOKENS_DEFAULT = 16
-
-
-def _number(doc: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    v = doc.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"{key}: expected a number in [{lo}, {hi}], got {v!r}")
-    return float(v)
-
-
-def sampling_of(doc: dict[str, Any]) -> Sampling:
-    mt = doc.get("max_tokens", doc.get("max_completion_tokens", MAX_TOKENS_DEFAULT))
-    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-        raise BadRequest(f"max_tokens: expected a positive integer, got {mt!r}")
-    stop = doc.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, (list, tuple)) or len(stop) > 4 or not all(isinstance(s, str) for s in stop):
-        raise BadRequest("stop: expected a string or a list of up to 4 strings")
-    return Sampling(
-        max_tokens=mt,
-        temperature=_number(doc, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(doc, "top_p", 1.0, 0.0, 1.0),
-        stop=tuple(stop),
-    )
 
 
 def chat_prompt(messages: Any) -> str:
@@ -54,10 +27,6 @@ def chat_prompt(messages: Any) -> str:
             raise BadRequest("messages: each needs a string role and a string content")
         lines.append(f"{m['role']}: {m['content']}")
     return "\n".join(lines) + "\nassistant:"
-
-
-def _sse(doc: Any) -> bytes:
-    return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
 
 class OpenAIRoutes:
@@ -133,8 +102,8 @@ def _text_events(pieces: Generator[str, None, None], usage: Usage, head: dict[st
     base = {**head, "object": "text_completion"}
     try:
         for text in pieces:
-            yield _sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]})
-        yield _sse(
+            yield sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]})
+        yield sse(
             {**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": usage.finish_reason}]}
         )
         yield b"data: [DONE]\n\n"
@@ -145,12 +114,12 @@ def _text_events(pieces: Generator[str, None, None], usage: Usage, head: dict[st
 def _chat_events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Iterator[bytes]:
     base = {**head, "object": "chat.completion.chunk"}
     try:
-        yield _sse(
+        yield sse(
             {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
         )
         for text in pieces:
-            yield _sse({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-        yield _sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": usage.finish_reason}]})
+            yield sse({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+        yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": usage.finish_reason}]})
         yield b"data: [DONE]\n\n"
     finally:
         pieces.close()

@@ -106,8 +106,8 @@ class Router:
         if path == "/v2/models/stats":
             self._only(method, "GET")
             return json_response(200, plane.statistics(None, None))
-        if path.startswith("/v1/"):
-            return self.openai(method, path, body)
+        if path.startswith("/v1/") or path.endswith(("/generate", "/generate_stream")):
+            return self.generation(method, path, body)
         if path.startswith(
             ("/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/trace", "/v2/logging")
         ):
@@ -132,11 +132,12 @@ class Router:
             return json_response(200, plane.model_config(name, version))
         return json_response(200, plane.model_metadata(name, version))
 
-    def openai(self, method: str, path: str, body: bytes | memoryview) -> Response:
-        """The OpenAI-compatible generation routes (agent.serving.generative.openai), when the plane has them."""
-        if self.plane.openai is None:
+    def generation(self, method: str, path: str, body: bytes | memoryview) -> Response:
+        """The generation routes (OpenAI-compatible /v1, Triton's /v2/models/M/generate[_stream]:
+        agent.serving.generative.openai), when the plane has them."""
+        if self.plane.generation is None:
             raise NotFound(f"no such endpoint: {path} (no generative model is served: serving.generative)")
-        resp: Response = self.plane.openai(method, path, body)
+        resp: Response = self.plane.generation(method, path, body)
         return resp
 
     def extension(self, method: str, path: str, body: bytes | memoryview) -> Response:
