@@ -16,6 +16,7 @@ from agent.config.load import parse_config
 from agent.generative.samples import write_generative_package
 from agent.serving.fronts import start_fronts
 from agent.serving.generative.engine import Sampling, Usage
+from agent.serving.generative.stream import GenerationStream
 from agent.serving.http.wire import send_stream
 from agent.serving.registry import ModelRegistry
 
@@ -119,8 +120,8 @@ def test_kv_budget_refuses_with_the_reason_and_frees_it(server) -> None:
         assert resp.status == 503 and resp.getheader("Retry-After") == "1"
         assert "KV-memory budget" in json.loads(resp.read())["error"]
     finally:
-        for n in held:
-            model.budget.release(n)
+        for lease in held:
+            lease.release()
     assert _post(server, "/v1/completions", {"prompt": "Hello", "max_tokens": 8}).status == 200
     assert model.budget.held == 0 and model.budget.streams == 0
 
@@ -143,22 +144,35 @@ def test_eight_concurrent_streams_finish(server) -> None:
 def test_a_client_that_hangs_up_ends_its_generation(server) -> None:
     model = server.plane.generation.models["tiny-lm"]
     usage = Usage()
-    held = model.reserve([104, 105], Sampling(max_tokens=60))
-    pieces = model.generate([104, 105], Sampling(max_tokens=60, temperature=0), usage, held)
+    lease = model.reserve([104, 105], Sampling(max_tokens=60))
+    pieces = model.generate([104, 105], Sampling(max_tokens=60, temperature=0), usage, lease)
     a, b = socket.socketpair()
     b.close()  # the client is gone before the first piece
     with pytest.raises(OSError):
-        send_stream(a, _bytes(pieces))
+        send_stream(a, GenerationStream((p.encode() or b"-" for p in pieces), pieces, lease))
     a.close()
     assert usage.completion_tokens < 60 and model.budget.held == 0  # the generation ended, its KV budget freed
+    # a stream closed before its first piece (the client went before the head was sent) frees its lease too
+    lease = model.reserve([104, 105], Sampling(max_tokens=60))
+    pieces = model.generate([104, 105], Sampling(max_tokens=60), Usage(), lease)
+    GenerationStream((p.encode() for p in pieces), pieces, lease).close()
+    assert model.budget.held == 0 and model.budget.streams == 0
 
 
-def _bytes(pieces):
-    try:
-        for p in pieces:
-            yield p.encode() or b"-"
-    finally:
-        pieces.close()
+def test_metrics_count_tokens_and_cancellations(server) -> None:
+    assert _post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "temperature": 0}).status == 200
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    lines = dict(
+        line.rsplit(" ", 1)
+        for line in conn.getresponse().read().decode().splitlines()
+        if line.startswith("edge_agent_gen")
+    )
+    lab = '{model="tiny-lm"}'
+    assert float(lines[f"edge_agent_generation_requests_total{lab}"]) >= 1
+    assert float(lines[f"edge_agent_generation_completion_tokens_total{lab}"]) >= 1
+    assert float(lines[f"edge_agent_generation_ttft_seconds_count{lab}"]) >= 1
+    assert 'edge_agent_generation_tpot_seconds_bucket{model="tiny-lm",le="+Inf"}' in lines
 
 
 def test_triton_generate_and_generate_stream(server) -> None:

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.serving.errors import InvalidInput, ModelUnavailable
-from agent.serving.generative.kvbudget import KVBudget, kv_shape
+from agent.serving.errors import InvalidInput, ModelUnavailable, ServerBusy
+from agent.serving.generative.genmetrics import GenStats
+from agent.serving.generative.kvbudget import KVBudget, Lease, kv_shape
 
 
 @dataclass(frozen=True)
@@ -75,13 +76,14 @@ class GenerativeModel:
         self.tokenizer = og.Tokenizer(self.model)
         self.kv = kv_shape(model_dir)
         self.created = int(time.time())
+        self.stats = GenStats(name)
         eos = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
         self.eos = set(eos if isinstance(eos, list) else [eos])
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer.encode(text)]
 
-    def reserve(self, prompt: list[int], sampling: Sampling) -> int:
+    def reserve(self, prompt: list[int], sampling: Sampling) -> Lease:
         """Bytes of KV budget this request holds (ServerBusy when it cannot fit); InvalidInput when it never could."""
         if len(prompt) >= self.kv.max_length:
             raise InvalidInput(f"the prompt has {len(prompt)} tokens; {self.name} holds at most {self.kv.max_length}")
@@ -90,8 +92,11 @@ class GenerativeModel:
             raise InvalidInput(
                 f"this request needs {need} bytes of KV cache, over the whole budget {self.budget.limit}"
             )
-        self.budget.acquire(need, f"a {len(prompt)}-token prompt with max_tokens {sampling.max_tokens}")
-        return need
+        try:
+            return self.budget.lease(need, f"a {len(prompt)}-token prompt with max_tokens {sampling.max_tokens}")
+        except ServerBusy:
+            self.stats.refused()
+            raise
 
     def _generator(self, prompt: list[int], sampling: Sampling) -> Any:
         params = self.og.GeneratorParams(self.model)
@@ -107,8 +112,9 @@ class GenerativeModel:
         gen.append_tokens(prompt)
         return gen
 
-    def generate(self, prompt: list[int], sampling: Sampling, usage: Usage, held: int) -> Generator[str, None, None]:
-        """Text pieces as tokens come; usage filled as it goes. Holds `held` KV bytes until it ends or is closed."""
+    def generate(self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease) -> Generator[str, None, None]:
+        """Text pieces as tokens come; usage filled as it goes. Releases `lease` when it ends or is closed (one
+        closed before it started never runs: its caller releases the lease too, agent.serving.generative.stream)."""
         usage.prompt_tokens = len(prompt)
         try:
             gen = self._generator(prompt, sampling)
@@ -139,4 +145,6 @@ class GenerativeModel:
             if tail:
                 yield tail
         finally:
-            self.budget.release(held)
+            lease.release()
+            cancelled = usage.finish_reason is None  # closed before it ended: the client went away
+            self.stats.record(usage.prompt_tokens, usage.completion_tokens, usage.ttft_s, usage.pieces, cancelled)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.serving.generative.engine import GenerativeModel
+from agent.serving.generative.genmetrics import families
 from agent.serving.generative.kvbudget import KVBudget
 from agent.serving.generative.openai import OpenAIRoutes
 from agent.serving.generative.triton import generate
@@ -63,4 +64,5 @@ def install(plane: Any, models: tuple[ModelSetting, ...], kv_budget: int) -> Gen
     loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
     routes = GenerationRoutes(loaded)
     plane.generation = routes
+    plane.collectors.append(lambda: families(m.stats for m in loaded.values()))
     return routes

@@ -55,6 +55,11 @@ class KVBudget:
         self.streams = 0
         self._lock = threading.Lock()
 
+    def lease(self, nbytes: int, what: str) -> Lease:
+        """Hold `nbytes` (ServerBusy with the reason when they do not fit) until the lease is released."""
+        self.acquire(nbytes, what)
+        return Lease(self, nbytes)
+
     def acquire(self, nbytes: int, what: str) -> None:
         with self._lock:
             if self.held + nbytes > self.limit:
@@ -69,3 +74,20 @@ class KVBudget:
         with self._lock:
             self.held -= nbytes
             self.streams -= 1
+
+
+class Lease:
+    """KV bytes one request holds; release() is idempotent (the generation's end and the stream's close both call it:
+    a generator's `finally` never runs when the generator never started)."""
+
+    def __init__(self, budget: KVBudget, nbytes: int) -> None:
+        self.budget, self.nbytes = budget, nbytes
+        self._once = threading.Lock()
+        self.released = False
+
+    def release(self) -> None:
+        with self._once:
+            if self.released:
+                return
+            self.released = True
+        self.budget.release(self.nbytes)

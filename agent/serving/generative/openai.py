@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
 from agent.serving.errors import BadRequest, MethodNotAllowed, ModelNotFound, NotFound
 from agent.serving.generative.engine import GenerativeModel, Usage
 from agent.serving.generative.params import sampling_of, sse
+from agent.serving.generative.stream import GenerationStream, drain
 from agent.serving.http.handlers import Response, json_response
 from agent.serving.http.jsondata import parse_json
 
@@ -70,18 +71,16 @@ class OpenAIRoutes:
             raise BadRequest("prompt: expected a string (lists of prompts are not supported)")
         sampling = sampling_of(doc)
         prompt = model.encode(text)
-        held = model.reserve(prompt, sampling)  # 503 with the reason when the KV budget cannot hold it
+        lease = model.reserve(prompt, sampling)  # 503 with the reason when the KV budget cannot hold it
         usage = Usage()
-        pieces = model.generate(prompt, sampling, usage, held)
+        pieces = model.generate(prompt, sampling, usage, lease)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "created": int(time.time()), "model": name}
         if doc.get("stream"):
-            stream = _chat_events(pieces, usage, head) if chat else _text_events(pieces, usage, head)
+            events = _chat_events(pieces, usage, head) if chat else _text_events(pieces, usage, head)
+            stream = GenerationStream(events, pieces, lease)
             return Response(200, b"", "text/event-stream", headers={"Cache-Control": "no-cache"}, stream=stream)
-        try:
-            out = "".join(pieces)
-        finally:
-            pieces.close()
+        out = drain(pieces, lease)
         counts = {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -98,28 +97,22 @@ class OpenAIRoutes:
         return json_response(200, {**head, "object": "text_completion", "choices": [choice], "usage": counts})
 
 
-def _text_events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Iterator[bytes]:
+def _text_events(
+    pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]
+) -> Generator[bytes, None, None]:
     base = {**head, "object": "text_completion"}
-    try:
-        for text in pieces:
-            yield sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]})
-        yield sse(
-            {**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": usage.finish_reason}]}
-        )
-        yield b"data: [DONE]\n\n"
-    finally:
-        pieces.close()  # closing the generation ends it and frees its KV budget
+    for text in pieces:
+        yield sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]})
+    yield sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": usage.finish_reason}]})
+    yield b"data: [DONE]\n\n"
 
 
-def _chat_events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Iterator[bytes]:
+def _chat_events(
+    pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]
+) -> Generator[bytes, None, None]:
     base = {**head, "object": "chat.completion.chunk"}
-    try:
-        yield sse(
-            {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-        )
-        for text in pieces:
-            yield sse({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-        yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": usage.finish_reason}]})
-        yield b"data: [DONE]\n\n"
-    finally:
-        pieces.close()
+    yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    for text in pieces:
+        yield sse({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+    yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": usage.finish_reason}]})
+    yield b"data: [DONE]\n\n"

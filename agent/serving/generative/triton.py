@@ -8,13 +8,14 @@ a last one with "finish_reason"."""
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 from urllib.parse import unquote
 
 from agent.serving.errors import BadRequest, MethodNotAllowed, ModelNotFound, NotFound
 from agent.serving.generative.engine import GenerativeModel, Usage
 from agent.serving.generative.params import sampling_of, sse
+from agent.serving.generative.stream import GenerationStream, drain
 from agent.serving.http.handlers import Response, json_response
 from agent.serving.http.jsondata import parse_json
 
@@ -39,24 +40,18 @@ def generate(models: dict[str, GenerativeModel], method: str, path: str, body: b
         raise BadRequest("parameters: expected an object")
     sampling = sampling_of({**{k: v for k, v in doc.items() if k != "parameters"}, **params})
     prompt = model.encode(doc["text_input"])
-    held = model.reserve(prompt, sampling)
+    lease = model.reserve(prompt, sampling)
     usage = Usage()
-    pieces = model.generate(prompt, sampling, usage, held)
+    pieces = model.generate(prompt, sampling, usage, lease)
     head = {"model_name": name, "model_version": unquote(m["v"]) if m["v"] else "1"}
     if m["kind"] == "generate_stream":
-        stream = _events(pieces, usage, head)
+        stream = GenerationStream(_events(pieces, usage, head), pieces, lease)
         return Response(200, b"", "text/event-stream", headers={"Cache-Control": "no-cache"}, stream=stream)
-    try:
-        text = "".join(pieces)
-    finally:
-        pieces.close()
+    text = drain(pieces, lease)
     return json_response(200, {**head, "text_output": text, "finish_reason": usage.finish_reason})
 
 
-def _events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Iterator[bytes]:
-    try:
-        for text in pieces:
-            yield sse({**head, "text_output": text})
-        yield sse({**head, "text_output": "", "finish_reason": usage.finish_reason})
-    finally:
-        pieces.close()
+def _events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Generator[bytes, None, None]:
+    for text in pieces:
+        yield sse({**head, "text_output": text})
+    yield sse({**head, "text_output": "", "finish_reason": usage.finish_reason})
