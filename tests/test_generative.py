@@ -117,3 +117,20 @@ def test_a_host_without_the_runtime_says_why_and_how_to_fix() -> None:
         "onnxruntime-genai publishes no Linux aarch64 wheel (its issue #339)",
     )
     assert got["fix"]
+
+
+def test_package_writes_a_generative_package_from_a_builder_directory(tmp_path: Path) -> None:
+    from agent.generative.tinymodel import write_tiny_genai
+
+    built = write_tiny_genai(tmp_path / "builder-out", max_length=128)  # what a model builder leaves: no model.yaml
+    out = tmp_path / "pkg"
+    args = ["package", "--generative", str(built), "--prompt", "Once upon a time", "--out", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    pkg = load_generative(out)
+    assert (pkg.max_length, pkg.prompts, pkg.name) == (128, ["Once upon a time"], "builder-out")
+    assert "ok (edge-agent qualify measures it" in CliRunner().invoke(cli, ["package", "--check", str(out)]).output
+    assert CliRunner().invoke(cli, args).exit_code != 0  # not empty: --force to overwrite
+    (built / "tokenizer.json").unlink()
+    res = CliRunner().invoke(cli, [*args[:-1], str(tmp_path / "other")])
+    assert res.exit_code != 0 and "no tokenizer file" in str(res.exception or res.output)

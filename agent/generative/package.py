@@ -171,3 +171,33 @@ def load_generative(path: str | Path) -> GenerativePackage:
         gates={**DEFAULT_GATES, **(meta.get("gates") or {})},
         timing={**DEFAULT_TIMING, **(meta.get("timing") or {})},
     )
+
+
+def write_from_builder(
+    src: Path, out: Path, *, name: str | None, version: str, prompts: list[str], force: bool = False
+) -> Path:
+    """A generative package from a directory in onnxruntime-genai's layout (its model builder's output): the files
+    copied to `out` and a model.yaml (max_length from genai_config.json's search.max_length or context_length)."""
+    import shutil
+
+    found = layout_problems(src, "onnxruntime-genai", None)
+    if found:
+        raise ModelError("; ".join(f"{w}: {p} ({f})" for w, p, f in found))
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ModelError(f"{out}: not empty (give --force to overwrite)")
+    cfg = json.loads((src / "genai_config.json").read_text(encoding="utf-8"))
+    max_length = (cfg.get("search") or {}).get("max_length") or cfg["model"].get("context_length")
+    if not isinstance(max_length, int):
+        raise ModelError(f"{src / 'genai_config.json'}: neither search.max_length nor model.context_length is set")
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    lines = [
+        f"name: {json.dumps(name or src.resolve().name)}",
+        f"version: {json.dumps(version)}",
+        "kind: generative",
+        "runtime: onnxruntime-genai",
+        f"max_length: {max_length}",
+        "prompts:",
+    ]
+    lines += [f"  - {json.dumps(p)}" for p in prompts]
+    (out / "model.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
