@@ -189,3 +189,15 @@ def test_triton_generate_and_generate_stream(server) -> None:
     assert same["choices"][0]["text"] == whole["text_output"]
     assert _post(server, "/v2/models/nope/generate", doc).status == 404
     assert _post(server, "/v2/models/tiny-lm/generate", {"parameters": {}}).status == 400
+
+
+def test_a_ninth_stream_is_refused_naming_max_streams(server) -> None:
+    model = server.plane.generation.models["tiny-lm"]
+    held = [model.reserve([1, 2], Sampling(max_tokens=4)) for _ in range(8)]  # eight small streams in flight
+    try:
+        resp = _post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert resp.status == 503 and "serving.generative.max_streams" in json.loads(resp.read())["error"]
+    finally:
+        for lease in held:
+            lease.release()
+    assert model.budget.streams == 0

@@ -32,13 +32,14 @@ class GenerativeModelConfig:
 class GenerativeServing:
     models: tuple[GenerativeModelConfig, ...] = ()
     kv_budget: int = DEFAULT_KV_BUDGET
+    max_streams: int = 8  # at most half the HTTP front's 16 worker threads, so inference requests keep theirs
 
 
 def read_generative(v: Validator, raw: Any) -> GenerativeServing:
     from agent.util.sizes import parse_size
 
     key = "serving.generative"
-    g = v.mapping(raw if raw is not None else {}, key, ("models", "kv_budget"))
+    g = v.mapping(raw if raw is not None else {}, key, ("models", "kv_budget", "max_streams"))
     budget = DEFAULT_KV_BUDGET
     if g.get("kv_budget") is not None:
         try:
@@ -60,7 +61,8 @@ def read_generative(v: Validator, raw: Any) -> GenerativeServing:
                 v.string(m.get("provider", "cpu"), f"{where}.provider"),
             )
         )
-    return GenerativeServing(tuple(models), budget)
+    streams = v.integer(g.get("max_streams", 8), f"{key}.max_streams", 1, 12)  # the HTTP front has 16 workers
+    return GenerativeServing(tuple(models), budget, streams)
 
 
 def _items(g: dict[str, Any], key: str) -> list[tuple[str, Any]]:

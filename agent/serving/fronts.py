@@ -55,6 +55,9 @@ class GenerativeSettings(Protocol):
     @property
     def kv_budget(self) -> int: ...
 
+    @property
+    def max_streams(self) -> int: ...
+
 
 def start_fronts(
     registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None, memory_max: int | None = None
@@ -81,7 +84,7 @@ def start_fronts(
     if s.generative.models:  # the /v1 OpenAI-compatible routes
         from agent.serving.generative.install import install
 
-        install(server.plane, s.generative.models, s.generative.kv_budget)
+        install(server.plane, s.generative.models, s.generative.kv_budget, s.generative.max_streams)
     if s.grpc_port is None:
         return server, None
     from agent.serving.grpc.front import GRPCServer

@@ -56,11 +56,13 @@ class GenerationRoutes:
         return self.openai(method, path, body)
 
 
-def install(plane: Any, models: tuple[ModelSetting, ...], kv_budget: int) -> GenerationRoutes | None:
+def install(
+    plane: Any, models: tuple[ModelSetting, ...], kv_budget: int, max_streams: int = 8
+) -> GenerationRoutes | None:
     """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route to them."""
     if not models:
         return None
-    budget = KVBudget(kv_budget)
+    budget = KVBudget(kv_budget, max_streams)
     loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
     routes = GenerationRoutes(loaded)
     plane.generation = routes

@@ -49,8 +49,9 @@ def kv_shape(model_dir: Path, dtype_bytes: int = 4) -> KVShape:
 class KVBudget:
     """Bytes of KV cache held by the streams in flight, against a limit (all generative models together)."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, max_streams: int = 8) -> None:
         self.limit = int(limit_bytes)
+        self.max_streams = int(max_streams)  # each stream holds one of the HTTP front's worker threads
         self.held = 0
         self.streams = 0
         self._lock = threading.Lock()
@@ -62,6 +63,11 @@ class KVBudget:
 
     def acquire(self, nbytes: int, what: str) -> None:
         with self._lock:
+            if self.streams >= self.max_streams:
+                raise ServerBusy(
+                    f"{self.streams} generations in flight, the most serving.generative.max_streams allows (each "
+                    "holds one of the inference port's worker threads)"
+                )
             if self.held + nbytes > self.limit:
                 raise ServerBusy(
                     f"KV-memory budget: {what} needs {nbytes} bytes of KV cache; {self.held} of the {self.limit}-byte "
