@@ -16,9 +16,16 @@ from agent.cli.table import ms, render_table
 
 
 def run_generative(
-    package: str, providers: list[str], as_json: bool, save: str | None, timeout: float, say: Callable[..., Any]
+    package: str,
+    providers: list[str],
+    as_json: bool,
+    save: str | None,
+    timeout: float,
+    say: Callable[..., Any],
+    ignored: tuple[str, ...] | list[str] = (),
 ) -> None:
-    """`say` renders progress events as `edge-agent qualify` does for any package."""
+    """`say` renders progress events as `edge-agent qualify` does for any package; `ignored`: flags given that a
+    generative qualification does not use (said in a warning line)."""
     from agent.cli.progress import Progress
     from agent.generative.package import load_generative
     from agent.generative.qualify import qualify_generative
@@ -29,6 +36,8 @@ def run_generative(
         Progress("qualify", say, as_json) as progress,
     ):
         progress("plan", model=pkg.name, version=pkg.version, target="none (gates from model.yaml)")
+        if ignored:
+            progress("warning", reason=f"not used for a generative package: {', '.join(ignored)}")
         doc = qualify_generative(pkg, Path(tmp), providers=providers or None, progress=progress, row_timeout_s=timeout)
     if save:
         from agent.util.atomic import atomic_write_json

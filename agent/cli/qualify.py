@@ -111,7 +111,8 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     if is_generative(package):
         from agent.cli.genqualify import run_generative
 
-        return run_generative(package, list(providers), as_json, save, timeout, _render)
+        ignored = _given(("target_name", "sysroot", "cache_dir", "budget", "memory_max", "optimize"))
+        return run_generative(package, list(providers), as_json, save, timeout, _render, ignored)
     from agent.isolate import forkserver
 
     forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks
@@ -155,6 +156,17 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         click.echo(render(doc))
     if decision.selected is None:
         sys.exit(3)
+
+
+def _given(names: tuple[str, ...]) -> list[str]:
+    """The options among `names` given on the command line (not left at their defaults), as --flags."""
+    ctx = click.get_current_context()
+    default = click.core.ParameterSource.DEFAULT
+    return [
+        "--" + p.opts[0].lstrip("-")
+        for p in ctx.command.params
+        if p.name in names and ctx.get_parameter_source(p.name) != default
+    ]
 
 
 def _memory_size(text: str | None) -> int | None:
