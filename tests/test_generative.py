@@ -134,3 +134,38 @@ def test_package_writes_a_generative_package_from_a_builder_directory(tmp_path: 
     (built / "tokenizer.json").unlink()
     res = CliRunner().invoke(cli, [*args[:-1], str(tmp_path / "other")])
     assert res.exit_code != 0 and "no tokenizer file" in str(res.exception or res.output)
+
+
+def test_the_target_sets_the_gates(pkg_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from agent.errors import ConfigError
+    from agent.targets import load_targets
+
+    root = Path(__file__).resolve().parent.parent / "targets"
+    tdir = tmp_path / "targets"
+    shutil.copytree(root, tdir, ignore=shutil.ignore_patterns("README.md"))
+    doc = yaml.safe_load((tdir / "generic-x86_64.yaml").read_text())
+    doc.update(name="lab", match={"arch": "x86_64", "priority": -1})
+    doc["qualify"] = {"generative": {"min_top1": 0.0, "max_logit_diff": 100.0}}  # a floor the perturbed one clears
+    (tdir / "lab.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("EDGE_AGENT_TARGETS_DIR", str(tdir))
+    save = tmp_path / "d.json"
+    res = CliRunner().invoke(
+        cli, ["qualify", str(pkg_dir), "--provider", "cpu", "--target", "lab", "--save", str(save)]
+    )
+    assert res.exit_code == 0, res.output
+    out = json.loads(save.read_text())
+    assert out["target"] == "lab" and out["gates"]["min_top1"] == 0.0
+    assert out["gates_from"] == {
+        "min_top1": "target lab",
+        "max_logit_diff": "target lab",
+        "max_tpot_ms": "default",
+        "max_rss_mb": "default",
+    }
+    rows = {r["key"]: r for r in out["results"]}
+    assert rows["onnxruntime-genai/cpu:perturbed"]["status"] == "passed"
+    doc["qualify"] = {"generative": {"min_top1": "high"}}
+    (tdir / "lab.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"qualify\.generative\.min_top1"):
+        load_targets(tdir)

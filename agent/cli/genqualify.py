@@ -7,6 +7,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,37 +16,61 @@ import click
 from agent.cli.table import ms, render_table
 
 
-def run_generative(
-    package: str,
-    providers: list[str],
-    as_json: bool,
-    save: str | None,
-    timeout: float,
-    say: Callable[..., Any],
-    ignored: tuple[str, ...] | list[str] = (),
-) -> None:
-    """`say` renders progress events as `edge-agent qualify` does for any package; `ignored`: flags given that a
-    generative qualification does not use (said in a warning line)."""
+@dataclass(frozen=True)
+class GenOptions:
+    """What `edge-agent qualify` passes on for a generative package; `ignored`: flags given that it does not use."""
+
+    providers: list[str]
+    as_json: bool
+    save: str | None
+    timeout: float
+    ignored: list[str]
+    target_name: str | None
+    sysroot: str | None
+
+
+def run_generative(package: str, o: GenOptions, say: Callable[..., Any]) -> None:
+    """`say` renders progress events as `edge-agent qualify` does for any package."""
     from agent.cli.progress import Progress
     from agent.generative.package import load_generative
     from agent.generative.qualify import qualify_generative
 
     pkg = load_generative(package)
+    gates_from, target = _target_gates(pkg, o.target_name, o.sysroot)
     with (
         tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp,
-        Progress("qualify", say, as_json) as progress,
+        Progress("qualify", say, o.as_json) as progress,
     ):
-        progress("plan", model=pkg.name, version=pkg.version, target="none (gates from model.yaml)")
-        if ignored:
-            progress("warning", reason=f"not used for a generative package: {', '.join(ignored)}")
-        doc = qualify_generative(pkg, Path(tmp), providers=providers or None, progress=progress, row_timeout_s=timeout)
-    if save:
+        progress("plan", model=pkg.name, version=pkg.version, target=target)
+        if o.ignored:
+            progress("warning", reason=f"not used for a generative package: {', '.join(o.ignored)}")
+        doc = qualify_generative(
+            pkg, Path(tmp), providers=o.providers or None, progress=progress, row_timeout_s=o.timeout
+        )
+    doc["target"], doc["gates_from"] = target, gates_from
+    if o.save:
         from agent.util.atomic import atomic_write_json
 
-        atomic_write_json(save, doc)
-    click.echo(json.dumps(doc, indent=2, default=str) if as_json else render(doc))
+        atomic_write_json(o.save, doc)
+    click.echo(json.dumps(doc, indent=2, default=str) if o.as_json else render(doc))
     if doc["selected"] is None:
         sys.exit(3)
+
+
+def _target_gates(pkg: Any, target_name: str | None, sysroot: str | None) -> tuple[dict[str, str], str]:
+    """Apply the matched (or named) target's qualify.generative gates over model.yaml's; where each gate came from."""
+    from agent.generative.package import DEFAULT_GATES
+    from agent.targets import detect_device, resolve
+
+    target = resolve(detect_device(sysroot or "/"), target_name)
+    given = dict(pkg.declared_gates)
+    from_target = target.qualify.get("generative") or {}
+    pkg.gates.update(from_target)
+    where = {
+        k: f"target {target.name}" if k in from_target else "model.yaml" if k in given else "default"
+        for k in DEFAULT_GATES
+    }
+    return where, target.name
 
 
 def _f(v: float | None, spec: str = ".3g") -> str:
@@ -78,7 +103,8 @@ def render(doc: dict[str, Any]) -> str:
     head += ["TPOT p50ms", "p90ms", "PEAK_RSS_MB", "TF_TOP1", "MAX|dLOGIT|", "GREEDY", "DIVERGES@"]
     lines = [
         f"model {m['name']} v{m['version']} ({m['runtime']}, max_length {m['max_length']})  sha256 {m['sha256'][:16]}",
-        f"reference: {doc['reference']}; gates: {doc['gates']}",
+        f"reference: {doc['reference']}; target {doc.get('target') or '?'}; gates: "
+        + ", ".join(f"{k} {v} ({(doc.get('gates_from') or {}).get(k, '?')})" for k, v in doc["gates"].items()),
         "",
         render_table(tuple(head), [_cells(r, lengths) for r in doc["results"]]),
         "",

@@ -109,10 +109,11 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     from agent.generative.package import is_generative
 
     if is_generative(package):
-        from agent.cli.genqualify import run_generative
+        from agent.cli.genqualify import GenOptions, run_generative
 
-        ignored = _given(("target_name", "sysroot", "cache_dir", "budget", "memory_max", "optimize"))
-        return run_generative(package, list(providers), as_json, save, timeout, _render, ignored)
+        ignored = _given(("cache_dir", "budget", "memory_max", "optimize"))
+        o = GenOptions(list(providers), as_json, save, timeout, ignored, target_name, sysroot)
+        return run_generative(package, o, _render)
     from agent.isolate import forkserver
 
     forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks

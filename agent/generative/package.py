@@ -35,6 +35,7 @@ class GenerativePackage:
     prompts: list[str]
     variants: dict[str, Path] = field(default_factory=dict)
     gates: dict[str, Any] = field(default_factory=dict)
+    declared_gates: dict[str, Any] = field(default_factory=dict)  # model.yaml's own (gates = defaults + these)
     timing: dict[str, Any] = field(default_factory=dict)
 
 
@@ -169,6 +170,7 @@ def load_generative(path: str | Path) -> GenerativePackage:
         prompts=list(meta["prompts"]),
         variants={str(k): root / str(v) for k, v in (meta.get("variants") or {}).items()},
         gates={**DEFAULT_GATES, **(meta.get("gates") or {})},
+        declared_gates=dict(meta.get("gates") or {}),
         timing={**DEFAULT_TIMING, **(meta.get("timing") or {})},
     )
 
