@@ -169,3 +169,14 @@ def test_the_target_sets_the_gates(pkg_dir: Path, tmp_path: Path, monkeypatch: p
     (tdir / "lab.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"qualify\.generative\.min_top1"):
         load_targets(tdir)
+
+
+def test_a_row_over_the_memory_limit_is_killed_and_says_so(pkg_dir: Path, tmp_path: Path) -> None:
+    save = tmp_path / "d.json"
+    args = ["qualify", str(pkg_dir), "--provider", "cpu", "--memory-max", "16M", "--save", str(save)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 3, res.output
+    doc = json.loads(save.read_text())
+    ref = doc["results"][0]
+    assert doc["memory_max"] == 16 << 20 and ref["status"] == "failed" and ref["reason"].startswith("memory:")
+    assert doc["selected"] is None

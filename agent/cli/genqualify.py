@@ -27,27 +27,28 @@ class GenOptions:
     ignored: list[str]
     target_name: str | None
     sysroot: str | None
+    memory_max: int | None  # --memory-max, else the target's serving memory_max, else 80 % of what is available
 
 
 def run_generative(package: str, o: GenOptions, say: Callable[..., Any]) -> None:
     """`say` renders progress events as `edge-agent qualify` does for any package."""
     from agent.cli.progress import Progress
     from agent.generative.package import load_generative
-    from agent.generative.qualify import qualify_generative
+    from agent.generative.qualify import RowLimits, qualify_generative
+    from agent.serving.memory import resolve_memory_max
 
     pkg = load_generative(package)
     gates_from, target = _target_gates(pkg, o.target_name, o.sysroot)
+    limits = RowLimits(o.timeout, resolve_memory_max(o.memory_max, getattr(target, "serving", None))[0])
     with (
         tempfile.TemporaryDirectory(prefix="edge-agent-qualify-") as tmp,
         Progress("qualify", say, o.as_json) as progress,
     ):
-        progress("plan", model=pkg.name, version=pkg.version, target=target)
+        progress("plan", model=pkg.name, version=pkg.version, target=target.name)
         if o.ignored:
             progress("warning", reason=f"not used for a generative package: {', '.join(o.ignored)}")
-        doc = qualify_generative(
-            pkg, Path(tmp), providers=o.providers or None, progress=progress, row_timeout_s=o.timeout
-        )
-    doc["target"], doc["gates_from"] = target, gates_from
+        doc = qualify_generative(pkg, Path(tmp), providers=o.providers or None, progress=progress, limits=limits)
+    doc["target"], doc["gates_from"], doc["memory_max"] = target.name, gates_from, limits.memory_max
     if o.save:
         from agent.util.atomic import atomic_write_json
 
@@ -57,7 +58,7 @@ def run_generative(package: str, o: GenOptions, say: Callable[..., Any]) -> None
         sys.exit(3)
 
 
-def _target_gates(pkg: Any, target_name: str | None, sysroot: str | None) -> tuple[dict[str, str], str]:
+def _target_gates(pkg: Any, target_name: str | None, sysroot: str | None) -> tuple[dict[str, str], Any]:
     """Apply the matched (or named) target's qualify.generative gates over model.yaml's; where each gate came from."""
     from agent.generative.package import DEFAULT_GATES
     from agent.targets import detect_device, resolve
@@ -70,7 +71,7 @@ def _target_gates(pkg: Any, target_name: str | None, sysroot: str | None) -> tup
         k: f"target {target.name}" if k in from_target else "model.yaml" if k in given else "default"
         for k in DEFAULT_GATES
     }
-    return where, target.name
+    return where, target
 
 
 def _f(v: float | None, spec: str = ".3g") -> str:

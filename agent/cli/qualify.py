@@ -111,8 +111,8 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
     if is_generative(package):
         from agent.cli.genqualify import GenOptions, run_generative
 
-        ignored = _given(("cache_dir", "budget", "memory_max", "optimize"))
-        o = GenOptions(list(providers), as_json, save, timeout, ignored, target_name, sysroot)
+        ignored = _given(("cache_dir", "budget", "optimize"))
+        o = GenOptions(list(providers), as_json, save, timeout, ignored, target_name, sysroot, _memory_size(memory_max))
         return run_generative(package, o, _render)
     from agent.isolate import forkserver
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.generative import fidelity
 from agent.generative.package import GenerativePackage
 from agent.generative.runtimes import GENAI_PROVIDERS, genai_missing, openvino_genai_row
+from agent.generative.watch import run_watched
 
 Progress = Callable[..., None]
 REFERENCE = "fp32"
@@ -30,25 +31,27 @@ def tree_sha256(root: Path) -> str:
     return h.hexdigest()
 
 
-def _run_row(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RowLimits:
+    """Each row process's deadline and memory limit (None: no watchdog)."""
+
+    timeout_s: float = 600.0
+    memory_max: int | None = None
+
+
+def _run_row(spec: dict[str, Any], limits: RowLimits) -> dict[str, Any]:
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     t0 = time.perf_counter()
-    try:
-        res = subprocess.run(
-            [sys.executable, "-m", "agent.generative.rowproc", str(out / "spec.json")],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": "error", "reason": f"the row's process ran past its {timeout_s:g} s deadline"}
-    lines = res.stdout.strip().splitlines()
-    if res.returncode != 0 or not lines:
-        tail = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"status": "error", "reason": f"the row's process exited {res.returncode}: {tail}"}
+    argv = [sys.executable, "-m", "agent.generative.rowproc", str(out / "spec.json")]
+    code, stdout, stderr, why = run_watched(argv, limits.timeout_s, limits.memory_max)
+    if why:
+        return {"status": "failed" if why.startswith("memory") else "error", "reason": why}
+    lines = stdout.strip().splitlines()
+    if code != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        return {"status": "error", "reason": f"the row's process exited {code}: {tail}"}
     row: dict[str, Any] = json.loads(lines[-1])
     row["wall_s"] = time.perf_counter() - t0
     return row
@@ -82,7 +85,7 @@ def _judge(row: dict[str, Any], ref: dict[str, Any], ref_dir: Path, out: Path, p
 
 
 def _row(
-    pkg: GenerativePackage, variant: str, provider: str, work: Path, ref: dict[str, Any] | None, timeout_s: float
+    pkg: GenerativePackage, variant: str, provider: str, work: Path, ref: dict[str, Any] | None, limits: RowLimits
 ) -> dict[str, Any]:
     model_dir = pkg.root if variant == REFERENCE else pkg.variants[variant]
     out = work / f"{variant}-{provider}"
@@ -92,7 +95,7 @@ def _row(
         "provider": provider,
         "precision": variant,
         "model_dir": str(model_dir),
-        **_run_row(spec, timeout_s),
+        **_run_row(spec, limits),
     }
     if row["status"] == "unavailable":
         row["fix"] = GENAI_PROVIDERS.get(provider) or "see the reason"
@@ -109,7 +112,7 @@ def qualify_generative(
     *,
     providers: list[str] | None = None,
     progress: Progress | None = None,
-    row_timeout_s: float = 600.0,
+    limits: RowLimits = RowLimits(),
 ) -> dict[str, Any]:
     say = progress or (lambda *_a, **_k: None)
     rows: list[dict[str, Any]] = []
@@ -118,7 +121,7 @@ def qualify_generative(
     if missing:
         rows += [{"runtime": "onnxruntime-genai", "provider": p, "status": "unavailable", **missing} for p in wanted]
     else:
-        rows += _genai_rows(pkg, work, wanted, say, row_timeout_s)
+        rows += _genai_rows(pkg, work, wanted, say, limits)
     rows.append(openvino_genai_row())
     for r in rows:
         r["key"] = f"{r['runtime']}/{r['provider']}" + (f":{r['precision']}" if r.get("precision") else "")
@@ -129,20 +132,20 @@ def qualify_generative(
 
 
 def _genai_rows(
-    pkg: GenerativePackage, work: Path, wanted: list[str], say: Progress, timeout_s: float
+    pkg: GenerativePackage, work: Path, wanted: list[str], say: Progress, limits: RowLimits
 ) -> list[dict[str, Any]]:
     say("row", provider="cpu", precision=REFERENCE, status="running")
-    ref = _row(pkg, REFERENCE, "cpu", work, None, timeout_s)
+    ref = _row(pkg, REFERENCE, "cpu", work, None, limits)
     say("row", provider="cpu", precision=REFERENCE, status=ref["status"], reason=ref.get("reason"))
     rows = [ref]
-    if ref["status"] not in ("passed", "failed"):
-        return rows  # no reference: nothing else can be judged
+    if "held" not in ref:
+        return rows  # the reference was not measured: nothing else can be judged
     for provider in wanted:
         for variant in [REFERENCE, *pkg.variants]:
             if provider == "cpu" and variant == REFERENCE:
                 continue
             say("row", provider=provider, precision=variant, status="running")
-            row = _row(pkg, variant, provider, work, ref, timeout_s)
+            row = _row(pkg, variant, provider, work, ref, limits)
             say("row", provider=provider, precision=variant, status=row["status"], reason=row.get("reason"))
             rows.append(row)
             if row["status"] == "unavailable":
