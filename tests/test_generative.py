@@ -129,6 +129,7 @@ def test_package_writes_a_generative_package_from_a_builder_directory(tmp_path: 
     assert res.exit_code == 0, res.output
     pkg = load_generative(out)
     assert (pkg.max_length, pkg.prompts, pkg.name) == (128, ["Once upon a time"], "builder-out")
+    assert pkg.timing["prompt_lengths"] == [16, 64] and pkg.timing["tpot_tokens"] == 32  # scaled to fit 128
     assert "ok (edge-agent qualify measures it" in CliRunner().invoke(cli, ["package", "--check", str(out)]).output
     assert CliRunner().invoke(cli, args).exit_code != 0  # not empty: --force to overwrite
     (built / "tokenizer.json").unlink()

@@ -117,6 +117,7 @@ def _meta_problems(meta: dict[str, Any]) -> list[tuple[str, str, str]]:
         found.append(
             ("model.yaml: prompts", "no judge prompts", "add prompts: [text, ...] (fidelity is judged on them)")
         )
+    found += _timing_problems(meta.get("timing"), ml if isinstance(ml, int) else None)
     for key, known in (("gates", GATE_KEYS), ("timing", TIMING_KEYS)):
         value = meta.get(key) or {}
         if not isinstance(value, dict):
@@ -128,6 +129,31 @@ def _meta_problems(meta: dict[str, Any]) -> list[tuple[str, str, str]]:
             if k not in known
         ]
     return found
+
+
+def _timing_problems(raw: Any, max_length: int | None) -> list[tuple[str, str, str]]:
+    """timing: positive integers, and the longest timed prompt plus tpot_tokens within max_length."""
+    t = {**DEFAULT_TIMING, **(raw if isinstance(raw, dict) else {})}
+    lengths = t["prompt_lengths"]
+    ints = [t["tpot_tokens"], t["repeats"], t["greedy_tokens"], *(lengths if isinstance(lengths, list) else [])]
+    if not isinstance(lengths, list) or not lengths or not all(isinstance(v, int) and v > 0 for v in ints):
+        return [
+            (
+                "model.yaml: timing",
+                "prompt_lengths, tpot_tokens, repeats and greedy_tokens must be positive "
+                "integers (prompt_lengths a non-empty list)",
+                "fix the values",
+            )
+        ]
+    if max_length is not None and max(lengths) + t["tpot_tokens"] > max_length:
+        return [
+            (
+                "model.yaml: timing.prompt_lengths",
+                f"{max(lengths)} + tpot_tokens {t['tpot_tokens']} exceed max_length {max_length}",
+                "shorten the timed prompts or tpot_tokens",
+            )
+        ]
+    return []
 
 
 def check_generative(path: str | Path) -> list[tuple[str, str, str]]:
@@ -201,5 +227,10 @@ def write_from_builder(
         "prompts:",
     ]
     lines += [f"  - {json.dumps(p)}" for p in prompts]
+    if _timing_problems(None, max_length):  # the default timed prompts do not fit a short context: scale them
+        tpot = max(1, min(64, max_length // 4))
+        lines.append(
+            f"timing: {{prompt_lengths: [{max(1, max_length // 8)}, {max(1, max_length // 2)}], tpot_tokens: {tpot}}}"
+        )
     (out / "model.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
