@@ -117,10 +117,10 @@ class GenerativeModel:
         closed before it started never runs: its caller releases the lease too, agent.serving.generative.stream)."""
         usage.prompt_tokens = len(prompt)
         try:
+            t0 = last = time.perf_counter()  # TTFT counts the prefill (append_tokens) too
             gen = self._generator(prompt, sampling)
             stream = self.tokenizer.create_stream()
             scan = StopScanner(sampling.stop)
-            t0 = last = time.perf_counter()
             while not gen.is_done() and usage.completion_tokens < sampling.max_tokens:
                 gen.generate_next_token()
                 token = int(gen.get_next_tokens()[0])
