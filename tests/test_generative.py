@@ -21,7 +21,7 @@ og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not i
 
 @pytest.fixture(scope="module")
 def pkg_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_generative_package(tmp_path_factory.mktemp("gen") / "tiny", variants=("int8", "perturbed"))
+    return write_generative_package(tmp_path_factory.mktemp("gen") / "tiny", variants=("int8", "perturbed", "gqa"))
 
 
 def test_the_runtime_generates_with_the_tiny_model(pkg_dir: Path) -> None:
@@ -78,7 +78,7 @@ def test_greedy_reports_the_first_divergence() -> None:
 
 def test_qualify_rows_select_and_refuse_the_perturbed_variant(pkg_dir: Path, tmp_path: Path) -> None:
     pkg = load_generative(pkg_dir)
-    assert set(pkg.variants) == {"int8", "perturbed"}
+    assert set(pkg.variants) == {"int8", "perturbed", "gqa"}
     (pkg_dir / "model.yaml").write_text(
         (pkg_dir / "model.yaml").read_text() + "timing: {repeats: 2, tpot_tokens: 16, prompt_lengths: [16, 64]}\n"
     )
@@ -92,6 +92,8 @@ def test_qualify_rows_select_and_refuse_the_perturbed_variant(pkg_dir: Path, tmp
     assert ref["fidelity"]["top1"] == 1.0 and ref["fidelity"]["max_logit_diff"] == 0.0
     assert set(ref["ttft_ms"]) == {"16", "64"} and ref["tpot_ms"]["n"] == 2 * 2 * 15
     assert ref["peak_rss_bytes"] > 0 and ref["kv_tokens_at_peak"] == 256
+    gqa = rows["onnxruntime-genai/cpu:gqa"]  # the same weights, attention in one fused op on a shared KV buffer
+    assert gqa["status"] == "passed" and gqa["fidelity"]["top1"] == 1.0 and gqa["fidelity"]["max_logit_diff"] < 1e-3
     bad = rows["onnxruntime-genai/cpu:perturbed"]
     assert bad["status"] == "failed" and "under the floor" in bad["reason"]
     assert bad["fidelity"]["top1"] < doc["gates"]["min_top1"]

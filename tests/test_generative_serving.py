@@ -201,3 +201,13 @@ def test_a_ninth_stream_is_refused_naming_max_streams(server) -> None:
         for lease in held:
             lease.release()
     assert model.budget.streams == 0
+
+
+def test_a_shared_kv_buffer_is_charged_at_max_length(tmp_path) -> None:
+    from agent.generative.tinymodel import write_tiny_genai
+    from agent.serving.generative.kvbudget import kv_shape
+
+    grows = kv_shape(write_tiny_genai(tmp_path / "std", max_length=256))
+    shared = kv_shape(write_tiny_genai(tmp_path / "gqa", max_length=256, gqa=True))
+    assert grows.bytes_per_token == shared.bytes_per_token == PER_TOKEN
+    assert grows.bytes_for(10) == 10 * PER_TOKEN and shared.bytes_for(10) == 256 * PER_TOKEN

@@ -1,6 +1,7 @@
 """A generative package made in code: the tiny decoder (agent.generative.tinymodel) as the fp32 reference, plus
-optional variants: `int8` (ONNX Runtime's dynamic quantisation of its MatMul weights) and `perturbed` (the same
-weights with relative Gaussian noise: a variant that must fall under the fidelity floor)."""
+optional variants: `int8` (ONNX Runtime's dynamic quantisation of its MatMul weights), `perturbed` (the same
+weights with relative Gaussian noise: a variant that must fall under the fidelity floor) and `gqa` (the same weights
+through GroupQueryAttention with a KV buffer allocated at max_length)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def write_generative_package(
     seed: int = 0,
     name: str = "tiny-lm",
 ) -> Path:
-    """Write the package into `directory`; variants from ("int8", "perturbed")."""
+    """Write the package into `directory`; variants from ("int8", "perturbed", "gqa")."""
     directory = Path(directory)
     write_tiny_genai(directory, max_length=max_length, seed=seed)
     written: dict[str, str] = {}
@@ -62,8 +63,10 @@ def write_generative_package(
             _int8(directory, directory / "int8")
         elif v == "perturbed":
             write_tiny_genai(directory / "perturbed", max_length=max_length, seed=seed, perturb=perturb)
+        elif v == "gqa":
+            write_tiny_genai(directory / "gqa", max_length=max_length, seed=seed, gqa=True)
         else:
-            raise ValueError(f"unknown variant {v!r} (int8, perturbed)")
+            raise ValueError(f"unknown variant {v!r} (int8, perturbed, gqa)")
         written[v] = v
     (directory / "model.yaml").write_text(_yaml(name, max_length, written), encoding="utf-8")
     return directory

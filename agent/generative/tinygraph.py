@@ -91,8 +91,44 @@ def _layer(g: _Graph, x: str, bias: str, i: int, hidden: int, heads: int) -> str
     return g.op("Add", [x, g.op("MatMul", [up, g.weight("w2", (4 * hidden, hidden), 0.5 * scale)])])
 
 
-def decoder(*, layers: int, hidden: int, heads: int, max_length: int, seed: int, perturb: float = 0.0) -> Any:
-    """The decoder ModelProto; the same seed gives the same weights, `perturb` adds relative noise on top of them."""
+def _gqa_inputs(g: _Graph) -> tuple[str, str]:
+    """(seqlens_k, total_sequence_length) for GroupQueryAttention, from the 2-D attention mask (as the runtime's
+    model builder makes them): each row's token count - 1 (int32), and the mask's length (int32)."""
+    one = g.const("one", np.array([1], np.int64))
+    seqlens = g.op("Cast", [g.op("Sub", [g.op("ReduceSum", ["attention_mask", one], keepdims=0), one])], to=6)
+    total = g.op("Gather", [g.op("Shape", ["attention_mask"]), g.const("i1", np.array(1, np.int64))], axis=0)
+    return seqlens, g.op("Cast", [total], to=6)
+
+
+def _layer_gqa(g: _Graph, x: str, mask: tuple[str, str], i: int, hidden: int, heads: int) -> str:
+    """The block of _layer (the same weights, drawn in the same order) through com.microsoft GroupQueryAttention,
+    whose past and present share one buffer of max_length (past_present_share_buffer)."""
+    from onnx import helper
+
+    scale = 1.0 / np.sqrt(hidden)
+    h = _norm(g, x, hidden)
+    q, k, v = (g.op("MatMul", [h, g.weight(w, (hidden, hidden), scale)]) for w in ("wq", "wk", "wv"))
+    out = g.name("gqa")
+    past = [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+    node = helper.make_node(
+        "GroupQueryAttention",
+        [q, k, v, *past, *mask],
+        [out, f"present.{i}.key", f"present.{i}.value"],
+        domain="com.microsoft",
+        num_heads=heads,
+        kv_num_heads=heads,
+    )
+    g.nodes.append(node)
+    x = g.op("Add", [x, g.op("MatMul", [out, g.weight("wo", (hidden, hidden), scale)])])
+    up = g.op("Relu", [g.op("MatMul", [_norm(g, x, hidden), g.weight("w1", (hidden, 4 * hidden), scale)])])
+    return g.op("Add", [x, g.op("MatMul", [up, g.weight("w2", (4 * hidden, hidden), 0.5 * scale)])])
+
+
+def decoder(
+    *, layers: int, hidden: int, heads: int, max_length: int, seed: int, perturb: float = 0.0, gqa: bool = False
+) -> Any:
+    """The decoder ModelProto; the same seed gives the same weights, `perturb` adds relative noise on top of them;
+    `gqa`: attention through GroupQueryAttention with a shared past/present buffer of max_length."""
     from onnx import TensorProto, helper
 
     g = _Graph(np.random.default_rng(seed), np.random.default_rng(seed + 1), perturb)
@@ -104,9 +140,14 @@ def decoder(*, layers: int, hidden: int, heads: int, max_length: int, seed: int,
             g.op("Gather", [g.weight("pos", (max_length, hidden), 0.5), "position_ids"]),
         ],
     )
-    bias = _mask(g)
-    for i in range(layers):
-        x = _layer(g, x, bias, i, hidden, heads)
+    if gqa:
+        gmask = _gqa_inputs(g)
+        for i in range(layers):
+            x = _layer_gqa(g, x, gmask, i, hidden, heads)
+    else:
+        bias = _mask(g)
+        for i in range(layers):
+            x = _layer(g, x, bias, i, hidden, heads)
     g.op("MatMul", [_norm(g, x, hidden), g.weight("lm_head", (hidden, VOCAB), 2.0 / np.sqrt(hidden))], "logits")
     kv: list[str | int | None] = ["batch", heads, "past", hd]
     inputs = [
@@ -121,6 +162,7 @@ def decoder(*, layers: int, hidden: int, heads: int, max_length: int, seed: int,
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, kv))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, pkv))
     graph = helper.make_graph(g.nodes, "tiny_decoder", inputs, outputs, g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="edge-agent")
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if gqa else [])
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="edge-agent")
     model.ir_version = 8
     return model

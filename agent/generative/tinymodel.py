@@ -8,12 +8,15 @@ write_tiny_genai(DIR) writes:
     DIR/genai_config.json     the runtime's config (model type "llama", search.max_length)
     DIR/tokenizer.json        a byte-level BPE vocabulary of the 256 bytes plus `<|endoftext|>` (no merges)
     DIR/tokenizer_config.json GPT2Tokenizer
-`perturb` adds Gaussian noise of that relative size to every weight (a variant that must fail a fidelity floor).
+`perturb` adds Gaussian noise of that relative size to every weight (a variant that must fail a fidelity floor);
+`gqa` makes the same model (the same weights) with com.microsoft GroupQueryAttention and a past/present buffer
+shared and allocated at max_length (`past_present_share_buffer: true`), as the runtime's model builder does.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +85,7 @@ def tokenizer_config() -> dict[str, Any]:
     }
 
 
-def genai_config(*, layers: int, hidden: int, heads: int, max_length: int) -> dict[str, Any]:
+def genai_config(*, layers: int, hidden: int, heads: int, max_length: int, shared: bool = False) -> dict[str, Any]:
     return {
         "model": {
             "bos_token_id": EOS,
@@ -119,7 +122,7 @@ def genai_config(*, layers: int, hidden: int, heads: int, max_length: int) -> di
             "min_length": 0,
             "num_beams": 1,
             "num_return_sequences": 1,
-            "past_present_share_buffer": False,
+            "past_present_share_buffer": shared,
             "temperature": 1.0,
             "top_k": 1,
             "top_p": 1.0,
@@ -132,23 +135,37 @@ def genai_config(*, layers: int, hidden: int, heads: int, max_length: int) -> di
     }
 
 
-def write_tiny_genai(
-    directory: Path,
-    *,
-    layers: int = 2,
-    hidden: int = 32,
-    heads: int = 2,
-    max_length: int = 256,
-    seed: int = 0,
-    perturb: float = 0.0,
-) -> Path:
-    """Write the tiny model in onnxruntime-genai's layout into `directory` (created) and return it."""
+@dataclass(frozen=True)
+class Tiny:
+    """The tiny decoder's shape and weights: `gqa` puts attention in GroupQueryAttention with a past/present buffer
+    shared and allocated at max_length (past_present_share_buffer), as the runtime's own model builder does."""
+
+    layers: int = 2
+    hidden: int = 32
+    heads: int = 2
+    max_length: int = 256
+    seed: int = 0
+    perturb: float = 0.0
+    gqa: bool = False
+
+
+def write_tiny_genai(directory: Path, **shape: Any) -> Path:
+    """Write the tiny model (Tiny(**shape)) in onnxruntime-genai's layout into `directory` (created); return it."""
     import onnx
 
+    t = Tiny(**shape)
     directory.mkdir(parents=True, exist_ok=True)
-    model = decoder(layers=layers, hidden=hidden, heads=heads, max_length=max_length, seed=seed, perturb=perturb)
+    model = decoder(
+        layers=t.layers,
+        hidden=t.hidden,
+        heads=t.heads,
+        max_length=t.max_length,
+        seed=t.seed,
+        perturb=t.perturb,
+        gqa=t.gqa,
+    )
     onnx.save(model, str(directory / "model.onnx"))
-    config = genai_config(layers=layers, hidden=hidden, heads=heads, max_length=max_length)
+    config = genai_config(layers=t.layers, hidden=t.hidden, heads=t.heads, max_length=t.max_length, shared=t.gqa)
     (directory / "genai_config.json").write_text(json.dumps(config, indent=1))
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json(), ensure_ascii=False))
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1))
