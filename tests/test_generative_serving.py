@@ -62,7 +62,7 @@ def _events(resp: http.client.HTTPResponse) -> list:
     assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
     out = []
     for block in resp.read().decode().split("\n\n"):
-        if block.strip():
+        if block.strip() and not block.startswith(":"):  # ": keep-alive" comments are not events
             assert block.startswith("data: ")
             out.append(block[6:] if block[6:] == "[DONE]" else json.loads(block[6:]))
     return out
@@ -211,3 +211,38 @@ def test_a_shared_kv_buffer_is_charged_at_max_length(tmp_path) -> None:
     shared = kv_shape(write_tiny_genai(tmp_path / "gqa", max_length=256, gqa=True))
     assert grows.bytes_per_token == shared.bytes_per_token == PER_TOKEN
     assert grows.bytes_for(10) == 10 * PER_TOKEN and shared.bytes_for(10) == 256 * PER_TOKEN
+
+
+def test_a_client_hanging_up_mid_stream_frees_its_slot_over_http(tmp_path) -> None:
+    import time
+
+    from agent.generative.tinymodel import write_tiny_genai
+
+    pkg = write_tiny_genai(tmp_path / "slow", hidden=256, heads=4, layers=4, max_length=4096)  # ~1 ms a token here
+    (pkg / "model.yaml").write_text(
+        "name: slow\nkind: generative\nruntime: onnxruntime-genai\nmax_length: 4096\nprompts: [hi]\n"
+        "timing: {prompt_lengths: [8]}\n"
+    )
+    cfg = parse_config(
+        {"serving": {"port": 0, "grpc_port": None, "generative": {"models": {"slow": {"package": str(pkg)}}}}}
+    )
+    reg = ModelRegistry()
+    srv, _ = start_fronts(reg, cfg.serving)
+    try:
+        model = srv.plane.generation.models["slow"]
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        body = json.dumps({"prompt": "Hello", "max_tokens": 4000, "stream": True, "temperature": 0}).encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        sock.sendall(head + body)
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")  # the stream began
+        assert model.budget.streams == 1
+        sock.close()  # the client hangs up mid-generation
+        deadline = time.monotonic() + 10
+        while model.budget.streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert model.budget.streams == 0 and model.budget.held == 0
+        assert model.stats.counts["cancelled_total"] == 1
+        assert model.stats.counts["completion_tokens_total"] < 4000  # it stopped, it did not run to max_tokens
+    finally:
+        assert srv.shutdown(10)
+        reg.close()

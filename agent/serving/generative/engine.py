@@ -135,8 +135,7 @@ class GenerativeModel:
                     break
                 usage.completion_tokens += 1
                 out, stopped = scan.feed(stream.decode(token))
-                if out:
-                    yield out
+                yield out  # "" when the token ends no character yet (the stream still checks its client)
                 if stopped:
                     usage.finish_reason = "stop"
                     return

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.serving.errors import BadRequest, MethodNotAllowed, ModelNotFound, NotFound
 from agent.serving.generative.engine import GenerativeModel, Usage
-from agent.serving.generative.params import sampling_of, sse
+from agent.serving.generative.params import KEEPALIVE, sampling_of, sse, texts
 from agent.serving.generative.stream import GenerationStream, drain
 from agent.serving.http.handlers import Response, json_response
 from agent.serving.http.jsondata import parse_json
@@ -101,8 +101,9 @@ def _text_events(
     pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]
 ) -> Generator[bytes, None, None]:
     base = {**head, "object": "text_completion"}
-    for text in pieces:
-        yield sse({**base, "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]})
+    for text in texts(pieces):
+        piece = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+        yield KEEPALIVE if text is None else sse({**base, "choices": [piece]})
     yield sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": usage.finish_reason}]})
     yield b"data: [DONE]\n\n"
 
@@ -112,7 +113,8 @@ def _chat_events(
 ) -> Generator[bytes, None, None]:
     base = {**head, "object": "chat.completion.chunk"}
     yield sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-    for text in pieces:
-        yield sse({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+    for text in texts(pieces):
+        delta = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        yield KEEPALIVE if text is None else sse({**base, "choices": [delta]})
     yield sse({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": usage.finish_reason}]})
     yield b"data: [DONE]\n\n"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from agent.serving.errors import BadRequest
@@ -38,3 +40,21 @@ def sampling_of(doc: dict[str, Any]) -> Sampling:
 
 def sse(doc: Any) -> bytes:
     return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
+
+
+KEEPALIVE_S = 0.25
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it
+
+
+def texts(pieces: Iterable[str]) -> Iterator[str | None]:
+    """Each non-empty piece of text; None where tokens gave no text and nothing went out for KEEPALIVE_S (the
+    stream then sends KEEPALIVE, so a client that left is found at that send, not only at the next text)."""
+    last = time.monotonic()
+    for text in pieces:
+        now = time.monotonic()
+        if text:
+            last = now
+            yield text
+        elif now - last >= KEEPALIVE_S:
+            last = now
+            yield None

@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 from agent.serving.errors import BadRequest, MethodNotAllowed, ModelNotFound, NotFound
 from agent.serving.generative.engine import GenerativeModel, Usage
-from agent.serving.generative.params import sampling_of, sse
+from agent.serving.generative.params import KEEPALIVE, sampling_of, sse, texts
 from agent.serving.generative.stream import GenerationStream, drain
 from agent.serving.http.handlers import Response, json_response
 from agent.serving.http.jsondata import parse_json
@@ -52,6 +52,6 @@ def generate(models: dict[str, GenerativeModel], method: str, path: str, body: b
 
 
 def _events(pieces: Generator[str, None, None], usage: Usage, head: dict[str, Any]) -> Generator[bytes, None, None]:
-    for text in pieces:
-        yield sse({**head, "text_output": text})
+    for text in texts(pieces):
+        yield KEEPALIVE if text is None else sse({**head, "text_output": text})
     yield sse({**head, "text_output": "", "finish_reason": usage.finish_reason})
