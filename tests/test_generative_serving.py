@@ -246,3 +246,22 @@ def test_a_client_hanging_up_mid_stream_frees_its_slot_over_http(tmp_path) -> No
     finally:
         assert srv.shutdown(10)
         reg.close()
+
+
+def test_a_request_waits_in_line_for_kv_room_when_queue_s_allows() -> None:
+    from agent.serving.errors import ServerBusy
+    from agent.serving.generative.kvbudget import KVBudget
+
+    budget = KVBudget(1000, max_streams=8, queue_s=30)
+    first = budget.lease(800, "the first")
+    threading.Timer(0.05, first.release).start()  # room comes back while the second waits
+    second = budget.lease(800, "the second")  # waits for it instead of a 503
+    assert budget.held == 800 and budget.streams == 1
+    short = KVBudget(1000, max_streams=8, queue_s=0.01)
+    short.lease(800, "one")
+    with pytest.raises(
+        ServerBusy, match=r"KV-memory budget: two needs 800 .* \(waited 0\.01 s: serving\.generative\.queue_s\)"
+    ):
+        short.lease(800, "two")
+    second.release()
+    assert budget.held == 0 and budget.waiting == 0

@@ -33,13 +33,14 @@ class GenerativeServing:
     models: tuple[GenerativeModelConfig, ...] = ()
     kv_budget: int = DEFAULT_KV_BUDGET
     max_streams: int = 8  # at most half the HTTP front's 16 worker threads, so inference requests keep theirs
+    queue_s: float = 0.0  # a request that does not fit waits this long for room (0: refused at once)
 
 
 def read_generative(v: Validator, raw: Any) -> GenerativeServing:
     from agent.util.sizes import parse_size
 
     key = "serving.generative"
-    g = v.mapping(raw if raw is not None else {}, key, ("models", "kv_budget", "max_streams"))
+    g = v.mapping(raw if raw is not None else {}, key, ("models", "kv_budget", "max_streams", "queue_s"))
     budget = DEFAULT_KV_BUDGET
     if g.get("kv_budget") is not None:
         try:
@@ -62,7 +63,8 @@ def read_generative(v: Validator, raw: Any) -> GenerativeServing:
             )
         )
     streams = v.integer(g.get("max_streams", 8), f"{key}.max_streams", 1, 12)  # the HTTP front has 16 workers
-    return GenerativeServing(tuple(models), budget, streams)
+    queue_s = v.number(g.get("queue_s", 0.0), f"{key}.queue_s", 0.0, 600.0)
+    return GenerativeServing(tuple(models), budget, streams, queue_s)
 
 
 def _items(g: dict[str, Any], key: str) -> list[tuple[str, Any]]:

@@ -58,6 +58,9 @@ class GenerativeSettings(Protocol):
     @property
     def max_streams(self) -> int: ...
 
+    @property
+    def queue_s(self) -> float: ...
+
 
 def start_fronts(
     registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None, memory_max: int | None = None
@@ -84,7 +87,8 @@ def start_fronts(
     if s.generative.models:  # the /v1 OpenAI-compatible routes
         from agent.serving.generative.install import install
 
-        install(server.plane, s.generative.models, s.generative.kv_budget, s.generative.max_streams)
+        g = s.generative
+        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s)
     if s.grpc_port is None:
         return server, None
     from agent.serving.grpc.front import GRPCServer

@@ -57,12 +57,12 @@ class GenerationRoutes:
 
 
 def install(
-    plane: Any, models: tuple[ModelSetting, ...], kv_budget: int, max_streams: int = 8
+    plane: Any, models: tuple[ModelSetting, ...], kv_budget: int, max_streams: int = 8, queue_s: float = 0.0
 ) -> GenerationRoutes | None:
     """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route to them."""
     if not models:
         return None
-    budget = KVBudget(kv_budget, max_streams)
+    budget = KVBudget(kv_budget, max_streams, queue_s)
     loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
     routes = GenerationRoutes(loaded)
     plane.generation = routes

@@ -49,37 +49,54 @@ def kv_shape(model_dir: Path, dtype_bytes: int = 4) -> KVShape:
 class KVBudget:
     """Bytes of KV cache held by the streams in flight, against a limit (all generative models together)."""
 
-    def __init__(self, limit_bytes: int, max_streams: int = 8) -> None:
+    def __init__(self, limit_bytes: int, max_streams: int = 8, queue_s: float = 0.0) -> None:
         self.limit = int(limit_bytes)
         self.max_streams = int(max_streams)  # each stream holds one of the HTTP front's worker threads
+        self.queue_s = float(queue_s)  # how long a request that does not fit waits for room (0: refused at once)
         self.held = 0
         self.streams = 0
-        self._lock = threading.Lock()
+        self.waiting = 0
+        self._room = threading.Condition()
 
     def lease(self, nbytes: int, what: str) -> Lease:
-        """Hold `nbytes` (ServerBusy with the reason when they do not fit) until the lease is released."""
+        """Hold `nbytes` (ServerBusy with the reason when they do not fit within queue_s) until released."""
         self.acquire(nbytes, what)
         return Lease(self, nbytes)
 
+    def _why_not(self, nbytes: int, what: str) -> str | None:
+        if self.streams >= self.max_streams:
+            return (
+                f"{self.streams} generations in flight, the most serving.generative.max_streams allows (each "
+                "holds one of the inference port's worker threads)"
+            )
+        if self.held + nbytes > self.limit:
+            return (
+                f"KV-memory budget: {what} needs {nbytes} bytes of KV cache; {self.held} of the {self.limit}-byte "
+                f"budget (serving.generative.kv_budget) are held by {self.streams} stream(s) in flight"
+            )
+        return None
+
     def acquire(self, nbytes: int, what: str) -> None:
-        with self._lock:
-            if self.streams >= self.max_streams:
-                raise ServerBusy(
-                    f"{self.streams} generations in flight, the most serving.generative.max_streams allows (each "
-                    "holds one of the inference port's worker threads)"
-                )
-            if self.held + nbytes > self.limit:
-                raise ServerBusy(
-                    f"KV-memory budget: {what} needs {nbytes} bytes of KV cache; {self.held} of the {self.limit}-byte "
-                    f"budget (serving.generative.kv_budget) are held by {self.streams} stream(s) in flight"
-                )
+        with self._room:
+            why = self._why_not(nbytes, what)
+            if why and self.queue_s > 0 and self.waiting < self.max_streams:  # wait in line, bounded
+                self.waiting += 1
+                try:
+                    self._room.wait_for(lambda: self._why_not(nbytes, what) is None, timeout=self.queue_s)
+                finally:
+                    self.waiting -= 1
+                why = self._why_not(nbytes, what)
+                why = why and f"{why} (waited {self.queue_s:g} s: serving.generative.queue_s)"
+            if why:
+                raise ServerBusy(why)
             self.held += nbytes
             self.streams += 1
 
     def release(self, nbytes: int) -> None:
-        with self._lock:
+        with self._room:
             self.held -= nbytes
             self.streams -= 1
+            self._room.notify_all()
 
 
 class Lease:
