@@ -64,8 +64,14 @@ Examples:
     help="What all --inputs together may decode into; a file declaring more is refused before it is read "
     "(default: a quarter of the memory free to the process, at most 1 GiB).",
 )
+@click.option(
+    "--generative",
+    type=click.Path(exists=True, file_okay=False),
+    help="Write a generative package (docs/generative.md) from DIR in onnxruntime-genai's layout.",
+)
+@click.option("--prompt", "prompts", multiple=True, help="A judge prompt of a --generative package (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def package(model, inputs, out, name, version, task, force, check_dir, max_input_bytes, as_json):
+def package(model, inputs, out, name, version, task, force, check_dir, max_input_bytes, generative, prompts, as_json):
     """Write a package the daemon accepts: model.onnx, model.yaml with the input shapes read off your inputs,
     and golden data (your inputs, and the outputs of onnxruntime's CPU provider on the model as given).
     With --check DIR, validate a hand-made package instead."""
@@ -82,12 +88,14 @@ def package(model, inputs, out, name, version, task, force, check_dir, max_input
                 json.dumps({"package": check_dir, "ok": not found, "fixes": [f.to_dict() for f in found]}, indent=2)
             )
         elif not found:
-            click.echo(f"{check_dir}: ok (the daemon will accept and qualify it)")
+            click.echo(f"{check_dir}: ok (" + _accepts(Path(check_dir)) + ")")
         else:
             click.echo(f"{check_dir}: {len(found)} fix(es) needed")
             for f in found:
                 click.echo(f"  {f.where}: {f.problem}\n    fix: {f.fix}")
         sys.exit(0 if not found else 1)
+    if generative:
+        return _generative(Path(generative), out, name, version, list(prompts), force, as_json)
     if not model or not out:
         raise click.UsageError("give MODEL and --out DIR (or --check DIR)")
     if not inputs:
@@ -111,3 +119,29 @@ def package(model, inputs, out, name, version, task, force, check_dir, max_input
         click.echo(f"  converted: {note}")
     click.echo(f"  golden outputs: {built.golden_source}")
     click.echo(f"next: edge-agent qualify {built.out}")
+
+
+def _accepts(path) -> str:
+    from agent.generative.package import is_generative
+
+    if is_generative(path):
+        return "edge-agent qualify measures it; a daemon serves it from serving.generative"
+    return "the daemon will accept and qualify it"
+
+
+def _generative(src, out, name, version, prompts, force, as_json) -> None:
+    from pathlib import Path
+
+    from agent.generative.package import check_generative, write_from_builder
+
+    if not out or not prompts:
+        raise click.UsageError("give --out DIR and at least one --prompt TEXT (the judge prompts) with --generative")
+    written = write_from_builder(src, Path(out), name=name, version=version, prompts=prompts, force=force)
+    found = check_generative(written)
+    if as_json:
+        click.echo(json.dumps({"package": str(written), "ok": not found, "fixes": [list(f) for f in found]}, indent=2))
+    else:
+        click.echo(f"wrote {written} (kind: generative)" + "".join(f"\n  {w}: {p}\n    fix: {f}" for w, p, f in found))
+        click.echo(f"next: edge-agent qualify {written}")
+    if found:
+        sys.exit(1)

@@ -104,7 +104,16 @@ def _resolve_target(profile, name):
 def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget, timeout, save, memory_max, optimize):
     """Measure PACKAGE (directory, .tar.gz or .onnx) on each provider: compatibility, accuracy against
     golden data or onnx's reference evaluator (ORT CPU fp32 when it cannot run), latency (p50/p90/p99); select the fastest that passes. Exits 3 when no
-    provider passes."""
+    provider passes. A generative package (model.yaml `kind: generative`) gets TTFT, TPOT, peak RSS and fidelity
+    rows instead (docs/generative.md)."""
+    from agent.generative.package import is_generative
+
+    if is_generative(package):
+        from agent.cli.genqualify import GenOptions, run_generative
+
+        ignored = _given(("cache_dir", "budget", "optimize"))
+        o = GenOptions(list(providers), as_json, save, timeout, ignored, target_name, sysroot, _memory_size(memory_max))
+        return run_generative(package, o, _render)
     from agent.isolate import forkserver
 
     forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and checks
@@ -148,6 +157,17 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         click.echo(render(doc))
     if decision.selected is None:
         sys.exit(3)
+
+
+def _given(names: tuple[str, ...]) -> list[str]:
+    """The options among `names` given on the command line (not left at their defaults), as --flags."""
+    ctx = click.get_current_context()
+    default = click.core.ParameterSource.DEFAULT
+    return [
+        "--" + p.opts[0].lstrip("-")
+        for p in ctx.command.params
+        if p.name in names and ctx.get_parameter_source(p.name) != default
+    ]
 
 
 def _memory_size(text: str | None) -> int | None:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.config.generative import GenerativeServing
 from agent.errors import ConfigError
 from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.util.textfile import read_text
@@ -79,6 +80,7 @@ class ServingConfig:
     shm_in_place: bool = False  # shared memory mapped and used in place (trusted clients: a truncation can fault)
     probation: ProbationConfig = ProbationConfig()
     shadow: ShadowConfig = ShadowConfig()
+    generative: GenerativeServing = GenerativeServing()  # agent.config.generative (docs/generative.md)
 
     def token(self) -> str | None:
         """Read the bearer token (first line, stripped); None when serving is open (no token_file)."""

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+from agent.config.generative import read_generative
 from agent.config.schema import (
     MQTT_PORTS,
     ControlPlaneConfig,
@@ -213,6 +214,7 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
             "memory_max",
             "probation",
             "shadow",
+            "generative",
         ),
     )
     host = v.string(s.get("host", "127.0.0.1"), "serving.host")
@@ -238,6 +240,7 @@ def read_serving(v: Validator, raw: Any) -> ServingConfig:
         shm_in_place=_flag(s.get("shm_in_place", False), "serving.shm_in_place"),
         probation=_probation(v, s.get("probation")),
         shadow=_shadow(v, s.get("shadow")),
+        generative=read_generative(v, s.get("generative")),
     )
 
 

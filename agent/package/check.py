@@ -81,10 +81,17 @@ def _drop(meta: dict[str, Any], key: str) -> bool:
 
 def check(path: Path) -> list[Finding]:
     """Every fix a package needs, as the daemon would find them (empty: it will be accepted and qualified)."""
+    from agent.generative.package import check_generative, is_generative
+
+    if is_generative(path):  # kind: generative (docs/generative.md): the runtime's own layout, no golden sets
+        return [Finding(*f) for f in check_generative(path)]
+    return _check_onnx(Path(path))
+
+
+def _check_onnx(path: Path) -> list[Finding]:
     from agent.package.inputs import load_dataset
     from agent.package.seeded import assumed_dims
 
-    path = Path(path)
     pkg, found = _load_every_key(path)
     if pkg is None:
         return found

@@ -126,6 +126,8 @@ class DataPlane:
         self.grpc_hooks["systemsharedmemory"] = self.shm.call
         self.extensions = list(EXTENSIONS)  # what /v2 and ServerMetadata list: grows as extensions are installed
         self.accepting = True
+        # generation routes (/v1, /v2/models/M/generate): (method, path, body) -> handlers.Response, when served
+        self.generation: Callable[[str, str, bytes | memoryview], Any] | None = None
 
     def extension_hook(self, path: str) -> Callable[[str, dict[str, Any]], Any] | None:
         for prefix, hook in self.hooks.items():

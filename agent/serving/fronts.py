@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from agent.serving.dataplane import DataPlane
+    from agent.serving.generative.install import ModelSetting
     from agent.serving.grpc.front import GRPCServer
     from agent.serving.http.server import OIPServer
 
@@ -39,7 +40,26 @@ class FrontSettings(Protocol):
     @property
     def shm_in_place(self) -> bool: ...
 
+    @property
+    def generative(self) -> GenerativeSettings: ...
+
     def token(self) -> str | None: ...
+
+
+class GenerativeSettings(Protocol):
+    """config.GenerativeServing: the generative models served on the inference port (docs/generative.md)."""
+
+    @property
+    def models(self) -> tuple[ModelSetting, ...]: ...
+
+    @property
+    def kv_budget(self) -> int: ...
+
+    @property
+    def max_streams(self) -> int: ...
+
+    @property
+    def queue_s(self) -> float: ...
 
 
 def start_fronts(
@@ -64,6 +84,11 @@ def start_fronts(
     ).start()
     if extend is not None:
         extend(server.plane)
+    if s.generative.models:  # the /v1 OpenAI-compatible routes
+        from agent.serving.generative.install import install
+
+        g = s.generative
+        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s)
     if s.grpc_port is None:
         return server, None
     from agent.serving.grpc.front import GRPCServer

@@ -213,8 +213,8 @@ def _parse_tasks(path: Path, raw: Any) -> dict[str, dict[str, dict[str, Any]]]:
 def _parse_qualify(path: Path, raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
-    if not isinstance(raw, dict) or set(raw) - {"optimize", "cold_start_budget_s"}:
-        raise _fail(path, "qualify", "expected a mapping with optimize and/or cold_start_budget_s")
+    if not isinstance(raw, dict) or set(raw) - {"optimize", "cold_start_budget_s", "generative"}:
+        raise _fail(path, "qualify", "expected a mapping with optimize, cold_start_budget_s and/or generative")
     out: dict[str, Any] = {}
     kinds = raw.get("optimize") or []
     kinds = list(OPTIMIZE_KINDS) if kinds is True else kinds
@@ -226,4 +226,18 @@ def _parse_qualify(path: Path, raw: Any) -> dict[str, Any]:
         if not isinstance(budget, (int, float)) or isinstance(budget, bool) or budget <= 0:
             raise _fail(path, "qualify.cold_start_budget_s", "expected a positive number of seconds")
         out["cold_start_budget_s"] = float(budget)
+    if raw.get("generative") is not None:
+        out["generative"] = _parse_generative_gates(path, raw["generative"])
     return out
+
+
+GENERATIVE_GATES = ("min_top1", "max_logit_diff", "max_tpot_ms", "max_rss_mb")  # docs/generative.md
+
+
+def _parse_generative_gates(path: Path, raw: Any) -> dict[str, float | None]:
+    if not isinstance(raw, dict) or set(raw) - set(GENERATIVE_GATES):
+        raise _fail(path, "qualify.generative", f"expected a mapping of {', '.join(GENERATIVE_GATES)}")
+    for k, v in raw.items():
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+            raise _fail(path, f"qualify.generative.{k}", "expected a non-negative number or null")
+    return {k: None if v is None else float(v) for k, v in raw.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -33,6 +34,7 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
     parts: list[Any] | None = None  # instead of body: buffers sent in order (arrays' own memory), `length` bytes
     length: int = 0
+    stream: Iterator[bytes] | None = None  # instead of body: sent chunked as it comes (SSE); closed if the client goes
 
     def buffers(self) -> tuple[list[Any], int]:
         """(buffers to send in order, total bytes)."""
@@ -104,6 +106,8 @@ class Router:
         if path == "/v2/models/stats":
             self._only(method, "GET")
             return json_response(200, plane.statistics(None, None))
+        if path.startswith("/v1/") or path.endswith(("/generate", "/generate_stream")):
+            return self.generation(method, path, body)
         if path.startswith(
             ("/v2/repository", "/v2/systemsharedmemory", "/v2/cudasharedmemory", "/v2/trace", "/v2/logging")
         ):
@@ -127,6 +131,14 @@ class Router:
         if rest == "/config":
             return json_response(200, plane.model_config(name, version))
         return json_response(200, plane.model_metadata(name, version))
+
+    def generation(self, method: str, path: str, body: bytes | memoryview) -> Response:
+        """The generation routes (OpenAI-compatible /v1, Triton's /v2/models/M/generate[_stream]:
+        agent.serving.generative.openai), when the plane has them."""
+        if self.plane.generation is None:
+            raise NotFound(f"no such endpoint: {path} (no generative model is served: serving.generative)")
+        resp: Response = self.plane.generation(method, path, body)
+        return resp
 
     def extension(self, method: str, path: str, body: bytes | memoryview) -> Response:
         """Repository, shared memory, trace and logging endpoints: served by the plane's extension hooks when

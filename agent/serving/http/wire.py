@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import select
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any, NamedTuple
 
@@ -158,9 +158,10 @@ def render(resp: Response, close: bool, head_only: bool = False) -> tuple[list[A
         extra += 'WWW-Authenticate: Bearer realm="edge-agent"\r\n'
     if close:
         extra += "Connection: close\r\n"
+    size = "Transfer-Encoding: chunked" if resp.stream is not None else f"Content-Length: {length}"
     head = (
         f"HTTP/1.1 {resp.status} {PHRASES.get(resp.status, 'Error')}\r\nServer: {SERVER}\r\n"
-        f"Content-Type: {resp.content_type}\r\nContent-Length: {length}\r\n{extra}\r\n"
+        f"Content-Type: {resp.content_type}\r\n{size}\r\n{extra}\r\n"
     ).encode("latin-1")
     if head_only:
         return [head], len(head)
@@ -195,6 +196,20 @@ def refusal(status: int, message: str) -> bytes:
     """A complete close-the-connection answer (for the selector thread: one non-blocking send)."""
     parts, _ = render(error_response(status, message), close=True)
     return b"".join(parts)
+
+
+def send_stream(sock: socket.socket, stream: Iterator[bytes]) -> None:
+    """Send a streamed body as HTTP/1.1 chunks as it comes; a client that went away (a failed send) closes the
+    stream, which ends whatever produces it (a generation frees its KV budget), and the error goes on up."""
+    try:
+        for piece in stream:
+            if piece:
+                sock.sendall(b"%x\r\n%b\r\n" % (len(piece), piece))
+        sock.sendall(b"0\r\n\r\n")
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
 
 
 def send_all(sock: socket.socket, parts: list[Any], total: int) -> None:

@@ -32,6 +32,7 @@ from agent.serving.http.wire import (
     parse_head,
     render,
     send_all,
+    send_stream,
 )
 
 KEEP_BUFFER_BYTES = 16 * 1024 * 1024  # larger bodies get a buffer of their own, dropped after the request
@@ -185,8 +186,9 @@ class Worker:
             left = 0 if read or self._started else self._unread(conn, nxt, n)
             close = close or (not read and n > 0)  # refused before its body was read: the connection ends
             accept = head.headers.get("accept-encoding")
-            if accept and resp.status == 200:
+            if accept and resp.status == 200 and resp.stream is None:
                 resp = compress(resp, accept, ledger)
+            close = close or resp.stream is not None  # a stream ends its connection
             self._send(conn, resp, close, head.method == "HEAD")
             conn.first = time.monotonic() if conn.buf else None  # a pipelined request's bytes are already here
         finally:
@@ -285,3 +287,5 @@ class Worker:
         self.oip.count(resp.status)
         parts, total = render(resp, close, head_only)
         send_all(conn.sock, parts, total)
+        if resp.stream is not None:  # SSE: chunks as they come (the connection closes after it)
+            send_stream(conn.sock, iter(()) if head_only else resp.stream)

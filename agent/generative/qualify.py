@@ -1,0 +1,185 @@
+"""Qualify a generative package: a row per runtime, provider and variant (precision), each measured in its own
+process (agent.generative.rowproc), judged against the fp32 CPU reference (agent.generative.fidelity) and the
+package's gates; the fastest passing row (TPOT p50) is selected. Returns the decision record (a dict)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.generative import fidelity
+from agent.generative.package import GenerativePackage
+from agent.generative.runtimes import GENAI_PROVIDERS, genai_missing, openvino_genai_row
+from agent.generative.watch import run_watched
+
+Progress = Callable[..., None]
+REFERENCE = "fp32"
+
+
+def tree_sha256(root: Path) -> str:
+    """One digest over every file of the package (relative path and bytes), in path order."""
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class RowLimits:
+    """Each row process's deadline and memory limit (None: no watchdog)."""
+
+    timeout_s: float = 600.0
+    memory_max: int | None = None
+
+
+def _run_row(spec: dict[str, Any], limits: RowLimits) -> dict[str, Any]:
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+    t0 = time.perf_counter()
+    argv = [sys.executable, "-m", "agent.generative.rowproc", str(out / "spec.json")]
+    code, stdout, stderr, why = run_watched(argv, limits.timeout_s, limits.memory_max)
+    if why:
+        return {"status": "failed" if why.startswith("memory") else "error", "reason": why}
+    lines = stdout.strip().splitlines()
+    if code != 0 or not lines:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
+        return {"status": "error", "reason": f"the row's process exited {code}: {tail}"}
+    row: dict[str, Any] = json.loads(lines[-1])
+    row["wall_s"] = time.perf_counter() - t0
+    return row
+
+
+def _spec(pkg: GenerativePackage, model_dir: Path, provider: str, out: Path, held: Any) -> dict[str, Any]:
+    t = pkg.timing
+    return {
+        "model_dir": str(model_dir),
+        "provider": provider,
+        "max_length": pkg.max_length,
+        "prompt_lengths": list(t["prompt_lengths"]),
+        "tpot_tokens": int(t["tpot_tokens"]),
+        "repeats": int(t["repeats"]),
+        "greedy_tokens": int(t["greedy_tokens"]),
+        "prompt_texts": pkg.prompts,
+        "held": held,
+        "out_dir": str(out),
+    }
+
+
+def _judge(row: dict[str, Any], ref: dict[str, Any], ref_dir: Path, out: Path, pkg: GenerativePackage) -> None:
+    lengths = [len(p) for p in ref["prompts"]]
+    row["fidelity"] = {
+        **fidelity.teacher_forced(ref_dir, out, lengths),
+        "greedy": fidelity.greedy(ref["greedy"], row["greedy"], int(pkg.timing["greedy_tokens"])),
+    }
+    why = fidelity.gate(row, pkg.gates)
+    row["status"] = "failed" if why else "passed"
+    row["reason"] = "; ".join(why)
+
+
+def _row(
+    pkg: GenerativePackage, variant: str, provider: str, work: Path, ref: dict[str, Any] | None, limits: RowLimits
+) -> dict[str, Any]:
+    model_dir = pkg.root if variant == REFERENCE else pkg.variants[variant]
+    out = work / f"{variant}-{provider}"
+    spec = _spec(pkg, model_dir, provider, out, ref["held"] if ref else None)
+    row = {
+        "runtime": "onnxruntime-genai",
+        "provider": provider,
+        "precision": variant,
+        "model_dir": str(model_dir),
+        **_run_row(spec, limits),
+    }
+    if row["status"] == "unavailable":
+        row["fix"] = GENAI_PROVIDERS.get(provider) or "see the reason"
+    elif row["status"] == "measured":
+        if ref is None:  # this row is the reference itself
+            ref = row
+        _judge(row, ref, work / f"{REFERENCE}-cpu", out, pkg)
+    return row
+
+
+def qualify_generative(
+    pkg: GenerativePackage,
+    work: Path,
+    *,
+    providers: list[str] | None = None,
+    progress: Progress | None = None,
+    limits: RowLimits = RowLimits(),
+) -> dict[str, Any]:
+    say = progress or (lambda *_a, **_k: None)
+    rows: list[dict[str, Any]] = []
+    missing = genai_missing()
+    wanted = [p for p in GENAI_PROVIDERS if not providers or p.lower() in {q.lower() for q in providers}]
+    if missing:
+        rows += [{"runtime": "onnxruntime-genai", "provider": p, "status": "unavailable", **missing} for p in wanted]
+    else:
+        rows += _genai_rows(pkg, work, wanted, say, limits)
+    rows.append(openvino_genai_row())
+    for r in rows:
+        r["key"] = f"{r['runtime']}/{r['provider']}" + (f":{r['precision']}" if r.get("precision") else "")
+    passed = [r for r in rows if r["status"] == "passed"]
+    best = min(passed, key=lambda r: r["tpot_ms"]["p50_ms"]) if passed else None
+    say("selected", provider=best["key"] if best else None)
+    return _record(pkg, rows, best)
+
+
+def _genai_rows(
+    pkg: GenerativePackage, work: Path, wanted: list[str], say: Progress, limits: RowLimits
+) -> list[dict[str, Any]]:
+    say("row", provider="cpu", precision=REFERENCE, status="running")
+    ref = _row(pkg, REFERENCE, "cpu", work, None, limits)
+    say("row", provider="cpu", precision=REFERENCE, status=ref["status"], reason=ref.get("reason"))
+    rows = [ref]
+    if "held" not in ref:
+        return rows  # the reference was not measured: nothing else can be judged
+    for provider in wanted:
+        for variant in [REFERENCE, *pkg.variants]:
+            if provider == "cpu" and variant == REFERENCE:
+                continue
+            say("row", provider=provider, precision=variant, status="running")
+            row = _row(pkg, variant, provider, work, ref, limits)
+            say("row", provider=provider, precision=variant, status=row["status"], reason=row.get("reason"))
+            rows.append(row)
+            if row["status"] == "unavailable":
+                break  # the provider cannot load the reference: its other variants would say the same
+    if "cpu" not in wanted:
+        rows.remove(ref)
+    return rows
+
+
+def _record(pkg: GenerativePackage, rows: list[dict[str, Any]], best: dict[str, Any] | None) -> dict[str, Any]:
+    for r in rows:  # the record keeps figures, not the token streams the fidelity was computed from
+        for k in ("held", "prompts", "greedy"):
+            r.pop(k, None)
+    return {
+        "kind": "generative",
+        "model": {
+            "name": pkg.name,
+            "version": pkg.version,
+            "runtime": pkg.runtime,
+            "max_length": pkg.max_length,
+            "sha256": tree_sha256(pkg.root),
+        },
+        "reference": "the package's fp32 model on onnxruntime-genai's CPU provider",
+        "gates": pkg.gates,
+        "timing": pkg.timing,
+        "how_measured": {
+            "load_s": "og.Model(config) with only this provider, in the row's own process",
+            "ttft_ms": "append_tokens(prompt) + the first generate_next_token, per prompt length, after a warm-up",
+            "tpot_ms": "each later generate_next_token of a greedy generation of tpot_tokens, all repeats pooled",
+            "peak_rss_bytes": "the row process's VmHWM after a greedy generation to max_length (KV cache at its "
+            "largest); includes the runtime and the timing runs",
+            "fidelity": "teacher-forced on each judge prompt + the reference's greedy continuation (gated); "
+            "greedy match over the first greedy_tokens and the first divergence (reported)",
+        },
+        "results": rows,
+        "selected": best["key"] if best else None,
+    }

@@ -1,0 +1,72 @@
+"""A generative package made in code: the tiny decoder (agent.generative.tinymodel) as the fp32 reference, plus
+optional variants: `int8` (ONNX Runtime's dynamic quantisation of its MatMul weights), `perturbed` (the same
+weights with relative Gaussian noise: a variant that must fall under the fidelity floor) and `gqa` (the same weights
+through GroupQueryAttention with a KV buffer allocated at max_length)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from agent.generative.tinymodel import write_tiny_genai
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Edge devices measure, they do not assume.",
+    "Once upon a time, in a small town,",
+]
+SIDE_FILES = ("genai_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def _int8(src: Path, dst: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dst.mkdir(parents=True, exist_ok=True)
+    quantize_dynamic(
+        str(src / "model.onnx"), str(dst / "model.onnx"), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+    )
+    for name in SIDE_FILES:
+        shutil.copyfile(src / name, dst / name)
+
+
+def _yaml(name: str, max_length: int, variants: dict[str, str]) -> str:
+    lines = [
+        f"name: {name}",
+        'version: "1"',
+        "kind: generative",
+        "runtime: onnxruntime-genai",
+        f"max_length: {max_length}",
+        "prompts:",
+    ]
+    lines += [f"  - {p!r}" for p in PROMPTS]
+    if variants:
+        lines.append("variants:")
+        lines += [f"  {k}: {v}" for k, v in variants.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_generative_package(
+    directory: Path,
+    *,
+    variants: tuple[str, ...] = ("int8",),
+    max_length: int = 256,
+    perturb: float = 0.2,
+    seed: int = 0,
+    name: str = "tiny-lm",
+) -> Path:
+    """Write the package into `directory`; variants from ("int8", "perturbed", "gqa")."""
+    directory = Path(directory)
+    write_tiny_genai(directory, max_length=max_length, seed=seed)
+    written: dict[str, str] = {}
+    for v in variants:
+        if v == "int8":
+            _int8(directory, directory / "int8")
+        elif v == "perturbed":
+            write_tiny_genai(directory / "perturbed", max_length=max_length, seed=seed, perturb=perturb)
+        elif v == "gqa":
+            write_tiny_genai(directory / "gqa", max_length=max_length, seed=seed, gqa=True)
+        else:
+            raise ValueError(f"unknown variant {v!r} (int8, perturbed, gqa)")
+        written[v] = v
+    (directory / "model.yaml").write_text(_yaml(name, max_length, written), encoding="utf-8")
+    return directory

@@ -1,0 +1,159 @@
+"""A generative model served by the agent against the same model run directly by onnxruntime-genai (issue 39; not
+run by the tests).
+
+  (1) TTFT: a request for 1 token (served: the whole non-streamed answer over HTTP; direct: append_tokens + the
+      first generate_next_token) and
+  (2) time per token: a greedy request for --tokens tokens (EOS suppressed neither side: the count each side
+      generated divides its time), served through POST /v1/completions, direct through og.Generator,
+each as the median of --rounds rounds, served and direct alternating (ABBA) in the same run, and the served/direct
+ratio (the agent's overhead per token; issue 39's goal: under 1.05x).
+
+The server is the daemon's path (agent.yaml -> start_fronts -> serving.generative) in a child process; the client
+and the direct runs share this process. The model: --package DIR (a generative package: a real small model when
+one is at hand), else one made in code with --layers/--hidden (the 2x32 default is ~30 us a token: HTTP dominates).
+
+Usage: .venv/bin/python bench/bench_generative.py [--package DIR] [--layers 4 --hidden 512] [--tokens 64]
+       [--prompt-tokens 32] [--rounds 7] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _serve(pkg: str, port_q: mp.Queue, stop: mp.Event) -> None:
+    from agent.config.load import parse_config
+    from agent.serving.fronts import start_fronts
+    from agent.serving.registry import ModelRegistry
+
+    cfg = parse_config(
+        {
+            "serving": {
+                "port": 0,
+                "grpc_port": None,
+                "generative": {"kv_budget": "1G", "models": {"lm": {"package": pkg}}},
+            }
+        }
+    )
+    srv, _ = start_fronts(ModelRegistry(), cfg.serving)
+    port_q.put(srv.port)
+    stop.wait()
+    srv.shutdown(5)
+
+
+def _served(port: int, prompt: str, tokens: int) -> tuple[float, int]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = json.dumps({"model": "lm", "prompt": prompt, "max_tokens": tokens, "temperature": 0})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    doc = json.loads(conn.getresponse().read())
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed, int(doc["usage"]["completion_tokens"])
+
+
+def _direct(og, model, ids: list[int], tokens: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + tokens, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(ids)
+    n = 0
+    while not gen.is_done() and n < tokens:
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        n += 1
+    return time.perf_counter() - t0, n
+
+
+def _pair(og, model, port, prompt, ids, tokens, rounds) -> dict:
+    served, direct = [], []
+    for r in range(rounds):
+        order = ("s", "d") if r % 2 == 0 else ("d", "s")  # ABBA: drifts in load hit both sides alike
+        for side in order:
+            if side == "s":
+                t, n = _served(port, prompt, tokens)
+                served.append(t / max(1, n) if tokens > 1 else t)
+            else:
+                t, n = _direct(og, model, ids, tokens)
+                direct.append(t / max(1, n) if tokens > 1 else t)
+    s, d = statistics.median(served), statistics.median(direct)
+    return {"served_ms": s * 1000, "direct_ms": d * 1000, "ratio": s / d}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--package")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    import onnxruntime_genai as og
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = a.package
+        if pkg is None:
+            from agent.generative.samples import write_generative_package
+            from agent.generative.tinymodel import write_tiny_genai
+
+            pkg = str(write_generative_package(Path(tmp) / "lm", variants=(), max_length=512))
+            heads = max(1, a.hidden // 64) if a.hidden >= 64 else 2
+            write_tiny_genai(Path(pkg), layers=a.layers, hidden=a.hidden, heads=heads, max_length=512)
+        model = og.Model(pkg)
+        ids = ([int(t) for t in og.Tokenizer(model).encode("The quick brown fox jumps over the lazy dog. ")] * 64)[
+            : a.prompt_tokens
+        ]
+        prompt = og.Tokenizer(model).decode(ids)
+        ctx = mp.get_context("spawn")
+        q, stop = ctx.Queue(), ctx.Event()
+        child = ctx.Process(target=_serve, args=(pkg, q, stop))
+        child.start()
+        try:
+            port = q.get(timeout=120)
+            _served(port, prompt, 4), _direct(og, model, ids, 4)  # warm-up both
+            out = {
+                "model": pkg if a.package else f"made in code: {a.layers} layers x {a.hidden}",
+                "prompt_tokens": len(ids),
+                "tokens": a.tokens,
+                "rounds": a.rounds,
+                "ttft": _pair(og, model, port, prompt, ids, 1, a.rounds),
+                "per_token": _pair(og, model, port, prompt, ids, a.tokens, a.rounds),
+            }
+        finally:
+            stop.set()
+            child.join(30)
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"model {out['model']}, prompt {out['prompt_tokens']} tokens, {a.tokens} greedy tokens, "
+            f"medians of {a.rounds} rounds (ABBA)"
+        )
+        for key, label in (("ttft", "TTFT (1 token)"), ("per_token", "time per token")):
+            r = out[key]
+            print(
+                f"  {label:16s} served {r['served_ms']:.3f} ms  direct {r['direct_ms']:.3f} ms  "
+                f"ratio {r['ratio']:.2f}x (goal < 1.05x)"
+            )
+        print(
+            f"  tokens/s        served {1000 / out['per_token']['served_ms']:.0f}  "
+            f"direct {1000 / out['per_token']['direct_ms']:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
