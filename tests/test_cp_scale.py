@@ -184,7 +184,7 @@ def test_fleet_simulate_light_from_the_cli(tmp_path):
     from clirunner import EXE, ROOT
 
     from agent.fleet.registry import DeviceRegistry
-    from agent.fleet.status import fleet_status
+    from agent.fleet.watch import fleet_status
     from agent.transport.mqtt import BrokerConfig
 
     _, pub, _ = generate(tmp_path / "fleet-keys")

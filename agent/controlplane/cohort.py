@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SUMMARY_KEYS = ("version", "provider", "precision", "state", "probation_ends", "sha256")
+SUMMARY_KEYS = ("version", "provider", "precision", "state", "probation_ends", "sha256", "reason")
+REASON_CHARS = 300  # a model's reason as the device list shows it (the device page has it whole)
 NONE = "none"
 WIDTH = 255  # the columns' length (String(255)): a longer value is cut and marked with "..."
 
@@ -22,8 +23,13 @@ def models_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def summary(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{model: {version, provider, precision, state, probation_ends, sha256}} (only the keys present)."""
-    return {m: {k: v[k] for k in SUMMARY_KEYS if k in v} for m, v in models_of(status).items()}
+    """{model: {version, provider, precision, state, probation_ends, sha256, reason}} (only the keys present; the
+    reason cut to REASON_CHARS)."""
+    out = {m: {k: v[k] for k in SUMMARY_KEYS if k in v} for m, v in models_of(status).items()}
+    for v in out.values():
+        if isinstance(v.get("reason"), str):
+            v["reason"] = v["reason"][:REASON_CHARS]
+    return out
 
 
 def columns(status: dict[str, Any]) -> dict[str, str]:

@@ -287,6 +287,10 @@ class Probation:
         f["paired_runs"] = self.pairing.counts()
         if paired["verdict"] == SLOWER:
             return Verdict(TROUBLE, f"probation: {paired['reason']}", f)
+        if paired["verdict"] == PAIRS_NOT_JUDGED and f["requests"] == 0 and t.min_requests == 0:
+            # a quiet window: nothing came, so nothing was skipped; min_requests decides it, as without pairs
+            return Verdict(PASSED, "probation passed: no request in the window (serving.probation.min_requests is "
+                           "0): compute time not judged, nothing to pair", f)  # fmt: skip
         if paired["verdict"] == PAIRS_NOT_JUDGED and elapsed < self.window * t.extend:
             f["extended"] = True
             why = paired["reason"]
