@@ -3,6 +3,8 @@ of a device's status, "not measured" for whatever is absent or of the wrong type
 
 from __future__ import annotations
 
+import pytest
+
 from agent.fleet import paired
 
 BLOCK = {
@@ -46,3 +48,17 @@ def test_what_is_absent_or_mistyped_says_not_measured():
     assert paired.words(dict(BLOCK, ci=None, verdict=None)) == (
         "paired ratio 1.97 over 213 pairs; A/A floor [0.97, 1.03] over 40 pairs"
     )
+
+
+def test_the_service_keeps_a_not_judged_paired_block_as_the_device_writes_it():
+    # a trial with no pairs reports its interval as [null, null] (trial/pairjudge.py): the service's schema took
+    # only numbers and dropped the whole status, so the device looked stuck "on probation, 0 s left"
+    from agent.controlplane.docschema import Paired
+
+    side = {"ratio": None, "ci": [None, None], "pairs": 0}
+    block = {**side, "aa": side, "verdict": "not judged", "reason": "too few pairs", "conditions": {"cpu_mhz": None}}
+    assert Paired.model_validate(block).ci == [None, None]
+    with pytest.raises(ValueError):
+        Paired.model_validate({**block, "ci": [float("inf"), 1.0]})
+    with pytest.raises(ValueError):
+        Paired.model_validate({**block, "ci": [1.0]})

@@ -170,7 +170,7 @@ class ModelStatus(Doc):
 
 
 Ratio = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # a time ratio: finite, not negative
-Interval = Annotated[list[Ratio], Field(min_length=2, max_length=2)]
+Interval = Annotated[list[Ratio | None], Field(min_length=2, max_length=2)]  # [null, null]: no pairs to bound
 Pairs = Annotated[int, Field(ge=0, le=10**9)]
 
 

@@ -130,7 +130,14 @@ class FleetRole:
             n, last = s.execute(select(func.count(), func.max(Device.decided_at)).where(Device.state == ACCEPTED)).one()
         now = (int(n or 0), float(last or 0.0))
         if self._accepted is not None and now != self._accepted:
-            self.loop.registry_dirty.set()
+            since = self._accepted[1]
+            with self.factory() as s:
+                ids = s.scalars(select(Device.device_id).where(Device.state == ACCEPTED, Device.decided_at > since))
+                named = sorted(ids.all())
+            if named and now[0] >= self._accepted[0]:  # accepted since: just their entries (no whole reload)
+                self.loop.devices_changed(named)
+            else:  # fewer accepted devices and none newly decided: some left; which ones, only a reread says
+                self.loop.registry_dirty.set()
         self._accepted = now
 
     # -- shown ------------------------------------------------------------------------------------------------
