@@ -46,3 +46,19 @@ def test_what_is_absent_or_mistyped_says_not_measured():
     assert paired.words(dict(BLOCK, ci=None, verdict=None)) == (
         "paired ratio 1.97 over 213 pairs; A/A floor [0.97, 1.03] over 40 pairs"
     )
+
+
+def test_the_service_keeps_a_status_whose_interval_had_too_few_pairs():
+    """A device with too few pairs reports its bounds as null (agent/trial/pairjudge.py); the service kept none of
+    that device's status before (issue 37's operator test found it); a bound that is not a number is refused."""
+    import pytest
+
+    from agent.controlplane.docschema import DocumentInvalid, check
+
+    short = {"ratio": None, "ci": [None, None], "pairs": 2, "aa": {"ratio": None, "ci": [None, None], "pairs": 0}}
+    status = {"models": {}, "deployments": {"tiny": {"version": "2", "probation": {"paired": short}}}}
+    check("status", status)
+    for bad in ([float("nan"), 1.0], [1.0, "2"], [None]):
+        status["deployments"]["tiny"]["probation"]["paired"] = dict(short, ci=bad)
+        with pytest.raises(DocumentInvalid):
+            check("status", status)
