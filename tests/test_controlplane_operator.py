@@ -298,7 +298,8 @@ def _charts(page, url, api, target) -> None:
         got = {k: sum(p.get(k) is not None for p in pts) for k in keys}
         return any(n >= 3 for n in got.values()) and got
 
-    wait_for(measured, WAIT_S, f"3 measured health points of {target}", step=0.5)
+    got = wait_for(measured, WAIT_S, f"3 measured health points of {target}", step=0.5)
+    assert got["cpu_percent"] == 0, got  # a simulated device's figures come from its capture, not from this host
     page.goto(url + f"/charts?target={target}")
     drawn = 0
     for key in keys:
