@@ -22,14 +22,14 @@ from pathlib import Path
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import running_service
+from cp_support import commit_flagged_targets, running_service
 from support.wait import wait_for
 from test_controlplane_browser import ARGS, CHROMIUM, artifacts_dir
 from test_controlplane_dashboard import _package
 from test_simulate_controlplane import _events, _simulate, _stop
 
 from agent.artifacts.keys import generate
-from agent.targets.load import ENV_DIR, default_directory
+from agent.targets.load import ENV_DIR
 
 CLASSES = ("amd-epyc-x86", "rpi5-8gb")
 DEVICES = 20
@@ -73,23 +73,6 @@ def _on(api, version: str, state: str = "committed") -> bool:
     return len(rows) == DEVICES and all(m.get("version") == version and m.get("state") == state for m in tiny)
 
 
-def _targets(tmp: Path, names: list[str]) -> Path:
-    """The shipped target files, those of `names` with `serving.unjudged: commit-flagged`: a simulated device
-    serves no traffic, so its probation cannot judge v2 against v1, and under the default policy (rollback) it
-    would return to v1 by itself; flagged, it keeps v2 until the operator's roll back reaches it."""
-    import shutil
-
-    import yaml
-
-    out = tmp / "targets"
-    shutil.copytree(default_directory(), out)
-    for name in names:
-        doc = yaml.safe_load((out / f"{name}.yaml").read_text())
-        doc.setdefault("serving", {})["unjudged"] = "commit-flagged"
-        (out / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    return out
-
-
 def test_an_operator_runs_a_simulated_fleet_from_the_browser(tmp_path, monkeypatch):
     if not Path(CHROMIUM).exists():
         raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
@@ -110,7 +93,7 @@ def test_an_operator_runs_a_simulated_fleet_from_the_browser(tmp_path, monkeypat
             grant = api.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": DEVICES})
             assert grant.status_code == 201, grant.text
             (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
-            monkeypatch.setenv(ENV_DIR, str(_targets(tmp_path, ["generic-x86_64", "raspberry-pi-5"])))
+            monkeypatch.setenv(ENV_DIR, str(commit_flagged_targets(tmp_path, ["generic-x86_64", "raspberry-pi-5"])))
             sim = _simulate(
                 tmp_path, "op", broker.url, pub, url,
                 *("--devices", str(DEVICES), "--sysroots", ",".join(CLASSES)),
