@@ -85,3 +85,21 @@ def postgres(tmp: Path) -> Iterator[str]:
             [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True
         )
         shutil.rmtree(tmp if run_as else data, ignore_errors=True)
+
+
+def commit_flagged_targets(tmp: Path, names: list[str]) -> Path:
+    """A copy of the shipped target files, those of `names` with `serving.unjudged: commit-flagged` (for
+    $EDGE_AGENT_TARGETS_DIR): a simulated device serves no traffic, so its probation cannot judge a second version,
+    and under the default policy (rollback) it would return to the first by itself; flagged, it keeps the version
+    (its rollout waits for an operator's word) until a roll back reaches it."""
+    import yaml
+
+    from agent.targets.load import default_directory
+
+    out = tmp / "targets"
+    shutil.copytree(default_directory(), out)
+    for name in names:
+        doc = yaml.safe_load((out / f"{name}.yaml").read_text())
+        doc.setdefault("serving", {})["unjudged"] = "commit-flagged"
+        (out / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out

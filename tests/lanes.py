@@ -41,6 +41,7 @@ SYSTEM = frozenset(
         "test_rollout_unjudged",
         "test_cp_scale",
         "test_controlplane_observe",
+        "test_controlplane_operator",  # issue 37 done-when: 20 simulated devices run from the browser
         "test_rollout_recall",
         "test_help_examples",  # every --help example against a live daemon, broker and service (6 min)
         "test_evidence_sim",

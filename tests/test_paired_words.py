@@ -50,15 +50,16 @@ def test_what_is_absent_or_mistyped_says_not_measured():
     )
 
 
-def test_the_service_keeps_a_not_judged_paired_block_as_the_device_writes_it():
-    # a trial with no pairs reports its interval as [null, null] (trial/pairjudge.py): the service's schema took
-    # only numbers and dropped the whole status, so the device looked stuck "on probation, 0 s left"
-    from agent.controlplane.docschema import Paired
+def test_the_service_keeps_a_status_whose_interval_had_too_few_pairs():
+    """A device with too few pairs reports its bounds as null (agent/trial/pairjudge.py); the service kept none of
+    that device's status before (issue 37's operator test found it); a bound that is not a number is refused."""
 
-    side = {"ratio": None, "ci": [None, None], "pairs": 0}
-    block = {**side, "aa": side, "verdict": "not judged", "reason": "too few pairs", "conditions": {"cpu_mhz": None}}
-    assert Paired.model_validate(block).ci == [None, None]
-    with pytest.raises(ValueError):
-        Paired.model_validate({**block, "ci": [float("inf"), 1.0]})
-    with pytest.raises(ValueError):
-        Paired.model_validate({**block, "ci": [1.0]})
+    from agent.controlplane.docschema import DocumentInvalid, check
+
+    short = {"ratio": None, "ci": [None, None], "pairs": 2, "aa": {"ratio": None, "ci": [None, None], "pairs": 0}}
+    status = {"models": {}, "deployments": {"tiny": {"version": "2", "probation": {"paired": short}}}}
+    check("status", status)
+    for bad in ([float("nan"), 1.0], [1.0, "2"], [None]):
+        status["deployments"]["tiny"]["probation"]["paired"] = dict(short, ci=bad)
+        with pytest.raises(DocumentInvalid):
+            check("status", status)

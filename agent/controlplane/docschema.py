@@ -170,7 +170,8 @@ class ModelStatus(Doc):
 
 
 Ratio = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # a time ratio: finite, not negative
-Interval = Annotated[list[Ratio | None], Field(min_length=2, max_length=2)]  # [null, null]: no pairs to bound
+# a bound is null where the device had too few pairs for it (agent/trial/pairjudge.py: not measured)
+Interval = Annotated[list[Ratio | None], Field(min_length=2, max_length=2)]
 Pairs = Annotated[int, Field(ge=0, le=10**9)]
 
 

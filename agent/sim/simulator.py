@@ -144,6 +144,7 @@ class Simulator:
         agent = DeviceAgent(
             cfg,
             profile=cls.profile,
+            sysroot=cls.sysroot,  # its health messages read the capture's sysfs (thermal, throttling), not the host's
             serve_http=self.serve_http,
             step_config=steps,
             on_event=self._on_event,
