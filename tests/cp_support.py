@@ -87,8 +87,8 @@ def postgres(tmp: Path) -> Iterator[str]:
         shutil.rmtree(tmp if run_as else data, ignore_errors=True)
 
 
-def commit_flagged_targets(tmp: Path, names: list[str]) -> Path:
-    """A copy of the shipped target files, those of `names` with `serving.unjudged: commit-flagged` (for
+def commit_flagged_targets(tmp: Path, names: list[str] | None = None) -> Path:
+    """A copy of the shipped target files, those of `names` (default: all) with `serving.unjudged: commit-flagged` (for
     $EDGE_AGENT_TARGETS_DIR): a simulated device serves no traffic, so its probation cannot judge a second version,
     and under the default policy (rollback) it would return to the first by itself; flagged, it keeps the version
     (its rollout waits for an operator's word) until a roll back reaches it."""
@@ -98,7 +98,7 @@ def commit_flagged_targets(tmp: Path, names: list[str]) -> Path:
 
     out = tmp / "targets"
     shutil.copytree(default_directory(), out)
-    for name in names:
+    for name in names if names is not None else sorted(p.stem for p in out.glob("*.yaml")):
         doc = yaml.safe_load((out / f"{name}.yaml").read_text())
         doc.setdefault("serving", {})["unjudged"] = "commit-flagged"
         (out / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from cp_support import commit_flagged_targets
 from probation_load import Load, body_for, send
 from probation_models import chain_model
 from support.daemon import Daemon, drop, write_config
@@ -40,16 +41,12 @@ def _serves(url: str) -> tuple[str, float]:
 @pytest.mark.field
 @pytest.mark.timeout(1200)  # 7 deployments of a ~1 ms model under load on a shared 2-core machine
 def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp_path):
-    # 3 s probation windows under 4-8 clients often cannot judge: this test is about good pushes surviving load, so
-    # it keeps an unjudged version serving, flagged (the default, rollback, is tested in test_unjudged.py)
-    serving = {
-        "host": "127.0.0.1",
-        "port": 0,
-        "unjudged": "commit-flagged",
-        "shadow": {"requests": 30, "duration_s": 15, "min_requests": 5},
-    }
+    serving = {"host": "127.0.0.1", "port": 0, "shadow": {"requests": 30, "duration_s": 15, "min_requests": 5}}
     cfg = write_config(tmp_path, extra={"serving": serving})
-    d = Daemon(cfg, tmp_path / "state", env={"EDGE_AGENT_PROBATION_S": "3"})
+    # 3 s probation windows under 4-8 clients often cannot judge: this test is about good pushes surviving load, so
+    # its targets keep an unjudged version serving, flagged (the default, rollback, is tested in test_unjudged.py)
+    env = {"EDGE_AGENT_PROBATION_S": "3", "EDGE_AGENT_TARGETS_DIR": str(commit_flagged_targets(tmp_path))}
+    d = Daemon(cfg, tmp_path / "state", env=env)
     deps, failed = [], []
     try:
         d.wait_ready()
@@ -94,7 +91,7 @@ def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
-    again = Daemon(cfg, tmp_path / "state", env={"EDGE_AGENT_PROBATION_S": "3"})
+    again = Daemon(cfg, tmp_path / "state", env=env)
     try:
         again.wait_ready()
         served, y0 = _serves(again.url)
