@@ -230,11 +230,7 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
         raise Unsure
     cost = parse_cost(len(text), scan.opens, scan.separators)
     charge(cost + _STRING_COST * scan.string_bytes + _VALUE_COST * (scan.strings + scan.brackets), what)
-    parser = simdjson.Parser()
-    try:
-        top = parser.parse(text)
-    except Exception:  # noqa: BLE001 - any complaint (syntax, UTF-8, NaN, 1e400, big integers): the Python parser
-        raise Unsure from None
+    parser, top = _parse(text, cost)
     if not isinstance(top, simdjson.Object):
         raise Unsure
     lazy: dict[str, Any] = {key: top[key] for key in _keys(top)}  # strings are Python already (counted above)
@@ -263,6 +259,54 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
     if scan.brackets != skeleton_arrays + arrays:
         raise Unsure
     return doc
+
+
+# A worker thread keeps its simdjson parser between requests when the server's budget lets it keep the memory
+# (keep_parsers): a fresh parser's tape and indexes are fresh mappings, faulted in page by page (1,600 page faults,
+# about 2 ms of a 3 MB body's parse). The kept size is the largest parse cost the parser has served (what it can
+# have touched), asked of the budget before a larger document is parsed; larger bodies take a fresh parser.
+KEEP_PARSER_MAX = 16 << 20  # of parse cost (a body of about 5 MB of FP32 numbers)
+_KEPT = threading.local()
+
+
+def keep_parsers(keep: Callable[[int, int], bool] | None) -> None:
+    """Let the calling thread keep a parser between documents, its memory asked of `keep(old, new)` first
+    (BodyBudget.keep: the kept read buffers' share of the budget); None drops the kept one (its memory given back
+    through the previous `keep`)."""
+    old = getattr(_KEPT, "keep", None)
+    if old is not None and _KEPT.held:
+        old(_KEPT.held, 0)
+    _KEPT.keep, _KEPT.held, _KEPT.parser = keep, 0, None
+
+
+def _kept(cost: int) -> Any:
+    """The thread's kept parser, when it may parse a document of this cost; else None."""
+    keep = getattr(_KEPT, "keep", None)
+    if keep is None or cost > KEEP_PARSER_MAX:
+        return None
+    if cost > _KEPT.held:
+        if not keep(_KEPT.held, cost):
+            return None
+        _KEPT.held = cost
+    if _KEPT.parser is None:
+        _KEPT.parser = simdjson.Parser()
+    return _KEPT.parser
+
+
+def _parse(text: bytes | memoryview, cost: int) -> tuple[Any, Any]:
+    """(parser, top value) of the text; Unsure for anything simdjson refuses."""
+    parser = _kept(cost)
+    try:
+        if parser is not None:
+            try:
+                return parser, parser.parse(text)
+            except RuntimeError as exc:  # its last document is still referenced: a fresh parser this time
+                if "re-use a parser" not in str(exc):
+                    raise
+        parser = simdjson.Parser()
+        return parser, parser.parse(text)
+    except Exception:  # noqa: BLE001 - any complaint (syntax, UTF-8, NaN, 1e400, big integers): the Python parser
+        raise Unsure from None
 
 
 def binary_hint(numbers: int, exact: int | None = None, subject: str = "this request's tensors") -> str:
