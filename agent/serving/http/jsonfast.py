@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agent.serving.budget import JSON_DECODE_FACTOR, parse_cost
+from agent.serving.budget import JSON_DECODE_FACTOR, kept_parser_cost, parse_cost
 from agent.serving.codec import Charge, no_charge
 from agent.serving.errors import PayloadTooLarge, ServerBusy
 from agent.serving.http.jsondata import json_tensor, parse_json
@@ -230,7 +230,9 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
         raise Unsure
     cost = parse_cost(len(text), scan.opens, scan.separators)
     charge(cost + _STRING_COST * scan.string_bytes + _VALUE_COST * (scan.strings + scan.brackets), what)
-    parser, top = _parse(text, cost)
+    parser, top = _parse(
+        text, kept_parser_cost(len(text), scan.opens, scan.separators, scan.strings, scan.string_bytes)
+    )
     if not isinstance(top, simdjson.Object):
         raise Unsure
     lazy: dict[str, Any] = {key: top[key] for key in _keys(top)}  # strings are Python already (counted above)
@@ -263,9 +265,9 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
 
 # A worker thread keeps its simdjson parser between requests when the server's budget lets it keep the memory
 # (keep_parsers): a fresh parser's tape and indexes are fresh mappings, faulted in page by page (1,600 page faults,
-# about 2 ms of a 3 MB body's parse). The kept size is the largest parse cost the parser has served (what it can
+# about 2 ms of a 3 MB body's parse). The kept size is the largest kept_parser_cost it has served (what it can
 # have touched), asked of the budget before a larger document is parsed; larger bodies take a fresh parser.
-KEEP_PARSER_MAX = 16 << 20  # of parse cost (a body of about 5 MB of FP32 numbers)
+KEEP_PARSER_MAX = 16 << 20  # of kept_parser_cost (a body of about 7 MB of FP32 numbers)
 _KEPT = threading.local()
 
 
