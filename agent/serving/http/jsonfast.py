@@ -8,12 +8,13 @@ errors (lies, malformed numbers, NaN/Inf text, out-of-range integers, deep nesti
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from agent.serving.budget import JSON_DECODE_FACTOR, parse_cost
+from agent.serving.budget import JSON_DECODE_FACTOR, kept_parser_cost, parse_cost
 from agent.serving.codec import Charge, no_charge
 from agent.serving.errors import PayloadTooLarge, ServerBusy
 from agent.serving.http.jsondata import json_tensor, parse_json
@@ -127,7 +128,11 @@ def _arrays_and_depth(doc: Any) -> tuple[int, int]:
     return count, deepest
 
 
-_STEP = 1 << 20  # the scan's temporary arrays stay this small
+# The scan compares the text a slice at a time into one scratch array per thread, kept: a fresh temporary per
+# compare would be a block past the daemon's fixed mmap threshold (serving/memory.py), mapped, faulted in page by
+# page and unmapped each time (7.7 ms of a 3 MB body's 12 ms decode went to that, 4,500 page faults a request)
+_STEP = 1 << 17  # 128 KiB of scratch a thread
+_SCRATCH = threading.local()
 _MAX_ARRAYS = 1 << 16  # more '[' than this (data nested too finely to walk, or no tensor): the Python parser
 _MAX_STRINGS = 4096  # strings (keys included) beyond this (BYTES data, say): the Python parser, as before
 _MAX_SKELETON = 4096  # values outside the data arrays (the header proper) beyond this: the Python parser
@@ -144,23 +149,39 @@ class Scan(NamedTuple):
     string_bytes: int
 
 
+def _scratch() -> np.ndarray:
+    buf: np.ndarray | None = getattr(_SCRATCH, "buf", None)
+    if buf is None:
+        buf = _SCRATCH.buf = np.empty(_STEP, dtype=np.bool_)
+    return buf
+
+
+def _hits(part: np.ndarray, c: int, scratch: np.ndarray) -> np.ndarray:
+    """Where part == c, as a boolean array in the scratch (valid until the next call)."""
+    out = scratch[: len(part)]
+    np.equal(part, c, out=out)
+    return out
+
+
 def _count(text: bytes | memoryview, chars: bytes) -> int:
-    """How many of `chars` the text holds (numpy compares: 3x quicker than bytes.count, a megabyte at a time)."""
-    view = np.frombuffer(text, dtype=np.uint8)
-    return sum(int(np.count_nonzero(view[i : i + _STEP] == c)) for i in range(0, len(view), _STEP) for c in chars)
+    """How many of `chars` the text holds (numpy compares: 3x quicker than bytes.count, a slice at a time)."""
+    view, scratch = np.frombuffer(text, dtype=np.uint8), _scratch()
+    return sum(
+        int(np.count_nonzero(_hits(view[i : i + _STEP], c, scratch))) for i in range(0, len(view), _STEP) for c in chars
+    )
 
 
 def _scan(text: bytes | memoryview) -> Scan:
     """The body's structure characters and strings, in one pass; Unsure when a string holds an escape (a quote
     may then be escaped: the strings' extent is not known without parsing) or there are too many strings."""
-    view = np.frombuffer(text, dtype=np.uint8)
+    view, scratch = np.frombuffer(text, dtype=np.uint8), _scratch()
     counts = dict.fromkeys(b"[{,:\\", 0)
     quotes = []
     for i in range(0, len(view), _STEP):
         part = view[i : i + _STEP]
         for c in counts:
-            counts[c] += int(np.count_nonzero(part == c))
-        quotes.append(np.flatnonzero(part == ord('"')) + i)
+            counts[c] += int(np.count_nonzero(_hits(part, c, scratch)))
+        quotes.append(np.flatnonzero(_hits(part, ord('"'), scratch)) + i)
         if counts[ord("\\")] or sum(len(q) for q in quotes) > 2 * _MAX_STRINGS:
             raise Unsure
     at = np.concatenate(quotes) if quotes else np.empty(0, dtype=np.int64)
@@ -209,11 +230,9 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
         raise Unsure
     cost = parse_cost(len(text), scan.opens, scan.separators)
     charge(cost + _STRING_COST * scan.string_bytes + _VALUE_COST * (scan.strings + scan.brackets), what)
-    parser = simdjson.Parser()
-    try:
-        top = parser.parse(text)
-    except Exception:  # noqa: BLE001 - any complaint (syntax, UTF-8, NaN, 1e400, big integers): the Python parser
-        raise Unsure from None
+    parser, top = _parse(
+        text, kept_parser_cost(len(text), scan.opens, scan.separators, scan.strings, scan.string_bytes)
+    )
     if not isinstance(top, simdjson.Object):
         raise Unsure
     lazy: dict[str, Any] = {key: top[key] for key in _keys(top)}  # strings are Python already (counted above)
@@ -242,6 +261,54 @@ def _fast(text: bytes | memoryview, charge: Charge, what: str) -> Any:
     if scan.brackets != skeleton_arrays + arrays:
         raise Unsure
     return doc
+
+
+# A worker thread keeps its simdjson parser between requests when the server's budget lets it keep the memory
+# (keep_parsers): a fresh parser's tape and indexes are fresh mappings, faulted in page by page (1,600 page faults,
+# about 2 ms of a 3 MB body's parse). The kept size is the largest kept_parser_cost it has served (what it can
+# have touched), asked of the budget before a larger document is parsed; larger bodies take a fresh parser.
+KEEP_PARSER_MAX = 16 << 20  # of kept_parser_cost (a body of about 7 MB of FP32 numbers)
+_KEPT = threading.local()
+
+
+def keep_parsers(keep: Callable[[int, int], bool] | None) -> None:
+    """Let the calling thread keep a parser between documents, its memory asked of `keep(old, new)` first
+    (BodyBudget.keep: the kept read buffers' share of the budget); None drops the kept one (its memory given back
+    through the previous `keep`)."""
+    old = getattr(_KEPT, "keep", None)
+    if old is not None and _KEPT.held:
+        old(_KEPT.held, 0)
+    _KEPT.keep, _KEPT.held, _KEPT.parser = keep, 0, None
+
+
+def _kept(cost: int) -> Any:
+    """The thread's kept parser, when it may parse a document of this cost; else None."""
+    keep = getattr(_KEPT, "keep", None)
+    if keep is None or cost > KEEP_PARSER_MAX:
+        return None
+    if cost > _KEPT.held:
+        if not keep(_KEPT.held, cost):
+            return None
+        _KEPT.held = cost
+    if _KEPT.parser is None:
+        _KEPT.parser = simdjson.Parser()
+    return _KEPT.parser
+
+
+def _parse(text: bytes | memoryview, cost: int) -> tuple[Any, Any]:
+    """(parser, top value) of the text; Unsure for anything simdjson refuses."""
+    parser = _kept(cost)
+    try:
+        if parser is not None:
+            try:
+                return parser, parser.parse(text)
+            except RuntimeError as exc:  # its last document is still referenced: a fresh parser this time
+                if "re-use a parser" not in str(exc):
+                    raise
+        parser = simdjson.Parser()
+        return parser, parser.parse(text)
+    except Exception:  # noqa: BLE001 - any complaint (syntax, UTF-8, NaN, 1e400, big integers): the Python parser
+        raise Unsure from None
 
 
 def binary_hint(numbers: int, exact: int | None = None, subject: str = "this request's tensors") -> str:

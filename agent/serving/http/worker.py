@@ -18,7 +18,7 @@ from agent.serving.dataplane import DataPlane
 from agent.serving.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 from agent.serving.http.compress import compress
 from agent.serving.http.handlers import Response, Router, error_for, error_response, header_length
-from agent.serving.http.jsonfast import JSON_BODY_HINT
+from agent.serving.http.jsonfast import JSON_BODY_HINT, keep_parsers
 from agent.serving.http.wire import (
     LINGER_BYTES,
     MAX_HEAD,
@@ -82,10 +82,14 @@ class Worker:
     def __init__(self, oip: Host):
         self.oip = oip
         self._started = False
+        self._keeps_parser = False  # this thread keeps a JSON parser (jsonfast.keep_parsers), counted as kept memory
 
     def serve(self, conn: Conn) -> None:
         """Answer the requests on conn (its buffer holds a complete head), then park it, drain it or close it."""
         oip, sock = self.oip, conn.sock
+        if not self._keeps_parser:  # serve runs in the worker's own thread, one Worker a thread
+            keep_parsers(oip.budget.keep)
+            self._keeps_parser = True
         try:
             sock.settimeout(oip.request_timeout)
             while True:
