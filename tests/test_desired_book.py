@@ -110,6 +110,36 @@ def test_version_order_and_backoff():
     assert RECHECK_S > 0
 
 
+@pytest.mark.parametrize(
+    ("version", "installed", "rollback", "code"),
+    [
+        ("2", None, False, None),
+        ("2", "1", False, None),
+        ("10", "9", False, None),  # numeric, not text, order
+        ("2", "2", False, "downgrade"),
+        ("2.0", "2", False, "downgrade"),  # trailing zeros do not count
+        ("1.9", "2.0", False, "downgrade"),
+        ("1", "2", True, None),  # a signed rollback may go back
+        ("2", "2", True, None),
+    ],
+)
+def test_one_downgrade_rule_from_both_call_sites(version, installed, rollback, code):
+    """The manifest policy (at receive) and the MQTT source (against the committed version) ask the same rule."""
+    from agent.artifacts.manifest import ManifestRejected, check_policy
+
+    m = Manifest.create(
+        name="m", version=version, sha256=SHA, size=10, chunk_size=1024, chunks=[SHA], devices=["d"], rollback=rollback
+    )
+    try:
+        check_policy(m, installed)
+        at_policy = None
+    except ManifestRejected as exc:
+        at_policy = (exc.code, str(exc))
+    at_source = version_order(m, installed)
+    assert at_policy == (None if at_source is None else (at_source.code, str(at_source)))
+    assert (at_policy or (None,))[0] == code
+
+
 def test_transient_classification(tmp_path):
     """By the error's type, never its text: a refused or short-of-disk pull is final, a stall or outage is not."""
     from agent.artifacts.fetch import is_transient

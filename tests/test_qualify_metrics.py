@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from agent.package.caches import cache_dir_for, runtime_key, runtime_versions
 from agent.qualify import accuracy, latency, select
 from agent.qualify.decision import Decision, Row
+from agent.targets import Tolerance
 
-TOL = accuracy.Tolerance(max_abs=1e-4, max_rel=1e-3, min_cosine=0.999, top1_agreement=0.99)
+TOL = Tolerance(max_abs=1e-4, max_rel=1e-3, min_cosine=0.999, top1_agreement=0.99)
 
 
 def test_max_rel_is_scale_robust_near_zero():

@@ -101,8 +101,8 @@ def test_dynamic_int8_regression_is_judged_by_max_rel(made, target):
 
 
 def test_task_decides_which_metric_judges():
-    from agent.qualify.accuracy import Tolerance
     from agent.qualify.original import is_classifier, task_violations
+    from agent.targets import Tolerance
 
     tol = Tolerance(max_abs=0.01, max_rel=0.1, min_cosine=0.99, top1_agreement=0.95)
     m = {"y": {"max_abs": 0.5, "max_rel": 0.5, "scale": 1.0, "cosine": 0.999, "top1_agreement": 1.0, "top1_rows": 9}}

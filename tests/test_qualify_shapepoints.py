@@ -24,6 +24,7 @@ from agent.errors import ConfigError
 from agent.package.inputs import load_dataset, package_plan
 from agent.package.load import load_package
 from agent.serving.codec import datatype_of
+from agent.targets import Tolerance
 
 
 def infer(url: str, model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -240,9 +241,9 @@ def test_an_output_of_another_length_is_compared_on_its_overlap_within_the_targe
     ref = np.sin(np.arange(90000, dtype=np.float32) * 0.01)
     got = ref[:87600] + np.float32(1e-6)
     equal = accuracy.compare({"audio": ref}, {"audio": got})
-    assert accuracy.violations(equal, accuracy.Tolerance()) == ["audio: shape [87600] != reference [90000]"]
+    assert accuracy.violations(equal, Tolerance()) == ["audio: shape [87600] != reference [90000]"]
     loose = accuracy.compare({"audio": ref}, {"audio": got}, 0.05)
-    assert accuracy.violations(loose, accuracy.Tolerance()) == [], loose
+    assert accuracy.violations(loose, Tolerance()) == [], loose
     assert loose["audio"]["length"] == {
         "axis": 0,
         "reference": 90000,
@@ -252,10 +253,10 @@ def test_an_output_of_another_length_is_compared_on_its_overlap_within_the_targe
     }
     assert accuracy.length_note(loose) == "audio: length 87600 vs 90000 (-2.7%), compared on the first 87600"
     tight = accuracy.compare({"audio": ref}, {"audio": got}, 0.02)
-    (why,) = accuracy.violations(tight, accuracy.Tolerance())
+    (why,) = accuracy.violations(tight, Tolerance())
     assert "length change 2.7% > max_length_change 2.0%" in why, why
     off = accuracy.compare({"audio": ref}, {"audio": -got}, 0.05)  # the overlap is still judged
-    assert any("cosine" in v for v in accuracy.violations(off, accuracy.Tolerance()))
+    assert any("cosine" in v for v in accuracy.violations(off, Tolerance()))
 
     src = Path(__file__).resolve().parent.parent / "targets" / "generic-x86_64.yaml"
     doc = yaml.safe_load(src.read_text())

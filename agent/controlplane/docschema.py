@@ -97,7 +97,9 @@ class Point(Doc):
     skipped: Text | None = None
 
 
-class Row(Doc):
+class DecisionRowDoc(Doc):
+    """One row of a device's decision record, as the service checks it (the qualifying side: agent.qualify.decision.Row)."""
+
     key: Text | None = None
     provider: Text | None = None
     precision: Text | None = None
@@ -113,8 +115,10 @@ class Row(Doc):
     accuracy_basis: Short | None = None  # "own golden (not independent)" (agent.qualify.owngolden)
 
 
-class Decision(Doc):
-    results: Annotated[list[Row], Field(max_length=512)] | None = None
+class DecisionDoc(Doc):
+    """A device's decision record, as the service checks it (the qualifying side: agent.qualify.decision.Decision)."""
+
+    results: Annotated[list[DecisionRowDoc], Field(max_length=512)] | None = None
     selected: Text | None = None
     selected_precision: Text | None = None
     reason: str | None = None
@@ -152,7 +156,7 @@ class Attestation(Doc):
 
 class DecisionRecord(Signed):
     deployment_id: Annotated[str, Field(max_length=160)] | None = None
-    decision: Decision | None = None
+    decision: DecisionDoc | None = None
     trial: dict[str, Any] | None = None
     attestations: Annotated[dict[Annotated[str, Field(max_length=32)], Attestation], Field(max_length=16)] | None = None
 

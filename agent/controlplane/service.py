@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -246,7 +245,3 @@ def serve(settings: Settings, ready: threading.Event | None = None) -> None:
         server(cp).run()
     finally:
         cp.stop()
-
-
-def admin_token_path(settings: Settings) -> Path | None:
-    return settings.admin_token_file

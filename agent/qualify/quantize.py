@@ -19,14 +19,10 @@ class _Calibration:
     """onnxruntime.quantization CalibrationDataReader over the package's golden input sets."""
 
     def __init__(self, sets: list[dict[str, Any]]):
-        self._sets = sets
         self._it: Iterator[dict[str, Any]] = iter(sets)
 
     def get_next(self) -> dict[str, Any] | None:
         return next(self._it, None)
-
-    def rewind(self) -> None:
-        self._it = iter(self._sets)
 
 
 MIN_CALIBRATION_SETS = 8  # fewer real inputs than this and the calibrated ranges are one example's
