@@ -64,8 +64,11 @@ def supervise(args: argparse.Namespace) -> int:
             request = links.read_json(root / "guard" / "request.json")
             if request and isinstance(request.get("version"), str):
                 report = run_trial(root, child, args.state_dir, request["version"], limits)
-                print(f"edge-agent-guard: trial of {report['version']}: {report['result']}"
-                      f"{' (' + str(report['reason']) + ')' if report['reason'] else ''}", flush=True)
+                print(
+                    f"edge-agent-guard: trial of {report['version']}: {report['result']}"
+                    f"{' (' + str(report['reason']) + ')' if report['reason'] else ''}",
+                    flush=True,
+                )
                 continue
             if not child.alive:
                 exited_at = exited_at or time.monotonic()

@@ -35,7 +35,12 @@ def step(root: Path, doc: dict[str, Any], name: str) -> None:
 def run_trial(root: Path, child: Child, state_dir: Path, version: str, limits: Limits) -> dict[str, Any]:
     """Trial `version`; returns the report (also written to guard/reports/)."""
     old = links.target(root, links.CURRENT)
-    doc: dict[str, Any] = {"version": version, "from": old, "started": time.time(), "try": links.tries(root, version) + 1}
+    doc: dict[str, Any] = {
+        "version": version,
+        "from": old,
+        "started": time.time(),
+        "try": links.tries(root, version) + 1,
+    }
     if links.is_bad(root, version):
         return finish(root, doc, "refused", "the release is marked bad on this device")
     if not (root / "releases" / version / "installed.json").exists():

@@ -58,6 +58,8 @@ def install(root: Path, wheelhouse: Path, trusted: dict[str, Any], *, base_venv:
     _venv(dest, doc, base_venv)  # built in place: a venv's scripts name their interpreter by absolute path
     took = round(time.monotonic() - started, 3)
     links.write_json(dest / INSTALLED, {"version": version, "installed": time.time(), "install_s": took})
+    if links.target(root, links.CURRENT) is None:  # the first release of a root: nothing runs yet to trial it
+        links.set_link(root, links.CURRENT, version)
     return {"version": version, "path": str(dest), "reused": False, "install_s": took}
 
 

@@ -50,7 +50,13 @@ def make(wheelhouse: Path, version: str, *, dependencies: str, key) -> dict[str,
     for path in sorted(wheelhouse.glob("*.whl")):
         name, wversion = wheel_name(path.name)
         wheels.append(
-            {"file": path.name, "name": name, "version": wversion, "sha256": sha256_file(path), "size": path.stat().st_size}
+            {
+                "file": path.name,
+                "name": name,
+                "version": wversion,
+                "sha256": sha256_file(path),
+                "size": path.stat().st_size,
+            }
         )
     if not any(w["name"] == "edge-agent" for w in wheels):
         raise EdgeAgentError(f"{wheelhouse} holds no edge-agent wheel")
