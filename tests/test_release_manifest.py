@@ -99,7 +99,7 @@ def test_install_side_by_side_redoes_an_interrupted_one_and_prunes(wheelhouse, t
 
 
 def test_a_release_without_dependencies_needs_a_base_venv(wheelhouse, tmp_path):
-    with pytest.raises(EdgeAgentError, match="--base-venv"):
+    with pytest.raises(EdgeAgentError, match="base venv"):
         install(tmp_path / "opt", wheelhouse[0], wheelhouse[1])
 
 

@@ -94,7 +94,9 @@ class Device:
                 "--ready-timeout", "60", "--stability", "3", "--deadline", "150", "--max-tries", str(max_tries),
                 "--restart-delay", "1"]  # fmt: skip
         log = open(self.root / "guard.log", "ab")  # noqa: SIM115
-        self.guard = subprocess.Popen(GUARD + args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.guard = subprocess.Popen(
+            GUARD + args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
     def stop_guard(self) -> None:
         if self.guard and self.guard.poll() is None:

@@ -63,7 +63,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "quantize": ("edge-agent quantize pkg/ --out pkg-int8/",),
     "release activate": ("edge-agent release activate 0.1.0 --root opt/ --config agent.yaml",),
     "release build": ("edge-agent release build --out release/ --key keys/fleet.key --no-deps",),
-    "release install": ("edge-agent release install release/ --root opt/ --trust keys/fleet.pub --base-venv .venv",),
+    "release install": ("edge-agent release install release/ --root opt/ --trust keys/fleet.pub",),
     "release list": ("edge-agent release list --root opt/ --json",),
     "release verify": ("edge-agent release verify release/ --trust keys/fleet.pub --json",),
     "rollback": ("edge-agent rollback sample-tiny --config agent.yaml",),

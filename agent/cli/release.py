@@ -66,19 +66,28 @@ def verify(wheelhouse, trust, as_json):
 @click.argument("wheelhouse", type=click.Path(file_okay=False, exists=True))
 @click.option("--root", default="/opt/edge-agent", show_default=True, help=ROOT_HELP)
 @click.option("--trust", multiple=True, required=True, help="Trusted fleet public key (file, PEM or base64).")
-@click.option("--base-venv", type=click.Path(file_okay=False, exists=True), help="For a --no-deps release.")
+@click.option(
+    "--base-venv",
+    type=click.Path(file_okay=False, exists=True),
+    help="For a --no-deps release: the venv whose packages it uses (default: the one this command runs in).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def install(wheelhouse, root, trust, base_venv, as_json):
     """Verify WHEELHOUSE, then build ROOT/releases/<version>/venv offline from it; the running release is not
     touched (activate it with `edge-agent release activate`)."""
+    import sys
+
     from agent.release.install import install as do_install
 
-    done = do_install(Path(root), Path(wheelhouse), _trusted(trust), base_venv=Path(base_venv) if base_venv else None)
+    base = Path(base_venv) if base_venv else Path(sys.prefix)  # used only by a release without dependencies
+    done = do_install(Path(root), Path(wheelhouse), _trusted(trust), base_venv=base)
     if as_json:
         click.echo(json.dumps(done))
     else:
-        click.echo(f"release {done['version']} in {done['path']}"
-                   + (" (already installed)" if done["reused"] else f" (installed in {done['install_s']:.1f} s)"))  # fmt: skip
+        from agent.cli.table import duration
+
+        took = "already installed" if done["reused"] else f"installed in {duration(done['install_s'])}"
+        click.echo(f"release {done['version']} in {done['path']} ({took})")
 
 
 @release.command()

@@ -19,6 +19,7 @@ from agent.release import manifest
 from agent_guard import links
 
 INSTALLED = "installed.json"
+BASE_PTH = "_edge_agent_base.pth"
 
 
 def releases(root: Path) -> list[dict[str, Any]]:
@@ -49,7 +50,7 @@ def install(root: Path, wheelhouse: Path, trusted: dict[str, Any], *, base_venv:
     if links.is_bad(root, version):
         raise EdgeAgentError(f"release {version} is marked bad on this device (guard/bad/{version}.json)")
     if doc.get("dependencies") == "base" and base_venv is None:
-        raise EdgeAgentError(f"release {version} carries no dependencies: give --base-venv")
+        raise EdgeAgentError(f"release {version} carries no dependencies: give a base venv")
     started = time.monotonic()
     prune(root, keep_extra=(version,))  # at most current and previous, plus the one being installed
     shutil.rmtree(dest, ignore_errors=True)  # an incomplete install (no installed.json) left by a power cut
@@ -72,10 +73,22 @@ def _venv(dest: Path, doc: dict[str, Any], base_venv: Path | None) -> None:
     cmd += ["-r", str(dest / "requirements.txt")]
     if doc.get("dependencies") == "base":
         cmd.append("--no-deps")
+    else:
+        base_venv = None  # a release with its dependencies uses nothing of another venv
     _run(cmd, "install the wheelhouse")
     if base_venv is not None:  # a release without dependencies: the base venv's packages, after its own
-        base = _site_packages(base_venv.resolve())
-        (_site_packages(venv) / "_edge_agent_base.pth").write_text(f"{base}\n")
+        (_site_packages(venv) / BASE_PTH).write_text("".join(f"{p}\n" for p in base_paths(base_venv)))
+
+
+def base_paths(base_venv: Path) -> list[str]:
+    """The base venv's site-packages, and its own base's when it is itself such a release (a .pth line is not
+    a site directory: the .pth files in it are not read)."""
+    site = _site_packages(base_venv.resolve())
+    try:
+        inherited = [line for line in (site / BASE_PTH).read_text().splitlines() if line]
+    except OSError:
+        inherited = []
+    return [str(site), *inherited]
 
 
 def _site_packages(venv: Path) -> Path:
