@@ -15,7 +15,7 @@ from agent.errors import EdgeAgentError
 MANIFEST_NAME = "release.json"
 KIND = "agent-release"
 FORMAT = 1
-_WHEEL = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-[A-Za-z0-9_.]+){2,3}\.whl$")
+_WHEEL = re.compile(r"^(?P<name>[A-Za-z0-9_.]+)-(?P<version>[A-Za-z0-9_.!+]+)(-[A-Za-z0-9_.]+){3,4}\.whl$")
 
 
 class ReleaseRejected(EdgeAgentError):
