@@ -64,3 +64,15 @@ def test_tries_and_bad_marks(tmp_path):
     assert links.is_bad(tmp_path, "2")
     links.tries_clear(tmp_path, "2")
     assert links.tries(tmp_path, "2") == 0
+
+
+def test_the_agent_signs_the_guards_reports_with_the_device_key(tmp_path):
+    from agent.artifacts.keys import device_key
+    from agent.release.reports import sign_reports
+    from agent.transport.signing import verify_doc
+
+    links.write_json(tmp_path / "guard" / "reports" / "1-2.0.json", {"version": "2.0", "result": "rolled-back"})
+    (signed,) = sign_reports(tmp_path, tmp_path / "state")
+    assert signed["signed"] is True and signed["result"] == "rolled-back"
+    assert verify_doc(signed, device_key(tmp_path / "state").public_key()) == "verified"
+    assert sign_reports(tmp_path, tmp_path / "state") == [signed]  # signed once

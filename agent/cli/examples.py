@@ -65,6 +65,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "release build": ("edge-agent release build --out release/ --key keys/fleet.key --no-deps",),
     "release install": ("edge-agent release install release/ --root opt/ --trust keys/fleet.pub",),
     "release list": ("edge-agent release list --root opt/ --json",),
+    "release reports": ("edge-agent release reports --root opt/ --config agent.yaml --json",),
     "release verify": ("edge-agent release verify release/ --trust keys/fleet.pub --json",),
     "rollback": ("edge-agent rollback sample-tiny --config agent.yaml",),
     "run": ("edge-agent run --config agent.yaml",),

@@ -132,3 +132,20 @@ def list_(root, as_json):
     body = [(r["version"], "current" if r["current"] else "previous" if r["previous"] else "",
              str(r["failed_tries"]), "bad" if r["bad"] else "") for r in rows]  # fmt: skip
     click.echo(render_table(head, body))
+
+
+@release.command()
+@click.option("--root", default="/opt/edge-agent", show_default=True, help=ROOT_HELP)
+@click.option("--config", "config_path", default="/etc/edge-agent/agent.yaml", show_default=True, help="Agent config.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def reports(root, config_path, as_json):
+    """The guard's trial reports, each signed by this device's key (signed once, kept beside the report)."""
+    from agent.config import load_config
+    from agent.release.reports import sign_reports
+
+    docs = sign_reports(Path(root), load_config(config_path, check_files=False).state_dir)
+    if as_json:
+        click.echo(json.dumps(docs))
+        return
+    for d in docs:
+        click.echo(f"{d.get('version')}: {d.get('result')}" + (f" ({d['reason']})" if d.get("reason") else ""))
