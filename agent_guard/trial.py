@@ -20,7 +20,7 @@ from agent_guard.child import Child
 class Limits:
     ready_s: float = 120.0  # READY=1 after the start (greenboot: active within 150 s)
     stability_s: float = 10.0  # no exit for this long after READY=1 (greenboot: 60 s)
-    deadline_s: float = 180.0  # the whole trial, from the stop of N to the last golden answer
+    deadline_s: float = 180.0  # the whole trial, from the start of N+1 to the last golden answer
     max_tries: int = 3  # failed tries before the release is marked bad here (greenboot: 3)
 
 
@@ -50,9 +50,11 @@ def run_trial(root: Path, child: Child, state_dir: Path, version: str, limits: L
     step(root, doc, "flipping")
     links.flip(root, version)
     step(root, doc, "starting")
-    proc = child.start()
     start = time.monotonic()
-    why = child.notify.wait_ready(proc, min(limits.ready_s, limits.deadline_s))
+    try:
+        why = child.notify.wait_ready(child.start(), min(limits.ready_s, limits.deadline_s))
+    except OSError as exc:  # no venv/bin/edge-agent, not executable: as systemd's status 203/EXEC
+        why = f"cannot start: {exc}"
     if why is None:
         step(root, doc, "ready")
         doc["ready_s"] = round(time.monotonic() - start, 3)
