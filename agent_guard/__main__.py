@@ -70,6 +70,7 @@ def supervise(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 continue
+            notify.drain()  # as systemd does: a notify socket nobody reads fills up
             if not child.alive:
                 exited_at = exited_at or time.monotonic()
                 if time.monotonic() - exited_at >= args.restart_delay:

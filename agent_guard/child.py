@@ -82,9 +82,11 @@ class Child:
             return None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
+            end = time.monotonic() + timeout_s
+            while self.proc.poll() is None and time.monotonic() < end:
+                self.notify.drain()  # read what it says while it drains (STOPPING=1, STATUS=...)
+                time.sleep(0.05)
+            if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode

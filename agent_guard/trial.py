@@ -85,6 +85,7 @@ def _stable_and_golden(root: Path, child: Child, state_dir: Path, limits: Limits
             answered, last = why is None, why or last
             if why and why.startswith("model ") and "no answer" not in why and "HTTP 503" not in why:
                 return f"wrong answer: {why}"
+        child.notify.drain()
         time.sleep(0.2)
 
 
