@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     sup.add_argument("--stability", type=float, default=Limits.stability_s, help="seconds up after READY=1")
     sup.add_argument("--deadline", type=float, default=Limits.deadline_s, help="seconds for the whole trial")
     sup.add_argument("--max-tries", type=int, default=Limits.max_tries, help="failed tries before marked bad")
+    sup.add_argument("--stop-timeout", type=float, default=Limits.stop_s, help="SIGTERM to SIGKILL, stopping N")
+    sup.add_argument("--failed-stop-timeout", type=float, default=Limits.failed_stop_s, help="the same, a failed N+1")
     sup.add_argument("--restart-delay", type=float, default=5.0, help="seconds before restarting an exited agent")
     st = sub.add_parser("status", help="print the links, the trial in progress and the last reports")
     st.add_argument("--root", required=True, type=Path)
@@ -48,7 +50,9 @@ def status(root: Path) -> dict[str, Any]:
 
 def supervise(args: argparse.Namespace) -> int:
     root: Path = args.root
-    limits = Limits(args.ready_timeout, args.stability, args.deadline, args.max_tries)
+    limits = Limits(
+        args.ready_timeout, args.stability, args.deadline, args.max_tries, args.stop_timeout, args.failed_stop_timeout
+    )
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
@@ -78,7 +82,7 @@ def supervise(args: argparse.Namespace) -> int:
                     exited_at = None
             time.sleep(0.2)
     finally:
-        child.stop()
+        child.stop(timeout_s=limits.stop_s)
         notify.close()
     return 0
 

@@ -22,6 +22,8 @@ class Limits:
     stability_s: float = 10.0  # no exit for this long after READY=1 (greenboot: 60 s)
     deadline_s: float = 180.0  # the whole trial, from the start of N+1 to the last golden answer
     max_tries: int = 3  # failed tries before the release is marked bad here (greenboot: 3)
+    stop_s: float = 60.0  # SIGTERM to SIGKILL when stopping N for the trial (systemd's TimeoutStopSec)
+    failed_stop_s: float = 10.0  # the same for a failed N+1 before the flip back (it may well ignore SIGTERM)
 
 
 def step(root: Path, doc: dict[str, Any], name: str) -> None:
@@ -46,7 +48,7 @@ def run_trial(root: Path, child: Child, state_dir: Path, version: str, limits: L
     if not (root / "releases" / version / "installed.json").exists():
         return finish(root, doc, "refused", f"releases/{version} is not a complete install")
     step(root, doc, "stopping")
-    child.stop()
+    child.stop(timeout_s=limits.stop_s)
     step(root, doc, "flipping")
     links.flip(root, version)
     step(root, doc, "starting")
@@ -92,7 +94,7 @@ def _stable_and_golden(root: Path, child: Child, state_dir: Path, limits: Limits
 def roll_back(root: Path, child: Child, doc: dict[str, Any], why: str, limits: Limits) -> dict[str, Any]:
     version, old = doc["version"], doc["from"]
     step(root, doc, "rolling-back")
-    child.stop(timeout_s=10.0)
+    child.stop(timeout_s=limits.failed_stop_s)
     failed = links.add_try(root, version, why)
     if failed >= limits.max_tries:
         links.mark_bad(root, version, why)
