@@ -3,7 +3,8 @@ standing in for systemd: real releases (wheelhouses built from this source with 
 fleet key), real venvs, a real daemon serving a committed model. A good release is trialled and kept; a release
 that crashes at import, hangs before READY=1 or serves a wrong answer is rolled back to N with the reason, and N
 serves again; a corrupted wheel is refused before anything installs; a power cut (kill -9 of the guard and the
-agent) at each step of the swap leaves N serving. Wheelhouses are built once per session and reused."""
+agent) at each step of the swap leaves N serving. Wheelhouses are built once per session (side by side) and reused;
+the guard runs with short limits (READY=1 within 10 s, SIGKILL 3 s after SIGTERM to a failed release)."""
 
 from __future__ import annotations
 
