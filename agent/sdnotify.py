@@ -106,7 +106,9 @@ class SdNotifier:
             try:
                 if self._sock is None:
                     self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-                self._sock.sendto(data, _sockaddr(self.address or ""))
+                # never block: a notify socket nobody reads fills up (10 datagrams by default), and a blocked
+                # send would stall the main loop (and the drain on SIGTERM) until a supervisor kills it
+                self._sock.sendto(data, socket.MSG_DONTWAIT, _sockaddr(self.address or ""))
             except OSError as exc:
                 self.last_error = f"{self.address}: {exc.strerror or exc}"
                 return False

@@ -7,7 +7,7 @@ SRC_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 NAME=edge-agent
 JETSON_INDEX="https://pypi.jetson-ai-lab.io/jp6/cu126"   # JetPack 6: CUDA 12.6, cp310 wheels
 
-ROOT="" VENV_MODE="" VENV_DIR="/opt/edge-agent/venv" RUNTIME=auto WHEELHOUSE="" TARGET="" DEVICE_ID=""
+ROOT="" VENV_MODE="" VENV_DIR="/opt/edge-agent/venv" RUNTIME=auto WHEELHOUSE="" TARGET="" DEVICE_ID="" RELEASE="" TRUST=""
 ENABLE=1 START=1 DRY=0 UNINSTALL=0 PURGE=0 NO_SYSTEMD=0
 
 usage() {
@@ -28,6 +28,13 @@ Options:
                         cpu: onnxruntime; openvino: + openvino and the OpenVINO EP (Intel x86_64);
                         jetson: onnxruntime-gpu from $JETSON_INDEX; qnn: + onnxruntime-qnn (Qualcomm aarch64)
   --wheelhouse DIR    offline install: pip --no-index --find-links DIR (must hold every wheel needed)
+  --release DIR       install a signed release (edge-agent release build) side by side instead of --venv:
+                      /opt/edge-agent/releases/VERSION/venv, offline, every wheel's sha256 required; the
+                      'current' link names it and the unit runs /opt/edge-agent/current/venv; the guard
+                      (edge-agent-guard) goes to /opt/edge-agent/guard/bin (docs/self-update.md). A release
+                      built with --no-deps uses the packages of --venv-dir (under --root: the one in DIR,
+                      else the one on this host)
+  --trust FILE        with --release: the fleet public key its release.json must be signed with
   --target NAME       target profile for MemoryMax (default: detected; see targets/)
   --device-id ID      device_id for a new config (default: board serial, else /etc/machine-id)
   --no-enable         install the unit without enabling it
@@ -52,6 +59,8 @@ while [ $# -gt 0 ]; do
     --runtime) RUNTIME="${2:?--runtime needs a name}"; shift ;;
     --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a directory}"; shift ;;
     --target) TARGET="${2:?--target needs a name}"; shift ;;
+    --release) RELEASE="${2:?--release needs a directory}"; shift ;;
+    --trust) TRUST="${2:?--trust needs a public key file}"; shift ;;
     --device-id) DEVICE_ID="${2:?--device-id needs a value}"; shift ;;
     --no-enable) ENABLE=0 ;;
     --no-start) START=0 ;;
@@ -146,6 +155,53 @@ runtime_for() {
   esac
 }
 
+manifest_field() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+
+install_release() {  # the first release, laid out as `edge-agent release install` does (agent/release/install.py)
+  local man="$RELEASE/release.json" ver deps dest py base nodeps=()
+  [ -r "$man" ] || die "--release $RELEASE: no release.json (make one with: edge-agent release build)"
+  ver="$(manifest_field "$man" version)" || die "--release: $man is not a release manifest"
+  [[ "$ver" =~ ^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$ ]] || die "--release: version '$ver' is not a plain name"
+  deps="$(manifest_field "$man" dependencies)"
+  dest="$OPT/releases/$ver"
+  if [ "$DRY" = 1 ]; then say "would install release $ver in $dest/venv"; return; fi
+  if [ -e "$dest/installed.json" ]; then say "release $ver already installed in $dest"; else
+    rm -rf "$dest"; mkdir -p "$dest"
+    cp -r "$RELEASE" "$dest/wheelhouse"
+    python3 - "$man" > "$dest/requirements.txt" <<'PY'
+import json, sys
+for w in json.load(open(sys.argv[1]))["wheels"]:
+    print(f"{w['name']}=={w['version']} --hash=sha256:{w['sha256']}")
+PY
+    py=python3 base="$R$VENV_DIR"
+    [ -x "$base/bin/python" ] || base="$VENV_DIR"  # under --root: the venv in the tree, else this host's
+    if [ "$deps" = base ]; then py="$base/bin/python"; nodeps=(--no-deps); fi
+    [ -x "$(command -v "$py")" ] || die "--release $ver has no dependencies: --venv-dir must name a venv with them"
+    "$py" -m venv "$dest/venv"
+    env -u PYTHONPATH PIP_CONFIG_FILE=/dev/null "$dest/venv/bin/python" -m pip install -q --no-index --require-hashes \
+      --find-links "$dest/wheelhouse" -r "$dest/requirements.txt" "${nodeps[@]}" || die "release $ver: pip install failed"
+    if [ "$deps" = base ]; then
+      "$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+        > "$("$dest/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_edge_agent_base.pth"
+    fi
+    if [ -n "$TRUST" ]; then  # before anything points at it: a bad signature removes the release again
+      env -u PYTHONPATH "$dest/venv/bin/edge-agent" release verify "$dest/wheelhouse" --trust "$TRUST" >/dev/null ||
+        { rm -rf "$dest"; die "release $ver: release.json is not signed by $TRUST"; }
+    else
+      say "warning: no --trust: the signature of release $ver was not checked (every wheel's sha256 was)"
+    fi
+    echo "{\"version\": \"$ver\", \"installed\": $(date +%s)}" > "$dest/installed.json"
+    say "installed release $ver in $dest/venv"
+  fi
+  if [ ! -L "$OPT/current" ]; then ln -sfn "releases/$ver" "$OPT/.current.tmp"; mv -T "$OPT/.current.tmp" "$OPT/current"; fi
+  say "current -> $(readlink "$OPT/current")"
+  mkdir -p "$OPT/guard/bin"
+  rm -rf "$OPT/guard/bin/agent_guard"
+  tar -C "$SRC_DIR" --exclude=__pycache__ -cf - agent_guard | tar -C "$OPT/guard/bin" -xf -
+  install -m 0755 "$SRC_DIR/scripts/edge-agent-guard" "$OPT/guard/bin/edge-agent-guard"
+  say "installed the guard in /opt/edge-agent/guard/bin (standard library only)"
+}
+
 # ------------------------------------------------------------------ uninstall
 
 if [ "$UNINSTALL" = 1 ]; then
@@ -206,7 +262,7 @@ if [ "$DRY" = 0 ]; then
   rm -rf "$OPT/src.new"
   mkdir -p "$OPT/src.new"
   parts=()
-  for p in agent targets hwtests pyproject.toml README.md scripts systemd docs; do
+  for p in agent agent_guard targets hwtests pyproject.toml README.md scripts systemd docs; do
     [ -e "$SRC_DIR/$p" ] && parts+=("$p")
   done
   tar -C "$SRC_DIR" --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv --exclude=.git -cf - "${parts[@]}" \
@@ -227,7 +283,10 @@ say "installed source in $OPT/src"
 # 3. the virtualenv with the runtime for this device
 PIP_SRC=()
 [ -n "$WHEELHOUSE" ] && PIP_SRC=(--no-index --find-links "$WHEELHOUSE")
-if [ "$VENV_MODE" = 1 ]; then
+if [ -n "$RELEASE" ]; then
+  install_release
+  VENV_DIR="/opt/edge-agent/current/venv"  # the unit follows the guard's link
+elif [ "$VENV_MODE" = 1 ]; then
   V="$R$VENV_DIR"
   py_ok="$(python3 -c 'import sys; print(int(sys.version_info >= (3, 10)))' 2>/dev/null || echo 0)"
   [ "$py_ok" = 1 ] || die "python3 >= 3.10 is required (found: $(python3 --version 2>&1 || echo none))"

@@ -43,6 +43,11 @@ LIVE_ORDER = (  # an operator's order against one live device (the quickstart's 
     "fleet push pkg-2/",  # published, not waited for: the next example cancels it on the device
     "cancel",
     "rollback",
+    "release build",  # the agent as a release (issue 40): built, verified, installed beside, asked to be trialled
+    "release verify",
+    "release install",
+    "release list",
+    "release activate",
 )
 CP = (
     "control-plane enroll",

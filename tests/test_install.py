@@ -202,3 +202,38 @@ def test_shell_device_id_matches_the_agent(tmp_path, files):
     out = install(root, "--dry-run").stdout
     expected, _ = default_device_id(root)
     assert f"(device_id: {expected})" in out, out
+
+
+def test_root_lays_out_the_first_release_side_by_side(tmp_path):
+    """--release: the signed wheelhouse `edge-agent release build` makes, installed as releases/VERSION/venv (its
+    signature checked with --trust), `current` naming it, the unit running current/venv, the guard beside."""
+    keys, wheelhouse = tmp_path / "keys", tmp_path / "wh"
+    cli = [sys.executable, "-m", "agent"]
+    subprocess.run([*cli, "keys", "generate", "--out", str(keys)], check=True, capture_output=True)
+    subprocess.run([*cli, "release", "build", "--out", str(wheelhouse), "--key", str(keys / "fleet.key"), "--no-deps"],
+                   check=True, capture_output=True, cwd=ROOT)  # fmt: skip
+    root = tmp_path / "root"
+    out = install(root, "--release", str(wheelhouse), "--trust", str(keys / "fleet.pub")).stdout
+    opt = root / "opt/edge-agent"
+    assert (opt / "current").readlink() == Path("releases/0.1.0"), out
+    assert (opt / "releases/0.1.0/installed.json").is_file() and (
+        opt / "releases/0.1.0/wheelhouse/release.json"
+    ).is_file()
+    exe = opt / "current/venv/bin/edge-agent"
+    env = {"PATH": "/usr/bin:/bin"}  # no PYTHONPATH: the release's own agent
+    r = subprocess.run(
+        [str(exe), "release", "list", "--root", str(opt), "--json"], capture_output=True, text=True, env=env
+    )
+    assert r.returncode == 0 and '"current": true' in r.stdout, (r.stdout, r.stderr)
+    assert "ExecStart=/opt/edge-agent/current/venv/bin/edge-agent run" in (root / UNIT).read_text()
+    guard = subprocess.run([sys.executable, "-S", "-I", str(opt / "guard/bin/edge-agent-guard"), "status", "--root",
+                            str(opt), "--json"], capture_output=True, text=True)  # fmt: skip
+    assert guard.returncode == 0 and '"current": "0.1.0"' in guard.stdout, guard.stderr
+    again = install(root, "--release", str(wheelhouse), "--trust", str(keys / "fleet.pub")).stdout
+    assert "release 0.1.0 already installed" in again  # idempotent
+
+    other = tmp_path / "other"
+    subprocess.run([*cli, "keys", "generate", "--out", str(other)], check=True, capture_output=True)
+    r = install(tmp_path / "root2", "--release", str(wheelhouse), "--trust", str(other / "fleet.pub"), check=False)
+    assert r.returncode != 0 and "is not signed by" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "root2/opt/edge-agent/releases/0.1.0").exists()

@@ -143,3 +143,22 @@ def test_wedged_main_loop_stops_watchdog_pings(listener):
         stop.set()
         release.set()
         t.join(30)
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_sender(listener):
+    """The receiver's queue holds a few datagrams (net.unix.max_dgram_qlen); past it a send fails, never waits
+    (a blocked send stalled a daemon's SIGTERM drain for 60 s under a supervisor that did not read)."""
+    sock, path = listener
+    sd = SdNotifier(path)
+    done = threading.Event()
+    results: list[bool] = []
+
+    def send_many():
+        results.extend(sd.status(f"step {i}") for i in range(200))
+        done.set()
+
+    threading.Thread(target=send_many, daemon=True).start()
+    assert done.wait(30), "a send blocked on a full notify socket"
+    assert results[0] is True and results[-1] is False and sd.last_error
+    assert drain(sock)  # what fitted in the queue arrived
+    assert sd.stopping("bye") is True  # room again: sends succeed again

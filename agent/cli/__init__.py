@@ -76,6 +76,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Run the hardware conformance suite; write JSON, HTML, JUnit.",
     ),
     "keys": ("agent.cli.keys:keys", "Manage fleet signing keys."),
+    "release": ("agent.cli.release:release", "Build, verify, install and activate releases of edge-agent itself."),
     "attestation": ("agent.cli.attestations:attestation", "Verify a device's signed qualification evidence offline."),
     "fleet": ("agent.cli.fleet:fleet", "Control plane: push, rollout, serve artifacts, fleet status."),
     "run": ("agent.cli.daemon:run", "Run the device daemon."),

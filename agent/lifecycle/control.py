@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import LifecycleError
+from agent.lifecycle import stateformat
 from agent.util.atomic import atomic_write_json, read_json
 
 OPS = ("rollback", "cancel")
@@ -53,6 +54,11 @@ class StateLock:
         except OSError:
             pass  # a full disk: the pid is informational, the flock is what counts
         self._fd = fd
+        try:
+            stateformat.claim(self.path.parent)  # before anything is written: a state this release cannot read
+        except LifecycleError:
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
