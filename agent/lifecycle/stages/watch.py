@@ -91,8 +91,10 @@ class Rehearsal:
             for observer in (shadow, pairing):
                 if observer is not None:
                     _stop_observing(self.registry, self.name, observer)
-        if pairing is not None:  # reported with the shadow; judged in probation, with the pairs taken there
-            figures["paired"] = pairing.result(rule_of(self.probation_config))
+        if pairing is not None:  # enough pairs decide compute here; else reported, and judged in probation
+            paired = pairing.result(rule_of(self.probation_config))
+            enough = paired["pairs"] >= self.probation_config.paired_min_pairs
+            figures = shadow.result(paired) if enough else {**figures, "paired": paired}
         ctx.report("shadow", phase="done", **figures)
         return figures
 
