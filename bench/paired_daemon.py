@@ -67,20 +67,26 @@ def run_load(kind: str, trials: int, ms: float) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> None:
-    results = [run_load(kind, args.trials, args.ms) for kind in args.loads.split(",")]
+    results = []
+    for kind in args.loads.split(","):
+        results.append(run_load(kind, args.trials, args.ms))
+        if not args.json:
+            show(results[-1])
     if args.json:
         print(json.dumps(results, indent=2))
-        return
-    for r in results:
-        c = r["conditions"]
+
+
+def show(r: dict[str, Any]) -> None:
+    c = r["conditions"]
+    print(
+        f"{r['load']:>5}: {r['trials']} trials of each version, wrong {r['wrong']} (2x {r['wrong_2x']}, "
+        f"equal {r['wrong_equal']}); load average {r['loadavg_1m'][0]} -> {r['loadavg_1m'][1]}, "
+        f"PSI cpu {c['psi_cpu_some_avg10']} mem {c['psi_memory_some_avg10']}, {c['cpu_mhz']} MHz"
+    )
+    for row in r["rows"]:
         print(
-            f"{r['load']:>5}: {r['trials']} trials of each version, wrong {r['wrong']} (2x {r['wrong_2x']}, "
-            f"equal {r['wrong_equal']}); load average {r['loadavg_1m'][0]} -> {r['loadavg_1m'][1]}, "
-            f"PSI cpu {c['psi_cpu_some_avg10']} mem {c['psi_memory_some_avg10']}, {c['cpu_mhz']} MHz"
+            f"       {row['version']:>5} {row['state']:<11} by {row['where']:<9} paired {row['paired']:<10} "
+            f"x{row['ratio']} {row['ci']} over {row['pairs']} pairs, A/A {row['aa_ci']}, {row['seconds']} s"
+            + (" WRONG" if row["wrong"] else ""),
+            flush=True,
         )
-        for row in r["rows"]:
-            print(
-                f"       {row['version']:>5} {row['state']:<11} by {row['where']:<9} paired {row['paired']:<10} "
-                f"x{row['ratio']} {row['ci']} over {row['pairs']} pairs, A/A {row['aa_ci']}, {row['seconds']} s"
-                + (" WRONG" if row["wrong"] else "")
-            )
