@@ -108,8 +108,14 @@ def _pairing(
         return None
     inc = incumbent if incumbent is not None else registry.entry(name).session
     pairing = Pairing(
-        inc, candidate, registry.gate, share=config.paired_share, aa_share=config.paired_aa_share, cpu=measure == CPU
+        inc,
+        candidate,
+        registry.gate,
+        share=config.paired_share,
+        aa_share=config.paired_aa_share,
+        cpu=measure == CPU,
     )
+    pairing.needs = (config.paired_min_pairs, config.paired_min_aa)
     registry.observe(name, pairing)
     return pairing.start()
 
