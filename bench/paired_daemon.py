@@ -3,8 +3,8 @@ in-process over real HTTP: inbox, qualification, shadow, swap, probation, rollba
 tests/test_paired_probation.py runs them) of a 2x-compute version and of an equal-compute version against a
 committed version 1, --trials of each per load (none, two busy loops, the hog pinned to another core).
 
-A wrong verdict: the 2x version committed, or stopped without the paired ratio, or "not judged" beside anything
-but the busy loops; the equal version not committed. Printed per load with the host's load average and PSI
+A wrong verdict: the 2x version committed, or stopped without a paired "slower" naming the ratio, or "not judged"
+beside anything but the busy loops (then rolled back by serving.unjudged); the equal version not committed. Printed per load with the host's load average and PSI
 (the host may be shared: other work on it is part of what the figures saw)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def one(kind: str, redundant: bool, ms: float) -> dict[str, Any]:
     state, reason = dep.state.value, dep.reason or ""
     if redundant:
         unjudged = paired["verdict"] == "not judged" and kind == "busy" and state == "rolled_back"
-        right = unjudged or (state in ("rolled_back", "failed") and "paired compute ratio" in reason)
+        stopped = paired["verdict"] == "slower" and state in ("rolled_back", "failed")
+        right = unjudged or (stopped and "paired compute ratio" in reason)
     else:
         right = state == "committed"
     return {
