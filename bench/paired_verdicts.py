@@ -8,7 +8,10 @@ loops, and beside a memory-bandwidth hog pinned to one core (taskset, a numpy co
   mirrored CPU / serving CPU                                                          goal <= the budget (10 %)
 
 Usage: .venv/bin/python bench/paired_verdicts.py [--trials 10] [--max-s 60] [--ms 2.0] [--clients 1]
-                                                 [--share 0.1] [--loads none,busy,hog] [--json]
+                                                 [--share 0.1] [--loads none,busy,hog] [--json] [--daemon]
+--daemon: the same loads around whole trials in the daemon (bench/paired_daemon.py: inbox, shadow, swap, probation,
+rollback; tests/paired_trial.py, as tests/test_paired_probation.py runs them), --trials of each version per load,
+printing the wrong verdicts per load (--ms, --loads, --json apply; the daemon's trial settings are the test's).
 Each trial does what probation does (agent/lifecycle/stages/watch.py start_pairing): the registry serves the
 candidate with the incumbent kept as the referee, in-process clients call registry.infer, and a Pairing runs
 pairs on copies of their requests within --share of the serving CPU; the judge (agent/trial/pairjudge.py, the
@@ -20,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from paired_trial import corunners  # noqa: E402
 from probation_models import WIDTH, chain_depth, chain_model  # noqa: E402
 
 from agent.providers import get  # noqa: E402
@@ -41,22 +43,6 @@ from agent.serving.registry import ModelRegistry  # noqa: E402
 from agent.trial import conditions  # noqa: E402
 from agent.trial.paired import Pairing  # noqa: E402
 from agent.trial.pairjudge import NOT_JUDGED, NOT_SLOWER, SLOWER, PairedRule, judge  # noqa: E402
-
-HOG = (
-    "import numpy as np\n"
-    "a = np.ones(256 * 2**20 // 8); b = np.empty_like(a)\n"
-    "while True: np.copyto(b, a); np.copyto(a, b)\n"
-)
-
-
-def _load(kind: str) -> list[subprocess.Popen]:
-    """Start the co-runners of a load: none, two busy loops, or the hog pinned to the last core."""
-    if kind == "busy":
-        return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    if kind == "hog":
-        core = str(max(os.sched_getaffinity(0)))
-        return [subprocess.Popen(["taskset", "-c", core, sys.executable, "-c", HOG])]
-    return []
 
 
 def _session(path: Path):
@@ -131,15 +117,9 @@ def aa_rate(aa: list[float], blocks: int = 1000) -> tuple[int, int]:
 
 
 def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dict:
-    procs = _load(kind)
-    try:
-        time.sleep(1.0 if procs else 0.0)
+    with corunners(kind):
         rows = [trial(paths, c, args.clients, args.share, args.max_s) for _ in range(args.trials) for c in ("2x", "eq")]
         cond = conditions.read()
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
     slow = [r for r in rows if r["candidate"] == "2x"]
     wrong = sum(r["verdict"] == NOT_SLOWER for r in slow) + sum(
         r["verdict"] == SLOWER for r in rows if r["candidate"] == "eq"
@@ -176,7 +156,13 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.1)
     ap.add_argument("--loads", default="none,busy,hog")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--daemon", action="store_true", help="whole trials in the daemon (bench/paired_daemon.py)")
     args = ap.parse_args()
+    if args.daemon:
+        from paired_daemon import main as daemon_main
+
+        daemon_main(args)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         depth = chain_depth(d, args.ms)

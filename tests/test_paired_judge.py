@@ -83,3 +83,28 @@ def test_conditions_are_read_or_said_unavailable(tmp_path):
     bare = conditions.read(str(tmp_path / "nothing"))
     assert bare["psi_cpu_some_avg10"] is None and bare["cpu_mhz"] is None
     assert "cpu frequency unavailable" in bare["note"] and "/proc/pressure/cpu unavailable" in bare["note"]
+
+
+def test_pairs_turn_to_aa_once_the_candidate_pairs_are_enough_and_the_floor_is_not(tmp_path):
+    """A verdict waits on the A/A floor, not on more candidate pairs: with min_pairs candidate pairs and fewer
+    than min_aa A/A pairs, every pair is A/A until the floor is there (real sessions, the real run gate)."""
+    from support.serving import SINGLE_THREAD, log_model, open_session
+
+    from agent.serving.rungate import RunGate
+    from agent.trial.paired import Pairing
+
+    inc, cand = (open_session(log_model(), tmp_path, f"{n}.onnx", SINGLE_THREAD) for n in ("inc", "cand"))
+    pairing = Pairing(inc, cand, RunGate(), aa_share=0.0, seed=1)  # no A/A pair by chance
+    pairing.needs = (4, 3)
+    feeds = {"x": np.ones((1, 4), np.float32)}
+    try:
+        for _ in range(40):
+            pairing.pair(feeds)
+            if len(pairing.aa) >= 3:
+                break
+        assert len(pairing.pairs) == 4 and len(pairing.aa) == 3, pairing.counts()
+        pairing.pair(feeds)  # the floor is there: back to candidate pairs (aa_share 0)
+        assert len(pairing.aa) == 3
+    finally:
+        inc.close()
+        cand.close()

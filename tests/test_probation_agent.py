@@ -65,7 +65,13 @@ def test_twice_the_compute_is_rolled_back_with_the_compute_ratio(tmp_path):
             pass
         session_v1 = a.registry.entry("tiny").session
         dep = _push(a, "2", chain_model(depth=depth, redundant=True, bias=1.0))
-        assert dep.data["shadow"]["verdict"] == "pass"  # same outputs: only the compute time gives it away
+        shadow_said = dep.data["shadow"]
+        if shadow_said["verdict"] == "fail":  # the shadow's pairs were enough and said slower: stopped before the swap
+            assert shadow_said.get("compute") == "paired" and "paired compute ratio" in dep.reason, dep.reason
+            assert dep.state.value == "failed" and a.registry.entry("tiny").session is session_v1
+            assert load.errors == []
+            return
+        assert shadow_said["verdict"] == "pass"  # same outputs: only the compute time gives it away
         probation = dep.data.get("probation") or {}
         # Only honest outcomes: judged and right (rolled back naming the ratio), or reported not judged
         if "not_judged" in probation:  # runs dropped as contended: said with the counts, never passed as judged

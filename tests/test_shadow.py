@@ -89,3 +89,50 @@ def test_compute_time_is_judged_with_the_probation_slack(tmp_path):
     assert slow["verdict"] == FAIL and "compute time" in slow["reason"] and "1.5 x + 0.5 ms" in slow["reason"], slow
     same, _ = _shadowed(tmp_path, chain_model(depth=depth), chain_model(depth=depth), [x], config)
     assert same["verdict"] == PASS, same
+
+
+def _paired_shadow(tmp_path, redundant: bool) -> dict:
+    """The shadow phase with the trial's paired timing beside it (as stages/watch.py runs them): the shadow block
+    once the pairs are enough to judge (real sessions, the real registry and run gate)."""
+    from probation_models import WIDTH, chain_depth, chain_model
+    from support.wait import wait_for
+
+    from agent.trial.paired import Pairing
+    from agent.trial.pairjudge import PairedRule
+
+    depth = chain_depth(tmp_path, 1.0)
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(chain_model(depth=depth), tmp_path, "inc.onnx", SINGLE_THREAD))
+    cand = open_session(chain_model(depth=depth, redundant=redundant), tmp_path, "cand.onnx", SINGLE_THREAD)
+    config = ShadowConfig(requests=20, duration_s=60, min_requests=10, cpu_share=0.5)  # medians: 3x + 0.5 ms
+    shadow, pairing = Shadow(cand, config, gate=r.gate), Pairing(r.entry("m").session, cand, r.gate, share=1.0, seed=3)
+    for observer in (shadow, pairing.start()):
+        r.observe("m", observer)
+    stop, x = threading.Event(), {"x": np.ones((1, WIDTH), np.float32)}
+    t = threading.Thread(target=lambda: [r.infer("m", x) for _ in iter(stop.is_set, True)])
+    t.start()
+    try:
+        shadow.run()
+        wait_for(lambda: len(pairing.pairs) >= 24 and len(pairing.aa) >= 10, 120, "pairs")
+        rule = PairedRule(min_pairs=16)
+        return {"plain": shadow.result(), "paired": shadow.result(pairing.result(rule))}
+    finally:
+        stop.set()
+        t.join(60)
+        pairing.stop()
+        cand.close()
+        r.close()
+
+
+def test_the_pairs_decide_the_shadow_compute_verdict(tmp_path):
+    """Twice the compute passes the medians' 3x + 0.5 ms rule; with enough pairs the shadow fails it naming the
+    paired ratio (the trial ends before the swap), and equal compute passes, said decided by the pairs."""
+    slow = _paired_shadow(tmp_path, redundant=True)
+    assert slow["plain"]["verdict"] == PASS, slow["plain"]  # today's rule lets 2x through
+    got = slow["paired"]
+    if got["paired"]["verdict"] != "not judged":  # a host that never lets the pairs separate says so
+        assert got["verdict"] == FAIL and "paired compute ratio" in got["reason"], got
+        assert got["compute"] == "paired" and got["paired"]["ratio"] > 1.6, got
+    same = _paired_shadow(tmp_path, redundant=False)["paired"]
+    assert same["verdict"] == PASS and same["paired"]["verdict"] != "slower", same
+    assert "compute time by the pairs" in same["reason"], same

@@ -139,6 +139,8 @@ def figures_brief(dep: dict[str, Any]) -> str:
         if sh.get("latency_ratio") is not None:
             what.append(f"compute x{sh['latency_ratio']:.2f}")
         parts.append(f"shadow {sh.get('verdict')} ({', '.join(what)})" if sh.get("verdict") != "skipped" else "")
+        if sh.get("compute") == "paired" and isinstance(sh.get("paired"), dict):  # the pairs decided the shadow
+            parts.append(f"shadow {paired_brief(sh['paired'])}")
     pr = dep.get("probation") if isinstance(dep.get("probation"), dict) else None
     if pr:
         tests = [c for c in pr.get("compute") or [] if isinstance(c, dict)]

@@ -49,6 +49,9 @@ class Pairing:
         at most this share of serving CPU; aa_share: this share of pairs is incumbent against incumbent; cpu:
         time CPU (every runtime thread, rungate.CpuMark), else wall time in the run (accelerators)."""
         self.incumbent, self.candidate, self.gate = incumbent, candidate, gate
+        # the judge's (min_pairs, min_aa): once there are min_pairs candidate pairs and fewer than min_aa A/A
+        # pairs, every pair is A/A until there are (a verdict waits on the floor, not on more candidate pairs)
+        self.needs = (16, 8)
         self.share, self.aa_share, self.cpu = float(share), float(aa_share), cpu
         self._rng = random.Random(seed)
         self._slot: dict[str, Any] | None = None
@@ -121,7 +124,8 @@ class Pairing:
 
     def pair(self, feeds: dict[str, Any]) -> None:
         """One pair on `feeds`: candidate against incumbent, or (aa_share) incumbent against incumbent."""
-        aa = self._rng.random() < self.aa_share
+        min_pairs, min_aa = self.needs
+        aa = self._rng.random() < self.aa_share or (len(self.pairs) >= min_pairs and len(self.aa) < min_aa)
         before = self.mirrored_s
         try:
             self._pair(feeds, aa)

@@ -14,6 +14,7 @@ import numpy as np
 from agent.qualify.accuracy import output_metrics
 from agent.serving.rungate import CpuMark, RunGate
 from agent.trial.judge import limit_ms
+from agent.trial.pairjudge import SLOWER
 from agent.trial.settings import ShadowConfig
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
@@ -136,7 +137,9 @@ class Shadow:
             if "max_rel" in m:
                 self.max_rel = max(self.max_rel or 0.0, float(m["max_rel"]))
 
-    def result(self) -> dict[str, Any]:
+    def result(self, paired: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shadow block. paired: the pairs' result (paired.Pairing.result) when they were enough to judge
+        (serving.probation.paired_min_pairs): it decides compute time instead of the medians' 3x rule."""
         agreement = round(self.agree / self.rows, 4) if self.rows else None
         ratio = None
         slower = False  # over max_latency_ratio x the incumbent + slack_ms
@@ -156,20 +159,30 @@ class Shadow:
         }
         if self.last_error:
             doc["last_error"] = self.last_error
-        verdict, reason = self._verdict(agreement, ratio, slower)
-        if ratio is None and verdict == PASS:  # agreement judged, compute time not: said, never implied
+        if paired is not None:
+            doc["paired"], doc["compute"] = paired, "paired"
+        verdict, reason = self._verdict(agreement, ratio, slower, paired)
+        if paired is not None and verdict == PASS:
+            reason += f"; compute time by the pairs: {paired['verdict']}"
+        elif ratio is None and verdict == PASS:  # agreement judged, compute time not: said, never implied
             doc["compute"] = "not judged"
             reason += f"; compute time not judged ({len(self.candidate_s)} candidate, {len(self.incumbent_s)} incumbent runs timed)"
         return {**doc, "verdict": verdict, "reason": reason}
 
-    def _verdict(self, agreement: float | None, ratio: float | None, slower: bool) -> tuple[str, str]:
+    def _verdict(
+        self, agreement: float | None, ratio: float | None, slower: bool, paired: dict[str, Any] | None
+    ) -> tuple[str, str]:
         cfg, n = self.config, self.requests
         bad = self.failures + self.nonfinite
+        agreed = f", top-1 agreement {agreement:.3f}" if agreement is not None else ""
+        passed = f"shadow passed: {n} requests{agreed}"
         if bad > cfg.max_failures:
             what = f"{self.failures} failed" + (f", {self.nonfinite} with NaN/Inf" if self.nonfinite else "")
             return FAIL, f"shadow: {what} of {n} requests the incumbent answered (limit {cfg.max_failures})" + (
                 f": {self.last_error}" if self.last_error else ""
             )
+        if paired is not None and paired["verdict"] == SLOWER:  # the pairs end the trial before the swap
+            return FAIL, f"shadow: {paired['reason']}"
         if n < cfg.min_requests:
             return INCONCLUSIVE, f"shadow: only {n} requests in {self.elapsed_s:.1f} s (need {cfg.min_requests})"
         if agreement is not None and agreement < cfg.min_agreement:
@@ -178,12 +191,12 @@ class Shadow:
             )
         if cfg.max_rel is not None and self.max_rel is not None and self.max_rel > cfg.max_rel:
             return FAIL, f"shadow: max_rel {self.max_rel:.3g} against the incumbent over {n} requests > {cfg.max_rel:g}"
+        if paired is not None:  # the pairs decide compute ("slower" failed above)
+            return PASS, passed
         if ratio is not None and slower:
             return (
                 FAIL,
                 f"shadow: compute time {ratio:.2f}x the incumbent's over {n} requests > "
                 f"{cfg.max_latency_ratio:g} x + {cfg.slack_ms:g} ms",
             )
-        return PASS, f"shadow passed: {n} requests" + (
-            f", top-1 agreement {agreement:.3f}" if agreement is not None else ""
-        )
+        return PASS, passed

@@ -91,8 +91,10 @@ class Rehearsal:
             for observer in (shadow, pairing):
                 if observer is not None:
                     _stop_observing(self.registry, self.name, observer)
-        if pairing is not None:  # reported with the shadow; judged in probation, with the pairs taken there
-            figures["paired"] = pairing.result(rule_of(self.probation_config))
+        if pairing is not None:  # enough pairs decide compute here; else reported, and judged in probation
+            paired = pairing.result(rule_of(self.probation_config))
+            enough = paired["pairs"] >= self.probation_config.paired_min_pairs
+            figures = shadow.result(paired) if enough else {**figures, "paired": paired}
         ctx.report("shadow", phase="done", **figures)
         return figures
 
@@ -106,8 +108,14 @@ def _pairing(
         return None
     inc = incumbent if incumbent is not None else registry.entry(name).session
     pairing = Pairing(
-        inc, candidate, registry.gate, share=config.paired_share, aa_share=config.paired_aa_share, cpu=measure == CPU
+        inc,
+        candidate,
+        registry.gate,
+        share=config.paired_share,
+        aa_share=config.paired_aa_share,
+        cpu=measure == CPU,
     )
+    pairing.needs = (config.paired_min_pairs, config.paired_min_aa)
     registry.observe(name, pairing)
     return pairing.start()
 
