@@ -57,7 +57,7 @@ def test_a_full_disk_at_start_up_keeps_serving_and_says_so(small_fs):
         assert str(version) == "1"
         doc = b.write_status()
         assert "No space left" in doc["disk_full"] and doc["models"]["tiny"]["version"] == "1"
-        assert b.health is not None and "disk_full" in b.health.doc()
+        assert b.parts is not None and "disk_full" in b.parts.health.doc()
         assert any(e.get("disk_full") for e in events)
         os.unlink(small_fs / "filler")
         assert "disk_full" not in b.write_status()  # space again: reported cleared

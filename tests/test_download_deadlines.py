@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from cp_support import commit_flagged_targets
 from support.agent import make_agent
 from support.mqtt import mqtt_config
 from support.sockets import accept_each
@@ -158,7 +159,12 @@ class Answers:
         return self.seen
 
 
-def test_a_tarpit_source_is_abandoned_for_mqtt_and_the_deployment_completes(tmp_path, mosquitto, plane, tarpit):
+def test_a_tarpit_source_is_abandoned_for_mqtt_and_the_deployment_completes(
+    tmp_path, mosquitto, plane, tarpit, monkeypatch
+):
+    # v1 answers all through (Answers): a short probation on a loaded host may not pair enough runs to judge v2,
+    # which this test is not about; its targets keep such a version serving, flagged (test_unjudged.py)
+    monkeypatch.setenv("EDGE_AGENT_TARGETS_DIR", str(commit_flagged_targets(tmp_path)))
     events: list[dict] = []
     a = _agent(tmp_path, mosquitto, plane, {"allow_http": True, "interval_s": 3, "min_bytes": 1024}, events.append)
     answers = None
