@@ -35,9 +35,9 @@ FAULTS = {  # version -> (file, text, replacement): the fault a release carries
     ),
     "1.4.0": (
         "agent/serving/registry.py",
-        "        entry = self._hold(name, version)\n        elapsed, ok,",
+        "        with self.hold(name, version) as run:\n            want = run.check(feeds, outputs)",
         "        feeds = {k: v + 1 for k, v in feeds.items()}  # injected: a wrong answer\n"
-        "        entry = self._hold(name, version)\n        elapsed, ok,",
+        "        with self.hold(name, version) as run:\n            want = run.check(feeds, outputs)",
     ),
 }
 

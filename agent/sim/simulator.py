@@ -296,7 +296,8 @@ class Simulator:
         pending, last error); empty without one."""
         out = {}
         for dev, agent in list(self.agents.items()):
-            sync = getattr(agent, "cpsync", None)
+            parts = getattr(agent, "parts", None)  # built at start (agent.parts): None before
+            sync = parts.cpsync if parts is not None else None
             if sync is not None:
                 out[dev] = sync.snapshot()
         return out
