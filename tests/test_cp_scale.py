@@ -164,7 +164,7 @@ def test_a_light_fleet_enrolls_without_a_reload_and_converges_on_a_rollout(tmp_p
             before = watch.verifications  # a whole reread (no device named) believes again only what changed
             cp.registry_changed()
             wait_for(lambda: cp.loop.reloads == 1, 30, "one whole-registry read")
-            assert watch.verifications == before
+            assert watch.verifications - before <= 1, watch.verifications - before  # a heartbeat meanwhile: once
             late.stop()
         finally:
             fleet.stop()
