@@ -128,13 +128,16 @@ def _qualify_wall(pkg, profile, target, providers: list[str], budget: float, spa
     from agent.isolate.forkserver import SPAWN_ENV
     from agent.qualify import harness
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
 
     if confirm:
         harness.CLOSE_CALL = float("inf")
 
     os.environ[SPAWN_ENV] = "1" if spawn else "0"
     line = Timeline()
-    d = qualify(pkg, profile, target, providers=providers, latency_budget_s=budget, progress=line)
+    d = qualify(
+        pkg, profile, target, providers=providers, options=QualifyOptions(latency_budget_s=budget), progress=line
+    )
     end = time.perf_counter()
     return end - line.t0, d, line.phases(end)
 

@@ -108,6 +108,7 @@ def main() -> None:
     from agent.hardware import detect
     from agent.package.load import load_package
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
     from agent.targets import match
 
     profile = detect("/")
@@ -118,7 +119,7 @@ def main() -> None:
     agree = exact = near = total = 0
     for path in light_packages(Path(tempfile.mkdtemp(prefix="bench-sel-")), args.models):
         pkg = load_package(path)
-        decision = qualify(pkg, profile, target, providers=names, latency_budget_s=args.budget)
+        decision = qualify(pkg, profile, target, providers=names, options=QualifyOptions(latency_budget_s=args.budget))
         ex = exhaustive(pkg, variants, target, args.runs, args.cap, args.rounds)
         passing = {k: v for k, v in ex.items() if v["ok"] and v["p50"] is not None}
         best = min(passing, key=lambda k: passing[k]["p50"]) if passing else None

@@ -7,6 +7,7 @@ import pytest
 
 from agent.package.load import load_package
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +23,7 @@ def decisions(dev):
                 dev.profile,
                 dev.target,
                 providers=names,
-                latency_budget_s=budget,
-                all_precisions=True,
+                options=QualifyOptions(latency_budget_s=budget, all_precisions=True),
             )
         return cache[path]
 
@@ -57,7 +57,11 @@ def test_openvino_reports_the_precision_it_really_uses(dev, tmp_path, budget):
     claimed = "bf16" if has_bf16(dev.profile) else "f16" if has_arm_fp16(dev.profile) else "f32"
     assert reported == claimed, f"the runtime defaults to {reported}, the profile says {claimed}"
     decision = qualify(
-        pkg, dev.profile, dev.target, providers=["openvino"], latency_budget_s=budget, all_precisions=True
+        pkg,
+        dev.profile,
+        dev.target,
+        providers=["openvino"],
+        options=QualifyOptions(latency_budget_s=budget, all_precisions=True),
     )
     default = next(r for r in decision.results if r.requested_precision is None and r.requested_device in (None, "CPU"))
     assert default.status != "unavailable" and default.precision == reported, default
@@ -74,7 +78,11 @@ def test_tensorrt_builds_its_engine_cache(dev, tmp_path, budget):
 
     pkg = load_package(samples.sample_cnn_package(tmp_path / "cnn"))
     decision = qualify(
-        pkg, dev.profile, dev.target, providers=["tensorrt"], cache_dir=tmp_path / "cache", latency_budget_s=budget
+        pkg,
+        dev.profile,
+        dev.target,
+        providers=["tensorrt"],
+        options=QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=budget),
     )
     row = decision.row("tensorrt")
     assert row.status == "passed", row.reason

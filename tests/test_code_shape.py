@@ -15,26 +15,21 @@ SHAPE_RULES = {"C901", "PLR0913", "PLR0915"}
 
 # functions over MAX_LINES lines when the guard came in (19 then; these may only go)
 LONG_FUNCTIONS = {
-    "agent/qualify/rowtask.py:measure_row",
     "agent/cli/fleet_rollout.py:rollout",
     "agent/cli/conformance.py:conformance",
     "agent/cli/fleet_simulate.py:simulate",
-    "agent/qualify/harness.py:qualify",
     "agent/cli/qualify.py:qualify",
-    "agent/fleet/push.py:push",
     "agent/cli/fleet_rollout.py:rollback",
     "agent/cli/fleet.py:push",
     "agent/cli/fleet.py:status",
-    "agent/qualify/rowrunner.py:_measure_row",
     "agent/serving/metrics.py:model_families",
     "agent/fleet/rollout_run.py:run_rollback",
     "agent/cli/providers.py:providers",
     "agent/cli/package.py:package",
-    "agent/conformance/models.py:run_models",
     "agent/controlplane/migrations/versions/0001_initial.py:upgrade",
 }
-LONG_FUNCTIONS_MAX = 17  # only ever lowered
-SHAPE_ALLOW_MAX = 43  # files of agent/ on ruff's function-shape allow-list; only ever lowered
+LONG_FUNCTIONS_MAX = 12  # only ever lowered
+SHAPE_ALLOW_MAX = 40  # files of agent/ on ruff's function-shape allow-list; only ever lowered
 
 
 def long_functions(root: Path) -> dict[str, int]:

@@ -167,11 +167,24 @@ def test_models_suite_budget_skips_rows_with_the_reason_and_reports_an_eta(tmp_p
 def test_reference_outputs_are_reused_from_the_cache(tmp_path):
     from agent import samples
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
 
     pkg = samples.write_package(tmp_path / "cnn", samples.cnn_model(), name="cnn", golden=False)
     target = get_target("generic-x86_64")
-    first = qualify(pkg, PROFILE, target, providers=["cpu"], cache_dir=tmp_path / "cache", latency_budget_s=0.05)
-    second = qualify(pkg, PROFILE, target, providers=["cpu"], cache_dir=tmp_path / "cache", latency_budget_s=0.05)
+    first = qualify(
+        pkg,
+        PROFILE,
+        target,
+        providers=["cpu"],
+        options=QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=0.05),
+    )
+    second = qualify(
+        pkg,
+        PROFILE,
+        target,
+        providers=["cpu"],
+        options=QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=0.05),
+    )
     assert first.reference == "onnx-reference-evaluator" and second.reference == "onnx-reference-evaluator (reused)"
     assert first.results[0].status == second.results[0].status == "passed"
     assert first.results[0].accuracy["max_rel"] == second.results[0].accuracy["max_rel"]

@@ -21,12 +21,13 @@ def decision(tmp_path_factory):
     from agent.hardware import detect
     from agent.package.load import load_package
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
     from agent.samples import sample_tiny_package
     from agent.targets import match
 
     profile = detect()
     pkg = load_package(sample_tiny_package(tmp_path_factory.mktemp("pkg")))
-    return qualify(pkg, profile, match(profile), providers=["cpu"], isolate=False).to_dict()
+    return qualify(pkg, profile, match(profile), providers=["cpu"], options=QualifyOptions(isolate=False)).to_dict()
 
 
 def deployment(state: State = State.QUALIFYING) -> Deployment:

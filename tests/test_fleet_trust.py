@@ -17,6 +17,7 @@ from support.mqtt import ControlPlane, mqtt_config, register_device
 
 from agent.errors import ConfigError
 from agent.fleet.push import push
+from agent.fleet.pushspec import PushSpec
 from agent.fleet.registry import NO_REGISTRY, DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
 from agent.fleet.rollout_run import run_rollout
@@ -136,14 +137,16 @@ def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(tmp_path, mos
         pkg = sample_tiny_package(tmp_path / "pkg1", version="1")
         doc = push(
             pkg,
-            name="tiny",
-            version="1",
-            groups=["lab"],
-            key_file=cp.keyfile,
-            store=cp.store_dir,
-            broker=broker,
-            validate=False,
-            wait=60,
+            PushSpec(
+                name="tiny",
+                version="1",
+                groups=["lab"],
+                key_file=cp.keyfile,
+                store=cp.store_dir,
+                broker=broker,
+                validate=False,
+                wait=60,
+            ),
         )
         assert doc["ok"] is True and set(doc["devices"]) == {"dev-1"}, doc
         _fake_status(cp, "saboteur", "2", state="failed")
@@ -172,11 +175,11 @@ def test_group_members_come_from_the_registry_and_a_silent_member_times_out(tmp_
         _fake_status(cp, "claimer", "1")  # reports (unsigned) and claims group lab: not a member
         pkg = sample_tiny_package(tmp_path / "pkg", version="1")
         common = dict(name="tiny", version="1", key_file=cp.keyfile, store=cp.store_dir, validate=False, wait=3)
-        doc = push(pkg, groups=["lab"], broker=BrokerConfig(mosquitto.url), **common)
+        doc = push(pkg, PushSpec(groups=["lab"], broker=BrokerConfig(mosquitto.url), **common))
         assert doc["ok"] is False and set(doc["devices"]) == {"quiet"}, doc
         assert doc["devices"]["quiet"]["result"] == "timeout", doc
         with pytest.raises(ConfigError, match="no device of group nobody is in the device registry"):
-            push(pkg, groups=["nobody"], broker=BrokerConfig(mosquitto.url), **common)
+            push(pkg, PushSpec(groups=["nobody"], broker=BrokerConfig(mosquitto.url), **common))
         # waiting for a rollback on a device the registry does not know fails at once, like push --wait
         t0 = time.monotonic()
         out = _cli(
@@ -238,20 +241,20 @@ def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
         # an unregistered device: waiting for it is refused at once (its reports could never count)
         _fake_status(cp, "ghost", "1")
         with pytest.raises(ConfigError, match="device ghost is not in the device registry"):
-            push(pkg, version="1", devices=["ghost"], wait=8, **common)
+            push(pkg, PushSpec(version="1", devices=["ghost"], wait=8, **common))
         # fake committed reports of registered devices: unsigned (dev-2), signed by another key (dev-3)
         reg.register("dev-3", public_pem(device_key(tmp_path / "dev3-state").public_key()), [])
         reg.save()
         _fake_status(cp, "dev-2", "1")
         _fake_status(cp, "dev-3", "1", key=device_key(tmp_path / "not-dev3"))
         for fake, why in (("dev-2", "unsigned"), ("dev-3", "bad-signature")):
-            doc = push(pkg, version="1", devices=[fake], wait=4, **common)
+            doc = push(pkg, PushSpec(version="1", devices=[fake], wait=4, **common))
             assert doc["ok"] is False and doc["devices"][fake]["result"] == "timeout", doc
             assert f"report {why}: not counted" in doc["devices"][fake]["reason"], doc
         # a group push: the real, signed dev-1 counts; the intruder claiming group lab is not a member
         _fake_status(cp, "intruder", "2", groups=("lab",))
         # (it waits out its whole deadline: dev-2's unsigned report never counts, as it should)
-        doc = push(pkg, version="2", groups=["lab"], wait=20, **common)
+        doc = push(pkg, PushSpec(version="2", groups=["lab"], wait=20, **common))
         assert doc["devices"]["dev-1"]["result"] == "committed", doc
         assert "intruder" not in doc["devices"] and "ghost" not in doc["devices"]
         assert doc["devices"]["dev-2"]["result"] != "committed"  # registered member, unsigned report

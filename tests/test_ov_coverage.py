@@ -81,6 +81,7 @@ def test_a_qualify_row_on_a_split_device_list_reports_per_device_counts(tmp_path
 
     from agent.hardware import detect
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
     from agent.targets import ProviderPref, get_target
 
     path = tmp_path / "cnn.onnx"
@@ -90,7 +91,9 @@ def test_a_qualify_row_on_a_split_device_list_reports_per_device_counts(tmp_path
     profile = detect()
     base = get_target("generic-x86_64")
     target = dataclasses.replace(base, providers=(ProviderPref("openvino", {"devices": ["CPU", "HETERO:CPU"]}),))
-    d = qualify(path, profile, target, providers=["openvino"], latency_budget_s=0.05, row_timeout_s=120)
+    d = qualify(
+        path, profile, target, providers=["openvino"], options=QualifyOptions(latency_budget_s=0.05, row_timeout_s=120)
+    )
     rows = {r.key: r for r in d.results}
     assert set(rows) >= {"openvino@CPU", "openvino@HETERO:CPU"}, rows.keys()
     passed = [r for k, r in rows.items() if k.startswith("openvino@HETERO:CPU") and r.status == "passed"]

@@ -11,10 +11,11 @@ from agent import samples
 from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.providers import get
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import ProviderPref, get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="linux", cpu=CpuInfo(model="test", vendor="test", cores=2))
-FAST = {"latency_budget_s": 0.05, "row_timeout_s": 120}
+FAST = QualifyOptions(latency_budget_s=0.05, row_timeout_s=120)
 
 
 @pytest.fixture()
@@ -32,7 +33,7 @@ def _only(*prefs: ProviderPref):
 def test_an_available_provider_the_target_does_not_list_is_still_measured(tiny):
     if not get("openvino").probe(PROFILE).available:
         pytest.skip("openvino is not available on this host")
-    d = qualify(tiny, PROFILE, _only(ProviderPref("cpu")), **FAST)
+    d = qualify(tiny, PROFILE, _only(ProviderPref("cpu")), options=FAST)
     keys = [r.key for r in d.results]
     assert keys[0] == "cpu" and "openvino" in keys  # the list orders; it does not decide what is measured
     assert all(r.status != "unavailable" for r in d.results)  # unlisted and absent: no row at all
@@ -40,7 +41,7 @@ def test_an_available_provider_the_target_does_not_list_is_still_measured(tiny):
 
 def test_a_target_excludes_a_provider_only_with_a_reason_shown_in_the_row(tiny):
     target = _only(ProviderPref("cpu"), ProviderPref("openvino", exclude="vendor kernels miscompile Gelu here"))
-    d = qualify(tiny, PROFILE, target, **FAST)
+    d = qualify(tiny, PROFILE, target, options=FAST)
     row = d.row("openvino")
     assert row is not None and row.status == "unavailable" and row.stage == "target"
     assert row.reason == "excluded by the generic-x86_64 target: vendor kernels miscompile Gelu here"

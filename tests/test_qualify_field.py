@@ -4,6 +4,7 @@ memory measured and bounded per worker, the runner's real failures, the conditio
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,11 @@ from agent.hardware import detect
 from agent.isolate.runner import FAULT_ENV, IsolatedWorker
 from agent.package.load import load_package
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.samples import write_package
 
 PROFILE = detect("/")
-FAST = {"latency_budget_s": 0.2}
+FAST = QualifyOptions(latency_budget_s=0.2)
 RANGE = {"min": [1, 1, 2, 2], "opt": [1, 1, 32, 32], "max": [1, 1, 64, 64]}
 
 
@@ -103,7 +105,7 @@ def test_bare_model_names_its_assumed_dims_and_fails_where_dim_1_is_wrong(tmp_pa
 
     onnx.save(maxpool_model(), str(path))
     events = []
-    d = qualify(path, PROFILE, providers=["cpu"], progress=lambda e, **f: events.append((e, f)), **FAST)
+    d = qualify(path, PROFILE, providers=["cpu"], options=FAST, progress=lambda e, **f: events.append((e, f)))
     assert d.assumed_shapes == {"x": {"H": 1, "W": 1}}
     warnings = [f["reason"] for e, f in events if e == "warning"]
     assert len(warnings) == 1 and "x: H=1, W=1" in warnings[0] and "input_shapes" in warnings[0]
@@ -119,7 +121,7 @@ def test_declared_range_measures_opt_and_max_and_assumes_nothing(tmp_path):
     pkg = write_package(
         tmp_path / "pool", maxpool_model(), name="pool", golden=False, extra_yaml={"input_shapes": {"x": RANGE}}
     )
-    d = qualify(pkg, PROFILE, providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert row.status == "passed", row.reason
     assert d.assumed_shapes == {} and row.assumed_shapes == {}
@@ -153,7 +155,7 @@ def test_input_values_give_scalar_inputs_their_value(tmp_path):
     plan = package_plan(pkg)
     assert plan.accuracy["sr"].shape == () and int(plan.accuracy["sr"]) == 16000
     assert plan.assumed == {}
-    d = qualify(pkg, PROFILE, providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, providers=["cpu"], options=FAST)
     assert d.row("cpu").status == "passed"
 
 
@@ -187,7 +189,7 @@ def test_a_model_over_memory_max_fails_with_both_figures_and_only_its_worker_die
 
     before = psutil.Process().memory_info().rss
     pkg = hog_package(tmp_path / "hog", gib)
-    d = qualify(pkg, PROFILE, providers=["cpu"], memory_max=1 << 30, **FAST)
+    d = qualify(pkg, PROFILE, providers=["cpu"], options=replace(FAST, memory_max=1 << 30))
     row = d.row("cpu")
     assert d.selected is None and row.status == "failed" and row.stage == "memory", row.reason
     assert row.reason.startswith("memory:") and "1.0 GiB" in row.reason
@@ -196,10 +198,10 @@ def test_a_model_over_memory_max_fails_with_both_figures_and_only_its_worker_die
 
 def test_memory_peak_is_reported_and_checked_against_the_cap(tmp_path):
     pkg = hog_package(tmp_path / "hog", 0.25)
-    ok = qualify(pkg, PROFILE, providers=["cpu"], **FAST).row("cpu")
+    ok = qualify(pkg, PROFILE, providers=["cpu"], options=FAST).row("cpu")
     assert ok.status == "passed", ok.reason
     assert ok.memory_peak_bytes > 200 << 20  # a 256 MiB buffer per inference
-    small = qualify(pkg, PROFILE, providers=["cpu"], memory_max=64 << 20, **FAST).row("cpu")
+    small = qualify(pkg, PROFILE, providers=["cpu"], options=replace(FAST, memory_max=64 << 20)).row("cpu")
     assert small.status == "failed" and small.stage == "memory"
     assert "> serving.memory_max 64 MiB" in small.reason
 

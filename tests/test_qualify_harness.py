@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import onnx
 import pytest
@@ -13,10 +14,11 @@ from agent import samples
 from agent.errors import ProviderError
 from agent.isolate.runner import FAULT_ENV, IsolatedWorker, run_isolated
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import get_target
 
 PROFILE = BF16_X86
-FAST = {"latency_budget_s": 0.2, "row_timeout_s": 120}
+FAST = QualifyOptions(latency_budget_s=0.2, row_timeout_s=120)
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +33,8 @@ def test_cnn_gets_cpu_and_openvino_rows_and_a_reasoned_choice(cnn_package, targe
         PROFILE,
         target,
         providers=["openvino", "cpu"],
-        cache_dir=tmp_path / "cache",
+        options=replace(FAST, cache_dir=tmp_path / "cache"),
         progress=lambda e, **f: events.append((e, f)),
-        **FAST,
     )
     by = {r.key: r for r in d.results}
     assert {"cpu", "openvino"} <= set(by)
@@ -55,7 +56,7 @@ def test_cnn_gets_cpu_and_openvino_rows_and_a_reasoned_choice(cnn_package, targe
 
 
 def test_ml_ops_fail_on_openvino_with_the_op_named(ml_package, target):
-    d = qualify(ml_package, PROFILE, target, providers=["openvino", "cpu"], **FAST)
+    d = qualify(ml_package, PROFILE, target, providers=["openvino", "cpu"], options=FAST)
     ov = d.row("openvino")
     assert ov.status == "failed" and ov.stage == "compatibility"
     assert "Scaler" in ov.reason and any("Scaler" in op for op in ov.unsupported_ops)
@@ -72,7 +73,7 @@ def test_default_precision_failing_accuracy_requalifies_at_f32(tmp_path, target)
             "tolerances": {"openvino": strict, "openvino:f32": {"max_abs": 1e-4, "max_rel": 1e-3, "min_cosine": 0.999}}
         },
     )
-    d = qualify(pkg, PROFILE, target, providers=["openvino"], **FAST)
+    d = qualify(pkg, PROFILE, target, providers=["openvino"], options=FAST)
     first = d.results[0]
     if first.precision == "f32":  # a CPU without bf16/AMX (e.g. AVX2 only): the default already is f32
         assert [r.key for r in d.results] == ["openvino"]  # no second row: nothing to fall back to
@@ -91,14 +92,14 @@ def test_default_precision_failing_accuracy_requalifies_at_f32(tmp_path, target)
 def test_seeded_inputs_and_ort_reference_for_a_bare_onnx(tmp_path, target):
     path = tmp_path / "tiny.onnx"
     onnx.save(samples.tiny_model(3.0), path)
-    d = qualify(path, PROFILE, target, providers=["cpu"], **FAST)
+    d = qualify(path, PROFILE, target, providers=["cpu"], options=FAST)
     assert d.reference == "onnx-reference-evaluator" and d.inputs.startswith("seeded")
     assert d.selected == "cpu" and d.row("cpu").accuracy["max_abs"] == 0.0
 
 
 def test_crashing_provider_is_an_error_row_and_the_caller_survives(cnn_package, target, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "abort:openvino")
-    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], **FAST)
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], options=FAST)
     ov = d.row("openvino")
     assert ov.status == "error" and ov.stage == "isolation"
     assert "crashed" in ov.reason and "SIGABRT" in ov.reason
@@ -106,12 +107,12 @@ def test_crashing_provider_is_an_error_row_and_the_caller_survives(cnn_package, 
 
 
 def test_unavailable_provider_row_and_unknown_name(cnn_package, target):
-    d = qualify(cnn_package, PROFILE, target, providers=["tensorrt", "cpu"], **FAST)
+    d = qualify(cnn_package, PROFILE, target, providers=["tensorrt", "cpu"], options=FAST)
     trt = d.row("tensorrt")
     assert trt.status == "unavailable" and trt.reason and trt.stage == "probe"
     assert d.selected == "cpu"
     with pytest.raises(ProviderError, match="unknown provider"):
-        qualify(cnn_package, PROFILE, target, providers=["warp-drive"], **FAST)
+        qualify(cnn_package, PROFILE, target, providers=["warp-drive"], options=FAST)
 
 
 def test_isolated_hang_times_out_and_worker_recovers(monkeypatch):
@@ -143,7 +144,7 @@ def test_close_calls_get_a_confirmation_round(cnn_package, target, monkeypatch):
         if event == "confirm":
             kept_cpu.append("done")
 
-    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], options=FAST, progress=progress)
     events = [e for e, _ in said]
     passed = [r for r in d.results if r.status == "passed"]
     assert len(passed) == 2 and events.count("confirm") == 2
@@ -189,7 +190,7 @@ def test_a_kept_worker_that_died_confirms_in_a_new_session(cnn_package, target, 
             for pid in _kept_cpu():
                 os.kill(pid, signal.SIGKILL)  # every kept worker dies before its round
 
-    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], progress=progress, **FAST)
+    d = qualify(cnn_package, PROFILE, target, providers=["openvino", "cpu"], options=FAST, progress=progress)
     events = [e for e, _ in said]
     after = said[events.index("confirm") :]
     assert [f.get("kept") for e, f in after if e == "session"] == [False, False]

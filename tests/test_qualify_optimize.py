@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -22,11 +23,12 @@ from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.qualify import optimize
 from agent.qualify.decision import Row
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.qualify.select import choose, is_near_tie
 from agent.targets import ProviderPref, get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="Linux", cpu=CpuInfo(vendor="GenuineIntel", model="test", cores=2))
-FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
+FAST = QualifyOptions(latency_budget_s=0.2, row_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,11 @@ def _consistent(d) -> None:
 
 def test_transformer_block_fusions_are_built_measured_and_judged(block, tmp_path):
     d = qualify(
-        block, PROFILE, get_target("generic-x86_64"), providers=["cpu"], cache_dir=tmp_path, optimize=True, **FAST
+        block,
+        PROFILE,
+        get_target("generic-x86_64"),
+        providers=["cpu"],
+        options=replace(FAST, cache_dir=tmp_path, optimize=True),
     )
     built = {r["kind"]: r for r in d.optimizations}
     assert set(built) == set(optimize.KINDS)
@@ -90,9 +96,7 @@ def test_an_optimised_graph_out_of_tolerance_is_refused_with_the_first_differing
         PROFILE,
         get_target("generic-x86_64"),
         providers=["cpu"],
-        cache_dir=tmp_path / "c",
-        optimize=["fusions"],
-        **FAST,
+        options=replace(FAST, cache_dir=tmp_path / "c", optimize=["fusions"]),
     )
     rows = {r.key: r for r in d.results}
     fused = rows["opt-fusions/cpu"]
@@ -107,7 +111,9 @@ def test_an_optimised_graph_out_of_tolerance_is_refused_with_the_first_differing
 def test_task_tolerances_judge_by_sqnr(block, tmp_path):
     base = get_target("generic-x86_64")
     target = dataclasses.replace(base, tasks={"embeddings": {"fp32": {"min_sqnr_db": 500.0}}})
-    d = qualify(block, PROFILE, target, providers=["cpu"], cache_dir=tmp_path, optimize=["fusions"], **FAST)
+    d = qualify(
+        block, PROFILE, target, providers=["cpu"], options=replace(FAST, cache_dir=tmp_path, optimize=["fusions"])
+    )
     fused = next(r for r in d.results if r.optimization == "fusions")
     assert fused.status == "failed" and "sqnr" in fused.reason and "< 500.0 dB" in fused.reason
     assert fused.accuracy["tolerance"]["min_sqnr_db"] == 500.0
@@ -138,7 +144,11 @@ def test_offline_folding_is_selected_where_faster_and_refused_where_not(tmp_path
     assert optmodels.factored_macs(factored=factor) > 10 * optmodels.block_macs()  # the work folding removes
     pkg = optmodels.transformer_package(tmp_path / "factored", factored=factor, sets=2)
     d = qualify(
-        pkg, PROFILE, _offline_only(), providers=["cpu"], cache_dir=tmp_path / "c", optimize=["ort-basic"], **FAST
+        pkg,
+        PROFILE,
+        _offline_only(),
+        providers=["cpu"],
+        options=replace(FAST, cache_dir=tmp_path / "c", optimize=["ort-basic"]),
     )
     built = d.optimizations[0]
     assert built["kind"] == "ort-basic" and built["changed"] and built["nodes"] < built["nodes_before"], built
@@ -178,7 +188,7 @@ def test_offline_folding_is_selected_where_faster_and_refused_where_not(tmp_path
 def test_a_cold_start_budget_fails_rows_that_build_too_slowly(block, tmp_path):
     base = get_target("generic-x86_64")
     target = dataclasses.replace(base, qualify={"cold_start_budget_s": 1e-6})
-    d = qualify(block, PROFILE, target, providers=["cpu"], cache_dir=tmp_path, **FAST)
+    d = qualify(block, PROFILE, target, providers=["cpu"], options=replace(FAST, cache_dir=tmp_path))
     row = d.results[0]
     assert row.status == "failed" and row.stage == "cold_start" and "cold_start_budget_s 1e-06 s" in row.reason
     assert d.selected is None
@@ -197,9 +207,7 @@ def test_a_real_cnn_optimised_variants_are_judged_against_the_delivered_graph(tm
         PROFILE,
         get_target("generic-x86_64"),
         providers=["cpu", "openvino"],
-        cache_dir=tmp_path / "c",
-        optimize=["ort-extended", "slim"],
-        **FAST,
+        options=replace(FAST, cache_dir=tmp_path / "c", optimize=["ort-extended", "slim"]),
     )
     rows = {r.key: r for r in d.results}
     assert {"cpu", "opt-ort-extended/cpu", "opt-slim/cpu"} <= set(rows)

@@ -22,12 +22,13 @@ from agent.errors import ModelError
 from agent.providers import get
 from agent.qualify import outputs as io
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.serving.http.server import OIPServer
 from agent.serving.registry import ModelRegistry
 from agent.targets import get_target
 
 PROFILE = BF16_X86
-FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
+FAST = QualifyOptions(latency_budget_s=0.2, row_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def zipmap(tmp_path_factory):
 
 def test_skl2onnx_zipmap_is_refused_with_the_remedy(zipmap):
     with pytest.raises(ModelError) as err:
-        qualify(zipmap, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+        qualify(zipmap, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     msg = str(err.value)
     assert "output 'output_probability' has type seq(map(int64,tensor(float)))" in msg
     assert "(the output of a ZipMap node)" in msg and "options={'zipmap': False}" in msg
@@ -62,7 +63,7 @@ def test_onnxruntimes_shipped_logreg_iris_is_refused_by_the_cli(tmp_path):
 def test_zipmap_off_is_servable(tmp_path):
     pkg = rm.sklearn_package(tmp_path / "plain", zipmap=False)
     assert io.problems(pkg / "model.onnx") == []
-    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     assert d.selected == "cpu" and d.results[0].status == "passed", d.results[0].reason
 
 
@@ -147,7 +148,7 @@ def test_bf16_model_qualifies_with_matching_datatypes(tmp_path):
 
     (ds / "input_0.pb").write_bytes(numpy_helper.from_array(x, "x").SerializeToString())
     (ds / "output_0.pb").write_bytes(numpy_helper.from_array(x.astype(np.float32), "y").SerializeToString())
-    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=_providers(), **FAST)
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=_providers(), options=FAST)
     for row in d.results:
         assert row.status == "passed", row.reason
 
@@ -177,7 +178,7 @@ def test_contract_names_a_provider_that_relabels_bf16():
 def test_a_bare_bf16_model_gets_seeded_bf16_inputs(tmp_path):
     """No golden data: seeded bfloat16 inputs, ORT CPU reference, every provider's datatypes checked."""
     onnx.save(cast_model(TensorProto.BFLOAT16, TensorProto.FLOAT), tmp_path / "bare.onnx")
-    d = qualify(tmp_path / "bare.onnx", PROFILE, get_target("generic-x86_64"), providers=_providers(), **FAST)
+    d = qualify(tmp_path / "bare.onnx", PROFILE, get_target("generic-x86_64"), providers=_providers(), options=FAST)
     assert d.reference.startswith(("onnx-reference-evaluator", "onnxruntime-cpu-fp32"))
     for row in d.results:
         assert row.status == "passed", row.reason

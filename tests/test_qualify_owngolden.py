@@ -24,10 +24,11 @@ from agent.package.build import Label, build
 from agent.package.load import load_package
 from agent.qualify.decision import Row
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="linux", cpu=CpuInfo(model="test", vendor="test", cores=2))
-FAST = {"latency_budget_s": 0.05, "row_timeout_s": 120}
+FAST = QualifyOptions(latency_budget_s=0.05, row_timeout_s=120)
 OWN = "accuracy vs own golden (not independent)"
 
 
@@ -64,7 +65,7 @@ def test_a_package_says_who_made_its_golden_outputs_and_the_cpu_row_says_it_is_i
     pkg = load_package(built.out)
     assert pkg.to_dict()["golden_made_by"] == made
 
-    d = qualify(built.out, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(built.out, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert row.status == "passed", row.reason
     assert row.accuracy_basis == "own golden (not independent)" and OWN in row.reason, row.reason
@@ -85,13 +86,13 @@ def test_a_package_says_who_made_its_golden_outputs_and_the_cpu_row_says_it_is_i
 
 def test_where_the_evaluator_cannot_run_the_own_golden_row_is_not_checked_and_the_target_decides(tmp_path):
     built = _packaged(tmp_path, _gelu(), "gelu")
-    d = qualify(built.out, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(built.out, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert row.status == "passed" and row.accuracy_checked is False and d.accuracy_checked is False
     assert f"{OWN}, accuracy not checked otherwise (reference cannot run the graph" in row.reason, row.reason
     base = get_target("generic-x86_64")
     strict = dataclasses.replace(base, serving={**base.serving, "unchecked_accuracy": "refuse"})
-    d = qualify(built.out, PROFILE, strict, providers=["cpu"], **FAST)
+    d = qualify(built.out, PROFILE, strict, providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert d.selected is None and row.status == "failed" and row.stage == "accuracy"
     assert "only against its own golden data and no independent reference" in row.reason, row.reason
@@ -100,11 +101,11 @@ def test_where_the_evaluator_cannot_run_the_own_golden_row_is_not_checked_and_th
 def test_golden_data_of_unknown_or_other_origin_is_not_the_rows_own(tmp_path):
     old = samples.write_package(tmp_path / "old", samples.cnn_model(), name="old")  # golden, origin not said
     assert load_package(old).to_dict()["golden_made_by"] == {"runtime": "unknown", "provider": "unknown"}
-    d = qualify(old, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(old, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     assert d.row("cpu").accuracy_basis is None and d.reference == "golden outputs (made by unknown)"
     other = {"runtime": "openvino", "version": "2026.4", "provider": "CPU"}
     pkg = samples.write_package(tmp_path / "ov", samples.cnn_model(), name="ov", extra_yaml={"golden_made_by": other})
-    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert row.accuracy_basis is None and OWN not in row.reason and "independent" not in row.accuracy
     no_golden = samples.write_package(tmp_path / "none", samples.cnn_model(), name="none", golden=False)

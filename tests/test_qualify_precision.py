@@ -13,10 +13,11 @@ from agent import samples
 from agent.package.load import load_package
 from agent.package.precision import effective, graph_precision, quant_ops
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import get_target
 
 PROFILE = BF16_X86
-FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
+FAST = QualifyOptions(latency_budget_s=0.2, row_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_row_label_is_the_coarser_of_graph_and_runtime():
 
 
 def test_int8_qdq_classifier_judged_with_int8_row_against_its_fp32_original(made, target):
-    d = qualify(made["qdq"], PROFILE, target, providers=["cpu", "openvino"], **FAST)
+    d = qualify(made["qdq"], PROFILE, target, providers=["cpu", "openvino"], options=FAST)
     assert "fp32 original model_fp32.onnx" in d.reference
     int8_tol = target.tolerances("cpu", "int8").to_dict()
     for row in d.results:
@@ -85,7 +86,7 @@ def test_an_int8_model_that_disagrees_with_its_original_fails_top1(made, target,
             rolled = np.roll(numpy_helper.to_array(init), 1, axis=-1)
             other.graph.initializer[i].CopyFrom(numpy_helper.from_array(rolled, init.name))
     onnx.save(other, bad / "model_fp32.onnx")
-    d = qualify(bad, PROFILE, target, providers=["cpu"], **FAST)
+    d = qualify(bad, PROFILE, target, providers=["cpu"], options=FAST)
     row = d.results[0]
     assert row.status == "failed" and row.stage == "accuracy"
     assert "top1_agreement" in row.reason and "< 0.95" in row.reason and "(int8)" in row.reason
@@ -93,7 +94,7 @@ def test_an_int8_model_that_disagrees_with_its_original_fails_top1(made, target,
 
 
 def test_dynamic_int8_regression_is_judged_by_max_rel(made, target):
-    d = qualify(made["dynamic"], PROFILE, target, providers=["cpu"], **FAST)
+    d = qualify(made["dynamic"], PROFILE, target, providers=["cpu"], options=FAST)
     row = d.results[0]
     assert row.precision == "int8" and row.accuracy["against"] == "fp32 original"
     assert row.status == "passed", row.reason
@@ -115,7 +116,7 @@ def test_task_decides_which_metric_judges():
 
 
 def test_fp16_graph_is_labelled_fp16_on_cpu_and_judged_with_the_fp16_row(made, target):
-    d = qualify(made["fp16"], PROFILE, target, providers=["cpu"], **FAST)
+    d = qualify(made["fp16"], PROFILE, target, providers=["cpu"], options=FAST)
     row = d.results[0]
     assert row.precision == "fp16" and row.accuracy["tolerance"] == target.tolerances("cpu", "fp16").to_dict()
     assert row.status == "passed", row.reason
@@ -126,7 +127,7 @@ def test_fp16_graph_with_fp16_inputs_meets_its_fp32_original_in_each_ones_types(
     for its own latency (the speed-up)."""
     pkg = load_package(made["fp16io"])
     assert pkg.inputs[0].dtype == "float16" and pkg.precision == "fp16"
-    d = qualify(pkg, PROFILE, target, providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, target, providers=["cpu"], options=FAST)
     row = d.results[0]
     assert row.status == "passed", row.reason
     assert row.precision == "fp16" and row.accuracy["against"] == "fp32 original"

@@ -13,10 +13,11 @@ from agent import samples
 from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.qualify import reference
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(arch="x86_64", os="linux", cpu=CpuInfo(model="test", vendor="test", cores=2))
-FAST = {"latency_budget_s": 0.05, "row_timeout_s": 120}
+FAST = QualifyOptions(latency_budget_s=0.05, row_timeout_s=120)
 
 
 def _contrib_gelu(path):
@@ -35,7 +36,7 @@ def _contrib_gelu(path):
 
 def test_sample_cnn_without_golden_data_is_judged_against_the_independent_reference(tmp_path):
     pkg = samples.write_package(tmp_path / "cnn", samples.cnn_model(), name="cnn", golden=False)
-    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     assert d.reference == "onnx-reference-evaluator"
     row = d.row("cpu")
     assert row.status == "passed", row.reason
@@ -47,7 +48,7 @@ def test_sample_cnn_without_golden_data_is_judged_against_the_independent_refere
 
 def test_a_graph_the_reference_cannot_run_leaves_the_cpu_row_unchecked(tmp_path):
     path = _contrib_gelu(tmp_path / "gelu.onnx")
-    d = qualify(path, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(path, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     assert d.reference.startswith("onnxruntime-cpu-fp32 (reference cannot run the graph")
     row = d.row("cpu")
     assert row.status == "passed" and row.accuracy_checked is False
@@ -58,7 +59,7 @@ def test_a_target_that_refuses_unchecked_accuracy_does_not_select_it(tmp_path):
     path = _contrib_gelu(tmp_path / "gelu.onnx")
     base = get_target("generic-x86_64")
     strict = dataclasses.replace(base, serving={**base.serving, "unchecked_accuracy": "refuse"})
-    d = qualify(path, PROFILE, strict, providers=["cpu"], **FAST)
+    d = qualify(path, PROFILE, strict, providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert d.selected is None and row.status == "failed" and row.stage == "accuracy"
     assert "unchecked_accuracy: refuse" in row.reason

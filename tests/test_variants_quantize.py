@@ -19,6 +19,7 @@ from agent.errors import ModelError
 from agent.hardware.profile import CpuInfo, HardwareProfile
 from agent.package.load import load_package
 from agent.qualify.harness import qualify
+from agent.qualify.options import QualifyOptions
 from agent.targets import get_target
 
 PROFILE = HardwareProfile(
@@ -26,7 +27,7 @@ PROFILE = HardwareProfile(
     os="Linux",
     cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
 )
-FAST = {"latency_budget_s": 0.2, "row_timeout_s": 300}
+FAST = QualifyOptions(latency_budget_s=0.2, row_timeout_s=300)
 
 
 def edge_agent(*args: str) -> subprocess.CompletedProcess:
@@ -54,7 +55,7 @@ def test_quantize_writes_a_package_of_variants(quantized):
 
 def test_every_variant_on_every_provider_and_the_matrix_is_kept(quantized):
     out, _, _ = quantized
-    d = qualify(out, PROFILE, get_target("generic-x86_64"), providers=["cpu", "openvino"], **FAST)
+    d = qualify(out, PROFILE, get_target("generic-x86_64"), providers=["cpu", "openvino"], options=FAST)
     keys = {r.key for r in d.results}
     assert {"fp32/cpu", "int8/cpu", "fp32/openvino", "int8/openvino"} <= keys
     by = {r.key: r for r in d.results}
@@ -180,7 +181,7 @@ def test_an_int8_variant_that_fails_is_not_served(quantized, tmp_path):
     meta = yaml.safe_load((pkg / "model.yaml").read_text())
     meta["tolerances"] = {"cpu:int8": {"max_rel": 1.0e-6, "max_abs": 0.0}}
     rm.write_meta(pkg, **{**meta, "task": "segmentation"})  # not a classifier: judged by max_rel
-    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], **FAST)
+    d = qualify(pkg, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     by = {r.key: r for r in d.results}
     assert by["int8/cpu"].status == "failed" and "max_rel" in by["int8/cpu"].reason
     assert d.selected_key == "fp32/cpu" and d.selected_variant == "fp32"

@@ -122,6 +122,7 @@ def push(
     """Store PACKAGE (.onnx, directory or .tar.gz) and publish its signed, retained desired state."""
     from agent.cli.progress import Progress
     from agent.fleet.push import push as do_push
+    from agent.fleet.pushspec import PushSpec
 
     if control_plane:  # the service stores, signs and publishes
         body = {"model": name, "version": version, "devices": list(devices), "groups": list(groups)}
@@ -129,26 +130,25 @@ def push(
             return cp_push(control_plane, cp_token_file, package, body, wait, as_json, progress)
     if not key_file or not store:
         raise click.UsageError("missing option '--key' or '--store' (or pass --control-plane URL)")
+    spec = PushSpec(
+        name=name,
+        version=version,
+        key_file=key_file,
+        store=store,
+        broker=broker_config(kw),
+        prefix=kw["prefix"],
+        devices=devices,
+        groups=groups,
+        http_url=http_url,
+        chunk_size=chunk_size,
+        ttl_s=ttl_s,
+        rollback=rollback,
+        qualification=_load_overrides(qualification_file),
+        wait=wait,
+        delta=not no_delta,
+    )
     with Progress("push", _render_push, as_json) as progress:
-        doc = do_push(
-            package,
-            name=name,
-            version=version,
-            key_file=key_file,
-            store=store,
-            broker=broker_config(kw),
-            prefix=kw["prefix"],
-            devices=devices,
-            groups=groups,
-            http_url=http_url,
-            chunk_size=chunk_size,
-            ttl_s=ttl_s,
-            rollback=rollback,
-            qualification=_load_overrides(qualification_file),
-            wait=wait,
-            progress=progress,
-            delta=not no_delta,
-        )
+        doc = do_push(package, spec, progress)
     _report_push(doc, name, version, as_json)
 
 

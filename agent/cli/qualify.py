@@ -127,25 +127,21 @@ def qualify(package, providers, as_json, target_name, sysroot, cache_dir, budget
         progress.quietly(f"qualify: reading {package} and this device's profile")  # said if it takes a while
         from agent.package.load import load_package
         from agent.qualify.harness import qualify as run_qualify  # the runtimes' imports count as work too
+        from agent.qualify.options import QualifyOptions
         from agent.targets import detect_device
 
         pkg = load_package(package, extract_to=tmp)
         profile = detect_device(sysroot or "/")
         target = _resolve_target(profile, target_name)
-        cap = _memory_max(given, target)
-        progress.quietly(f"qualify: {pkg.name} v{pkg.version} on {getattr(target, 'name', '?')}: finding providers")
-        decision = run_qualify(
-            pkg,
-            profile,
-            target,
-            providers=list(providers) or None,
+        measuring = QualifyOptions(
             cache_dir=cache_dir,
-            progress=progress,
             latency_budget_s=budget,
             row_timeout_s=timeout,
-            memory_max=cap,
+            memory_max=_memory_max(given, target),
             optimize=(True if "all" in optimize else list(optimize)) if optimize else None,
         )
+        progress.quietly(f"qualify: {pkg.name} v{pkg.version} on {getattr(target, 'name', '?')}: finding providers")
+        decision = run_qualify(pkg, profile, target, list(providers) or None, options=measuring, progress=progress)
     doc = decision.to_dict()
     if save:
         from agent.util.atomic import atomic_write_json

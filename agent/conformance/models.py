@@ -90,7 +90,11 @@ def run_models(
     reference outputs and compiled blobs of a model are reused by the next run."""
     from agent.package.load import load_package
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
 
+    options = QualifyOptions(
+        cache_dir=cache_dir, latency_budget_s=budget_s, all_precisions=True, deadline_s=model_budget_s
+    )
     cases, records = [], []
     t0 = time.monotonic()
     for i, path in enumerate(packages):
@@ -101,17 +105,7 @@ def run_models(
         extract = (workdir / f"{i}") if workdir else None
         try:
             pkg = load_package(path, extract_to=extract)
-            decision = qualify(
-                pkg,
-                profile,
-                target,
-                providers=providers,
-                latency_budget_s=budget_s,
-                cache_dir=cache_dir,
-                all_precisions=True,
-                progress=progress,
-                deadline_s=model_budget_s,
-            )
+            decision = qualify(pkg, profile, target, providers, options=options, progress=progress)
         except ModelError as exc:
             cases.append(
                 {

@@ -18,6 +18,7 @@ from agent.controlplane.models import ModelVersion
 def push_version(ctx, body, actor: str) -> dict[str, Any]:
     from agent.artifacts.store import ContentStore
     from agent.fleet.push import push
+    from agent.fleet.pushspec import PushSpec
     from agent.transport.mqtt import BrokerConfig
 
     settings = ctx.settings
@@ -33,8 +34,7 @@ def push_version(ctx, body, actor: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         link = Path(tmp) / ("package.tar.gz" if fmt == "tar.gz" else "model.onnx")
         os.symlink(ContentStore(settings.store).path(sha), link)
-        doc = push(
-            link,
+        spec = PushSpec(
             name=body.model,
             version=body.version,
             key_file=settings.signing_key,
@@ -46,6 +46,7 @@ def push_version(ctx, body, actor: str) -> dict[str, Any]:
             rollback=body.rollback,
             validate=False,
         )
+        doc = push(link, spec)
     with write(ctx.factory) as s:
         action = "model.rollback" if body.rollback else "model.push"
         repo.audit(s, actor, action, f"{body.model}/{body.version}", devices=body.devices, groups=body.groups)

@@ -6,21 +6,17 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
-from agent.artifacts.manifest import ArtifactFields, Manifest, compare_versions, parse_envelope, parse_version
+from agent.artifacts.manifest import ArtifactFields, Manifest, compare_versions, parse_envelope
 from agent.artifacts.store import ContentStore, hash_file
-from agent.errors import ConfigError, ManifestError, ModelError
+from agent.errors import ManifestError, ModelError
 from agent.fleet.outcome import ON_PROBATION, StatusDoc, device_outcome, same_version
+from agent.fleet.pushspec import DEFAULT_CHUNK, PushSpec
 from agent.fleet.registry import DeviceRegistry, registry_for_store, require_registry
 from agent.fleet.watch import TERMINAL_BAD, FleetWatch
-from agent.transport.mqtt import BrokerConfig
-from agent.transport.topics import DEFAULT_PREFIX, check_name
-
-DEFAULT_CHUNK = 256 * 1024
-DEFAULT_TTL_S = 30 * 86400
 
 
 class DeviceResult(TypedDict):
@@ -74,13 +70,6 @@ def store_package(
     return art
 
 
-def _targets(prefix: str, name: str, devices: Iterable[str], groups: Iterable[str]) -> list[str]:
-    from agent.transport.topics import Topics
-
-    t = Topics(prefix)
-    return [t.device_desired(d, name) for d in devices] + [t.group_desired(g, name) for g in groups]
-
-
 def _check_monotonic(watch: FleetWatch, topics: list[str], manifest: Manifest, timeout: float) -> None:
     """Refuse to publish a version that is not newer than what a target topic already holds (unless rollback)."""
     seen: dict[str, bytes] = {}
@@ -109,68 +98,37 @@ def _check_monotonic(watch: FleetWatch, topics: list[str], manifest: Manifest, t
 
 
 def push(
-    package: str | os.PathLike[str],
-    *,
-    name: str,
-    version: str,
-    key_file: str | os.PathLike[str],
-    store: str | os.PathLike[str],
-    broker: BrokerConfig,
-    prefix: str = DEFAULT_PREFIX,
-    devices: Iterable[str] = (),
-    groups: Iterable[str] = (),
-    http_url: str | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-    ttl_s: int = DEFAULT_TTL_S,
-    rollback: bool = False,
-    qualification: dict[str, Any] | None = None,
-    wait: float | None = None,
-    validate: bool = True,
-    progress: Callable[..., None] | None = None,
-    delta: bool = True,
+    package: str | os.PathLike[str], spec: PushSpec, progress: Callable[..., None] | None = None
 ) -> dict[str, Any]:
-    """Returns the push document (`fleet push --json`); with `wait`, `ok` says whether every device committed.
-    delta: the manifest carries the chunk recipe devices use to fetch only what changed (agent.artifacts.delta)."""
+    """Store the package and publish it as `spec` says; returns the push document (`fleet push --json`). With
+    `spec.wait`, `ok` says whether every targeted device committed."""
     from agent.artifacts.keys import key_id, load_private_key
 
     progress = progress or (lambda event, **f: None)
-    check_name(name, "model name", ConfigError)
-    parse_version(version)
-    devices, groups = list(devices), list(groups)
-    if bool(devices) == bool(groups):
-        raise ConfigError("give the targets with --device ID or with --group G (one of the two)")
-    for d in devices:
-        check_name(d, "device id", ConfigError)
-    for g in groups:
-        check_name(g, "group", ConfigError)
-    registry: DeviceRegistry | None
-    if wait is not None:  # fail fast: waiting needs reports that can be verified
-        registry = require_registry(store, "fleet push --wait")
-        registry.check_waitable("fleet push --wait", devices, groups, store)
-    else:
-        registry = registry_for_store(store)
-    key = load_private_key(key_file)
+    registry = _registry(spec)
+    key = load_private_key(spec.key_file)
     progress("store", package=str(package))
-    art = store_package(package, store, chunk_size, validate=validate, delta=delta)
+    art = store_package(package, spec.store, spec.chunk_size, validate=spec.validate, delta=spec.delta)
     sources = [{"type": "mqtt"}] + (
-        [{"type": "http", "url": http_url.replace("{sha256}", art["sha256"])}] if http_url else []
+        [{"type": "http", "url": spec.http_url.replace("{sha256}", art["sha256"])}] if spec.http_url else []
     )
+    devices, groups = list(spec.devices), list(spec.groups)
     manifest = Manifest.for_stored(
         art,
-        name=name,
-        version=version,
+        name=spec.name,
+        version=spec.version,
         sources=sources,
         devices=devices,
         groups=groups,
-        qualification=qualification,
-        ttl_s=ttl_s,
-        rollback=rollback,
+        qualification=spec.qualification,
+        ttl_s=spec.ttl_s,
+        rollback=spec.rollback,
     )
     envelope = manifest.sign(key)
-    topics = _targets(prefix, name, devices, groups)
+    topics = spec.topics
     doc: dict[str, Any] = {
-        "name": name,
-        "version": version,
+        "name": spec.name,
+        "version": spec.version,
         "sha256": art["sha256"],
         "size": art["size"],
         "format": art["format"],
@@ -178,23 +136,33 @@ def push(
         "targets": {"devices": devices, "groups": groups},
         "topics": topics,
         "expires_at": manifest.expires_at,
-        "rollback": rollback,
-        "waited": wait is not None,
+        "rollback": spec.rollback,
+        "waited": spec.wait is not None,
     }
     doc["registry"] = str(registry.path) if registry is not None else None
-    with FleetWatch(broker, prefix, events=wait is not None, registry=registry) as watch:
+    with FleetWatch(spec.broker, spec.prefix, events=spec.wait is not None, registry=registry) as watch:
         _check_monotonic(watch, topics, manifest, 15.0)
-        baseline = {dev: _dep_key(d, name) for dev, d in watch.status.items()}
+        baseline = {dev: _dep_key(d, spec.name) for dev, d in watch.status.items()}
         infos = [watch.link.publish(t, envelope, qos=1, retain=True) for t in topics]
         for info in infos:
             info.wait_for_publish(15)
-        progress("published", topics=topics, version=version)
-        if wait is not None:
-            doc["devices"] = wait_for_devices(watch, name, version, devices, groups, wait, baseline, progress)
+        progress("published", topics=topics, version=spec.version)
+        if spec.wait is not None:
+            doc["devices"] = wait_for_devices(watch, spec, baseline, progress)
             doc["ok"] = bool(doc["devices"]) and all(r["result"] == "committed" for r in doc["devices"].values())
         else:
             doc["ok"] = True
     return doc
+
+
+def _registry(spec: PushSpec) -> DeviceRegistry | None:
+    """The store's device registry; with `wait`, one that can verify every targeted device (fail fast: waiting
+    needs reports that can be verified)."""
+    if spec.wait is None:
+        return registry_for_store(spec.store)
+    registry = require_registry(spec.store, "fleet push --wait")
+    registry.check_waitable("fleet push --wait", spec.devices, spec.groups, spec.store)
+    return registry
 
 
 def _dep_key(status: StatusDoc, name: str) -> tuple[Any, Any, Any, Any] | None:
@@ -223,51 +191,75 @@ def _prefix_hint(watch: FleetWatch) -> str:
 
 def wait_for_devices(
     watch: FleetWatch,
-    name: str,
-    version: str,
-    devices: Iterable[str],
-    groups: Iterable[str],
-    timeout: float,
+    spec: PushSpec,
     baseline: dict[str, tuple[Any, Any, Any, Any] | None],
     progress: Callable[..., None],
 ) -> dict[str, DeviceResult]:
-    """Wait until each targeted device is committed or has failed; pending devices time out with their state."""
-    results: dict[str, DeviceResult] = {d: {"result": "pending", "reason": "no status yet"} for d in devices}
+    """Wait up to `spec.wait` seconds until each targeted device is committed or has failed; pending devices
+    time out with their state."""
+    results: dict[str, DeviceResult] = {d: {"result": "pending", "reason": "no status yet"} for d in spec.devices}
     if watch.registry is not None:  # group members come from the registry, never from a device's claim
-        for g in groups:
+        for g in spec.groups:
             for dev in watch.registry.members(g):
                 results.setdefault(dev, {"result": "pending", "reason": "no status yet"})
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (spec.wait or 0.0)
     while True:
-        for kind, dev, doc in watch.drain(timeout=0.5):
-            if (  # FleetWatch hands on verified events only
-                kind == "events"
-                and dev in results
-                and doc.get("model") == name
-                and same_version(doc.get("version"), version)
-                and doc.get("state") in TERMINAL_BAD
-            ):
-                results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
-                progress("device", device_id=dev, **results[dev])
-        for dev, status in watch.status.items():
-            if dev not in results or results[dev]["result"] != "pending":
-                continue
-            result, reason = device_result(status, name, version, _dep_key(status, name) != baseline.get(dev))
-            if results[dev]["reason"] != reason:  # every change of a device's state is said as it happens
-                on_probation = result == "pending" and reason.startswith(ON_PROBATION)  # not committed yet
-                progress("device", device_id=dev, result=ON_PROBATION if on_probation else result, reason=reason)
-            results[dev] = {"result": result, "reason": reason}
+        _take_failures(watch, spec, results, progress)
+        _take_statuses(watch, spec, results, baseline, progress)
         pending = [d for d, r in results.items() if r["result"] == "pending"]
         if results and not pending:
             return results
         if time.monotonic() >= deadline:
-            hint = _prefix_hint(watch)
-            for d in pending:
-                why = f"timed out after {timeout:g} s ({results[d]['reason']})"
-                results[d] = {"result": "timeout", "reason": why + hint}
-            if not results:
-                results = {
-                    f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}
-                    for g in groups
-                }
-            return results
+            return _timed_out(watch, spec, results, pending)
+
+
+def _take_failures(
+    watch: FleetWatch, spec: PushSpec, results: dict[str, DeviceResult], progress: Callable[..., None]
+) -> None:
+    """The failures targeted devices announced as events (FleetWatch hands on verified events only)."""
+    for kind, dev, doc in watch.drain(timeout=0.5):
+        if (
+            kind == "events"
+            and dev in results
+            and doc.get("model") == spec.name
+            and same_version(doc.get("version"), spec.version)
+            and doc.get("state") in TERMINAL_BAD
+        ):
+            results[dev] = {"result": doc["state"], "reason": str(doc.get("reason") or doc["state"])}
+            progress("device", device_id=dev, **results[dev])
+
+
+def _take_statuses(
+    watch: FleetWatch,
+    spec: PushSpec,
+    results: dict[str, DeviceResult],
+    baseline: dict[str, tuple[Any, Any, Any, Any] | None],
+    progress: Callable[..., None],
+) -> None:
+    """Each still pending device's retained status, read for this version; every change is said as it happens."""
+    for dev, status in watch.status.items():
+        if dev not in results or results[dev]["result"] != "pending":
+            continue
+        fresh = _dep_key(status, spec.name) != baseline.get(dev)
+        result, reason = device_result(status, spec.name, spec.version, fresh)
+        if results[dev]["reason"] != reason:
+            on_probation = result == "pending" and reason.startswith(ON_PROBATION)  # not committed yet
+            progress("device", device_id=dev, result=ON_PROBATION if on_probation else result, reason=reason)
+        results[dev] = {"result": result, "reason": reason}
+
+
+def _timed_out(
+    watch: FleetWatch, spec: PushSpec, results: dict[str, DeviceResult], pending: list[str]
+) -> dict[str, DeviceResult]:
+    """The results at the deadline: each pending device timed out in its last state (with a hint when no device
+    reports under this prefix at all); a group none of whose devices reported, by the group's name."""
+    hint = _prefix_hint(watch)
+    for d in pending:
+        why = f"timed out after {spec.wait or 0.0:g} s ({results[d]['reason']})"
+        results[d] = {"result": "timeout", "reason": why + hint}
+    if not results:
+        results = {
+            f"group:{g}": {"result": "timeout", "reason": f"no device of group {g} reported a status"}
+            for g in spec.groups
+        }
+    return results

@@ -87,6 +87,7 @@ def qualify_in_child(
     from agent.isolate.runner import child_progress
     from agent.package.load import load_package
     from agent.qualify.harness import qualify
+    from agent.qualify.options import QualifyOptions
 
     pkg = load_package(package_dir)
     for key in ("tolerances", "tolerance"):
@@ -100,8 +101,8 @@ def qualify_in_child(
         child_progress(event, **_plain(fields))
 
     # the daemon keeps no idle row session for a confirmation round: one row process at a time beside serving
-    options = {"keep_sessions": False, **options}
-    decision = qualify(pkg, profile, target, providers=providers, cache_dir=cache_root, progress=progress, **options)
+    measuring = QualifyOptions(cache_dir=cache_root, **{"keep_sessions": False, **options})
+    decision = qualify(pkg, profile, target, providers, options=measuring, progress=progress)
     return decision.to_dict()
 
 

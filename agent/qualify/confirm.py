@@ -10,27 +10,21 @@ from agent.isolate import forkserver
 from agent.isolate.runner import child_progress as emit
 from agent.package import cacheseal
 from agent.qualify import conditions, keptsession, latency, points
+from agent.qualify.rowspec import RowSpec
 from agent.qualify.rowtask import fail
 
 
-def confirm_latency(
-    *,
-    feeds: dict[str, Any],
-    budget_s: float,
-    batch: int = 1,
-    latency_feeds: dict[str, Any] | None = None,
-    **row_of: Any,
-) -> dict[str, Any]:
+def confirm_latency(spec: RowSpec) -> dict[str, Any]:
     """Child task of a close call's confirmation round: the row's session (the one its kept worker still holds,
     else a new one with the same file, options, device and sealed cache), warm-up and timed runs only. Accuracy,
     coverage, memory, the latency at the max shape, session times and the original's speed-up were measured in
     the first round; only the samples are merged."""
-    model_path, provider, options = row_of["model_path"], row_of["provider"], row_of["options"]
-    precision, device, cache_dir = row_of["precision"], row_of["device"], row_of["cache_dir"]
+    model_path, provider, options = spec.model_path, spec.provider, spec.options
+    precision, device, cache_dir = spec.precision, spec.device, spec.cache_dir
     from agent.providers import get
 
     row: dict[str, Any] = {"provider": provider, "requested_precision": precision, "requested_device": device}
-    sess = keptsession.take((model_path, provider, precision, device, cache_dir))
+    sess = keptsession.take(spec.session_key)
     if sess is not None:
         forkserver.set_name(forkserver.WORKER_NAME)  # a kept worker at work again
     emit("session", provider=provider, precision=precision, kept=sess is not None)
@@ -42,13 +36,13 @@ def confirm_latency(
             )
         except EdgeAgentError as exc:
             return fail(row, "compatibility", f"session creation failed: {exc}")
-    timed = latency_feeds if latency_feeds is not None else feeds
+    timed, budget_s = spec.timed, spec.budget_s
     said = {"provider": provider, "precision": sess.precision or precision}
     emit("latency", **said, inputs=points.shapes(timed), budget_s=budget_s)
     sampler = conditions.Sampler()
     try:
         lat = latency.measure(
-            lambda: sess.run(timed), budget_s=budget_s, batch=batch, progress=lambda e, **f: emit(e, **said, **f)
+            lambda: sess.run(timed), budget_s=budget_s, batch=spec.batch, progress=lambda e, **f: emit(e, **said, **f)
         )
     except EdgeAgentError as exc:
         return fail(row, "latency", f"inference at the latency shape failed: {exc}")

@@ -17,11 +17,11 @@ from agent.qualify import optimize as opt
 from agent.qualify import outputs as io
 from agent.qualify.decision import Decision, Row
 from agent.qualify.keptrows import KeptRows
+from agent.qualify.options import QualifyOptions
 from agent.qualify.rowrunner import RowRunner
 
-ROW_TIMEOUT_S = 600.0
-LATENCY_BUDGET_S = 5.0
 CLOSE_CALL = 0.25  # the two fastest rows within 25% of each other get a confirmation round
+DEFAULT = QualifyOptions()
 
 
 def qualify(
@@ -29,36 +29,18 @@ def qualify(
     profile: Any,
     target: Any = None,
     providers: list[str] | None = None,
-    cache_dir: str | Path | None = None,
-    progress: Callable[..., None] | None = None,
-    isolate: bool = True,
     *,
-    latency_budget_s: float = LATENCY_BUDGET_S,
-    row_timeout_s: float = ROW_TIMEOUT_S,
-    all_precisions: bool = False,
-    memory_max: int | None = None,
-    deadline_s: float | None = None,
-    optimize: Any = None,
-    keep_sessions: bool = True,
+    options: QualifyOptions = DEFAULT,
+    progress: Callable[..., None] | None = None,
 ) -> Decision:
     """Measure the package on each candidate provider and select one. Rows never raise; bad arguments do.
 
     A provider's non-default precision (OpenVINO f32 on bf16 CPUs) is measured when the default fails
-    accuracy, or always with all_precisions=True (the conformance report). When the two fastest passing
+    accuracy, or always with options.all_precisions (the conformance report). When the two fastest passing
     rows are within CLOSE_CALL of each other, both are measured again in reverse order and their samples
-    merged, so load drift during the first pass cannot decide alone. `memory_max` (bytes): what one model
-    may use; each row's worker is killed over it and a row whose peak exceeds it fails.
-
-    deadline_s bounds the whole qualification (the conformance models suite gives each model a budget): a
-    row that would start after it is an error at stage "budget"; rows in flight are cut at it; there is no
-    confirmation round. With a cache_dir, reference outputs computed for a model are kept and reused.
-
-    optimize (True, or kinds from agent.qualify.optimize.KINDS; None: the target's `optimize`): each fp32 graph
-    is also measured after those offline optimisations, as variants against the unoptimised graph.
-
-    keep_sessions (the CLI; the daemon passes False): the fastest passing rows' workers keep their sessions for
-    the confirmation round instead of opening them again in new workers."""
-    if isolate:
+    merged, so load drift during the first pass cannot decide alone. How rows are measured, within which
+    budgets and limits, and which optimised variants are measured too: `options` (agent.qualify.options)."""
+    if options.isolate:
         forkserver.prewarm()  # the row workers' server imports the runtimes while the package loads and probes run
     pkg = package if isinstance(package, ModelPackage) else load_package(package)
     target = target if target is not None else _match_target(profile)
@@ -66,50 +48,70 @@ def qualify(
     for v in found:
         io.check_servable(v.model_path)  # outputs OIP cannot carry: refused with the remedy, never served wrong
     names = candidates(target, providers, pkg)
-    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
-    kinds = opt.kinds_of(getattr(target, "optimize", ()) if optimize is None else optimize)
+    deadline = time.monotonic() + options.deadline_s if options.deadline_s is not None else None
+    kinds = options.kinds(target)
     built: list[dict[str, Any]] = []
     if kinds:
-        more, built = opt.variants_for(found, kinds, cache_dir, _child_runner(isolate, row_timeout_s, memory_max))
+        more, built = opt.variants_for(found, kinds, options.cache_dir, _child_runner(options))
         found = found + more
+    asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
+
+    def runner() -> RowRunner:
+        run = RowRunner(pkg, profile, target, options, progress)
+        run.deadline, run.asked = deadline, asked
+        return run
+
+    # with a confirmation round possible, the fastest passing rows' workers keep their sessions until it is done
+    # (not in the daemon, keep_sessions=False: one row process at a time there, and no idle session's memory beside
+    # the serving model)
+    keep = options.isolate and deadline is None and options.keep_sessions
+    kept = KeptRows(options.memory_max) if keep else None
+    try:
+        run, rows, refs = _measure(runner, found, names, kept)
+    finally:
+        if kept is not None:
+            kept.close()
+    model = pkg.to_dict()
+    if pkg.variants or built:
+        model["variants"] = {v.name: v.to_dict() for v in found if v.name}
+    return _decide(run, rows, model, built, "; ".join(refs))
+
+
+def _measure(
+    runner: Callable[[], RowRunner], found: list[var.Variant], names: list[str], kept: KeptRows | None
+) -> tuple[RowRunner, list[Row], list[str]]:
+    """Every variant's rows on every candidate (each variant against its own reference, described in the list
+    returned), then the close-call round: (the last variant's runner, the rows, the references)."""
     rows: list[Row] = []
     reruns: dict[str, Callable[..., Row]] = {}
     refs: list[str] = []
     originals: dict[str, IsolatedResult] = {}
-    # with a confirmation round possible, the fastest passing rows' workers keep their sessions until it is done
-    # (not in the daemon, keep_sessions=False: one row process at a time there, and no idle session's memory beside
-    # the serving model)
-    kept = KeptRows(memory_max) if isolate and deadline is None and keep_sessions else None
     probed: dict[str, Any] | None = None
-    try:
-        for v in found:
-            run = RowRunner(
-                pkg, profile, target, cache_dir, progress, isolate, latency_budget_s, row_timeout_s, all_precisions
-            )
-            run.memory_max, run.deadline, run.originals = memory_max, deadline, originals
-            run.kept = None if run.emulated else kept
-            if probed is None:  # once per qualification, in a worker: this process never imports a runtime
-                probed = probes.probe_all(profile, run.probe_options(names), isolate)
-            run.probes = probed
-            run.asked = set(providers or select.preference_of(target) or ["cpu"])  # rows even when unavailable
-            if not refs:
-                run.warn_assumed()
-            run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
-            refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
-            for name in names:
-                rows.extend(run.provider_rows(name))
-        _confirm_close_call(run, rows, reruns, kept)
-    finally:
-        if kept is not None:
-            kept.close()
-    reference.apply_rule(rows, target)  # the target decides whether an unchecked row may be selected
+    for v in found:
+        run = runner()
+        run.originals = originals
+        run.kept = None if run.emulated else kept
+        if probed is None:  # once per qualification, in a worker: this process never imports a runtime
+            probed = probes.probe_all(run.profile, run.probe_options(names), run.isolate)
+        run.probes = probed
+        if not refs:
+            run.warn_assumed()
+        run.use_variant(v, reruns)  # its own file, input types, reference (golden, itself, or its fp32 original)
+        refs.append(f"{v.name}: {run.ref_desc}" if v.name else run.ref_desc)
+        for name in names:
+            rows.extend(run.provider_rows(name))
+    _confirm_close_call(run, rows, reruns, kept)
+    return run, rows, refs
+
+
+def _decide(run: RowRunner, rows: list[Row], model: dict[str, Any], built: list[dict[str, Any]], refs: str) -> Decision:
+    """Selection among the rows (the target decides whether an unchecked row may be selected), as the Decision."""
+    target, pkg = run.target, run.pkg
+    reference.apply_rule(rows, target)
     winner, why, losers = select.choose(rows, select.preference_of(target))
     why = why if winner else select.no_winner_hint(rows, why, run.golden is not None, Path(pkg.model_path).name)
     chosen = {"variant": winner.variant} if winner and winner.variant else {}
     run.say("selected", provider=winner.provider if winner else None, reason=why, **chosen)
-    model = pkg.to_dict()
-    if pkg.variants or built:
-        model["variants"] = {v.name: v.to_dict() for v in found if v.name}
     return Decision(
         model=model,
         results=rows,
@@ -121,13 +123,13 @@ def qualify(
         noise_rule=select.NOISE_RULE,
         target=getattr(target, "name", None),
         versions=run.versions,
-        reference="; ".join(refs),
+        reference=refs,
         inputs=run.inputs_desc,
         timestamp=time.time(),
-        hardware=_hw(profile),
+        hardware=_hw(run.profile),
         selected_variant=winner.variant if winner else None,
         assumed_shapes=run.plan.assumed,
-        memory_max=memory_max,
+        memory_max=run.memory_max,
         emulated=run.emulated,
         optimizations=built,
         graph=opt.serving_graph(winner, built) if built else {},
@@ -135,9 +137,9 @@ def qualify(
     )
 
 
-def _child_runner(isolate: bool, timeout: float, memory_max: int | None) -> Callable[..., Any]:
+def _child_runner(options: QualifyOptions) -> Callable[..., Any]:
     return lambda func, kwargs, tag: run_isolated(
-        func, kwargs, timeout=timeout, isolate=isolate, tag=tag, memory_max=memory_max
+        func, kwargs, timeout=options.row_timeout_s, isolate=options.isolate, tag=tag, memory_max=options.memory_max
     )
 
 

@@ -20,6 +20,8 @@ from agent.qualify import optimize as opt
 from agent.qualify import original as orig
 from agent.qualify.decision import Row
 from agent.qualify.keptrows import KeptRows
+from agent.qualify.options import QualifyOptions
+from agent.qualify.rowspec import RowSpec
 
 
 def _reference(
@@ -61,20 +63,17 @@ class RowRunner:
         pkg: ModelPackage,
         profile: Any,
         target: Any,
-        cache_root: Any,
+        options: QualifyOptions,
         progress: Callable[..., None] | None,
-        isolate: bool,
-        budget: Any,
-        timeout: float,
-        all_precisions: bool,
     ) -> None:
-        self.pkg, self.profile, self.target, self.cache_root = pkg, profile, target, cache_root
+        self.pkg, self.profile, self.target, self.cache_root = pkg, profile, target, options.cache_dir
         self.say = progress or (lambda event, **f: None)
-        self.isolate, self.budget, self.timeout, self.all_precisions = isolate, budget, timeout, all_precisions
+        self.isolate, self.budget, self.timeout = options.isolate, options.latency_budget_s, options.row_timeout_s
+        self.all_precisions = options.all_precisions
         self.plan = package_plan(pkg)
         self.feeds, self.golden, self.inputs_desc = self.plan.accuracy, self.plan.expected, self.plan.desc
         self.latency_feeds, self.max_feeds, self.min_feeds = self.plan.latency, self.plan.at_max, self.plan.at_min
-        self.memory_max: int | None = None
+        self.memory_max = options.memory_max
         self.asked: set[str] = set()
         self.deadline: float | None = None
         self.originals: dict[str, IsolatedResult] = {}  # fp32 original's outputs by file, shared by variants
@@ -259,7 +258,7 @@ class RowRunner:
     def _call(
         self,
         task: str,
-        kwargs: dict[str, Any],
+        spec: RowSpec,
         timeout: float,
         tag: str,
         worker: Any,
@@ -271,12 +270,12 @@ class RowRunner:
         say = points.catching(self.say, partial if partial is not None else {})
         if worker is None and not keep:
             return run_isolated(
-                task, kwargs, timeout=timeout, isolate=self.isolate, tag=tag, progress=say,
+                task, {"spec": spec}, timeout=timeout, isolate=self.isolate, tag=tag, progress=say,
                 memory_max=self.memory_max,
             )  # fmt: skip
         w = worker if worker is not None else IsolatedWorker(memory_max=self.memory_max)
         try:
-            res = w.call(task, {**kwargs, "keep": True} if keep else kwargs, timeout=timeout, tag=tag, progress=say)
+            res = w.call(task, {"spec": spec.kept() if keep else spec}, timeout=timeout, tag=tag, progress=say)
         except BaseException:
             w.close()
             raise
@@ -285,7 +284,7 @@ class RowRunner:
         else:
             w.close()
         if worker is not None and res.kind == "crashed":  # the kept worker died idle: a new one, a new session
-            return self._call(task, kwargs, timeout, tag, None, partial)
+            return self._call(task, spec, timeout, tag, None, partial)
         return res
 
     def _measure_row(
@@ -300,54 +299,19 @@ class RowRunner:
         worker: Any = None,
     ) -> Row:
         left = self.deadline - time.monotonic() if self.deadline is not None else None
+        asked = {"provider": name, "status": "error", "requested_precision": precision, "requested_device": device}
         if left is not None and left <= 0:
-            return Row(
-                provider=name,
-                status="error",
-                reason="the model's time budget was spent before this row (raise the budget)",
-                stage="budget",
-                requested_precision=precision,
-                requested_device=device,
-                options=options,
-            )
+            spent = "the model's time budget was spent before this row (raise the budget)"
+            return Row(**asked, reason=spent, stage="budget", options=options)
         if self.reference is None:
-            return Row(
-                provider=name,
-                status="error",
-                reason=self.ref_error,
-                stage="accuracy",
-                requested_precision=precision,
-                requested_device=device,
-            )
-        kwargs = {
-            "model_path": str(self.variant.model_path),
-            "provider": name,
-            "options": options,
-            "precision": precision,
-            "device": device,
-            "cache_dir": str(cdir) if cdir else None,
-            "feeds": self.feeds,
-            "reference": self.reference,
-            "tolerances": accuracy.tolerances_for(self.target, self.pkg, name),
-            "budget_s": self.budget,
-            "batch": batch_size(self.latency_feeds),
-            "latency_feeds": self.latency_feeds if self.latency_feeds is not self.feeds else None,
-            "max_feeds": self.max_feeds,
-            "min_feeds": self.min_feeds,
-            "memory_max": self.memory_max,
-            "model_precision": self.variant.precision,
-            "declared": self.variant.declared,
-            "original": self.original,
-            "sources": self.plan.sources,
-            "independent": self.own.outputs(name, self),
-        }
+            return Row(**asked, reason=self.ref_error, stage="accuracy")
         timeout = min(self.timeout, left) if left is not None else self.timeout
-        kwargs["row_timeout_s"] = timeout
+        spec = self._spec(name, precision, device, options, cdir, timeout)
         served0, t0 = child_ask("serving_requests"), time.monotonic()
         partial: dict[str, Any] = {}
         res = self._call(
             "agent.qualify.confirm:confirm_latency" if confirm else "agent.qualify.rowtask:measure_row",
-            kwargs,
+            spec,
             timeout,
             (f"{self.variant.name}/" if self.variant.name else "") + (f"{name}:{precision}" if precision else name),
             worker,
@@ -358,22 +322,50 @@ class RowRunner:
             row = Row.from_dict(points.kept_partial(partial["row"], res.error, self.plan))
         else:
             row = Row.from_dict(res.value) if res.ok else _broken_row(name, precision, device, options, res)
-        row.generated_inputs = dict(self.plan.generated)
         row.wall_s = round(res.wall_s, 3)
         row.versions = row_versions
-        row.assumed_shapes = self.plan.assumed
-        if self.plan.assumed and row.status != "passed":
-            dims = "; ".join(
-                f"{n}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for n, ds in self.plan.assumed.items()
-            )
-            row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
         if isinstance(served0, int) and isinstance(served1, int):
             row.conditions["serving_rps"] = round(max(0, served1 - served0) / max(wall, 1e-6), 2)
+        return self._annotated(row)
+
+    def _annotated(self, row: Row) -> Row:
+        """The row with what this qualification knows of it: generated and assumed inputs, emulation."""
+        row.generated_inputs = dict(self.plan.generated)
+        row.assumed_shapes = self.plan.assumed
+        if self.plan.assumed and row.status != "passed":
+            dims = _dims(self.plan.assumed)
+            row.reason += f" (measured on assumed shapes {dims}: declare input_shapes in model.yaml)"
         if self.emulated:
             row.emulated = self.emulated
             if row.latency_ms:
                 row.latency_ms["emulated"] = True
         return row
+
+    def _spec(self, name: str, precision: Any, device: Any, options: Any, cdir: Any, timeout: float) -> RowSpec:
+        """What the row's child measures: this variant on `name`, the inputs, the reference and the budgets."""
+        return RowSpec(
+            model_path=str(self.variant.model_path),
+            provider=name,
+            options=options,
+            precision=precision,
+            device=device,
+            cache_dir=str(cdir) if cdir else None,
+            feeds=self.feeds,
+            reference=self.reference or {},
+            tolerances=accuracy.tolerances_for(self.target, self.pkg, name),
+            budget_s=self.budget,
+            batch=batch_size(self.latency_feeds),
+            latency_feeds=self.latency_feeds if self.latency_feeds is not self.feeds else None,
+            max_feeds=self.max_feeds,
+            min_feeds=self.min_feeds,
+            memory_max=self.memory_max,
+            model_precision=self.variant.precision,
+            declared=self.variant.declared,
+            original=self.original,
+            sources=self.plan.sources,
+            row_timeout_s=timeout,
+            independent=self.own.outputs(name, self),
+        )
 
 
 def _broken_row(name: str, precision: Any, device: Any, options: Any, res: IsolatedResult) -> Row:
@@ -393,8 +385,12 @@ def _broken_row(name: str, precision: Any, device: Any, options: Any, res: Isola
 
 def assumed_warning(assumed: dict[str, dict[str, int]]) -> str:
     """One line naming every guessed dim and the value it got, and what to add to the package."""
-    dims = "; ".join(f"{name}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for name, ds in assumed.items())
     return (
-        f"shapes assumed ({dims}): declare input_shapes or dynamic_dims in model.yaml, or ship a test_data_set_0; "
+        f"shapes assumed ({_dims(assumed)}): declare input_shapes or dynamic_dims in model.yaml, or ship a test_data_set_0; "
         "the daemon refuses models measured on assumed shapes"
     )
+
+
+def _dims(assumed: dict[str, dict[str, int]]) -> str:
+    """Each guessed dim of each input and the value it got: "x: batch=1, len=8; y: batch=1"."""
+    return "; ".join(f"{name}: {', '.join(f'{d}={v}' for d, v in ds.items())}" for name, ds in assumed.items())

@@ -14,6 +14,7 @@ from agent.isolate.runner import child_progress as emit
 from agent.isolate.runner import size_text
 from agent.package import cacheseal
 from agent.qualify import accuracy, coldstart, conditions, keptsession, latency, owngolden, points
+from agent.qualify.rowspec import RowSpec
 
 # what the runtimes say when an allocation is refused (under RLIMIT_DATA): a memory failure, not an op problem
 _ALLOC_FAILED = ("failed to allocate", "bad_alloc", "out of memory", "cannot allocate memory", "memoryerror")
@@ -30,249 +31,268 @@ def _peak_rss() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def measure_row(
-    *,
-    model_path: str,
-    provider: str,
-    options: dict[str, Any],
-    precision: str | None,
-    device: str | None,
-    cache_dir: str | None,
-    feeds: dict[str, Any],
-    reference: dict[str, Any],
-    tolerances: dict[str | None, dict[str, Any]],
-    budget_s: float,
-    batch: int = 1,
-    latency_feeds: dict[str, Any] | None = None,
-    max_feeds: dict[str, Any] | None = None,
-    min_feeds: dict[str, Any] | None = None,
-    memory_max: int | None = None,
-    model_precision: str | None = None,
-    declared: dict[str, Any] | None = None,
-    original: dict[str, Any] | None = None,
-    keep: bool = False,
-    sources: dict[str, str] | None = None,
-    row_timeout_s: float | None = None,
-    independent: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on `feeds`,
-    latency on `latency_feeds` (the declared opt shape; default `feeds`) and on `max_feeds` when declared.
-    memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs).
-
-    model_precision: the graph's own precision (agent.package.precision); declared: the graph's inputs and
-    outputs, which the session must match; original: {path, sets, outputs} of an fp32 original to compare
-    with (agent.qualify.original) instead of `reference`. sources: where each point's inputs come from (golden,
-    opt, max: agent.package.inputs.InputPlan.sources); row_timeout_s: the parent's deadline for this call, which
-    a run at max must fit (agent.qualify.points); independent: onnx's reference evaluator's outputs, compared as
-    well when `reference` is golden data this provider made itself (agent.qualify.owngolden). Before the max
-    point the row so far goes to the parent as a `row_partial` event, the row it keeps if the max point outlasts
-    the deadline."""
-    from agent.package.precision import effective
-    from agent.providers import get
-    from agent.qualify import original as orig
-    from agent.qualify import outputs as io
-
-    row: dict[str, Any] = {
-        "provider": provider,
-        "requested_precision": precision,
-        "requested_device": device,
-        "options": options,
-        "cache_dir": cache_dir,
-    }
-    rss0, deadline = _rss(), (time.monotonic() + row_timeout_s) if row_timeout_s else None
-    emit("session", provider=provider, precision=precision)
-    cache_note = cacheseal.verify_or_reset(cache_dir)  # a corrupt or foreign compiled cache is rebuilt, never loaded
-
-    def opener(d: str | None) -> Any:
-        return get(provider).open_session(model_path, options=options, precision=precision, device=device, cache_dir=d)
-
-    first_cold = coldstart.cache_empty(cache_dir)
+def measure_row(spec: RowSpec) -> dict[str, Any]:
+    """Returns the Row fields as a dict; expected failures are statuses, not exceptions. Accuracy on the spec's
+    `feeds`, latency on its opt inputs and at min and max when declared (agent.qualify.rowspec.RowSpec).
+    memory_peak_bytes: the peak RSS growth of the session (create, warm-up, timed runs). Before the max point
+    the row so far goes to the parent as a `row_partial` event, the row it keeps if the max point outlasts the
+    deadline."""
+    m = _Measure(spec)
+    failed = m.open()
+    if failed is not None:
+        return failed
     try:
-        sess = opener(cache_dir)
-    except EdgeAgentError as exc:
-        row["unsupported_ops"] = unsupported_ops(str(exc))
-        if getattr(exc, "assignment", None) is not None:  # measured on the part the runtime converts
-            row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
-        return _fail_run(row, rss0, memory_max, "session creation failed", exc)
-    cacheseal.seal(cache_dir)
-    opened = max(0, _rss() - rss0)  # the session as built: what a bigger input does not scale
-    row.update(precision=effective(model_precision, sess.precision or precision), device=sess.device)
-    row.update(compile_s=sess.compile_s, model_precision=model_precision)
-    _record_assignment(row, sess)
-    mismatch = io.contract_problems(declared or {}, sess)
-    if mismatch:
-        sess.close()
-        return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
-    try:
-        outputs = sess.run(feeds)
-    except EdgeAgentError as exc:
-        return _fail_run(row, rss0, memory_max, "inference failed", exc)
-    mismatch = io.result_problems(declared or {}, outputs)
-    if mismatch:
-        sess.close()
-        return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
-    tol = accuracy.as_tolerance(tolerances.get(row["precision"], tolerances.get(None)))
-    try:
-        if original:
-            row["accuracy"], problems = orig.compare(
-                sess, original["sets"], original["outputs"], tol, original.get("classifier")
+        return m.measure()
+    finally:
+        m.sess.close()
+
+
+class _Measure:
+    """One row being measured: its spec, the row so far, the session, and what the later points need."""
+
+    def __init__(self, spec: RowSpec) -> None:
+        self.spec = spec
+        self.row: dict[str, Any] = {
+            "provider": spec.provider,
+            "requested_precision": spec.precision,
+            "requested_device": spec.device,
+            "options": spec.options,
+            "cache_dir": spec.cache_dir,
+        }
+        self.rss0 = _rss()
+        self.deadline = (time.monotonic() + spec.row_timeout_s) if spec.row_timeout_s else None
+        self.sess: Any = None
+        self.opened = 0  # the session as built: what a bigger input does not scale
+        self.first_cold = False
+        self.cache_note: str | None = None
+        self.measured: list[tuple[dict[str, Any], float]] = []  # (inputs, p50) of each point timed
+        self.said: dict[str, Any] = {"provider": spec.provider, "precision": spec.precision}
+
+    def opener(self, cache_dir: str | None) -> Any:
+        from agent.providers import get
+
+        s = self.spec
+        return get(s.provider).open_session(
+            s.model_path, options=s.options, precision=s.precision, device=s.device, cache_dir=cache_dir
+        )
+
+    def fail_run(self, what: str, exc: Exception) -> dict[str, Any]:
+        return _fail_run(self.row, self.rss0, self.spec.memory_max, what, exc)
+
+    def open(self) -> dict[str, Any] | None:
+        """The session on the row's sealed cache, checked against the graph's declared types; the failed row when
+        it cannot be (then there is no session to close)."""
+        from agent.package.precision import effective
+        from agent.qualify import outputs as io
+
+        s, row = self.spec, self.row
+        emit("session", provider=s.provider, precision=s.precision)
+        self.cache_note = cacheseal.verify_or_reset(s.cache_dir)  # a corrupt or foreign cache is rebuilt, never loaded
+        self.first_cold = coldstart.cache_empty(s.cache_dir)
+        try:
+            self.sess = self.opener(s.cache_dir)
+        except EdgeAgentError as exc:
+            row["unsupported_ops"] = unsupported_ops(str(exc))
+            if getattr(exc, "assignment", None) is not None:  # measured on the part the runtime converts
+                row["assignment"], row["coverage"] = exc.assignment.to_dict(), exc.assignment.coverage  # type: ignore[attr-defined]
+            return self.fail_run("session creation failed", exc)
+        cacheseal.seal(s.cache_dir)
+        self.opened = max(0, _rss() - self.rss0)
+        sess = self.sess
+        row.update(precision=effective(s.model_precision, sess.precision or s.precision), device=sess.device)
+        row.update(compile_s=sess.compile_s, model_precision=s.model_precision)
+        self.said["precision"] = row["precision"]
+        _record_assignment(row, sess)
+        mismatch = io.contract_problems(s.declared or {}, sess)
+        if mismatch:
+            sess.close()
+            return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
+        return None
+
+    def measure(self) -> dict[str, Any]:
+        """Accuracy, latency, memory, session times and the original's speed-up; then the min and max points."""
+        s, row = self.spec, self.row
+        checked = self.accuracy()
+        if isinstance(checked, dict):
+            return checked
+        problems = checked
+        failed = self.latency(problems)
+        if failed is not None:
+            return failed
+        self.session_times()
+        if s.original and not problems:
+            self.original_speedup()
+        if s.keep and keptsession.holds():
+            forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
+        if problems:
+            length = (row.get("accuracy") or {}).get("length_note")
+            return fail(
+                row,
+                "accuracy",
+                f"accuracy: {'; '.join(problems)} on {s.provider}"
+                + (f" ({row['precision']})" if row.get("precision") else "")
+                + (f"; {length}" if length else ""),
             )
-        else:
-            metrics = accuracy.compare(reference, outputs, tol.max_length_change)
-            problems = accuracy.violations(metrics, tol)
+        row.update(status="passed", reason=_passed_reason(row))
+        if s.max_feeds is not None:
+            self.at_max(s.max_feeds)
+        return row
+
+    def accuracy(self) -> list[str] | dict[str, Any]:
+        """The outputs on the accuracy inputs against the reference (or the fp32 original): the problems found,
+        or the failed row when the outputs cannot be compared at all."""
+        from agent.qualify import original as orig
+        from agent.qualify import outputs as io
+
+        s, row, sess = self.spec, self.row, self.sess
+        try:
+            outputs = sess.run(s.feeds)
+        except EdgeAgentError as exc:
+            return self.fail_run("inference failed", exc)
+        mismatch = io.result_problems(s.declared or {}, outputs)
+        if mismatch:
+            return fail(row, "compatibility", f"datatypes disagree with the model: {'; '.join(mismatch)}")
+        tol = accuracy.as_tolerance(s.tolerances.get(row["precision"], s.tolerances.get(None)))
+        try:
+            if s.original:
+                row["accuracy"], problems = orig.compare(
+                    sess, s.original["sets"], s.original["outputs"], tol, s.original.get("classifier")
+                )
+                return list(problems)
+            metrics = accuracy.compare(s.reference, outputs, tol.max_length_change)
             row["accuracy"] = {"outputs": metrics, "tolerance": tol.to_dict(), **accuracy.summarize(metrics)}
-            if independent is not None:  # golden data this provider made: the evaluator confirms it or not
-                owngolden.check(row, independent, outputs, tol)
+            if s.independent is not None:  # golden data this provider made: the evaluator confirms it or not
+                owngolden.check(row, s.independent, outputs, tol)
             if accuracy.length_note(metrics):
                 row["accuracy"]["length_note"] = accuracy.length_note(metrics)
-    except EdgeAgentError as exc:
-        sess.close()
-        return _fail_run(row, rss0, memory_max, "inference failed", exc)
-    timed = latency_feeds if latency_feeds is not None else feeds
-    said = {"provider": provider, "precision": row["precision"]}
-    emit("latency", **said, inputs=points.shapes(timed), budget_s=budget_s)
-    sampler = conditions.Sampler()
-    src = sources or {}
-    try:
-        lat = latency.measure(
-            lambda: sess.run(timed),
-            budget_s=budget_s if not problems else budget_s / 4,
-            batch=batch,
-            progress=lambda event, **f: emit(event, **said, **f),
-        )
-        row["latency_points"] = [
-            points.entry("opt" if timed is not feeds else "golden+opt", timed, lat, src.get("opt"))
-        ]
-        measured = [(timed, float(lat["p50"]))]
-        if timed is not feeds and not problems:  # the golden inputs are a point of their own
-            emit(
-                "latency", **said, shape="golden", inputs=points.shapes(feeds), budget_s=budget_s * points.GOLDEN_BUDGET
+            return list(accuracy.violations(metrics, tol))
+        except EdgeAgentError as exc:
+            return self.fail_run("inference failed", exc)
+
+    def latency(self, problems: list[str]) -> dict[str, Any] | None:
+        """Timed runs at the opt inputs (and at the golden inputs when they differ), the conditions meanwhile and
+        the memory the session grew to; the failed row when a run fails or the memory is over the limit."""
+        s, row, sess, said = self.spec, self.row, self.sess, self.said
+        timed, src = s.timed, s.sources or {}
+        emit("latency", **said, inputs=points.shapes(timed), budget_s=s.budget_s)
+        sampler = conditions.Sampler()
+        try:
+            lat = latency.measure(
+                lambda: sess.run(timed),
+                budget_s=s.budget_s if not problems else s.budget_s / 4,
+                batch=s.batch,
+                progress=lambda event, **f: emit(event, **said, **f),
             )
-            gold = latency.measure(lambda: sess.run(feeds), budget_s=budget_s * points.GOLDEN_BUDGET, batch=batch)
-            row["latency_points"].insert(0, points.entry("golden", feeds, gold, src.get("golden")))
-            measured.insert(0, (feeds, float(gold["p50"])))
-    except EdgeAgentError as exc:
-        sess.close()
-        return _fail_run(row, rss0, memory_max, "inference at the latency shape failed", exc)
-    row["conditions"] = sampler.stop()
-    row["contended"] = conditions.contended(row["conditions"])
-    row["latency_ms"] = lat
-    row["throughput_ips"] = lat.get("throughput_ips")
-    _record_memory(row, rss0)
-    if memory_max and row["memory_peak_bytes"] > memory_max:
-        sess.close()
-        return fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, provider))
-    emit("session_times", provider=provider, precision=row["precision"])
-    try:
-        held = keptsession.keeper((model_path, provider, precision, device, cache_dir)) if keep else None
-        row["session_s"] = coldstart.session_times(opener, cache_dir, sess.compile_s, first_cold, held)
-    except EdgeAgentError as exc:
-        row["session_s"] = {"error": f"not measured: {exc}"}
-    if cache_note:
-        row["session_s"]["cache_rebuilt"] = cache_note
-    if original and not problems:
-        emit("original", provider=provider, precision=row["precision"])
-        reopen = lambda: get(provider).open_session(  # noqa: E731
-            original["path"], options=options, precision=precision, device=device
+            row["latency_points"] = [
+                points.entry("opt" if timed is not s.feeds else "golden+opt", timed, lat, src.get("opt"))
+            ]
+            self.measured = [(timed, float(lat["p50"]))]
+            if timed is not s.feeds and not problems:  # the golden inputs are a point of their own
+                self.at_golden()
+        except EdgeAgentError as exc:
+            return self.fail_run("inference at the latency shape failed", exc)
+        row["conditions"] = sampler.stop()
+        row["contended"] = conditions.contended(row["conditions"])
+        row["latency_ms"] = lat
+        row["throughput_ips"] = lat.get("throughput_ips")
+        _record_memory(row, self.rss0)
+        if s.memory_max and row["memory_peak_bytes"] > s.memory_max:
+            return fail(row, "memory", memory_reason(row["memory_peak_bytes"], s.memory_max, s.provider))
+        return None
+
+    def at_golden(self) -> None:
+        s, sess = self.spec, self.sess
+        budget = s.budget_s * points.GOLDEN_BUDGET
+        emit("latency", **self.said, shape="golden", inputs=points.shapes(s.feeds), budget_s=budget)
+        gold = latency.measure(lambda: sess.run(s.feeds), budget_s=budget, batch=s.batch)
+        self.row["latency_points"].insert(0, points.entry("golden", s.feeds, gold, (s.sources or {}).get("golden")))
+        self.measured.insert(0, (s.feeds, float(gold["p50"])))
+
+    def session_times(self) -> None:
+        """Cold and warm session creation (the warm session kept by the worker when the spec says so)."""
+        s, row = self.spec, self.row
+        emit("session_times", provider=s.provider, precision=row["precision"])
+        try:
+            held = keptsession.keeper(s.session_key) if s.keep else None
+            row["session_s"] = coldstart.session_times(
+                self.opener, s.cache_dir, self.sess.compile_s, self.first_cold, held
+            )
+        except EdgeAgentError as exc:
+            row["session_s"] = {"error": f"not measured: {exc}"}
+        if self.cache_note:
+            row["session_s"]["cache_rebuilt"] = self.cache_note
+
+    def original_speedup(self) -> None:
+        """The fp32 original timed the same way: the speed-up this variant gives."""
+        from agent.providers import get
+        from agent.qualify import original as orig
+
+        s, row, original = self.spec, self.row, self.spec.original or {}
+        emit("original", provider=s.provider, precision=row["precision"])
+        reopen = lambda: get(s.provider).open_session(  # noqa: E731
+            original["path"], options=s.options, precision=s.precision, device=s.device
         )
+        lat = row["latency_ms"]
         row["original"] = {
             "file": original["file"],
-            **orig.speedup(reopen, original.get("feeds", timed), lat.get("p50"), budget_s / 2, batch),
+            **orig.speedup(reopen, original.get("feeds", s.timed), lat.get("p50"), s.budget_s / 2, s.batch),
         }
-    if keep and keptsession.holds():
-        forkserver.set_name(forkserver.KEPT_NAME)  # idle from here on, holding the session: named as such
-    if problems:
-        sess.close()
-        return fail(
-            row,
-            "accuracy",
-            f"accuracy: {'; '.join(problems)} on {provider}"
-            + (f" ({row['precision']})" if row.get("precision") else "")
-            + (f"; {row['accuracy']['length_note']}" if (row.get("accuracy") or {}).get("length_note") else ""),
-        )
-    row.update(status="passed", reason=_passed_reason(row))
-    if max_feeds is not None:
-        feeds_at = (min_feeds, max_feeds)
-        _at_max(row, sess, feeds_at, measured, budget_s, batch, deadline, (rss0, opened), memory_max, src, said)
-    sess.close()
-    return row
 
+    def at_max(self, max_feeds: dict[str, Any]) -> None:
+        """The declared max point, last: the row so far goes to the parent first (kept if this outlasts the
+        deadline); the declared min (when it differs from opt: a second size for the estimate); the max checked
+        against the time left and the memory budget, then timed; a run over memory_max there fails the row."""
+        from agent.package.declared import default_budget
 
-def _at_max(
-    row: dict[str, Any],
-    sess: Any,
-    feeds_at: tuple[Any, Any],
-    measured: list[tuple[dict[str, Any], float]],
-    budget_s: float,
-    batch: int,
-    deadline: float | None,
-    rss: tuple[int, int],
-    memory_max: int | None,
-    src: dict[str, Any],
-    said: dict[str, Any],
-) -> None:
-    """The declared max point, last: the row so far goes to the parent first (kept if this outlasts the
-    deadline); the declared min (when it differs from opt: a second size for the estimate); the max checked
-    against the time left and the memory budget, then timed; a run over memory_max there fails the row."""
-    from agent.package.declared import default_budget
+        s, row, src = self.spec, self.row, self.spec.sources or {}
+        emit("row_partial", row=dict(row))
+        if s.min_feeds is not None:  # cheap: the smallest inputs
+            self.at_min(s.min_feeds)
+        budget = (s.memory_max, "serving.memory_max") if s.memory_max else default_budget()
+        peak0 = _peak_rss()
+        try:
+            limits = points.MaxBudget(
+                measured=self.measured,
+                budget_s=s.budget_s * points.MAX_SHAPE_BUDGET,
+                batch=s.batch,
+                deadline=self.deadline,
+                peak_bytes=int(row.get("memory_peak_bytes") or 0),
+                base_bytes=self.opened,
+                memory_budget=budget,
+            )
+            lat_max, point = points.at_max(
+                self.sess.run,
+                max_feeds,
+                limits,
+                source=src.get("max"),
+                progress=lambda event, **f: emit(event, **self.said, **f),
+            )
+        except EdgeAgentError as exc:
+            lat_max, point = None, points.skipped("max", max_feeds, src.get("max"), f"failed: {exc}")
+        row["latency_max_ms"] = lat_max
+        row["latency_points"].append(point)
+        if _peak_rss() > peak0:
+            grown = _peak_rss() - self.rss0
+            row["memory_peak_bytes"] = max(int(row.get("memory_peak_bytes") or 0), grown)
+            row["rss_growth_mb"] = round(row["memory_peak_bytes"] / 2**20, 1)
+        if s.memory_max and row["memory_peak_bytes"] > s.memory_max:
+            reason = memory_reason(row["memory_peak_bytes"], s.memory_max, row["provider"])
+            fail(row, "memory", reason + " (at max)")
+            return
+        row["reason"] = _passed_reason(row)
 
-    rss0, opened = rss
-    min_feeds, max_feeds = feeds_at
-    emit("row_partial", row=dict(row))
-    if min_feeds is not None:  # cheap: the smallest inputs
-        _at_min(row, sess, min_feeds, measured, budget_s * points.MIN_BUDGET, batch, src, said)
-    budget = (memory_max, "serving.memory_max") if memory_max else default_budget()
-    peak0 = _peak_rss()
-    try:
-        limits = points.MaxBudget(
-            measured=measured,
-            budget_s=budget_s * points.MAX_SHAPE_BUDGET,
-            batch=batch,
-            deadline=deadline,
-            peak_bytes=int(row.get("memory_peak_bytes") or 0),
-            base_bytes=opened,
-            memory_budget=budget,
-        )
-        lat_max, point = points.at_max(
-            sess.run,
-            max_feeds,
-            limits,
-            source=src.get("max"),
-            progress=lambda event, **f: emit(event, **said, **f),
-        )
-    except EdgeAgentError as exc:
-        lat_max, point = None, points.skipped("max", max_feeds, src.get("max"), f"failed: {exc}")
-    row["latency_max_ms"] = lat_max
-    row["latency_points"].append(point)
-    if _peak_rss() > peak0:
-        grown = _peak_rss() - rss0
-        row["memory_peak_bytes"] = max(int(row.get("memory_peak_bytes") or 0), grown)
-        row["rss_growth_mb"] = round(row["memory_peak_bytes"] / 2**20, 1)
-    if memory_max and row["memory_peak_bytes"] > memory_max:
-        fail(row, "memory", memory_reason(row["memory_peak_bytes"], memory_max, row["provider"]) + " (at max)")
-        return
-    row["reason"] = _passed_reason(row)
-
-
-def _at_min(
-    row: dict[str, Any],
-    sess: Any,
-    min_feeds: dict[str, Any],
-    measured: list[tuple[dict[str, Any], float]],
-    budget_s: float,
-    batch: int,
-    src: dict[str, Any],
-    said: dict[str, Any],
-) -> None:
-    """The declared min point (a second size for the max point's estimate), then the row so far to the parent."""
-    emit("latency", **said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget_s)
-    try:
-        low = latency.measure(lambda: sess.run(min_feeds), budget_s=budget_s, batch=batch)
-        row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
-        measured.insert(0, (min_feeds, float(low["p50"])))
-    except EdgeAgentError as exc:
-        row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
-    emit("row_partial", row=dict(row))  # with the min point
+    def at_min(self, min_feeds: dict[str, Any]) -> None:
+        """The declared min point (a second size for the max point's estimate), then the row so far to the parent."""
+        s, row, src = self.spec, self.row, self.spec.sources or {}
+        budget = s.budget_s * points.MIN_BUDGET
+        emit("latency", **self.said, shape="min", inputs=points.shapes(min_feeds), budget_s=budget)
+        try:
+            low = latency.measure(lambda: self.sess.run(min_feeds), budget_s=budget, batch=s.batch)
+            row["latency_points"].insert(0, points.entry("min", min_feeds, low, src.get("min")))
+            self.measured.insert(0, (min_feeds, float(low["p50"])))
+        except EdgeAgentError as exc:
+            row["latency_points"].insert(0, points.skipped("min", min_feeds, src.get("min"), f"failed: {exc}"))
+        emit("row_partial", row=dict(row))  # with the min point
 
 
 def _record_memory(row: dict[str, Any], rss0: int) -> None:
