@@ -30,7 +30,9 @@ def models_block(
     started, device clock) and, given the window `probation_s`, `probation_ends`."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
-    serving = registry.models() if registry is not None else {}
+    host = getattr(registry, "generative", None)  # generative versions serve from it (docs/generative.md)
+    generative = {n: m.version for n, m in host.models.items()} if host is not None else {}
+    serving = {**registry.models(), **generative} if registry is not None else {}
     for name in slots.names():
         try:
             s = slots.get(name)
@@ -62,8 +64,8 @@ def models_block(
                 info["state"] = "unavailable"
                 info["reason"] = (unavailable or {}).get(name, "not loaded")
                 continue
-            meta = _meta(registry, name)
-            info.update({k: meta[k] for k in ("provider", "precision") if meta.get(k)})
+            meta = {"kind": "generative"} if name in generative else _meta(registry, name)
+            info.update({k: meta[k] for k in ("provider", "precision", "kind") if meta.get(k)})
             if unavailable and unavailable.get(name):
                 info["reason"] = unavailable[name]
     for name, note in (notes or {}).items():
