@@ -181,6 +181,8 @@ def test_equal_compute_v2_swaps_under_4_streams_and_commits(daemon):
     paired = _paired(a, dep)
     assert paired["verdict"] == "not slower" and "paired TPOT ratio" in paired["reason"], paired
     assert _served_version(a) == "2"
+    back = a.orchestrator.rollback(NAME)  # the operator's rollback loads the previous slot
+    assert back.state.value == "committed" and _served_version(a) == "1", (back.state, back.reason)
 
 
 @pytest.mark.alone

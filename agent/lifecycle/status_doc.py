@@ -144,7 +144,9 @@ def figures_brief(dep: dict[str, Any]) -> str:
         if sh.get("compute") == "paired" and isinstance(sh.get("paired"), dict):  # the pairs decided the shadow
             parts.append(f"shadow {paired_brief(sh['paired'])}")
     pr = dep.get("probation") if isinstance(dep.get("probation"), dict) else None
-    if pr:
+    if pr and str(pr.get("measure")).startswith("TPOT"):  # a generative model's (agent.trial.genprobation)
+        parts.append(f"probation {pr.get('requests')} generations, {pr.get('cancelled')} cancelled")
+    elif pr:
         tests = [c for c in pr.get("compute") or [] if isinstance(c, dict)]
         ratios = ", ".join(f"p{c.get('q')} x{c.get('ratio')}" for c in tests)
         base = (pr.get("baseline") or {}).get("source") or "no baseline"
@@ -160,9 +162,9 @@ def figures_brief(dep: dict[str, Any]) -> str:
             f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "
             f"{pr.get('request_caused')} request-caused; compute {compute}"
         )
-        paired = pr.get("paired") if isinstance(pr.get("paired"), dict) else None
-        if paired:
-            parts.append(paired_brief(paired))
+    paired = pr.get("paired") if pr and isinstance(pr.get("paired"), dict) else None
+    if paired:
+        parts.append(paired_brief(paired))
     return "; ".join(p for p in parts if p)
 
 

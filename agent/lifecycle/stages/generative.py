@@ -89,15 +89,8 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
 
 def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Activated]:
     """A new version loads beside the serving one and swaps in between requests, the incumbent kept as the
-    referee for the paired TPOT of probation. An operator's rollback loads the previous slot."""
+    referee for the paired TPOT of probation (an operator's rollback goes the ordinary way: serve.serve)."""
     with parts.model_lock(dep.model):
-        if dep.source.get("kind") == "rollback":
-            previous = parts.slots.get(dep.model)["previous"]
-            if previous is None or previous.sha256 != dep.data.get("sha256"):
-                raise LifecycleError("the previous slot changed; nothing to roll back to")
-            done = serve_generative(parts, dep.model, previous)
-            parts.slots.swap(dep.model)
-            return Event.SWAPPED, Activated(done)
         ctx.report("swap_mode", mode="make-before-break", why="a generative version loads beside the serving one")
         done = serve_generative(parts, dep.model, parts.entry(dep), keep_previous=parts.config.trial.referee)
     return Event.ACTIVATED, Activated(done)
