@@ -41,6 +41,8 @@ class GenerativeHost:
         """New requests get `model` from now on; the one it replaces is kept as the referee when asked."""
         with self._lock:
             old = self.models.get(name)
+            if old is not None:  # the metrics are the model name's: its counters go on across versions
+                model.stats = old.stats
             self.models[name] = model
             dropped = self.referees.pop(name, None)
             if keep_previous and old is not None:

@@ -78,5 +78,5 @@ def install(
         host.swap(m.name, host.load(m.name, version, model_dir(m.package, m.variant), m.provider))
     routes = GenerationRoutes(host.models)
     plane.generation = routes
-    plane.collectors.append(lambda: families(m.stats for m in host.models.values()))
+    plane.collectors.append(lambda: families(m.stats for m in host.models.values()) if host.models else [])
     return routes
