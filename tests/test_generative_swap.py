@@ -125,10 +125,10 @@ def _swap(a: Any, **shape: Any) -> tuple[Any, Streams]:
     assert streams.errors == []  # 0 failed streams, through the swap and (when it came) the rollback
     for s in streams.done:  # every stream finished on the version it started on
         assert len(s["versions"]) == 1, s
-    # ... and one was in flight at the swap: it ended after a stream that v2 answered had started
-    v1 = [s["end"] for s in streams.done if s["versions"] == {"1"}]
-    v2 = [s["start"] for s in streams.done if s["versions"] == {"2"}]
-    assert v1 and v2 and max(v1) > min(v2), (len(v1), len(v2))
+    # ... and one was in flight at the swap: v1 answered it, and it ended after the first stream v2 answered began
+    first_v2 = min(s["start"] for s in streams.done if s["versions"] == {"2"})
+    across = [s for s in streams.done if s["versions"] == {"1"} and s["start"] < first_v2 < s["end"]]
+    assert across, "no stream was in flight across the swap"
     return dep, streams
 
 
