@@ -194,3 +194,27 @@ def test_twice_the_per_token_compute_is_rolled_back_naming_the_paired_tpot_ratio
     assert paired["verdict"] == "slower" and "paired TPOT ratio" in dep.reason, dep.reason
     assert paired["ci"][0] > 1.5 and paired["ci"][0] > paired["aa"]["ci"][1], paired
     assert _served_version(a) == "1"  # the referee serves again, without a load
+
+
+def test_the_host_swaps_reinstates_and_removes_between_requests(tmp_path):
+    """GenerativeHost alone: a generation that began on v1 ends on v1 after the swap; the referee comes back only
+    as its own version; the name's metrics go on across versions; remove() stops serving the name."""
+    from agent.serving.generative.engine import Sampling, Usage
+    from agent.serving.generative.host import GenerativeHost
+
+    host = GenerativeHost()
+    dirs = [write_generative_package(tmp_path / v, name=NAME, version=v, variants=()) for v in ("1", "2")]
+    host.swap(NAME, host.load(NAME, "1", dirs[0], "cpu"))
+    v1 = host.models[NAME]
+    prompt = v1.encode("once upon a time")
+    sampling = Sampling(max_tokens=8, temperature=0)
+    pieces = v1.generate(prompt, sampling, Usage(), v1.reserve(prompt, sampling))
+    next(pieces)  # in flight on v1
+    assert host.swap(NAME, host.load(NAME, "2", dirs[1], "cpu"), keep_previous=True) is v1
+    assert host.version(NAME) == "2" and host.referee(NAME) is v1 and host.models[NAME].stats is v1.stats
+    "".join(pieces)  # the generation in flight ends on the version it began on
+    assert v1.stats.counts["requests_total"] == 1 and host.budget.held == 0
+    assert not host.reinstate(NAME, "3") and host.version(NAME) == "2"
+    assert host.reinstate(NAME, "1") and host.models[NAME] is v1 and host.referee(NAME) is None
+    host.remove(NAME)
+    assert NAME not in host.models
