@@ -60,18 +60,11 @@ def run_generative(package: str, o: GenOptions, say: Callable[..., Any]) -> None
 
 def _target_gates(pkg: Any, target_name: str | None, sysroot: str | None) -> tuple[dict[str, str], Any]:
     """Apply the matched (or named) target's qualify.generative gates over model.yaml's; where each gate came from."""
-    from agent.generative.package import DEFAULT_GATES
+    from agent.generative.package import apply_target_gates
     from agent.targets import detect_device, resolve
 
     target = resolve(detect_device(sysroot or "/"), target_name)
-    given = dict(pkg.declared_gates)
-    from_target = target.qualify.get("generative") or {}
-    pkg.gates.update(from_target)
-    where = {
-        k: f"target {target.name}" if k in from_target else "model.yaml" if k in given else "default"
-        for k in DEFAULT_GATES
-    }
-    return where, target
+    return apply_target_gates(pkg, target), target
 
 
 def _f(v: float | None, spec: str = ".3g") -> str:

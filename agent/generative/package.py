@@ -201,6 +201,16 @@ def load_generative(path: str | Path) -> GenerativePackage:
     )
 
 
+def apply_target_gates(pkg: GenerativePackage, target: Any) -> dict[str, str]:
+    """Apply the target's qualify.generative gates over model.yaml's; where each gate came from."""
+    from_target = target.qualify.get("generative") or {}
+    pkg.gates.update(from_target)
+    return {
+        k: f"target {target.name}" if k in from_target else "model.yaml" if k in pkg.declared_gates else "default"
+        for k in DEFAULT_GATES
+    }
+
+
 def write_from_builder(
     src: Path, out: Path, *, name: str | None, version: str, prompts: list[str], force: bool = False
 ) -> Path:

@@ -5,8 +5,10 @@ through GroupQueryAttention with a KV buffer allocated at max_length)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from agent.generative.tinymodel import write_tiny_genai
 
@@ -29,10 +31,10 @@ def _int8(src: Path, dst: Path) -> None:
         shutil.copyfile(src / name, dst / name)
 
 
-def _yaml(name: str, max_length: int, variants: dict[str, str]) -> str:
+def _yaml(name: str, version: str, max_length: int, variants: dict[str, str]) -> str:
     lines = [
         f"name: {name}",
-        'version: "1"',
+        f"version: {version!r}",
         "kind: generative",
         "runtime: onnxruntime-genai",
         f"max_length: {max_length}",
@@ -51,22 +53,26 @@ def write_generative_package(
     variants: tuple[str, ...] = ("int8",),
     max_length: int = 256,
     perturb: float = 0.2,
-    seed: int = 0,
     name: str = "tiny-lm",
+    version: str = "1",
+    timing: dict[str, Any] | None = None,
+    **shape: int,
 ) -> Path:
-    """Write the package into `directory`; variants from ("int8", "perturbed", "gqa")."""
+    """Write the package into `directory`; variants from ("int8", "perturbed", "gqa"); `shape`: the decoder's
+    layers, hidden, heads, seed (agent.generative.tinymodel.Tiny; default 2 layers of 32, seed 0); `timing`: model.yaml's."""
     directory = Path(directory)
-    write_tiny_genai(directory, max_length=max_length, seed=seed)
+    write_tiny_genai(directory, max_length=max_length, **shape)
     written: dict[str, str] = {}
     for v in variants:
         if v == "int8":
             _int8(directory, directory / "int8")
         elif v == "perturbed":
-            write_tiny_genai(directory / "perturbed", max_length=max_length, seed=seed, perturb=perturb)
+            write_tiny_genai(directory / "perturbed", max_length=max_length, perturb=perturb, **shape)
         elif v == "gqa":
-            write_tiny_genai(directory / "gqa", max_length=max_length, seed=seed, gqa=True)
+            write_tiny_genai(directory / "gqa", max_length=max_length, gqa=True, **shape)
         else:
             raise ValueError(f"unknown variant {v!r} (int8, perturbed, gqa)")
         written[v] = v
-    (directory / "model.yaml").write_text(_yaml(name, max_length, written), encoding="utf-8")
+    text = _yaml(name, version, max_length, written) + (f"timing: {json.dumps(timing)}\n" if timing else "")
+    (directory / "model.yaml").write_text(text, encoding="utf-8")
     return directory

@@ -6,7 +6,7 @@ Also start-up's restore of every committed slot (verified; the previous one when
 from __future__ import annotations
 
 from agent.errors import EdgeAgentError, LifecycleError
-from agent.lifecycle import repair, unloaded
+from agent.lifecycle import genserve, repair, unloaded
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.serve import serve
 from agent.lifecycle.slots import SlotEntry, Slots
@@ -31,6 +31,9 @@ def ensure_committed(parts: Parts, name: str) -> None:
     with parts.model_lock(name):
         slots = parts.slots.get(name)
         entry = slots["committed"]
+        if genserve.serves_generative(parts, name, entry):
+            genserve.ensure_generative(parts, name, entry)
+            return
         meta = parts.serving_meta(name)
         if entry is None:
             if meta is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import LifecycleError, ModelError
-from agent.lifecycle import repair
+from agent.lifecycle import genserve, repair
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.slots import SlotEntry
 from agent.package.labels import read_labels
@@ -182,7 +182,10 @@ def serve(
     before_swap: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Build, warm and swap in `entry`. New versions build `nice` levels below serving; restores and
-    rollbacks build at serving priority (getting back to a good model comes first)."""
+    rollbacks build at serving priority (getting back to a good model comes first). A generative entry loads
+    beside what serves instead (genserve.py; an operator's rollback to one comes here)."""
+    if genserve.is_generative_entry(entry):
+        return genserve.serve_generative(parts, name, entry)
     note = repair.verify_unpacked(parts.store, parts.packages, entry)  # raises repair.Corrupt
     if note:
         parts.note(name, note)

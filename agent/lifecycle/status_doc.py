@@ -30,7 +30,9 @@ def models_block(
     started, device clock) and, given the window `probation_s`, `probation_ends`."""
     out: dict[str, Any] = {}
     in_flight = {d.model: d for d in journal.in_flight()}
-    serving = registry.models() if registry is not None else {}
+    host = getattr(registry, "generative", None)  # generative versions serve from it (docs/generative.md)
+    generative = {n: m.version for n, m in host.models.items()} if host is not None else {}
+    serving = {**registry.models(), **generative} if registry is not None else {}
     for name in slots.names():
         try:
             s = slots.get(name)
@@ -62,8 +64,8 @@ def models_block(
                 info["state"] = "unavailable"
                 info["reason"] = (unavailable or {}).get(name, "not loaded")
                 continue
-            meta = _meta(registry, name)
-            info.update({k: meta[k] for k in ("provider", "precision") if meta.get(k)})
+            meta = {"kind": "generative"} if name in generative else _meta(registry, name)
+            info.update({k: meta[k] for k in ("provider", "precision", "kind") if meta.get(k)})
             if unavailable and unavailable.get(name):
                 info["reason"] = unavailable[name]
     for name, note in (notes or {}).items():
@@ -142,7 +144,9 @@ def figures_brief(dep: dict[str, Any]) -> str:
         if sh.get("compute") == "paired" and isinstance(sh.get("paired"), dict):  # the pairs decided the shadow
             parts.append(f"shadow {paired_brief(sh['paired'])}")
     pr = dep.get("probation") if isinstance(dep.get("probation"), dict) else None
-    if pr:
+    if pr and str(pr.get("measure")).startswith("TPOT"):  # a generative model's (agent.trial.genprobation)
+        parts.append(f"probation {pr.get('requests')} generations, {pr.get('cancelled')} cancelled")
+    elif pr:
         tests = [c for c in pr.get("compute") or [] if isinstance(c, dict)]
         ratios = ", ".join(f"p{c.get('q')} x{c.get('ratio')}" for c in tests)
         base = (pr.get("baseline") or {}).get("source") or "no baseline"
@@ -158,9 +162,9 @@ def figures_brief(dep: dict[str, Any]) -> str:
             f"probation {pr.get('requests')} req, {pr.get('errors')} failed, {pr.get('nonfinite')} NaN/Inf, "
             f"{pr.get('request_caused')} request-caused; compute {compute}"
         )
-        paired = pr.get("paired") if isinstance(pr.get("paired"), dict) else None
-        if paired:
-            parts.append(paired_brief(paired))
+    paired = pr.get("paired") if pr and isinstance(pr.get("paired"), dict) else None
+    if paired:
+        parts.append(paired_brief(paired))
     return "; ".join(p for p in parts if p)
 
 

@@ -49,7 +49,16 @@ def unpack(store: ContentStore, sha: str, packages_root: Path) -> Path:
 
 
 def check_package(root: str) -> dict[str, Any]:
-    """The child's side of verify(): load_package's checks; where the model is and its digest."""
+    """The child's side of verify(): load_package's checks (a generative package's: check_generative); where
+    the model is and its digest (a generative package's: the digest of every file, as its decision records)."""
+    from agent.generative.package import is_generative
+
+    if is_generative(root):
+        from agent.generative.package import load_generative
+        from agent.generative.qualify import tree_sha256
+
+        gen = load_generative(root)  # ModelError naming every problem
+        return {"package_dir": str(root), "model_sha256": tree_sha256(gen.root), "model_path": str(gen.root)}
     from agent.package.load import load_package
 
     pkg = load_package(root)

@@ -84,11 +84,12 @@ def start_fronts(
     ).start()
     if extend is not None:
         extend(server.plane)
-    if s.generative.models:  # the /v1 OpenAI-compatible routes
+    host = getattr(registry, "generative", None)  # generative versions the lifecycle deploys (docs/generative.md)
+    if s.generative.models or host is not None:  # the /v1 OpenAI-compatible routes
         from agent.serving.generative.install import install
 
         g = s.generative
-        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s)
+        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s, host)
     if s.grpc_port is None:
         return server, None
     from agent.serving.grpc.front import GRPCServer

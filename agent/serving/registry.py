@@ -9,6 +9,7 @@ from typing import Any
 
 from agent.serving.entry import ModelEntry, checks_of
 from agent.serving.errors import InvalidInput, ModelNotFound, ModelUnavailable
+from agent.serving.generative.host import GenerativeHost
 from agent.serving.metrics import FINITE_EVERY, ModelStats
 from agent.serving.run import Observer, Run
 from agent.serving.rungate import RunGate
@@ -50,6 +51,8 @@ class ModelRegistry:
         # runtimes to itself (rungate.py). Trial runs (shadow, pairs) and session builds pass it too.
         # The daemon serves through one registry, so its gate sees every run of the process.
         self.gate = gate or RunGate()
+        # the generative models (agent.serving.generative.host): deployed by the lifecycle, routed by the fronts
+        self.generative = GenerativeHost()
 
     # ---- activation -------------------------------------------------------------------------------
     def activate(

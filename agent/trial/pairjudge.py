@@ -81,6 +81,7 @@ class PairedRule:
     confidence: float = 0.99  # of each interval (sign test)
     min_pairs: int = 16  # candidate pairs before any verdict
     min_aa: int = 8  # A/A pairs before "slower" (8 is the least that gives a 99 % interval)
+    what: str = "compute"  # what the pairs time, as the reason names it ("paired compute ratio", "paired TPOT ratio")
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def judge(pairs: Sequence[float], aa: Sequence[float], rule: PairedRule) -> Pair
     counts = f"{cand.pairs} candidate pairs, {floor.pairs} A/A pairs"
     if cand.pairs < rule.min_pairs or cand.lo is None or cand.hi is None or cand.ratio is None:
         return said(NOT_JUDGED, f"too few pairs to judge ({counts}; need {rule.min_pairs})")
-    shown = f"paired compute ratio {cand.ratio:.2f} [{cand.lo:.2f}, {cand.hi:.2f}] against the incumbent"
+    shown = f"paired {rule.what} ratio {cand.ratio:.2f} [{cand.lo:.2f}, {cand.hi:.2f}] against the incumbent"
     if cand.hi < line:
         return said(NOT_SLOWER, f"{shown} below the line {line:.2f}x ({counts})")
     if cand.lo <= line:

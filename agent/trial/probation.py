@@ -15,7 +15,7 @@ from agent.trial import unjudged
 from agent.trial.judge import QuantileTest, quantile_test, rate
 from agent.trial.paired import rule_of
 from agent.trial.pairjudge import NOT_JUDGED as PAIRS_NOT_JUDGED
-from agent.trial.pairjudge import SLOWER
+from agent.trial.pairjudge import SLOWER, PairedRule
 from agent.trial.settings import ProbationConfig
 
 WATCHING, PASSED, TROUBLE, SUPERSEDED, STOPPED = "watching", "passed", "trouble", "superseded", "stopped"
@@ -280,31 +280,7 @@ class Probation:
         )
 
     def _paired_verdict(self, f: dict[str, Any], elapsed: float) -> Verdict:
-        """Compute time judged by the pairs (paired.py, pairjudge.py): slower is trouble; not judged watches on up
-        to `extend` windows, then is its own outcome with the counts; not slower passes."""
-        t = self.thresholds
-        paired = f["paired"] = self.pairing.result(rule_of(t))
-        f["paired_runs"] = self.pairing.counts()
-        if paired["verdict"] == SLOWER:
-            return Verdict(TROUBLE, f"probation: {paired['reason']}", f)
-        if paired["verdict"] == PAIRS_NOT_JUDGED and f["requests"] == 0 and t.min_requests == 0:
-            # a quiet window: nothing came, so nothing was skipped; min_requests decides it, as without pairs
-            return Verdict(PASSED, "probation passed: no request in the window (serving.probation.min_requests is "
-                           "0): compute time not judged, nothing to pair", f)  # fmt: skip
-        if paired["verdict"] == PAIRS_NOT_JUDGED and elapsed < self.window * t.extend:
-            f["extended"] = True
-            why = paired["reason"]
-            return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet; {why}; watching up to "
-                           f"{self.window * t.extend:g} s", f)  # fmt: skip
-        if f["requests"] < t.min_requests:
-            return Verdict(TROUBLE, f"probation: only {f['requests']} requests in {self.window:g} s", f)
-        if paired["verdict"] == PAIRS_NOT_JUDGED:
-            f["not_judged"] = {"signal": "paired", "measured": paired["pairs"], "needed": t.paired_min_pairs,
-                               "contended": f["paired_runs"]["dropped"], "requests": f["requests"],
-                               "aa": paired["aa"]["pairs"]}  # fmt: skip
-            return Verdict(unjudged.NOT_JUDGED, f"probation: compute time not judged: {paired['reason']}", f)
-        return Verdict(PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, "
-                       f"{paired['reason']}", f)  # fmt: skip
+        return paired_verdict(self.pairing, rule_of(self.thresholds), f, elapsed, self.window, self.thresholds)
 
     def _runs_short(self, f: dict[str, Any]) -> int:
         """How many more of the candidate's runs a compute verdict needs, when none was judged only for want of
@@ -385,6 +361,35 @@ class Probation:
             self.callback_error = f"{type(exc).__name__}: {exc}"
         finally:
             self._done.set()
+
+
+def paired_verdict(
+    pairing: Any, rule: PairedRule, f: dict[str, Any], elapsed: float, window: float, t: ProbationConfig
+) -> Verdict:
+    """Compute time judged by the pairs (paired.py, pairjudge.py; a generative model's TPOT: genpaired.py):
+    slower is trouble; not judged watches on up to `extend` windows, then is its own outcome with the counts;
+    not slower passes. `f`: the figures so far (their "requests"); the paired block is added to them."""
+    paired = f["paired"] = pairing.result(rule)
+    f["paired_runs"] = pairing.counts()
+    if paired["verdict"] == SLOWER:
+        return Verdict(TROUBLE, f"probation: {paired['reason']}", f)
+    if paired["verdict"] == PAIRS_NOT_JUDGED and f["requests"] == 0 and t.min_requests == 0:
+        # a quiet window: nothing came, so nothing was skipped; min_requests decides it, as without pairs
+        return Verdict(PASSED, "probation passed: no request in the window (serving.probation.min_requests is "
+                       "0): compute time not judged, nothing to pair", f)  # fmt: skip
+    if paired["verdict"] == PAIRS_NOT_JUDGED and elapsed < window * t.extend:
+        f["extended"] = True
+        return Verdict(WATCHING, f"{f['requests']} requests, no trouble yet; {paired['reason']}; watching up to "
+                       f"{window * t.extend:g} s", f)  # fmt: skip
+    if f["requests"] < t.min_requests:
+        return Verdict(TROUBLE, f"probation: only {f['requests']} requests in {window:g} s", f)
+    if paired["verdict"] == PAIRS_NOT_JUDGED:
+        f["not_judged"] = {"signal": "paired", "measured": paired["pairs"], "needed": t.paired_min_pairs,
+                           "contended": f["paired_runs"]["dropped"], "requests": f["requests"],
+                           "aa": paired["aa"]["pairs"]}  # fmt: skip
+        return Verdict(unjudged.NOT_JUDGED, f"probation: compute time not judged: {paired['reason']}", f)
+    return Verdict(PASSED, f"probation passed: {f['requests']} requests, no failures or NaN/Inf blamed on it, "
+                   f"{paired['reason']}", f)  # fmt: skip
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -9,11 +9,14 @@ from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Activated
 from agent.lifecycle.serve import serve, swap_mode
 from agent.lifecycle.slots import SlotEntry
+from agent.lifecycle.stages import generative
 from agent.lifecycle.stages.watch import Rehearsal, shadow_skip_reason
 from agent.lifecycle.states import Event
 
 
 def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Activated]:
+    if generative.is_generative_deployment(dep):  # docs/generative.md
+        return generative.on_activating(parts, dep, ctx)
     with parts.model_lock(dep.model):
         if dep.source.get("kind") == "rollback":
             slots = parts.slots.get(dep.model)

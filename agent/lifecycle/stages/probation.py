@@ -7,12 +7,15 @@ from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Trial
+from agent.lifecycle.stages import generative
 from agent.lifecycle.stages.watch import probation_watch
 from agent.lifecycle.states import Event
 from agent.trial.probation import TROUBLE
 
 
 def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Trial]:
+    if generative.is_generative_deployment(dep):  # docs/generative.md
+        return generative.on_probation(parts, dep, ctx)
     window = parts.config.window_s
     config = parts.config.trial
     state, reason, figures = probation_watch(

@@ -12,11 +12,14 @@ from agent.lifecycle.parts import Parts
 from agent.lifecycle.qualifier import run_qualification
 from agent.lifecycle.record import Qualified, Record
 from agent.lifecycle.slots import SlotEntry
+from agent.lifecycle.stages import generative
 from agent.lifecycle.states import Event
 from agent.util.atomic import atomic_write_json
 
 
 def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Qualified]:
+    if generative.is_generative_deployment(dep):  # docs/generative.md
+        return generative.on_qualifying(parts, dep, ctx)
     cache_root = str(parts.state_dir / "cache")
     rec = Record(dep)
 

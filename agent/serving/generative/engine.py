@@ -59,7 +59,7 @@ class StopScanner:
 
 
 class GenerativeModel:
-    def __init__(self, name: str, model_dir: Path, provider: str, budget: KVBudget) -> None:
+    def __init__(self, name: str, model_dir: Path, provider: str, budget: KVBudget, version: str = "1") -> None:
         try:
             import onnxruntime_genai as og
         except ImportError as exc:
@@ -68,6 +68,9 @@ class GenerativeModel:
             ) from exc
         self.og: Any = og
         self.name, self.model_dir, self.provider, self.budget = name, model_dir, provider, budget
+        self.version = str(version)
+        # offered each generation that ran to its end (a trial's pairing, agent.trial.genpaired): cheap, never raise
+        self.observers: list[Any] = []
         cfg = og.Config(str(model_dir))
         cfg.clear_providers()
         if provider != "cpu":
@@ -147,3 +150,6 @@ class GenerativeModel:
             lease.release()
             cancelled = usage.finish_reason is None  # closed before it ended: the client went away
             self.stats.record(usage.prompt_tokens, usage.completion_tokens, usage.ttft_s, usage.pieces, cancelled)
+            if not cancelled:
+                for observer in self.observers:
+                    observer.offer_prompt(prompt, sampling.max_tokens)

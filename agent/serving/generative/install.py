@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from agent.serving.generative.engine import GenerativeModel
 from agent.serving.generative.genmetrics import families
-from agent.serving.generative.kvbudget import KVBudget
+from agent.serving.generative.host import GenerativeHost
 from agent.serving.generative.openai import OpenAIRoutes
 from agent.serving.generative.triton import generate
 from agent.serving.http.handlers import Response
@@ -57,14 +57,26 @@ class GenerationRoutes:
 
 
 def install(
-    plane: Any, models: tuple[ModelSetting, ...], kv_budget: int, max_streams: int = 8, queue_s: float = 0.0
+    plane: Any,
+    models: tuple[ModelSetting, ...],
+    kv_budget: int,
+    max_streams: int = 8,
+    queue_s: float = 0.0,
+    host: GenerativeHost | None = None,
 ) -> GenerationRoutes | None:
-    """Load each model (a failure raises: the daemon refuses a config it cannot serve) and route to them."""
-    if not models:
+    """Load each configured model into `host` (a failure raises: the daemon refuses a config it cannot serve) and
+    route to what the host serves (the models of serving.generative, and those deployed through the lifecycle:
+    the daemon's registry holds the host: routed even while it serves nothing yet). None when there is neither."""
+    if not models and host is None:
         return None
-    budget = KVBudget(kv_budget, max_streams, queue_s)
-    loaded = {m.name: GenerativeModel(m.name, model_dir(m.package, m.variant), m.provider, budget) for m in models}
-    routes = GenerationRoutes(loaded)
+    host = host if host is not None else GenerativeHost()
+    host.configure(kv_budget, max_streams, queue_s)
+    for m in models:
+        from agent.generative.package import load_generative
+
+        version = load_generative(m.package).version
+        host.swap(m.name, host.load(m.name, version, model_dir(m.package, m.variant), m.provider))
+    routes = GenerationRoutes(host.models)
     plane.generation = routes
-    plane.collectors.append(lambda: families(m.stats for m in loaded.values()))
+    plane.collectors.append(lambda: families(m.stats for m in host.models.values()) if host.models else [])
     return routes

@@ -43,7 +43,7 @@ def generate(models: dict[str, GenerativeModel], method: str, path: str, body: b
     lease = model.reserve(prompt, sampling)
     usage = Usage()
     pieces = model.generate(prompt, sampling, usage, lease)
-    head = {"model_name": name, "model_version": unquote(m["v"]) if m["v"] else "1"}
+    head = {"model_name": name, "model_version": unquote(m["v"]) if m["v"] else model.version}
     if m["kind"] == "generate_stream":
         stream = GenerationStream(_events(pieces, usage, head), pieces, lease)
         return Response(200, b"", "text/event-stream", headers={"Cache-Control": "no-cache"}, stream=stream)
