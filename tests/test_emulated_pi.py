@@ -193,7 +193,9 @@ def test_qualify_on_pi5_runs_a_generative_package_through_onnxruntime_genai(boar
     there, says so and how to fix it."""
     from agent.generative.samples import write_generative_package
 
-    pkg = write_generative_package(tmp_path / "tiny-lm", variants=("perturbed",))
+    pkg = write_generative_package(tmp_path / "tiny-lm", variants=("perturbed",), max_length=128)
+    with (pkg / "model.yaml").open("a") as f:  # fewer timed runs than the defaults: qemu runs them ~20x slower
+        f.write("timing: {prompt_lengths: [16, 64], tpot_tokens: 32, repeats: 3, greedy_tokens: 32}\n")
     out = tmp_path / "pi5-generative.json"
     r = emu(
         "pi5", "edge-agent", "qualify", str(pkg), "--provider", "cpu", "--save", str(out), cwd=tmp_path, check=False

@@ -90,11 +90,9 @@ BUDGET = {
 
 def families(stats: Iterable[GenStats]) -> list[Metric]:
     fams = {k: Metric(f"{P}_{k}", kind, text) for k, (kind, text) in HELP.items()}
-    budgets: dict[int, Any] = {}
+    budget: Any = None
     for s in stats:
-        budget = s.budget() if s.budget else None
-        if budget is not None:
-            budgets[id(budget)] = budget
+        budget = budget or (s.budget() if s.budget else None)  # one, shared by every model (serving.generative)
         lab = {"model": s.model}
         with s._lock:
             for k, v in s.counts.items():
@@ -107,8 +105,6 @@ def families(stats: Iterable[GenStats]) -> list[Metric]:
                 fams[k].samples.append(("_sum", lab, h.sum))
                 fams[k].samples.append(("_count", lab, float(total)))
     out = list(fams.values())
-    for b in budgets.values():  # one budget (serving.generative) however many models share it
-        out += [
-            Metric(f"{P}_{k}", "gauge", text, [("", {}, float(getattr(b, attr)))]) for k, (attr, text) in BUDGET.items()
-        ]
+    if budget is not None:
+        out += [Metric(f"{P}_{k}", "gauge", t, [("", {}, float(getattr(budget, a)))]) for k, (a, t) in BUDGET.items()]
     return out
