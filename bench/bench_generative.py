@@ -157,7 +157,7 @@ def main() -> int:
             r = out[key]
             print(
                 f"  {label:16s} served {r['served_ms']:.3f} ms  direct {r['direct_ms']:.3f} ms  "
-                f"ratio {r['ratio']:.2f}x (goal < 1.05x)"
+                f"ratio {r['ratio']:.2f}x (goal < 1.05x), {1000 * (r['served_ms'] - r['direct_ms']):+.0f} us"
             )
         print(
             f"  tokens/s         served {1000 / out['per_token']['served_ms']:.0f}  "
