@@ -188,7 +188,7 @@ def test_qualify_on_pi5_by_its_target_alone_measures_openvino(boards, tmp_path):
 
 
 def test_qualify_on_pi5_runs_a_generative_package_through_onnxruntime_genai(boards, tmp_path):
-    """Issue 39: onnxruntime-genai 0.18 has Linux aarch64 wheels (CPython 3.11-3.13, manylinux_2_28; bookworm has
+    """Issue 39: onnxruntime-genai 0.18 has Linux aarch64 wheels (CPython 3.11-3.14, manylinux_2_28; bookworm has
     3.11 and glibc 2.36), so on the emulated Pi 5 its rows are measured and judged; OpenVINO GenAI, not installed
     there, says so and how to fix it."""
     from agent.generative.samples import write_generative_package

@@ -130,7 +130,7 @@ def test_on_arm_the_probe_says_whether_a_wheel_fits_the_board() -> None:
     nano = genai_missing(HostFacts("Linux", "aarch64", (3, 6), (2, 27)))
     assert nano is not None
     assert nano["reason"] == (
-        "no onnxruntime-genai wheel installs here: its Linux aarch64 wheels need CPython 3.11-3.13 and glibc >= "
+        "no onnxruntime-genai wheel installs here: its Linux aarch64 wheels need CPython 3.11-3.14 and glibc >= "
         "2.28 (manylinux_2_28); this host has Python 3.6 and glibc 2.27"
     )
     assert "build onnxruntime-genai from source" in nano["fix"] and "JetPack 6" in nano["fix"]

@@ -19,8 +19,8 @@ GENAI_PROVIDERS: dict[str, str] = {
 }
 
 
-# onnxruntime-genai's Linux aarch64 wheels on PyPI (0.18.0, read 5 Dec 2026): CPython 3.11-3.13, manylinux_2_28
-GENAI_ARM_PYTHON = ((3, 11), (3, 13))
+# onnxruntime-genai's Linux aarch64 wheels on PyPI (0.18.0, read 5 Dec 2026): CPython 3.11-3.14, manylinux_2_28
+GENAI_ARM_PYTHON = ((3, 11), (3, 14))
 GENAI_ARM_GLIBC = (2, 28)
 
 
@@ -68,8 +68,8 @@ def genai_missing(host: HostFacts | None = None) -> dict[str, str] | None:
         if gap:
             return {
                 "reason": f"no onnxruntime-genai wheel installs here: {gap}",
-                "fix": "build onnxruntime-genai from source for this board (its build.py), move to an OS with a "
-                "newer Python and glibc (Raspberry Pi OS bookworm, JetPack 6), or use runtime openvino-genai",
+                "fix": "build onnxruntime-genai from source for this board (its build.py), or move to an OS with a "
+                "newer Python and glibc (Raspberry Pi OS bookworm, JetPack 6)",
             }
     return {"reason": "onnxruntime-genai is not installed", "fix": "pip install 'edge-agent[genai]'"}
 
