@@ -187,6 +187,32 @@ def test_qualify_on_pi5_by_its_target_alone_measures_openvino(boards, tmp_path):
     assert rows["xnnpack"]["status"] == rows["acl"]["status"] == "unavailable"
 
 
+def test_qualify_on_pi5_runs_a_generative_package_through_onnxruntime_genai(boards, tmp_path):
+    """Issue 39: onnxruntime-genai 0.18 has Linux aarch64 wheels (CPython 3.11-3.14, manylinux_2_28; bookworm has
+    3.11 and glibc 2.36), so on the emulated Pi 5 its rows are measured and judged; OpenVINO GenAI, not installed
+    there, says so and how to fix it."""
+    from agent.generative.samples import write_generative_package
+
+    pkg = write_generative_package(tmp_path / "tiny-lm", variants=("perturbed",), max_length=128)
+    with (pkg / "model.yaml").open("a") as f:  # fewer timed runs than the defaults: qemu runs them ~20x slower
+        f.write("timing: {prompt_lengths: [16, 64], tpot_tokens: 32, repeats: 3, greedy_tokens: 32}\n")
+    out = tmp_path / "pi5-generative.json"
+    r = emu(
+        "pi5", "edge-agent", "qualify", str(pkg), "--provider", "cpu", "--save", str(out), cwd=tmp_path, check=False
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    rows = {row["key"]: row for row in doc["results"]}
+    ref, bad = rows["onnxruntime-genai/cpu:fp32"], rows["onnxruntime-genai/cpu:perturbed"]
+    assert ref["status"] == "passed" and ref["fidelity"]["top1"] == 1.0, ref
+    assert ref["tpot_ms"]["p50_ms"] > 0 and ref["peak_rss_bytes"] > 0
+    assert bad["status"] == "failed" and bad["fidelity"]["top1"] < doc["gates"]["min_top1"], bad
+    ov = rows["openvino-genai/-"]
+    assert ov["status"] == "unavailable" and ov["reason"] and ov["fix"], ov
+    assert doc["selected"] == "onnxruntime-genai/cpu:fp32"
+    assert doc["emulated"].startswith("qemu-user:pi5")  # its times are the emulator's: labelled in the record
+
+
 def _push(tmp_path: Path, broker, keyfile: Path, version: str) -> dict:
     from agent.samples import sample_tiny_package
 

@@ -114,11 +114,28 @@ def test_a_host_without_the_runtime_says_why_and_how_to_fix() -> None:
     )
     res = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True, timeout=60, check=True)
     got = json.loads(res.stdout)  # -S: no site-packages, so no onnxruntime-genai
-    assert got["reason"] in (
-        "onnxruntime-genai is not installed",
-        "onnxruntime-genai publishes no Linux aarch64 wheel (its issue #339)",
+    assert got["reason"] == "onnxruntime-genai is not installed" or got["reason"].startswith(
+        "no onnxruntime-genai wheel"
     )
     assert got["fix"]
+
+
+def test_on_arm_the_probe_says_whether_a_wheel_fits_the_board() -> None:
+    from agent.generative.runtimes import HostFacts, genai_missing
+
+    # Raspberry Pi OS / Debian bookworm on a Pi 5: CPython 3.11, glibc 2.36: the aarch64 wheel installs
+    pi5 = genai_missing(HostFacts("Linux", "aarch64", (3, 11), (2, 36)))
+    assert pi5 == {"reason": "onnxruntime-genai is not installed", "fix": "pip install 'edge-agent[genai]'"}
+    # JetPack 4 (Ubuntu 18.04) on a Jetson Nano: CPython 3.6, glibc 2.27: none does, and the row says why and the fix
+    nano = genai_missing(HostFacts("Linux", "aarch64", (3, 6), (2, 27)))
+    assert nano is not None
+    assert nano["reason"] == (
+        "no onnxruntime-genai wheel installs here: its Linux aarch64 wheels need CPython 3.11-3.14 and glibc >= "
+        "2.28 (manylinux_2_28); this host has Python 3.6 and glibc 2.27"
+    )
+    assert "build onnxruntime-genai from source" in nano["fix"] and "JetPack 6" in nano["fix"]
+    musl = genai_missing(HostFacts("Linux", "aarch64", (3, 12), None))
+    assert musl is not None and musl["reason"].endswith("this host has no glibc")
 
 
 def test_package_writes_a_generative_package_from_a_builder_directory(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from agent.generative import fidelity
 from agent.generative.package import GenerativePackage
 from agent.generative.runtimes import GENAI_PROVIDERS, genai_missing, openvino_genai_row
 from agent.generative.watch import run_watched
+from agent.hardware.emulation import detect_emulation
 
 Progress = Callable[..., None]
 REFERENCE = "fp32"
@@ -182,4 +183,5 @@ def _record(pkg: GenerativePackage, rows: list[dict[str, Any]], best: dict[str, 
         },
         "results": rows,
         "selected": best["key"] if best else None,
+        "emulated": detect_emulation(),  # under qemu-user its times are the emulator's, not the board's
     }

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import platform
+import sys
+from dataclasses import dataclass
 from typing import Any
 
 # onnxruntime-genai's provider names (genai_config.json / Config.append_provider) and how to get each
@@ -17,16 +19,58 @@ GENAI_PROVIDERS: dict[str, str] = {
 }
 
 
-def genai_missing() -> dict[str, str] | None:
-    """None when onnxruntime-genai can be imported; else why not and how to fix it."""
-    if importlib.util.find_spec("onnxruntime_genai") is not None:
-        return None
-    machine = platform.machine().lower()
-    if machine in ("aarch64", "arm64") and platform.system() == "Linux":
-        return {
-            "reason": "onnxruntime-genai publishes no Linux aarch64 wheel (its issue #339)",
-            "fix": "build onnxruntime-genai from source for this board, or use runtime openvino-genai",
-        }
+# onnxruntime-genai's Linux aarch64 wheels on PyPI (0.18.0, read 5 Dec 2026): CPython 3.11-3.14, manylinux_2_28
+GENAI_ARM_PYTHON = ((3, 11), (3, 14))
+GENAI_ARM_GLIBC = (2, 28)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What decides whether a runtime's wheel installs on a host: OS, CPU architecture, CPython, glibc."""
+
+    system: str
+    machine: str
+    python: tuple[int, int]
+    glibc: tuple[int, int] | None  # None: not glibc (musl, macOS, Windows) or not known
+
+    @classmethod
+    def here(cls) -> HostFacts:
+        lib, ver = platform.libc_ver()
+        parts = [int(p) for p in ver.split(".")[:2] if p.isdigit()] if lib == "glibc" else []
+        glibc = (parts[0], parts[1]) if len(parts) == 2 else None
+        return cls(platform.system(), platform.machine().lower(), sys.version_info[:2], glibc)
+
+
+def _arm_wheel_gap(host: HostFacts) -> str | None:
+    """Why no onnxruntime-genai wheel fits a Linux aarch64 host; None when one does."""
+    lo, hi = GENAI_ARM_PYTHON
+    need = (
+        f"its Linux aarch64 wheels need CPython {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]} and glibc >= "
+        f"{GENAI_ARM_GLIBC[0]}.{GENAI_ARM_GLIBC[1]} (manylinux_2_28)"
+    )
+    gaps = []
+    if not lo <= host.python <= hi:
+        gaps.append(f"Python {host.python[0]}.{host.python[1]}")
+    if host.glibc is None or host.glibc < GENAI_ARM_GLIBC:
+        gaps.append("no glibc" if host.glibc is None else f"glibc {host.glibc[0]}.{host.glibc[1]}")
+    return f"{need}; this host has {' and '.join(gaps)}" if gaps else None
+
+
+def genai_missing(host: HostFacts | None = None) -> dict[str, str] | None:
+    """None when onnxruntime-genai can be imported here; else (or for a described `host` that lacks it) why not and
+    how to fix it: on Linux aarch64, whether any of its wheels fits the host's Python and glibc."""
+    if host is None:
+        if importlib.util.find_spec("onnxruntime_genai") is not None:
+            return None
+        host = HostFacts.here()
+    if host.system == "Linux" and host.machine in ("aarch64", "arm64"):
+        gap = _arm_wheel_gap(host)
+        if gap:
+            return {
+                "reason": f"no onnxruntime-genai wheel installs here: {gap}",
+                "fix": "build onnxruntime-genai from source for this board (its build.py), or move to an OS with a "
+                "newer Python and glibc (Raspberry Pi OS bookworm, JetPack 6)",
+            }
     return {"reason": "onnxruntime-genai is not installed", "fix": "pip install 'edge-agent[genai]'"}
 
 

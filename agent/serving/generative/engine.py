@@ -79,7 +79,7 @@ class GenerativeModel:
         self.tokenizer = og.Tokenizer(self.model)
         self.kv = kv_shape(model_dir)
         self.created = int(time.time())
-        self.stats = GenStats(name)
+        self.stats = GenStats(name, budget=lambda: self.budget)
         eos = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
         self.eos = set(eos if isinstance(eos, list) else [eos])
 
@@ -96,10 +96,12 @@ class GenerativeModel:
                 f"this request needs {need} bytes of KV cache, over the whole budget {self.budget.limit}"
             )
         try:
-            return self.budget.lease(need, f"a {len(prompt)}-token prompt with max_tokens {sampling.max_tokens}")
+            lease = self.budget.lease(need, f"a {len(prompt)}-token prompt with max_tokens {sampling.max_tokens}")
         except ServerBusy:
             self.stats.refused()
             raise
+        self.stats.reserved(need)
+        return lease
 
     def _generator(self, prompt: list[int], sampling: Sampling) -> Any:
         params = self.og.GeneratorParams(self.model)
