@@ -1,9 +1,12 @@
 """Test support for the control plane: a real service (uvicorn on a free loopback port, in a thread) and a real
-PostgreSQL server started from Debian's binaries into a temporary directory."""
+PostgreSQL server started from Debian's binaries into a temporary directory; the fixtures `pg_server` (one server a
+module) and `db_url` (each test on a new SQLite file, then on a new database of that server), shared through
+conftest.py."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pwd
 import shutil
@@ -14,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from brokers import free_port
 
 _FOUND = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
@@ -85,6 +89,32 @@ def postgres(tmp: Path) -> Iterator[str]:
             [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True
         )
         shutil.rmtree(tmp if run_as else data, ignore_errors=True)
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory):
+    """The URL of a PostgreSQL server of the test module's own."""
+    with postgres(tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """A database URL for the test: a new SQLite file, then a new, empty database on the module's `pg_server`."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'cp.db'}"
+    from sqlalchemy import create_engine, text
+
+    base = request.getfixturevalue("pg_server")
+    name = f"cp_{next(_databases)}_{int(time.time() * 1000) % 100000}"
+    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
 
 
 def commit_flagged_targets(tmp: Path, names: list[str] | None = None) -> Path:

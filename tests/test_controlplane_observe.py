@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import postgres, running_service
+from cp_support import running_service
 from support.wait import wait_for
 
 from agent.artifacts.keys import device_key, generate
@@ -70,15 +70,6 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'cp.db'}"
-        return
-    with postgres(tmp_path / "pg") as url:
-        yield url
 
 
 def _health(i: int, **over) -> dict:

@@ -6,15 +6,12 @@ runs (no registry reload, each status verified once) and converges on a canary-t
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
-import time
 
 import httpx
-import pytest
 from brokers import Mosquitto
-from cp_support import postgres, running_service
+from cp_support import running_service
 from sqlalchemy import event, func, select
 from support.wait import wait_for
 
@@ -23,28 +20,6 @@ from agent.controlplane.models import Device
 from agent.transport.cpclient import enroll
 
 READS_STATUS = re.compile(r"\bdevices\.status\b(?!_)", re.IGNORECASE)  # the status document column
-_db = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg_server(tmp_path_factory):
-    with postgres(tmp_path_factory.mktemp("pg")) as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'cp.db'}"
-    from sqlalchemy import create_engine, text
-
-    base = request.getfixturevalue("pg_server")
-    name = f"cp_scale_{next(_db)}_{int(time.time() * 1000) % 100000}"
-    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
 
 
 def _status(i: int) -> dict:
