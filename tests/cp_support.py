@@ -14,14 +14,22 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from brokers import free_port
+from support.wait import wait_for
 
+T = TypeVar("T")
 _FOUND = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
 PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUND else "/usr/lib/postgresql/15/bin"))
+
+
+def until(what: str, check: Callable[[], T], timeout: float = 120.0, every: float = 0.3) -> T:
+    """`check`'s first truthy value, polled every `every` seconds; after `timeout` seconds the test fails on `what`."""
+    return wait_for(check, timeout, what, step=every)
 
 
 @contextlib.contextmanager
