@@ -1,5 +1,6 @@
 """Test support for the control plane: a real service (uvicorn on a free loopback port, in a thread) and a real
-PostgreSQL server started from Debian's binaries into a temporary directory; the fixtures `pg_server` (one server a
+PostgreSQL server started from Debian's binaries into a temporary directory, Debian's chromium driven by
+Playwright for the dashboard's tests; the fixtures `pg_server` (one server a
 module) and `db_url` (each test on a new SQLite file, then on a new database of that server), shared through
 conftest.py."""
 
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from brokers import free_port
@@ -25,6 +26,51 @@ from support.wait import wait_for
 T = TypeVar("T")
 _FOUND = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
 PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUND else "/usr/lib/postgresql/15/bin"))
+CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def artifacts_dir() -> Path:
+    """Where the dashboard's screenshots go: $EDGE_AGENT_ARTIFACTS/control-plane/ (default test-artifacts/...)."""
+    base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
+    out = base / "control-plane"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def need_chromium() -> None:
+    """A RuntimeError saying how to install chromium where it is missing (checked before a test starts its parts)."""
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless chromium (Playwright's Browser), closed at exit."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Any]:
+    """A 1400x1000 page of a chromium() of its own."""
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
 
 
 def until(what: str, check: Callable[[], T], timeout: float = 120.0, every: float = 0.3) -> T:
