@@ -124,16 +124,15 @@ class FleetRole:
         if loop is not None:
             loop.stop()
 
-    def _audit_moved(self) -> bool:
-        """Whether the audit log has an entry it had not at the last count (or that count is RECOUNT_S old): one
-        read of its primary key's end instead of a count over the devices each turn."""
+    def _audit_moved(self) -> tuple[int | None, float] | None:
+        """(the audit log's last id, now) where it has an entry it had not at the last count (or that count is
+        RECOUNT_S old), else None: one read of its primary key's end instead of a count over the devices."""
         with self.factory() as s:
             last = s.scalar(select(func.max(AuditEntry.id)))
         now = time.monotonic()
         if self._audited is not None and self._audited[0] == last and now - self._audited[1] < RECOUNT_S:
-            return False
-        self._audited = (last, now)
-        return True
+            return None
+        return last, now
 
     def _notice_accepted(self) -> None:
         """A device accepted on another replica: the leader reloads its registry (seen as a change in the count
@@ -141,7 +140,8 @@ class FleetRole:
         if self.loop is None:
             self._accepted = self._audited = None
             return
-        if not self._audit_moved():
+        audited = self._audit_moved()
+        if audited is None:
             return
         with self.factory() as s:
             n, last = s.execute(select(func.count(), func.max(Device.decided_at)).where(Device.state == ACCEPTED)).one()
@@ -155,7 +155,7 @@ class FleetRole:
                 self.loop.devices_changed(named)
             else:  # fewer accepted devices and none newly decided: some left; which ones, only a reread says
                 self.loop.registry_dirty.set()
-        self._accepted = now
+        self._accepted, self._audited = now, audited  # a turn that failed before here counts again
 
     # -- shown ------------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
