@@ -38,6 +38,17 @@ CHROMIUM_ARGS = [
 ]
 
 
+def tiny_tarball(tmp: Path, version: str, size: int = 4) -> Path:
+    """Package `tiny` at `version` (agent.samples.tiny_model: y = x + version on [1, size]) as a .tar.gz in tmp."""
+    from agent.artifacts.packtar import write_targz
+    from agent.samples import tiny_model, write_package
+
+    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version), size=size), name="tiny", version=version)
+    out = tmp / f"tiny-{version}.tar.gz"
+    write_targz(pkg, out)
+    return out
+
+
 def artifacts_dir() -> Path:
     """Where the dashboard's screenshots go: $EDGE_AGENT_ARTIFACTS/control-plane/ (default test-artifacts/...)."""
     base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")

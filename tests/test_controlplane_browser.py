@@ -6,17 +6,14 @@ test-artifacts/control-plane/)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import artifacts_dir, browser_page, need_chromium, running_service
+from cp_support import artifacts_dir, browser_page, need_chromium, running_service, tiny_tarball
 from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.samples import tiny_model, write_package
 from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.cpclient import upload_decisions
@@ -26,15 +23,6 @@ SYSROOTS = sysroots.root()
 WAIT_S = 300.0
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
-
-
-def _package_tar(tmp: Path, version: str) -> bytes:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version)), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out.read_bytes()
 
 
 def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.5):
@@ -91,7 +79,7 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
     _until("20 verified, online statuses", verified)
 
     for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
         assert r.status_code == 201, r.text
     # version 1 everywhere first (through the API), so a roll back has somewhere to return to
     body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}

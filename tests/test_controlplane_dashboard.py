@@ -25,11 +25,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from cp_support import artifacts_dir, chromium, need_chromium, running_service
+from cp_support import artifacts_dir, chromium, need_chromium, running_service, tiny_tarball
 from test_controlplane_browser_attacks import Attacker
 
 from agent.artifacts.keys import device_key, public_pem
-from agent.samples import tiny_model, write_package
 from agent.transport.signing import sign_doc
 
 MAX_BODY = 256 * 1024
@@ -118,12 +117,7 @@ def _sign_in(page, url: str, token: str) -> None:
 
 
 def _package(tmp: Path, version: str) -> Path:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version), size=2048), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out
+    return tiny_tarball(tmp, version, size=2048)
 
 
 def _versions(api) -> list[tuple[str, str]]:

@@ -6,17 +6,15 @@ roll back is a tracked operation with a result, and asking again is accepted (no
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from clirunner import edge_agent
-from cp_support import running_service, until
+from cp_support import running_service, tiny_tarball, until
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.samples import tiny_model, write_package
 from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
@@ -25,15 +23,6 @@ SYSROOTS = sysroots.root()
 WAIT_S = 300.0
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
-
-
-def _package_tar(tmp: Path, version: str) -> bytes:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version)), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out.read_bytes()
 
 
 def _sim(tmp_path, broker, pub, count, sysroot, prefix):
@@ -79,7 +68,7 @@ def _run(api, agents, tmp_path):
 
     until("verified, online statuses", verified, WAIT_S)
     for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
         assert r.status_code == 201, r.text
     body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}
     assert api.post("/api/v1/rollouts", json=body).status_code == 202

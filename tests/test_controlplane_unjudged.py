@@ -16,8 +16,7 @@ import paho.mqtt.publish as publish
 import pytest
 from brokers import Mosquitto
 from clirunner import edge_agent
-from cp_support import running_service, until
-from test_controlplane_rollback import _package_tar
+from cp_support import running_service, tiny_tarball, until
 
 from agent.artifacts.keys import device_key, generate
 from agent.transport.cpclient import enroll_request as request
@@ -75,7 +74,9 @@ def test_a_wave_with_a_device_not_judged_waits_for_the_operators_word(tmp_path):
                 assert api.post(f"/api/v1/devices/{dev}/accept", json={"groups": ["lab"]}).status_code == 200
             sha = {}
             for version in ("1", "2"):
-                r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+                r = api.put(
+                    f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes()
+                )
                 assert r.status_code == 201, r.text
                 sha[version] = r.json()["sha256"]
             for d in devices.values():
