@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from brokers import Mosquitto, NatsCluster, NatsMqtt  # noqa: E402
+from cp_support import db_url, pg_server  # noqa: E402,F401 - the control-plane suites' SQLite/PostgreSQL fixtures
 from lanes import SYSTEM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,9 +1,13 @@
 """Test support for the control plane: a real service (uvicorn on a free loopback port, in a thread) and a real
-PostgreSQL server started from Debian's binaries into a temporary directory."""
+PostgreSQL server started from Debian's binaries into a temporary directory, Debian's chromium driven by
+Playwright for the dashboard's tests; the fixtures `pg_server` (one server a
+module) and `db_url` (each test on a new SQLite file, then on a new database of that server), shared through
+conftest.py."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pwd
 import shutil
@@ -11,13 +15,78 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
+import pytest
 from brokers import free_port
+from support.wait import wait_for
 
+T = TypeVar("T")
 _FOUND = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
 PG_BIN = Path(os.environ.get("EDGE_AGENT_PG_BIN") or (_FOUND[-1].parent if _FOUND else "/usr/lib/postgresql/15/bin"))
+CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def tiny_tarball(tmp: Path, version: str, size: int = 4) -> Path:
+    """Package `tiny` at `version` (agent.samples.tiny_model: y = x + version on [1, size]) as a .tar.gz in tmp."""
+    from agent.artifacts.packtar import write_targz
+    from agent.samples import tiny_model, write_package
+
+    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version), size=size), name="tiny", version=version)
+    out = tmp / f"tiny-{version}.tar.gz"
+    write_targz(pkg, out)
+    return out
+
+
+def artifacts_dir() -> Path:
+    """Where the dashboard's screenshots go: $EDGE_AGENT_ARTIFACTS/control-plane/ (default test-artifacts/...)."""
+    base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
+    out = base / "control-plane"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def need_chromium() -> None:
+    """A RuntimeError saying how to install chromium where it is missing (checked before a test starts its parts)."""
+    if not Path(CHROMIUM).exists():
+        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless chromium (Playwright's Browser), closed at exit."""
+    need_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator[Any]:
+    """A 1400x1000 page of a chromium() of its own."""
+    with chromium() as browser:
+        yield browser.new_page(viewport={"width": 1400, "height": 1000})
+
+
+def until(what: str, check: Callable[[], T], timeout: float = 120.0, every: float = 0.3) -> T:
+    """`check`'s first truthy value, polled every `every` seconds; after `timeout` seconds the test fails on `what`."""
+    return wait_for(check, timeout, what, step=every)
 
 
 @contextlib.contextmanager
@@ -85,6 +154,32 @@ def postgres(tmp: Path) -> Iterator[str]:
             [*run_as, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"], capture_output=True
         )
         shutil.rmtree(tmp if run_as else data, ignore_errors=True)
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory):
+    """The URL of a PostgreSQL server of the test module's own."""
+    with postgres(tmp_path_factory.mktemp("pg")) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """A database URL for the test: a new SQLite file, then a new, empty database on the module's `pg_server`."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'cp.db'}"
+    from sqlalchemy import create_engine, text
+
+    base = request.getfixturevalue("pg_server")
+    name = f"cp_{next(_databases)}_{int(time.time() * 1000) % 100000}"
+    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return base.rsplit("/", 1)[0] + "/" + name
 
 
 def commit_flagged_targets(tmp: Path, names: list[str] | None = None) -> Path:

@@ -5,41 +5,17 @@ halt/resume, signed decision records, import of an existing store, OpenAPI schem
 
 from __future__ import annotations
 
-import itertools
 import json
 import threading
 import time
 
 import httpx
 import pytest
-from cp_support import postgres, running_service
+from cp_support import running_service
 
 from agent.artifacts.keys import device_key, key_id, public_pem
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.signing import sign_doc
-
-_db_counter = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg_server(tmp_path_factory):
-    with postgres(tmp_path_factory.mktemp("pg")) as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'cp.db'}"
-    base = request.getfixturevalue("pg_server")
-    name = f"cp_test_{next(_db_counter)}_{int(time.time() * 1000) % 100000}"
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
 
 
 @pytest.fixture

@@ -6,54 +6,23 @@ test-artifacts/control-plane/)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import running_service
+from cp_support import artifacts_dir, browser_page, need_chromium, running_service, tiny_tarball
 from support.wait import wait_for
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.samples import tiny_model, write_package
 from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.cpclient import upload_decisions
 from agent.transport.mqtt import BrokerConfig
 
-ROOT = Path(__file__).resolve().parent.parent
 SYSROOTS = sysroots.root()
-CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 WAIT_S = 300.0
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
-
-
-def artifacts_dir() -> Path:
-    base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or ROOT / "test-artifacts")
-    out = base / "control-plane"
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def _package_tar(tmp: Path, version: str) -> bytes:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version)), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out.read_bytes()
 
 
 def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.5):
@@ -61,10 +30,7 @@ def _until(what: str, check, timeout: float = WAIT_S, every: float = 0.5):
 
 
 def test_enroll_20_devices_roll_out_halt_and_roll_back_in_a_browser(tmp_path):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
-
+    need_chromium()
     shots = artifacts_dir()
     with Mosquitto(tmp_path / "mosquitto") as broker:
         key, pub, _ = generate(tmp_path / "keys")
@@ -87,13 +53,8 @@ def test_enroll_20_devices_roll_out_halt_and_roll_back_in_a_browser(tmp_path):
                         "/api/v1/enroll", json=request(dev, device_key(sim.state_dir / dev), target=cls.target)
                     )
                     assert r.status_code == 202 and r.json()["state"] == "pending", r.text
-                with sync_playwright() as p:
-                    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                    try:
-                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                        _run_browser(page, url, cp, api, sim, tmp_path, shots)
-                    finally:
-                        browser.close()
+                with browser_page() as page:
+                    _run_browser(page, url, cp, api, sim, tmp_path, shots)
         finally:
             sim.stop()
 
@@ -118,7 +79,7 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
     _until("20 verified, online statuses", verified)
 
     for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
         assert r.status_code == 201, r.text
     # version 1 everywhere first (through the API), so a roll back has somewhere to return to
     body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}

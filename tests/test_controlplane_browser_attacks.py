@@ -13,23 +13,18 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import httpx
 import pytest
-from cp_support import running_service
+from cp_support import chromium, need_chromium, running_service
 from sqlalchemy import func, select
 
 from agent.artifacts.keys import device_key
 from agent.controlplane.models import AuditEntry, OperatorToken
 from agent.transport.cpclient import enroll_request
-
-CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -104,10 +99,7 @@ def counts(cp) -> tuple[int, list[str]]:
 
 
 def test_markup_links_and_cross_origin_forms_do_nothing(tmp_path):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
-
+    need_chromium()
     with running_service(tmp_path) as (cp, url), Attacker() as atk:
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
         r = api.post("/api/v1/enroll", json=enroll_request("dev-1", device_key(tmp_path / "keys" / "dev-1")))
@@ -115,20 +107,16 @@ def test_markup_links_and_cross_origin_forms_do_nothing(tmp_path):
         before = counts(cp)
         assert before[0] == 1
         evil = payload(atk.url)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            try:
-                ctx = browser.new_context(bypass_csp=True)  # the escaping alone must hold
-                page = ctx.new_page()
-                _reflected(page, url, cp, evil, atk)
-                ctx.close()
-                ctx = browser.new_context()  # (b) as the operator's browser is: CSP on
-                page = ctx.new_page()
-                _sign_in(page, url, cp.admin_token)
-                _cross_origin_forms(page, url, atk)
-                ctx.close()
-            finally:
-                browser.close()
+        with chromium() as browser:
+            ctx = browser.new_context(bypass_csp=True)  # the escaping alone must hold
+            page = ctx.new_page()
+            _reflected(page, url, cp, evil, atk)
+            ctx.close()
+            ctx = browser.new_context()  # (b) as the operator's browser is: CSP on
+            page = ctx.new_page()
+            _sign_in(page, url, cp.admin_token)
+            _cross_origin_forms(page, url, atk)
+            ctx.close()
         assert counts(cp) == before, "a token was minted or something was audited"
         assert api.get("/api/v1/devices/dev-1").json()["state"] == "pending"
         assert atk.captured() == []

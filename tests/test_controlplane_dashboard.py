@@ -25,16 +25,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from cp_support import running_service
-from test_controlplane_browser import artifacts_dir
+from cp_support import artifacts_dir, chromium, need_chromium, running_service, tiny_tarball
 from test_controlplane_browser_attacks import Attacker
 
 from agent.artifacts.keys import device_key, public_pem
-from agent.samples import tiny_model, write_package
 from agent.transport.signing import sign_doc
 
-CHROMIUM = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 MAX_BODY = 256 * 1024
 MARKUP = "<img src=x onerror=window.__pwned=1>"
 # device: (version, precision, provider, hardware class, model state, online)
@@ -51,8 +47,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
+    need_chromium()
     tmp = tmp_path_factory.mktemp("dash")
     with running_service(tmp, max_body_bytes=MAX_BODY) as (cp, url):
         api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
@@ -63,14 +58,8 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def _status(dev: str, **change) -> dict:
@@ -128,12 +117,7 @@ def _sign_in(page, url: str, token: str) -> None:
 
 
 def _package(tmp: Path, version: str) -> Path:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version), size=2048), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out
+    return tiny_tarball(tmp, version, size=2048)
 
 
 def _versions(api) -> list[tuple[str, str]]:

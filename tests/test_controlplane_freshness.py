@@ -9,14 +9,13 @@ mark."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import time
 
 import httpx
 import pytest
-from cp_support import postgres, running_service
+from cp_support import running_service
 from sqlalchemy import func, select
 
 from agent.artifacts.keys import device_key, public_pem
@@ -28,31 +27,12 @@ from agent.transport import docseq
 from agent.transport.cpclient import signed_decision, signed_document
 from agent.transport.signing import sign_doc
 
-_db_counter = itertools.count()
 
-
-@pytest.fixture(scope="module")
-def pg_server(tmp_path_factory):
-    with postgres(tmp_path_factory.mktemp("pg")) as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def svc(request, tmp_path):
-    url = f"sqlite:///{tmp_path / 'cp.db'}"
-    if request.param == "postgresql":
-        from sqlalchemy import create_engine, text
-
-        base = request.getfixturevalue("pg_server")
-        name = f"cp_fresh_{next(_db_counter)}_{int(time.time() * 1000) % 100000}"
-        engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
-        with engine.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        engine.dispose()
-        url = base.rsplit("/", 1)[0] + "/" + name
+@pytest.fixture
+def svc(tmp_path, db_url):
     # per-device rate limits above what these tests post (tests/test_controlplane_limits.py tests the limits)
     limits = {"key_burst": 100, "key_per_minute": 600}
-    with running_service(tmp_path, database={"url": url}, limits=limits) as (cp, base_url):
+    with running_service(tmp_path, database={"url": db_url}, limits=limits) as (cp, base_url):
         client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
         yield cp, client, tmp_path
         client.close()

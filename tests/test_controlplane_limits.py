@@ -14,7 +14,6 @@ import pytest
 from clirunner import edge_agent
 from cp_support import running_service
 from sqlalchemy import func, select, text
-from test_controlplane_api import db_url, pg_server  # noqa: F401 - the API suite's SQLite/PostgreSQL fixtures
 
 from agent.artifacts.keys import device_key, public_pem
 from agent.controlplane.models import AuditEntry, Device, DeviceDocument, DeviceGroup, EnrollNonce
@@ -25,7 +24,7 @@ TABLES = (Device, DeviceDocument, DeviceGroup, EnrollNonce, AuditEntry)
 
 
 @pytest.fixture
-def limited(tmp_path, db_url):  # noqa: F811
+def limited(tmp_path, db_url):
     """A service with small rate limits and pending cap: (cp, admin client, tmp)."""
     doc = {"address_burst": 6, "address_per_minute": 1, "key_burst": 2, "key_per_minute": 1, "pending_max": 3}
     with running_service(tmp_path, database={"url": db_url}, limits=doc) as (cp, url):
@@ -34,7 +33,7 @@ def limited(tmp_path, db_url):  # noqa: F811
 
 
 @pytest.fixture
-def svc(tmp_path, db_url):  # noqa: F811
+def svc(tmp_path, db_url):
     with running_service(tmp_path, database={"url": db_url}) as (cp, url):
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=60) as c:
             yield cp, c, tmp_path
@@ -323,7 +322,7 @@ def test_a_status_over_mqtt_that_does_not_fit_is_not_kept(svc):
     assert got["online"] is True and got["models"] == {"m": {"version": "2", "state": "committed"}}
 
 
-def test_a_model_upload_over_max_body_bytes_is_cut_off_and_nothing_kept(tmp_path, db_url):  # noqa: F811
+def test_a_model_upload_over_max_body_bytes_is_cut_off_and_nothing_kept(tmp_path, db_url):
     with running_service(tmp_path, database={"url": db_url}, max_body_bytes=4096) as (cp, url):
         h = {"Authorization": f"Bearer {cp.admin_token}"}
         for body in (b"\0" * 5000, iter([b"\0" * 1024] * 5)):  # declared, then streamed without a length

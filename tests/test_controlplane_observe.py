@@ -12,12 +12,11 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import postgres, running_service
+from cp_support import artifacts_dir, browser_page, running_service
 from support.wait import wait_for
 
 from agent.artifacts.keys import device_key, generate
@@ -70,15 +69,6 @@ class Receiver:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'cp.db'}"
-        return
-    with postgres(tmp_path / "pg") as url:
-        yield url
 
 
 def _health(i: int, **over) -> dict:
@@ -265,41 +255,27 @@ def _alerts(api, cp, links, hook):
 
 
 def _browser(url, cp):
-    import os
-
     auth = {"Authorization": f"Bearer {cp.admin_token}"}
-    chromium = os.environ.get("EDGE_AGENT_CHROMIUM", "/usr/bin/chromium")
-    if not Path(chromium).exists():
-        raise RuntimeError(f"{chromium} not found: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
-
-    base = Path(os.environ.get("EDGE_AGENT_ARTIFACTS") or Path(__file__).resolve().parent.parent / "test-artifacts")
-    shots = base / "control-plane"
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url + "/login")
-            page.fill("input[name=token]", cp.admin_token)
-            page.click("button[type=submit]")
-            page.goto(url + "/devices/dev-a/charts")
-            n = len(httpx.get(url + "/api/v1/devices/dev-a/telemetry", headers=auth).json()["health"])
-            cpu = page.locator("#chart-cpu_percent svg")
-            assert cpu.get_attribute("data-points") == str(n)
-            box = cpu.bounding_box()
-            assert box and box["width"] > 300 and box["height"] > 100  # laid out, not an empty element
-            assert page.locator("#chart-cpu_percent circle.pt").count() == n
-            assert page.locator("svg.chart polyline").count() >= 6
-            page.screenshot(path=str(shots / "charts-device.png"), full_page=True)
-            page.goto(url + "/evidence")
-            assert page.locator("#matrix a").count() == 1 and "cpu fp32" in page.inner_text("#matrix")  # dev-b gone
-            page.screenshot(path=str(shots / "evidence-matrix.png"), full_page=True)
-            page.goto(url + "/alerts")
-            assert "rollout tiny-1 halted" in page.inner_text("#alerts")
-            page.screenshot(path=str(shots / "alerts.png"), full_page=True)
-        finally:
-            browser.close()
+    shots = artifacts_dir()
+    with browser_page() as page:
+        page.goto(url + "/login")
+        page.fill("input[name=token]", cp.admin_token)
+        page.click("button[type=submit]")
+        page.goto(url + "/devices/dev-a/charts")
+        n = len(httpx.get(url + "/api/v1/devices/dev-a/telemetry", headers=auth).json()["health"])
+        cpu = page.locator("#chart-cpu_percent svg")
+        assert cpu.get_attribute("data-points") == str(n)
+        box = cpu.bounding_box()
+        assert box and box["width"] > 300 and box["height"] > 100  # laid out, not an empty element
+        assert page.locator("#chart-cpu_percent circle.pt").count() == n
+        assert page.locator("svg.chart polyline").count() >= 6
+        page.screenshot(path=str(shots / "charts-device.png"), full_page=True)
+        page.goto(url + "/evidence")
+        assert page.locator("#matrix a").count() == 1 and "cpu fp32" in page.inner_text("#matrix")  # dev-b gone
+        page.screenshot(path=str(shots / "evidence-matrix.png"), full_page=True)
+        page.goto(url + "/alerts")
+        assert "rollout tiny-1 halted" in page.inner_text("#alerts")
+        page.screenshot(path=str(shots / "alerts.png"), full_page=True)
 
 
 def test_a_real_daemons_health_reaches_the_charts(tmp_path):

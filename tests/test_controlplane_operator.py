@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import running_service
+from cp_support import artifacts_dir, browser_page, need_chromium, running_service
 from support.wait import wait_for
-from test_controlplane_browser import ARGS, CHROMIUM, artifacts_dir
 from test_controlplane_dashboard import _package
 from test_simulate_controlplane import _events, _simulate, _stop
 
@@ -71,10 +69,7 @@ def _on(api, version: str, state: str = "committed") -> bool:
 
 
 def test_an_operator_runs_a_simulated_fleet_from_the_browser(tmp_path):
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} not found: apt-get install -y --no-install-recommends chromium")
-    from playwright.sync_api import sync_playwright
-
+    need_chromium()
     hook = Receiver()
     with Mosquitto(tmp_path / "mosquitto") as broker:
         key, pub, _ = generate(tmp_path / "keys")
@@ -97,13 +92,8 @@ def test_an_operator_runs_a_simulated_fleet_from_the_browser(tmp_path):
             )  # fmt: skip
             try:
                 targets = _enrolled(api)
-                with sync_playwright() as p:
-                    browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-                    try:
-                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                        _operate(page, url, cp, api, tmp_path, hook, targets)
-                    finally:
-                        browser.close()
+                with browser_page() as page:
+                    _operate(page, url, cp, api, tmp_path, hook, targets)
             finally:
                 code = _stop(sim)
                 api.close()

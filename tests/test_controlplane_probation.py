@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from clirunner import EXE, ROOT
-from cp_support import running_service
+from cp_support import running_service, until
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
@@ -25,17 +24,6 @@ SYSROOTS = sysroots.root()
 PROBATION_S = 60.0
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-
-
-def _until(what, check, timeout=240.0, every=0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 def test_push_wait_says_on_probation_until_the_device_commits(tmp_path):
@@ -59,7 +47,7 @@ def test_push_wait_says_on_probation_until_the_device_commits(tmp_path):
                 cls = sim.device_class[dev]
                 assert api.post("/api/v1/enroll", json=request(dev, device_key(sim.state_dir / dev), target=cls.target))
                 assert api.post(f"/api/v1/devices/{dev}/accept", json={"groups": ["lab"]}).status_code == 200
-                _until("a verified status", lambda: api.get(f"/api/v1/devices/{dev}").json().get("status_ts"))
+                until("a verified status", lambda: api.get(f"/api/v1/devices/{dev}").json().get("status_ts"), 240)
                 token = tmp_path / "op.token"
                 token.write_text(cp.admin_token)
                 pkg = write_package(tmp_path / "tiny-1", tiny_model(1.0), name="tiny", version="1")
@@ -91,7 +79,7 @@ def _push(api, url, token, pkg, dev, agent, admin_token):
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        on_probation = _until(
+        on_probation = until(
             "the push to say on probation",
             lambda: [s for s in said if f"push: {dev}: on probation" in s[0]],
             timeout=300,

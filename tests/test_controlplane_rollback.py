@@ -6,18 +6,15 @@ roll back is a tracked operation with a result, and asking again is accepted (no
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from clirunner import edge_agent
-from cp_support import running_service
+from cp_support import running_service, tiny_tarball, until
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
-from agent.samples import tiny_model, write_package
 from agent.sim.simulator import Simulator
 from agent.transport.cpclient import enroll_request as request
 from agent.transport.mqtt import BrokerConfig
@@ -26,26 +23,6 @@ SYSROOTS = sysroots.root()
 WAIT_S = 300.0
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
-
-
-def _until(what, check, timeout=WAIT_S, every=0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
-
-
-def _package_tar(tmp: Path, version: str) -> bytes:
-    from agent.artifacts.packtar import write_targz
-
-    pkg = write_package(tmp / f"tiny-{version}", tiny_model(float(version)), name="tiny", version=version)
-    out = tmp / f"tiny-{version}.tar.gz"
-    write_targz(pkg, out)
-    return out.read_bytes()
 
 
 def _sim(tmp_path, broker, pub, count, sysroot, prefix):
@@ -89,14 +66,16 @@ def _run(api, agents, tmp_path):
         devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
         return len(devs) == len(agents) and all(d["status_ts"] and d["online"] for d in devs)
 
-    _until("verified, online statuses", verified)
+    until("verified, online statuses", verified, WAIT_S)
     for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
         assert r.status_code == 201, r.text
     body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}
     assert api.post("/api/v1/rollouts", json=body).status_code == 202
-    first = _until(
-        "tiny-1 finished", lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r
+    first = until(
+        "tiny-1 finished",
+        lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r,
+        WAIT_S,
     )
     assert first["state"] == "completed", first["progress"]["counts"]
 
@@ -109,20 +88,21 @@ def _run(api, agents, tmp_path):
         states = [c["state"] for c in (prog.get("cohorts") or {}).values()]
         return "completed" in states and "running" in states and prog
 
-    _until("one cohort of tiny-2 completed, the other mid-wave", one_cohort_done)
+    until("one cohort of tiny-2 completed, the other mid-wave", one_cohort_done, WAIT_S)
     assert api.post("/api/v1/rollouts/tiny-2/halt").status_code == 200
     halted = api.get("/api/v1/rollouts/tiny-2").json()
     waiting = [d["waiting_for"] for d in halted["progress"]["devices"] if d["result"] in ("pending", "in_progress")]
     assert waiting and all(waiting), halted["progress"]["devices"]  # the page says what each one waits for
     r = api.post("/api/v1/rollouts/tiny-2/rollback")
     assert r.status_code == 200, r.text
-    done = _until(
+    done = until(
         "tiny-2 rolled back",
         lambda: (
             (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished"
             and (r["progress"].get("rollback") or {}).get("state") in ("done", "incomplete")
             and r
         ),
+        WAIT_S,
     )
     op = done["progress"]["rollback"]
     assert op["state"] == "done" and op["remaining"] == [] and op["attempts"] == 1, op
@@ -131,7 +111,7 @@ def _run(api, agents, tmp_path):
     assert len(took) >= 3, results  # the completed cohort (2) and at least the large cohort's canary
     assert {r["result"] for r in results.values()} <= {"rolled_back", "cancelled", "not_reached"}, results
     for dev in agents:  # every device runs v1 again, by its own status and by the API
-        _until(
+        until(
             f"{dev} back on 1",
             lambda dev=dev: (agents[dev].status()["models"].get("tiny") or {}).get("version") == "1",
             60,
@@ -141,18 +121,19 @@ def _run(api, agents, tmp_path):
         devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
         return all((d["models"].get("tiny") or {}).get("version") == "1" for d in devs) and devs
 
-    assert len(_until("the API to show every device on 1", api_on_1, 60)) == len(agents)
+    assert len(until("the API to show every device on 1", api_on_1, 60)) == len(agents)
 
     # asking again is accepted: a second tracked operation, done with nothing left to do
     again = api.post("/api/v1/rollouts/tiny-2/rollback")
     assert again.status_code == 200, again.text
-    second = _until(
+    second = until(
         "the second roll back answered",
         lambda: (
             (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished"
             and (r["progress"].get("rollback") or {}).get("attempts") == 2
             and r
         ),
+        WAIT_S,
     )
     assert second["progress"]["rollback"]["state"] == "done" and second["rollback_requested"].endswith("(request 2)")
     audit = api.get("/api/v1/audit", params={"limit": 1000}).json()["entries"]

@@ -16,8 +16,7 @@ import paho.mqtt.publish as publish
 import pytest
 from brokers import Mosquitto
 from clirunner import edge_agent
-from cp_support import running_service
-from test_controlplane_rollback import _package_tar
+from cp_support import running_service, tiny_tarball, until
 
 from agent.artifacts.keys import device_key, generate
 from agent.transport.cpclient import enroll_request as request
@@ -39,17 +38,6 @@ SHOWN = (
     "paired ratio 1.04 [0.93, 1.16] over 213 pairs; A/A floor [0.97, 1.03] over 40 pairs; not judged "
     "(&lt;b&gt;the interval straddles the A/A floor&lt;/b&gt;)"
 )
-
-
-def _until(what, check, timeout=120.0, every=0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
 
 
 class _Device:
@@ -86,12 +74,14 @@ def test_a_wave_with_a_device_not_judged_waits_for_the_operators_word(tmp_path):
                 assert api.post(f"/api/v1/devices/{dev}/accept", json={"groups": ["lab"]}).status_code == 200
             sha = {}
             for version in ("1", "2"):
-                r = api.put(f"/api/v1/models/tiny/versions/{version}", content=_package_tar(tmp_path, version))
+                r = api.put(
+                    f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes()
+                )
                 assert r.status_code == 201, r.text
                 sha[version] = r.json()["sha256"]
             for d in devices.values():
                 d.report("1", sha=sha["1"])  # what it runs: the rollout can sign a rollback to it
-            _until(
+            until(
                 "verified statuses", lambda: all(api.get(f"/api/v1/devices/{d}").json()["status_ts"] for d in devices)
             )
             _own_golden_row_on_the_device_page(api, devices["nj-a"])
@@ -108,11 +98,11 @@ def _in_progress(api):
 def _run(api, url, token, devices, admin_token):
     body = {"model": "tiny", "version": "2", "group": "lab", "canary": "1", "wave_size": "1", "deadline_s": 300}
     assert api.post("/api/v1/rollouts", json=body).status_code == 202
-    (first,) = _until("the canary in flight", lambda: _in_progress(api))
+    (first,) = until("the canary in flight", lambda: _in_progress(api))
     (second,) = set(devices) - {first}
     assert api.post("/api/v1/rollouts/tiny-2/accept-unjudged").status_code == 409  # nobody waits yet
     devices[first].report("2", previous="1", not_judged=True, paired=PAIRED)
-    held = _until(
+    held = until(
         "the wave held", lambda: (r := api.get("/api/v1/rollouts/tiny-2").json())["waiting_for_operator"] and r
     )
     assert held["waiting_for_operator"] == WAITING and held["progress"]["waiting_for_operator"] == [first]
@@ -133,13 +123,13 @@ def _run(api, url, token, devices, admin_token):
     assert every.returncode == 0 and f"{first}: not judged" in every.stdout and WAITING in every.stdout, every
     said = edge_agent("fleet", "unjudged", "tiny-2", *cli, "--accept")
     assert said.returncode == 0 and "accept by" in said.stdout, said
-    assert _until("the next wave in flight", lambda: _in_progress(api)) == [second]
+    assert until("the next wave in flight", lambda: _in_progress(api)) == [second]
     accepted = {d["device_id"]: d for d in api.get("/api/v1/rollouts/tiny-2").json()["progress"]["devices"]}[first]
     assert accepted["result"] == "not_judged" and accepted["waiting_for"] is None
 
     hostile = dict(PAIRED, ci=[0.5, 0.7, 0.9], pairs=10**12)  # not of the schema: the status is not kept
     devices[second].report("2", previous="1", not_judged=True, paired=hostile)
-    _until("the second wave held", lambda: api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"])
+    until("the second wave held", lambda: api.get("/api/v1/rollouts/tiny-2").json()["waiting_for_operator"])
     time.sleep(1.0)
     assert api.get(f"/api/v1/devices/{second}").json()["status"]["deployments"]["tiny"]["version"] == "1"
     assert "10000000000" not in api.get("/rollouts/tiny-2").text  # neither page shows what was refused
@@ -156,10 +146,10 @@ def _run(api, url, token, devices, admin_token):
     def second_row():
         return {d["device_id"]: d for d in api.get("/api/v1/rollouts/tiny-2").json()["progress"]["devices"]}[second]
 
-    _until("the second device's result", lambda: second_row()["result"] != "not_judged")
+    until("the second device's result", lambda: second_row()["result"] != "not_judged")
     assert second_row()["result"] == "rollback_pending", second_row()
     devices[second].report("1", previous="2")  # it went back
-    done = _until(
+    done = until(
         "the rollout finished", lambda: (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished" and r
     )
     results = {d["device_id"]: d["result"] for d in done["progress"]["devices"]}

@@ -6,15 +6,12 @@ runs (no registry reload, each status verified once) and converges on a canary-t
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
-import time
 
 import httpx
-import pytest
 from brokers import Mosquitto
-from cp_support import postgres, running_service
+from cp_support import running_service
 from sqlalchemy import event, func, select
 from support.wait import wait_for
 
@@ -23,28 +20,6 @@ from agent.controlplane.models import Device
 from agent.transport.cpclient import enroll
 
 READS_STATUS = re.compile(r"\bdevices\.status\b(?!_)", re.IGNORECASE)  # the status document column
-_db = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def pg_server(tmp_path_factory):
-    with postgres(tmp_path_factory.mktemp("pg")) as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'cp.db'}"
-    from sqlalchemy import create_engine, text
-
-    base = request.getfixturevalue("pg_server")
-    name = f"cp_scale_{next(_db)}_{int(time.time() * 1000) % 100000}"
-    engine = create_engine(base.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return base.rsplit("/", 1)[0] + "/" + name
 
 
 def _status(i: int) -> dict:
@@ -252,3 +227,32 @@ def test_migration_0003_backfills_the_columns_from_stored_statuses(db_url):
     want = {dev: tuple(cohort.columns(doc).values()) for dev, doc in docs.items()}
     assert {d: r for d, r in rows.items() if d != "never"} == want and rows["never"] == (None, None, None)
     assert {r[1] for r in want.values()} >= {"det 2", "cls 4, det 2", "none"}  # one model, two, none
+
+
+def test_the_leader_counts_accepted_devices_only_after_the_audit_log_moved(tmp_path):
+    """A device accepted on another replica reaches the leader's registry through the database alone; the leader
+    reads the audit log's last id every turn and counts the accepted devices only once that moved: idle turns run
+    no count, the accept (written here as another replica would, without telling this one) runs one."""
+    from agent.artifacts.keys import public_pem
+    from agent.controlplane import db
+    from agent.controlplane.enroll import preregister
+
+    with Mosquitto(tmp_path / "mq") as broker, running_service(tmp_path, mqtt={"url": broker.url}) as (cp, _):
+        statements: list[str] = []
+        event.listen(cp.engine, "before_cursor_execute", lambda c, cur, stmt, *a: statements.append(stmt))
+
+        def looks() -> int:
+            return sum("max(audit_log.id)" in s for s in statements)
+
+        def counts() -> int:
+            return sum("max(devices.decided_at)" in s for s in statements)
+
+        wait_for(lambda: looks() >= 1, 30, "a turn of the leader")  # its first count is behind it
+        statements.clear()
+        wait_for(lambda: looks() >= 4, 60, "four more turns of the leader")
+        assert counts() <= 1, [s for s in statements if "devices" in s]  # at most the recount every RECOUNT_S
+        pem = public_pem(device_key(tmp_path / "keys" / "other-1").public_key())
+        with db.write(cp.factory) as session:
+            preregister(session, "other-1", pem, ["lab"], "operator:elsewhere")
+        wait_for(lambda: "other-1" in cp.loop.registry.devices, 30, "the device in the leader's registry")
+        assert counts() >= 1 and cp.loop.reloads == 0  # counted, and just that device's entry put

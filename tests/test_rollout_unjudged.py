@@ -24,12 +24,19 @@ def _wave(eng, key="all"):
     return cohort["waves"][cohort["wave"]]
 
 
-def test_a_wave_with_devices_not_judged_waits_for_the_operators_word_then_advances(tmp_path):
+def _canary_not_judged(tmp_path, wave_size="2", **spec):
+    """A rollout (canary 1, deadline 60 s) whose canary has just reported its version "not judged", before the engine
+    looked again: (database factory, fleet, clock, engine, canary)."""
     fleet, clock = _Fleet(_fleet()), Clock()
-    factory, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size="2", deadline_s=60)
+    factory, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size=wave_size, deadline_s=60, **spec)
     eng.step()
     (canary,) = _wave(eng)
     _not_judged(fleet, canary)
+    return factory, fleet, clock, eng, canary
+
+
+def test_a_wave_with_devices_not_judged_waits_for_the_operators_word_then_advances(tmp_path):
+    factory, fleet, _, eng, canary = _canary_not_judged(tmp_path)
     for _ in range(3):  # however often it looks: the next wave does not start
         eng.step()
     cohort = eng.state["cohorts"]["all"]
@@ -71,11 +78,7 @@ def test_a_wave_with_devices_not_judged_waits_for_the_operators_word_then_advanc
 
 
 def test_an_unanswered_roll_back_of_a_device_not_judged_fails_at_the_deadline(tmp_path):
-    fleet, clock = _Fleet(_fleet()), Clock()
-    _, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size="100%", deadline_s=60)
-    eng.step()
-    (canary,) = _wave(eng)
-    _not_judged(fleet, canary)
+    _, _, clock, eng, canary = _canary_not_judged(tmp_path, wave_size="100%")
     eng.step()
     eng.decide_unjudged("rollback by operator:bob (request 1)")
     eng.step()
@@ -87,11 +90,7 @@ def test_an_unanswered_roll_back_of_a_device_not_judged_fails_at_the_deadline(tm
 
 
 def test_halt_on_unjudged_counts_them_as_failures_and_never_holds(tmp_path):
-    fleet, clock = _Fleet(_fleet()), Clock()
-    _, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size="2", deadline_s=60, halt_on_unjudged=True)
-    eng.step()
-    (canary,) = _wave(eng)
-    _not_judged(fleet, canary)
+    _, _, _, eng, _ = _canary_not_judged(tmp_path, halt_on_unjudged=True)
     eng.step()
     cohort = eng.state["cohorts"]["all"]
     assert cohort.get("waiting") is None and cohort["state"] in (rs.ROLLING_BACK, rs.HALTED)
@@ -99,11 +98,7 @@ def test_halt_on_unjudged_counts_them_as_failures_and_never_holds(tmp_path):
 
 
 def test_a_roll_back_of_the_whole_rollout_takes_the_held_devices_too(tmp_path):
-    fleet, clock = _Fleet(_fleet()), Clock()
-    _, eng = _engine(tmp_path, fleet, clock, canary="1", wave_size="2", deadline_s=60)
-    eng.step()
-    (canary,) = _wave(eng)
-    _not_judged(fleet, canary)
+    _, fleet, _, eng, canary = _canary_not_judged(tmp_path)
     eng.step()
     assert rs.held_devices(eng.state) == [canary]
     eng.operator_rollback("rolled back by operator:carol", "rolled back by operator:carol (request 1)")

@@ -14,6 +14,11 @@ from agent.cli.fleet_simulate_cp import CpJoin, simulate_cp_options
 STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the threads' stacks are printed
 
 
+def _ranged(flag: str, name: str, kind: click.ParamType, default: float, text: str):
+    """An option that takes a number in `kind`'s range, its default and range shown in --help."""
+    return click.option(flag, name, type=kind, default=default, show_default=True, help=text)
+
+
 @click.command("simulate")
 @click.option(
     "--devices",
@@ -47,31 +52,28 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
     "`fleet push --wait` and `fleet rollout --store STORE` believe them.",
 )
 @click.option("--id-prefix", default="sim", show_default=True, help="Device ids are PREFIX-<class>-<n>.")
-@click.option(
+@_ranged(
     "--probation",
     "probation_s",
-    type=click.FloatRange(0, 3600),
-    default=2.0,
-    show_default=True,
-    help="Seconds of probation after each swap before a device commits.",
+    click.FloatRange(0, 3600),
+    2.0,
+    "Seconds of probation after each swap before a device commits.",
 )
-@click.option(
+@_ranged(
     "--latency-budget",
     "latency_budget_s",
-    type=click.FloatRange(0.05, 60),
-    default=0.3,
-    show_default=True,
-    help="Seconds of timed runs per provider during qualification.",
+    click.FloatRange(0.05, 60),
+    0.3,
+    "Seconds of timed runs per provider during qualification.",
 )
 @click.option("--no-shared-qualification", is_flag=True, help="Make every device measure for itself.")
 @click.option("--http", "serve_http", is_flag=True, help="Give every device its inference API on a free loopback port.")
-@click.option(
+@_ranged(
     "--telemetry-interval",
     "telemetry_s",
-    type=click.FloatRange(0, 86400),
-    default=0.0,
-    show_default=True,
-    help="Seconds between the health messages each device publishes (0: none).",
+    click.FloatRange(0, 86400),
+    0.0,
+    "Seconds between the health messages each device publishes (0: none).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
 @simulate_cp_options
@@ -82,13 +84,7 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
     "chunk pulls with hash checks, probation, commit) without running models, thousands per process "
     "(docs/scaling.md); with --control-plane they enroll with --enroll-token-file's token.",
 )
-@click.option(
-    "--clients",
-    type=click.IntRange(1, 64),
-    default=4,
-    show_default=True,
-    help="--light: MQTT connections the whole light fleet shares.",
-)
+@_ranged("--clients", "clients", click.IntRange(1, 64), 4, "--light: MQTT connections the whole light fleet shares.")
 @broker_options
 def simulate(
     count,

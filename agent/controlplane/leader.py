@@ -14,11 +14,14 @@ from typing import Any
 from sqlalchemy import func, select
 
 from agent.controlplane.lease import Lease
-from agent.controlplane.models import ACCEPTED, Device
+from agent.controlplane.models import ACCEPTED, AuditEntry, Device
 from agent.errors import EdgeAgentError
 
 log = logging.getLogger("edge_agent.controlplane")
 RETRY_S = 5.0
+# the accepted devices are counted when the audit log moved (every change to them is audited with it), and at least
+# this often: on PostgreSQL a transaction may commit its audit entry below an id another one already showed
+RECOUNT_S = 30.0
 
 
 class FleetRole:
@@ -33,6 +36,7 @@ class FleetRole:
         self.takeovers = 0  # times this replica became the leader
         self.led_since: float | None = None
         self._accepted: tuple[int, float] | None = None
+        self._audited: tuple[int | None, float] | None = None  # (the audit log's last id, when counted)
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "FleetRole":
@@ -120,11 +124,24 @@ class FleetRole:
         if loop is not None:
             loop.stop()
 
+    def _audit_moved(self) -> tuple[int | None, float] | None:
+        """(the audit log's last id, now) where it has an entry it had not at the last count (or that count is
+        RECOUNT_S old), else None: one read of its primary key's end instead of a count over the devices."""
+        with self.factory() as s:
+            last = s.scalar(select(func.max(AuditEntry.id)))
+        now = time.monotonic()
+        if self._audited is not None and self._audited[0] == last and now - self._audited[1] < RECOUNT_S:
+            return None
+        return last, now
+
     def _notice_accepted(self) -> None:
         """A device accepted on another replica: the leader reloads its registry (seen as a change in the count
-        or the latest decision time of accepted devices)."""
+        or the latest decision time of accepted devices, counted when the audit log moved)."""
         if self.loop is None:
-            self._accepted = None
+            self._accepted = self._audited = None
+            return
+        audited = self._audit_moved()
+        if audited is None:
             return
         with self.factory() as s:
             n, last = s.execute(select(func.count(), func.max(Device.decided_at)).where(Device.state == ACCEPTED)).one()
@@ -138,7 +155,7 @@ class FleetRole:
                 self.loop.devices_changed(named)
             else:  # fewer accepted devices and none newly decided: some left; which ones, only a reread says
                 self.loop.registry_dirty.set()
-        self._accepted = now
+        self._accepted, self._audited = now, audited  # a turn that failed before here counts again
 
     # -- shown ------------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
