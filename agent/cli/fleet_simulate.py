@@ -74,6 +74,18 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
     help="Seconds between the health messages each device publishes (0: none).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
+@click.option(
+    "--agent-release",
+    metavar="VERSION",
+    help="Lay out each device's release root with VERSION current: the devices take `kind: agent` rollouts "
+    "(docs/self-update.md: what is simulated).",
+)
+@click.option(
+    "--release-fail",
+    multiple=True,
+    metavar="CLASS|TARGET",
+    help="With --agent-release: the devices of this class or target fail every release trial (repeatable).",
+)
 @simulate_cp_options
 @click.option(
     "--light",
@@ -104,6 +116,8 @@ def simulate(
     serve_http,
     telemetry_s,
     as_json,
+    agent_release,
+    release_fail,
     light,
     clients,
     **broker_kw,
@@ -117,6 +131,8 @@ def simulate(
     import signal
 
     cp = CpJoin({k: broker_kw.pop(k) for k in CP_KEYS}, list(groups) or ["sim"])
+    if (release_fail and not agent_release) or (agent_release and light):
+        raise click.UsageError("--release-fail: only with --agent-release; --agent-release: not with --light")
     if light:
         from agent.cli.fleet_simulate_light import run_light
 
@@ -148,6 +164,8 @@ def simulate(
         control_plane=cp.url,
         enroll_token=cp.enroll_token,
         telemetry_s=telemetry_s,
+        agent_release=agent_release,
+        release_fail=tuple(release_fail),
     )
     if store is None and cp.url is None:
         click.echo(

@@ -1,0 +1,148 @@
+"""Agent releases rolled out from the control plane like models (issue 40, `kind: agent`), with real parts: a
+running service (SQLite, in this process), a real Mosquitto and `fleet simulate --control-plane` (real
+DeviceAgents, each with a real release root; see agent/sim/release_sim.py for what the simulator stands in for:
+no venv is built and no process restarts, the trial's verdict is `--release-fail`'s). A release is a wheelhouse
+with its manifest signed by the fleet key (agent.release.manifest.make), uploaded as a tar.gz; its "wheel" is a
+small file of bytes, which `release verify` checks by sha256 like any wheel."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from brokers import Mosquitto
+from clirunner import ROOT
+from cp_support import running_service
+from support.wait import wait_for
+
+from agent.artifacts.keys import generate, load_private_key
+
+pytestmark = [pytest.mark.timeout(900)]
+WAIT_S = 240.0  # generous for a loaded 2-CPU host; a pass takes far less
+GOOD, BAD = "rpi4-4gb", "amd-epyc-x86"  # the two device classes, one cohort each (--cohort-by target)
+
+
+def _release(tmp: Path, version: str, key_path: Path) -> bytes:
+    """The tar.gz of a signed wheelhouse of `version` (as `edge-agent release build --no-deps` lays it out)."""
+    from agent.release.archive import pack
+    from agent.release.manifest import make
+
+    house = tmp / f"wheelhouse-{version}"
+    house.mkdir(parents=True)
+    (house / f"edge_agent-{version}-py3-none-any.whl").write_bytes(os.urandom(4096))
+    make(house, version, dependencies="base", key=load_private_key(key_path))
+    return pack(house, tmp / f"release-{version}.tar.gz").read_bytes()
+
+
+def _simulate(tmp: Path, broker: str, pub: Path, url: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "agent", "fleet", "simulate", "--trust", str(pub), "--group", "lab"]
+    args += ["--broker", broker, "--control-plane", url, "--id-prefix", "rel", "--json", "--devices", "20"]
+    args += ["--sysroots", f"{GOOD},{BAD}", "--enroll-token-file", "enroll.token"]
+    args += ["--agent-release", "1.0.0", "--release-fail", BAD]
+    out = (tmp / "sim.out").open("wb")
+    return subprocess.Popen(
+        args, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
+
+
+def _page(url: str, token: str, path: str) -> str:
+    """A dashboard page as a signed-in browser gets it (the login form, then the page)."""
+    import re
+
+    with httpx.Client(base_url=url, timeout=30) as c:
+        csrf = re.search(r'name="csrf" value="([^"]*)"', c.get("/login").text)
+        assert csrf, "no login form"
+        r = c.post("/login", data={"token": token, "next": path, "csrf": csrf.group(1)})
+        assert r.status_code == 303, r.text
+        page = c.get(path)
+        assert page.status_code == 200, page.text[:500]
+        return page.text
+
+
+def _devices(client: httpx.Client) -> dict[str, dict]:
+    rows = client.get("/api/v1/devices?state=accepted&limit=1000").json()["devices"]
+    return {r["device_id"]: r for r in rows}
+
+
+def test_a_release_rollout_halts_and_rolls_back_the_cohort_whose_trials_fail(tmp_path):
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        fleet_key, fleet_pub, _ = generate(tmp_path / "keys")
+        doc = {"signing_key": str(fleet_key), "mqtt": {"url": broker.url}, "tick_s": 0.3}
+        with running_service(tmp_path / "cp", **doc) as (cp, url):
+            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+            for version in ("1.0.0", "1.1.0"):
+                r = client.put(f"/api/v1/releases/{version}", content=_release(tmp_path, version, fleet_key))
+                assert r.status_code == 201, r.text
+            grant = client.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": 20})
+            (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
+            sim = _simulate(tmp_path, broker.url, fleet_pub, url)
+            try:
+
+                def on_n():  # every device accepted, its status kept, running release 1.0.0
+                    rows = _devices(client)
+                    return (
+                        rows if len(rows) == 20 and all(d["agent_version"] == "1.0.0" for d in rows.values()) else None
+                    )
+
+                before = wait_for(on_n, WAIT_S, "20 devices reporting release 1.0.0", step=1.0)
+                body = {"kind": "agent", "version": "1.1.0", "cohort_by": "target", "canary": "1",
+                        "wave_size": "50%", "max_failures": "0%", "deadline_s": 180}  # fmt: skip
+                r = client.post("/api/v1/rollouts", json=body)
+                assert r.status_code == 202, r.text
+                rid = r.json()["rollout_id"]
+
+                def finished():
+                    got = client.get(f"/api/v1/rollouts/{rid}").json()
+                    return got if got["phase"] in ("finished", "failed") else None
+
+                done = wait_for(finished, WAIT_S, "the release rollout to finish", step=1.0)
+            finally:
+                code = _stop(sim)
+            log = (tmp_path / "sim.out").read_text()[-4000:]
+            assert code == 0, log
+            assert done["kind"] == "agent" and done["model"] == "edge-agent" and done["state"] == "partial", done
+            bad_target = {d["target"] for dev, d in before.items() if dev.startswith(f"rel-{BAD}-")}
+            assert len(bad_target) == 1 and len({d["target"] for d in before.values()}) == 2, before
+            cohorts = done["progress"]["cohorts"]
+            states = {k: c["state"] for k, c in cohorts.items()}
+            assert sorted(states.values()) == ["completed", "halted"], cohorts
+            halted = next(c for c in cohorts.values() if c["state"] == "halted")
+            assert "trial: simulated: wrong answer" in str(halted["reason"]), cohorts
+            results = {d["device_id"]: d["result"] for d in done["progress"]["devices"]}
+            bad_ids = {dev for dev, d in before.items() if d["target"] in bad_target}
+            assert sorted(results[d] for d in bad_ids) == ["failed"] + ["not_reached"] * 9, results
+            assert {results[d] for d in set(results) - bad_ids} == {"succeeded"}, results
+            rows = _devices(client)
+            for row in rows.values():
+                trial = (row["agent_release"] or {}).get("trial")
+                if row["target"] in bad_target:  # halted: every device on N (the canary by the guard's flip back)
+                    assert row["agent_version"] == "1.0.0", row
+                    if trial is not None:
+                        assert trial["result"] == "rolled-back" and trial["verified"], row
+                        assert "wrong answer" in trial["reason"] and row["agent_release"]["previous"] == "1.1.0"
+                else:  # completed: every device on N+1, its trial good, the report verified against its key
+                    assert row["agent_version"] == "1.1.0", row
+                    assert trial["result"] == "good" and trial["verified"] and trial["version"] == "1.1.0", row
+            tried = [d for d in rows.values() if d["target"] in bad_target and (d["agent_release"] or {}).get("trial")]
+            assert len(tried) == 1, tried  # the canary: no other device of that cohort was told
+            page = _page(url, cp.admin_token, "/devices")
+            assert "trial 1.1.0: good" in page and "trial 1.1.0: rolled-back (simulated: wrong answer" in page
+            assert "<td>agent</td>" in _page(url, cp.admin_token, "/rollouts")  # the kind column
+            listed = client.get("/api/v1/rollouts").json()["rollouts"]
+            assert [r["kind"] for r in listed] == ["agent"], listed
