@@ -128,11 +128,9 @@ def build(host: Host, profile: HardwareProfile | None, chosen: StepConfig, known
     )
     inbox = InboxScanner(config.inbox, orchestrator, steps.sources["inbox"], host.emit)
     ticks: list[Tick] = [inbox.tick, ControlService(state_dir, orchestrator, registry).tick]
-    if link is not None:
-        ticks += [link.poll, host.reporter.tick]  # MQTT desired state, then the rejections it reported
-    releases = _releases(host, link)
-    if releases is not None:
-        ticks.append(releases.tick)  # a trial's report rewrites the status
+    releases = _releases(host, link)  # its tick: a release offered meanwhile taken, a trial's report shown
+    if link is not None:  # MQTT desired state, then the rejections it reported (and agent releases)
+        ticks += [link.poll, host.reporter.tick, *([releases.tick] if releases is not None else [])]
     ticks.append(health.tick)
     identity = lambda: {"target": target.name, "hardware": hardware_summary(profile)}  # noqa: E731
     sync = cpsync.for_agent(config, state_dir, identity, host.write_status, host.emit)

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -43,7 +44,7 @@ def _simulate(tmp: Path, broker: str, pub: Path, url: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "agent", "fleet", "simulate", "--trust", str(pub), "--group", "lab"]
     args += ["--broker", broker, "--control-plane", url, "--id-prefix", "rel", "--json", "--devices", "20"]
     args += ["--sysroots", f"{GOOD},{BAD}", "--enroll-token-file", "enroll.token"]
-    args += ["--agent-release", "1.0.0", "--release-fail", BAD]
+    args += ["--agent-release", "1.0.0", "--release-fail", f"{BAD}:1"]  # its canary passes, later trials fail
     out = (tmp / "sim.out").open("wb")
     return subprocess.Popen(
         args, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
@@ -126,23 +127,97 @@ def test_a_release_rollout_halts_and_rolls_back_the_cohort_whose_trials_fail(tmp
             assert "trial: simulated: wrong answer" in str(halted["reason"]), cohorts
             results = {d["device_id"]: d["result"] for d in done["progress"]["devices"]}
             bad_ids = {dev for dev, d in before.items() if d["target"] in bad_target}
-            assert sorted(results[d] for d in bad_ids) == ["failed"] + ["not_reached"] * 9, results
+            bad = sorted(results[d] for d in bad_ids)  # the canary took N+1 and was rolled back by the rollout;
+            # a wave failed: in flight at the halt, a device is cancelled (told to stay), the rest not reached
+            assert bad.count("rolled_back") == 1 and "failed" in bad, results
+            assert set(bad) <= {"failed", "cancelled", "not_reached", "rolled_back"}, results
             assert {results[d] for d in set(results) - bad_ids} == {"succeeded"}, results
             rows = _devices(client)
             for row in rows.values():
                 trial = (row["agent_release"] or {}).get("trial")
-                if row["target"] in bad_target:  # halted: every device on N (the canary by the guard's flip back)
-                    assert row["agent_version"] == "1.0.0", row
-                    if trial is not None:
-                        assert trial["result"] == "rolled-back" and trial["verified"], row
-                        assert "wrong answer" in trial["reason"] and row["agent_release"]["previous"] == "1.1.0"
+                dev = row["device_id"]
+                if results[dev] == "failed":  # its trial failed: the guard flipped it back to N, signed report
+                    assert trial["result"] == "rolled-back" and trial["verified"] and trial["version"] == "1.1.0", row
+                    assert "wrong answer" in trial["reason"] and row["agent_release"]["previous"] == "1.1.0", row
+                elif results[dev] == "rolled_back":  # N+1 was good here, then the halt sent it back to N: a trial of N
+                    assert (trial["version"], trial["result"], row["agent_release"]["previous"]) == (
+                        "1.0.0",
+                        "good",
+                        "1.1.0",
+                    ), row
+                elif results[dev] == "not_reached":
+                    assert trial is None, row
+                elif results[dev] == "cancelled":  # its trial, if it ran, failed too
+                    assert trial is None or trial["result"] == "rolled-back", row
                 else:  # completed: every device on N+1, its trial good, the report verified against its key
-                    assert row["agent_version"] == "1.1.0", row
                     assert trial["result"] == "good" and trial["verified"] and trial["version"] == "1.1.0", row
-            tried = [d for d in rows.values() if d["target"] in bad_target and (d["agent_release"] or {}).get("trial")]
-            assert len(tried) == 1, tried  # the canary: no other device of that cohort was told
+                assert row["agent_version"] == ("1.0.0" if dev in bad_ids else "1.1.0"), row
             page = _page(url, cp.admin_token, "/devices")
             assert "trial 1.1.0: good" in page and "trial 1.1.0: rolled-back (simulated: wrong answer" in page
+            assert "trial 1.0.0: good" in page  # the canary of the halted cohort, rolled back
             assert "<td>agent</td>" in _page(url, cp.admin_token, "/rollouts")  # the kind column
             listed = client.get("/api/v1/rollouts").json()["rollouts"]
             assert [r["kind"] for r in listed] == ["agent"], listed
+
+
+MARKUP = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'
+
+
+def _status(version: str, trial: dict) -> dict:
+    return {
+        "trust": "verified",
+        "online": True,
+        "ts": time.time(),
+        "target": "t",
+        "providers": ["CPUExecutionProvider"],
+        "models": {},
+        "agent_version": version,
+        "agent_release": {"current": version, "previous": "1.0.0", "trial": trial},
+    }
+
+
+def test_release_uploads_are_checked_and_device_supplied_release_fields_are_escaped(tmp_path):
+    """No broker: the API's refusals (a foreign signature, a version other than the manifest's, the reserved
+    model name, a rollout's kind without or with a model) and a hostile device's agent fields (its status as the
+    fleet loop keeps it) on the device list and page: escaped, and its forged trial report not verified."""
+    from agent.artifacts.keys import device_key, public_pem
+    from agent.controlplane.fleetloop import FleetLoop
+    from agent.transport.signing import sign_doc
+
+    fleet_key, _, _ = generate(tmp_path / "keys")
+    other_key, _, _ = generate(tmp_path / "other")
+    with running_service(tmp_path / "cp", signing_key=str(fleet_key)) as (cp, url):
+        api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
+        r = api.put("/api/v1/releases/2.0.0", content=_release(tmp_path / "a", "2.0.0", other_key))
+        assert r.status_code == 422 and "untrusted" in r.json()["error"], r.text
+        r = api.put("/api/v1/releases/2.0.1", content=_release(tmp_path / "b", "2.0.0", fleet_key))
+        assert r.status_code == 422 and "names '2.0.0'" in r.json()["error"], r.text
+        good = _release(tmp_path / "c", "2.0.0", fleet_key)
+        for _ in range(2):  # the same bytes again: a no-op
+            r = api.put("/api/v1/releases/2.0.0", content=good)
+            assert r.status_code == 201 and r.json()["kind"] == "agent" and r.json()["wheels"] == 1, r.text
+        assert [x["version"] for x in api.get("/api/v1/releases").json()["releases"]] == ["2.0.0"]
+        assert api.get("/api/v1/models").json()["models"][0]["kind"] == "agent"
+        r = api.put("/api/v1/models/edge-agent/versions/3", content=b"\x08\x01")
+        assert r.status_code == 422 and "releases" in r.json()["error"], r.text
+        for body in ({"kind": "agent", "model": "tiny", "version": "2.0.0"}, {"kind": "model", "version": "1"}):
+            r = api.post("/api/v1/rollouts", json=body)
+            assert r.status_code == 422 and "model:" in r.json()["error"], r.text
+
+        key = device_key(tmp_path / "dev")
+        body = {"device_id": "d-1", "public_key": public_pem(key.public_key()), "groups": ["lab"]}
+        assert api.post("/api/v1/devices", json=body).status_code == 201
+        report = {"version": MARKUP[:60], "result": "rolled-back", "reason": MARKUP, "ended": time.time()}
+        FleetLoop(cp.factory, cp.settings)._ingest({"d-1": _status(MARKUP[:60], sign_doc(report, key))})
+        got = api.get("/api/v1/devices/d-1").json()
+        assert got["agent_version"] == MARKUP[:60] and got["agent_release"]["trial"]["verified"] is True, got
+        assert got["agent_release"]["trial"]["reason"] == MARKUP, got
+        for path in ("/devices", "/devices/d-1"):
+            page = _page(url, cp.admin_token, path)
+            assert "<script>window.__pwned" not in page and "<img src=x" not in page, page
+            assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page, page
+        forged = sign_doc({**report, "ended": time.time() + 1}, load_private_key(other_key))
+        FleetLoop(cp.factory, cp.settings)._ingest({"d-1": _status("1.1.0", forged)})
+        got = api.get("/api/v1/devices/d-1").json()
+        assert got["agent_version"] == "1.1.0" and got["agent_release"]["trial"]["verified"] is False, got
+        api.close()

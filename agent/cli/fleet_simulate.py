@@ -83,8 +83,9 @@ STOP_REPORT_S = 120.0  # stopping every device takes seconds; this long, and the
 @click.option(
     "--release-fail",
     multiple=True,
-    metavar="CLASS|TARGET",
-    help="With --agent-release: the devices of this class or target fail every release trial (repeatable).",
+    metavar="CLASS[:K]",
+    help="With --agent-release: the devices of this class or target fail their release trials but for the "
+    "first K of the class with CLASS:K, and but for a roll back to --agent-release (repeatable).",
 )
 @simulate_cp_options
 @click.option(

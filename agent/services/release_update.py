@@ -72,6 +72,7 @@ class ReleaseUpdater:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._reports_seen: tuple[tuple[str, ...], bool] | None = None
+        self._waiting: tuple[Any, str] | None = None  # offered while one was being handled: taken after it
         self._next_look = 0.0
         saved = read_json(self.state_dir / STATE_FILE, default=None)
         self.state: dict[str, Any] = saved if isinstance(saved, dict) else {}
@@ -89,7 +90,10 @@ class ReleaseUpdater:
         from agent_guard import links
 
         with self._lock:
-            if self.state.get("digest") == digest or (self._thread is not None and self._thread.is_alive()):
+            if self.state.get("digest") == digest:
+                return
+            if self._thread is not None and self._thread.is_alive():
+                self._waiting = (manifest, digest)  # the latest desired state wins, once this one is done
                 return
         version = str(manifest.version)
         if version == self._current() and not (self.root / "guard" / "request.json").exists():
@@ -103,7 +107,11 @@ class ReleaseUpdater:
         self._thread.start()
 
     def tick(self) -> None:
-        """Every 2 s: a new guard report (a trial ended) rewrites the status, its report signed."""
+        """A desired state that came during the last one is taken; every 2 s: a new guard report (a trial
+        ended) rewrites the status, its report signed."""
+        if self._waiting is not None and not (self._thread is not None and self._thread.is_alive()):
+            waiting, self._waiting = self._waiting, None
+            self.offer(*waiting)
         now = time.monotonic()
         if now < self._next_look:
             return

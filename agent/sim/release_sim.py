@@ -10,7 +10,9 @@ it, as a release whose golden answer differs would)."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +45,32 @@ def lay_out(root: Path, version: str) -> None:
         links.set_link(root, links.CURRENT, version)
 
 
+class FailRule:
+    """`--release-fail CLASS[:K]`: the trials of that class's (or target's) devices fail, but for the first K
+    (counted over the class: the canary, say) and but for the release the devices came with (a roll back to it
+    passes)."""
+
+    def __init__(self, spec: str, first: str):
+        name, _, passes = spec.partition(":")
+        self.name, self.first, self.passes = name, first, int(passes or 0)
+        self._lock = threading.Lock()
+
+    def fails(self, version: str) -> bool:
+        if version == self.first:
+            return False
+        with self._lock:
+            if self.passes > 0:
+                self.passes -= 1
+                return False
+        return True
+
+
 class SimulatedTrial:
     """The simulator's Applier (agent.services.release_update): verify and lay out, then the trial's steps."""
 
-    def __init__(self, fail: bool, trial_s: float = 0.5, max_tries: int = 3):
-        self.fail, self.trial_s, self.max_tries = fail, trial_s, max_tries
+    def __init__(self, fails: Callable[[str], bool], trial_s: float = 0.5, max_tries: int = 3):
+        """`fails(version)`: does this trial fail (asked once per trial)?"""
+        self.fails, self.trial_s, self.max_tries = fails, trial_s, max_tries
 
     def apply(self, root: Path, wheelhouse: Path | None, version: str, trusted: dict[str, Any]) -> None:
         from agent.errors import EdgeAgentError
@@ -84,7 +107,7 @@ class SimulatedTrial:
         links.flip(root, version)
         step(root, doc, "starting")
         time.sleep(self.trial_s)  # the trial in progress: the status says so meanwhile
-        if self.fail:
+        if self.fails(version):
             limits = Limits(max_tries=self.max_tries)
             roll_back(root, _InProcess(), doc, FAIL_REASON, limits)  # type: ignore[arg-type]
             return

@@ -78,7 +78,7 @@ class Simulator:
         self.telemetry_s = telemetry_s  # health published every so many seconds (0: none, the default)
         # each device's release root laid out with this version current: it takes `kind: agent` rollouts
         # (agent.sim.release_sim); the devices of the classes or targets in release_fail fail their trials
-        self.agent_release, self.release_fail = agent_release, set(release_fail)
+        self.agent_release, self.release_fail = agent_release, _fail_rules(release_fail, agent_release)
 
     # -- life --------------------------------------------------------------------------------------------
     def start(self, progress: Callable[..., None] | None = None) -> "Simulator":
@@ -171,7 +171,8 @@ class Simulator:
 
         root = self.state_dir / device_id / "release-root"
         lay_out(root, self.agent_release)
-        return root, SimulatedTrial(fail=bool({cls.name, cls.target} & self.release_fail))
+        rule = next((r for r in self.release_fail if r.name in (cls.name, cls.target)), None)
+        return root, SimulatedTrial(rule.fails if rule is not None else lambda version: False)
 
     def register(self, device_ids: list[str]) -> None:
         """Make (once) each device's own key in its state directory and register its public key and the
@@ -321,3 +322,15 @@ class Simulator:
     def stats(self) -> dict[str, Any]:
         cache = self.cache.stats() if self.cache is not None else {"measured": None, "reused": 0}
         return {"devices": len(self.agents), "qualification": cache, "transitions": dict(self.transitions)}
+
+
+def _fail_rules(specs: tuple[str, ...], first: str | None) -> list[Any]:
+    """`--release-fail CLASS[:K]` entries as agent.sim.release_sim.FailRule (a bad K: ConfigError)."""
+    from agent.sim.release_sim import FailRule
+
+    rules = []
+    for spec in specs:
+        if not spec.partition(":")[2].isdigit() and ":" in spec:
+            raise ConfigError(f"--release-fail: expected CLASS or CLASS:K (K passes first), got {spec!r}")
+        rules.append(FailRule(spec, first or ""))
+    return rules
