@@ -24,23 +24,29 @@ ARTIFACT_FILE = "artifact.json"  # releases/<version>/artifact.json: the sha256 
 
 
 class Applier(Protocol):
-    def apply(self, root: Path, wheelhouse: Path | None, version: str, trusted: dict[str, Any]) -> None:
-        """Install `wheelhouse` (None: releases/<version> is installed already) and have it trialled."""
+    def install(self, root: Path, wheelhouse: Path, version: str, trusted: dict[str, Any]) -> None:
+        """Verify `wheelhouse` and install it as releases/<version>."""
+
+    def trial(self, root: Path, version: str) -> None:
+        """Have the installed releases/<version> trialled (the guard's)."""
 
 
 class InstallAndTrial:
-    """The real device: a side-by-side venv (agent.release.install), then the guard's trial asked for."""
+    """The real device: a side-by-side venv (agent.release.install), then the guard's trial asked for (the guard
+    stops this agent soon after)."""
 
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
 
-    def apply(self, root: Path, wheelhouse: Path | None, version: str, trusted: dict[str, Any]) -> None:
+    def install(self, root: Path, wheelhouse: Path, version: str, trusted: dict[str, Any]) -> None:
         from agent.release.install import install
+
+        base = root / "current" / "venv"
+        install(root, wheelhouse, trusted, base_venv=base if base.exists() else None)
+
+    def trial(self, root: Path, version: str) -> None:
         from agent.release.trial import ask
 
-        if wheelhouse is not None:
-            base = root / "current" / "venv"
-            install(root, wheelhouse, trusted, base_venv=base if base.exists() else None)
         ask(root, self.state_dir, version)
 
 
@@ -136,10 +142,13 @@ class ReleaseUpdater:
                     archive = self.fetch(manifest)
                     self._set(step="installing")
                     wheelhouse = unpack(archive, Path(tmp) / "wheelhouse")  # checked by the applier's verify
-                self.applier.apply(self.root, wheelhouse, version, self.trusted())
-            atomic_write_json(self.root / "releases" / version / ARTIFACT_FILE, {"sha256": manifest.artifact.sha256})
-            self._set(step="trial-asked")
+                    self.applier.install(self.root, wheelhouse, version, self.trusted())
+                    atomic_write_json(
+                        self.root / "releases" / version / ARTIFACT_FILE, {"sha256": manifest.artifact.sha256}
+                    )
+            self._set(step="trial-asked")  # before the trial: a real one ends this process soon after
             self.emit({"event": "agent_release", "version": version, "step": "trial-asked"})
+            self.applier.trial(self.root, version)
         except Exception as exc:  # noqa: BLE001 - whatever the install meets is reported, never raised
             why = str(exc)[:500] or type(exc).__name__
             self._set(step="failed", error=why)

@@ -72,28 +72,30 @@ class SimulatedTrial:
         """`fails(version)`: does this trial fail (asked once per trial)?"""
         self.fails, self.trial_s, self.max_tries = fails, trial_s, max_tries
 
-    def apply(self, root: Path, wheelhouse: Path | None, version: str, trusted: dict[str, Any]) -> None:
+    def install(self, root: Path, wheelhouse: Path, version: str, trusted: dict[str, Any]) -> None:
         from agent.errors import EdgeAgentError
         from agent.release import manifest
         from agent.release.install import INSTALLED, prune
         from agent_guard import links
 
-        if wheelhouse is not None:
-            doc = manifest.verify(wheelhouse, trusted)  # refused before anything is written, as on a device
-            if str(doc["version"]) != version:
-                raise EdgeAgentError(f"the wheelhouse is release {doc['version']}, the manifest names {version}")
-            prune(root, keep_extra=(version,))
-            dest = root / "releases" / version
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.copytree(wheelhouse, dest / "wheelhouse")
-            links.write_json(dest / INSTALLED, {"version": version, "installed": time.time(), "simulated": True})
+        doc = manifest.verify(wheelhouse, trusted)  # refused before anything is written, as on a device
+        if str(doc["version"]) != version:
+            raise EdgeAgentError(f"the wheelhouse is release {doc['version']}, the manifest names {version}")
         if links.is_bad(root, version):
             raise EdgeAgentError(f"release {version} is marked bad on this device")
-        self._trial(root, version)
+        prune(root, keep_extra=(version,))
+        dest = root / "releases" / version
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(wheelhouse, dest / "wheelhouse")
+        links.write_json(dest / INSTALLED, {"version": version, "installed": time.time(), "simulated": True})
 
-    def _trial(self, root: Path, version: str) -> None:
+    def trial(self, root: Path, version: str) -> None:
+        from agent.errors import EdgeAgentError
         from agent_guard import links
         from agent_guard.trial import Limits, finish, roll_back, step
+
+        if links.is_bad(root, version):  # as `release activate` refuses it (agent.release.trial.ask)
+            raise EdgeAgentError(f"release {version} is marked bad on this device")
 
         doc: dict[str, Any] = {
             "version": version,
