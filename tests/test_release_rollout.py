@@ -200,7 +200,9 @@ def test_release_uploads_are_checked_and_device_supplied_release_fields_are_esca
         assert api.get("/api/v1/models").json()["models"][0]["kind"] == "agent"
         r = api.put("/api/v1/models/edge-agent/versions/3", content=b"\x08\x01")
         assert r.status_code == 422 and "releases" in r.json()["error"], r.text
-        for body in ({"kind": "agent", "model": "tiny", "version": "2.0.0"}, {"kind": "model", "version": "1"}):
+        refused = ({"kind": "agent", "model": "tiny", "version": "2.0.0"}, {"kind": "model", "version": "1"},
+                   {"model": "edge-agent", "version": "2.0.0"})  # fmt: skip
+        for body in refused:
             r = api.post("/api/v1/rollouts", json=body)
             assert r.status_code == 422 and "model:" in r.json()["error"], r.text
 

@@ -20,7 +20,7 @@ from agent.fleet.rollout_plan import RolloutSpec, rollout_id
 def start_rollout(ctx, body, actor: str) -> dict[str, Any]:
     from agent.controlplane.packages import BadName
 
-    if (body.kind == "agent") == bool(body.model):
+    if (body.kind == "agent") == bool(body.model) or body.model == RELEASE_NAME:
         raise BadName("model: name the model of a rollout of kind model; none for kind agent (the agent release)")
     spec = RolloutSpec(
         name=RELEASE_NAME if body.kind == "agent" else body.model,
