@@ -8,6 +8,7 @@ small file of bytes, which `release verify` checks by sha256 like any wheel."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,18 +63,19 @@ def _stop(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-def _page(url: str, token: str, path: str) -> str:
-    """A dashboard page as a signed-in browser gets it (the login form, then the page)."""
-    import re
-
-    with httpx.Client(base_url=url, timeout=30) as c:
-        csrf = re.search(r'name="csrf" value="([^"]*)"', c.get("/login").text)
-        assert csrf, "no login form"
-        r = c.post("/login", data={"token": token, "next": path, "csrf": csrf.group(1)})
-        assert r.status_code == 303, r.text
-        page = c.get(path)
-        assert page.status_code == 200, page.text[:500]
-        return page.text
+def _page(url: str, token: str, path: str, client: httpx.Client | None = None) -> str:
+    """A dashboard page as a signed-in browser gets it (the login form, then the page); `client`: that browser,
+    left signed in."""
+    if client is None:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            return _page(url, token, path, c)
+    csrf = re.search(r'name="csrf" value="([^"]*)"', client.get("/login").text)
+    assert csrf, "no login form"
+    r = client.post("/login", data={"token": token, "next": path, "csrf": csrf.group(1)})
+    assert r.status_code == 303, r.text
+    page = client.get(path)
+    assert page.status_code == 200, page.text[:500]
+    return page.text
 
 
 def _devices(client: httpx.Client) -> dict[str, dict]:
@@ -205,6 +207,15 @@ def test_release_uploads_are_checked_and_device_supplied_release_fields_are_esca
         for body in refused:
             r = api.post("/api/v1/rollouts", json=body)
             assert r.status_code == 422 and "model:" in r.json()["error"], r.text
+
+        with httpx.Client(base_url=url, timeout=30) as browser:  # the dashboard's form starts one too
+            form = re.search(r'name="csrf" value="([^"]*)"', _page(url, cp.admin_token, "/rollouts", browser))
+            assert form and "edge-agent 2.0.0" in form.string, "no start-a-rollout form offering the release"
+            csrf = form.group(1)
+            r = browser.post("/rollouts", data={"model_version": "edge-agent 2.0.0", "csrf": csrf})
+            assert r.status_code == 303 and r.headers["location"] == "/rollouts/edge-agent-2.0.0", r.text
+        got = api.get("/api/v1/rollouts/edge-agent-2.0.0").json()
+        assert (got["kind"], got["model"], got["version"]) == ("agent", "edge-agent", "2.0.0"), got
 
         key = device_key(tmp_path / "dev")
         body = {"device_id": "d-1", "public_key": public_pem(key.public_key()), "groups": ["lab"]}
