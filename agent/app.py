@@ -58,6 +58,7 @@ class DeviceAgent:
         use_lock: bool = True,
         providers: list[str] | None = None,
         qualifier: Qualifier | None = None,
+        release: tuple[Path, Any] | None = None,
     ):
         """`providers`: the providers known to be available here, in target order (skips the background probe;
         the fleet simulator passes its device class's). `qualifier`: wraps each qualification measurement
@@ -73,6 +74,9 @@ class DeviceAgent:
         self.grpc_server: Any = None  # serving.grpc.front.GRPCServer when serving.grpc_port is set
         self.health_source: Callable[[], dict[str, Any]] | None = None  # health figures (default: telemetry's)
         self.qualifier = qualifier
+        # (release root, applier) for `kind: agent` updates (agent.services.release_update); None: the root this
+        # agent runs from (<root>/releases/<version>/venv) with the real install and guard trial, if it does
+        self.release = release
         self.reporter = Reporter(self.emit, self.write_status, self._publish_event)
         self._known_providers = list(providers) if providers is not None else None
         self._lock: control.StateLock | None = None
@@ -282,6 +286,7 @@ class DeviceAgent:
         extra |= {"disk_full": self.disk_full} if self.disk_full is not None else {}
         extra |= {"retrying": dict(self.reporter.retrying)} if self.reporter.retrying else {}
         extra |= {"control_plane": parts.cpsync.snapshot()} if parts.cpsync is not None else {}  # posted, pending
+        extra |= {"agent_release": parts.releases.section()} if parts.releases is not None else {}  # issue 40
         if parts.link is not None:
             extra["rejected"] = dict(parts.link.rejected)  # desired states refused before the lifecycle saw them
         return build_status(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from agent.artifacts.store import ContentStore
     from agent.config import AgentConfig
     from agent.hardware.profile import HardwareProfile
+    from agent.services.release_update import ReleaseUpdater
     from agent.serving.registry import ModelRegistry
     from agent.sources.mqtt import MqttSource
     from agent.targets import Target
@@ -55,6 +56,7 @@ class Parts:
     probe: ProviderProbeService
     health: HealthPublisher
     cpsync: cpsync.ControlPlaneSync | None  # config.control_plane: enroll, post decision records
+    releases: ReleaseUpdater | None  # agent releases from the control plane (a release root and MQTT)
     ticks: tuple[Tick, ...]
 
 
@@ -68,6 +70,7 @@ class Host(SourceEvents, Protocol):
     reporter: Reporter
     notifier: Any
     health_source: Callable[[], dict[str, Any]] | None
+    release: tuple[Path, Any] | None  # (release root, applier): agent.services.release_update
 
     def status(self) -> dict[str, Any]: ...
     def write_status(self) -> dict[str, Any]: ...
@@ -125,15 +128,36 @@ def build(host: Host, profile: HardwareProfile | None, chosen: StepConfig, known
     )
     inbox = InboxScanner(config.inbox, orchestrator, steps.sources["inbox"], host.emit)
     ticks: list[Tick] = [inbox.tick, ControlService(state_dir, orchestrator, registry).tick]
-    if link is not None:
-        ticks += [link.poll, host.reporter.tick]  # MQTT desired state, then the rejections it reported
+    releases = _releases(host, link)  # its tick: a release offered meanwhile taken, a trial's report shown
+    if link is not None:  # MQTT desired state, then the rejections it reported (and agent releases)
+        ticks += [link.poll, host.reporter.tick, *([releases.tick] if releases is not None else [])]
     ticks.append(health.tick)
     identity = lambda: {"target": target.name, "hardware": hardware_summary(profile)}  # noqa: E731
     sync = cpsync.for_agent(config, state_dir, identity, host.write_status, host.emit)
     return Parts(
         profile, target, step_config, store, registry, steps, orchestrator, link, telemetry, writer, probe, health,
-        sync, tuple(ticks),
+        sync, releases, tuple(ticks),
     )  # fmt: skip
+
+
+def _releases(host: Host, link: MqttSource | None) -> ReleaseUpdater | None:
+    """The `edge-agent` desired state's taker when this agent runs from a release root (or was given one)."""
+    from agent.services.release_update import InstallAndTrial, ReleaseUpdater, root_of_running
+
+    root, applier = host.release or (root_of_running(), None)
+    if root is None or link is None:
+        return None
+    updater = ReleaseUpdater(
+        root,
+        host.state_dir,
+        applier or InstallAndTrial(host.state_dir),
+        trusted=lambda: link.keys,
+        fetch=link.fetch_release,
+        on_change=host.write_status,
+        emit=host.emit,
+    )
+    link.releases = updater
+    return updater
 
 
 def _mqtt_source(

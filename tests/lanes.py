@@ -64,5 +64,7 @@ SYSTEM = frozenset(
         "test_mqtt_rollback_inflight",
         "test_oip_slowloris",
         "test_self_update",  # releases of the agent trialled by edge-agent-guard: whole daemons crashed and killed
+        "test_release_rollout",  # kind: agent rollouts to 20 simulated devices on a service; release uploads
+        "test_release_cp_device",  # a real daemon under edge-agent-guard takes a release from the service
     }
 )

@@ -76,6 +76,19 @@ def _ranged(flag: str, name: str, kind: click.ParamType, default: float, text: s
     "Seconds between the health messages each device publishes (0: none).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the fleet layout and final stats as JSON lines.")
+@click.option(
+    "--agent-release",
+    metavar="VERSION",
+    help="Lay out each device's release root with VERSION current: the devices take `kind: agent` rollouts "
+    "(docs/self-update.md: what is simulated).",
+)
+@click.option(
+    "--release-fail",
+    multiple=True,
+    metavar="CLASS[:K]",
+    help="With --agent-release: the devices of this class or target fail their release trials but for the "
+    "first K of the class with CLASS:K, and but for a roll back to --agent-release (repeatable).",
+)
 @simulate_cp_options
 @click.option(
     "--light",
@@ -100,6 +113,8 @@ def simulate(
     serve_http,
     telemetry_s,
     as_json,
+    agent_release,
+    release_fail,
     light,
     clients,
     **broker_kw,
@@ -113,6 +128,8 @@ def simulate(
     import signal
 
     cp = CpJoin({k: broker_kw.pop(k) for k in CP_KEYS}, list(groups) or ["sim"])
+    if (release_fail and not agent_release) or (agent_release and light):
+        raise click.UsageError("--release-fail: only with --agent-release; --agent-release: not with --light")
     if light:
         from agent.cli.fleet_simulate_light import run_light
 
@@ -144,6 +161,8 @@ def simulate(
         control_plane=cp.url,
         enroll_token=cp.enroll_token,
         telemetry_s=telemetry_s,
+        agent_release=agent_release,
+        release_fail=tuple(release_fail),
     )
     if store is None and cp.url is None:
         click.echo(

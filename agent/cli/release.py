@@ -99,19 +99,12 @@ def activate(version, root, config_path, as_json):
     """Record each committed model's golden answer from the running agent, then ask edge-agent-guard to trial
     VERSION (ROOT/guard/request.json): it restarts the agent on VERSION and flips back unless it passes."""
     from agent.config import load_config
-    from agent.release.golden import record
-    from agent.util.atomic import atomic_write_json
-    from agent_guard.links import is_bad
+    from agent.release.trial import NotTrialable, ask
 
-    base = Path(root)
-    if not (base / "releases" / version / "installed.json").is_file():
-        raise click.UsageError(f"release {version} is not installed under {root}")
-    if is_bad(base, version):
-        raise click.UsageError(f"release {version} is marked bad on this device")
-    golden = record(load_config(config_path, check_files=False).state_dir)
-    atomic_write_json(base / "guard" / "golden.json", golden)
-    atomic_write_json(base / "guard" / "request.json", {"version": version})
-    doc = {"version": version, "golden_models": [m["name"] for m in golden["models"]], "skipped": golden["skipped"]}
+    try:
+        doc = ask(Path(root), load_config(config_path, check_files=False).state_dir, version)
+    except NotTrialable as exc:
+        raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(doc) if as_json else f"asked the guard to trial {version} "
                f"({len(doc['golden_models'])} golden request(s) recorded)")  # fmt: skip
 

@@ -28,6 +28,7 @@ from agent.controlplane.schemas import (
     NewRollout,
     Push,
 )
+from agent.fleet.agent_release import kind_of
 
 router = APIRouter(prefix="/api/v1")
 AsViewer = Annotated[Operator, Depends(need("viewer"))]
@@ -269,7 +270,14 @@ def models(request: Request, _: AsViewer):
         rows = s.scalars(select(ModelVersion).order_by(ModelVersion.name, ModelVersion.id)).all()
         return {
             "models": [
-                {"name": m.name, "version": m.version, "sha256": m.sha256, "size": m.size, "format": m.format}
+                {
+                    "kind": kind_of(m.name),
+                    "name": m.name,
+                    "version": m.version,
+                    "sha256": m.sha256,
+                    "size": m.size,
+                    "format": m.format,
+                }
                 for m in rows
             ]
         }

@@ -14,10 +14,12 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from agent.controlplane import alerts, statusintake
 from agent.controlplane.db import StorageError, write
 from agent.controlplane.models import ACCEPTED, Device, ModelVersion, Rollout
+from agent.controlplane.releases import fill_shas
 from agent.controlplane.runner import ServiceRolloutEngine, new_state
 from agent.controlplane.telemetry_intake import HealthInbox
 from agent.controlplane.telemetry_intake import ingest as ingest_health
 from agent.errors import EdgeAgentError
+from agent.fleet.agent_release import RELEASE_NAME
 from agent.fleet.registry import DeviceRegistry
 from agent.fleet.rollout_plan import RolloutSpec
 
@@ -148,9 +150,15 @@ class FleetLoop:
         if engine is None:
             assert row.state is not None
             issuer = ManifestIssuer(self.key, row.state["manifests"])
-            engine = ServiceRolloutEngine(self.factory, row.state, self.link, issuer, row.knobs)
+            engine = ServiceRolloutEngine(self.factory, row.state, self._link_for(row.spec), issuer, row.knobs)
             self.engines[row.rollout_id] = engine
         return engine
+
+    def _link_for(self, spec: dict[str, Any]) -> Any:
+        """The fleet as a rollout sees it: an agent release's reads each status's `agent_release` as a model."""
+        from agent.fleet.agent_release import ReleaseView, kind_of
+
+        return ReleaseView(self.link) if kind_of(spec.get("name")) == "agent" else self.link
 
     def _rollouts(self) -> None:
         # each tick: the rollouts' small columns; a rollout's state (every device's entry) only for a new engine
@@ -215,7 +223,9 @@ class FleetLoop:
                 lambda event, **f: warnings.append(str(f.get("message"))),
                 self.link,
             )
-            population = registered_population(self.registry, self.link.statuses())
+            population = registered_population(self.registry, self._link_for(row.spec).statuses())
+            if spec.name == RELEASE_NAME:
+                population = fill_shas(self.factory, population)  # the release each device came with
             info = {"sha256": artifact["sha256"], "size": artifact["size"], "format": artifact.get("format")}
             state = new_state(spec, population, info, extras)
         except EdgeAgentError as exc:

@@ -72,9 +72,11 @@ class TooComplex(EdgeAgentError):
 
 
 def body_cap(limits: Limits, max_body_bytes: int, method: str, path: str) -> int:
-    """The cap for one request: model uploads large (the API's and the dashboard's), enrollment small, device
+    """The cap for one request: model and release uploads large (the API's and the dashboard's), enrollment small, device
     documents in between."""
-    if (method == "PUT" and path.startswith("/api/v1/models/")) or (method == "POST" and path == UPLOAD_PATH):
+    if (method == "PUT" and path.startswith(("/api/v1/models/", "/api/v1/releases/"))) or (
+        method == "POST" and path == UPLOAD_PATH
+    ):
         return max_body_bytes
     if path == "/api/v1/enroll":
         return limits.enroll_body_bytes

@@ -46,6 +46,9 @@ class Device(Base):
     model_versions: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
     model_state: Mapped[str | None] = mapped_column(String(255), index=True, nullable=True)
     models_summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # the agent release it runs and its last trial (agent.fleet.agent_release.summary), from its verified status
+    agent_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    agent_release: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class DeviceGroup(Base):

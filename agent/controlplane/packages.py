@@ -18,6 +18,7 @@ from agent.controlplane.db import write
 from agent.controlplane.models import ModelVersion
 from agent.controlplane.schemas import NAME, VERSION
 from agent.errors import EdgeAgentError, ModelError
+from agent.fleet.agent_release import RELEASE_NAME
 
 MAX_FINDINGS_AUDITED = 20
 
@@ -29,6 +30,8 @@ class BadName(EdgeAgentError):
 def check_names(name: str, version: str) -> None:
     if not re.match(NAME, name):
         raise BadName(f"name: invalid model name {name[:80]!r} (letters, digits, '.', '_', '-'; at most 64)")
+    if name == RELEASE_NAME:
+        raise BadName(f"name: {RELEASE_NAME!r} is the agent's releases' name (PUT /api/v1/releases/VERSION)")
     if not re.match(VERSION, version) or len(version) > 64:
         raise BadName(f"version: {version[:80]!r} is not a dotted integer version")
 

@@ -198,12 +198,23 @@ def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
         "requested_at": row.requested_at,
         "decided_at": row.decided_at,
         "decided_by": row.decided_by,
+        **agent_fields(row),
     }
     if invalid:
         out[INVALID] = invalid
     if full:
         out["status"] = status or None
     return out
+
+
+def agent_fields(row: Device) -> dict[str, Any]:
+    """{agent_version, agent_release: {current, previous, trial, installing} or None, agent_trial: one line} as the
+    intake kept them from its last verified status (agent.controlplane.releases.note_status)."""
+    from agent.fleet.agent_release import trial_words
+
+    release = row.agent_release if isinstance(row.agent_release, dict) else None
+    version = row.agent_version if isinstance(row.agent_version, str) else None
+    return {"agent_version": version, "agent_release": release, "agent_trial": trial_words(release) or None}
 
 
 def paired_timing(s: Session, device_ids: list[str], model: str) -> dict[str, str]:

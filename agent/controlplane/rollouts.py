@@ -13,12 +13,17 @@ from agent.controlplane.db import write
 from agent.controlplane.models import Rollout
 from agent.fleet import rollout_hold as hold
 from agent.fleet import rollout_state as rs
+from agent.fleet.agent_release import RELEASE_NAME, kind_of
 from agent.fleet.rollout_plan import RolloutSpec, rollout_id
 
 
 def start_rollout(ctx, body, actor: str) -> dict[str, Any]:
+    from agent.controlplane.packages import BadName
+
+    if (body.kind == "agent") == bool(body.model) or body.model == RELEASE_NAME:
+        raise BadName("model: name the model of a rollout of kind model; none for kind agent (the agent release)")
     spec = RolloutSpec(
-        name=body.model,
+        name=RELEASE_NAME if body.kind == "agent" else body.model,
         version=body.version,
         group=body.group,
         cohort_by=body.cohort_by,
@@ -164,6 +169,7 @@ def _where(row: Rollout) -> str:
 def rollout_dict(row: Rollout, brief: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "rollout_id": row.rollout_id,
+        "kind": kind_of(row.spec.get("name")),  # model | agent (a release of edge-agent: model is "edge-agent")
         "model": row.spec.get("name"),
         "version": row.spec.get("version"),
         "group": row.spec.get("group"),

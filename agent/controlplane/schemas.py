@@ -41,7 +41,8 @@ class NewEnrollToken(Strict):
 
 
 class NewRollout(Strict):
-    model: str = Field(pattern=NAME)
+    kind: Literal["model", "agent"] = "model"  # agent: a release of edge-agent (PUT /api/v1/releases/VERSION)
+    model: str | None = Field(default=None, pattern=NAME)  # required for kind model; none for kind agent
     version: str = Field(pattern=VERSION, max_length=64)
     group: str | None = Field(default=None, pattern=NAME)
     cohort_by: Literal["target", "provider"] | None = None

@@ -135,6 +135,7 @@ def _error(status: int, message: str) -> JSONResponse:
 def create_app(cp: ControlPlane) -> FastAPI:
     from agent.controlplane import observe_api, observe_web
     from agent.controlplane.api import router
+    from agent.controlplane.releases import router as releases_router
     from agent.controlplane.security import BrowserGuard
     from agent.controlplane.sessions import Sessions
     from agent.controlplane.web import router as web_router
@@ -154,6 +155,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
     app.state.sessions = Sessions(cp.factory)
     app.add_middleware(BrowserGuard)
     app.include_router(router)
+    app.include_router(releases_router)  # agent releases (kind: agent)
     app.include_router(web_router)
     for extra in (devices_router, models_router, audit_router):  # the dashboard's other pages
         app.include_router(extra)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from agent.controlplane import cohort
 from agent.controlplane.db import write
 from agent.controlplane.models import ACCEPTED, Device
+from agent.controlplane.releases import note_status
 
 log = logging.getLogger("edge_agent.controlplane")
 BATCH = 500
@@ -71,6 +72,7 @@ def _keep(row: Device, doc: dict, limits) -> int:
     for name, value in cohort.columns(doc).items():
         setattr(row, name, value)
     row.models_summary = cohort.summary(doc)
+    note_status(row, doc)  # its agent release and last trial (issue 40)
     return 1
 
 

@@ -28,6 +28,7 @@ from agent.controlplane.security import safe_next
 from agent.controlplane.sessions import LOGIN_COOKIE, SESSION_COOKIE, Session, clear_cookie, read_cookie, same
 from agent.controlplane.sessions import set_cookie as put_cookie
 from agent.errors import EdgeAgentError
+from agent.fleet.agent_release import kind_of
 
 router = APIRouter(include_in_schema=False)
 PAGE = 50
@@ -236,10 +237,12 @@ def rollout_start(
     from pydantic import ValidationError
 
     model, _, version = model_version.partition(" ")
+    kind = kind_of(model)  # an agent release's version is listed with the models, as `edge-agent VERSION`
     try:
         body = NewRollout.model_validate(
             dict(
-                model=model,
+                kind=kind,
+                model=model if kind == "model" else None,
                 version=version,
                 group=group or None,
                 cohort_by=cohort_by or None,

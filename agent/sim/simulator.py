@@ -54,6 +54,8 @@ class Simulator:
         control_plane: str | None = None,
         enroll_token: str | None = None,
         telemetry_s: float = 0.0,
+        agent_release: str | None = None,
+        release_fail: tuple[str, ...] = (),
     ):
         if count < 1:
             raise ConfigError("--devices: must be at least 1")
@@ -74,6 +76,9 @@ class Simulator:
         self.registered: dict[str, str] = {}  # device id -> key id this simulator registered
         self.control_plane, self.enroll_token = control_plane, enroll_token  # each device's `control_plane` section
         self.telemetry_s = telemetry_s  # health published every so many seconds (0: none, the default)
+        # each device's release root laid out with this version current: it takes `kind: agent` rollouts
+        # (agent.sim.release_sim); the devices of the classes or targets in release_fail fail their trials
+        self.agent_release, self.release_fail = agent_release, _fail_rules(release_fail, agent_release)
 
     # -- life --------------------------------------------------------------------------------------------
     def start(self, progress: Callable[..., None] | None = None) -> "Simulator":
@@ -150,12 +155,24 @@ class Simulator:
             on_event=self._on_event,
             providers=list(cls.providers),
             qualifier=qualifier,
+            release=self._release(device_id, cls),
         )
         agent.start()
         with self._lock:
             self.agents[device_id], self.device_class[device_id] = agent, cls
         self._progress("device_started", device_id=device_id, target=cls.target, providers=list(cls.providers))
         return agent
+
+    def _release(self, device_id: str, cls: DeviceClass) -> tuple[Path, Any] | None:
+        """(release root, the simulator's applier) for a device, laid out with --agent-release; else None."""
+        if self.agent_release is None:
+            return None
+        from agent.sim.release_sim import SimulatedTrial, lay_out
+
+        root = self.state_dir / device_id / "release-root"
+        lay_out(root, self.agent_release)
+        rule = next((r for r in self.release_fail if r.name in (cls.name, cls.target)), None)
+        return root, SimulatedTrial(rule.fails if rule is not None else lambda version: False)
 
     def register(self, device_ids: list[str]) -> None:
         """Make (once) each device's own key in its state directory and register its public key and the
@@ -305,3 +322,15 @@ class Simulator:
     def stats(self) -> dict[str, Any]:
         cache = self.cache.stats() if self.cache is not None else {"measured": None, "reused": 0}
         return {"devices": len(self.agents), "qualification": cache, "transitions": dict(self.transitions)}
+
+
+def _fail_rules(specs: tuple[str, ...], first: str | None) -> list[Any]:
+    """`--release-fail CLASS[:K]` entries as agent.sim.release_sim.FailRule (a bad K: ConfigError)."""
+    from agent.sim.release_sim import FailRule
+
+    rules = []
+    for spec in specs:
+        if not spec.partition(":")[2].isdigit() and ":" in spec:
+            raise ConfigError(f"--release-fail: expected CLASS or CLASS:K (K passes first), got {spec!r}")
+        rules.append(FailRule(spec, first or ""))
+    return rules

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import EdgeAgentError, LifecycleError
+from agent.fleet.agent_release import RELEASE_NAME
 from agent.lifecycle.context import Rejected, StepContext
 from agent.lifecycle.desired import RECHECK_S, Candidate, DesiredBook, version_order
 from agent.lifecycle.journal import Deployment
@@ -61,6 +62,7 @@ class MqttSource:
         # models whose in-flight deployment was called off: resolved again once it has ended, because a cancel that
         # comes as the deployment commits is too late, and the desired state must then undo what it committed
         self._called_off: set[str] = set()
+        self.releases: Any = None  # agent.services.release_update.ReleaseUpdater: takes `edge-agent` (kind: agent)
         self.ca = _s(tls.ca) if tls else None
         self.link = DeviceLink(
             m.url,
@@ -127,6 +129,9 @@ class MqttSource:
 
     def _resolve(self, model: str) -> None:
         winner = self.book.resolve(model)
+        if winner is not None and winner.manifest is not None and model == RELEASE_NAME:
+            self._release(winner)  # an agent release, not a model: never the lifecycle's
+            return
         if winner is None or winner.manifest is None or self.deployments.seen(model, winner.digest):
             return
         m = winner.manifest
@@ -154,6 +159,35 @@ class MqttSource:
             manifest=m.to_dict(),
             key_id=m.key_id,
         )
+
+    def _release(self, winner: Candidate) -> None:
+        from agent.artifacts.manifest import ManifestRejected
+
+        if self.releases is None:
+            why = "this agent does not run from a release root (install.sh --release): it cannot update itself"
+            self._reject(RELEASE_NAME, winner, ManifestRejected("not-applicable", why))
+            return
+        self.releases.offer(winner.manifest, winner.digest)
+
+    def fetch_release(self, m: Any) -> Path:
+        """An agent release's archive pulled like a model's artifact (resumable, delta-capable), three tries."""
+        from agent.artifacts.deadline import DownloadLimits
+        from agent.artifacts.delta import fetch_delta
+
+        dl = self.config.downloads
+        limits = DownloadLimits(min_bytes=dl.min_bytes, interval_s=dl.interval_s, overall_s=dl.timeout_s)
+        for attempt in range(3):
+            try:
+                path, _ = fetch_delta(
+                    m, self.store, link=self.link, ca=self.ca, stall_timeout=self.stall_s, limits=limits,
+                    check=lambda: None, allow_http=dl.allow_http,
+                )  # fmt: skip
+                return path
+            except EdgeAgentError:
+                if attempt == 2:
+                    raise
+                time.sleep(2.0 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _reject(self, model: str, cand: Candidate, exc: Any) -> None:
         key = (model, cand.scope, cand.digest + (exc.code if exc else ""))
