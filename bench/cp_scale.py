@@ -13,7 +13,9 @@ process. Measured, in this order:
                net of the service's CPU at rest (its lease, ticks and checks, measured for 10 s just before, a
                rate per second: on a busy host the flood takes longer, and that rate over the longer wait is
                not the statuses' cost)
-  overview     GET / (the dashboard overview, bearer token) and GET /api/v1/overview: p50 ms
+  overview     GET / (the dashboard overview, bearer token) and GET /api/v1/overview: p50 ms; and
+               overview_sql_ms, the database's own time for the overview's statements (EXPLAIN ANALYZE, median
+               of 21; after autovacuum): what grows with the fleet when the overview scans it
   list         GET /api/v1/devices?limit=50&offset=RANDOM and GET /devices?page=RANDOM: p99 ms
                (both right after the statuses were kept, again once autovacuum processed the devices table
                (the bench's server checks every 10 s; migration 0003 sets the table's thresholds), and after the
