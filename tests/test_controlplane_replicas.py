@@ -2,7 +2,8 @@
 on one works on the other; rate limits are shared), one leads the rollouts and the MQTT fan-out by a lease with a
 fencing token. The leader SIGKILLed mid-rollout: the other takes over within 10 s, the rollout finishes, no device
 receives its desired state twice (counted by a subscriber on the broker), and the survivor answered throughout.
-Fencing on the database: a stale leader's write is refused."""
+Fencing on the database: a stale leader's write is refused. Replicas with stores of their own and one shared
+`uploads_dir`: a package uploaded through the standby is planned and served by the leader."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """The control plane's whole-fleet paths (issue 38), against the real service on SQLite and a real PostgreSQL:
 the overview's counts come from SQL over the indexed columns and equal a recount over the status documents
 in Python, and neither the overview page nor a device list page runs a statement that reads a status document;
+the overview's kept counts (fleet_counts) equal a GROUP BY over the devices after every kind of change; the API's
+and the dashboard's device lists paged by cursor list each device once while devices enroll between pages;
 a light fleet (agent.sim.light) of 200 devices on a real Mosquitto enrolls through the API while the fleet loop
 runs (no registry reload, each status verified once) and converges on a canary-then-waves rollout."""
 
