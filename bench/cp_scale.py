@@ -7,15 +7,23 @@ For each fleet size: a fresh PostgreSQL database, `edge-agent control-plane --co
 read from /proc), a private Mosquitto, and a light fleet (agent.sim.light, `fleet simulate --light`) in this
 process. Measured, in this order:
   enroll       service CPU per enrollment (each device's signed request through POST /api/v1/enroll, 8 at a
-               time, accepted by an enrollment token)
-  ingest       service CPU per status (each device's signed retained status, until every one is kept)
-  overview     GET / (the dashboard overview, bearer token) and GET /api/v1/overview: p50 ms
+               time, accepted by an enrollment token); --enroll db: the devices written into the database as
+               accepted before the service starts instead, and no enrollment figure
+  ingest       service CPU per status (each device's signed retained status, until every one is kept): gross, and
+               net of the service's CPU at rest (its lease, ticks and checks, measured for 10 s just before, a
+               rate per second: on a busy host the flood takes longer, and that rate over the longer wait is
+               not the statuses' cost)
+  overview     GET / (the dashboard overview, bearer token) and GET /api/v1/overview: p50 ms; and
+               overview_sql_ms, the database's own time for the overview's statements (EXPLAIN ANALYZE, median
+               of 21; after autovacuum): what grows with the fleet when the overview scans it
   list         GET /api/v1/devices?limit=50&offset=RANDOM and GET /devices?page=RANDOM: p99 ms
                (both right after the statuses were kept, again once autovacuum processed the devices table
                (the bench's server checks every 10 s; migration 0003 sets the table's thresholds), and after the
                rollout)
   decisions    signed decision records posted by 8 threads for distinct devices: records/s, and the service's
                CPU per record (1000 / that = records/s one free core would take)
+--until pages stops after the first overview and list figures, --until vacuum after the second (autovacuumed); --profile DIR runs the service under cProfile in
+every thread (bench/cp_profile.py) and leaves DIR/cp-N.pstats
   rollout      canary 1 %, waves of 25 %: for each wave, the seconds from its last device's commit report to the
                next wave's first desired state (the last wave: to the rollout's end), and the convergence time
                (rollout created -> last commit report)
@@ -73,7 +81,9 @@ def wait(what: str, check, timeout: float, every: float = 0.2):
     raise SystemExit(f"bench: timed out waiting for {what}")
 
 
-def start_service(tmp: Path, db_url: str, broker_url: str, signing_key: Path) -> tuple[subprocess.Popen, str, str]:
+def start_service(
+    tmp: Path, db_url: str, broker_url: str, signing_key: Path, profile: str = ""
+) -> tuple[subprocess.Popen, str, str]:
     import httpx
     import yaml
     from brokers import free_port
@@ -85,7 +95,8 @@ def start_service(tmp: Path, db_url: str, broker_url: str, signing_key: Path) ->
            "mqtt": {"url": broker_url}, "tick_s": 0.2, "database": {"url": db_url}, "limits": limits}  # fmt: skip
     cfg.write_text(yaml.safe_dump(doc))
     log = (tmp / "cp.log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=ROOT,
+    wrap = [str(ROOT / "bench" / "cp_profile.py"), profile] if profile else []
+    proc = subprocess.Popen([sys.executable, *wrap, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=ROOT,
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
@@ -150,6 +161,83 @@ def vacuumed_after(db_url: str, since: float, timeout: float = 180.0) -> float:
     finally:
         engine.dispose()
     return -1.0
+
+
+IDLE_S = 10.0
+
+
+def ingest(pid: int, fleet, db_url: str, out: dict) -> float:
+    """The service's CPU at rest for IDLE_S (its lease, ticks and checks: a rate per second, whatever the fleet
+    does), then per status from the light fleet's start until every status is kept: gross, and net of that rest
+    rate over the same seconds (the figure that is the statuses' own). Returns when the last was kept."""
+    i0, w0 = cpu_s(pid), time.perf_counter()
+    time.sleep(IDLE_S)
+    c1, t1 = cpu_s(pid), time.perf_counter()
+    rest = (c1 - i0) / (t1 - w0)
+    out["rest_cpu_ms_per_s"] = round(rest * 1000, 1)
+    fleet.start(enroll=False)
+    n = len(fleet.devices)
+    wait("every status kept", lambda: kept(db_url) >= n, 1800, every=0.5)
+    c2, t2 = cpu_s(pid), time.perf_counter()
+    out["ingest_cpu_ms"] = round((c2 - c1) / n * 1000, 2)
+    out["ingest_net_cpu_ms"] = round((c2 - c1 - rest * (t2 - t1)) / n * 1000, 3)
+    out["ingest_s"] = round(t2 - t1, 1)
+    return t2
+
+
+def overview_sql_ms(db_url: str, runs: int = 21) -> float:
+    """The database's own time for the overview: each statement `repo.overview` runs, run again under
+    EXPLAIN ANALYZE, their Execution Times summed; the median of `runs`. A client's p50 on a shared host is
+    mostly its wait for a core; this is the part that would grow with the fleet."""
+    from sqlalchemy import event
+
+    from agent.controlplane import db, repo
+
+    engine = db.make_engine(db_url)
+    seen: list[tuple[str, object]] = []
+
+    def record(conn, cursor, stmt, params, *rest) -> None:
+        seen.append((stmt, params))
+
+    event.listen(engine, "before_cursor_execute", record)
+    with db.sessions(engine)() as s:
+        repo.overview(s)
+    event.remove(engine, "before_cursor_execute", record)
+    statements = [(stmt, params) for stmt, params in seen if stmt.lstrip().upper().startswith("SELECT")]
+    totals = []
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        for _ in range(runs):
+            total = 0.0
+            with raw.cursor() as cur:
+                for stmt, params in statements:
+                    cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + stmt, params)
+                    total += float(cur.fetchone()[0][0]["Execution Time"])
+            totals.append(total)
+    engine.dispose()
+    return round(statistics.median(totals), 3)
+
+
+def preregister(db_url: str, fleet) -> None:
+    """--enroll db: the light devices written as accepted rows (their keys, as POST /api/v1/devices would) into a
+    database migrated here, before the service starts and reads them: the figures after enrollment, without
+    waiting for 10,000 enrollments on a busy host."""
+    from agent.artifacts.keys import key_id, public_pem
+    from agent.controlplane import db
+    from agent.controlplane.models import ACCEPTED, Device
+
+    engine = db.make_engine(db_url)
+    db.migrate(engine)
+    now = time.time()
+    devs = list(fleet.devices.values())
+    for i in range(0, len(devs), 1000):
+        with db.write(db.sessions(engine)) as s:
+            for d in devs[i : i + 1000]:
+                pub = d.key.public_key()
+                s.add(Device(device_id=d.device_id, state=ACCEPTED, public_key=public_pem(pub), key_id=key_id(pub),
+                             groups=[], target=d.target, online=False, hardware={}, requested_at=now,
+                             decided_at=now, decided_by="bench"))  # fmt: skip
+    engine.dispose()
 
 
 def pages(url: str, h: dict, n: int, samples: int, out: dict, tag: str = "") -> None:
@@ -229,7 +317,7 @@ def rollout(url: str, h: dict, db_url: str, fleet, n: int, tmp: Path) -> dict:
             "converged_s": round(max(commits) - t0, 1)}  # fmt: skip
 
 
-def one_size(n: int, pg_base: str, broker, tmp: Path, samples: int) -> dict:
+def one_size(n: int, pg_base: str, broker, tmp: Path, args: argparse.Namespace) -> dict:
     import httpx
 
     from agent.artifacts.keys import generate
@@ -238,27 +326,37 @@ def one_size(n: int, pg_base: str, broker, tmp: Path, samples: int) -> dict:
 
     key, pub, _ = generate(tmp / "fleet-keys")
     db_url = new_database(pg_base, n)
-    proc, url, token = start_service(tmp, db_url, broker.url, key)
+    opts = LightOptions(id_prefix=f"l{n}", probation_s=2.0, clients=4, workers=32)
+    fleet = LightFleet(n, BrokerConfig(broker.url), [str(pub)], opts)
+    if args.enroll == "db":
+        preregister(db_url, fleet)
+    profile = str(Path(args.profile).resolve() / f"cp-{n}.pstats") if args.profile else ""
+    proc, url, token = start_service(tmp, db_url, broker.url, key, profile)
+    samples = args.samples
     h = {"Authorization": f"Bearer {token}"}
     out: dict = {"devices": n}
     try:
-        grant = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "bench", "uses": n}, headers=h).json()
-        opts = LightOptions(id_prefix=f"l{n}", control_plane=url, enroll_token=grant["token"], probation_s=2.0,
-                            clients=4, workers=32)  # fmt: skip
-        fleet = LightFleet(n, BrokerConfig(broker.url), [str(pub)], opts)
-        c0, t0 = cpu_s(proc.pid), time.perf_counter()
-        fleet.enroll()
-        c1, t1 = cpu_s(proc.pid), time.perf_counter()
-        out["enroll_cpu_ms"] = round((c1 - c0) / n * 1000, 2)
-        out["enroll_per_s"] = round(n / (t1 - t0), 1)
-        fleet.start(enroll=False)
-        wait("every status kept", lambda: kept(db_url) >= n, 900, every=0.5)
-        c2, t2 = cpu_s(proc.pid), time.perf_counter()
-        out["ingest_cpu_ms"] = round((c2 - c1) / n * 1000, 2)
-        out["ingest_s"] = round(t2 - t1, 1)
+        fleet.control_plane = url
+        if args.enroll == "api":
+            c1, t1 = cpu_s(proc.pid), time.perf_counter()
+            grant = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "bench", "uses": n}, headers=h).json()
+            fleet.enroll_token = grant["token"]
+            c0, t0 = c1, t1
+            fleet.enroll()
+            c1, t1 = cpu_s(proc.pid), time.perf_counter()
+            out["enroll_cpu_ms"] = round((c1 - c0) / n * 1000, 2)
+            out["enroll_per_s"] = round(n / (t1 - t0), 1)
+        t2 = ingest(proc.pid, fleet, db_url, out)
         pages(url, h, n, samples, out, "_before_autovacuum")
+        if args.until == "pages":
+            fleet.stop()
+            return out
         out["autovacuum_wait_s"] = vacuumed_after(db_url, time.time() - (time.perf_counter() - t2))
         pages(url, h, n, samples, out)
+        out["overview_sql_ms"] = overview_sql_ms(db_url)
+        if args.until == "vacuum":
+            fleet.stop()
+            return out
         c3 = cpu_s(proc.pid)
         count = min(n, 2000)
         out["decisions_per_s"] = round(post_decisions(url, fleet, count), 1)
@@ -278,6 +376,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--devices", default="1000,10000")
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument(
+        "--until",
+        choices=("pages", "vacuum", "rollout"),
+        default="rollout",
+        help="pages: stop after the first overview and list figures; vacuum: after those once autovacuum ran",
+    )
+    ap.add_argument(
+        "--enroll",
+        choices=("api", "db"),
+        default="api",
+        help="db: the devices written into the database before the service starts (no enroll figures)",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="run the service under cProfile in every thread (bench/cp_profile.py): DIR/cp-N.pstats",
+    )
     args = ap.parse_args()
     from brokers import Mosquitto
     from cp_support import postgres
@@ -291,7 +407,7 @@ def main() -> None:
             for n in sizes:
                 with Mosquitto(tmp / f"mq-{n}") as broker:
                     (tmp / f"n{n}").mkdir()
-                    got = one_size(n, pg, broker, tmp / f"n{n}", args.samples)
+                    got = one_size(n, pg, broker, tmp / f"n{n}", args)
                 print(json.dumps(got), flush=True)
                 results.append(got)
     if len(results) > 1:

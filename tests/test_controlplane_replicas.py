@@ -2,7 +2,8 @@
 on one works on the other; rate limits are shared), one leads the rollouts and the MQTT fan-out by a lease with a
 fencing token. The leader SIGKILLed mid-rollout: the other takes over within 10 s, the rollout finishes, no device
 receives its desired state twice (counted by a subscriber on the broker), and the survivor answered throughout.
-Fencing on the database: a stale leader's write is refused."""
+Fencing on the database: a stale leader's write is refused. Replicas with stores of their own and one shared
+`uploads_dir`: a package uploaded through the standby is planned and served by the leader."""
 
 from __future__ import annotations
 
@@ -143,11 +144,14 @@ def test_replicas_starting_at_once_migrate_once_and_make_one_admin_token(pg, tmp
 
 
 # -- two replicas as processes ---------------------------------------------------------------------------------
-def _config(path: Path, port: int, db_url: str, broker: str, key: Path, store: Path) -> Path:
+def _config(
+    path: Path, port: int, db_url: str, broker: str, key: Path, store: Path, uploads: Path | None = None
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "listen": {"host": "127.0.0.1", "port": port},
         "store": str(store),  # one store for both: an upload on either is there for the leader
+        **({"uploads_dir": str(uploads)} if uploads else {}),
         "admin_token_file": str(path.parent / "admin.token"),
         "database": {"url": db_url},
         "signing_key": str(key),
@@ -346,3 +350,62 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
                 _stop(p)
             sim.stop()
             watcher.stop()
+
+
+def test_an_upload_through_one_replica_is_planned_and_served_by_the_other(tmp_path, pg):
+    """Each replica has a `store` of its own and both name one `uploads_dir`: a package uploaded through replica a
+    (the standby) is planned, signed and served to light devices by replica b (the leader), and the shared
+    directory holds the blob whole (written to a temporary file, synced, renamed) and no partial file."""
+    from agent.samples import tiny_model
+    from agent.sim.light import LightFleet, LightOptions
+
+    with Mosquitto(tmp_path / "mosquitto") as broker:
+        key, pub, _ = generate(tmp_path / "keys")
+        port_a, port_b = free_port(), free_port()
+        url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+        shared = tmp_path / "uploads"
+        cfg_b = _config(tmp_path / "b" / "cp.yaml", port_b, pg, broker.url, key, tmp_path / "b" / "store", shared)
+        cfg_a = _config(tmp_path / "a" / "cp.yaml", port_a, pg, broker.url, key, tmp_path / "a" / "store", shared)
+        procs = [_start(cfg_b, tmp_path / "b.log")]
+        fleet = None
+        try:
+            wait_for(lambda: _health(url_b), 60, "replica b up")
+            procs.append(_start(cfg_a, tmp_path / "a.log"))
+            wait_for(lambda: _health(url_a), 60, "replica a up")
+            assert _health(url_b)["leader"]["leading"] and not _health(url_a)["leader"]["leading"]
+            h = {"Authorization": f"Bearer {(cfg_b.parent / 'admin.token').read_text().strip()}"}
+            grant = httpx.post(url_a + "/api/v1/enroll-tokens", json={"name": "up", "uses": 3}, headers=h).json()
+            opts = LightOptions(id_prefix="up", control_plane=url_a, enroll_token=grant["token"], probation_s=0.5,
+                                clients=1)  # fmt: skip
+            fleet = LightFleet(3, BrokerConfig(broker.url), [str(pub)], opts)
+            fleet.start()
+
+            def verified() -> bool:
+                devs = httpx.get(url_a + "/api/v1/devices", headers=h).json()["devices"]
+                return len(devs) == 3 and all(d["status_ts"] for d in devs)
+
+            wait_for(verified, WAIT_S, "3 verified statuses", step=0.5)
+            blob = tiny_model(1.0).SerializeToString()
+            r = httpx.put(url_a + "/api/v1/models/tiny/versions/1", content=blob, headers=h)
+            assert r.status_code == 201, r.text
+            sha = hashlib.sha256(blob).hexdigest()
+            assert (shared / "blobs" / "sha256" / sha).read_bytes() == blob
+            assert not list((tmp_path / "a" / "store").rglob(sha)) and not list((tmp_path / "b" / "store").rglob(sha))
+            body = {"model": "tiny", "version": "1", "canary": "1", "wave_size": "2", "deadline_s": WAIT_S}
+            assert httpx.post(url_a + "/api/v1/rollouts", json=body, headers=h).status_code == 202
+
+            def finished():
+                got = httpx.get(url_a + "/api/v1/rollouts/tiny-1", headers=h).json()
+                return got["phase"] in ("finished", "failed") and got
+
+            done = wait_for(finished, WAIT_S, "tiny-1 ended", step=0.5)
+            assert done["state"] == "completed" and done["progress"]["counts"].get("succeeded") == 3, done
+            assert fleet.counts["committed"] == 3 and fleet.counts["failed"] == 0, fleet.counts
+            assert _health(url_b)["leader"]["leading"]  # b planned it from the shared directory all along
+            leftovers = [p.name for p in shared.rglob("*") if p.is_file() and (".tmp" in p.name or ".src" in p.name)]
+            assert leftovers == [] and not list(shared.glob("tmp*")), leftovers
+        finally:
+            if fleet is not None:
+                fleet.stop()
+            for p in procs:
+                _stop(p)

@@ -1,6 +1,8 @@
 """The control plane's whole-fleet paths (issue 38), against the real service on SQLite and a real PostgreSQL:
 the overview's counts come from SQL over the indexed columns and equal a recount over the status documents
 in Python, and neither the overview page nor a device list page runs a statement that reads a status document;
+the overview's kept counts (fleet_counts) equal a GROUP BY over the devices after every kind of change; the API's
+and the dashboard's device lists paged by cursor list each device once while devices enroll between pages;
 a light fleet (agent.sim.light) of 200 devices on a real Mosquitto enrolls through the API while the fleet loop
 runs (no registry reload, each status verified once) and converges on a canary-then-waves rollout."""
 
@@ -78,6 +80,105 @@ def test_overview_counts_come_from_sql_and_no_page_reads_a_status(tmp_path, db_u
         statements.clear()
         assert httpx.get(url + "/api/v1/devices/mix-1", headers=h).json()["status"]["target"] == "t1"
         assert [s for s in statements if READS_STATUS.search(s)]  # the pattern does catch a read of the document
+
+
+def test_the_kept_counts_follow_every_change_of_a_device(tmp_path, db_url):
+    """fleet_counts (agent.controlplane.fleetcounts) equals a GROUP BY over the devices table after each kind of
+    change: enrollment (accepted and pending), statuses kept and changed, accept, reject, decommission, delete."""
+    from agent.controlplane import fleetcounts
+    from agent.controlplane.fleetloop import FleetLoop
+
+    with running_service(tmp_path, database={"url": db_url}) as (cp, url):
+        h = {"Authorization": f"Bearer {cp.admin_token}"}
+
+        def same() -> dict:
+            with cp.factory() as s:
+                kept, recount = fleetcounts.kept(s), fleetcounts.recount(s)
+            assert kept == recount
+            return kept
+
+        token = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "t", "uses": 12}, headers=h).json()["token"]
+        ids = [f"cnt-{i}" for i in range(12)]
+        for dev in ids:
+            enroll(url, dev, device_key(tmp_path / "keys" / dev), token=token)
+        for dev in ("wait-0", "wait-1", "wait-2"):
+            assert enroll(url, dev, device_key(tmp_path / "keys" / dev))["state"] == "pending"
+        assert sum(same().values()) == 15
+        loop = FleetLoop(cp.factory, cp.settings)
+        loop._ingest({dev: _status(i) for i, dev in enumerate(ids)})
+        assert len(same()) > 3  # several cohorts
+        loop._ingest({dev: _status(i + 1) for i, dev in enumerate(ids[:6])})  # half of them changed
+        loop._ingest({dev: _status(i + 1) for i, dev in enumerate(ids[:6])})  # the same again: nothing changes
+        same()
+        for path in ("/api/v1/devices/wait-0/accept", "/api/v1/devices/wait-1/reject", "/api/v1/devices/cnt-3/decommission"):  # fmt: skip
+            assert httpx.post(url + path, headers=h).status_code == 200, path
+        assert httpx.delete(url + "/api/v1/devices/cnt-4", headers=h).status_code == 200
+        kept = same()
+        ov = httpx.get(url + "/api/v1/overview", headers=h).json()
+        assert ov["states"] == {"accepted": 11, "pending": 1, "rejected": 1, "decommissioned": 1}
+        assert sum(c["devices"] for c in ov["cohorts"]) == 11 == sum(n for k, n in kept.items() if k[0] == "accepted")
+
+
+def test_keyset_pages_list_each_device_once_while_devices_enroll(tmp_path, db_url, monkeypatch):
+    """The API's and the dashboard's device lists paged by `after` cursors while devices enroll between pages, some
+    sorting before the page reached and some after: every device listed once, none skipped, each one enrolled
+    behind the cursor listed too; `offset` pages still answer (and do list a device twice under the same inserts,
+    which is why the cursor exists)."""
+    from agent.controlplane import webdevices
+
+    monkeypatch.setattr(webdevices, "PAGE", 10)  # the dashboard's page size: 3 pages of the 30 devices below
+    limits = {"address_burst": 10**6, "address_per_minute": 1e9}  # enrollments from one address, quickly
+    with running_service(tmp_path, database={"url": db_url}, limits=limits) as (cp, url):
+        h = {"Authorization": f"Bearer {cp.admin_token}"}
+        grant = httpx.post(url + "/api/v1/enroll-tokens", json={"name": "t", "uses": 400}, headers=h).json()
+        free = [f"k-{i:03d}" for i in range(1, 400, 2)]  # ids not enrolled yet, between the first ones
+
+        def add(dev: str) -> str:
+            assert enroll(url, dev, device_key(tmp_path / "keys" / dev), token=grant["token"])["state"] == "accepted"
+            return dev
+
+        first = {add(f"k-{i:03d}") for i in range(0, 60, 2)}  # 30 devices: 4 API pages of 8, 3 dashboard pages
+
+        def enroll_around(last: str) -> set[str]:
+            """One device that sorts before the page just listed, one behind it (listed later)."""
+            picked = next(d for d in free if d > last)
+            free.remove(picked)
+            return {add(f"j-{len(free)}"), add(picked)}  # "j-" sorts before every "k-"
+
+        seen: list[str] = []
+        behind: set[str] = set()
+        page = httpx.get(url + "/api/v1/devices", params={"limit": 8}, headers=h).json()
+        while True:
+            seen += [d["device_id"] for d in page["devices"]]
+            if page["next"] is None:
+                break
+            behind |= {d for d in enroll_around(seen[-1]) if d > seen[-1]}
+            page = httpx.get(url + "/api/v1/devices", params={"limit": 8, "after": page["next"]}, headers=h).json()
+        assert len(seen) == len(set(seen)) and set(seen) >= first | behind and seen == sorted(seen)
+        assert httpx.get(url + "/api/v1/devices", params={"after": "junk"}, headers=h).status_code == 400
+
+        shown: list[str] = []
+        html = httpx.get(url + "/devices", headers=h).text
+        while True:
+            table = html.split('id="devices"', 1)[1].split("</table>", 1)[0]
+            shown += re.findall(r'<a href="/devices/([jk]-\d+)">', table)
+            link = re.search(r'<a class="next" href="\?([^"]+)">', html)
+            if link is None:
+                break
+            assert "after=" in link.group(1)
+            enroll_around(shown[-1])
+            html = httpx.get(url + "/devices?" + link.group(1).replace("&amp;", "&"), headers=h).text
+        listed = httpx.get(url + "/api/v1/devices", params={"limit": 1000}, headers=h).json()
+        assert len(shown) == len(set(shown)) and shown == sorted(shown) and len(shown) >= 30
+        assert set(shown) >= first and not [d["device_id"] for d in listed["devices"] if d["device_id"] > shown[-1]]
+
+        offsets: list[str] = []  # the old parameter: still served, and not stable under inserts
+        for n in range(3):
+            got = httpx.get(url + "/api/v1/devices", params={"limit": 8, "offset": 8 * n}, headers=h).json()
+            assert got["offset"] == 8 * n and len(got["devices"]) == 8
+            offsets += [d["device_id"] for d in got["devices"]]
+            enroll_around(offsets[-1])
+        assert len(offsets) > len(set(offsets))
 
 
 def test_a_light_fleet_enrolls_without_a_reload_and_converges_on_a_rollout(tmp_path):
@@ -224,6 +325,11 @@ def test_migration_0003_backfills_the_columns_from_stored_statuses(db_url):
         command.downgrade(cfg, "0002_freshness")
         command.upgrade(cfg, "head")
     engine.dispose()
+    with engine.connect() as conn:
+        counted = conn.execute(
+            text("SELECT state, online, sum(devices) FROM fleet_counts GROUP BY state, online")
+        ).all()
+    assert [(st, bool(on), int(n)) for st, on, n in counted] == [("accepted", True, 13)]  # the migration's count
     want = {dev: tuple(cohort.columns(doc).values()) for dev, doc in docs.items()}
     assert {d: r for d, r in rows.items() if d != "never"} == want and rows["never"] == (None, None, None)
     assert {r[1] for r in want.values()} >= {"det 2", "cls 4, det 2", "none"}  # one model, two, none

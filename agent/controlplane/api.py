@@ -76,7 +76,12 @@ def list_devices(
     q: str | None = Query(None, max_length=64),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
     limit: int = Query(50, ge=1, le=1000),
+    after: str | None = Query(None, max_length=120),
 ) -> dict[str, Any]:
+    """Devices by id, a page at a time: `after` (the previous page's `next`, an opaque cursor) continues behind
+    its last device, each device listed once while others enroll; `offset` pages stay for older tools. `next`:
+    the cursor of the page after this one, null on the last."""
+    start = repo.after_id(after) if after else None
     with cp(request).factory() as s:
         total, rows = repo.list_devices(
             s,
@@ -87,9 +92,13 @@ def list_devices(
             online=online,
             q=q,
             offset=offset,
-            limit=limit,
+            limit=limit + 1,  # one more: is there a next page
+            after=start,
         )
-        return {"total": total, "offset": offset, "limit": limit, "devices": [repo.device_dict(r) for r in rows]}
+        more, rows = len(rows) > limit, rows[:limit]
+        return {"total": total, "offset": offset, "limit": limit, "after": after,
+                "next": repo.cursor(rows[-1].device_id) if more else None,
+                "devices": [repo.device_dict(r) for r in rows]}  # fmt: skip
 
 
 @router.get("/overview", tags=["devices"])
@@ -290,8 +299,8 @@ async def upload_model(request: Request, name: str, version: str, op: AsOperator
 
     check_names(name, version)
     ctx = cp(request)
-    ctx.settings.store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
+    ctx.settings.uploads_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ctx.settings.uploads_dir) as tmp:
         path = Path(tmp) / "upload"
         with open(path, "wb") as f:
             async for chunk in request.stream():  # at most max_body_bytes: limits.BodyLimit cuts it off (413)

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from agent.controlplane import fleetcounts  # noqa: F401 - its session hooks keep fleet_counts with the devices
 from agent.errors import ConfigError, EdgeAgentError
 
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -145,7 +145,9 @@ def whys(session: Session, devices: list[dict[str, Any]]) -> dict[tuple[str, str
     return out
 
 
-def _by_columns(session: Session, q: DeviceQuery, offset: int, limit: int | None) -> tuple[int, list[Any]]:
+def _by_columns(
+    session: Session, q: DeviceQuery, offset: int, limit: int | None, after: str | None = None
+) -> tuple[int, list[Any]]:
     return repo.list_devices(
         session,
         state=q.state or None,
@@ -154,15 +156,21 @@ def _by_columns(session: Session, q: DeviceQuery, offset: int, limit: int | None
         provider=q.provider or None,
         offset=offset,
         limit=limit,
+        after=after,
     )
 
 
-def listing(session: Session, q: DeviceQuery, offset: int, limit: int) -> dict[str, Any]:
+def listing(session: Session, q: DeviceQuery, offset: int, limit: int, after: str | None = None) -> dict[str, Any]:
     """{"total", "devices" (the page, each with "health" and per model "why"), "groups" (each value with its
-    count over every device the filters leave, when grouped, and the filter that lists them)}."""
+    count over every device the filters leave, when grouped, and the filter that lists them), "next" (the
+    cursor behind this page's last device, None on the last page or when filtered by status: numbered pages)}.
+    `after`: a device id (repo.after_id), the page starts behind it (filters by column only)."""
     groups: dict[str, int] = {}
+    nxt = None
     if not q.by_status:
-        total, rows = _by_columns(session, q, offset, limit)
+        total, rows = _by_columns(session, q, offset, limit + 1, after)
+        if len(rows) > limit:
+            rows, nxt = rows[:limit], repo.cursor(rows[limit - 1].device_id)
         items = [repo.device_dict(r) for r in rows]
     else:
         every = [d for d in (repo.device_dict(r) for r in _by_columns(session, q, 0, None)[1]) if matches(d, q)]
@@ -178,4 +186,4 @@ def listing(session: Session, q: DeviceQuery, offset: int, limit: int) -> dict[s
         d["group_key"] = group_key(d, q.group_by) if q.group_by in GROUP_BY else ""
         d["models"] = {m: {**v, "why": reasons.get((d["device_id"], m, str(v.get("version"))))} for m, v in _served(d)}
     summary = [{"key": k, "devices": n, "filter": group_filter(q.group_by, k)} for k, n in groups.items()]
-    return {"total": total, "devices": items, "groups": summary}
+    return {"total": total, "devices": items, "groups": summary, "next": nxt}

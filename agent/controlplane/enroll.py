@@ -169,10 +169,13 @@ def remove(session: Session, device_id: str) -> dict[str, int]:
         (TelemetryHead, TelemetryHead.device_id),
         (DeviceGroup, DeviceGroup.device_id),
         (EnrollNonce, EnrollNonce.device_id),
-        (Device, Device.device_id),
     ):
         done: Any = session.execute(delete(table).where(column == device_id))
         counts[str(table.__tablename__)] = int(done.rowcount or 0)
+    row = session.get(Device, device_id)
+    if row is not None:  # through the session, so the overview's counts follow (agent.controlplane.fleetcounts)
+        session.delete(row)
+    counts[Device.__tablename__] = int(row is not None)
     session.flush()
     return counts
 

@@ -209,14 +209,14 @@ class FleetLoop:
                 )
             if mv is None:
                 raise EdgeAgentError(f"model {spec.name} {spec.version} is not uploaded")
-            artifact = stored_artifact(self.settings.store, mv.sha256, mv.format)
+            artifact = stored_artifact(self.settings.uploads_dir, mv.sha256, mv.format)
             if artifact is None:
-                raise EdgeAgentError(f"artifact {mv.sha256} is not in {self.settings.store}")
+                raise EdgeAgentError(f"artifact {mv.sha256} is not in {self.settings.uploads_dir} (uploads_dir)")
             sources = _sources(artifact, None)
             warnings: list[str] = []
             extras = _manifest_extras(
                 spec,
-                self.settings.store,
+                self.settings.uploads_dir,
                 artifact,
                 sources,
                 time.time(),

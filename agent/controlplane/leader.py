@@ -106,9 +106,9 @@ class FleetRole:
         st = self.settings
         try:
             if self.artifacts is None:
-                st.store.mkdir(parents=True, exist_ok=True)
+                st.uploads_dir.mkdir(parents=True, exist_ok=True)
                 broker = BrokerConfig(str(st.broker_url))
-                self.artifacts = ArtifactServer(ContentStore(st.store), broker, st.prefix).start()
+                self.artifacts = ArtifactServer(ContentStore(st.uploads_dir), broker, st.prefix).start()
             if lead:
                 self.loop = FleetLoop(self.lease.fenced_sessions(), st, self.key).start()
                 self.takeovers += 1

@@ -51,6 +51,23 @@ class Device(Base):
     agent_release: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
+class FleetCount(Base):
+    """How many devices share one combination of the columns the overview groups by, kept in the transaction that
+    changes a device (agent.controlplane.fleetcounts: hooks on every session, registered when db is imported)."""
+
+    __tablename__ = "fleet_counts"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # fleetcounts.key_hash of the combination
+    state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    target: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    provider: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    precision: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    model_versions: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    model_state: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    online: Mapped[bool] = mapped_column(Boolean, default=False)
+    devices: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class DeviceGroup(Base):
     """Membership rows (so a group filter is an indexed parameterised join, not JSON text matching)."""
 

@@ -51,7 +51,7 @@ def save_version(
     other bytes for a version that exists a Conflict (409)."""
     from agent.fleet.push import store_package
 
-    artifact = store_package(path, ctx.settings.store, validate=checked is None)
+    artifact = store_package(path, ctx.settings.uploads_dir, validate=checked is None)
     with write(ctx.factory) as s:
         old = s.scalar(select(ModelVersion).where(ModelVersion.name == name, ModelVersion.version == version))
         if old is not None and old.sha256 != artifact["sha256"]:

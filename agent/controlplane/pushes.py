@@ -33,12 +33,12 @@ def push_version(ctx, body, actor: str) -> dict[str, Any]:
         sha, fmt = mv.sha256, mv.format
     with tempfile.TemporaryDirectory() as tmp:
         link = Path(tmp) / ("package.tar.gz" if fmt == "tar.gz" else "model.onnx")
-        os.symlink(ContentStore(settings.store).path(sha), link)
+        os.symlink(ContentStore(settings.uploads_dir).path(sha), link)
         spec = PushSpec(
             name=body.model,
             version=body.version,
             key_file=settings.signing_key,
-            store=settings.store,
+            store=settings.uploads_dir,
             broker=BrokerConfig(settings.broker_url),
             prefix=settings.prefix,
             devices=body.devices,

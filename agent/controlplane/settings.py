@@ -16,6 +16,7 @@ KEYS = {
     "listen",
     "database",
     "store",
+    "uploads_dir",
     "signing_key",
     "mqtt",
     "admin_token_file",
@@ -34,7 +35,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8470
     database_url: str = ""
-    store: Path = Path("store")
+    store: Path = Path("store")  # this replica's own files: the default database and admin token sit beside it
+    # uploaded packages (the content store devices pull from): one directory every replica reads and writes,
+    # a shared filesystem when replicas run on several hosts; default: `store`
+    uploads_dir: Path = Path("store")
     signing_key: Path | None = None
     broker_url: str | None = None
     prefix: str = "edge"
@@ -102,6 +106,7 @@ def parse(doc: Any, base: Path) -> Settings:
         port=port,
         database_url=url,
         store=store,
+        uploads_dir=_path(base, doc["uploads_dir"], "uploads_dir") if doc.get("uploads_dir") else store,
         signing_key=_path(base, doc["signing_key"], "signing_key") if doc.get("signing_key") else None,
         broker_url=mqtt.get("url"),
         prefix=str(mqtt.get("topic_prefix", "edge")),

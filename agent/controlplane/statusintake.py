@@ -43,7 +43,7 @@ def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict], on
         return 0  # only verified reports change anything
     kept = 0
     ids = sorted(verified)
-    with write(factory) as s:
+    with write(factory) as s, s.no_autoflush:  # one flush per batch, not one per device's alert lookup
         for i in range(0, len(ids), BATCH):
             stmt = select(Device).where(Device.device_id.in_(ids[i : i + BATCH]), Device.state == ACCEPTED)
             for row in s.scalars(stmt.options(defer(Device.status), defer(Device.public_key))).all():
@@ -51,6 +51,7 @@ def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict], on
                     kept += 1
                     if on_kept is not None:
                         on_kept(s, row.device_id, row.status)
+            s.flush()
     return kept
 
 

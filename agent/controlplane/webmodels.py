@@ -90,8 +90,8 @@ async def upload(request: Request):
         file = form.get("package")
         if not isinstance(file, UploadFile) or not file.filename:
             return _models_page(request, v, 422, refused="package: choose a file (.onnx or .tar.gz)", entered=entered)
-        ctx.settings.store.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
+        ctx.settings.uploads_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=ctx.settings.uploads_dir) as tmp:
             path = await run_in_threadpool(_spool, file.file, Path(tmp))
             got = await run_in_threadpool(
                 packages.receive, ctx, name, version, path, v.op.actor, form.get("store_anyway") == "yes"
