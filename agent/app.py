@@ -284,6 +284,7 @@ class DeviceAgent:
         extra |= {"control_plane": parts.cpsync.snapshot()} if parts.cpsync is not None else {}  # posted, pending
         if parts.link is not None:
             extra["rejected"] = dict(parts.link.rejected)  # desired states refused before the lifecycle saw them
+            extra["broker"] = {"connected": parts.link.link.connected}  # edge-agent-guard's trial waits for it
         return build_status(
             self.state_dir,
             device_id=self.config.device_id,
