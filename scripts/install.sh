@@ -31,7 +31,8 @@ Options:
   --release DIR       install a signed release (edge-agent release build) side by side instead of --venv:
                       /opt/edge-agent/releases/VERSION/venv, offline, every wheel's sha256 required; the
                       'current' link names it and the unit runs /opt/edge-agent/current/venv; the guard
-                      (edge-agent-guard) goes to /opt/edge-agent/guard/bin (docs/self-update.md). A release
+                      (edge-agent-guard) goes to /opt/edge-agent/guard/bin, its unit
+                      edge-agent-guard.service beside the agent's (docs/self-update.md). A release
                       built with --no-deps uses the packages of --venv-dir (under --root: the one in DIR,
                       else the one on this host)
   --trust FILE        with --release: the fleet public key its release.json must be signed with
