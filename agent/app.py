@@ -289,6 +289,7 @@ class DeviceAgent:
         extra |= {"agent_release": parts.releases.section()} if parts.releases is not None else {}  # issue 40
         if parts.link is not None:
             extra["rejected"] = dict(parts.link.rejected)  # desired states refused before the lifecycle saw them
+            extra["broker"] = {"connected": parts.link.link.connected}  # edge-agent-guard's trial waits for it
         return build_status(
             self.state_dir,
             device_id=self.config.device_id,

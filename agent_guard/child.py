@@ -76,6 +76,24 @@ class Child:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """None once the agent started last sends READY=1; else why not."""
+        assert self.proc is not None
+        return self.notify.wait_ready(self.proc, timeout_s)
+
+    def exit_reason(self) -> str | None:
+        """None while the agent runs; else how it ended."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"exited with status {self.proc.returncode}"
+
+    def idle(self) -> None:
+        self.notify.drain()  # as systemd does: a notify socket nobody reads fills up
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM (the agent drains), then SIGKILL after timeout_s, as systemd's TimeoutStopSec does."""
         if self.proc is None:

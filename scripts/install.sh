@@ -31,7 +31,8 @@ Options:
   --release DIR       install a signed release (edge-agent release build) side by side instead of --venv:
                       /opt/edge-agent/releases/VERSION/venv, offline, every wheel's sha256 required; the
                       'current' link names it and the unit runs /opt/edge-agent/current/venv; the guard
-                      (edge-agent-guard) goes to /opt/edge-agent/guard/bin (docs/self-update.md). A release
+                      (edge-agent-guard) goes to /opt/edge-agent/guard/bin, its unit
+                      edge-agent-guard.service beside the agent's (docs/self-update.md). A release
                       built with --no-deps uses the packages of --venv-dir (under --root: the one in DIR,
                       else the one on this host)
   --trust FILE        with --release: the fleet public key its release.json must be signed with
@@ -95,6 +96,8 @@ UNIT_DIR="$R/etc/systemd/system"
 UNIT="$UNIT_DIR/$NAME.service"
 DROPIN="$UNIT_DIR/$NAME.service.d/10-device.conf"
 WANTS="$UNIT_DIR/multi-user.target.wants/$NAME.service"
+GUARD_UNIT="$UNIT_DIR/$NAME-guard.service"
+GUARD_WANTS="$UNIT_DIR/multi-user.target.wants/$NAME-guard.service"
 OPT="$R/opt/edge-agent"
 CONF_DIR="$R/etc/edge-agent"
 CONF="$CONF_DIR/agent.yaml"
@@ -207,8 +210,9 @@ PY
 if [ "$UNINSTALL" = 1 ]; then
   if [ "$SYSTEM" = 1 ] && has_systemctl; then
     run systemctl disable --now "$NAME.service" 2>/dev/null || true
+    [ -e "$GUARD_UNIT" ] && { run systemctl disable --now "$NAME-guard.service" 2>/dev/null || true; }
   fi
-  for p in "$WANTS" "$UNIT" "$DROPIN"; do
+  for p in "$WANTS" "$UNIT" "$DROPIN" "$GUARD_WANTS" "$GUARD_UNIT"; do
     if [ -e "$p" ] || [ -L "$p" ]; then run rm -f "$p"; say "removed $p"; fi
   done
   [ -d "$UNIT_DIR/$NAME.service.d" ] && run rmdir "$UNIT_DIR/$NAME.service.d" 2>/dev/null || true
@@ -366,6 +370,10 @@ if [ "$DRY" = 0 ]; then
   chmod 0644 "$DROPIN.tmp"; mv "$DROPIN.tmp" "$DROPIN"
 fi
 say "installed $UNIT and $DROPIN (MemoryMax=${MEM:-80%}${GROUPS_FOUND:+, groups: $GROUPS_FOUND})"
+if [ -n "$RELEASE" ]; then  # the guard trials each later release (docs/self-update.md, "Under systemd")
+  [ "$DRY" = 1 ] || install -m 0644 "$SRC_DIR/systemd/$NAME-guard.service" "$GUARD_UNIT"
+  say "installed $GUARD_UNIT"
+fi
 
 # 7. enable and start
 if [ "$NO_SYSTEMD" = 1 ]; then
@@ -378,13 +386,16 @@ if [ "$ENABLE" = 1 ]; then
   if [ "$SYSTEM" = 1 ] && [ "$NO_SYSTEMD" = 0 ]; then
     run systemctl daemon-reload
     run systemctl enable "$NAME.service"
+    [ -z "$RELEASE" ] || run systemctl enable "$NAME-guard.service"
   else
     run mkdir -p "$(dirname "$WANTS")"
     run ln -sfn "/etc/systemd/system/$NAME.service" "$WANTS"
+    [ -z "$RELEASE" ] || run ln -sfn "/etc/systemd/system/$NAME-guard.service" "$GUARD_WANTS"
   fi
   say "enabled $NAME.service (multi-user.target)"
 fi
 if [ "$SYSTEM" = 1 ] && { [ "$START" = 1 ] || [ "${WAS_ACTIVE:-0}" = 1 ]; }; then
+  [ -z "$RELEASE" ] || run systemctl restart "$NAME-guard.service"
   run systemctl restart "$NAME.service"
   say "started $NAME.service: journalctl -u $NAME -f"
 fi

@@ -226,6 +226,9 @@ def test_root_lays_out_the_first_release_side_by_side(tmp_path):
     )
     assert r.returncode == 0 and '"current": true' in r.stdout, (r.stdout, r.stderr)
     assert "ExecStart=/opt/edge-agent/current/venv/bin/edge-agent run" in (root / UNIT).read_text()
+    guard_unit = root / "etc/systemd/system/edge-agent-guard.service"  # the guard as a unit, enabled, verified
+    assert (root / "etc/systemd/system/multi-user.target.wants/edge-agent-guard.service").is_symlink(), out
+    assert "--systemd edge-agent.service" in guard_unit.read_text() and verify(guard_unit) == ""
     guard = subprocess.run([sys.executable, "-S", "-I", str(opt / "guard/bin/edge-agent-guard"), "status", "--root",
                             str(opt), "--json"], capture_output=True, text=True)  # fmt: skip
     assert guard.returncode == 0 and '"current": "0.1.0"' in guard.stdout, guard.stderr

@@ -2,7 +2,7 @@
 verified wheelhouse (`pip install --no-index --require-hashes`), never touching the release that runs. It is built
 in place (a venv's scripts name their interpreter by absolute path) and complete once installed.json is written,
 last and fsynced: an install a power cut left without it is removed and redone. `current`/`previous` are the
-guard's (agent_guard.links); `prune` keeps them and nothing else."""
+guard's (agent_guard.links); `prune` keeps them, a release awaiting or on trial, and nothing else."""
 
 from __future__ import annotations
 
@@ -109,9 +109,16 @@ def _clean_env() -> dict[str, str]:
     return {**env, "PIP_CONFIG_FILE": os.devnull}  # no site-wide index, find-links or constraints: the wheelhouse only
 
 
+def awaiting(root: Path) -> list[str]:
+    """The releases the guard is asked to trial or is trialling now: never pruned."""
+    docs = (links.read_json(root / "guard" / name) for name in ("request.json", "trial.json"))
+    return [d["version"] for d in docs if d and isinstance(d.get("version"), str)]
+
+
 def prune(root: Path, keep_extra: tuple[str, ...] = ()) -> list[str]:
-    """Remove every release that is neither current, previous nor in keep_extra (and partial installs)."""
-    keep = {links.target(root, links.CURRENT), links.target(root, links.PREVIOUS), *keep_extra}
+    """Remove every release that is neither current, previous, awaiting its trial (guard/request.json), on
+    trial (guard/trial.json) nor in keep_extra (and partial installs)."""
+    keep = {links.target(root, links.CURRENT), links.target(root, links.PREVIOUS), *keep_extra, *awaiting(root)}
     removed = []
     for path in sorted((root / "releases").iterdir()) if (root / "releases").is_dir() else []:
         if path.name not in keep:
