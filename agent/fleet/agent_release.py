@@ -68,7 +68,8 @@ def trial_words(release: dict[str, Any] | None) -> str:
 
 def model_view(status: Any) -> Any:
     """The status with the agent release as the engine reads a model (agent.fleet.outcome): models[edge-agent]
-    = the running release (on probation while its trial runs, with the one before as `previous`) and
+    = the running release (on probation while its trial runs, with the one that ran before as `previous`, never
+    one whose trial failed) and
     deployments[edge-agent] = a trial or an install that failed. Unsigned or foreign statuses pass unchanged."""
     if not isinstance(status, dict) or not isinstance(status.get(SECTION), dict):
         return status
@@ -77,7 +78,7 @@ def model_view(status: Any) -> Any:
     trial = sec.get("trial") if isinstance(sec.get("trial"), dict) else {}
     running = trial.get("version") == current and not trial.get("result")  # N+1 up, its trial not over
     model: dict[str, Any] = {"version": current, "state": "probation" if running else "committed"}
-    if sec.get("previous") and sec.get("previous") != current:
+    if sec.get("previous") and sec.get("previous") != current and not _flipped_back_from(sec["previous"], trial):
         model["previous"] = sec["previous"]
     if isinstance(sec.get("sha256"), str):
         model["sha256"] = sec["sha256"]
@@ -86,6 +87,14 @@ def model_view(status: Any) -> Any:
     deps = {k: v for k, v in (status.get("deployments") or {}).items() if k != RELEASE_NAME}
     out["deployments"] = {**deps, **({RELEASE_NAME: dep} if dep else {})}
     return out
+
+
+def _flipped_back_from(previous: Any, trial: dict[str, Any]) -> bool:
+    """Does the release root's `previous` name the release whose trial just failed here? The guard's flip back
+    leaves `previous` naming the failed release (agent_guard.links.flip_back); a model's `previous` is a version
+    that ran committed, and the engine reads it so (rollout_state.held_before: took it, then went back). A device
+    whose own trial failed after a halt never took N+1: it is cancelled, not rolled back."""
+    return trial.get("version") == previous and trial.get("result") in TRIAL_BAD
 
 
 def _failed(sec: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any] | None:

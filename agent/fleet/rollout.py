@@ -276,6 +276,12 @@ class RolloutEngine:
         if result in rs.TOOK and not rs.holds(doc, name, new):
             if d.get("took") or rs.held_before(doc, name, new):  # took it as the halt came, then went back
                 return rs.ROLLED_BACK, f"rolled back to {prev} (cohort halted)"
+            own, why = rs.observe(doc, name, new)  # in flight at the halt, its own try of the version may have failed
+            if own == rs.FAILED:
+                return (
+                    rs.CANCELLED,
+                    f"cohort halted while it tried {new}, which failed there too ({why}); stays on {prev}",
+                )
             return rs.CANCELLED, f"cohort halted before it installed; stays on {prev}"
         return None, None
 

@@ -170,18 +170,22 @@ class ReleaseUpdater:
         from agent.release.reports import sign_reports
         from agent_guard import links
 
-        cur = self._current()
+        for _ in range(5):  # `current` read again after the trial: a flip in between (a trial started or ended
+            # meanwhile) would pair a release with another's trial, e.g. N+1 with its own failed report: committed
+            cur = self._current()
+            out: dict[str, Any] = {"current": cur, "previous": links.target(self.root, links.PREVIOUS)}
+            running = links.read_json(self.root / "guard" / "trial.json")
+            if running is not None:
+                out["trial"] = {k: running.get(k) for k in ("version", "from", "step", "try", "started")}
+            else:
+                reports = sign_reports(self.root, self.state_dir)
+                if reports:
+                    out["trial"] = reports[-1]
+            if self._current() == cur:
+                break
         art = read_json(self.root / "releases" / str(cur) / ARTIFACT_FILE, default=None) if cur else None
-        out: dict[str, Any] = {"current": cur, "previous": links.target(self.root, links.PREVIOUS)}
         if isinstance(art, dict) and isinstance(art.get("sha256"), str):
             out["sha256"] = art["sha256"]
-        running = links.read_json(self.root / "guard" / "trial.json")
-        if running is not None:
-            out["trial"] = {k: running.get(k) for k in ("version", "from", "step", "try", "started")}
-        else:
-            reports = sign_reports(self.root, self.state_dir)
-            if reports:
-                out["trial"] = reports[-1]
         with self._lock:
             if self.state.get("version"):
                 out["installing"] = {k: self.state.get(k) for k in ("version", "step", "error")}
