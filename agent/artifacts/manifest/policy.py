@@ -5,17 +5,40 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
+from agent.artifacts.manifest.parts import Artifact
 from agent.artifacts.manifest.rejection import ManifestRejected
 from agent.artifacts.manifest.versions import compare_versions
 
-if TYPE_CHECKING:
-    from agent.artifacts.manifest.document import Manifest
+
+class Ruled(Protocol):
+    """What the policy reads of a manifest (document.Manifest is one): the policy needs no import of it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def artifact(self) -> Artifact: ...
+    @property
+    def issued_at(self) -> int: ...
+    @property
+    def expires_at(self) -> int: ...
+    @property
+    def rollback(self) -> bool: ...
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+    @property
+    def groups(self) -> tuple[str, ...]: ...
+    def targets(self, device_id: str, groups: Iterable[str] = ()) -> bool: ...
+
+
+M = TypeVar("M", bound=Ruled)
 
 
 def check_policy(
-    m: Manifest,
+    m: M,
     installed_version: str | None = None,
     *,
     device_id: str | None = None,
@@ -24,7 +47,7 @@ def check_policy(
     max_artifact_bytes: int | None = None,
     free_bytes: int | None = None,
     max_skew_s: float | None = None,
-) -> Manifest:
+) -> M:
     """The device-side rules that do not need the signature: expiry, issue time (at most `max_skew_s` ahead of
     the device clock, when given), targeting, downgrade, size."""
     now = time.time() if now is None else now
@@ -64,7 +87,7 @@ def check_policy(
     return m
 
 
-def downgrade(m: Manifest, installed_version: str | None) -> ManifestRejected | None:
+def downgrade(m: Ruled, installed_version: str | None) -> ManifestRejected | None:
     """The one downgrade rule: a manifest must be newer than the installed version, unless it is a signed
     rollback. The rejection, or None when the manifest may go on."""
     if installed_version is None or m.rollback or compare_versions(m.version, installed_version) > 0:
