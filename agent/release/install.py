@@ -66,7 +66,10 @@ def install(root: Path, wheelhouse: Path, trusted: dict[str, Any], *, base_venv:
 
 def _venv(dest: Path, doc: dict[str, Any], base_venv: Path | None) -> None:
     venv = dest / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], "create the venv")
+    # a release with its dependencies gets pip from ensurepip (offline): the next release installs with
+    # `python -m pip` of this one; a release over a base venv finds the base's pip through its .pth line
+    with_pip = doc.get("dependencies") != "base"
+    _run([sys.executable, "-m", "venv", *(() if with_pip else ("--without-pip",)), str(venv)], "create the venv")
     (dest / "requirements.txt").write_text(manifest.requirements(doc))
     cmd = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-index"]
     cmd += ["--require-hashes", "--no-cache-dir", "--find-links", str(dest / "wheelhouse")]
