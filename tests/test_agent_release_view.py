@@ -45,7 +45,7 @@ class _Device:
         from agent.sim.release_sim import FAIL_REASON, _InProcess
         from agent_guard.trial import Limits, roll_back
 
-        roll_back(self.root, _InProcess(), doc, FAIL_REASON, Limits())  # type: ignore[arg-type]
+        roll_back(self.root, _InProcess(), doc, FAIL_REASON, Limits())
 
     def status(self) -> dict:
         sec = self.updater.section()

@@ -20,19 +20,24 @@ FAIL_REASON = "simulated: wrong answer for a committed model's golden request (f
 
 
 class _InProcess:
-    """The guard's child as the simulated device has it: the agent in this process, never stopped."""
+    """The guard's supervised agent (agent_guard.trial.Agent) as the simulated device has it: the agent in this
+    process, never stopped or started, always ready."""
 
-    proc = None
-
-    class notify:  # noqa: N801 - the guard's Child.notify
-        @staticmethod
-        def wait_ready(proc: Any, timeout: float) -> None:
-            return None
-
-    def stop(self, timeout_s: float) -> None:
-        return None
+    pid: int | None = None
 
     def start(self) -> None:
+        return None
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        return None
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        return None
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def idle(self) -> None:
         return None
 
 
@@ -111,7 +116,7 @@ class SimulatedTrial:
         time.sleep(self.trial_s)  # the trial in progress: the status says so meanwhile
         if self.fails(version):
             limits = Limits(max_tries=self.max_tries)
-            roll_back(root, _InProcess(), doc, FAIL_REASON, limits)  # type: ignore[arg-type]
+            roll_back(root, _InProcess(), doc, FAIL_REASON, limits)
             return
         step(root, doc, "ready")
         step(root, doc, "good")
