@@ -1,5 +1,6 @@
 """ChunkPuller over real brokers: windowed pull, several servers, tampering, stalls, missing artifacts, disk."""
 
+import contextlib
 import os
 import queue
 import threading
@@ -47,6 +48,18 @@ def assert_clean(store: ContentStore, sha: str, landed: bool):
         assert all(n.startswith(sha) and n.endswith((".part", ".bitmap")) for n in leftovers), leftovers
 
 
+@contextlib.contextmanager
+def serving(server_class, cp: ContentStore, url: str):
+    """A server of that class on the store cp and a device pi-1, both on the broker at url; both stopped after."""
+    server = server_class(cp, BrokerConfig(url)).start()
+    dev = DeviceLink(url, "pi-1").start(wait=15)
+    try:
+        yield server, dev
+    finally:
+        dev.stop()
+        server.stop()
+
+
 @pytest.fixture
 def device(any_broker):
     link = DeviceLink(any_broker.url, "pi-1").start(wait=15)
@@ -74,16 +87,11 @@ def test_pull_lands_a_verified_blob(any_broker, device, tmp_path):
 
 def test_tampered_chunks_are_refused_and_nothing_lands(mosquitto, tmp_path):
     cp, m, _ = make_artifact(tmp_path / "cp", 8 * CHUNK)
-    rogue = TamperingServer(cp, BrokerConfig(mosquitto.url)).start()
-    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
-    try:
+    with serving(TamperingServer, cp, mosquitto.url) as (_, dev):
         store = ContentStore(tmp_path / "dev")
         with pytest.raises(ArtifactError, match="failed its sha256 check 3 times"):
             ChunkPuller(dev, store, window=4, stall_timeout=60).pull(m)
         assert_clean(store, m.artifact.sha256, landed=False)
-    finally:
-        dev.stop()
-        rogue.stop()
 
 
 def test_a_good_server_wins_over_a_tampering_one(nats_mqtt, tmp_path):
@@ -130,16 +138,11 @@ def test_artifact_missing_on_servers_is_reported(any_broker, device, tmp_path):
 
 def test_not_enough_disk_is_refused_before_any_request(mosquitto, tmp_path):
     cp, m, _ = make_artifact(tmp_path / "cp", 4 * CHUNK)
-    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
-    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
-    try:
+    with serving(ArtifactServer, cp, mosquitto.url) as (server, dev):
         store = ContentStore(tmp_path / "dev")
         with pytest.raises(ArtifactError, match="not enough disk"):
             ChunkPuller(dev, store, reserve_bytes=store.free_bytes()).pull(m)
         assert server.stats["requests"] == 0 and not store.has(m.artifact.sha256)
-    finally:
-        dev.stop()
-        server.stop()
 
 
 def test_pull_survives_a_broker_restart(tmp_path):
@@ -147,8 +150,6 @@ def test_pull_survives_a_broker_restart(tmp_path):
 
     with Mosquitto(tmp_path / "b") as broker:
         cp, m, data = make_artifact(tmp_path / "cp", 48 * CHUNK)
-        server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
-        dev = DeviceLink(broker.url, "pi-1").start(wait=15)
         restarted = threading.Event()
 
         def progress(event, done=0, total=1, **_):
@@ -156,7 +157,7 @@ def test_pull_survives_a_broker_restart(tmp_path):
                 restarted.set()
                 broker.restart()  # chunks in flight die with the broker
 
-        try:
+        with serving(ArtifactServer, cp, broker.url) as (_, dev):
             store = ContentStore(tmp_path / "dev")
             puller = ChunkPuller(dev, store, window=2, request_timeout=2, stall_timeout=90, progress=progress)
             assert puller.pull(m).read_bytes() == data
@@ -168,9 +169,6 @@ def test_pull_survives_a_broker_restart(tmp_path):
                     break
             assert restarted.is_set() and any(getattr(e, "connected", True) is False for e in seen)
             assert_clean(store, m.artifact.sha256, landed=True)
-        finally:
-            dev.stop()
-            server.stop()
 
 
 def test_wire_format_rejects_garbage():
