@@ -84,9 +84,54 @@ def browser_page() -> Iterator[Any]:
         yield browser.new_page(viewport={"width": 1400, "height": 1000})
 
 
+def add_running_rollout(factory: Any, rollout_id: str, spec: dict, knobs: dict | None = None, **row: Any) -> None:
+    """Write a rollout row straight into the service's database: running, not paused, created by "t" now."""
+    from agent.controlplane.db import write
+    from agent.controlplane.models import Rollout
+
+    now = time.time()
+    with write(factory) as s:
+        s.add(
+            Rollout(
+                rollout_id=rollout_id,
+                spec=spec,
+                knobs=knobs if knobs is not None else {},
+                phase="running",
+                paused=False,
+                created_by="t",
+                created_at=now,
+                updated_at=now,
+                **row,
+            )
+        )
+
+
 def until(what: str, check: Callable[[], T], timeout: float = 120.0, every: float = 0.3) -> T:
     """`check`'s first truthy value, polled every `every` seconds; after `timeout` seconds the test fails on `what`."""
     return wait_for(check, timeout, what, step=every)
+
+
+def tiny_1_everywhere(api: Any, tmp: Path, devices: int, timeout: float, every: float = 0.3) -> tuple[dict, dict]:
+    """Once `devices` accepted devices report verified, online statuses: tiny 1 and 2 uploaded through the API and
+    tiny 1 rolled out to the lab group in one wave. Returns (that rollout's request body, tiny-1 once finished)."""
+
+    def verified():
+        devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
+        return len(devs) == devices and all(d["status_ts"] and d["online"] for d in devs)
+
+    until(f"{devices} verified, online statuses", verified, timeout, every)
+    for version in ("1", "2"):
+        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp, version).read_bytes())
+        assert r.status_code == 201, r.text
+    body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": timeout}
+    assert api.post("/api/v1/rollouts", json=body).status_code == 202
+    first = until(
+        "tiny-1 finished",
+        lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r,
+        timeout,
+        every,
+    )
+    return body, first
 
 
 @contextlib.contextmanager

@@ -171,20 +171,8 @@ def test_reference_outputs_are_reused_from_the_cache(tmp_path):
 
     pkg = samples.write_package(tmp_path / "cnn", samples.cnn_model(), name="cnn", golden=False)
     target = get_target("generic-x86_64")
-    first = qualify(
-        pkg,
-        PROFILE,
-        target,
-        providers=["cpu"],
-        options=QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=0.05),
-    )
-    second = qualify(
-        pkg,
-        PROFILE,
-        target,
-        providers=["cpu"],
-        options=QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=0.05),
-    )
+    options = QualifyOptions(cache_dir=tmp_path / "cache", latency_budget_s=0.05)
+    first, second = (qualify(pkg, PROFILE, target, providers=["cpu"], options=options) for _ in range(2))
     assert first.reference == "onnx-reference-evaluator" and second.reference == "onnx-reference-evaluator (reused)"
     assert first.results[0].status == second.results[0].status == "passed"
     assert first.results[0].accuracy["max_rel"] == second.results[0].accuracy["max_rel"]

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from cp_support import running_service
+from cp_support import add_running_rollout, running_service
 
 from agent.artifacts.keys import device_key, key_id, public_pem
 from agent.transport.cpclient import enroll_request as request
@@ -174,22 +174,7 @@ def test_bad_input_names_the_field(svc):
 
 def test_concurrent_halt_and_resume_leave_one_consistent_state(svc):
     cp, client, tmp = svc
-    from agent.controlplane.db import write
-    from agent.controlplane.models import Rollout
-
-    with write(cp.factory) as s:
-        s.add(
-            Rollout(
-                rollout_id="m-2",
-                spec={"name": "m", "version": "2"},
-                knobs={},
-                phase="running",
-                paused=False,
-                created_by="t",
-                created_at=time.time(),
-                updated_at=time.time(),
-            )
-        )
+    add_running_rollout(cp.factory, "m-2", {"name": "m", "version": "2"})
     results: list[tuple[str, int]] = []
     url, auth = str(client.base_url), dict(client.headers)
 

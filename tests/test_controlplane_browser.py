@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import artifacts_dir, browser_page, need_chromium, running_service, tiny_tarball
+from cp_support import artifacts_dir, browser_page, need_chromium, running_service, tiny_1_everywhere
 from support.wait import wait_for
 
 from agent import sysroots
@@ -72,21 +72,8 @@ def _run_browser(page, url, cp, api, sim, tmp_path, shots):
         page.wait_for_load_state()
     assert "no device is waiting" in page.inner_text("#pending")
 
-    def verified():
-        devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
-        return len(devs) == 20 and all(d["status_ts"] and d["online"] for d in devs)
-
-    _until("20 verified, online statuses", verified)
-
-    for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
-        assert r.status_code == 201, r.text
     # version 1 everywhere first (through the API), so a roll back has somewhere to return to
-    body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}
-    assert api.post("/api/v1/rollouts", json=body).status_code == 202
-    first = _until(
-        "tiny-1 finished", lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r
-    )
+    _, first = tiny_1_everywhere(api, tmp_path, 20, WAIT_S, every=0.5)
     assert first["state"] == "completed", [
         (d["device_id"], d["result"], d["reason"], sim.agents[d["device_id"]].status().get("in_flight"))
         for d in first["progress"]["devices"]

@@ -9,14 +9,13 @@ rollout rolled back) are tested through the CLI."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from brokers import Mosquitto, free_port
 from clirunner import edge_agent
-from cp_support import running_service
+from cp_support import add_running_rollout, running_service
 from support.daemon import Daemon, drop, write_config
 from support.wait import wait_for
 
@@ -178,23 +177,7 @@ def test_fleet_register_and_rollback_through_the_api(tmp_path):
         r = edge_agent("fleet", "register", "nobody", *opts)
         assert r.returncode != 0 and "nobody" in r.stderr, r.stderr
         # a rollout of the service rolled back (the service has no broker: it stays planned, not published)
-        from agent.controlplane.db import write
-        from agent.controlplane.models import Rollout
-
-        with write(cp.factory) as s:
-            now = time.time()
-            s.add(
-                Rollout(
-                    rollout_id="tiny-2",
-                    spec={"name": "tiny", "version": "2"},
-                    knobs={},
-                    phase="running",
-                    paused=False,
-                    created_by="t",
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
+        add_running_rollout(cp.factory, "tiny-2", {"name": "tiny", "version": "2"})
         r = edge_agent("fleet", "rollback", "other", "--rollout", "tiny-2", *opts)
         assert r.returncode != 0 and "rolls out tiny, not other" in r.stderr, r.stderr
         r = edge_agent("fleet", "rollback", "tiny", "--rollout", "tiny-2", *opts, "--json")

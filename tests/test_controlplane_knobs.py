@@ -4,8 +4,7 @@ failure threshold applies, and an operator roll back through the engine's own ha
 
 from __future__ import annotations
 
-import time
-
+from cp_support import add_running_rollout
 from test_rollout_plan import _Fleet, _fleet, _Issuer
 
 from agent.controlplane import db
@@ -27,22 +26,9 @@ def _engine(tmp_path, fleet, knobs, clock, **spec_kw):
     engine = db.make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
     db.migrate(engine)
     factory = db.sessions(engine)
-    spec = RolloutSpec("m", "2", group="lab", cohort_by=None, **spec_kw)
+    spec = RolloutSpec("m", "2", group="lab", **spec_kw)
     state = new_state(spec, fleet.statuses(), {"sha256": "ab" * 32}, lambda planned: {"manifests": {}})
-    with db.write(factory) as s:
-        s.add(
-            Rollout(
-                rollout_id=state["rollout_id"],
-                spec=spec.to_dict(),
-                knobs=knobs,
-                phase="running",
-                paused=False,
-                state=state,
-                created_by="t",
-                created_at=time.time(),
-                updated_at=time.time(),
-            )
-        )
+    add_running_rollout(factory, state["rollout_id"], spec.to_dict(), knobs, state=state)
     return factory, ServiceRolloutEngine(factory, state, fleet, _Issuer(), knobs, clock=clock)
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from brokers import Mosquitto
 from clirunner import edge_agent
-from cp_support import running_service, tiny_tarball, until
+from cp_support import running_service, tiny_1_everywhere, until
 
 from agent import sysroots
 from agent.artifacts.keys import device_key, generate
@@ -61,22 +61,21 @@ def test_rollback_of_a_halted_canary_returns_every_device_that_took_v2(tmp_path)
             large.stop()
 
 
-def _run(api, agents, tmp_path):
-    def verified():
-        devs = api.get("/api/v1/devices", params={"state": "accepted", "limit": 100}).json()["devices"]
-        return len(devs) == len(agents) and all(d["status_ts"] and d["online"] for d in devs)
-
-    until("verified, online statuses", verified, WAIT_S)
-    for version in ("1", "2"):
-        r = api.put(f"/api/v1/models/tiny/versions/{version}", content=tiny_tarball(tmp_path, version).read_bytes())
-        assert r.status_code == 201, r.text
-    body = {"model": "tiny", "version": "1", "group": "lab", "canary": "0", "wave_size": "100%", "deadline_s": WAIT_S}
-    assert api.post("/api/v1/rollouts", json=body).status_code == 202
-    first = until(
-        "tiny-1 finished",
-        lambda: (r := api.get("/api/v1/rollouts/tiny-1").json())["phase"] == "finished" and r,
+def _rollback_answered(api, what: str, answered) -> dict:
+    """tiny-2 once it is finished and `answered(its roll back operation)` holds ({} before any roll back)."""
+    return until(
+        what,
+        lambda: (
+            (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished"
+            and answered(r["progress"].get("rollback") or {})
+            and r
+        ),
         WAIT_S,
     )
+
+
+def _run(api, agents, tmp_path):
+    body, first = tiny_1_everywhere(api, tmp_path, len(agents), WAIT_S)
     assert first["state"] == "completed", first["progress"]["counts"]
 
     # v2 by target, a canary then one device a wave: the small cohort completes while the large one is mid-wave
@@ -95,15 +94,7 @@ def _run(api, agents, tmp_path):
     assert waiting and all(waiting), halted["progress"]["devices"]  # the page says what each one waits for
     r = api.post("/api/v1/rollouts/tiny-2/rollback")
     assert r.status_code == 200, r.text
-    done = until(
-        "tiny-2 rolled back",
-        lambda: (
-            (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished"
-            and (r["progress"].get("rollback") or {}).get("state") in ("done", "incomplete")
-            and r
-        ),
-        WAIT_S,
-    )
+    done = _rollback_answered(api, "tiny-2 rolled back", lambda op: op.get("state") in ("done", "incomplete"))
     op = done["progress"]["rollback"]
     assert op["state"] == "done" and op["remaining"] == [] and op["attempts"] == 1, op
     results = {d["device_id"]: d for d in done["progress"]["devices"]}
@@ -126,15 +117,7 @@ def _run(api, agents, tmp_path):
     # asking again is accepted: a second tracked operation, done with nothing left to do
     again = api.post("/api/v1/rollouts/tiny-2/rollback")
     assert again.status_code == 200, again.text
-    second = until(
-        "the second roll back answered",
-        lambda: (
-            (r := api.get("/api/v1/rollouts/tiny-2").json())["phase"] == "finished"
-            and (r["progress"].get("rollback") or {}).get("attempts") == 2
-            and r
-        ),
-        WAIT_S,
-    )
+    second = _rollback_answered(api, "the second roll back answered", lambda op: op.get("attempts") == 2)
     assert second["progress"]["rollback"]["state"] == "done" and second["rollback_requested"].endswith("(request 2)")
     audit = api.get("/api/v1/audit", params={"limit": 1000}).json()["entries"]
     assert sum(1 for a in audit if a["action"] == "rollout.rollback" and a["target"] == "tiny-2") == 2

@@ -112,28 +112,15 @@ def fleet(mosquitto, tmp_path):
     serve.wait(20)
 
 
+def push(fleet, source, name, version, *args):
+    """`fleet push SOURCE --name NAME --version VERSION ARGS...` signed with the fleet's key to its store and broker."""
+    how = ["--key", fleet["key"], "--store", fleet["store"], "--broker", fleet["broker"]]
+    return run_cli("fleet", "push", source, "--name", name, "--version", version, *args, *how)
+
+
 def test_push_wait_succeeds_and_status_shows_the_model(fleet):
     pkg = sample_tiny_package(fleet["tmp"] / "tiny", version="2")
-    out = run_cli(
-        "fleet",
-        "push",
-        pkg,
-        "--name",
-        "tiny",
-        "--version",
-        "2",
-        "--device",
-        "pi-1",
-        "--key",
-        fleet["key"],
-        "--store",
-        fleet["store"],
-        "--broker",
-        fleet["broker"],
-        "--wait",
-        90,
-        "--json",
-    )
+    out = push(fleet, pkg, "tiny", "2", "--device", "pi-1", "--wait", 90, "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["ok"] and doc["devices"]["pi-1"]["result"] == "committed" and doc["format"] == "tar.gz"
@@ -145,23 +132,7 @@ def test_push_wait_succeeds_and_status_shows_the_model(fleet):
     assert rows["pi-1"]["online"] and rows["pi-1"]["models"]["tiny"]["version"] == "2"
     assert rows["pi-1"]["models"]["tiny"]["state"] == "committed"
     # versions are monotonic: pushing an older one without --rollback is refused before publishing
-    older = run_cli(
-        "fleet",
-        "push",
-        pkg,
-        "--name",
-        "tiny",
-        "--version",
-        "1",
-        "--device",
-        "pi-1",
-        "--key",
-        fleet["key"],
-        "--store",
-        fleet["store"],
-        "--broker",
-        fleet["broker"],
-    )
+    older = push(fleet, pkg, "tiny", "1", "--device", "pi-1")
     assert older.returncode != 0 and "use --rollback" in older.stderr and "Traceback" not in older.stderr
 
 
@@ -169,25 +140,7 @@ def test_group_push_reports_each_devices_rejection(fleet):
     onnx = fleet["tmp"] / "model.onnx"
     pkg = sample_tiny_package(fleet["tmp"] / "tiny3", version="3")
     onnx.write_bytes((pkg / "model.onnx").read_bytes())
-    out = run_cli(
-        "fleet",
-        "push",
-        onnx,
-        "--name",
-        "tiny",
-        "--version",
-        "3",
-        "--group",
-        "lab",
-        "--key",
-        fleet["key"],
-        "--store",
-        fleet["store"],
-        "--broker",
-        fleet["broker"],
-        "--wait",
-        90,
-    )
+    out = push(fleet, onnx, "tiny", "3", "--group", "lab", "--wait", 90)
     assert out.returncode != 0
     assert "pi-2: rejected" in out.stderr and "does not trust" in out.stderr and "Traceback" not in out.stderr
     assert "pi-1: committed" in out.stdout
@@ -200,40 +153,9 @@ def test_bad_input_is_one_clear_line(fleet, tmp_path):
     bad = tmp_path / "broken.onnx"
     bad.write_bytes(b"not a model")
     for args in (["--device", "../x"], ["--device", "pi-1", "--group", "lab"], []):
-        out = run_cli(
-            "fleet",
-            "push",
-            bad,
-            "--name",
-            "m",
-            "--version",
-            "1",
-            *args,
-            "--key",
-            fleet["key"],
-            "--store",
-            fleet["store"],
-            "--broker",
-            fleet["broker"],
-        )
+        out = push(fleet, bad, "m", "1", *args)
         assert out.returncode != 0 and out.stderr.strip().startswith("error:"), out.stderr
-    out = run_cli(
-        "fleet",
-        "push",
-        bad,
-        "--name",
-        "m",
-        "--version",
-        "1",
-        "--device",
-        "pi-1",
-        "--key",
-        fleet["key"],
-        "--store",
-        fleet["store"],
-        "--broker",
-        fleet["broker"],
-    )
+    out = push(fleet, bad, "m", "1", "--device", "pi-1")
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode != 0 and last.startswith("error:") and "not a valid ONNX model" in last
     assert "Traceback" not in out.stderr

@@ -51,79 +51,78 @@ def _fake_status(cp, device, version, groups=("lab",), state="committed", key=No
     cp.publish(cp.topics.status(device), json.dumps(sign_doc(doc, key) if key else doc).encode())
 
 
+@pytest.fixture
+def cp(tmp_path, mosquitto):
+    """The fleet side of the test (support.mqtt.ControlPlane) on its broker, closed after the test."""
+    plane = ControlPlane(tmp_path / "cp", mosquitto)
+    yield plane
+    plane.close()
+
+
 def _cli(*args):
     return subprocess.run(EXE + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_without_a_registry_nothing_waits_and_status_marks_every_claim(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    try:
-        _fake_status(cp, "dev-1", "1")
-        pkg = sample_tiny_package(tmp_path / "pkg", version="1")
-        common = ["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url]
-        for argv in (
-            ["fleet", "push", pkg, "--name", "tiny", "--version", "1", "--device", "dev-1", "--wait", 30],
-            ["fleet", "rollout", pkg, "--name", "tiny", "--version", "1", "--all", "--wait", "--deadline", 30],
-            ["fleet", "rollback", "tiny", "--device", "dev-1", "--version", "1", "--wait", 30],
-            ["fleet", "rollback", "tiny", "--group", "lab", "--version", "1"],
-        ):
-            t0 = time.monotonic()
-            out = _cli(*argv, *common)
-            assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
-            err = out.stderr.strip().splitlines()[-1]
-            assert err.startswith("error:") and "no device registry" in err, err
-            assert "edge-agent keys device" in err and "edge-agent fleet register DEVICE --public-key" in err, err
-            assert f"--store {cp.store_dir}" in err, err
-            assert time.monotonic() - t0 < 30  # failed fast: no wait ran out
-        assert not (cp.store_dir / "rollouts").exists() or not list((cp.store_dir / "rollouts").iterdir())
-        # fleet status still lists the device: its claims shown, marked, set aside; no group from its own claim
-        (row,) = fleet_status(BrokerConfig(mosquitto.url))["devices"]
-        assert row["trust"] == NO_REGISTRY and row["models"] == {} and row["groups"] == [], row
-        assert row["unverified_claims"]["models"]["tiny"]["version"] == "1" and row["claimed_groups"] == ["lab"]
-        table = _cli("fleet", "status", "--broker", mosquitto.url)
-        line = next(ln for ln in table.stdout.splitlines() if ln.startswith("dev-1"))
-        assert "no registry" in line and "claims: tiny 1" in line, table.stdout
-        assert "no device registry" in table.stdout and "edge-agent fleet register" in table.stdout
-    finally:
-        cp.close()
+def test_without_a_registry_nothing_waits_and_status_marks_every_claim(cp, tmp_path, mosquitto):
+    _fake_status(cp, "dev-1", "1")
+    pkg = sample_tiny_package(tmp_path / "pkg", version="1")
+    common = ["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url]
+    for argv in (
+        ["fleet", "push", pkg, "--name", "tiny", "--version", "1", "--device", "dev-1", "--wait", 30],
+        ["fleet", "rollout", pkg, "--name", "tiny", "--version", "1", "--all", "--wait", "--deadline", 30],
+        ["fleet", "rollback", "tiny", "--device", "dev-1", "--version", "1", "--wait", 30],
+        ["fleet", "rollback", "tiny", "--group", "lab", "--version", "1"],
+    ):
+        t0 = time.monotonic()
+        out = _cli(*argv, *common)
+        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+        err = out.stderr.strip().splitlines()[-1]
+        assert err.startswith("error:") and "no device registry" in err, err
+        assert "edge-agent keys device" in err and "edge-agent fleet register DEVICE --public-key" in err, err
+        assert f"--store {cp.store_dir}" in err, err
+        assert time.monotonic() - t0 < 30  # failed fast: no wait ran out
+    assert not (cp.store_dir / "rollouts").exists() or not list((cp.store_dir / "rollouts").iterdir())
+    # fleet status still lists the device: its claims shown, marked, set aside; no group from its own claim
+    (row,) = fleet_status(BrokerConfig(mosquitto.url))["devices"]
+    assert row["trust"] == NO_REGISTRY and row["models"] == {} and row["groups"] == [], row
+    assert row["unverified_claims"]["models"]["tiny"]["version"] == "1" and row["claimed_groups"] == ["lab"]
+    table = _cli("fleet", "status", "--broker", mosquitto.url)
+    line = next(ln for ln in table.stdout.splitlines() if ln.startswith("dev-1"))
+    assert "no registry" in line and "claims: tiny 1" in line, table.stdout
+    assert "no device registry" in table.stdout and "edge-agent fleet register" in table.stdout
 
 
-def test_forged_committed_reports_never_make_a_rollout_wave_succeed(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    try:
-        # fake-a is registered but its report is signed by another key; fake-b's is unsigned; ghost is unregistered
-        register_device(cp.store_dir, "fake-a", tmp_path / "a", ["fakes"])
-        register_device(cp.store_dir, "fake-b", tmp_path / "b", ["fakes"])
-        from agent.artifacts.keys import device_key
+def test_forged_committed_reports_never_make_a_rollout_wave_succeed(cp, tmp_path, mosquitto):
+    # fake-a is registered but its report is signed by another key; fake-b's is unsigned; ghost is unregistered
+    register_device(cp.store_dir, "fake-a", tmp_path / "a", ["fakes"])
+    register_device(cp.store_dir, "fake-b", tmp_path / "b", ["fakes"])
+    from agent.artifacts.keys import device_key
 
-        _fake_status(cp, "fake-a", "1", groups=("fakes",), key=device_key(tmp_path / "not-a"))
-        _fake_status(cp, "fake-b", "1", groups=("fakes",))
-        _fake_status(cp, "ghost", "1", groups=("fakes",))
-        spec = RolloutSpec("tiny", "1", group="fakes", canary="0", wave_size="100%", deadline_s=3).validate()
-        events = []
-        summary = run_rollout(
-            sample_tiny_package(tmp_path / "pkg", version="1"),
-            spec,
-            key_file=cp.keyfile,
-            store=cp.store_dir,
-            broker=BrokerConfig(mosquitto.url),
-            tick_s=0.2,
-            progress=lambda event, **f: events.append((event, f)),
-        )
-        rows = {d["device_id"]: d for d in summary["devices"]}
-        assert set(rows) == {"fake-a", "fake-b"}, rows  # ghost claims the group: not a member
-        assert summary["state"] == "halted" and "succeeded" not in summary["counts"], summary
-        assert rows["fake-a"]["result"] == "failed" and "report bad-signature: not counted" in rows["fake-a"]["reason"]
-        assert rows["fake-b"]["result"] == "failed" and "report unsigned: not counted" in rows["fake-b"]["reason"]
-        shown = [f for e, f in events if e == "device" and f["result"] == "in_progress"]
-        assert {f["device_id"] for f in shown} == {"fake-a", "fake-b"}  # shown while the wave ran
-        assert any(e == "warning" and "not in the device registry" in f["message"] for e, f in events)
-    finally:
-        cp.close()
+    _fake_status(cp, "fake-a", "1", groups=("fakes",), key=device_key(tmp_path / "not-a"))
+    _fake_status(cp, "fake-b", "1", groups=("fakes",))
+    _fake_status(cp, "ghost", "1", groups=("fakes",))
+    spec = RolloutSpec("tiny", "1", group="fakes", canary="0", wave_size="100%", deadline_s=3).validate()
+    events = []
+    summary = run_rollout(
+        sample_tiny_package(tmp_path / "pkg", version="1"),
+        spec,
+        key_file=cp.keyfile,
+        store=cp.store_dir,
+        broker=BrokerConfig(mosquitto.url),
+        tick_s=0.2,
+        progress=lambda event, **f: events.append((event, f)),
+    )
+    rows = {d["device_id"]: d for d in summary["devices"]}
+    assert set(rows) == {"fake-a", "fake-b"}, rows  # ghost claims the group: not a member
+    assert summary["state"] == "halted" and "succeeded" not in summary["counts"], summary
+    assert rows["fake-a"]["result"] == "failed" and "report bad-signature: not counted" in rows["fake-a"]["reason"]
+    assert rows["fake-b"]["result"] == "failed" and "report unsigned: not counted" in rows["fake-b"]["reason"]
+    shown = [f for e, f in events if e == "device" and f["result"] == "in_progress"]
+    assert {f["device_id"] for f in shown} == {"fake-a", "fake-b"}  # shown while the wave ran
+    assert any(e == "warning" and "not in the device registry" in f["message"] for e, f in events)
 
 
-def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
+def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(cp, tmp_path, mosquitto):
     cp.serve()
     cfg, _ = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=("lab",))
     register_device(cp.store_dir, "dev-1", cfg.state_dir, ["lab"])
@@ -165,36 +164,30 @@ def test_a_forged_failure_neither_fails_a_push_nor_halts_a_rollout(tmp_path, mos
         assert [d["device_id"] for d in summary["devices"]] == ["dev-1"]
     finally:
         a.stop()
-        cp.close()
 
 
-def test_group_members_come_from_the_registry_and_a_silent_member_times_out(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
-    try:
-        register_device(cp.store_dir, "quiet", tmp_path / "quiet", ["lab"])  # registered, never reports
-        _fake_status(cp, "claimer", "1")  # reports (unsigned) and claims group lab: not a member
-        pkg = sample_tiny_package(tmp_path / "pkg", version="1")
-        common = dict(name="tiny", version="1", key_file=cp.keyfile, store=cp.store_dir, validate=False, wait=3)
-        doc = push(pkg, PushSpec(groups=["lab"], broker=BrokerConfig(mosquitto.url), **common))
-        assert doc["ok"] is False and set(doc["devices"]) == {"quiet"}, doc
-        assert doc["devices"]["quiet"]["result"] == "timeout", doc
-        with pytest.raises(ConfigError, match="no device of group nobody is in the device registry"):
-            push(pkg, PushSpec(groups=["nobody"], broker=BrokerConfig(mosquitto.url), **common))
-        # waiting for a rollback on a device the registry does not know fails at once, like push --wait
-        t0 = time.monotonic()
-        out = _cli(
-            *["fleet", "rollback", "tiny", "--device", "ghost", "--version", "1", "--wait", 60],
-            *["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url],
-        )
-        assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
-        assert "device ghost is not in the device registry" in out.stderr, out.stderr
-        assert time.monotonic() - t0 < 60  # failed fast: the wait did not run out
-    finally:
-        cp.close()
+def test_group_members_come_from_the_registry_and_a_silent_member_times_out(cp, tmp_path, mosquitto):
+    register_device(cp.store_dir, "quiet", tmp_path / "quiet", ["lab"])  # registered, never reports
+    _fake_status(cp, "claimer", "1")  # reports (unsigned) and claims group lab: not a member
+    pkg = sample_tiny_package(tmp_path / "pkg", version="1")
+    common = dict(name="tiny", version="1", key_file=cp.keyfile, store=cp.store_dir, validate=False, wait=3)
+    doc = push(pkg, PushSpec(groups=["lab"], broker=BrokerConfig(mosquitto.url), **common))
+    assert doc["ok"] is False and set(doc["devices"]) == {"quiet"}, doc
+    assert doc["devices"]["quiet"]["result"] == "timeout", doc
+    with pytest.raises(ConfigError, match="no device of group nobody is in the device registry"):
+        push(pkg, PushSpec(groups=["nobody"], broker=BrokerConfig(mosquitto.url), **common))
+    # waiting for a rollback on a device the registry does not know fails at once, like push --wait
+    t0 = time.monotonic()
+    out = _cli(
+        *["fleet", "rollback", "tiny", "--device", "ghost", "--version", "1", "--wait", 60],
+        *["--key", cp.keyfile, "--store", cp.store_dir, "--broker", mosquitto.url],
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert "device ghost is not in the device registry" in out.stderr, out.stderr
+    assert time.monotonic() - t0 < 60  # failed fast: the wait did not run out
 
 
-def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
-    cp = ControlPlane(tmp_path / "cp", mosquitto)
+def test_only_signed_reports_of_registered_devices_count(cp, tmp_path, mosquitto):
     cp.serve()
     cfg, cfg_path = mqtt_config(tmp_path / "dev", mosquitto, cp, groups=("lab",))
     # install: the device key, registered with the control plane (CLI, as an operator would)
@@ -269,4 +262,3 @@ def test_only_signed_reports_of_registered_devices_count(tmp_path, mosquitto):
         assert rows["intruder"]["groups"] == []
     finally:
         a.stop()
-        cp.close()

@@ -13,8 +13,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 from clirunner import edge_agent
-from support.daemon import Daemon, drop, write_config
-from support.wait import wait_for
+from support.daemon import serving_package
 from test_realmodels_daemon import infer
 
 from agent.package.inputs import load_dataset, package_plan
@@ -64,24 +63,13 @@ def test_package_a_wheel_model_qualify_and_serve_it(tmp_path):
     assert row["accuracy_basis"] == "own golden (not independent)", row
     assert row["accuracy_checked"] is not bool(row["accuracy"]["independent"]["disagrees"]), row
 
-    cfg = write_config(tmp_path)
-    state = tmp_path / "state"
-    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_PROVIDERS": "cpu"})
-    try:
-        d.wait_ready()
-        drop(state, "1", name="text-dir", writer=lambda p: shutil.copytree(out, p))
-        dep = wait_for(
-            lambda: ((d.status() or {}).get("deployments") or {}).get("text-dir", {}).get("result"), 240, "text-dir"
-        )
-        assert dep == "committed", d.status()
+    with serving_package(tmp_path, out, "text-dir", env={"EDGE_AGENT_QUALIFY_PROVIDERS": "cpu"}) as d:
         plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         for ds in pkg.datasets:
             feeds, _ = load_dataset(ds, pkg.inputs, pkg.outputs)
             served = infer(d.url, "text-dir", feeds)
             want = plain.run(None, feeds)[0]
             np.testing.assert_allclose(served[plain.get_outputs()[0].name], want, rtol=1e-5, atol=1e-6)
-    finally:
-        assert d.terminate() == 0, d.tail()
 
 
 def test_symbolic_dims_become_a_range_and_conversions_are_said(tmp_path):

@@ -1,5 +1,6 @@
 """ChunkPuller over real brokers: windowed pull, several servers, tampering, stalls, missing artifacts, disk."""
 
+import contextlib
 import os
 import queue
 import threading
@@ -47,17 +48,36 @@ def assert_clean(store: ContentStore, sha: str, landed: bool):
         assert all(n.startswith(sha) and n.endswith((".part", ".bitmap")) for n in leftovers), leftovers
 
 
+@contextlib.contextmanager
+def serving(cp: ContentStore, url: str, *server_classes):
+    """A server of each class on the store cp, on the broker at url; all stopped after."""
+    servers = [server_class(cp, BrokerConfig(url)).start() for server_class in server_classes]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@contextlib.contextmanager
+def device_link(url: str):
+    """Device pi-1's link to the broker at url, stopped after."""
+    link = DeviceLink(url, "pi-1").start(wait=15)
+    try:
+        yield link
+    finally:
+        link.stop()
+
+
 @pytest.fixture
 def device(any_broker):
-    link = DeviceLink(any_broker.url, "pi-1").start(wait=15)
-    yield link
-    link.stop()
+    with device_link(any_broker.url) as link:
+        yield link
 
 
 def test_pull_lands_a_verified_blob(any_broker, device, tmp_path):
     cp, m, data = make_artifact(tmp_path / "cp", 20 * CHUNK + 123)
-    servers = [ArtifactServer(cp, BrokerConfig(any_broker.url)).start() for _ in range(2)]  # duplicates harmless
-    try:
+    with serving(cp, any_broker.url, ArtifactServer, ArtifactServer):  # duplicates harmless
         store = ContentStore(tmp_path / "dev")
         events = []
         puller = ChunkPuller(device, store, window=4, progress=lambda e, **f: events.append((e, f)))
@@ -67,44 +87,27 @@ def test_pull_lands_a_verified_blob(any_broker, device, tmp_path):
         assert events[0][0] == "start" and events[-1][0] == "verify" and events[-2][1]["done"] == len(data)
         assert puller.stats["received"] == m.artifact.count and puller.stats["bad"] == 0
         assert puller.pull(m) == path  # already there: no download
-    finally:
-        for s in servers:
-            s.stop()
 
 
 def test_tampered_chunks_are_refused_and_nothing_lands(mosquitto, tmp_path):
     cp, m, _ = make_artifact(tmp_path / "cp", 8 * CHUNK)
-    rogue = TamperingServer(cp, BrokerConfig(mosquitto.url)).start()
-    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
-    try:
+    with serving(cp, mosquitto.url, TamperingServer), device_link(mosquitto.url) as dev:
         store = ContentStore(tmp_path / "dev")
         with pytest.raises(ArtifactError, match="failed its sha256 check 3 times"):
             ChunkPuller(dev, store, window=4, stall_timeout=60).pull(m)
         assert_clean(store, m.artifact.sha256, landed=False)
-    finally:
-        dev.stop()
-        rogue.stop()
 
 
 def test_a_good_server_wins_over_a_tampering_one(nats_mqtt, tmp_path):
     """MQTT 3.1.1 (NATS): every server answers each request; bad answers are dropped, good ones kept."""
     cp, m, data = make_artifact(tmp_path / "cp", 8 * CHUNK)
-    servers = [
-        TamperingServer(cp, BrokerConfig(nats_mqtt.url)).start(),
-        ArtifactServer(cp, BrokerConfig(nats_mqtt.url)).start(),
-    ]
-    dev = DeviceLink(nats_mqtt.url, "pi-1").start(wait=15)
-    try:
+    with serving(cp, nats_mqtt.url, TamperingServer, ArtifactServer), device_link(nats_mqtt.url) as dev:
         store = ContentStore(tmp_path / "dev")
         puller = ChunkPuller(dev, store, window=2, max_bad=50)
         # the verified bytes land whoever answers first; a tampered answer that arrives first is dropped and
         # counted (how many do depends on which server the broker delivers first, so it is not asserted)
         assert puller.pull(m).read_bytes() == data
         assert puller.stats["bad"] <= 50
-    finally:
-        dev.stop()
-        for s in servers:
-            s.stop()
 
 
 def test_no_server_is_a_stall_with_a_reason_not_a_hang(device, tmp_path):
@@ -117,29 +120,21 @@ def test_no_server_is_a_stall_with_a_reason_not_a_hang(device, tmp_path):
 
 def test_artifact_missing_on_servers_is_reported(any_broker, device, tmp_path):
     _, m, _ = make_artifact(tmp_path / "cp", 4 * CHUNK)
-    empty = ArtifactServer(ContentStore(tmp_path / "empty"), BrokerConfig(any_broker.url)).start()
-    try:
+    with serving(ContentStore(tmp_path / "empty"), any_broker.url, ArtifactServer):
         # the puller names the servers' "missing" answer when it gives up (another server may hold the chunks):
         # 10 s, so that one answer lands first even from NATS on a loaded host (QoS 1 goes through JetStream;
         # with the emulated Pi's qemu beside it, none had come in 6 s once)
         with pytest.raises(ArtifactError, match="not in this server's store"):
             ChunkPuller(device, ContentStore(tmp_path / "dev"), request_timeout=0.5, stall_timeout=10).pull(m)
-    finally:
-        empty.stop()
 
 
 def test_not_enough_disk_is_refused_before_any_request(mosquitto, tmp_path):
     cp, m, _ = make_artifact(tmp_path / "cp", 4 * CHUNK)
-    server = ArtifactServer(cp, BrokerConfig(mosquitto.url)).start()
-    dev = DeviceLink(mosquitto.url, "pi-1").start(wait=15)
-    try:
+    with serving(cp, mosquitto.url, ArtifactServer) as (server,), device_link(mosquitto.url) as dev:
         store = ContentStore(tmp_path / "dev")
         with pytest.raises(ArtifactError, match="not enough disk"):
             ChunkPuller(dev, store, reserve_bytes=store.free_bytes()).pull(m)
         assert server.stats["requests"] == 0 and not store.has(m.artifact.sha256)
-    finally:
-        dev.stop()
-        server.stop()
 
 
 def test_pull_survives_a_broker_restart(tmp_path):
@@ -147,8 +142,6 @@ def test_pull_survives_a_broker_restart(tmp_path):
 
     with Mosquitto(tmp_path / "b") as broker:
         cp, m, data = make_artifact(tmp_path / "cp", 48 * CHUNK)
-        server = ArtifactServer(cp, BrokerConfig(broker.url)).start()
-        dev = DeviceLink(broker.url, "pi-1").start(wait=15)
         restarted = threading.Event()
 
         def progress(event, done=0, total=1, **_):
@@ -156,7 +149,7 @@ def test_pull_survives_a_broker_restart(tmp_path):
                 restarted.set()
                 broker.restart()  # chunks in flight die with the broker
 
-        try:
+        with serving(cp, broker.url, ArtifactServer), device_link(broker.url) as dev:
             store = ContentStore(tmp_path / "dev")
             puller = ChunkPuller(dev, store, window=2, request_timeout=2, stall_timeout=90, progress=progress)
             assert puller.pull(m).read_bytes() == data
@@ -168,9 +161,6 @@ def test_pull_survives_a_broker_restart(tmp_path):
                     break
             assert restarted.is_set() and any(getattr(e, "connected", True) is False for e in seen)
             assert_clean(store, m.artifact.sha256, landed=True)
-        finally:
-            dev.stop()
-            server.stop()
 
 
 def test_wire_format_rejects_garbage():

@@ -15,7 +15,7 @@ import onnx
 import pytest
 import yaml
 from clirunner import edge_agent
-from onnx import TensorProto, helper
+from support.qualify import contrib_gelu
 
 from agent import samples
 from agent.errors import ModelError
@@ -40,19 +40,6 @@ def _packaged(tmp_path, model, name="m"):
     x = np.random.default_rng(0).standard_normal(dims).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     return build(path, [tmp_path / "x.npy"], tmp_path / f"{name}-pkg", label=Label(name, "1"), force=False)
-
-
-def _gelu():
-    """com.microsoft Gelu: ONNX Runtime runs it, onnx's reference evaluator has no implementation."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    node = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
-    model = helper.make_model(
-        helper.make_graph([node], "gelu", [x], [y]),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-    )
-    model.ir_version = 8
-    return model
 
 
 def test_a_package_says_who_made_its_golden_outputs_and_the_cpu_row_says_it_is_its_own(tmp_path):
@@ -85,7 +72,7 @@ def test_a_package_says_who_made_its_golden_outputs_and_the_cpu_row_says_it_is_i
 
 
 def test_where_the_evaluator_cannot_run_the_own_golden_row_is_not_checked_and_the_target_decides(tmp_path):
-    built = _packaged(tmp_path, _gelu(), "gelu")
+    built = _packaged(tmp_path, contrib_gelu(), "gelu")
     d = qualify(built.out, PROFILE, get_target("generic-x86_64"), providers=["cpu"], options=FAST)
     row = d.row("cpu")
     assert row.status == "passed" and row.accuracy_checked is False and d.accuracy_checked is False

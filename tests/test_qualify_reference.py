@@ -7,7 +7,7 @@ import dataclasses
 
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from support.qualify import contrib_gelu
 
 from agent import samples
 from agent.hardware.profile import CpuInfo, HardwareProfile
@@ -21,16 +21,7 @@ FAST = QualifyOptions(latency_budget_s=0.05, row_timeout_s=120)
 
 
 def _contrib_gelu(path):
-    """com.microsoft Gelu: ONNX Runtime runs it, onnx's reference evaluator has no implementation."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
-    node = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
-    model = helper.make_model(
-        helper.make_graph([node], "gelu", [x], [y]),
-        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
-    )
-    model.ir_version = 8
-    onnx.save(model, path)
+    onnx.save(contrib_gelu(), path)
     return path
 
 

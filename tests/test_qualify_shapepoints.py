@@ -7,7 +7,6 @@ from the golden values, a slow max point costs the row nothing but its own figur
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 
@@ -16,8 +15,7 @@ import onnxruntime as ort
 import pytest
 import yaml
 from clirunner import edge_agent
-from support.daemon import Daemon, drop, write_config
-from support.wait import wait_for
+from support.daemon import serving_package
 from tts_model import VOCAB, tts_inputs, tts_model
 
 from agent.errors import ConfigError
@@ -128,14 +126,8 @@ def test_a_daemon_qualifies_the_tts_package_at_every_declared_point_commits_it_a
     p = load_package(pkg)
     golden, _ = load_dataset(pkg / "test_data_set_0", p.inputs, p.outputs)
     plan = package_plan(p)
-    cfg = write_config(tmp_path)
-    state = tmp_path / "state"
-    d = Daemon(cfg, state, env={"EDGE_AGENT_QUALIFY_BUDGET_S": "0.4"})
-    try:
-        d.wait_ready()
-        drop(state, "1", name="tts", writer=lambda dst: shutil.copytree(pkg, dst))
-        done = lambda: ((d.status() or {}).get("deployments") or {}).get("tts", {}).get("result")  # noqa: E731
-        assert wait_for(done, 240, "tts committed", d.proc) == "committed", d.tail()
+    with serving_package(tmp_path, pkg, "tts", env={"EDGE_AGENT_QUALIFY_BUDGET_S": "0.4"}) as d:
+        cfg, state = d.config, d.state_dir
         status = edge_agent("status", "--config", cfg, "--json")
         assert status.returncode == 0, status.stderr
         doc = json.loads(status.stdout)
@@ -171,8 +163,6 @@ def test_a_daemon_qualifies_the_tts_package_at_every_declared_point_commits_it_a
             lengths.append(served.shape[0])
         assert lengths[0] < lengths[1] < lengths[2], lengths  # the audio grows with the utterance
         print(f"  audio samples at tokens 56 / 140 / 224: {lengths}")
-    finally:
-        assert d.terminate() == 0, d.tail()
 
 
 def test_a_max_point_slower_than_its_budget_or_the_row_never_times_the_row_out(tmp_path):

@@ -5,46 +5,16 @@ whatever still runs the version. Per device, `waiting_for` says what the rollout
 
 from __future__ import annotations
 
-import time
+from test_controlplane_knobs import Clock, _saved
+from test_controlplane_knobs import _engine as knobs_engine
+from test_rollout_plan import _Fleet, _fleet
 
-from test_controlplane_knobs import Clock
-from test_rollout_plan import _Fleet, _fleet, _Issuer
-
-from agent.controlplane import db
-from agent.controlplane.models import Rollout
-from agent.controlplane.runner import ServiceRolloutEngine, new_state
 from agent.fleet import rollout_state as rs
-from agent.fleet.rollout_plan import RolloutSpec
 
 
 def _engine(tmp_path, fleet, clock, **spec_kw):
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'cp.db'}")
-    db.migrate(engine)
-    factory = db.sessions(engine)
-    spec = RolloutSpec("m", "2", group="lab", **spec_kw)
-    state = new_state(spec, fleet.statuses(), {"sha256": "ab" * 32}, lambda planned: {"manifests": {}})
-    with db.write(factory) as s:
-        s.add(
-            Rollout(
-                rollout_id=state["rollout_id"],
-                spec=spec.to_dict(),
-                knobs={},
-                phase="running",
-                paused=False,
-                state=state,
-                created_by="t",
-                created_at=time.time(),
-                updated_at=time.time(),
-            )
-        )
-    return factory, ServiceRolloutEngine(factory, state, fleet, _Issuer(), {}, clock=clock)
-
-
-def _saved(factory, rid="m-2"):
-    with factory() as s:
-        row = s.get(Rollout, rid)
-        assert row is not None
-        return row
+    """A rollout of m 2 to the lab group with no knobs, running on the engine (test_controlplane_knobs's setup)."""
+    return knobs_engine(tmp_path, fleet, {}, clock, **spec_kw)
 
 
 def _on(fleet, version):

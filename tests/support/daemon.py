@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +118,21 @@ class Daemon:
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
+
+
+@contextlib.contextmanager
+def serving_package(directory: Path, package: Path, name: str, env: dict | None = None) -> Iterator[Daemon]:
+    """A daemon on a config in `directory` (its state in directory/state), the package directory `package` dropped
+    into its inbox as `name` version 1; yielded once that deployment committed. At exit it must stop cleanly."""
+    d = Daemon(write_config(directory), directory / "state", env=env)
+    try:
+        d.wait_ready()
+        drop(d.state_dir, "1", name=name, writer=lambda dst: shutil.copytree(package, dst))
+        done = lambda: ((d.status() or {}).get("deployments") or {}).get(name, {}).get("result")  # noqa: E731
+        assert wait_for(done, 240, f"{name} committed", d.proc) == "committed", d.tail()
+        yield d
+    finally:
+        assert d.terminate() == 0, d.tail()
 
 
 def infer(url: str, value: float = 0.0, model: str = "tiny", token: str | None = None) -> tuple[str, list[float]]:

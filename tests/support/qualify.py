@@ -1,6 +1,8 @@
-"""Qualification test helpers: the hardware profile the harness tests qualify on."""
+"""Qualification test helpers: the hardware profile the harness tests qualify on, a model only ONNX Runtime runs."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from agent.hardware.profile import CpuInfo, HardwareProfile
 
@@ -11,3 +13,18 @@ BF16_X86 = HardwareProfile(
     os="Linux",
     cpu=CpuInfo(vendor="AuthenticAMD", model="test", cores=2, flags=("avx2", "avx512f", "avx512_bf16")),
 )
+
+
+def contrib_gelu() -> Any:
+    """com.microsoft Gelu: ONNX Runtime runs it, onnx's reference evaluator has no implementation."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    node = helper.make_node("Gelu", ["x"], ["y"], domain="com.microsoft")
+    model = helper.make_model(
+        helper.make_graph([node], "gelu", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    )
+    model.ir_version = 8
+    return model
