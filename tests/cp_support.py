@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 from brokers import free_port
+from clirunner import EXE, ROOT
 from support.wait import wait_for
 
 T = TypeVar("T")
@@ -87,6 +89,36 @@ def browser_page() -> Iterator[Any]:
 def until(what: str, check: Callable[[], T], timeout: float = 120.0, every: float = 0.3) -> T:
     """`check`'s first truthy value, polled every `every` seconds; after `timeout` seconds the test fails on `what`."""
     return wait_for(check, timeout, what, step=every)
+
+
+def start_cp(cfg: Path, log: Path) -> subprocess.Popen:
+    """`edge-agent control-plane --config cfg` as its own process, its output appended to `log`."""
+    return subprocess.Popen(
+        [*EXE, "control-plane", "--config", str(cfg)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT
+    )
+
+
+def cp_health(url: str) -> dict | None:
+    """The service's /api/v1/health document, or None while it does not answer 200."""
+    try:
+        r = httpx.get(url + "/api/v1/health", timeout=2)
+        return r.json() if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def rollout_done(api: Any, body: dict, timeout: float) -> dict:
+    """POST `body` to /api/v1/rollouts with the `api` client (202 asserted), then its view once its phase is
+    finished or failed (polled each second; after `timeout` seconds the test fails)."""
+    r = api.post("/api/v1/rollouts", json=body)
+    assert r.status_code == 202, r.text
+    rid = r.json()["rollout_id"]
+
+    def finished():
+        got = api.get(f"/api/v1/rollouts/{rid}").json()
+        return got if got["phase"] in ("finished", "failed") else None
+
+    return wait_for(finished, timeout, "the release rollout to finish", step=1.0)
 
 
 @contextlib.contextmanager

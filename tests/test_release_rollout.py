@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,8 @@ import httpx
 import pytest
 from brokers import Mosquitto
 from clirunner import ROOT
-from cp_support import running_service
+from cp_support import rollout_done, running_service
+from support.stop import stop
 from support.wait import wait_for
 
 from agent.artifacts.keys import generate, load_private_key
@@ -50,17 +50,6 @@ def _simulate(tmp: Path, broker: str, pub: Path, url: str) -> subprocess.Popen:
     return subprocess.Popen(
         args, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)}
     )
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    return proc.returncode
 
 
 def _page(url: str, token: str, path: str, client: httpx.Client | None = None) -> str:
@@ -106,17 +95,9 @@ def test_a_release_rollout_halts_and_rolls_back_the_cohort_whose_trials_fail(tmp
                 before = wait_for(on_n, WAIT_S, "20 devices reporting release 1.0.0", step=1.0)
                 body = {"kind": "agent", "version": "1.1.0", "cohort_by": "target", "canary": "1",
                         "wave_size": "50%", "max_failures": "0%", "deadline_s": 180}  # fmt: skip
-                r = client.post("/api/v1/rollouts", json=body)
-                assert r.status_code == 202, r.text
-                rid = r.json()["rollout_id"]
-
-                def finished():
-                    got = client.get(f"/api/v1/rollouts/{rid}").json()
-                    return got if got["phase"] in ("finished", "failed") else None
-
-                done = wait_for(finished, WAIT_S, "the release rollout to finish", step=1.0)
+                done = rollout_done(client, body, WAIT_S)
             finally:
-                code = _stop(sim)
+                code = stop(sim)
             log = (tmp_path / "sim.out").read_text()[-4000:]
             assert code == 0, log
             assert done["kind"] == "agent" and done["model"] == "edge-agent" and done["state"] == "partial", done

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from brokers import Mosquitto
 from clirunner import ROOT, edge_agent
 from cp_support import running_service
+from support.stop import stop
 from support.wait import wait_for
 
 from agent.artifacts.keys import generate
@@ -34,17 +34,6 @@ def _simulate(tmp: Path, name: str, broker: str, pub: Path, url: str, *extra: st
     out = (tmp / f"{name}.out").open("wb")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(args, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    return proc.returncode
 
 
 def _events(tmp: Path, name: str) -> list[dict]:
@@ -124,7 +113,7 @@ def test_simulated_devices_enroll_with_a_running_service_and_post_their_evidence
                 assert said["tok"] and said["tok"][-1]["accepted"] == 3, said
                 assert said["acc"] and said["acc"][-1]["accepted"] == 2, said
             finally:
-                codes = {name: _stop(proc) for name, proc in sims.items()}
+                codes = {name: stop(proc) for name, proc in sims.items()}
                 client.close()
             logs = {name: (tmp_path / f"{name}.out").read_text()[-3000:] for name in sims}
             assert codes == {"tok": 0, "acc": 0}, (codes, logs)
