@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 import pytest
@@ -146,6 +146,32 @@ def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
         srv.should_exit = True
         thread.join(timeout=30)
         cp.stop()
+
+
+class Fleet(NamedTuple):
+    broker: Any  # brokers.Mosquitto
+    key: Path  # the fleet signing key (private)
+    pub: Path  # its public key, what devices trust
+    cp: Any  # the ControlPlane
+    url: str
+    api: httpx.Client  # signed in with the admin token
+
+
+@contextlib.contextmanager
+def fleet_service(tmp: Path) -> Iterator[Fleet]:
+    """A Mosquitto broker, a new fleet signing key and a control plane on both (tick 0.3 s) with an admin API
+    client; all stopped at exit."""
+    from brokers import Mosquitto
+
+    from agent.artifacts.keys import generate
+
+    with Mosquitto(tmp / "mosquitto") as broker:
+        key, pub, _ = generate(tmp / "keys")
+        doc = {"signing_key": str(key), "mqtt": {"url": broker.url}, "tick_s": 0.3}
+        with running_service(tmp / "cp", **doc) as (cp, url):
+            headers = {"Authorization": f"Bearer {cp.admin_token}"}
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as api:
+                yield Fleet(broker, key, pub, cp, url, api)
 
 
 @contextlib.contextmanager
