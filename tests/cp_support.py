@@ -17,10 +17,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import httpx
 import pytest
 from brokers import free_port
+from clirunner import EXE, ROOT
 from support.wait import wait_for
 
 T = TypeVar("T")
@@ -134,6 +136,36 @@ def tiny_1_everywhere(api: Any, tmp: Path, devices: int, timeout: float, every: 
     return body, first
 
 
+def start_cp(cfg: Path, log: Path) -> subprocess.Popen:
+    """`edge-agent control-plane --config cfg` as its own process, its output appended to `log`."""
+    return subprocess.Popen(
+        [*EXE, "control-plane", "--config", str(cfg)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT
+    )
+
+
+def cp_health(url: str) -> dict | None:
+    """The service's /api/v1/health document, or None while it does not answer 200."""
+    try:
+        r = httpx.get(url + "/api/v1/health", timeout=2)
+        return r.json() if r.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+
+
+def rollout_done(api: Any, body: dict, timeout: float) -> dict:
+    """POST `body` to /api/v1/rollouts with the `api` client (202 asserted), then its view once its phase is
+    finished or failed (polled each second; after `timeout` seconds the test fails)."""
+    r = api.post("/api/v1/rollouts", json=body)
+    assert r.status_code == 202, r.text
+    rid = r.json()["rollout_id"]
+
+    def finished():
+        got = api.get(f"/api/v1/rollouts/{rid}").json()
+        return got if got["phase"] in ("finished", "failed") else None
+
+    return wait_for(finished, timeout, "the release rollout to finish", step=1.0)
+
+
 @contextlib.contextmanager
 def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
     """(ControlPlane, base URL) of a service serving on 127.0.0.1 (on `port`, else a free one; https:// when `doc`
@@ -159,6 +191,32 @@ def running_service(tmp: Path, port: int | None = None, **doc) -> Iterator:
         srv.should_exit = True
         thread.join(timeout=30)
         cp.stop()
+
+
+class Fleet(NamedTuple):
+    broker: Any  # brokers.Mosquitto
+    key: Path  # the fleet signing key (private)
+    pub: Path  # its public key, what devices trust
+    cp: Any  # the ControlPlane
+    url: str
+    api: httpx.Client  # signed in with the admin token
+
+
+@contextlib.contextmanager
+def fleet_service(tmp: Path) -> Iterator[Fleet]:
+    """A Mosquitto broker, a new fleet signing key and a control plane on both (tick 0.3 s) with an admin API
+    client; all stopped at exit."""
+    from brokers import Mosquitto
+
+    from agent.artifacts.keys import generate
+
+    with Mosquitto(tmp / "mosquitto") as broker:
+        key, pub, _ = generate(tmp / "keys")
+        doc = {"signing_key": str(key), "mqtt": {"url": broker.url}, "tick_s": 0.3}
+        with running_service(tmp / "cp", **doc) as (cp, url):
+            headers = {"Authorization": f"Bearer {cp.admin_token}"}
+            with httpx.Client(base_url=url, headers=headers, timeout=30) as api:
+                yield Fleet(broker, key, pub, cp, url, api)
 
 
 @contextlib.contextmanager

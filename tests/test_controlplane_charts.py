@@ -7,12 +7,11 @@ bound)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from sqlalchemy import func, select
+from support.httpd import LoopbackHTTP, QuietHandler
 
 from agent.controlplane import charts, db, matrix
 from agent.controlplane.obs_tables import ModelPoint, TelemetryPoint
@@ -119,21 +118,10 @@ def test_matrix_figures_of_a_decision_record():
     assert matrix.figures({"decision": "none"})["provider"] is None
 
 
-class _Server:
-    def __init__(self, handler):
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_the_webhook_post_reads_the_answer_as_hostile():
     seen = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self):
             seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             if self.path == "/redirect":
@@ -144,18 +132,9 @@ def test_the_webhook_post_reads_the_answer_as_hostile():
             elif self.path == "/stall":
                 time.sleep(3)
             else:
-                self.send_response(200)
-                self.send_header("Content-Length", str(50 << 20))
-                self.end_headers()
-                try:
-                    self.wfile.write(b"y" * (50 << 20))
-                except OSError:
-                    pass
+                self.answer(200, b"y" * (50 << 20))
 
-        def log_message(self, *a):
-            pass
-
-    srv = _Server(Handler)
+    srv = LoopbackHTTP(Handler)
     try:
         assert post(srv.url + "ok", {"key": "a"}, 5.0, 4096) == (True, "HTTP 200")
         ok, note = post(srv.url + "redirect", {"key": "b"}, 5.0, 4096)

@@ -17,8 +17,9 @@ import psutil
 import pytest
 import yaml
 from brokers import free_port
+from cp_support import start_cp
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from test_controlplane_service import _start, _wait_up
+from test_controlplane_service import _wait_up
 
 from agent.controlplane.limits import Limits
 from agent.transport.cpclient import enroll_request
@@ -46,7 +47,7 @@ def test_rss_stays_bounded_under_an_enrollment_flood_while_an_operator_browses_p
     limits = {"pending_max": PENDING_MAX, "address_burst": 10 * REQUESTS, "address_per_minute": 60 * REQUESTS}
     cfg.write_text(yaml.safe_dump({"store": "store", "listen": {"port": port}, "limits": limits}))
     log = tmp_path / "cp.log"
-    proc = _start(cfg, log)
+    proc = start_cp(cfg, log)
     url = f"http://127.0.0.1:{port}"
     peak, stop = [0], threading.Event()
     try:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from cp_support import artifacts_dir, browser_page, running_service
+from support.httpd import LoopbackHTTP, QuietHandler
 from support.wait import wait_for
 
 from agent.artifacts.keys import device_key, generate
@@ -29,7 +29,7 @@ HOSTILE = '<script>alert("x")</script>'
 pytestmark = [pytest.mark.timeout(600)]
 
 
-class Receiver:
+class Receiver(LoopbackHTTP):
     """A webhook receiver on a free loopback port: the first POST of each alert gets a 500, the next ones 200
     with a 1 MB body."""
 
@@ -37,38 +37,21 @@ class Receiver:
         got = self.got = []
         lock = threading.Lock()
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
                     got.append(body)
                     first = sum(d["key"] == body["key"] for d in got) == 1
                 if first:
-                    self.send_response(500)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                self.send_response(200)
-                self.send_header("Content-Length", str(1 << 20))
-                self.end_headers()
-                try:
-                    self.wfile.write(b"x" * (1 << 20))
-                except OSError:
-                    pass  # the sender stops reading after its bound
+                    self.answer(500)
+                else:
+                    self.answer(200, b"x" * (1 << 20))
 
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        super().__init__(Handler, "/hook")
 
     def keys(self, key: str) -> list[dict]:
         return [d for d in list(self.got) if d["key"] == key]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def _health(i: int, **over) -> dict:

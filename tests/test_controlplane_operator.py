@@ -13,16 +13,16 @@ test-artifacts/control-plane/)."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from brokers import Mosquitto
 from cp_support import artifacts_dir, browser_page, need_chromium, running_service
+from support.httpd import LoopbackHTTP, QuietHandler
+from support.stop import stop
 from support.wait import wait_for
 from test_controlplane_dashboard import _package
-from test_simulate_controlplane import _events, _simulate, _stop
+from test_simulate_controlplane import _events, _simulate
 
 from agent.artifacts.keys import generate
 
@@ -33,29 +33,18 @@ WAIT_S = 300.0  # generous for a loaded 2-CPU host; a pass takes far less
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]
 
 
-class Receiver:
+class Receiver(LoopbackHTTP):
     """A webhook receiver on a free loopback port: answers 200 and keeps every JSON body it was sent."""
 
     def __init__(self):
         got = self.got = []
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):
                 got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.answer(200)
 
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler, "/hook")
 
 
 def _devices(api) -> list[dict]:
@@ -95,7 +84,7 @@ def test_an_operator_runs_a_simulated_fleet_from_the_browser(tmp_path):
                 with browser_page() as page:
                     _operate(page, url, cp, api, tmp_path, hook, targets)
             finally:
-                code = _stop(sim)
+                code = stop(sim)
                 api.close()
                 hook.close()
             log = (tmp_path / "op.out").read_text()[-3000:]

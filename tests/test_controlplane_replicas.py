@@ -11,7 +11,6 @@ import hashlib
 import json
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -21,7 +20,9 @@ import httpx
 import pytest
 import yaml
 from brokers import Mosquitto, free_port
-from clirunner import EXE, ROOT, edge_agent
+from clirunner import edge_agent
+from cp_support import cp_health, start_cp
+from support.stop import stop
 from support.wait import wait_for
 
 from agent import sysroots
@@ -162,30 +163,6 @@ def _config(
     return path
 
 
-def _start(cfg: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*EXE, "control-plane", "--config", str(cfg)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT
-    )
-
-
-def _health(url: str) -> dict | None:
-    try:
-        r = httpx.get(url + "/api/v1/health", timeout=2)
-        return r.json() if r.status_code == 200 else None
-    except httpx.HTTPError:
-        return None
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class Poller:
     """A client polling one replica's API (health and the rollout) until stopped; counts every failure."""
 
@@ -262,14 +239,14 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
             state_dir=str(tmp_path / "sim"),
             probation_s=1.0,
         ).start()
-        a = _start(cfgs[0], logs[0])
+        a = start_cp(cfgs[0], logs[0])
         procs = [a]
         try:
-            wait_for(lambda: _health(urls[0]), 60, "replica a up")
-            b = _start(cfgs[1], logs[1])
+            wait_for(lambda: cp_health(urls[0]), 60, "replica a up")
+            b = start_cp(cfgs[1], logs[1])
             procs.append(b)
-            wait_for(lambda: _health(urls[1]), 60, "replica b up")
-            ha, hb = _health(urls[0]), _health(urls[1])
+            wait_for(lambda: cp_health(urls[1]), 60, "replica b up")
+            ha, hb = cp_health(urls[0]), cp_health(urls[1])
             assert ha["leader"]["leading"] and not hb["leader"]["leading"], (ha["leader"], hb["leader"])
             assert hb["leader"]["holder"] == ha["leader"]["replica"] and hb["fleet_loop"]["running"] is False
             token = (cfgs[0].parent / "admin.token").read_text().strip()
@@ -299,12 +276,15 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
                 return (r.get("progress") or {}).get("counts") or {}
 
             wait_for(lambda: 1 <= counts().get("succeeded", 0) < 3, WAIT_S, "the first devices of tiny-1", step=0.3)
-            fence_before = _health(urls[1])["leader"]["fence"]
+            fence_before = cp_health(urls[1])["leader"]["fence"]
             killed = time.time()
             a.send_signal(signal.SIGKILL)
             a.wait()
             took = wait_for(
-                lambda: (d := _health(urls[1])) and d["leader"]["leading"] and d["leader"], 30, "b takes over", step=0.1
+                lambda: (d := cp_health(urls[1])) and d["leader"]["leading"] and d["leader"],
+                30,
+                "b takes over",
+                step=0.1,
             )
             takeover_s = took["leading_since"] - killed
             print(f"takeover after the leader's SIGKILL: {takeover_s:.2f} s (lease_s {took['lease_s']:g})")
@@ -334,20 +314,20 @@ def test_two_replicas_leader_killed_mid_rollout(tmp_path, pg):
             lead = json.loads(r.stdout)
             assert lead["holder"] == took["replica"] and lead["fence"] == took["fence"], lead
             # a replica started again joins as a standby; the leader stopped cleanly hands the lease over at once
-            a = _start(cfgs[0], logs[0])
+            a = start_cp(cfgs[0], logs[0])
             procs.append(a)
-            wait_for(lambda: _health(urls[0]), 60, "replica a up again")
-            assert not _health(urls[0])["leader"]["leading"]
+            wait_for(lambda: cp_health(urls[0]), 60, "replica a up again")
+            assert not cp_health(urls[0])["leader"]["leading"]
             stopped = time.time()
-            _stop(b)
+            stop(b, 30)
             back = wait_for(
-                lambda: (d := _health(urls[0])) and d["leader"]["leading"] and d["leader"], 30, "a leads", step=0.1
+                lambda: (d := cp_health(urls[0])) and d["leader"]["leading"] and d["leader"], 30, "a leads", step=0.1
             )
             print(f"handover after the leader's SIGTERM: {back['leading_since'] - stopped:.2f} s")
             assert back["fence"] == took["fence"] + 1, back
         finally:
             for p in procs:
-                _stop(p)
+                stop(p, 30)
             sim.stop()
             watcher.stop()
 
@@ -366,13 +346,13 @@ def test_an_upload_through_one_replica_is_planned_and_served_by_the_other(tmp_pa
         shared = tmp_path / "uploads"
         cfg_b = _config(tmp_path / "b" / "cp.yaml", port_b, pg, broker.url, key, tmp_path / "b" / "store", shared)
         cfg_a = _config(tmp_path / "a" / "cp.yaml", port_a, pg, broker.url, key, tmp_path / "a" / "store", shared)
-        procs = [_start(cfg_b, tmp_path / "b.log")]
+        procs = [start_cp(cfg_b, tmp_path / "b.log")]
         fleet = None
         try:
-            wait_for(lambda: _health(url_b), 60, "replica b up")
-            procs.append(_start(cfg_a, tmp_path / "a.log"))
-            wait_for(lambda: _health(url_a), 60, "replica a up")
-            assert _health(url_b)["leader"]["leading"] and not _health(url_a)["leader"]["leading"]
+            wait_for(lambda: cp_health(url_b), 60, "replica b up")
+            procs.append(start_cp(cfg_a, tmp_path / "a.log"))
+            wait_for(lambda: cp_health(url_a), 60, "replica a up")
+            assert cp_health(url_b)["leader"]["leading"] and not cp_health(url_a)["leader"]["leading"]
             h = {"Authorization": f"Bearer {(cfg_b.parent / 'admin.token').read_text().strip()}"}
             grant = httpx.post(url_a + "/api/v1/enroll-tokens", json={"name": "up", "uses": 3}, headers=h).json()
             opts = LightOptions(id_prefix="up", control_plane=url_a, enroll_token=grant["token"], probation_s=0.5,
@@ -401,11 +381,11 @@ def test_an_upload_through_one_replica_is_planned_and_served_by_the_other(tmp_pa
             done = wait_for(finished, WAIT_S, "tiny-1 ended", step=0.5)
             assert done["state"] == "completed" and done["progress"]["counts"].get("succeeded") == 3, done
             assert fleet.counts["committed"] == 3 and fleet.counts["failed"] == 0, fleet.counts
-            assert _health(url_b)["leader"]["leading"]  # b planned it from the shared directory all along
+            assert cp_health(url_b)["leader"]["leading"]  # b planned it from the shared directory all along
             leftovers = [p.name for p in shared.rglob("*") if p.is_file() and (".tmp" in p.name or ".src" in p.name)]
             assert leftovers == [] and not list(shared.glob("tmp*")), leftovers
         finally:
             if fleet is not None:
                 fleet.stop()
             for p in procs:
-                _stop(p)
+                stop(p, 30)

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +16,8 @@ import pytest
 import yaml
 from brokers import Mosquitto, free_port
 from clirunner import EXE, ROOT, edge_agent
+from cp_support import cp_health, start_cp
+from support.stop import stop
 from support.wait import wait_for
 
 from agent import sysroots
@@ -31,24 +32,11 @@ WAIT_S = 240.0
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
-def _start(cfg: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*EXE, "control-plane", "--config", str(cfg)], cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT
-    )
-
-
 def _wait_up(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"control plane exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/api/v1/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"control plane did not answer: {log.read_text()[-2000:]}")
+    try:
+        wait_for(lambda: cp_health(url), timeout, "the control plane to answer", proc=proc, step=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {log.read_text()[-2000:]}") from None
 
 
 def _until(what, check, timeout=WAIT_S, every=0.5):
@@ -97,7 +85,7 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database)
             state_dir=str(tmp_path / "sim"),
             probation_s=1.0,
         ).start()
-        proc = _start(cfg, log)
+        proc = start_cp(cfg, log)
         try:
             _wait_up(url, proc, log)
             token_file = cfg.parent / "admin.token"
@@ -169,7 +157,7 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database)
             proc.wait()
             roll.kill()
             roll.wait()
-            proc = _start(cfg, log)  # resumes every rollout from the database
+            proc = start_cp(cfg, log)  # resumes every rollout from the database
             _wait_up(url, proc, log)
             done = _until(
                 "tiny-1 finished after the restart",
@@ -215,11 +203,7 @@ def test_service_cli_enroll_rollout_and_resume_after_sigkill(tmp_path, database)
             done = {d["device_id"] for d in said if d["event"] == "device" and d["result"] == "committed"}
             assert done == set(sim.agents), said
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, 30)
             sim.stop()
 
 

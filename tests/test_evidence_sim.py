@@ -3,11 +3,11 @@
 and is refused under another device's key."""
 
 import json
-import signal
 import subprocess
 import sys
 
 from clirunner import edge_agent
+from support.stop import stop
 
 from agent.artifacts.keys import generate
 from agent.samples import sample_tiny_package
@@ -65,9 +65,4 @@ def test_simulated_devices_publish_attestations_that_verify_offline(mosquitto, t
         assert other.returncode != 0 and "not by the expected device key" in other.stderr
     finally:
         server.stop()
-        sim.send_signal(signal.SIGTERM)
-        try:
-            sim.wait(60)
-        except subprocess.TimeoutExpired:
-            sim.kill()
-            sim.wait(10)
+        stop(sim, 60)

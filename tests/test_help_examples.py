@@ -23,6 +23,7 @@ import pytest
 import yaml
 from brokers import Mosquitto, free_port
 from clirunner import ROOT
+from support.stop import stop
 
 from agent.cli import cli
 
@@ -168,17 +169,6 @@ def _spawn(line: str, cwd: Path, urls: dict[str, str], log: Path, probation_s: s
     return subprocess.Popen(shlex.split(line), cwd=cwd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     if shutil.which("edge-agent", path=str(Path(sys.executable).parent)) is None:
@@ -214,7 +204,7 @@ def test_service_example_runs_until_stopped(line, tmp_path, broker):
             time.sleep(0.2)
         assert proc.poll() is None, (line, (tmp_path / "log").read_text()[-3000:])
     finally:
-        rc = _stop(proc)
+        rc = stop(proc, 60)
     assert rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM), (line, rc, (tmp_path / "log").read_text()[-3000:])
 
 
@@ -237,7 +227,7 @@ def test_fleet_and_control_plane_examples_run_in_order_against_a_live_device(tmp
     try:
         for line in sorted((e for e in examples() if _kind(e) == "live"), key=_live_rank):
             if _live_rank(line) == no_wait:  # no artifact server: the device waits for chunks, in flight, for cancel
-                _stop(serve)
+                stop(serve, 60)
             r = _shell(line, work, urls)
             deadline = time.monotonic() + 90
             while _live_rank(line) == cancel and "nothing in flight" in r.stderr and time.monotonic() < deadline:
@@ -249,8 +239,8 @@ def test_fleet_and_control_plane_examples_run_in_order_against_a_live_device(tmp
                 serve = _spawn(serve_line, work, urls, tmp_path / "serve.log")
         failed += _control_plane_examples(work, tmp_path, broker.url)
     finally:
-        _stop(serve)
-        _stop(daemon)
+        stop(serve, 60)
+        stop(daemon, 60)
     assert not failed, (failed, (tmp_path / "agent.log").read_text()[-2000:])
 
 
@@ -292,7 +282,7 @@ def _control_plane_examples(work: Path, tmp_path: Path, broker_url: str) -> list
             if r.returncode != 0:
                 failed.append((line, r.returncode, r.stdout[-1500:], r.stderr[-1500:]))
     finally:
-        _stop(service)
+        stop(service, 60)
     return failed
 
 
@@ -325,7 +315,7 @@ def _simulated_fleet_enrolls(line: str, work: Path, tmp_path: Path, urls: dict[s
             ).json()["devices"]
             accepted = len(rows)
     finally:
-        rc = _stop(proc)
+        rc = stop(proc, 60)
     if accepted == 3 and rc in (0, -signal.SIGTERM, 128 + signal.SIGTERM):
         return []
     return [(line, rc, f"{accepted} of 3 accepted", log.read_text()[-1500:])]

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from brokers import Mosquitto
-from cp_support import running_service
+from cp_support import rollout_done, running_service
 from support.daemon import drop, write_config
 from support.wait import wait_for
 from test_self_update import Device, N, wheelhouses  # noqa: F401 - the session fixture: releases built once
@@ -61,15 +61,8 @@ def test_a_real_daemon_takes_a_release_from_the_control_plane_and_keeps_it(tmp_p
 
                 before = wait_for(on_n, WAIT_S, f"dev-1 accepted, reporting release {N}", step=1.0)
                 assert before["agent_release"]["current"] == N, before
-                r = api.post("/api/v1/rollouts", json={"kind": "agent", "version": "1.1.0", "deadline_s": 600})
-                assert r.status_code == 202, r.text
-                rid = r.json()["rollout_id"]
-
-                def finished():
-                    got = api.get(f"/api/v1/rollouts/{rid}").json()
-                    return got if got["phase"] in ("finished", "failed") else None
-
-                done = wait_for(finished, WAIT_S, "the release rollout to finish", step=1.0)
+                body = {"kind": "agent", "version": "1.1.0", "deadline_s": 600}
+                done = rollout_done(api, body, WAIT_S)
                 assert done["state"] == "completed", (done, dev.logs())
                 assert [d["result"] for d in done["progress"]["devices"]] == ["succeeded"], done
                 rep = dev.report("1.1.0")

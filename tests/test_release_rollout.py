@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -17,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from brokers import Mosquitto
 from clirunner import ROOT
-from cp_support import running_service
+from cp_support import fleet_service, rollout_done, running_service
+from support.stop import stop
 from support.wait import wait_for
 
 from agent.artifacts.keys import generate, load_private_key
@@ -52,17 +51,6 @@ def _simulate(tmp: Path, broker: str, pub: Path, url: str) -> subprocess.Popen:
     )
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    return proc.returncode
-
-
 def _page(url: str, token: str, path: str, client: httpx.Client | None = None) -> str:
     """A dashboard page as a signed-in browser gets it (the login form, then the page); `client`: that browser,
     left signed in."""
@@ -84,84 +72,70 @@ def _devices(client: httpx.Client) -> dict[str, dict]:
 
 
 def test_a_release_rollout_halts_and_rolls_back_the_cohort_whose_trials_fail(tmp_path):
-    with Mosquitto(tmp_path / "mosquitto") as broker:
-        fleet_key, fleet_pub, _ = generate(tmp_path / "keys")
-        doc = {"signing_key": str(fleet_key), "mqtt": {"url": broker.url}, "tick_s": 0.3}
-        with running_service(tmp_path / "cp", **doc) as (cp, url):
-            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
-            for version in ("1.0.0", "1.1.0"):
-                r = client.put(f"/api/v1/releases/{version}", content=_release(tmp_path, version, fleet_key))
-                assert r.status_code == 201, r.text
-            grant = client.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": 20})
-            (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
-            sim = _simulate(tmp_path, broker.url, fleet_pub, url)
-            try:
+    with fleet_service(tmp_path) as (broker, fleet_key, fleet_pub, cp, url, client):
+        for version in ("1.0.0", "1.1.0"):
+            r = client.put(f"/api/v1/releases/{version}", content=_release(tmp_path, version, fleet_key))
+            assert r.status_code == 201, r.text
+        grant = client.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": 20})
+        (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
+        sim = _simulate(tmp_path, broker.url, fleet_pub, url)
+        try:
 
-                def on_n():  # every device accepted, its status kept, running release 1.0.0
-                    rows = _devices(client)
-                    return (
-                        rows if len(rows) == 20 and all(d["agent_version"] == "1.0.0" for d in rows.values()) else None
-                    )
+            def on_n():  # every device accepted, its status kept, running release 1.0.0
+                rows = _devices(client)
+                return rows if len(rows) == 20 and all(d["agent_version"] == "1.0.0" for d in rows.values()) else None
 
-                before = wait_for(on_n, WAIT_S, "20 devices reporting release 1.0.0", step=1.0)
-                body = {"kind": "agent", "version": "1.1.0", "cohort_by": "target", "canary": "1",
-                        "wave_size": "50%", "max_failures": "0%", "deadline_s": 180}  # fmt: skip
-                r = client.post("/api/v1/rollouts", json=body)
-                assert r.status_code == 202, r.text
-                rid = r.json()["rollout_id"]
-
-                def finished():
-                    got = client.get(f"/api/v1/rollouts/{rid}").json()
-                    return got if got["phase"] in ("finished", "failed") else None
-
-                done = wait_for(finished, WAIT_S, "the release rollout to finish", step=1.0)
-            finally:
-                code = _stop(sim)
-            log = (tmp_path / "sim.out").read_text()[-4000:]
-            assert code == 0, log
-            assert done["kind"] == "agent" and done["model"] == "edge-agent" and done["state"] == "partial", done
-            bad_target = {d["target"] for dev, d in before.items() if dev.startswith(f"rel-{BAD}-")}
-            assert len(bad_target) == 1 and len({d["target"] for d in before.values()}) == 2, before
-            cohorts = done["progress"]["cohorts"]
-            states = {k: c["state"] for k, c in cohorts.items()}
-            assert sorted(states.values()) == ["completed", "halted"], cohorts
-            halted = next(c for c in cohorts.values() if c["state"] == "halted")
-            assert "trial: simulated: wrong answer" in str(halted["reason"]), cohorts
-            results = {d["device_id"]: d["result"] for d in done["progress"]["devices"]}
-            bad_ids = {dev for dev, d in before.items() if d["target"] in bad_target}
-            bad = sorted(results[d] for d in bad_ids)  # the canary took N+1 and was rolled back by the rollout;
-            # a wave failed: in flight at the halt, a device is cancelled (told to stay; its own trial may have
-            # failed after the halt: it never took N+1, so it is not rolled back), the rest not reached
-            why = {d["device_id"]: (d["result"], d["reason"]) for d in done["progress"]["devices"]}
-            assert bad.count("rolled_back") == 1 and "failed" in bad, why
-            assert set(bad) <= {"failed", "cancelled", "not_reached", "rolled_back"}, why
-            assert {results[d] for d in set(results) - bad_ids} == {"succeeded"}, results
-            rows = _devices(client)
-            for row in rows.values():
-                trial = (row["agent_release"] or {}).get("trial")
-                dev = row["device_id"]
-                if results[dev] == "failed":  # its trial failed: the guard flipped it back to N, signed report
-                    assert trial["result"] == "rolled-back" and trial["verified"] and trial["version"] == "1.1.0", row
-                    assert "wrong answer" in trial["reason"] and row["agent_release"]["previous"] == "1.1.0", row
-                elif results[dev] == "rolled_back":  # N+1 was good here, then the halt sent it back to N: a trial of N
-                    assert (trial["version"], trial["result"], row["agent_release"]["previous"]) == (
-                        "1.0.0",
-                        "good",
-                        "1.1.0",
-                    ), row
-                elif results[dev] == "not_reached":
-                    assert trial is None, row
-                elif results[dev] == "cancelled":  # its trial, if it ran, failed too
-                    assert trial is None or trial["result"] == "rolled-back", row
-                else:  # completed: every device on N+1, its trial good, the report verified against its key
-                    assert trial["result"] == "good" and trial["verified"] and trial["version"] == "1.1.0", row
-                assert row["agent_version"] == ("1.0.0" if dev in bad_ids else "1.1.0"), row
-            page = _page(url, cp.admin_token, "/devices")
-            assert "trial 1.1.0: good" in page and "trial 1.1.0: rolled-back (simulated: wrong answer" in page
-            assert "trial 1.0.0: good" in page  # the canary of the halted cohort, rolled back
-            assert "<td>agent</td>" in _page(url, cp.admin_token, "/rollouts")  # the kind column
-            listed = client.get("/api/v1/rollouts").json()["rollouts"]
-            assert [r["kind"] for r in listed] == ["agent"], listed
+            before = wait_for(on_n, WAIT_S, "20 devices reporting release 1.0.0", step=1.0)
+            body = {"kind": "agent", "version": "1.1.0", "cohort_by": "target", "canary": "1",
+                    "wave_size": "50%", "max_failures": "0%", "deadline_s": 180}  # fmt: skip
+            done = rollout_done(client, body, WAIT_S)
+        finally:
+            code = stop(sim)
+        log = (tmp_path / "sim.out").read_text()[-4000:]
+        assert code == 0, log
+        assert done["kind"] == "agent" and done["model"] == "edge-agent" and done["state"] == "partial", done
+        bad_target = {d["target"] for dev, d in before.items() if dev.startswith(f"rel-{BAD}-")}
+        assert len(bad_target) == 1 and len({d["target"] for d in before.values()}) == 2, before
+        cohorts = done["progress"]["cohorts"]
+        states = {k: c["state"] for k, c in cohorts.items()}
+        assert sorted(states.values()) == ["completed", "halted"], cohorts
+        halted = next(c for c in cohorts.values() if c["state"] == "halted")
+        assert "trial: simulated: wrong answer" in str(halted["reason"]), cohorts
+        results = {d["device_id"]: d["result"] for d in done["progress"]["devices"]}
+        bad_ids = {dev for dev, d in before.items() if d["target"] in bad_target}
+        bad = sorted(results[d] for d in bad_ids)  # the canary took N+1 and was rolled back by the rollout;
+        # a wave failed: in flight at the halt, a device is cancelled (told to stay; its own trial may have
+        # failed after the halt: it never took N+1, so it is not rolled back), the rest not reached
+        why = {d["device_id"]: (d["result"], d["reason"]) for d in done["progress"]["devices"]}
+        assert bad.count("rolled_back") == 1 and "failed" in bad, why
+        assert set(bad) <= {"failed", "cancelled", "not_reached", "rolled_back"}, why
+        assert {results[d] for d in set(results) - bad_ids} == {"succeeded"}, results
+        rows = _devices(client)
+        for row in rows.values():
+            trial = (row["agent_release"] or {}).get("trial")
+            dev = row["device_id"]
+            if results[dev] == "failed":  # its trial failed: the guard flipped it back to N, signed report
+                assert trial["result"] == "rolled-back" and trial["verified"] and trial["version"] == "1.1.0", row
+                assert "wrong answer" in trial["reason"] and row["agent_release"]["previous"] == "1.1.0", row
+            elif results[dev] == "rolled_back":  # N+1 was good here, then the halt sent it back to N: a trial of N
+                assert (trial["version"], trial["result"], row["agent_release"]["previous"]) == (
+                    "1.0.0",
+                    "good",
+                    "1.1.0",
+                ), row
+            elif results[dev] == "not_reached":
+                assert trial is None, row
+            elif results[dev] == "cancelled":  # its trial, if it ran, failed too
+                assert trial is None or trial["result"] == "rolled-back", row
+            else:  # completed: every device on N+1, its trial good, the report verified against its key
+                assert trial["result"] == "good" and trial["verified"] and trial["version"] == "1.1.0", row
+            assert row["agent_version"] == ("1.0.0" if dev in bad_ids else "1.1.0"), row
+        page = _page(url, cp.admin_token, "/devices")
+        assert "trial 1.1.0: good" in page and "trial 1.1.0: rolled-back (simulated: wrong answer" in page
+        assert "trial 1.0.0: good" in page  # the canary of the halted cohort, rolled back
+        assert "<td>agent</td>" in _page(url, cp.admin_token, "/rollouts")  # the kind column
+        listed = client.get("/api/v1/rollouts").json()["rollouts"]
+        assert [r["kind"] for r in listed] == ["agent"], listed
 
 
 MARKUP = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>'

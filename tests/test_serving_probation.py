@@ -122,12 +122,17 @@ def test_first_deployment_compute_time_against_the_qualified_figures(tmp_path):
     assert "no baseline" in v.figures["not_judged"]["why"] and "compute time not judged" in v.reason, v.reason
 
 
-def test_quiet_window_needs_min_requests_when_asked(tmp_path):
+def _quiet_verdict(tmp_path, p50: float, window: float, thresholds: Thresholds, at: float):
+    """The verdict on a probation window (baseline p50 `p50`) in which no request came, evaluated at `at` s."""
     r = _registry(tmp_path, tiny_model(2.0))
     clock = Clock()
-    p = Probation(r, "m", "2", {"p50": 1.0}, window=1, thresholds=Thresholds(min_requests=10), clock=clock)
-    clock.now = 2.0
-    v = p.evaluate()
+    p = Probation(r, "m", "2", {"p50": p50}, window=window, thresholds=thresholds, clock=clock)
+    clock.now = at
+    return p.evaluate()
+
+
+def test_quiet_window_needs_min_requests_when_asked(tmp_path):
+    v = _quiet_verdict(tmp_path, 1.0, 1, Thresholds(min_requests=10), at=2.0)
     assert v.state == TROUBLE and "only 0 requests" in v.reason
 
 
@@ -186,10 +191,6 @@ def test_a_window_short_of_requests_not_of_measurements_ends_on_time(tmp_path):
 
 def test_a_quiet_window_is_not_a_skip(tmp_path):
     """No request at all: nothing was skipped; serving.probation.min_requests (0: a quiet window passes) decides."""
-    r = _registry(tmp_path, tiny_model(2.0))
-    clock = Clock()
-    p = Probation(r, "m", "2", {"p50": 1000.0}, window=10, thresholds=Thresholds(extend=1.0), clock=clock)
-    clock.now = 10.0
-    v = p.evaluate()
+    v = _quiet_verdict(tmp_path, 1000.0, 10, Thresholds(extend=1.0), at=10.0)
     assert v.state == PASSED and v.figures["requests"] == 0 and "not_judged" not in v.figures, v
     assert "compute time not judged" in v.reason, v.reason

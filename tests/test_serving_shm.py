@@ -114,15 +114,21 @@ def _infer(srv, inp: str, out: str, in_off: int = 0, out_off: int = 0, out_size:
     return _post(srv, "/v2/models/rev/infer", doc)
 
 
+def _in_out(srv, region) -> tuple[shared_memory.SharedMemory, shared_memory.SharedMemory]:
+    """Two new regions of one (1, N) float32 tensor each, registered with `srv` as "in" and "out"."""
+    a, b = region(4 * N), region(4 * N)
+    _register(srv, "in", a)
+    _register(srv, "out", b)
+    return a, b
+
+
 def _floats(shm: shared_memory.SharedMemory, offset: int = 0) -> np.ndarray:
     return np.ndarray((1, N), "<f4", shm.buf, offset)
 
 
 def test_outputs_are_written_by_the_runtime_and_inputs_read_each_request(served, region):
     srv, session = served
-    a, b = region(4 * N), region(4 * N)
-    _register(srv, "in", a)
-    _register(srv, "out", b)
+    a, b = _in_out(srv, region)
     x = np.arange(N, dtype=np.float32).reshape(1, N)
     _floats(a)[:] = x
     status, body = _infer(srv, "in", "out")
@@ -163,9 +169,7 @@ def test_an_output_over_its_input_is_written_after_the_run(served, region, same_
 @pytest.mark.parametrize("mode", ["served", "copying"])
 def test_bounds_are_checked_per_request_with_a_cached_plan(mode, request, region):
     srv, _ = request.getfixturevalue(mode)
-    a, b = region(4 * N), region(4 * N)
-    _register(srv, "in", a)
-    _register(srv, "out", b)
+    a, b = _in_out(srv, region)
     _floats(a)[:] = 1.0
     assert _infer(srv, "in", "out")[0] == 200
     status, body = _infer(srv, "in", "out", out_size=4 * N - 4)
@@ -202,9 +206,7 @@ def test_the_default_run_into_copies_after_the_run(tmp_path):
 
 def test_by_default_inputs_are_copied_in_and_outputs_written_after_the_run(copying, region):
     srv, session = copying
-    a, b = region(4 * N), region(4 * N)
-    _register(srv, "in", a)
-    _register(srv, "out", b)
+    a, b = _in_out(srv, region)
     x = np.arange(N, dtype=np.float32).reshape(1, N)
     for step in (1, 2):
         _floats(a)[:] = x * step

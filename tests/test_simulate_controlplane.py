@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from brokers import Mosquitto
 from clirunner import ROOT, edge_agent
-from cp_support import running_service
+from cp_support import fleet_service
+from support.stop import stop
 from support.wait import wait_for
 
 from agent.artifacts.keys import generate
@@ -34,17 +33,6 @@ def _simulate(tmp: Path, name: str, broker: str, pub: Path, url: str, *extra: st
     out = (tmp / f"{name}.out").open("wb")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(args, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, env=env)
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-    return proc.returncode
 
 
 def _events(tmp: Path, name: str) -> list[dict]:
@@ -70,65 +58,59 @@ def _evidence(client: httpx.Client, device_id: str) -> dict | None:
 def test_simulated_devices_enroll_with_a_running_service_and_post_their_evidence(tmp_path):
     from agent.artifacts.packtar import write_targz
 
-    with Mosquitto(tmp_path / "mosquitto") as broker:
-        fleet_key, fleet_pub, _ = generate(tmp_path / "keys")
-        doc = {"signing_key": str(fleet_key), "mqtt": {"url": broker.url}, "tick_s": 0.3}
-        with running_service(tmp_path / "cp", **doc) as (cp, url):
-            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30)
-            grant = client.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": 3})
-            assert grant.status_code == 201, grant.text
-            (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
-            (tmp_path / "admin.token").write_text(cp.admin_token + "\n")
-            sims = {
-                "tok": _simulate(
-                    tmp_path, "tok", broker.url, fleet_pub, url,
-                    *("--devices", "3", "--sysroots", "rpi4-4gb", "--enroll-token-file", "enroll.token"),
-                ),
-                "acc": _simulate(
-                    tmp_path, "acc", broker.url, fleet_pub, url,
-                    *("--devices", "2", "--sysroots", "amd-epyc-x86", "--accept", "--token-file", "admin.token"),
-                ),
-            }  # fmt: skip
-            try:
-                token_ids = {f"tok-rpi4-4gb-{n}" for n in (1, 2, 3)}
-                accept_ids = {f"acc-amd-epyc-x86-{n}" for n in (1, 2)}
+    with fleet_service(tmp_path) as (broker, fleet_key, fleet_pub, cp, url, client):
+        grant = client.post("/api/v1/enroll-tokens", json={"name": "sim", "groups": ["lab"], "uses": 3})
+        assert grant.status_code == 201, grant.text
+        (tmp_path / "enroll.token").write_text(grant.json()["token"] + "\n")
+        (tmp_path / "admin.token").write_text(cp.admin_token + "\n")
+        sims = {
+            "tok": _simulate(
+                tmp_path, "tok", broker.url, fleet_pub, url,
+                *("--devices", "3", "--sysroots", "rpi4-4gb", "--enroll-token-file", "enroll.token"),
+            ),
+            "acc": _simulate(
+                tmp_path, "acc", broker.url, fleet_pub, url,
+                *("--devices", "2", "--sysroots", "amd-epyc-x86", "--accept", "--token-file", "admin.token"),
+            ),
+        }  # fmt: skip
+        try:
+            token_ids = {f"tok-rpi4-4gb-{n}" for n in (1, 2, 3)}
+            accept_ids = {f"acc-amd-epyc-x86-{n}" for n in (1, 2)}
 
-                def accepted():
-                    rows = client.get("/api/v1/devices?state=accepted&limit=1000").json()["devices"]
-                    return rows if {r["device_id"] for r in rows} == token_ids | accept_ids else None
+            def accepted():
+                rows = client.get("/api/v1/devices?state=accepted&limit=1000").json()["devices"]
+                return rows if {r["device_id"] for r in rows} == token_ids | accept_ids else None
 
-                rows = {r["device_id"]: r for r in wait_for(accepted, WAIT_S, "five accepted devices", step=0.5)}
-                for dev in token_ids:
-                    assert rows[dev]["decided_by"] == "token:sim" and rows[dev]["groups"] == ["lab"], rows[dev]
-                for dev in accept_ids:  # pending first, then accepted by the simulator as the admin operator
-                    assert not rows[dev]["decided_by"].startswith("token:") and rows[dev]["groups"] == ["lab"]
-                audit = client.get("/api/v1/audit?limit=1000").json()["entries"]
-                asked = [a for a in audit if a["action"] == "enroll.request"]
-                pending = {a["target"] for a in asked if a["detail"].get("state") == "pending"}
-                assert accept_ids <= pending and not token_ids & pending, audit
-                assert accept_ids <= {a["target"] for a in audit if a["action"] == "device.accept"}, audit
+            rows = {r["device_id"]: r for r in wait_for(accepted, WAIT_S, "five accepted devices", step=0.5)}
+            for dev in token_ids:
+                assert rows[dev]["decided_by"] == "token:sim" and rows[dev]["groups"] == ["lab"], rows[dev]
+            for dev in accept_ids:  # pending first, then accepted by the simulator as the admin operator
+                assert not rows[dev]["decided_by"].startswith("token:") and rows[dev]["groups"] == ["lab"]
+            audit = client.get("/api/v1/audit?limit=1000").json()["entries"]
+            asked = [a for a in audit if a["action"] == "enroll.request"]
+            pending = {a["target"] for a in asked if a["detail"].get("state") == "pending"}
+            assert accept_ids <= pending and not token_ids & pending, audit
+            assert accept_ids <= {a["target"] for a in audit if a["action"] == "device.accept"}, audit
 
-                pkg = tmp_path / "tiny-1.tar.gz"
-                write_targz(sample_tiny_package(tmp_path / "tiny-1", name="tiny", version="1"), pkg)
-                r = client.put("/api/v1/models/tiny/versions/1", content=pkg.read_bytes())
-                assert r.status_code == 201, r.text
-                r = client.post("/api/v1/push", json={"model": "tiny", "version": "1", "groups": ["lab"]})
-                assert r.status_code == 200, r.text
-                for dev in sorted(token_ids | accept_ids):
-                    got = wait_for(lambda d=dev: _evidence(client, d), WAIT_S, f"{dev}'s evidence", step=0.5)
-                    assert (got["model"], got["version"]) == ("tiny", "1"), got
-                    assert got["doc"]["decision"]["selected"], got["doc"]["decision"]
-                said = {
-                    name: [e for e in _events(tmp_path, name) if e.get("event") == "control_plane"] for name in sims
-                }
-                assert said["tok"] and said["tok"][-1]["accepted"] == 3, said
-                assert said["acc"] and said["acc"][-1]["accepted"] == 2, said
-            finally:
-                codes = {name: _stop(proc) for name, proc in sims.items()}
-                client.close()
-            logs = {name: (tmp_path / f"{name}.out").read_text()[-3000:] for name in sims}
-            assert codes == {"tok": 0, "acc": 0}, (codes, logs)
-            assert all(e["event"] == "stopped" for e in (_events(tmp_path, n)[-1] for n in sims)), logs
+            pkg = tmp_path / "tiny-1.tar.gz"
+            write_targz(sample_tiny_package(tmp_path / "tiny-1", name="tiny", version="1"), pkg)
+            r = client.put("/api/v1/models/tiny/versions/1", content=pkg.read_bytes())
+            assert r.status_code == 201, r.text
+            r = client.post("/api/v1/push", json={"model": "tiny", "version": "1", "groups": ["lab"]})
+            assert r.status_code == 200, r.text
+            for dev in sorted(token_ids | accept_ids):
+                got = wait_for(lambda d=dev: _evidence(client, d), WAIT_S, f"{dev}'s evidence", step=0.5)
+                assert (got["model"], got["version"]) == ("tiny", "1"), got
+                assert got["doc"]["decision"]["selected"], got["doc"]["decision"]
+            said = {name: [e for e in _events(tmp_path, name) if e.get("event") == "control_plane"] for name in sims}
+            assert said["tok"] and said["tok"][-1]["accepted"] == 3, said
+            assert said["acc"] and said["acc"][-1]["accepted"] == 2, said
+        finally:
+            codes = {name: stop(proc) for name, proc in sims.items()}
+            client.close()
+        logs = {name: (tmp_path / f"{name}.out").read_text()[-3000:] for name in sims}
+        assert codes == {"tok": 0, "acc": 0}, (codes, logs)
+        assert all(e["event"] == "stopped" for e in (_events(tmp_path, n)[-1] for n in sims)), logs
 
 
 def test_control_plane_options_are_refused_without_what_they_need(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from support.onnxfile import save_graph
 
 HOP = 64  # samples per frame
 VOCAB = 178  # token ids a text front end emits: [3, VOCAB)
@@ -71,21 +72,13 @@ def tts_model(path: Path, *, dim: int = 64, layers: int = 4, chain: int = 0, see
         helper.make_node("Add", ["phase0", "level"], ["phase"]),
         helper.make_node("Sin", ["phase"], ["audio"]),
     ]
-    g = helper.make_graph(
-        nodes,
-        "tts",
-        [
-            helper.make_tensor_value_info("tokens", TensorProto.INT64, [1, "n"]),
-            helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, 256]),
-            helper.make_tensor_value_info("speed", TensorProto.FLOAT, [1]),
-        ],
-        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["samples"])],
-        inits,
-    )
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 9
-    path.write_bytes(m.SerializeToString())
-    return path
+    inputs = [
+        helper.make_tensor_value_info("tokens", TensorProto.INT64, [1, "n"]),
+        helper.make_tensor_value_info("style", TensorProto.FLOAT, [1, 256]),
+        helper.make_tensor_value_info("speed", TensorProto.FLOAT, [1]),
+    ]
+    audio = helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["samples"])
+    return save_graph(path, nodes, "tts", inputs, [audio], inits)
 
 
 def tts_inputs(directory: Path, n: int = 56, sets: int = 2) -> list[Path]:
