@@ -59,7 +59,7 @@ def save_release(ctx: Any, version: str, archive: Path, actor: str) -> dict[str,
         raise ReleaseRefused(str(exc)) from None
     if str(doc.get("version")) != version:
         raise ReleaseRefused(f"version: the release's manifest names {doc.get('version')!r}, not {version}")
-    artifact = store_package(archive.rename(archive.with_name("release.tar.gz")), ctx.settings.store, validate=False)
+    artifact = store_package(archive.rename(archive.with_name("release.tar.gz")), ctx.settings.uploads_dir, validate=False)
     with write(ctx.factory) as s:
         old = s.scalar(select(ModelVersion).where(ModelVersion.name == RELEASE_NAME, ModelVersion.version == version))
         if old is not None and old.sha256 != artifact["sha256"]:
@@ -134,8 +134,8 @@ async def upload_release(request: Request, version: str, op: AsOperator) -> dict
     """The release's wheelhouse (release.json and its wheels, as `edge-agent release build` writes it) as a
     tar.gz in the request body; refused (422) unless signed by the fleet key with every wheel intact."""
     ctx = request.app.state.cp
-    ctx.settings.store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=ctx.settings.store) as tmp:
+    ctx.settings.uploads_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ctx.settings.uploads_dir) as tmp:
         path = Path(tmp) / "upload"
         with open(path, "wb") as f:
             async for chunk in request.stream():  # at most max_body_bytes: limits.BodyLimit cuts it off (413)
