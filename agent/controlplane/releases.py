@@ -59,7 +59,9 @@ def save_release(ctx: Any, version: str, archive: Path, actor: str) -> dict[str,
         raise ReleaseRefused(str(exc)) from None
     if str(doc.get("version")) != version:
         raise ReleaseRefused(f"version: the release's manifest names {doc.get('version')!r}, not {version}")
-    artifact = store_package(archive.rename(archive.with_name("release.tar.gz")), ctx.settings.uploads_dir, validate=False)
+    artifact = store_package(
+        archive.rename(archive.with_name("release.tar.gz")), ctx.settings.uploads_dir, validate=False
+    )
     with write(ctx.factory) as s:
         old = s.scalar(select(ModelVersion).where(ModelVersion.name == RELEASE_NAME, ModelVersion.version == version))
         if old is not None and old.sha256 != artifact["sha256"]:
