@@ -47,6 +47,7 @@ SYSTEM = frozenset(
         "test_evidence_sim",
         "test_fleet_outcome",
         "test_fleet_push",
+        "test_generative_fleet",  # issue 39: a generative package's delta push to a daemon over the broker
         "test_fleet_registry_lock",
         "test_fleet_trust",
         "test_nats_cluster",

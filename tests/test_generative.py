@@ -200,3 +200,37 @@ def test_a_row_over_the_memory_limit_is_killed_and_says_so(pkg_dir: Path, tmp_pa
     ref = doc["results"][0]
     assert doc["memory_max"] == 16 << 20 and ref["status"] == "failed" and ref["reason"].startswith("memory:")
     assert doc["selected"] is None
+
+
+def test_a_generative_package_loads_for_fleet_push_as_a_directory_and_a_tarball(pkg_dir: Path, tmp_path: Path) -> None:
+    """fleet push, rollouts and the control plane's upload check a package through check_loads: a generative one
+    by its own checks (the ONNX package loader refuses model.yaml's `kind`), a broken one with the reason."""
+    import tarfile
+
+    from agent.errors import ModelError
+    from agent.package.unpack import check_loads
+
+    check_loads(pkg_dir)
+    tgz = tmp_path / "lm.tar.gz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        tar.add(pkg_dir, arcname="lm")
+    check_loads(tgz)
+    broken = shutil.copytree(pkg_dir, tmp_path / "broken")
+    (broken / "genai_config.json").unlink()
+    with pytest.raises(ModelError, match="genai_config.json"):
+        check_loads(broken)
+
+
+def test_live_prompts_are_copies_kept_within_their_cap() -> None:
+    from agent.serving.generative.recent import LivePrompts
+
+    ring = LivePrompts(count=3, tokens=4)
+    prompt = [1, 2, 3, 4, 5, 6]
+    ring.add(prompt)
+    prompt.append(7)  # the caller's list changes: the kept copy does not
+    for p in ([8], [], [9, 10], [11]):
+        ring.add(p)
+    assert ring.recent() == [[8], [9, 10], [11]] and ring.seen == 4  # the oldest went first; an empty one is not kept
+    ring = LivePrompts(count=3, tokens=4)
+    ring.add(prompt)
+    assert ring.recent() == [[4, 5, 6, 7]]  # the tail

@@ -4,8 +4,10 @@ rollback) with real onnxruntime-genai over real HTTP. A generative package dropp
 deployed and served; a v2 pushed while 4 streaming clients run loads beside v1 and swaps between requests, every
 stream finishing on the version it started on, none failing; its probation is judged on paired TPOT against v1
 (live prompts run again on both, back to back, with A/A pairs): a v2 with twice the per-token compute (the decoder
-made in code with twice the layers) is rolled back naming the paired TPOT ratio, one of equal compute commits. The
-paired block is in the journal, the decision record and the status."""
+made in code with as many idle layers again: zero output projections, the same text, so it passes the shadow) is
+rolled back naming the paired TPOT ratio, one of equal compute commits. The paired block is in the journal, the
+decision record and the status. Before the swap the shadow judges v2 on the live prompts: one with other weights is
+refused there, 0 streams failing."""
 
 from __future__ import annotations
 
@@ -178,6 +180,9 @@ def test_equal_compute_v2_swaps_under_4_streams_and_commits(daemon):
     a, _ = daemon
     dep, streams = _swap(a)
     assert dep.state.value == "committed", dep.reason
+    shadow = dep.data["shadow"]  # judged on the streams' prompts before the swap: the same weights agree
+    assert shadow["verdict"] == "pass" and shadow["requests"] >= 1 and shadow["agreement"] == 1.0, shadow
+    assert shadow["max_logit_diff"] == 0.0 and shadow["against"] == "1", shadow
     paired = _paired(a, dep)
     assert paired["verdict"] == "not slower" and "paired TPOT ratio" in paired["reason"], paired
     assert _served_version(a) == "2"
@@ -188,12 +193,45 @@ def test_equal_compute_v2_swaps_under_4_streams_and_commits(daemon):
 @pytest.mark.alone
 def test_twice_the_per_token_compute_is_rolled_back_naming_the_paired_tpot_ratio(daemon):
     a, _ = daemon
-    dep, streams = _swap(a, layers=2 * SHAPE["layers"])
+    dep, streams = _swap(a, idle=SHAPE["layers"])  # the same logits: it passes the shadow, then probation
     paired = _paired(a, dep)
     assert dep.state.value == "rolled_back", (dep.state, dep.reason)
     assert paired["verdict"] == "slower" and "paired TPOT ratio" in dep.reason, dep.reason
     assert paired["ci"][0] > 1.5 and paired["ci"][0] > paired["aa"]["ci"][1], paired
     assert _served_version(a) == "1"  # the referee serves again, without a load
+
+
+def test_a_v2_that_disagrees_on_live_prompts_is_refused_in_shadow_with_0_failed_streams(daemon):
+    """v2 with other weights (seed 1) passes its own qualification (its variants are judged against its own fp32)
+    but its teacher-forced logits on the live prompts disagree with v1's: the shadow refuses the swap before any
+    client sees it; v1 serves on."""
+    a, _ = daemon
+    with Streams(a.url) as streams:
+        streams.wait(8)
+        dep = push(a, "2", seed=1)
+        after = len(streams.done)
+        streams.wait(after + 4)
+    assert streams.errors == [] and all(s["versions"] == {"1"} for s in streams.done), streams.errors
+    assert dep.state.value == "failed" and "shadow: teacher-forced top-1 agreement" in dep.reason, dep.reason
+    decision = json.loads((a.state_dir / "decisions" / f"{dep.id}.json").read_bytes())
+    row = next(r for r in decision["results"] if r["key"] == decision["selected"])
+    assert row["fidelity"]["top1"] == 1.0  # qualification passed it: the shadow is what refused it
+    shadow = dep.data["shadow"]
+    assert shadow["verdict"] == "fail" and shadow["requests"] >= 1 and shadow["agreement"] < 0.98, shadow
+    assert f"agreement {shadow['agreement']:.4g} under the floor 0.98" in dep.reason, dep.reason
+    assert decision["shadow"]["agreement"] == shadow["agreement"]
+    assert a.status()["deployments"][NAME]["shadow"]["verdict"] == "fail"
+    assert _served_version(a) == "1"
+
+
+def test_with_no_live_prompts_the_shadow_is_not_judged_and_the_deployment_goes_on(daemon):
+    a, _ = daemon
+    dep = push(a, "2")
+    shadow = dep.data["shadow"]
+    assert shadow["verdict"] == "not judged" and shadow["reason"] == "shadow: not judged: no live prompts", shadow
+    assert shadow["agreement"] is None and shadow["requests"] == 0
+    assert dep.state.value == "committed", dep.reason  # a quiet probation window passes (min_requests 0)
+    assert _served_version(a) == "2"
 
 
 def test_the_host_swaps_reinstates_and_removes_between_requests(tmp_path):
@@ -218,3 +256,32 @@ def test_the_host_swaps_reinstates_and_removes_between_requests(tmp_path):
     assert host.reinstate(NAME, "1") and host.models[NAME] is v1 and host.referee(NAME) is None
     host.remove(NAME)
     assert NAME not in host.models
+
+
+def test_the_shadow_judges_on_live_prompts_and_never_waits_for_the_kv_budget(tmp_path):
+    """genshadow alone: the same weights agree (1.0, no logit moves), other weights fall under the floor; when the
+    client streams hold the whole KV budget no prompt is judged and none waits: "not judged" with the count."""
+    from agent.serving.generative.host import GenerativeHost
+    from agent.trial import genshadow
+
+    host = GenerativeHost()
+    host.configure(1 << 20, max_streams=2)
+    dirs = {v: write_generative_package(tmp_path / v, name=NAME, version=v, variants=(), seed=int(v == "3"))
+            for v in ("1", "2", "3")}  # fmt: skip
+    v1 = host.load(NAME, "1", dirs["1"], "cpu")
+    host.swap(NAME, v1)
+    floor = {"min_top1": 0.98, "max_logit_diff": 1.0}
+    for text in ("once upon a time", "edge devices measure"):
+        v1.recent.add(v1.encode(text))
+    same = genshadow.judge(v1, host.load(NAME, "2", dirs["2"], "cpu"), floor)
+    assert same["verdict"] == "pass" and same["agreement"] == 1.0 and same["max_logit_diff"] == 0.0, same
+    assert same["requests"] == 2 and same["positions"] == 2 * genshadow.TEACHER_TOKENS, same
+    other = genshadow.judge(v1, host.load(NAME, "3", dirs["3"], "cpu"), floor)
+    assert other["verdict"] == "fail" and other["agreement"] < 0.98, other
+    assert other["reason"].startswith(f"shadow: teacher-forced top-1 agreement {other['agreement']:.4g} under"), other
+    held = [host.budget.lease(1, "a client stream") for _ in range(2)]  # max_streams: no room for a shadow run
+    busy = genshadow.judge(v1, host.load(NAME, "2", dirs["2"], "cpu"), floor)
+    for lease in held:
+        lease.release()
+    assert busy["verdict"] == "not judged" and busy["busy"] == 2, busy
+    assert busy["reason"] == "shadow: not judged: all 2 live prompts found the KV budget held by clients"

@@ -87,13 +87,14 @@ def check_file(path: Path, work: Path) -> tuple[list[dict[str, str]], str | None
     """(the findings of `edge-agent package --check` on the file, why it does not load or None): a .tar.gz is
     unpacked first (within the loader's limits) and its directory checked."""
     from agent.package.check import check
-    from agent.package.load import extract_archive, load_package
+    from agent.package.load import extract_archive
+    from agent.package.unpack import check_package
 
     root = path
     try:
         if path.name.endswith(".tar.gz"):
             root = extract_archive(path, work / "unpacked")
-        load_package(root)
+        check_package(str(root))  # load_package's checks, or a generative package's (check_generative)
         broken = None
     except ModelError as exc:
         broken = str(exc).replace(str(work) + "/", "")

@@ -39,9 +39,9 @@ def store_package(
     if not package.exists():
         raise ModelError(f"package {package} does not exist")
     if validate:
-        from agent.package.load import load_package
+        from agent.package.unpack import check_loads
 
-        load_package(package)  # checker + shape inference: refuse to ship a broken model
+        check_loads(package)  # checker + shape inference (a generative package's own checks): refuse a broken one
     cs = ContentStore(store)
     recipe = None
     with tempfile.TemporaryDirectory(dir=cs.staging) as tmp:

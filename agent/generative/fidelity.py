@@ -8,6 +8,7 @@ each prompt and the index of the first divergence (one early flip changes everyt
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,19 @@ import numpy as np
 
 
 def teacher_forced(ref_dir: Path, row_dir: Path, prompt_lengths: list[int]) -> dict[str, Any]:
+    return agreement(
+        (np.load(ref_dir / f"held_{k}.npy"), np.load(row_dir / f"held_{k}.npy"), plen)
+        for k, plen in enumerate(prompt_lengths)
+    )
+
+
+def agreement(sequences: Iterable[tuple[np.ndarray, np.ndarray, int]]) -> dict[str, Any]:
+    """Top-1 agreement and max |logit diff| over (reference logits, row logits, prompt length) of teacher-forced
+    sequences ([positions, vocab] each): the positions that predict the continuation. Also the live-prompt shadow's
+    measure (agent.trial.genshadow: the serving version is the reference there)."""
     agree = total = 0
     max_diff = 0.0
-    for k, plen in enumerate(prompt_lengths):
-        ref = np.load(ref_dir / f"held_{k}.npy")
-        got = np.load(row_dir / f"held_{k}.npy")
+    for k, (ref, got, plen) in enumerate(sequences):
         if ref.shape != got.shape:
             return {
                 "top1": 0.0,
@@ -54,19 +63,24 @@ def greedy(ref: list[list[int]], got: list[list[int]], first: int) -> dict[str, 
 
 def gate(row: dict[str, Any], gates: dict[str, Any]) -> list[str]:
     """Why a measured row fails its gates (empty: it passes)."""
-    fid = row.get("fidelity") or {}
-    why = []
-    top1, diff = fid.get("top1"), fid.get("max_logit_diff")
-    if top1 is None or top1 < gates["min_top1"]:
-        why.append(f"teacher-forced top-1 agreement {_f(top1)} under the floor {gates['min_top1']}")
-    if diff is None or diff > gates["max_logit_diff"]:
-        why.append(f"max |logit diff| {_f(diff)} over {gates['max_logit_diff']}")
+    why = fidelity_gate(row.get("fidelity") or {}, gates)
     tpot = (row.get("tpot_ms") or {}).get("p50_ms")
     if gates.get("max_tpot_ms") is not None and (tpot is None or tpot > gates["max_tpot_ms"]):
         why.append(f"TPOT p50 {_f(tpot)} ms over the budget {gates['max_tpot_ms']} ms")
     rss = row.get("peak_rss_bytes")
     if gates.get("max_rss_mb") is not None and (rss is None or rss / 2**20 > gates["max_rss_mb"]):
         why.append(f"peak RSS {_f(rss / 2**20 if rss else None)} MiB over the budget {gates['max_rss_mb']} MiB")
+    return why
+
+
+def fidelity_gate(fid: dict[str, Any], gates: dict[str, Any]) -> list[str]:
+    """Why teacher-forced figures ({"top1", "max_logit_diff"}) fall under the fidelity floor (empty: they pass)."""
+    why = []
+    top1, diff = fid.get("top1"), fid.get("max_logit_diff")
+    if top1 is None or top1 < gates["min_top1"]:
+        why.append(f"teacher-forced top-1 agreement {_f(top1)} under the floor {gates['min_top1']}")
+    if diff is None or diff > gates["max_logit_diff"]:
+        why.append(f"max |logit diff| {_f(diff)} over {gates['max_logit_diff']}")
     return why
 
 

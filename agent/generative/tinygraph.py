@@ -17,6 +17,7 @@ class _Graph:
         self.rng = rng
         self.noise = noise  # its own stream: the weights stay those of the same seed, noise on top
         self.perturb = perturb
+        self.zero: frozenset[str] = frozenset()  # weights made zeros (an idle layer's output projections)
         self.n = 0
 
     def name(self, base: str) -> str:
@@ -31,6 +32,8 @@ class _Graph:
         return name
 
     def weight(self, base: str, shape: tuple[int, ...], scale: float) -> str:
+        if base in self.zero:
+            return self.const(base, np.zeros(shape, np.float32))
         w = self.rng.normal(0.0, scale, size=shape).astype(np.float32)
         if self.perturb:
             w = w + self.noise.normal(0.0, self.perturb * scale, size=shape).astype(np.float32)
@@ -124,14 +127,15 @@ def _layer_gqa(g: _Graph, x: str, mask: tuple[str, str], i: int, hidden: int, he
     return g.op("Add", [x, g.op("MatMul", [up, g.weight("w2", (4 * hidden, hidden), 0.5 * scale)])])
 
 
-def decoder(
-    *, layers: int, hidden: int, heads: int, max_length: int, seed: int, perturb: float = 0.0, gqa: bool = False
-) -> Any:
-    """The decoder ModelProto; the same seed gives the same weights, `perturb` adds relative noise on top of them;
-    `gqa`: attention through GroupQueryAttention with a shared past/present buffer of max_length."""
+def decoder(t: Any) -> Any:
+    """The decoder ModelProto of `t` (tinymodel.Tiny: layers, hidden, heads, max_length, seed, perturb, gqa, idle):
+    the same seed gives the same weights, `perturb` adds relative noise on top of them; `gqa`: attention through
+    GroupQueryAttention with a shared past/present buffer of max_length; `idle`: that many more layers after them
+    whose output projections are zeros (their compute, and the same logits)."""
     from onnx import TensorProto, helper
 
-    g = _Graph(np.random.default_rng(seed), np.random.default_rng(seed + 1), perturb)
+    layers, hidden, heads, max_length, seed, idle = t.layers, t.hidden, t.heads, t.max_length, t.seed, t.idle
+    g = _Graph(np.random.default_rng(seed), np.random.default_rng(seed + 1), t.perturb)
     hd = hidden // heads
     x = g.op(
         "Add",
@@ -140,14 +144,21 @@ def decoder(
             g.op("Gather", [g.weight("pos", (max_length, hidden), 0.5), "position_ids"]),
         ],
     )
-    if gqa:
+    if t.gqa:
         gmask = _gqa_inputs(g)
-        for i in range(layers):
-            x = _layer_gqa(g, x, gmask, i, hidden, heads)
     else:
         bias = _mask(g)
-        for i in range(layers):
+    for i in range(layers + idle):
+        if i == layers:  # the idle layers draw from their own stream: the weights after them stay the seed's
+            keep = g.rng, g.perturb
+            g.rng, g.perturb, g.zero = np.random.default_rng(seed + 2), 0.0, frozenset({"wo", "w2"})
+        if t.gqa:
+            x = _layer_gqa(g, x, gmask, i, hidden, heads)
+        else:
             x = _layer(g, x, bias, i, hidden, heads)
+    if idle:
+        (g.rng, g.perturb), g.zero = keep, frozenset()
+    layers += idle
     g.op("MatMul", [_norm(g, x, hidden), g.weight("lm_head", (hidden, VOCAB), 2.0 / np.sqrt(hidden))], "logits")
     kv: list[str | int | None] = ["batch", heads, "past", hd]
     inputs = [
@@ -162,7 +173,7 @@ def decoder(
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", TensorProto.FLOAT, kv))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", TensorProto.FLOAT, pkv))
     graph = helper.make_graph(g.nodes, "tiny_decoder", inputs, outputs, g.inits)
-    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if gqa else [])
+    opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid("com.microsoft", 1)] if t.gqa else [])
     model = helper.make_model(graph, opset_imports=opsets, producer_name="edge-agent")
     model.ir_version = 8
     return model

@@ -147,6 +147,7 @@ class Tiny:
     seed: int = 0
     perturb: float = 0.0
     gqa: bool = False
+    idle: int = 0  # more layers with zero output projections: more compute per token, the same logits
 
 
 def write_tiny_genai(directory: Path, **shape: Any) -> Path:
@@ -155,17 +156,11 @@ def write_tiny_genai(directory: Path, **shape: Any) -> Path:
 
     t = Tiny(**shape)
     directory.mkdir(parents=True, exist_ok=True)
-    model = decoder(
-        layers=t.layers,
-        hidden=t.hidden,
-        heads=t.heads,
-        max_length=t.max_length,
-        seed=t.seed,
-        perturb=t.perturb,
-        gqa=t.gqa,
-    )
+    model = decoder(t)
     onnx.save(model, str(directory / "model.onnx"))
-    config = genai_config(layers=t.layers, hidden=t.hidden, heads=t.heads, max_length=t.max_length, shared=t.gqa)
+    config = genai_config(
+        layers=t.layers + t.idle, hidden=t.hidden, heads=t.heads, max_length=t.max_length, shared=t.gqa
+    )
     (directory / "genai_config.json").write_text(json.dumps(config, indent=1))
     (directory / "tokenizer.json").write_text(json.dumps(tokenizer_json(), ensure_ascii=False))
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1))

@@ -5,6 +5,7 @@ generative model (the referee again without a load, else a load)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,16 @@ def serves_generative(parts: Parts, name: str, entry: SlotEntry | None) -> bool:
     return is_generative_entry(entry) or (entry is None and name in parts.registry.generative.models)
 
 
-def serve_generative(parts: Parts, name: str, entry: SlotEntry, keep_previous: bool = False) -> dict[str, Any]:
+def serve_generative(
+    parts: Parts,
+    name: str,
+    entry: SlotEntry,
+    keep_previous: bool = False,
+    before_swap: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
     """Verify the unpacked files, load `entry` beside what serves and swap it in (the swapped-out version kept as
-    the referee when asked); {"mode", "load_s"}. A load that fails raises: what served before serves on."""
+    the referee when asked); {"mode", "load_s"}. before_swap(loaded model) runs between the load and the swap (the
+    shadow: it raises to refuse the swap). A load or a before_swap that fails raises: what served before serves on."""
     note = repair.verify_unpacked(parts.store, parts.packages, entry)  # raises repair.Corrupt
     if note:
         parts.note(name, note)
@@ -40,6 +48,12 @@ def serve_generative(parts: Parts, name: str, entry: SlotEntry, keep_previous: b
     except Exception as exc:  # the runtime's own error (og.Model): the deployment fails with it
         raise LifecycleError(f"onnxruntime-genai could not load version {entry.version}: {exc}") from exc
     load_s = round(time.perf_counter() - t0, 4)
+    if before_swap is not None:
+        try:
+            before_swap(model)
+        except BaseException:
+            host.let_go(model)
+            raise
     host.swap(name, model, keep_previous=keep_previous)
     parts.unavailable.pop(name, None)
     return {"mode": "make-before-break", "why": "a generative version loads beside the serving one", "load_s": load_s}

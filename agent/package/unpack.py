@@ -63,3 +63,17 @@ def check_package(root: str) -> dict[str, Any]:
 
     pkg = load_package(root)
     return {"package_dir": str(root), "model_sha256": pkg.sha256, "model_path": str(pkg.model_path)}
+
+
+def check_loads(path: Path) -> None:
+    """Refuse (ModelError) a package that would not load on a device: check_package's checks on a directory or
+    bare .onnx, and on a .tar.gz unpacked into a temporary directory first (fleet push, rollouts)."""
+    import tempfile
+
+    from agent.package.load import extract_archive
+
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tempfile.TemporaryDirectory(prefix="edge-agent-pkg-") as tmp:
+            check_package(str(extract_archive(path, Path(tmp))))
+        return
+    check_package(str(path))

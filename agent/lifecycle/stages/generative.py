@@ -88,12 +88,46 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
 
 
 def on_activating(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Activated]:
-    """A new version loads beside the serving one and swaps in between requests, the incumbent kept as the
-    referee for the paired TPOT of probation (an operator's rollback goes the ordinary way: serve.serve)."""
+    """A new version loads beside the serving one, is judged in shadow on live prompts (agent.trial.genshadow: a
+    fidelity under the floor refuses the swap) and swaps in between requests, the incumbent kept as the referee
+    for the paired TPOT of probation (an operator's rollback goes the ordinary way: serve.serve)."""
+    shadow: dict[str, Any] = {}
     with parts.model_lock(dep.model):
         ctx.report("swap_mode", mode="make-before-break", why="a generative version loads beside the serving one")
-        done = serve_generative(parts, dep.model, parts.entry(dep), keep_previous=parts.config.trial.referee)
-    return Event.ACTIVATED, Activated(done)
+        try:
+            done = serve_generative(parts, dep.model, parts.entry(dep), keep_previous=parts.config.trial.referee,
+                                    before_swap=lambda model: _shadow(parts, dep, ctx, model, shadow))  # fmt: skip
+        finally:
+            if shadow:  # journaled and in the decision record, passed or not
+                dep.data["shadow"] = shadow
+                parts.journal.save(dep)
+                parts.record_decision(dep.id, shadow=shadow)
+    return Event.ACTIVATED, Activated(done, shadow or None, rehearsed=True)
+
+
+def _shadow(parts: Parts, dep: Deployment, ctx: StepContext, candidate: Any, out: dict[str, Any]) -> None:
+    """The shadow block of `candidate` against the serving version into `out` (ShadowFailed when under the
+    floor: the swap is refused, no client saw the candidate)."""
+    from agent import targets
+    from agent.generative.package import apply_target_gates, load_generative
+    from agent.lifecycle.stages.watch import ShadowFailed
+    from agent.trial import genshadow
+    from agent.trial.shadow import skipped
+
+    incumbent = parts.registry.generative.models.get(dep.model)
+    if not parts.config.rehearsal.enabled:
+        out.update(skipped("serving.shadow.enabled is false"))
+        return
+    if incumbent is None:
+        out.update(skipped("no version of the model serves: nothing to compare with"))
+        return
+    pkg = load_generative(Record(dep).package_dir)
+    apply_target_gates(pkg, targets.resolve(parts.profile, parts.target_name))  # qualification's fidelity floor
+    ctx.report("shadow", phase="started", version_serving=incumbent.version)
+    out.update(genshadow.judge(incumbent, candidate, pkg.gates, ctx.check))
+    ctx.report("shadow", phase="done", **out)
+    if out["verdict"] == genshadow.FAIL:
+        raise ShadowFailed(out)
 
 
 def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Trial]:

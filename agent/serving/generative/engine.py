@@ -13,6 +13,7 @@ from typing import Any
 from agent.serving.errors import InvalidInput, ModelUnavailable, ServerBusy
 from agent.serving.generative.genmetrics import GenStats
 from agent.serving.generative.kvbudget import KVBudget, Lease, kv_shape
+from agent.serving.generative.recent import LivePrompts
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class GenerativeModel:
         self.kv = kv_shape(model_dir)
         self.created = int(time.time())
         self.stats = GenStats(name, budget=lambda: self.budget)
+        self.recent = LivePrompts()  # copies of the last live prompts: the next version's shadow (genshadow)
         eos = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
         self.eos = set(eos if isinstance(eos, list) else [eos])
 
@@ -121,6 +123,7 @@ class GenerativeModel:
         """Text pieces as tokens come; usage filled as it goes. Releases `lease` when it ends or is closed (one
         closed before it started never runs: its caller releases the lease too, agent.serving.generative.stream)."""
         usage.prompt_tokens = len(prompt)
+        self.recent.add(prompt)
         try:
             t0 = last = time.perf_counter()  # TTFT counts the prefill (append_tokens) too
             gen = self._generator(prompt, sampling)

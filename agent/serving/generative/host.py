@@ -41,8 +41,8 @@ class GenerativeHost:
         """New requests get `model` from now on; the one it replaces is kept as the referee when asked."""
         with self._lock:
             old = self.models.get(name)
-            if old is not None:  # the metrics are the model name's: its counters go on across versions
-                model.stats = old.stats
+            if old is not None:  # the metrics and live prompts are the model name's: they go on across versions
+                model.stats, model.recent = old.stats, old.recent
             self.models[name] = model
             dropped = self.referees.pop(name, None)
             if keep_previous and old is not None:
@@ -72,6 +72,10 @@ class GenerativeHost:
         with self._lock:
             ref = self.referees.pop(name, None)
         _let_go(ref)
+
+    def let_go(self, model: GenerativeModel) -> None:
+        """A loaded version that was never swapped in (its shadow refused it)."""
+        _let_go(model)
 
     def remove(self, name: str) -> None:
         """Stop serving `name` (a first deployment rolled back): new requests get 404."""
