@@ -29,6 +29,9 @@ WARM_GAP_S = 1.0  # a session idle longer than this runs once untimed before its
 # cores about 2 runs in 3 were contended, so a pair needing both halves clean on the first try was kept 1 time
 # in 9 and the verdict often had too few pairs; a half that still fails drops the pair before its other half runs.
 RETRIES = 3
+# ... each after the gate's duty allows (RunGate.pace_s: a client that waited for the contended run makes the next
+# wait), so runs again hold clients back no more than any measured run does; a longer wait than this drops the pair
+RETRY_WAIT_S = 0.25
 
 
 def rule_of(config: ProbationConfig) -> PairedRule:
@@ -160,14 +163,18 @@ class Pairing:
             self.incumbent_s.append(inc)
 
     def _clean(self, session: Any, feeds: dict[str, Any]) -> float | None:
-        """One half of a pair: a timed run, run again (RETRIES at most) while it was contended and the mirrored CPU
-        stays within its share counting the run just spent; None when no run was measured clean."""
+        """One half of a pair: a timed run, run again (RETRIES at most, once the gate's duty allows) while it was
+        contended and the mirrored CPU stays within its share counting the run just spent; None when no run was
+        measured clean."""
         for attempt in range(RETRIES + 1):
             before = self.mirrored_s
             spent = self._timed(session, feeds)
             if spent is not None or not self._contended or attempt == RETRIES:
                 return spent
             if self.mirrored_s + (self.mirrored_s - before) > self.share * self.serving_s():
+                return None
+            wait = self.gate.pace_s()
+            if wait > RETRY_WAIT_S or self._stop.wait(wait):
                 return None
             self.retried += 1
         return None
