@@ -44,6 +44,7 @@ def one(kind: str, redundant: bool, ms: float) -> dict[str, Any]:
         "ci": paired["ci"],
         "pairs": paired["pairs"],
         "aa_ci": paired["aa"]["ci"],
+        "paired_runs": (dep.data.get("probation") or {}).get("paired_runs"),  # None: decided in shadow
         "wrong": not right or bool(errors),
         "client_errors": len(errors),
         "seconds": round(time.perf_counter() - t0, 1),
@@ -91,3 +92,11 @@ def show(r: dict[str, Any]) -> None:
             + (" WRONG" if row["wrong"] else ""),
             flush=True,
         )
+        c = row["paired_runs"]
+        if c:
+            print(
+                f"             probation: {c['offered']} offered, {c['over_budget']} over budget, {c['dropped']} pairs "
+                f"dropped, {c['retried']} of {c['runs']} runs again after contention, {c['carried']} from shadow, "
+                f"mirrored share {c['share']}",
+                flush=True,
+            )

@@ -82,12 +82,14 @@ def test_measured_runs_keep_to_their_duty_and_builds_are_never_measured_through(
     gate = RunGate(duty=0.5, drain_s=1.0)
     assert gate.begin(True) is True
     assert gate.end(True) is True
+    assert gate.pace_s() == 0.0
     assert gate.begin(True) is True  # nobody waited for the last one: it cost nothing, measure again at once
     waiter = threading.Thread(target=lambda: gate.end(gate.begin()), daemon=True)
     waiter.start()
     time.sleep(0.2)  # the waiter waits for the measured run meanwhile
     assert gate.end(True) is True
     waiter.join(5)
+    assert gate.pace_s() > 0.0  # what a paced caller (a pair's run again after contention) waits for
     assert gate.begin(True) is False  # it held another run back 0.2 s: none for 0.2 s x (1/0.5 - 1)
     gate.end(False)
     assert gate.begin(True, paced=False) is True  # a caller that paces itself (the shadow)

@@ -57,6 +57,10 @@ class RunGate:
         """Would a run starting now be measured? (Unlocked read: a race only moves the sample by a run.)"""
         return not self._alone and not self._busy and time.perf_counter() >= self._next_at
 
+    def pace_s(self) -> float:
+        """Seconds until the duty lets a paced run be measured (0: now; an unlocked read, as due())."""
+        return max(0.0, self._next_at - time.perf_counter())
+
     def begin(self, measure: bool = False, paced: bool = True) -> bool:
         """Enter for one run; True when it is measured: no other run is in flight, and new ones wait until end()
         (for hold_s at most: then they go in beside it and its measurement is spoiled). measure: the caller

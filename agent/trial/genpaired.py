@@ -71,7 +71,9 @@ class TokenPairing(Pairing):
         self._ready.set()
 
     def _timed(self, session: Any, feeds: dict[str, Any]) -> float | None:
-        """One greedy generation on `session` (a GenerativeModel): its seconds per token, None when not measured."""
+        """One greedy generation on `session` (a GenerativeModel): its seconds per token, None when not measured
+        (never run again: `_contended` stays False, a generation costs too much to retry)."""
+        self.runs += 1
         spent, cost = None, 0.0
         try:
             spent, cost = tpot(session, feeds["prompt"], self.tokens, self.cpu)

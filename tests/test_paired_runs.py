@@ -1,0 +1,102 @@
+"""What a pair's runs cost (agent/trial/paired.py): a half measured alone but contended runs again on the same
+inputs while the mirrored CPU is within its share (RETRIES at most); a half that is not measured drops the pair
+before its other half runs. Real ONNX Runtime sessions, the real run gate, real contention: a busy loop on the one
+core this test's threads may use."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from probation_models import WIDTH, chain_model
+from support.serving import SINGLE_THREAD, open_session
+from support.wait import wait_for
+
+from agent import schedstat
+from agent.serving.registry import ModelRegistry
+from agent.serving.rungate import RunGate
+from agent.trial.paired import RETRIES, Pairing
+
+POOL = {"intra_op_num_threads": 2}  # a pool thread beside the calling one: preempted, it makes the run contended
+
+
+def test_a_half_not_measured_drops_the_pair_before_its_other_half(tmp_path):
+    """A build holds the gate (busy): the first timed half is not measured, so the pair is dropped without running
+    the second half, and without running the first again (it was not contended: running it again gains nothing)."""
+    inc, cand = (open_session(chain_model(depth=4), tmp_path, f"{n}.onnx", SINGLE_THREAD) for n in ("inc", "cand"))
+    gate = RunGate()
+    pairing = Pairing(inc, cand, gate, share=1.0, aa_share=0.0, seed=1)
+    feeds = {"x": np.ones((1, WIDTH), np.float32)}
+    try:
+        gate.busy(True)
+        pairing.pair(feeds)
+        # two warm-ups (neither session ran yet), then the first timed half only
+        assert (pairing.runs, pairing.dropped, pairing.retried) == (3, 1, 0), pairing.counts()
+        assert pairing.pairs == [] and pairing.aa == []
+        gate.busy(False)
+        pairing.pair(feeds)  # warm now: two timed halves, measured alone on one thread each (never contended)
+        assert (pairing.runs, pairing.dropped, pairing.retried) == (5, 1, 0), pairing.counts()
+        assert len(pairing.pairs) == 1
+        assert "0 of 5 mirrored runs ran again after contention" in pairing.counts_said()
+    finally:
+        inc.close()
+        cand.close()
+
+
+@pytest.fixture
+def one_core_beside_a_busy_loop():
+    """This thread (and the threads it starts: the sessions' pools, the pair thread) and a busy loop on one core."""
+    if not schedstat.AVAILABLE:
+        pytest.skip("no /proc/<tid>/schedstat: contention is not seen here")
+    mask = os.sched_getaffinity(0)
+    core = min(mask)
+    loop = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while 1: pass"])
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mask)
+        loop.kill()
+        loop.wait()
+
+
+def _paired_beside_a_client(tmp_path, share: float, until) -> Pairing:
+    """Pairs of two pooled sessions on copies of a client's requests (the registry serving the incumbent), until
+    `until(pairing)`; the pairing, stopped."""
+    r = ModelRegistry()
+    r.activate("m", "1", open_session(chain_model(depth=16), tmp_path, "inc.onnx", POOL))
+    cand = open_session(chain_model(depth=16, bias=1.0), tmp_path, "cand.onnx", POOL)
+    pairing = Pairing(r.entry("m").session, cand, r.gate, share=share, seed=2).start()
+    r.observe("m", pairing)
+    stop, x = threading.Event(), {"x": np.ones((1, WIDTH), np.float32)}
+    client = threading.Thread(target=lambda: [r.infer("m", x) for _ in iter(stop.is_set, True)])
+    client.start()
+    try:
+        wait_for(lambda: until(pairing), 120, "pairs beside the busy loop")
+    finally:
+        stop.set()
+        client.join(60)
+        pairing.stop()
+        cand.close()
+    return pairing
+
+
+def test_a_contended_half_runs_again_on_the_same_inputs(tmp_path, one_core_beside_a_busy_loop):
+    """Beside a busy loop on the same core the pool thread waits on the run queue: contended halves run again,
+    at most RETRIES times each, and a pair is kept only from halves measured clean."""
+    p = _paired_beside_a_client(tmp_path, 1.0, lambda p: p.retried >= 3)
+    c = p.counts()
+    assert c["retried"] >= 3 and c["runs"] >= c["retried"], c
+    attempts = len(p.pairs) + len(p.aa) + p.dropped  # pairs begun
+    assert c["runs"] <= attempts * (2 * (1 + RETRIES) + 2), c  # two halves of 1 + RETRIES runs, two warm-ups
+
+
+def test_no_half_runs_again_beyond_the_share(tmp_path, one_core_beside_a_busy_loop):
+    """With a share so small that one run fills it, a contended half is not run again (the pair is dropped)."""
+    p = _paired_beside_a_client(tmp_path, 1e-6, lambda p: p.dropped + len(p.pairs) + len(p.aa) >= 1)
+    c = p.counts()
+    assert p.retried == 0 and c["runs"] <= 4, c  # the only pair the share let in: two warm-ups, two halves
