@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -25,10 +26,34 @@ def die_with_parent() -> None:
     _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1; libc loaded before fork, nothing else runs
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (the source ports of outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS = random.Random()  # seeded from the OS: xdist workers and test processes draw apart
+
+
 def free_port() -> int:
+    """A port nothing listens on, drawn below the ephemeral range: a port the kernel hands out with bind(0) is
+    also handed out as the source port of any outgoing connection in the moment before the test's server binds
+    it (seen in CI: a NATS node's route port taken, "bind: address already in use"); below the range only
+    another test's draw can collide. Falls back to the kernel's choice where that range is unusable."""
+    high = _ephemeral_low()
+    for _ in range(50):
+        port = _PORTS.randrange(max(1024, high - 12000), high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _which(name: str) -> str:
