@@ -62,7 +62,7 @@ run_pytest() {  # run_pytest LABEL ARGS...
   shift
   echo "[test.sh] running pytest: $label"
   t0=$(date +%s)
-  "$VENV/bin/python" -m pytest -n "$workers" --dist worksteal "$@"
+  "$VENV/bin/python" -m pytest -n "$workers" --dist worksteal --durations=15 "$@"
   rc=$?
   echo "[test.sh] $label: exit $rc after $(($(date +%s) - t0)) s"
   LANES+=("$label $(($(date +%s) - t0)) s (exit $rc)")
