@@ -81,6 +81,7 @@ def test_qualify_measures_openvino_genai_per_device_and_refuses_the_perturbed_va
     assert ref["status"] == "passed", ref
     assert ref["fidelity"]["top1"] == 1.0 and ref["fidelity"]["max_logit_diff"] == 0.0
     assert "LLMPipeline returns no logits" in ref["fidelity"]["measure"]
+    assert ref["fidelity"]["pipeline_top1"] == 1.0  # LLMPipeline's own next token after each prefix
     assert ref["fidelity"]["greedy"]["match"] == 1.0 and ref["fidelity"]["greedy"]["tokens"] == 3 * 64
     assert ref["compiled_with"] == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
     for row in (ref, rows["openvino-genai/CPU:device-default"], rows["openvino-genai/CPU:perturbed"]):
@@ -94,6 +95,7 @@ def test_qualify_measures_openvino_genai_per_device_and_refuses_the_perturbed_va
     bad = rows["openvino-genai/CPU:perturbed"]
     assert bad["status"] == "failed" and "under the floor" in bad["reason"]
     assert bad["fidelity"]["top1"] < doc["gates"]["min_top1"] and bad["fidelity"]["max_logit_diff"] > 1.0
+    assert bad["fidelity"]["pipeline_top1"] < doc["gates"]["min_top1"] and "LLMPipeline's next-token" in bad["reason"]
     for dev in ("GPU", "NPU"):
         row = rows[f"openvino-genai/{dev}:fp32"]
         assert row["status"] != "error", row

@@ -26,7 +26,7 @@ HINTS: dict[str, dict[str, str]] = {
 }
 MEASURE = (
     "teacher-forced logits through openvino.Core on the row's IR, device and hints (LLMPipeline returns no "
-    "logits); greedy tokens through LLMPipeline.generate"
+    "logits); greedy tokens and pipeline_top1 (its one greedy token after each prefix) through LLMPipeline.generate"
 )
 HOW_MEASURED = {
     "load_s": "LLMPipeline(models_path, device, **hints): read and compile, in the row's own process",
@@ -89,6 +89,12 @@ def _teacher_forced(ov: Any, compiled: Any, seq: list[int]) -> np.ndarray:
     return logits
 
 
+def _next_tokens(ov: Any, pipe: Any, seq: list[int], prompt_len: int) -> list[int]:
+    """LLMPipeline's own teacher-forced top-1: its one greedy token after each prefix seq[:j+1], for the positions j
+    that predict the continuation (prompt_len-1 .. len(seq)-2), one generate call each."""
+    return [_greedy(ov, pipe, seq[: j + 1], 1, ignore_eos=True)[0] for j in range(prompt_len - 1, len(seq) - 1)]
+
+
 def _timings(ov: Any, ovg: Any, pipe: Any, spec: dict[str, Any], seed: list[int]) -> tuple[dict[str, Any], Any]:
     ttft: dict[str, Any] = {}
     tpot: list[float] = []
@@ -144,6 +150,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     out_dir = Path(spec["out_dir"])
     for k, seq in enumerate(held):
         np.save(out_dir / f"held_{k}.npy", _teacher_forced(ov, compiled, seq))
+    pipeline_next = [_next_tokens(ov, pipe, seq, len(p)) for seq, p in zip(held, prompts, strict=True)]
     max_length = int(spec["max_length"])
     full = _greedy(ov, pipe, seed[:1], max_length - 1, ignore_eos=True)  # the KV cache at max_length
     peak, peak_source = peak_rss()
@@ -160,5 +167,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "kv_tokens_at_peak": 1 + len(full),
         "compiled_with": _compiled_with(compiled),
         "fidelity_measure": MEASURE,
+        "pipeline_next": pipeline_next,
         "versions": {"openvino-genai": str(ovg.__version__), "openvino": str(ov.__version__)},
     }

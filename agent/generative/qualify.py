@@ -102,6 +102,8 @@ def _judge(row: dict[str, Any], ref: dict[str, Any], ref_dir: Path, out: Path, p
     }
     if row.get("fidelity_measure"):
         row["fidelity"]["measure"] = row.pop("fidelity_measure")
+    if row.get("pipeline_next") is not None:  # openvino-genai: LLMPipeline's own teacher-forced top-1 (reported)
+        row["fidelity"]["pipeline_top1"] = fidelity.next_token_agreement(ref_dir, lengths, row.pop("pipeline_next"))
     why = fidelity.gate(row, pkg.gates)
     row["status"] = "failed" if why else "passed"
     row["reason"] = "; ".join(why)
@@ -185,7 +187,7 @@ def _genai_rows(
 
 def _record(pkg: GenerativePackage, rows: list[dict[str, Any]], best: dict[str, Any] | None) -> dict[str, Any]:
     for r in rows:  # the record keeps figures, not the token streams the fidelity was computed from
-        for k in ("held", "prompts", "greedy"):
+        for k in ("held", "prompts", "greedy", "pipeline_next"):
             r.pop(k, None)
     return {
         "kind": "generative",
