@@ -45,6 +45,18 @@ def agreement(sequences: Iterable[tuple[np.ndarray, np.ndarray, int]]) -> dict[s
     return {"top1": agree / total if total else None, "max_logit_diff": max_diff, "positions": total}
 
 
+def next_token_agreement(ref_dir: Path, prompt_lengths: list[int], predicted: list[list[int]]) -> float | None:
+    """The share of a runtime's own next-token predictions after each prefix of the held sequences (positions
+    prompt_len-1 .. end-1) that equal the reference's teacher-forced arg-max at those positions."""
+    agree = total = 0
+    for k, (plen, got) in enumerate(zip(prompt_lengths, predicted, strict=True)):
+        ref = np.load(ref_dir / f"held_{k}.npy")[max(0, plen - 1) : -1].argmax(-1)
+        n = min(len(ref), len(got))
+        agree += int((ref[:n] == np.asarray(got[:n])).sum())
+        total += max(len(ref), len(got))
+    return agree / total if total else None
+
+
 def greedy(ref: list[list[int]], got: list[list[int]], first: int) -> dict[str, Any]:
     """Token match over the first `first` greedy tokens of each prompt, and the earliest divergence index."""
     match = total = 0
@@ -81,6 +93,9 @@ def fidelity_gate(fid: dict[str, Any], gates: dict[str, Any]) -> list[str]:
         why.append(f"teacher-forced top-1 agreement {_f(top1)} under the floor {gates['min_top1']}")
     if diff is None or diff > gates["max_logit_diff"]:
         why.append(f"max |logit diff| {_f(diff)} over {gates['max_logit_diff']}")
+    own = fid.get("pipeline_top1")  # openvino-genai: LLMPipeline's own next token after each prefix
+    if own is not None and own < gates["min_top1"]:
+        why.append(f"LLMPipeline's next-token agreement {_f(own)} under the floor {gates['min_top1']}")
     return why
 
 

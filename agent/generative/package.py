@@ -1,9 +1,10 @@
 """Generative packages: a model in its runtime's own layout plus a model.yaml with `kind: generative`.
 
-    DIR/model.yaml            name, version, kind: generative, runtime: onnxruntime-genai, max_length,
+    DIR/model.yaml            name, version, kind: generative, runtime (onnxruntime-genai, openvino-genai), max_length,
                               prompts (the texts it is judged on), optional variants {name: subdir} (each a
                               complete model in the same layout, e.g. int8/), optional gates and timing
     DIR/genai_config.json     onnxruntime-genai's config; DIR/model.onnx (or the file it names); the tokenizer files
+    or (openvino-genai) DIR/openvino_model.xml, openvino_tokenizer.xml, openvino_detokenizer.xml, each with its .bin
 The root model is the fp32 reference every variant is judged against. Nothing here imports a runtime.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from agent.errors import ModelError
 
 RUNTIMES = ("onnxruntime-genai", "openvino-genai")
+OV_FILES = ("openvino_model.xml", "openvino_tokenizer.xml", "openvino_detokenizer.xml")  # LLMPipeline's layout
 KEYS = {"name", "version", "kind", "runtime", "max_length", "prompts", "variants", "gates", "timing", "description"}
 GATE_KEYS = {"min_top1", "max_logit_diff", "max_tpot_ms", "max_rss_mb"}
 TIMING_KEYS = {"prompt_lengths", "tpot_tokens", "repeats", "greedy_tokens"}
@@ -60,14 +62,12 @@ def is_generative(path: str | Path) -> bool:
 
 
 def layout_problems(model_dir: Path, runtime: str, max_length: int | None) -> list[tuple[str, str, str]]:
-    """(where, problem, fix) for a model directory in onnxruntime-genai's layout."""
-    if runtime != "onnxruntime-genai":
+    """(where, problem, fix) for a model directory in its runtime's layout."""
+    if runtime == "openvino-genai":
         return [
-            (
-                str(model_dir),
-                f"runtime {runtime!r}: checking its layout is not implemented",
-                "use runtime: onnxruntime-genai",
-            )
+            (str(model_dir / f), "missing", f"write {f} and its .bin (optimum-cli export openvino, or tinyov.py)")
+            for f in OV_FILES
+            if not (model_dir / f).is_file() or not (model_dir / f).with_suffix(".bin").is_file()
         ]
     cfg_path = model_dir / "genai_config.json"
     if not cfg_path.is_file():

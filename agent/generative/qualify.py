@@ -14,13 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from agent.generative import fidelity
+from agent.generative.ovrow import HOW_MEASURED as OV_HOW
 from agent.generative.package import GenerativePackage
-from agent.generative.runtimes import GENAI_PROVIDERS, genai_missing, openvino_genai_row
+from agent.generative.runtimes import (
+    GENAI_PROVIDERS,
+    OV_DEVICES,
+    genai_missing,
+    openvino_genai_missing,
+    other_runtime_row,
+)
 from agent.generative.watch import run_watched
 from agent.hardware.emulation import detect_emulation
 
 Progress = Callable[..., None]
 REFERENCE = "fp32"
+DEVICE_DEFAULT = "device-default"  # openvino-genai: the package's own model with the device's own precision hints
 
 
 def tree_sha256(root: Path) -> str:
@@ -30,6 +38,17 @@ def tree_sha256(root: Path) -> str:
         h.update(str(p.relative_to(root)).encode() + b"\0")
         h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
+
+
+GENAI_HOW = {
+    "load_s": "og.Model(config) with only this provider, in the row's own process",
+    "ttft_ms": "append_tokens(prompt) + the first generate_next_token, per prompt length, after a warm-up",
+    "tpot_ms": "each later generate_next_token of a greedy generation of tpot_tokens, all repeats pooled",
+    "peak_rss_bytes": "the row process's VmHWM after a greedy generation to max_length (KV cache at its "
+    "largest); includes the runtime and the timing runs",
+    "fidelity": "teacher-forced on each judge prompt + the reference's greedy continuation (gated); "
+    "greedy match over the first greedy_tokens and the first divergence (reported)",
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,7 @@ def _run_row(spec: dict[str, Any], limits: RowLimits) -> dict[str, Any]:
 def _spec(pkg: GenerativePackage, model_dir: Path, provider: str, out: Path, held: Any) -> dict[str, Any]:
     t = pkg.timing
     return {
+        "runtime": pkg.runtime,
         "model_dir": str(model_dir),
         "provider": provider,
         "max_length": pkg.max_length,
@@ -80,6 +100,10 @@ def _judge(row: dict[str, Any], ref: dict[str, Any], ref_dir: Path, out: Path, p
         **fidelity.teacher_forced(ref_dir, out, lengths),
         "greedy": fidelity.greedy(ref["greedy"], row["greedy"], int(pkg.timing["greedy_tokens"])),
     }
+    if row.get("fidelity_measure"):
+        row["fidelity"]["measure"] = row.pop("fidelity_measure")
+    if row.get("pipeline_next") is not None:  # openvino-genai: LLMPipeline's own teacher-forced top-1 (reported)
+        row["fidelity"]["pipeline_top1"] = fidelity.next_token_agreement(ref_dir, lengths, row.pop("pipeline_next"))
     why = fidelity.gate(row, pkg.gates)
     row["status"] = "failed" if why else "passed"
     row["reason"] = "; ".join(why)
@@ -88,22 +112,23 @@ def _judge(row: dict[str, Any], ref: dict[str, Any], ref_dir: Path, out: Path, p
 def _row(
     pkg: GenerativePackage, variant: str, provider: str, work: Path, ref: dict[str, Any] | None, limits: RowLimits
 ) -> dict[str, Any]:
-    model_dir = pkg.root if variant == REFERENCE else pkg.variants[variant]
+    model_dir = pkg.root if variant in (REFERENCE, DEVICE_DEFAULT) else pkg.variants[variant]
     out = work / f"{variant}-{provider}"
     spec = _spec(pkg, model_dir, provider, out, ref["held"] if ref else None)
+    spec["hints"] = "default" if variant == DEVICE_DEFAULT else "fp32"
     row = {
-        "runtime": "onnxruntime-genai",
+        "runtime": pkg.runtime,
         "provider": provider,
         "precision": variant,
         "model_dir": str(model_dir),
         **_run_row(spec, limits),
     }
     if row["status"] == "unavailable":
-        row["fix"] = GENAI_PROVIDERS.get(provider) or "see the reason"
+        row["fix"] = {**GENAI_PROVIDERS, **OV_DEVICES}.get(provider) or "see the reason"
     elif row["status"] == "measured":
         if ref is None:  # this row is the reference itself
             ref = row
-        _judge(row, ref, work / f"{REFERENCE}-cpu", out, pkg)
+        _judge(row, ref, work / f"{REFERENCE}-{'CPU' if pkg.runtime == 'openvino-genai' else 'cpu'}", out, pkg)
     return row
 
 
@@ -117,13 +142,15 @@ def qualify_generative(
 ) -> dict[str, Any]:
     say = progress or (lambda *_a, **_k: None)
     rows: list[dict[str, Any]] = []
-    missing = genai_missing()
-    wanted = [p for p in GENAI_PROVIDERS if not providers or p.lower() in {q.lower() for q in providers}]
+    openvino = pkg.runtime == "openvino-genai"
+    missing = openvino_genai_missing() if openvino else genai_missing()
+    names = list(OV_DEVICES if openvino else GENAI_PROVIDERS)
+    wanted = [p for p in names if not providers or p.lower() in {q.lower() for q in providers}]
     if missing:
-        rows += [{"runtime": "onnxruntime-genai", "provider": p, "status": "unavailable", **missing} for p in wanted]
+        rows += [{"runtime": pkg.runtime, "provider": p, "status": "unavailable", **missing} for p in wanted]
     else:
         rows += _genai_rows(pkg, work, wanted, say, limits)
-    rows.append(openvino_genai_row())
+    rows.append(other_runtime_row("onnxruntime-genai" if openvino else "openvino-genai", pkg.runtime))
     for r in rows:
         r["key"] = f"{r['runtime']}/{r['provider']}" + (f":{r['precision']}" if r.get("precision") else "")
     passed = [r for r in rows if r["status"] == "passed"]
@@ -135,15 +162,17 @@ def qualify_generative(
 def _genai_rows(
     pkg: GenerativePackage, work: Path, wanted: list[str], say: Progress, limits: RowLimits
 ) -> list[dict[str, Any]]:
-    say("row", provider="cpu", precision=REFERENCE, status="running")
-    ref = _row(pkg, REFERENCE, "cpu", work, None, limits)
-    say("row", provider="cpu", precision=REFERENCE, status=ref["status"], reason=ref.get("reason"))
+    cpu = "CPU" if pkg.runtime == "openvino-genai" else "cpu"
+    say("row", provider=cpu, precision=REFERENCE, status="running")
+    ref = _row(pkg, REFERENCE, cpu, work, None, limits)
+    say("row", provider=cpu, precision=REFERENCE, status=ref["status"], reason=ref.get("reason"))
     rows = [ref]
     if "held" not in ref:
         return rows  # the reference was not measured: nothing else can be judged
     for provider in wanted:
-        for variant in [REFERENCE, *pkg.variants]:
-            if provider == "cpu" and variant == REFERENCE:
+        own = [REFERENCE, DEVICE_DEFAULT] if pkg.runtime == "openvino-genai" else [REFERENCE]
+        for variant in [*own, *(v for v in pkg.variants if v not in own)]:
+            if provider == cpu and variant == REFERENCE:
                 continue
             say("row", provider=provider, precision=variant, status="running")
             row = _row(pkg, variant, provider, work, ref, limits)
@@ -151,14 +180,14 @@ def _genai_rows(
             rows.append(row)
             if row["status"] == "unavailable":
                 break  # the provider cannot load the reference: its other variants would say the same
-    if "cpu" not in wanted:
+    if cpu not in wanted:
         rows.remove(ref)
     return rows
 
 
 def _record(pkg: GenerativePackage, rows: list[dict[str, Any]], best: dict[str, Any] | None) -> dict[str, Any]:
     for r in rows:  # the record keeps figures, not the token streams the fidelity was computed from
-        for k in ("held", "prompts", "greedy"):
+        for k in ("held", "prompts", "greedy", "pipeline_next"):
             r.pop(k, None)
     return {
         "kind": "generative",
@@ -169,18 +198,11 @@ def _record(pkg: GenerativePackage, rows: list[dict[str, Any]], best: dict[str, 
             "max_length": pkg.max_length,
             "sha256": tree_sha256(pkg.root),
         },
-        "reference": "the package's fp32 model on onnxruntime-genai's CPU provider",
+        "reference": f"the package's fp32 model on {pkg.runtime}'s CPU"
+        + (" (INFERENCE_PRECISION_HINT and KV_CACHE_PRECISION f32)" if pkg.runtime == "openvino-genai" else ""),
         "gates": pkg.gates,
         "timing": pkg.timing,
-        "how_measured": {
-            "load_s": "og.Model(config) with only this provider, in the row's own process",
-            "ttft_ms": "append_tokens(prompt) + the first generate_next_token, per prompt length, after a warm-up",
-            "tpot_ms": "each later generate_next_token of a greedy generation of tpot_tokens, all repeats pooled",
-            "peak_rss_bytes": "the row process's VmHWM after a greedy generation to max_length (KV cache at its "
-            "largest); includes the runtime and the timing runs",
-            "fidelity": "teacher-forced on each judge prompt + the reference's greedy continuation (gated); "
-            "greedy match over the first greedy_tokens and the first divergence (reported)",
-        },
+        "how_measured": OV_HOW if pkg.runtime == "openvino-genai" else GENAI_HOW,
         "results": rows,
         "selected": best["key"] if best else None,
         "emulated": detect_emulation(),  # under qemu-user its times are the emulator's, not the board's

@@ -3,7 +3,8 @@ SPEC.json`), so its peak RSS is its own and a crash or hang costs only the row. 
 
 SPEC: {"model_dir", "provider", "max_length", "prompt_lengths": [n, ...], "tpot_tokens", "repeats",
        "prompt_texts": [judge prompts], "held": [[ids], ...] or null (the teacher-forced sequences; null: this is
-       the reference, which holds each prompt plus its own greedy continuation), "greedy_tokens", "out_dir"}.
+       the reference, which holds each prompt plus its own greedy continuation), "greedy_tokens", "out_dir",
+       "runtime" (openvino-genai: measured by agent.generative.ovrow instead, "hints" its precision hints)}.
 Measures, through onnxruntime-genai itself: load time; time to first token per prompt length (prefill + the first
 generate step), time per output token over `tpot_tokens` greedy tokens; teacher-forced logits on each held sequence
 (saved as out_dir/held_K.npy); greedy tokens from each judge prompt; then one generation up to max_length so the KV cache
@@ -13,13 +14,14 @@ is at its largest, and the process's peak RSS (VmHWM) after it.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from agent.generative.rowstats import pct, peak_rss, prompt_of
 
 
 def _model(og: Any, model_dir: str, provider: str) -> Any:
@@ -74,30 +76,6 @@ def _teacher_forced(og: Any, model: Any, seq: list[int], max_length: int) -> np.
     return logits
 
 
-def _peak_rss() -> tuple[int, str]:
-    """This process's peak RSS: VmHWM (its own address space's; getrusage's ru_maxrss survives execve, so a child
-    started by a large parent would report the parent's peak), else ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024, "VmHWM"
-    except OSError:
-        pass
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "ru_maxrss"
-
-
-def _prompt_of(seed: list[int], n: int) -> list[int]:
-    reps = -(-n // max(1, len(seed)))
-    return (seed * reps)[:n]
-
-
-def _pct(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"p50_ms": None, "p90_ms": None, "n": 0}
-    arr = np.asarray(values) * 1000.0
-    return {"p50_ms": float(np.percentile(arr, 50)), "p90_ms": float(np.percentile(arr, 90)), "n": len(values)}
-
-
 def _tokenized(og: Any, model: Any, spec: dict[str, Any]) -> tuple[list[list[int]], list[int]]:
     """(the judge prompts as token ids, the seed the timed prompts repeat)."""
     tok = og.Tokenizer(model)
@@ -111,15 +89,15 @@ def _timings(og: Any, model: Any, spec: dict[str, Any], seed: list[int]) -> tupl
     ttft: dict[str, Any] = {}
     tpot: list[float] = []
     for n in spec["prompt_lengths"]:
-        prompt = _prompt_of(seed, int(n))
+        prompt = prompt_of(seed, int(n))
         _timed_generation(og, model, prompt, 2, max_length)  # warm-up at this length
         firsts = []
         for _ in range(int(spec["repeats"])):
             first, steps = _timed_generation(og, model, prompt, int(spec["tpot_tokens"]), max_length)
             firsts.append(first)
             tpot.extend(steps)
-        ttft[str(n)] = _pct(firsts)
-    return ttft, _pct(tpot)
+        ttft[str(n)] = pct(firsts)
+    return ttft, pct(tpot)
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +118,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     for k, seq in enumerate(held):
         np.save(out_dir / f"held_{k}.npy", _teacher_forced(og, model, seq, max_length))
     full = _greedy(og, model, seed[:1], max_length, max_length, max_length)  # no early stop: the KV cache at max
-    peak, peak_source = _peak_rss()
+    peak, peak_source = peak_rss()
     return {
         "status": "measured",
         "load_s": load_s,
@@ -159,7 +137,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     try:
-        result = measure(spec)
+        if spec.get("runtime") == "openvino-genai":
+            from agent.generative.ovrow import measure as measure_ov
+
+            result = measure_ov(spec)
+        else:
+            result = measure(spec)
     except ImportError as exc:
         result = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"}
     except Exception as exc:  # noqa: BLE001 - the row reports the runtime's own words

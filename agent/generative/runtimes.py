@@ -74,20 +74,31 @@ def genai_missing(host: HostFacts | None = None) -> dict[str, str] | None:
     return {"reason": "onnxruntime-genai is not installed", "fix": "pip install 'edge-agent[genai]'"}
 
 
-def openvino_genai_row() -> dict[str, Any]:
-    """OpenVINO GenAI is probed, not yet qualified: the row says which of the two applies."""
-    if importlib.util.find_spec("openvino_genai") is None:
-        return {
-            "runtime": "openvino-genai",
-            "provider": "-",
-            "status": "unavailable",
-            "reason": "openvino-genai is not installed",
-            "fix": "pip install 'edge-agent[openvino-genai]'",
-        }
+# OpenVINO's device names (LLMPipeline(models_path, device)) and how to get each; a device is available when
+# openvino.Core().available_devices lists it (asked in the row's own process)
+OV_DEVICES: dict[str, str] = {
+    "CPU": "",
+    "GPU": "an Intel GPU with its compute runtime (intel-opencl-icd / Level Zero) installed",
+    "NPU": "an Intel Core Ultra host with the NPU driver (intel-driver-compiler-npu, intel-level-zero-npu)",
+}
+
+
+def openvino_genai_missing() -> dict[str, str] | None:
+    """None when openvino_genai can be imported here; else why not and how to fix it."""
+    if importlib.util.find_spec("openvino_genai") is not None:
+        return None
+    return {"reason": "openvino-genai is not installed", "fix": "pip install 'edge-agent[openvino-genai]'"}
+
+
+def other_runtime_row(runtime: str, package_runtime: str) -> dict[str, Any]:
+    """The row of a runtime the package holds no model for: each runtime loads only its own layout."""
+    missing = genai_missing() if runtime == "onnxruntime-genai" else openvino_genai_missing()
     return {
-        "runtime": "openvino-genai",
+        "runtime": runtime,
         "provider": "-",
         "status": "unavailable",
-        "reason": "qualifying through openvino-genai's LLMPipeline is not implemented yet",
-        "fix": "package the model for onnxruntime-genai",
+        "reason": (missing or {}).get("reason")
+        or f"the package holds a model for {package_runtime} (model.yaml runtime), not {runtime}'s layout",
+        "fix": (missing or {}).get("fix")
+        or f"package the model for {runtime} too: a package holds one runtime's model (docs/generative.md)",
     }

@@ -1,7 +1,8 @@
 """A generative package made in code: the tiny decoder (agent.generative.tinymodel) as the fp32 reference, plus
 optional variants: `int8` (ONNX Runtime's dynamic quantisation of its MatMul weights), `perturbed` (the same
 weights with relative Gaussian noise: a variant that must fall under the fidelity floor) and `gqa` (the same weights
-through GroupQueryAttention with a KV buffer allocated at max_length)."""
+through GroupQueryAttention with a KV buffer allocated at max_length). write_openvino_package: the same decoder for
+OpenVINO GenAI (runtime: openvino-genai)."""
 
 from __future__ import annotations
 
@@ -31,12 +32,12 @@ def _int8(src: Path, dst: Path) -> None:
         shutil.copyfile(src / name, dst / name)
 
 
-def _yaml(name: str, version: str, max_length: int, variants: dict[str, str]) -> str:
+def _yaml(name: str, version: str, max_length: int, variants: dict[str, str], runtime: str) -> str:
     lines = [
         f"name: {name}",
         f"version: {version!r}",
         "kind: generative",
-        "runtime: onnxruntime-genai",
+        f"runtime: {runtime}",
         f"max_length: {max_length}",
         "prompts:",
     ]
@@ -73,6 +74,35 @@ def write_generative_package(
         else:
             raise ValueError(f"unknown variant {v!r} (int8, perturbed, gqa)")
         written[v] = v
-    text = _yaml(name, version, max_length, written) + (f"timing: {json.dumps(timing)}\n" if timing else "")
+    text = _yaml(name, version, max_length, written, "onnxruntime-genai") + (
+        f"timing: {json.dumps(timing)}\n" if timing else ""
+    )
+    (directory / "model.yaml").write_text(text, encoding="utf-8")
+    return directory
+
+
+def write_openvino_package(
+    directory: Path,
+    *,
+    variants: tuple[str, ...] = ("perturbed",),
+    max_length: int = 256,
+    perturb: float = 0.2,
+    name: str = "tiny-lm",
+    version: str = "1",
+    timing: dict[str, Any] | None = None,
+    **shape: int,
+) -> Path:
+    """The same package for runtime openvino-genai: the same decoder (the same weights for the same `shape` and
+    seed) in OpenVINO GenAI's layout (agent.generative.tinyov); variants from ("perturbed",)."""
+    from agent.generative.tinyov import write_tiny_openvino
+
+    directory = Path(directory)
+    write_tiny_openvino(directory, max_length=max_length, **shape)
+    for v in variants:
+        if v != "perturbed":
+            raise ValueError(f"unknown variant {v!r} for openvino-genai (perturbed)")
+        write_tiny_openvino(directory / v, max_length=max_length, perturb=perturb, **shape)
+    text = _yaml(name, version, max_length, {v: v for v in variants}, "openvino-genai")
+    text += f"timing: {json.dumps(timing)}\n" if timing else ""
     (directory / "model.yaml").write_text(text, encoding="utf-8")
     return directory

@@ -34,6 +34,13 @@ def model_dir(package: Path, variant: str | None) -> Path:
     from agent.generative.package import load_generative
 
     pkg = load_generative(package)
+    if pkg.runtime != "onnxruntime-genai":
+        from agent.errors import ConfigError
+
+        raise ConfigError(
+            f"{package}: runtime {pkg.runtime} is qualified (edge-agent qualify), not served yet: the daemon serves "
+            "onnxruntime-genai packages"
+        )
     if variant is None:
         return pkg.root
     if variant not in pkg.variants:
