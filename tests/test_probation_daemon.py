@@ -81,11 +81,16 @@ def test_six_good_pushes_under_4_then_8_clients_commit_and_survive_a_sigkill(tmp
         assert shown["shadow"]["verdict"] in ("pass", "inconclusive") and shown["shadow"]["agreement"] in (1.0, None)
         if shown["shadow"]["verdict"] == "inconclusive":
             assert shown["shadow"]["reason"].startswith("shadow: only "), shown["shadow"]
-        # judged against the incumbent, or reported not judged with the counts (the incumbent's runs before the
-        # swap, or the candidate's, waited for the cores): never a pass without a baseline
-        if shown["probation"]["baseline"]["source"] != "incumbent":
-            n = shown["probation"].get("not_judged")  # committed flagged: the figures carry the counts
-            assert n and n["contended"] + n["incumbent_contended"] > 0, shown["probation"]
+        # judged against the incumbent (its runs before the swap, or pairs of live requests run on both versions
+        # back to back), or reported not judged with the counts (the runs waited for the cores): never a pass
+        # without a baseline
+        probation = shown["probation"]
+        paired = probation.get("paired") or {}
+        if probation["baseline"]["source"] != "incumbent" and paired.get("verdict") != "not slower":
+            n = probation.get("not_judged")  # committed flagged: the figures carry the counts
+            assert n and n.get("contended", 0) + n.get("incumbent_contended", 0) > 0, probation
+        elif paired.get("verdict") == "not slower":
+            assert paired["pairs"] >= 16 and "below the line" in paired["reason"], paired  # the judge's own words
         d.proc.kill()
         assert d.proc.wait(60) == -9
     finally:
