@@ -116,6 +116,11 @@ def aa_rate(aa: list[float], blocks: int = 1000) -> tuple[int, int]:
     return slower, blocks
 
 
+def _median(values: list) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.median(kept)) if kept else None
+
+
 def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dict:
     with corunners(kind):
         rows = [trial(paths, c, args.clients, args.share, args.max_s) for _ in range(args.trials) for c in ("2x", "eq")]
@@ -137,6 +142,7 @@ def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dic
         "pairs_to_2x_max": max((r["pairs"] for r in decided), default=None),
         "seconds_to_2x_max": max((r["seconds"] for r in decided), default=None),
         "ratio_2x_median": float(np.median([r["ratio"] for r in decided])) if decided else None,
+        "ratio_eq_median": _median([r["ratio"] for r in rows if r["candidate"] == "eq"]),
         "aa_pairs": len(aa),
         "aa_false_slower": f"{aa_slower}/{aa_blocks}",
         "mirrored_share_max": max(shares, default=None),
@@ -180,7 +186,8 @@ def main() -> None:
         print(
             f"{r['load']:>5}: wrong {r['wrong']}, not judged {r['not_judged']}, 2x decided {r['decided_2x']}/"
             f"{r['trials']} (median x{r['ratio_2x_median'] and round(r['ratio_2x_median'], 2)}, at most "
-            f"{r['pairs_to_2x_max']} pairs / {r['seconds_to_2x_max']} s), A/A false slower {r['aa_false_slower']} "
+            f"{r['pairs_to_2x_max']} pairs / {r['seconds_to_2x_max']} s), equal copy median x"
+            f"{r['ratio_eq_median'] and round(r['ratio_eq_median'], 2)}, A/A false slower {r['aa_false_slower']} "
             f"blocks ({r['aa_pairs']} A/A pairs), mirrored CPU <= {r['mirrored_share_max']} of serving, "
             f"{r['failed_requests']} of {r['requests']} requests failed; "
             f"PSI cpu {c['psi_cpu_some_avg10']} mem {c['psi_memory_some_avg10']}, {c['cpu_mhz']} MHz"

@@ -38,10 +38,10 @@ def test_a_half_not_measured_drops_the_pair_before_its_other_half(tmp_path):
         assert (pairing.runs, pairing.dropped, pairing.retried) == (3, 1, 0), pairing.counts()
         assert pairing.pairs == [] and pairing.aa == []
         gate.busy(False)
-        pairing.pair(feeds)  # warm now: two timed halves, measured alone on one thread each (never contended)
-        assert (pairing.runs, pairing.dropped, pairing.retried) == (5, 1, 0), pairing.counts()
+        pairing.pair(feeds)  # two timed halves, each after an untimed run of its own session in the same window
+        assert (pairing.runs, pairing.dropped, pairing.retried, pairing.warmed) == (7, 1, 0, 2), pairing.counts()
         assert len(pairing.pairs) == 1
-        assert "0 of 5 mirrored runs ran again after contention" in pairing.counts_said()
+        assert "0 of 7 mirrored runs ran again after contention, 2 were untimed runs" in pairing.counts_said()
     finally:
         inc.close()
         cand.close()
@@ -92,11 +92,14 @@ def test_a_contended_half_runs_again_on_the_same_inputs(tmp_path, one_core_besid
     c = p.counts()
     assert c["retried"] >= 3 and c["runs"] >= c["retried"], c
     attempts = len(p.pairs) + len(p.aa) + p.dropped  # pairs begun
-    assert c["runs"] <= attempts * (2 * (1 + RETRIES) + 2), c  # two halves of 1 + RETRIES runs, two warm-ups
+    # two halves of 1 + RETRIES timed runs, each after an untimed one in its window; two warm-ups
+    assert c["runs"] <= attempts * (2 * 2 * (1 + RETRIES) + 2), c
+    assert c["warmed"] >= 1, c
 
 
 def test_no_half_runs_again_beyond_the_share(tmp_path, one_core_beside_a_busy_loop):
     """With a share so small that one run fills it, a contended half is not run again (the pair is dropped)."""
     p = _paired_beside_a_client(tmp_path, 1e-6, lambda p: p.dropped + len(p.pairs) + len(p.aa) >= 1)
     c = p.counts()
-    assert p.retried == 0 and c["runs"] <= 4, c  # the only pair the share let in: two warm-ups, two halves
+    # the only pair the share let in: two warm-ups, two halves each after an untimed run in its window
+    assert p.retried == 0 and c["runs"] <= 6, c
