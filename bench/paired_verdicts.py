@@ -9,6 +9,8 @@ loops, and beside a memory-bandwidth hog pinned to one core (taskset, a numpy co
 
 Usage: .venv/bin/python bench/paired_verdicts.py [--trials 10] [--max-s 60] [--ms 2.0] [--clients 1]
                                                  [--share 0.1] [--loads none,busy,hog] [--json] [--daemon]
+                                                 [--no-twin]
+--no-twin: the pairs time the served candidate itself (serving.probation.paired_twin false), not a twin of it.
 --daemon: the same loads around whole trials in the daemon (bench/paired_daemon.py: inbox, shadow, swap, probation,
 rollback; tests/paired_trial.py, as tests/test_paired_probation.py runs them), --trials of each version per load,
 printing the wrong verdicts per load (--ms, --loads, --json apply; the daemon's trial settings are the test's).
@@ -43,20 +45,24 @@ from agent.serving.registry import ModelRegistry  # noqa: E402
 from agent.trial import conditions  # noqa: E402
 from agent.trial.paired import Pairing  # noqa: E402
 from agent.trial.pairjudge import NOT_JUDGED, NOT_SLOWER, SLOWER, PairedRule, judge  # noqa: E402
+from agent.trial.twin import CANDIDATE, Twin  # noqa: E402
 
 
 def _session(path: Path):
     return get("cpu").open_session(path, options={"intra_op_num_threads": 1})
 
 
-def trial(paths: dict[str, Path], candidate: str, clients: int, share: float, max_s: float) -> dict:
+def trial(paths: dict[str, Path], candidate: str, clients: int, share: float, max_s: float, twin: bool = True) -> dict:
     """One probation-like trial: (verdict, pairs, seconds to the verdict, A/A log ratios, mirrored share)."""
     reg = ModelRegistry()
     reg.activate("m", "1", _session(paths["1x"]))
     reg.activate("m", "2", _session(paths[candidate]), keep_previous=True)  # the incumbent is the referee
     ref = reg.referee_session("m")
     assert ref is not None
-    pairing = Pairing(ref[1], reg.entry("m").session, reg.gate, share=share).start()
+    pairing = Pairing(ref[1], reg.entry("m").session, reg.gate, share=share)
+    if twin:  # as the daemon does (serving.probation.paired_twin): the served candidate timed on a twin
+        pairing.twin = Twin(CANDIDATE, lambda: _session(paths[candidate]), reg.gate)
+    pairing.start()
     reg.observe("m", pairing)
     stop = threading.Event()
     x = {"x": np.random.default_rng(1).standard_normal((1, WIDTH)).astype(np.float32)}
@@ -123,7 +129,11 @@ def _median(values: list) -> float | None:
 
 def run_load(kind: str, paths: dict[str, Path], args: argparse.Namespace) -> dict:
     with corunners(kind):
-        rows = [trial(paths, c, args.clients, args.share, args.max_s) for _ in range(args.trials) for c in ("2x", "eq")]
+        rows = [
+            trial(paths, c, args.clients, args.share, args.max_s, not args.no_twin)
+            for _ in range(args.trials)
+            for c in ("2x", "eq")
+        ]
         cond = conditions.read()
     slow = [r for r in rows if r["candidate"] == "2x"]
     wrong = sum(r["verdict"] == NOT_SLOWER for r in slow) + sum(
@@ -162,6 +172,7 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.1)
     ap.add_argument("--loads", default="none,busy,hog")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-twin", action="store_true", help="time the served candidate itself, not a twin")
     ap.add_argument("--daemon", action="store_true", help="whole trials in the daemon (bench/paired_daemon.py)")
     args = ap.parse_args()
     if args.daemon:

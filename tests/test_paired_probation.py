@@ -73,3 +73,6 @@ def test_equal_compute_commits_with_the_paired_ratio(tmp_path, load):
     assert dep.state.value == "committed", (load, dep.reason)
     assert paired["verdict"] == "not slower", (load, paired)
     assert paired["ratio"] < 1.5 and "below the line" in paired["reason"], paired
+    if "probation" in dep.data:  # the served candidate was timed on a twin (serving.probation.paired_twin)
+        twin = dep.data["probation"]["paired_runs"]["twin"]
+        assert twin["side"] == "candidate" and twin["built"] is True, twin

@@ -276,6 +276,7 @@ def _probation(v: Validator, raw: Any) -> ProbationConfig:
         paired_min_pairs=v.integer(g("paired_min_pairs"), f"{key}.paired_min_pairs", 8, 100_000),
         paired_min_aa=v.integer(g("paired_min_aa"), f"{key}.paired_min_aa", 8, 100_000),
         paired_confidence=real(g("paired_confidence"), f"{key}.paired_confidence", 0.5, 0.9999),
+        paired_twin=flag(g("paired_twin"), f"{key}.paired_twin"),
     )
 
 

@@ -22,6 +22,7 @@ from agent.serving.rungate import HOLD_S, CpuMark, RunGate
 from agent.trial import conditions
 from agent.trial.pairjudge import PairedRule, judge
 from agent.trial.settings import ProbationConfig
+from agent.trial.twin import CANDIDATE, Twin
 
 WARM_GAP_S = 1.0  # a session idle longer than this runs once untimed before its timed run (caches, pool threads)
 # A timed run measured alone but contended (its pool threads waited on a run queue: rungate.CpuMark) runs again
@@ -36,6 +37,8 @@ RETRY_WAIT_S = 0.25
 # (the gate holds clients back at most HOLD_S for the window): a longer run streams its weights through the
 # caches either way, and its first run after an idle spell is warmed by WARM_GAP_S instead.
 WARM_IN_WINDOW_S = HOLD_S / 4
+PAIR_RUNS = 4  # runs a pair costs at least when its halves warm in their windows (the budget's estimate)
+COSTS_KEPT = 8  # ... or the most any of the last this many pairs cost, whichever is more
 
 
 def rule_of(config: ProbationConfig) -> PairedRule:
@@ -59,8 +62,10 @@ class Pairing:
     ) -> None:
         """incumbent, candidate: open sessions (the caller keeps both open until stop()); share: mirrored CPU
         at most this share of serving CPU; aa_share: this share of pairs is incumbent against incumbent; cpu:
-        time CPU (every runtime thread, rungate.CpuMark), else wall time in the run (accelerators)."""
+        time CPU (every runtime thread, rungate.CpuMark), else wall time in the run (accelerators). `twin`, set
+        before start(): the served side's twin (trial/twin.py), built on the pair thread, timed in its place."""
         self.incumbent, self.candidate, self.gate = incumbent, candidate, gate
+        self.twin: Twin | None = None
         # the judge's (min_pairs, min_aa): once there are min_pairs candidate pairs and fewer than min_aa A/A
         # pairs, every pair is A/A until there are (a verdict waits on the floor, not on more candidate pairs)
         self.needs = (16, 8)
@@ -73,7 +78,9 @@ class Pairing:
         self._open = True
         self._started_cpu = time.process_time()
         self._last: dict[int, float] = {}  # id(session) -> perf_counter() of its last mirrored run
-        self._pair_cost = 0.0  # what the last pair cost (warm-ups included)
+        self._pair_cost = 0.0  # the most the last COSTS_KEPT pairs cost each (warm-ups included)
+        self._costs: list[float] = []
+        self._run_s = 0.0  # CPU (or wall) seconds of the live run whose inputs are in the slot
         self._order = 0  # ABBA: pairs 0 and 3 (mod 4) run the incumbent first, 1 and 2 the candidate
         self.pairs: list[float] = []  # log(candidate / incumbent) per pair
         self.aa: list[float] = []  # log(second incumbent run / first) per A/A pair (labels ABBA like the pairs)
@@ -98,7 +105,8 @@ class Pairing:
         if not self._open or self._slot is not None:
             return
         self.offered += 1
-        if not self.within_budget():
+        self._run_s = cpu if cpu is not None else elapsed
+        if not self.within_budget(self._run_s):
             self.over_budget += 1
             return
         try:
@@ -111,9 +119,12 @@ class Pairing:
         """The process's CPU seconds since the pairing began, less the mirrored runs'."""
         return max(0.0, time.process_time() - self._started_cpu - self.mirrored_s)
 
-    def within_budget(self) -> bool:
-        """Would the next pair (costing what the last one did) keep the mirrored CPU within its share?"""
-        return self.mirrored_s + self._pair_cost <= self.share * self.serving_s()
+    def within_budget(self, run_s: float = 0.0) -> bool:
+        """Would the next pair keep the mirrored CPU within its share? It is taken to cost the most any of the
+        last COSTS_KEPT did, or PAIR_RUNS runs of `run_s` (the live request's run) when that is more: the first
+        pair, and one after an idle spell, cost more than the one before."""
+        need = max(self._pair_cost, PAIR_RUNS * max(0.0, run_s))
+        return self.mirrored_s + need <= self.share * self.serving_s()
 
     # ---- pair thread ------------------------------------------------------------------------------------
     def start(self) -> "Pairing":
@@ -122,21 +133,40 @@ class Pairing:
         return self
 
     def stop(self) -> None:
-        """No more pairs; returns once the pair thread is done with both sessions."""
+        """No more pairs; returns once the pair thread is done with both sessions (a twin is closed then)."""
         self._open = False
         self._stop.set()
         self._ready.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
+        if self.twin is not None and (self._thread is None or not self._thread.is_alive()):
+            self.twin.close()
+
+    def _use_twin(self) -> None:
+        """Build the twin and time it in its side's place (a failed build leaves the serving session)."""
+        if self.twin is None or self._stop.is_set():
+            return
+        session = self.twin.open()
+        if session is None:
+            return
+        if self.twin.side == CANDIDATE:
+            self.candidate = session
+        else:
+            self.incumbent = session
 
     def _loop(self) -> None:
+        self._use_twin()
         while not self._stop.is_set():
             if not self._ready.wait(0.2):
                 continue
             self._ready.clear()
             feeds, self._slot = self._slot, None
-            if feeds is not None and not self._stop.is_set():
-                self.pair(feeds)
+            if feeds is None or self._stop.is_set():
+                continue
+            if not self.within_budget(self._run_s):  # offered while the last pair ran: its cost counts now
+                self.over_budget += 1
+                continue
+            self.pair(feeds)
 
     def pair(self, feeds: dict[str, Any]) -> None:
         """One pair on `feeds`: candidate against incumbent, or (aa_share) incumbent against incumbent."""
@@ -146,7 +176,8 @@ class Pairing:
         try:
             self._pair(feeds, aa)
         finally:
-            self._pair_cost = self.mirrored_s - before
+            self._costs = [*self._costs[-(COSTS_KEPT - 1) :], self.mirrored_s - before]
+            self._pair_cost = max(self._costs)
 
     def _pair(self, feeds: dict[str, Any], aa: bool) -> None:
         other = self.incumbent if aa else self.candidate
@@ -157,8 +188,8 @@ class Pairing:
             if idle and not self._warms_in_window(session):
                 self._timed(session, feeds)  # warm-up: untimed (its run's length says whether later ones warm)
         first, second = (self.incumbent, other) if first_incumbent else (other, self.incumbent)
-        a = self._clean(first, feeds)
-        b = self._clean(second, feeds) if a is not None else None  # a dropped pair spends no second half
+        a = self._clean(first, feeds, halves_left=2)
+        b = self._clean(second, feeds, halves_left=1) if a is not None else None  # a dropped pair spends no more
         inc, cand = (a, b) if first_incumbent else (b, a)
         if inc is None or cand is None or inc <= 0 or cand <= 0:
             self.dropped += 1
@@ -169,16 +200,16 @@ class Pairing:
             self.pairs.append(math.log(cand / inc))
             self.incumbent_s.append(inc)
 
-    def _clean(self, session: Any, feeds: dict[str, Any]) -> float | None:
+    def _clean(self, session: Any, feeds: dict[str, Any], halves_left: int = 1) -> float | None:
         """One half of a pair: a timed run, run again (RETRIES at most, once the gate's duty allows) while it was
-        contended and the mirrored CPU stays within its share counting the run just spent; None when no run was
-        measured clean."""
+        contended and the mirrored CPU stays within its share counting another such attempt for each half left
+        (this one, and the second when this is the first); None when no run was measured clean."""
         for attempt in range(RETRIES + 1):
             before = self.mirrored_s
             spent = self._timed(session, feeds)
             if spent is not None or not self._contended or attempt == RETRIES:
                 return spent
-            if self.mirrored_s + (self.mirrored_s - before) > self.share * self.serving_s():
+            if self.mirrored_s + halves_left * (self.mirrored_s - before) > self.share * self.serving_s():
                 return None
             wait = self.gate.pace_s()
             if wait > RETRY_WAIT_S or self._stop.wait(wait):
@@ -254,6 +285,7 @@ class Pairing:
             "runs": self.runs,
             "retried": self.retried,
             "warmed": self.warmed,
+            "twin": self.twin.said() if self.twin is not None else None,
             "mirrored_cpu_s": round(self.mirrored_s, 4),
             "serving_cpu_s": round(serving, 4),
             "share": round(self.mirrored_s / serving, 4) if serving > 0 else None,

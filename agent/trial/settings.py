@@ -35,6 +35,9 @@ class ProbationConfig:
     paired_min_pairs: int = 16  # candidate pairs before a verdict
     paired_min_aa: int = 8  # A/A pairs before "slower"
     paired_confidence: float = 0.99  # of the sign-test intervals
+    # time the served side of a pair on a second session the clients never run (trial/twin.py): one more copy
+    # of the model in memory during the trial
+    paired_twin: bool = True
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from agent.errors import LifecycleError
 from agent.lifecycle.context import StepContext
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Activated
-from agent.lifecycle.serve import serve, swap_mode
+from agent.lifecycle.serve import open_and_warm, serve, swap_mode
 from agent.lifecycle.slots import SlotEntry
 from agent.lifecycle.stages import generative
 from agent.lifecycle.stages.watch import Rehearsal, shadow_skip_reason
@@ -62,7 +64,12 @@ def _rehearsal(parts: Parts, name: str, mode: str, entry: SlotEntry) -> Rehearsa
     window = parts.config.window_s
     measure = compute_measure(entry.provider, entry.device)
     r = Rehearsal(parts.registry, name, shadow, parts.config.trial, window, measure)
-    r.earlier = parts.slots.committed(name) is not None
+    committed = parts.slots.committed(name)
+    r.earlier = committed is not None
+    if parts.config.trial.paired_twin:  # the pairs time the served side on a twin (trial/twin.py)
+        r.candidate_twin = partial(open_and_warm, entry, parts.session_lock)
+        if committed is not None:
+            r.incumbent_twin = (committed.sha256, partial(open_and_warm, committed, parts.session_lock))
     why = shadow_skip_reason(parts.registry, name, mode, shadow)
     if why:
         r.skip(why)

@@ -14,6 +14,7 @@ from agent.trial.paired import Pairing, rule_of
 from agent.trial.probation import CPU, PASSED, TROUBLE, Baseline, Probation, compute_measure, incumbent_baseline
 from agent.trial.settings import ProbationConfig, ShadowConfig
 from agent.trial.shadow import FAIL, Shadow, skipped
+from agent.trial.twin import CANDIDATE, INCUMBENT, Twin
 
 
 class ShadowFailed(LifecycleError):
@@ -47,6 +48,9 @@ class Rehearsal:
         self.figures: dict[str, Any] | None = None
         self.baseline: Baseline | None = None
         self.pairing: Pairing | None = None  # the shadow phase's pairs, carried into probation
+        # builds a twin of the incumbent (serving during the shadow phase) for the pairs: (sha256, build) or None
+        self.incumbent_twin: tuple[str, Callable[[], Any]] | None = None
+        self.candidate_twin: Callable[[], Any] | None = None  # ... and of the candidate (serving on probation)
         self.earlier = True  # a committed version to roll back to (False on a first deployment: serving.unjudged)
 
     def skip(self, reason: str) -> None:
@@ -82,7 +86,13 @@ class Rehearsal:
         stats = self.registry.model_stats(self.name, incumbent)
         stats.watch(True)  # every incumbent response is sampled (CPU time measured) while the shadow runs
         self.registry.observe(self.name, shadow)
-        pairing = self.pairing = _pairing(self.registry, self.name, session, self.probation_config, self.measure)
+        twin = None
+        if self.incumbent_twin is not None and self.incumbent_twin[0] == self.registry.entry(self.name).meta.get(
+            "sha256"
+        ):
+            twin = Twin(INCUMBENT, self.incumbent_twin[1], self.registry.gate)
+        config = self.probation_config
+        pairing = self.pairing = _pairing(self.registry, self.name, session, config, self.measure, twin=twin)
         try:
             ctx.report("shadow", phase="started", version_serving=incumbent)
             figures = shadow.run(ctx.check)
@@ -100,12 +110,20 @@ class Rehearsal:
 
 
 def _pairing(
-    registry: Any, name: str, candidate: Any, config: ProbationConfig, measure: str, incumbent: Any = None
+    registry: Any,
+    name: str,
+    candidate: Any,
+    config: ProbationConfig,
+    measure: str,
+    incumbent: Any = None,
+    twin: Twin | None = None,
 ) -> Pairing | None:
     """Paired timing of `candidate` against the incumbent (the serving session, or `incumbent`), observing the
-    serving version's live requests; None when serving.probation.paired is off."""
+    serving version's live requests, the served side timed on `twin` (trial/twin.py) where one is given and
+    serving.probation.paired_twin is on; None when serving.probation.paired is off."""
     if not config.paired:
         return None
+    twin = twin if config.paired_twin else None
     inc = incumbent if incumbent is not None else registry.entry(name).session
     pairing = Pairing(
         inc,
@@ -115,23 +133,39 @@ def _pairing(
         aa_share=config.paired_aa_share,
         cpu=measure == CPU,
     )
+    pairing.twin = twin
     pairing.needs = (config.paired_min_pairs, config.paired_min_aa)
     registry.observe(name, pairing)
     return pairing.start()
 
 
 def start_pairing(
-    registry: Any, name: str, config: ProbationConfig, measure: str, carried: Pairing | None = None
+    registry: Any,
+    name: str,
+    config: ProbationConfig,
+    measure: str,
+    carried: Pairing | None = None,
+    twin_build: Callable[[], Any] | None = None,
 ) -> Pairing | None:
-    """Paired timing of the serving version against the referee (the incumbent kept through the swap), with the
-    shadow phase's pairs (`carried`: the same two sessions); None when it is off or there is no referee."""
+    """Paired timing of the serving version (timed on a twin that `twin_build` opens, where given) against the
+    referee (the incumbent kept through the swap), with the shadow phase's pairs (`carried`: taken on the same
+    two sessions, or with the served side on a twin in both phases); None when it is off or there is no referee."""
     ref = registry.referee_session(name) if config.paired else None
     if ref is None:
         return None
-    pairing = _pairing(registry, name, registry.entry(name).session, config, measure, ref[1])
-    if pairing is not None and carried is not None and carried.incumbent is ref[1]:
+    twin = Twin(CANDIDATE, twin_build, registry.gate) if twin_build is not None else None
+    pairing = _pairing(registry, name, registry.entry(name).session, config, measure, ref[1], twin)
+    if pairing is not None and carried is not None and _same_conditions(carried, pairing, ref[1]):
         pairing.carry(carried)
     return pairing
+
+
+def _same_conditions(carried: Pairing, pairing: Pairing, referee: Any) -> bool:
+    """Were the shadow phase's pairs taken as probation's are? On the same two sessions, or with the served
+    side (the incumbent then, the candidate now) on a twin in both phases."""
+    if pairing.twin is None:
+        return carried.twin is None and carried.incumbent is referee
+    return carried.twin is not None and carried.twin.side == INCUMBENT
 
 
 def _stop_observing(registry: Any, name: str, observer: Any) -> None:
@@ -160,7 +194,8 @@ def probation_watch(
     qualified = None if (sel.get("contended") or lat.get("contended")) else lat  # contended: no baseline
     measure = compute_measure(sel.get("provider"), sel.get("device"))
     incumbent = rehearsal.baseline if rehearsal is not None else None
-    pairing = start_pairing(registry, dep.model, config, measure, rehearsal.pairing if rehearsal else None)
+    carried, twin_build = (rehearsal.pairing, rehearsal.candidate_twin) if rehearsal else (None, None)
+    pairing = start_pairing(registry, dep.model, config, measure, carried, twin_build)
     try:
         watch = Probation(
             registry,
