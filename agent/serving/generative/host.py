@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.serving.generative.engine import GenerativeModel
+from agent.serving.generative.engine import EngineSpec, GenerativeModel, load_engine
 from agent.serving.generative.kvbudget import KVBudget
 
 DEFAULT_KV_BUDGET = 256 * 2**20
@@ -28,12 +28,15 @@ class GenerativeHost:
         for m in (*self.models.values(), *self.referees.values()):
             m.budget = self.budget
 
-    def load(self, name: str, version: str, model_dir: Path, provider: str) -> GenerativeModel:
-        """Load a version beside what serves (GenerativeModel raises when the runtime cannot load it)."""
+    def load(
+        self, name: str, version: str, model_dir: Path, provider: str, spec: EngineSpec | None = None
+    ) -> GenerativeModel:
+        """Load a version beside what serves, by its package's runtime (`spec`; default onnxruntime-genai): the
+        engine raises when the runtime cannot load it."""
         from agent.serving import rungate
 
         before = rungate.native_tids()
-        model = GenerativeModel(name, model_dir, provider, self.budget, version=str(version))
+        model = load_engine(name, model_dir, provider, self.budget, str(version), spec or EngineSpec())
         rungate.claim(model, before)  # the runtime threads its load started are its own (CPU time of pairs)
         return model
 
