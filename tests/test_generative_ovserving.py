@@ -134,6 +134,27 @@ def test_triton_generate_stream_and_a_stop_string(served) -> None:
     assert _post(srv.port, "/v1/completions", {"prompt": "abc"}, token=None).status == 401
 
 
+def test_concurrent_streams_take_turns_on_the_pipeline_and_all_finish(served) -> None:
+    """LLMPipeline runs one generate at a time (a second at once raises): 4 streams admitted together by the KV
+    budget all finish, each with LLMPipeline's greedy text."""
+    import threading
+
+    srv, pkg = served
+    _, want = pipeline_greedy(pkg, "Hello, edge", 20)
+    texts: list[str] = []
+
+    def one() -> None:
+        doc = {"prompt": "Hello, edge", "max_tokens": 20, "temperature": 0, "stream": True}
+        texts.append("".join(e["choices"][0]["text"] for e in _events(_post(srv.port, "/v1/completions", doc))[:-1]))
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert texts == [want] * 4
+
+
 def test_a_client_that_hangs_up_ends_its_generation_and_frees_the_budget(served) -> None:
     import socket
     import time
@@ -219,3 +240,54 @@ def test_an_openvino_genai_package_is_deployed_into_a_running_daemon_and_served(
         assert again.registry.generative.models[NAME].runtime == "openvino-genai"
     finally:
         again.stop()
+
+
+def test_a_v2_of_the_same_weights_passes_the_shadow_swaps_and_is_paired_on_tpot(tmp_path) -> None:
+    """A v2 of v1's weights pushed while a client sends requests: the shadow through this engine agrees (1.0, no
+    logit moves at the same precision), it swaps in with 0 failed requests, and its probation runs live prompts
+    again on both versions
+    for CPU time per token (LLMPipeline's: the difference of two greedy runs, ovgenai.paired_tpot); the verdict
+    is the paired machinery's (a rollback, when it is "not judged" here, reinstates v1 without a load)."""
+    import threading
+
+    from agent.trial.settings import ProbationConfig
+
+    a = make_agent(tmp_path, probation_s=2.0, probation=ProbationConfig(extend=3.0, paired_share=0.5), start=True)
+    stop, errors, versions = threading.Event(), [], set()
+
+    def client() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                versions.add(_generate(a, f"request {n}: once upon a time", 24)["model_version"])
+            except (AssertionError, OSError) as exc:
+                errors.append(str(exc))
+
+    try:
+        assert push(a, "1").state.value == "committed"
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        wait_for(lambda: versions, 60, "a first answer")
+        dep = push(a, "2")
+        stop.set()
+        thread.join(60)
+        assert errors == [] and versions == {"1", "2"}, (errors, versions)
+        shadow = dep.data["shadow"]
+        # each version's own selected row: fp32 or device-default (bf16 here) by its TPOT, so not always bit-equal
+        assert shadow["verdict"] == "pass" and shadow["agreement"] >= 0.98 and shadow["requests"] >= 1, shadow
+        probation = dep.data["probation"]
+        assert probation["measure"] == "TPOT: cpu" and probation["requests"] >= 1, probation
+        runs = probation["paired_runs"]  # the mirrored generations ran on both versions, none failed
+        assert runs["runs"] >= 2 and runs["failed"] == 0 and runs["offered"] >= 1, runs
+        paired = probation["paired"]
+        assert set(paired) >= {"ratio", "pairs", "aa", "verdict", "reason"}, paired
+        # on a quiet host the pairs judge it; on a loaded one (this project's 2 shared cores) OpenVINO's worker
+        # threads wait for the cores in every run, the pairs are dropped and serving.unjudged decides
+        assert dep.state.value == ("committed" if paired["verdict"] == "not slower" else dep.state.value), dep.reason
+        assert dep.state.value in ("committed", "rolled_back"), dep.reason
+        if paired["verdict"] == "not judged":
+            assert "contended" in paired["reason"] or "too few pairs" in paired["reason"], paired
+    finally:
+        stop.set()
+        a.stop()
