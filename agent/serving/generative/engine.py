@@ -3,7 +3,7 @@ shares (the KV-budget reservation, metrics, the live-prompt ring, the observers 
 and what each implements: encode, generate (an iterator of text pieces: closing it, a client that hung up, ends
 the generation and frees its KV budget), and the trial's runs (continuation, teacher_logits, paired_tpot). One
 runtime per module: agent.serving.generative.ortgenai (onnxruntime-genai), .ovgenai (OpenVINO GenAI's LLMPipeline);
-load_engine picks one by the package's model.yaml runtime."""
+host.load_engine picks one by the package's model.yaml runtime."""
 
 from __future__ import annotations
 
@@ -142,18 +142,3 @@ class GenerativeModel:
         """Seconds per output token over `tokens` greedy tokens after the prefill's and `warm` more (EOS
         suppressed); CPU time (rungate.CpuMark) when `cpu`, else wall; None when its threads waited for the cores."""
         raise NotImplementedError
-
-
-def load_engine(
-    name: str, model_dir: Path, provider: str, budget: KVBudget, version: str, spec: EngineSpec
-) -> GenerativeModel:
-    """The engine of `spec.runtime` (ModelUnavailable when the runtime is not installed)."""
-    if spec.runtime == OV_GENAI:
-        from agent.serving.generative.ovgenai import OVGenaiModel
-
-        return OVGenaiModel(name, model_dir, provider, budget, version, spec)
-    if spec.runtime != ORT_GENAI:
-        raise InvalidInput(f"{name}: runtime {spec.runtime!r} is not served (served: {ORT_GENAI}, {OV_GENAI})")
-    from agent.serving.generative.ortgenai import OrtGenaiModel
-
-    return OrtGenaiModel(name, model_dir, provider, budget, version)

@@ -77,25 +77,36 @@ class _Pipelines:
 
 class _Text:
     """Text of a token stream as it grows: a piece goes out once it decodes to whole characters (a byte-level
-    token that ends inside a character gives "" until the character is whole)."""
+    token that ends inside a character gives "" until the character is whole). Each piece is the decode of the
+    tokens since the last piece, read after the tokens of that piece (context for tokenizers that drop a word's
+    leading space at the start); one detokenizer call a token (about 0.1 ms here): what the last piece was is taken
+    as the decode of its own tokens, and decoded for real only where the next decode does not start with it."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
         self.decode, self.start, self.read = decode, 0, 0
         self.ids: list[int] = []
+        self.before, self.exact = "", True  # decode(ids[start:read]), or the piece that was sent for them
+
+    def _window(self) -> str:
+        after = self.decode(self.ids[self.start :])
+        if not self.exact and not after.startswith(self.before):
+            self.before, self.exact = self.decode(self.ids[self.start : self.read]), True
+        return after
 
     def add(self, token: int) -> str:
         self.ids.append(token)
-        before = self.decode(self.ids[self.start : self.read]) if self.read > self.start else ""
-        after = self.decode(self.ids[self.start :])
-        if after.endswith("\ufffd") or len(after) <= len(before) or not after.startswith(before):
+        after = self._window()
+        if after.endswith("\ufffd") or len(after) <= len(self.before) or not after.startswith(self.before):
             return ""
-        self.start, self.read = self.read, len(self.ids)
-        return after[len(before) :]
+        piece = after[len(self.before) :]
+        self.start, self.read, self.before, self.exact = self.read, len(self.ids), piece, False
+        return piece
 
     def rest(self) -> str:
-        before = self.decode(self.ids[self.start : self.read]) if self.read > self.start else ""
-        after = self.decode(self.ids[self.start :]) if len(self.ids) > self.start else ""
-        return after[len(before) :] if after.startswith(before) else after
+        if len(self.ids) == self.read:
+            return ""
+        after = self._window()
+        return after[len(self.before) :] if after.startswith(self.before) else after
 
 
 class _Run:
