@@ -155,28 +155,41 @@ def test_concurrent_streams_take_turns_on_the_pipeline_and_all_finish(served) ->
     assert texts == [want] * 4
 
 
-def test_a_client_that_hangs_up_ends_its_generation_and_frees_the_budget(served) -> None:
+def test_a_client_that_hangs_up_mid_stream_ends_its_generation_and_frees_the_budget(tmp_path) -> None:
+    """A slower decoder (4 x 256, about 1 ms a token here) with room for 4000 tokens, whose greedy text from "Hello"
+    has no EOS in them (LLMPipeline's own): a client that hangs up mid-stream ends the generation, frees its KV
+    budget and the pipeline (the next request runs), and is counted as cancelled."""
     import socket
     import time
 
-    srv, _ = served
-    model = srv.plane.generation.models["tiny-ov"]
-    before = model.stats.counts["cancelled_total"]
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
-    body = json.dumps({"prompt": "Hello", "max_tokens": 240, "stream": True, "temperature": 0.7}).encode()
-    auth = f"Authorization: Bearer {TOKEN}\r\n"
-    sock.sendall(
-        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {len(body)}\r\n\r\n".encode() + body
+    pkg = write_openvino_package(tmp_path / "slow", variants=(), max_length=4096, layers=4, hidden=256, heads=4)
+    eos_free, _ = pipeline_greedy(pkg, "Hello", 4000)
+    assert len(eos_free) == 4000  # runs to max_tokens unless stopped
+    cfg = parse_config(
+        {"serving": {"port": 0, "grpc_port": None, "generative": {"models": {"slow": {"package": str(pkg)}}}}}
     )
-    assert sock.recv(64).startswith(b"HTTP/1.1 200")
-    sock.close()  # the client hangs up mid-generation
-    deadline = time.monotonic() + 10
-    while (model.budget.streams or model.stats.counts["cancelled_total"] == before) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert model.budget.streams == 0 and model.budget.held == 0
-    assert model.stats.counts["cancelled_total"] == before + 1
-    # the pipeline is free again: the next request runs
-    assert _post(srv.port, "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "temperature": 0}).status == 200
+    reg = ModelRegistry()
+    srv, _ = start_fronts(reg, cfg.serving)
+    try:
+        model = srv.plane.generation.models["slow"]
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+        body = json.dumps({"prompt": "Hello", "max_tokens": 4000, "stream": True, "temperature": 0}).encode()
+        head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        sock.sendall(head + body)
+        assert sock.recv(64).startswith(b"HTTP/1.1 200")  # the stream began
+        assert model.budget.streams == 1
+        sock.close()  # the client hangs up mid-generation
+        deadline = time.monotonic() + 10
+        while model.budget.streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert model.budget.streams == 0 and model.budget.held == 0
+        assert model.stats.counts["cancelled_total"] == 1
+        assert model.stats.counts["completion_tokens_total"] < 4000  # it stopped, it did not run to max_tokens
+        again = _post(srv.port, "/v1/completions", {"prompt": "Hi", "max_tokens": 4, "temperature": 0}, token=None)
+        assert again.status == 200 and json.loads(again.read())["usage"]["completion_tokens"] >= 1
+    finally:
+        assert srv.shutdown(10)
+        reg.close()
 
 
 def push(a: Any, version: str, **shape: Any) -> Any:
