@@ -1,5 +1,6 @@
-"""A generative model served by the agent against the same model run directly by onnxruntime-genai (issue 39; not
-run by the tests).
+"""A generative model served by the agent against the same model run directly by its runtime (issue 39; not run by
+the tests): onnxruntime-genai (og.Generator), or with --runtime openvino-genai LLMPipeline.generate (f32 hints, as
+the package's fp32 row is served).
 
   (1) TTFT: a request for 1 token (served: the whole non-streamed answer over HTTP; direct: append_tokens + the
       first generate_next_token) and
@@ -13,8 +14,8 @@ The server is the daemon's path (agent.yaml -> start_fronts -> serving.generativ
 and the direct runs share this process. The model: --package DIR (a generative package: a real small model when
 one is at hand), else one made in code with --layers/--hidden (the 2x32 default is ~30 us a token: HTTP dominates).
 
-Usage: .venv/bin/python bench/bench_generative.py [--package DIR] [--layers 4 --hidden 512] [--tokens 64]
-       [--prompt-tokens 32] [--rounds 7] [--json]
+Usage: .venv/bin/python bench/bench_generative.py [--runtime onnxruntime-genai|openvino-genai] [--package DIR]
+       [--layers 4 --hidden 512] [--tokens 64] [--prompt-tokens 32] [--rounds 7] [--json]
 """
 
 from __future__ import annotations
@@ -78,7 +79,53 @@ def _direct(og, model, ids: list[int], tokens: int) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-def _pair(og, model, port, prompt, ids, tokens, rounds) -> dict:
+class OVDirect:
+    """The same model run directly by OpenVINO GenAI: LLMPipeline.generate(input_ids), greedy, no streamer."""
+
+    def __init__(self, pkg: str) -> None:
+        import openvino as ov
+        import openvino_genai as ovg
+
+        self.ov = ov
+        self.pipe = ovg.LLMPipeline(pkg, "CPU", INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
+        self.eos = self.pipe.get_generation_config().eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.pipe.get_tokenizer().encode(text).input_ids.data[0]]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.pipe.get_tokenizer().decode(ids))
+
+    def run(self, ids: list[int], tokens: int) -> tuple[float, int]:
+        import numpy as np
+
+        t0 = time.perf_counter()
+        res = self.pipe.generate(self.ov.Tensor(np.asarray([ids], np.int64)), max_new_tokens=tokens, do_sample=False)
+        elapsed = time.perf_counter() - t0
+        out = [int(t) for t in res.tokens[0]]
+        return elapsed, len(out[: out.index(self.eos)] if self.eos in out else out)
+
+
+class OrtDirect:
+    """The same model run directly by onnxruntime-genai: og.Generator, append_tokens, generate_next_token."""
+
+    def __init__(self, pkg: str) -> None:
+        import onnxruntime_genai as og
+
+        self.og, self.model = og, og.Model(pkg)
+        self.tokenizer = og.Tokenizer(self.model)
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids))
+
+    def run(self, ids: list[int], tokens: int) -> tuple[float, int]:
+        return _direct(self.og, self.model, ids, tokens)
+
+
+def _pair(direct, port, prompt, ids, tokens, rounds) -> dict:
     """Medians of the whole request for 1 token (TTFT) and for `tokens` tokens, served and direct alternating (ABBA:
     drifts in load hit both sides alike); per token: (T(tokens) - T(1)) / (tokens - 1), so the request's fixed cost
     (HTTP, prefill) is not spread over the tokens and only what each further token costs is compared."""
@@ -88,7 +135,7 @@ def _pair(og, model, port, prompt, ids, tokens, rounds) -> dict:
         order = ("s", "d") if r % 2 == 0 else ("d", "s")
         for n in (1, tokens):
             for side in order:
-                t, got = _served(port, prompt, n) if side == "s" else _direct(og, model, ids, n)
+                t, got = _served(port, prompt, n) if side == "s" else direct.run(ids, n)
                 times.setdefault((side, n), []).append(t)
                 if n == tokens:
                     count[side] = got
@@ -101,8 +148,25 @@ def _pair(og, model, port, prompt, ids, tokens, rounds) -> dict:
     return out
 
 
+def _made(where: Path, a: argparse.Namespace) -> str:
+    """A package of the decoder made in code, --layers x --hidden, in --runtime's layout."""
+    heads = max(1, a.hidden // 64) if a.hidden >= 64 else 2
+    if a.runtime == "openvino-genai":
+        from agent.generative.samples import write_openvino_package
+
+        shape = {"layers": a.layers, "hidden": a.hidden, "heads": heads}
+        return str(write_openvino_package(where, variants=(), max_length=512, **shape))
+    from agent.generative.samples import write_generative_package
+    from agent.generative.tinymodel import write_tiny_genai
+
+    pkg = write_generative_package(where, variants=(), max_length=512)
+    write_tiny_genai(pkg, layers=a.layers, hidden=a.hidden, heads=heads, max_length=512)
+    return str(pkg)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--runtime", choices=("onnxruntime-genai", "openvino-genai"), default="onnxruntime-genai")
     ap.add_argument("--package")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=32)
@@ -111,36 +175,26 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    import onnxruntime_genai as og
-
     with tempfile.TemporaryDirectory() as tmp:
-        pkg = a.package
-        if pkg is None:
-            from agent.generative.samples import write_generative_package
-            from agent.generative.tinymodel import write_tiny_genai
-
-            pkg = str(write_generative_package(Path(tmp) / "lm", variants=(), max_length=512))
-            heads = max(1, a.hidden // 64) if a.hidden >= 64 else 2
-            write_tiny_genai(Path(pkg), layers=a.layers, hidden=a.hidden, heads=heads, max_length=512)
-        model = og.Model(pkg)
-        ids = ([int(t) for t in og.Tokenizer(model).encode("The quick brown fox jumps over the lazy dog. ")] * 64)[
-            : a.prompt_tokens
-        ]
-        prompt = og.Tokenizer(model).decode(ids)
+        pkg = a.package or _made(Path(tmp) / "lm", a)
+        direct = OVDirect(pkg) if a.runtime == "openvino-genai" else OrtDirect(pkg)
+        ids = (direct.encode("The quick brown fox jumps over the lazy dog. ") * 64)[: a.prompt_tokens]
+        prompt = direct.decode(ids)
         ctx = mp.get_context("spawn")
         q, stop = ctx.Queue(), ctx.Event()
         child = ctx.Process(target=_serve, args=(pkg, q, stop))
         child.start()
         try:
             port = q.get(timeout=120)
-            _served(port, prompt, 4), _direct(og, model, ids, 4)  # warm-up both
+            _served(port, prompt, 4), direct.run(ids, 4)  # warm-up both
             load = os.getloadavg()
             out = {
+                "runtime": a.runtime,
                 "model": pkg if a.package else f"made in code: {a.layers} layers x {a.hidden}",
                 "prompt_tokens": len(ids),
                 "tokens": a.tokens,
                 "rounds": a.rounds,
-                **_pair(og, model, port, prompt, ids, a.tokens, a.rounds),
+                **_pair(direct, port, prompt, ids, a.tokens, a.rounds),
                 "load_average": {"before": load, "after": os.getloadavg(), "cpus": os.cpu_count()},
             }
         finally:
@@ -150,7 +204,7 @@ def main() -> int:
         print(json.dumps(out, indent=2))
     else:
         print(
-            f"model {out['model']}, prompt {out['prompt_tokens']} tokens, {a.tokens} greedy tokens, "
+            f"{out['runtime']}: model {out['model']}, prompt {out['prompt_tokens']} tokens, {a.tokens} greedy tokens, "
             f"medians of {a.rounds} rounds (ABBA)"
         )
         for key, label in (("ttft", "TTFT (1 token)"), ("per_token", "per further token")):

@@ -120,9 +120,22 @@ def test_package_check_names_a_missing_ir_file(ov_pkg: Path, tmp_path: Path) -> 
     assert "perturbed" in found[0][0]
 
 
-def test_the_daemon_says_it_does_not_serve_the_runtime_yet(ov_pkg: Path) -> None:
-    from agent.errors import ConfigError
+def test_serving_loads_the_row_qualification_names(ov_pkg: Path) -> None:
+    """serving.generative's variant picks the directory and the hints: the package's own model at f32 (the fp32
+    row), `device-default` the same model with the device's own hints, a variant its own folder at f32."""
+    from agent.serving.generative.host import GenerativeHost
     from agent.serving.generative.install import model_dir
 
-    with pytest.raises(ConfigError, match="runtime openvino-genai is qualified .* not served yet"):
-        model_dir(ov_pkg, None)
+    where, spec = model_dir(ov_pkg, "device-default")
+    assert where == ov_pkg and (spec.runtime, spec.precision, spec.max_length) == (
+        "openvino-genai",
+        "device-default",
+        256,
+    )
+    model = GenerativeHost().load("lm", "1", where, "cpu", spec)
+    assert model.runtime == "openvino-genai" and model.device == "CPU" and model.hints == {}
+    where, spec = model_dir(ov_pkg, "perturbed")
+    assert where == ov_pkg / "perturbed" and spec.precision == "perturbed"
+    model = GenerativeHost().load("lm", "1", where, "CPU", spec)
+    assert model.hints == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    assert model.kv.max_length == 256  # a variant's folder has no model.yaml: the package's, one up

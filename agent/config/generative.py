@@ -25,7 +25,7 @@ class GenerativeModelConfig:
     name: str
     package: Path
     variant: str | None = None  # a model.yaml variant; None: the package's own (fp32 reference) model
-    provider: str = "cpu"  # an onnxruntime-genai provider name
+    provider: str = "cpu"  # an onnxruntime-genai provider, or (openvino-genai) an OpenVINO device: cpu -> CPU
 
 
 @dataclass(frozen=True)

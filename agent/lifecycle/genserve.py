@@ -26,6 +26,15 @@ def serves_generative(parts: Parts, name: str, entry: SlotEntry | None) -> bool:
     return is_generative_entry(entry) or (entry is None and name in parts.registry.generative.models)
 
 
+def engine_spec(entry: SlotEntry) -> Any:
+    """How the entry is served: its package's runtime and max_length, the selected row's precision."""
+    from agent.generative.package import load_generative
+    from agent.serving.generative.engine import EngineSpec
+
+    pkg = load_generative(str(entry.package_dir))
+    return EngineSpec(pkg.runtime, entry.precision, pkg.max_length)
+
+
 def serve_generative(
     parts: Parts,
     name: str,
@@ -41,12 +50,13 @@ def serve_generative(
         parts.note(name, note)
     host = parts.registry.generative
     t0 = time.perf_counter()
+    spec = engine_spec(entry)
     try:
-        model = host.load(name, entry.version, Path(str(entry.model_path)), entry.provider)
+        model = host.load(name, entry.version, Path(str(entry.model_path)), entry.provider, spec)
     except EdgeAgentError:
         raise
-    except Exception as exc:  # the runtime's own error (og.Model): the deployment fails with it
-        raise LifecycleError(f"onnxruntime-genai could not load version {entry.version}: {exc}") from exc
+    except Exception as exc:  # the runtime's own error (og.Model, LLMPipeline): the deployment fails with it
+        raise LifecycleError(f"{spec.runtime} could not load version {entry.version}: {exc}") from exc
     load_s = round(time.perf_counter() - t0, 4)
     if before_swap is not None:
         try:

@@ -82,12 +82,19 @@ def pack_dir(src: Path, dest: Path) -> None:
         os.fsync(raw.fileno())
 
 
+def _generative(src: Path) -> bool:
+    """A generative package (docs/generative.md) may hold no .onnx file: OpenVINO GenAI's IR, for one."""
+    from agent.generative.package import is_generative
+
+    return is_generative(src)
+
+
 def fetch_inbox(src: Path, store: Any, staging: Path, ctx: StepContext) -> dict[str, Any]:
     """Local mode 'download': pack the inbox package into the content store."""
     if not src.is_dir():
         raise ModelError(f"inbox package {src} is gone or not a directory")
-    if not (src / "model.onnx").is_file() and not list(src.glob("*.onnx")):
-        raise ModelError(f"inbox package {src} has no model.onnx")
+    if not (src / "model.onnx").is_file() and not list(src.glob("*.onnx")) and not _generative(src):
+        raise ModelError(f"inbox package {src} has no model.onnx (nor a model.yaml of kind: generative)")
     ctx.report("pack", path=str(src))
     part = staging / f"inbox-{os.getpid()}-{threading.get_ident()}.tar.gz.part"
     try:

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from agent.serving.errors import ServerBusy
-from agent.serving.rungate import CpuMark
 from agent.trial.paired import Pairing
 
 PAIR_TOKENS = 16  # tokens each side generates per pair, timed ...
@@ -25,28 +24,15 @@ WARM_TOKENS = 4  # ... after the prefill's token and these (the version's weight
 def tpot(model: Any, prompt: list[int], tokens: int, cpu: bool) -> tuple[float | None, float]:
     """(seconds per output token after the first, None when its threads waited for the cores; seconds the
     whole generation cost). `model`: a serving GenerativeModel; ServerBusy when the KV budget has no room."""
-    og, kv = model.og, model.kv
+    kv = model.kv
     prompt = prompt[-max(1, kv.max_length - tokens - WARM_TOKENS) :]  # the tail that leaves room for the tokens
     total = len(prompt) + WARM_TOKENS + tokens
     lease = model.budget.lease(kv.bytes_for(total), f"a paired TPOT run of {tokens} tokens")
     try:
         t0, c0 = time.perf_counter(), time.thread_time()
-        params = og.GeneratorParams(model.model)
-        params.set_search_options(max_length=total, min_length=total, do_sample=False)
-        gen = og.Generator(model.model, params)
-        gen.append_tokens(prompt)
-        for _ in range(1 + WARM_TOKENS):  # prefill and the first token (TTFT, not TPOT), then the warm tokens
-            gen.generate_next_token()
-        mark = CpuMark(model) if cpu else None
-        t1, steps = time.perf_counter(), 0
-        while not gen.is_done():
-            gen.generate_next_token()
-            steps += 1
-        spent = mark.spent() if mark is not None else time.perf_counter() - t1
+        spent = model.paired_tpot(prompt, WARM_TOKENS, tokens, cpu)  # the runtime's own run (engine.py)
         cost = time.thread_time() - c0 if cpu else time.perf_counter() - t0
-        if steps == 0 or (mark is not None and mark.contended):
-            return None, cost
-        return spent / steps, cost
+        return spent, cost
     finally:
         lease.release()
 

@@ -23,28 +23,14 @@ PASS, FAIL = "pass", "fail"
 TEACHER_TOKENS = 32  # the serving version's greedy continuation of each live prompt (EOS suppressed)
 
 
-def _generator(model: Any, length: int, min_length: int = 0) -> Any:
-    params = model.og.GeneratorParams(model.model)
-    params.set_search_options(max_length=length, min_length=min_length, do_sample=False)
-    return model.og.Generator(model.model, params)
-
-
 def _teacher(model: Any, prompt: list[int], tokens: int) -> list[int]:
     """`prompt` and `model`'s greedy continuation of `tokens` tokens."""
-    total = len(prompt) + tokens
-    gen = _generator(model, total, total)
-    gen.append_tokens(prompt)
-    out = list(prompt)
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
+    out: list[int] = model.continuation(prompt, tokens)
     return out
 
 
 def _logits(model: Any, seq: list[int]) -> np.ndarray:
-    gen = _generator(model, len(seq))
-    gen.append_tokens(seq)
-    logits: np.ndarray = np.asarray(gen.get_output("logits"), dtype=np.float32)[0]
+    logits: np.ndarray = model.teacher_logits(seq)
     return logits
 
 

@@ -53,7 +53,7 @@ class Baseline:
 def compute_measure(provider: str | None, device: str | None = None) -> str:
     """ "cpu" (the run's CPU time, every runtime thread counted (rungate.py): immune to other processes taking the cores) where the
     model computes on the host CPU, "wall" (time inside the run) where it waits for an accelerator."""
-    if provider in (None, "cpu", "xnnpack", "acl"):
+    if provider in (None, "cpu", "xnnpack", "acl", "CPU"):  # "CPU": OpenVINO's device name (openvino-genai rows)
         return CPU
     if provider in ("openvino", "ort-openvino") and str(device or "CPU").upper().startswith("CPU"):
         return CPU

@@ -45,8 +45,6 @@ def on_qualifying(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Even
     from agent.generative.qualify import RowLimits, qualify_generative
 
     pkg = load_generative(Record(dep).package_dir)
-    if pkg.runtime != "onnxruntime-genai":  # docs/generative.md: what is not done yet
-        raise LifecycleError(f"runtime {pkg.runtime}: qualified by `edge-agent qualify`, not served by the daemon yet")
     target = targets.resolve(parts.profile, parts.target_name)
     gates_from = apply_target_gates(pkg, target)
     window: dict[str, Any] = {}

@@ -1,19 +1,37 @@
-"""One generative model served by onnxruntime-genai: tokenizer, KV shape, and a generation as an iterator of text
-pieces. Closing the iterator (a client that hung up) ends the generation and frees its KV budget at once."""
+"""The engine interface of a served generative model (docs/generative.md, "Serving"): what every runtime's engine
+shares (the KV-budget reservation, metrics, the live-prompt ring, the observers of a trial, the stop-string scan)
+and what each implements: encode, generate (an iterator of text pieces: closing it, a client that hung up, ends
+the generation and frees its KV budget), and the trial's runs (continuation, teacher_logits, paired_tpot). One
+runtime per module: agent.serving.generative.ortgenai (onnxruntime-genai), .ovgenai (OpenVINO GenAI's LLMPipeline);
+host.load_engine picks one by the package's model.yaml runtime."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.serving.errors import InvalidInput, ModelUnavailable, ServerBusy
+import numpy as np
+
+from agent.serving.errors import InvalidInput, ServerBusy
 from agent.serving.generative.genmetrics import GenStats
-from agent.serving.generative.kvbudget import KVBudget, Lease, kv_shape
+from agent.serving.generative.kvbudget import KVBudget, KVShape, Lease
 from agent.serving.generative.recent import LivePrompts
+
+ORT_GENAI, OV_GENAI = "onnxruntime-genai", "openvino-genai"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How a model directory is served: its package's runtime, the row's precision (openvino-genai: `device-default`
+    compiles with the device's own hints, anything else with f32 ones) and the package's max_length (openvino-genai:
+    the longest sequence a request may reach; onnxruntime-genai reads it from genai_config.json)."""
+
+    runtime: str = ORT_GENAI
+    precision: str | None = None
+    max_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,33 +78,21 @@ class StopScanner:
 
 
 class GenerativeModel:
+    """What the routes, the host and the trial see of a served generative model; a runtime's engine subclasses it
+    and sets `kv` (the KV cost of a token) and `eos` in its __init__."""
+
+    runtime = ""
+    kv: KVShape
+    eos: set[int]
+
     def __init__(self, name: str, model_dir: Path, provider: str, budget: KVBudget, version: str = "1") -> None:
-        try:
-            import onnxruntime_genai as og
-        except ImportError as exc:
-            raise ModelUnavailable(
-                f"{name}: onnxruntime-genai is not installed (pip install 'edge-agent[genai]')"
-            ) from exc
-        self.og: Any = og
         self.name, self.model_dir, self.provider, self.budget = name, model_dir, provider, budget
         self.version = str(version)
         # offered each generation that ran to its end (a trial's pairing, agent.trial.genpaired): cheap, never raise
         self.observers: list[Any] = []
-        cfg = og.Config(str(model_dir))
-        cfg.clear_providers()
-        if provider != "cpu":
-            cfg.append_provider(provider)
-        self.model = og.Model(cfg)
-        self.tokenizer = og.Tokenizer(self.model)
-        self.kv = kv_shape(model_dir)
         self.created = int(time.time())
         self.stats = GenStats(name, budget=lambda: self.budget)
         self.recent = LivePrompts()  # copies of the last live prompts: the next version's shadow (genshadow)
-        eos = json.loads((model_dir / "genai_config.json").read_text(encoding="utf-8"))["model"].get("eos_token_id")
-        self.eos = set(eos if isinstance(eos, list) else [eos])
-
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.tokenizer.encode(text)]
 
     def reserve(self, prompt: list[int], sampling: Sampling) -> Lease:
         """Bytes of KV budget this request holds (ServerBusy when it cannot fit); InvalidInput when it never could."""
@@ -105,56 +111,34 @@ class GenerativeModel:
         self.stats.reserved(need)
         return lease
 
-    def _generator(self, prompt: list[int], sampling: Sampling) -> Any:
-        params = self.og.GeneratorParams(self.model)
-        greedy = sampling.temperature <= 0
-        opts: dict[str, Any] = {"max_length": min(self.kv.max_length, len(prompt) + sampling.max_tokens)}
-        opts.update(
-            {"do_sample": False}
-            if greedy
-            else {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
-        )
-        params.set_search_options(**opts)
-        gen = self.og.Generator(self.model, params)
-        gen.append_tokens(prompt)
-        return gen
+    def ended(self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease) -> None:
+        """A generation ended (ran out, stopped, or was closed: its client went away): its lease back, its figures
+        recorded, the trial's observers offered its prompt when it ran to its end."""
+        lease.release()
+        cancelled = usage.finish_reason is None  # closed before it ended: the client went away
+        self.stats.record(usage.prompt_tokens, usage.completion_tokens, usage.ttft_s, usage.pieces, cancelled)
+        if not cancelled:
+            for observer in self.observers:
+                observer.offer_prompt(prompt, sampling.max_tokens)
+
+    # what each runtime implements
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
 
     def generate(self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease) -> Generator[str, None, None]:
-        """Text pieces as tokens come; usage filled as it goes. Releases `lease` when it ends or is closed (one
-        closed before it started never runs: its caller releases the lease too, agent.serving.generative.stream)."""
-        usage.prompt_tokens = len(prompt)
-        self.recent.add(prompt)
-        try:
-            t0 = last = time.perf_counter()  # TTFT counts the prefill (append_tokens) too
-            gen = self._generator(prompt, sampling)
-            stream = self.tokenizer.create_stream()
-            scan = StopScanner(sampling.stop)
-            while not gen.is_done() and usage.completion_tokens < sampling.max_tokens:
-                gen.generate_next_token()
-                token = int(gen.get_next_tokens()[0])
-                now = time.perf_counter()
-                if usage.ttft_s is None:
-                    usage.ttft_s = now - t0
-                else:
-                    usage.pieces.append(now - last)
-                last = now
-                if token in self.eos:
-                    usage.finish_reason = "stop"
-                    break
-                usage.completion_tokens += 1
-                out, stopped = scan.feed(stream.decode(token))
-                yield out  # "" when the token ends no character yet (the stream still checks its client)
-                if stopped:
-                    usage.finish_reason = "stop"
-                    return
-            usage.finish_reason = usage.finish_reason or "length"
-            tail = scan.rest()
-            if tail:
-                yield tail
-        finally:
-            lease.release()
-            cancelled = usage.finish_reason is None  # closed before it ended: the client went away
-            self.stats.record(usage.prompt_tokens, usage.completion_tokens, usage.ttft_s, usage.pieces, cancelled)
-            if not cancelled:
-                for observer in self.observers:
-                    observer.offer_prompt(prompt, sampling.max_tokens)
+        """Text pieces as tokens come ("" for a token that ends no character yet); usage filled as it goes; ended()
+        when it ends or is closed (one closed before it started never runs: its caller releases the lease)."""
+        raise NotImplementedError
+
+    def continuation(self, prompt: list[int], tokens: int) -> list[int]:
+        """`prompt` and this model's greedy continuation of exactly `tokens` tokens (EOS suppressed)."""
+        raise NotImplementedError
+
+    def teacher_logits(self, seq: list[int]) -> np.ndarray:
+        """The logits [len(seq), vocab] at every position of `seq`, teacher-forced."""
+        raise NotImplementedError
+
+    def paired_tpot(self, prompt: list[int], warm: int, tokens: int, cpu: bool) -> float | None:
+        """Seconds per output token over `tokens` greedy tokens after the prefill's and `warm` more (EOS
+        suppressed); CPU time (rungate.CpuMark) when `cpu`, else wall; None when its threads waited for the cores."""
+        raise NotImplementedError

@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from agent.serving.generative.engine import GenerativeModel
+from agent.serving.errors import InvalidInput
+from agent.serving.generative.engine import ORT_GENAI, OV_GENAI, EngineSpec, GenerativeModel
 from agent.serving.generative.kvbudget import KVBudget
 
 DEFAULT_KV_BUDGET = 256 * 2**20
@@ -28,12 +29,15 @@ class GenerativeHost:
         for m in (*self.models.values(), *self.referees.values()):
             m.budget = self.budget
 
-    def load(self, name: str, version: str, model_dir: Path, provider: str) -> GenerativeModel:
-        """Load a version beside what serves (GenerativeModel raises when the runtime cannot load it)."""
+    def load(
+        self, name: str, version: str, model_dir: Path, provider: str, spec: EngineSpec | None = None
+    ) -> GenerativeModel:
+        """Load a version beside what serves, by its package's runtime (`spec`; default onnxruntime-genai): the
+        engine raises when the runtime cannot load it."""
         from agent.serving import rungate
 
         before = rungate.native_tids()
-        model = GenerativeModel(name, model_dir, provider, self.budget, version=str(version))
+        model = load_engine(name, model_dir, provider, self.budget, str(version), spec or EngineSpec())
         rungate.claim(model, before)  # the runtime threads its load started are its own (CPU time of pairs)
         return model
 
@@ -83,6 +87,21 @@ class GenerativeHost:
             gone = [self.models.pop(name, None), self.referees.pop(name, None)]
         for m in gone:
             _let_go(m)
+
+
+def load_engine(
+    name: str, model_dir: Path, provider: str, budget: KVBudget, version: str, spec: EngineSpec
+) -> GenerativeModel:
+    """The engine of `spec.runtime` (ModelUnavailable when the runtime is not installed)."""
+    if spec.runtime == OV_GENAI:
+        from agent.serving.generative.ovgenai import OVGenaiModel
+
+        return OVGenaiModel(name, model_dir, provider, budget, version, spec)
+    if spec.runtime != ORT_GENAI:
+        raise InvalidInput(f"{name}: runtime {spec.runtime!r} is not served (served: {ORT_GENAI}, {OV_GENAI})")
+    from agent.serving.generative.ortgenai import OrtGenaiModel
+
+    return OrtGenaiModel(name, model_dir, provider, budget, version)
 
 
 def _let_go(model: GenerativeModel | None) -> None:

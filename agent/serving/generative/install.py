@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.serving.generative.engine import GenerativeModel
+from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel
 from agent.serving.generative.genmetrics import families
 from agent.serving.generative.host import GenerativeHost
 from agent.serving.generative.openai import OpenAIRoutes
+from agent.serving.generative.ovgenai import DEVICE_DEFAULT
 from agent.serving.generative.triton import generate
 from agent.serving.http.handlers import Response
 
@@ -29,25 +30,21 @@ class ModelSetting(Protocol):
     def provider(self) -> str: ...
 
 
-def model_dir(package: Path, variant: str | None) -> Path:
-    """The directory the runtime loads: the package's own model, or the folder model.yaml names for `variant`."""
+def model_dir(package: Path, variant: str | None) -> tuple[Path, EngineSpec]:
+    """The directory the runtime loads (the package's own model, or the folder model.yaml names for `variant`) and
+    how: the package's runtime and max_length; for openvino-genai `variant: device-default` is the package's own
+    model compiled with the device's own precision hints (qualification's row of that name)."""
     from agent.generative.package import load_generative
 
     pkg = load_generative(package)
-    if pkg.runtime != "onnxruntime-genai":
-        from agent.errors import ConfigError
-
-        raise ConfigError(
-            f"{package}: runtime {pkg.runtime} is qualified (edge-agent qualify), not served yet: the daemon serves "
-            "onnxruntime-genai packages"
-        )
-    if variant is None:
-        return pkg.root
+    spec = EngineSpec(pkg.runtime, variant or "fp32", pkg.max_length)
+    if variant is None or (pkg.runtime == OV_GENAI and variant == DEVICE_DEFAULT):
+        return pkg.root, spec
     if variant not in pkg.variants:
         from agent.errors import ConfigError
 
         raise ConfigError(f"{package}: no variant {variant!r} (model.yaml has: {', '.join(pkg.variants) or 'none'})")
-    return pkg.variants[variant]
+    return pkg.variants[variant], spec
 
 
 class GenerationRoutes:
@@ -82,7 +79,8 @@ def install(
         from agent.generative.package import load_generative
 
         version = load_generative(m.package).version
-        host.swap(m.name, host.load(m.name, version, model_dir(m.package, m.variant), m.provider))
+        where, spec = model_dir(m.package, m.variant)
+        host.swap(m.name, host.load(m.name, version, where, m.provider, spec))
     routes = GenerationRoutes(host.models)
     plane.generation = routes
     plane.collectors.append(lambda: families(m.stats for m in host.models.values()) if host.models else [])
