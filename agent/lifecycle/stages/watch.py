@@ -165,7 +165,7 @@ def _same_conditions(carried: Pairing, pairing: Pairing, referee: Any) -> bool:
     side (the incumbent then, the candidate now) on a twin in both phases."""
     if pairing.twin is None:
         return carried.twin is None and carried.incumbent is referee
-    return carried.twin is not None and carried.twin.side == INCUMBENT
+    return carried.twin is not None and carried.twin.side == INCUMBENT and carried.twin.error is None
 
 
 def _stop_observing(registry: Any, name: str, observer: Any) -> None:
