@@ -82,8 +82,9 @@ def wait(what: str, check, timeout: float, every: float = 0.2):
 
 
 def start_service(
-    tmp: Path, db_url: str, broker_url: str, signing_key: Path, profile: str = ""
+    tmp: Path, db_url: str, broker_url: str, signing_key: Path, profile: str = "", code: Path = ROOT
 ) -> tuple[subprocess.Popen, str, str]:
+    """The service from `code`'s agent package (bench/cp_ops.py runs other commits' trees)."""
     import httpx
     import yaml
     from brokers import free_port
@@ -96,8 +97,9 @@ def start_service(
     cfg.write_text(yaml.safe_dump(doc))
     log = (tmp / "cp.log").open("ab")
     wrap = [str(ROOT / "bench" / "cp_profile.py"), profile] if profile else []
-    proc = subprocess.Popen([sys.executable, *wrap, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    proc = subprocess.Popen([sys.executable, *wrap, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=code,
+                            stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def up():

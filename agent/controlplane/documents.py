@@ -28,7 +28,7 @@ def store(session: Session, device: Device, public_key, kind: str, doc: dict[str
     if same is not None:
         return False, _answer(device.device_id, kind, same, stored=False)
     seq, ts = freshness.stamp(doc, now)
-    freshness.check(session, device, kind, seq)
+    mark = freshness.check(session, device, kind, seq)
     body = {k: v for k, v in doc.items() if k != "sig"}
     if kind == DECISION and "attestations" in body:  # kept with the verdict of each (docs/evidence.md)
         body["attestations"] = attestations.verify_embedded(public_key, device.device_id, body["attestations"])
@@ -46,8 +46,8 @@ def store(session: Session, device: Device, public_key, kind: str, doc: dict[str
         device_id=device.device_id, kind=kind, model=model, version=version, doc=body, ts=now, seq=seq, digest=sha
     )
     session.add(row)
+    freshness.advance(session, device, kind, (seq, sha, ts), now, mark)  # one flush with the row
     matrix.record(session, row)  # the row the fleet evidence matrix aggregates
-    freshness.advance(session, device, kind, seq, sha, ts, now)
     return True, _answer(device.device_id, kind, row, stored=True)
 
 

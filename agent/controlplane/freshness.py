@@ -74,13 +74,13 @@ def _mark(session: Session, device: Device, kind: str) -> DocumentMark | None:
     return session.scalars(stmt.with_for_update()).first()
 
 
-def check(session: Session, device: Device, kind: str, seq: int | None) -> None:
-    """Stale unless `seq` is above the device's mark for `kind` (see the module's rules). Duplicates are found
-    before this (`duplicate`)."""
+def check(session: Session, device: Device, kind: str, seq: int | None) -> DocumentMark | None:
+    """Stale unless `seq` is above the device's mark for `kind` (see the module's rules); returns the mark (locked;
+    None: the device has none yet), for `advance`. Duplicates are found before this (`duplicate`)."""
     mark = _mark(session, device, kind)
     live = mark if mark is not None and mark.key_id == device.key_id else None
     if live is None:
-        return
+        return mark
     who = f"{device.device_id}'s {kind} documents"
     if seq is None:
         raise Stale(f"seq: missing; {who} carry a seq (highest seen {live.seq}): an unsequenced one is refused")
@@ -88,13 +88,16 @@ def check(session: Session, device: Device, kind: str, seq: int | None) -> None:
         raise Stale(f"seq: {seq} is older than {who} already stored (highest seen {live.seq}): a replay, refused")
     if seq == live.seq:
         raise Stale(f"seq: {seq} was already signed for another of {who} (highest seen {live.seq}): refused")
+    return mark
 
 
-def advance(session: Session, device: Device, kind: str, seq: int | None, sha: str, ts: float | None, now: float):
-    """Raise the mark to `seq` (after check(): it is above the mark or the mark is of an older key)."""
+def advance(session: Session, device: Device, kind: str, doc: tuple[int | None, str, float | None], now: float,
+            mark: DocumentMark | None) -> None:  # fmt: skip
+    """Raise the mark to the document's (seq, digest, ts): `mark` is what check() returned (the seq is above it, or
+    it is of an older key; None: the device has none yet, a row is added)."""
+    seq, sha, ts = doc
     if seq is None:
         return
-    mark = session.get(DocumentMark, (device.device_id, kind))
     if mark is None:
         session.add(
             DocumentMark(

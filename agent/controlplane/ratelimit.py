@@ -50,42 +50,76 @@ class InProcessLimiter:
 
 
 class DbLimiter:
-    """Token buckets in the `rate_buckets` table, one row-locked transaction per take (the database's rows are
-    shared by every replica); buckets idle for an hour are deleted now and then (one refilled anyway)."""
+    """Token buckets in the `rate_buckets` table (its rows are shared by every replica). A take is one statement: an
+    upsert that refills the bucket and takes a token only where one is there (the row locked for that statement
+    alone), on a connection of the limiter's own in autocommit: no pool checkout, no BEGIN and COMMIT, no ORM per
+    take (each request to the intake takes twice, so this is on every enrollment's and document's path). A
+    refused take reads the bucket once more for its wait. Buckets idle for an hour are deleted now and then."""
 
     PRUNE_EVERY = 1000
+    _REFILLED = "LEAST(:burst, b.tokens + GREATEST(0, :now - b.at) * :rate)"
+    TAKE = (
+        "INSERT INTO rate_buckets AS b (bucket, tokens, at) VALUES (:bucket, :burst - 1, :now) "
+        f"ON CONFLICT (bucket) DO UPDATE SET tokens = {_REFILLED} - 1, at = :now WHERE {_REFILLED} >= 1 "
+        "RETURNING b.tokens"
+    )
+    READ = "SELECT tokens, at FROM rate_buckets WHERE bucket = :bucket"
+    PRUNE = "DELETE FROM rate_buckets WHERE at < :cut"
 
     def __init__(self, factory, clock=time.time):
-        self.factory, self.clock = factory, clock
+        from sqlalchemy import text
+
+        self.engine, self.clock = factory.kw["bind"], clock
+        self._sql = {k: text(getattr(self, k)) for k in ("TAKE", "READ", "PRUNE")}
         self._takes = 0
+        self._conn = None
+        self._lock = threading.Lock()
 
     def take(self, bucket: str, per_minute: float, burst: int) -> float:
-        from sqlalchemy import delete
-        from sqlalchemy.exc import IntegrityError
-
-        from agent.controlplane.db import write
-        from agent.controlplane.shared_models import RateBucket
-
         if len(bucket) > 200:
             bucket = "sha256:" + hashlib.sha256(bucket.encode()).hexdigest()
-        self._takes += 1
-        for _ in range(3):  # two replicas making the same new bucket at once: the loser reads the winner's row
-            now, rate = self.clock(), per_minute / 60.0
-            try:
-                with write(self.factory) as s:
-                    if self._takes % self.PRUNE_EVERY == 0:
-                        s.execute(delete(RateBucket).where(RateBucket.at < now - 3600))
-                    row = s.get(RateBucket, bucket, with_for_update=True)
-                    if row is None:
-                        row = RateBucket(bucket=bucket, tokens=float(burst), at=now)
-                        s.add(row)
-                    tokens = min(float(burst), row.tokens + max(0.0, now - row.at) * rate)
-                    wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / rate
-                    row.tokens, row.at = (tokens - 1.0 if wait == 0.0 else tokens), now
-                return wait
-            except IntegrityError:
-                continue
+        rate = per_minute / 60.0
+        with self._lock:
+            self._takes += 1
+            if self._takes % self.PRUNE_EVERY == 0:
+                self._run("PRUNE", {"cut": self.clock() - 3600})
+            for _ in range(3):  # a refill between the refused take and its read: take again
+                now = self.clock()
+                if self._run("TAKE", {"bucket": bucket, "burst": burst, "now": now, "rate": rate}) is not None:
+                    return 0.0
+                got = self._run("READ", {"bucket": bucket})
+                if got is not None:  # not taken: the bucket as it is now (a refused take changes nothing)
+                    tokens = min(float(burst), got[0] + max(0.0, now - got[1]) * rate)
+                    if tokens < 1.0:
+                        return (1.0 - tokens) / rate
         return 0.0
+
+    def _run(self, name: str, params: dict):
+        """Statement `name`'s first row (or None), on the limiter's connection; a dropped connection (the database
+        restarted) is opened again once."""
+        from sqlalchemy.exc import DBAPIError, OperationalError
+
+        from agent.controlplane.db import storage_error
+
+        for attempt in (1, 2):
+            try:
+                if self._conn is None:
+                    self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                got = self._conn.execute(self._sql[name], params)
+                return got.first() if got.returns_rows else None
+            except DBAPIError as exc:
+                self.close()
+                if attempt == 2 or not exc.connection_invalidated:
+                    raise (storage_error(exc) if isinstance(exc, OperationalError) else exc) from None
+        return None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a connection already gone
+                pass
 
 
 def shared_limiter(factory, engine) -> RateLimiter:
