@@ -22,7 +22,8 @@ process. Measured, in this order:
                rollout)
   decisions    signed decision records posted by 8 threads for distinct devices: records/s, and the service's
                CPU per record (1000 / that = records/s one free core would take)
---until pages stops after the first overview and list figures, --until vacuum after the second (autovacuumed); --profile DIR runs the service under cProfile in
+--until pages stops after the first overview and list figures, --until vacuum after the second (autovacuumed),
+--until decisions after the decision records (no rollout); --profile DIR runs the service under cProfile in
 every thread (bench/cp_profile.py) and leaves DIR/cp-N.pstats
   rollout      canary 1 %, waves of 25 %: for each wave, the seconds from its last device's commit report to the
                next wave's first desired state (the last wave: to the rollout's end), and the convergence time
@@ -363,6 +364,9 @@ def one_size(n: int, pg_base: str, broker, tmp: Path, args: argparse.Namespace) 
         count = min(n, 2000)
         out["decisions_per_s"] = round(post_decisions(url, fleet, count), 1)
         out["decision_cpu_ms"] = round((cpu_s(proc.pid) - c3) / count * 1000, 2)
+        if args.until == "decisions":
+            fleet.stop()
+            return out
         out["rollout"] = rollout(url, h, db_url, fleet, n, tmp)
         out["decided_max_s"] = max(out["rollout"]["decided_after_wave_s"])
         out["converged_s"] = out["rollout"]["converged_s"]
@@ -380,9 +384,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument(
         "--until",
-        choices=("pages", "vacuum", "rollout"),
+        choices=("pages", "vacuum", "decisions", "rollout"),
         default="rollout",
-        help="pages: stop after the first overview and list figures; vacuum: after those once autovacuum ran",
+        help="pages: stop after the first overview and list figures; vacuum: after those once autovacuum ran; "
+        "decisions: after the decision records",
     )
     ap.add_argument(
         "--enroll",
