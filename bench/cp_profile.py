@@ -4,24 +4,28 @@
 
     .venv/bin/python bench/cp_profile.py OUT.pstats -m agent control-plane --config CFG
 
-Used by bench/cp_scale.py --profile; read the result with `python -m pstats OUT.pstats` (sort cumtime, stats 40).
+Used by bench/cp_scale.py --profile and bench/cp_ops.py --profile; read the result with `python -m pstats
+OUT.pstats` (sort cumtime, stats 40). Times are wall time per thread (a wait for the database counts); with
+EDGE_PROFILE_CPU=1 in the environment they are each thread's CPU time instead (where the service's CPU goes).
 """
 
 from __future__ import annotations
 
 import atexit
 import cProfile
+import os
 import pstats
 import runpy
 import sys
 import threading
+import time
 
 PROFILES: list[cProfile.Profile] = []
 LOCK = threading.Lock()
 
 
 def _start_in_thread(*_args) -> None:
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time) if os.environ.get("EDGE_PROFILE_CPU") == "1" else cProfile.Profile()
     with LOCK:
         PROFILES.append(prof)
     prof.enable()  # replaces this hook for the thread: cProfile from here on

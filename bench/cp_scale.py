@@ -22,7 +22,8 @@ process. Measured, in this order:
                rollout)
   decisions    signed decision records posted by 8 threads for distinct devices: records/s, and the service's
                CPU per record (1000 / that = records/s one free core would take)
---until pages stops after the first overview and list figures, --until vacuum after the second (autovacuumed); --profile DIR runs the service under cProfile in
+--until pages stops after the first overview and list figures, --until vacuum after the second (autovacuumed),
+--until decisions after the decision records (no rollout); --profile DIR runs the service under cProfile in
 every thread (bench/cp_profile.py) and leaves DIR/cp-N.pstats
   rollout      canary 1 %, waves of 25 %: for each wave, the seconds from its last device's commit report to the
                next wave's first desired state (the last wave: to the rollout's end), and the convergence time
@@ -82,8 +83,9 @@ def wait(what: str, check, timeout: float, every: float = 0.2):
 
 
 def start_service(
-    tmp: Path, db_url: str, broker_url: str, signing_key: Path, profile: str = ""
+    tmp: Path, db_url: str, broker_url: str, signing_key: Path, profile: str = "", code: Path = ROOT
 ) -> tuple[subprocess.Popen, str, str]:
+    """The service from `code`'s agent package (bench/cp_ops.py runs other commits' trees)."""
     import httpx
     import yaml
     from brokers import free_port
@@ -96,8 +98,9 @@ def start_service(
     cfg.write_text(yaml.safe_dump(doc))
     log = (tmp / "cp.log").open("ab")
     wrap = [str(ROOT / "bench" / "cp_profile.py"), profile] if profile else []
-    proc = subprocess.Popen([sys.executable, *wrap, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    proc = subprocess.Popen([sys.executable, *wrap, "-m", "agent", "control-plane", "--config", str(cfg)], cwd=code,
+                            stdout=log, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
 
     def up():
@@ -361,6 +364,9 @@ def one_size(n: int, pg_base: str, broker, tmp: Path, args: argparse.Namespace) 
         count = min(n, 2000)
         out["decisions_per_s"] = round(post_decisions(url, fleet, count), 1)
         out["decision_cpu_ms"] = round((cpu_s(proc.pid) - c3) / count * 1000, 2)
+        if args.until == "decisions":
+            fleet.stop()
+            return out
         out["rollout"] = rollout(url, h, db_url, fleet, n, tmp)
         out["decided_max_s"] = max(out["rollout"]["decided_after_wave_s"])
         out["converged_s"] = out["rollout"]["converged_s"]
@@ -378,9 +384,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument(
         "--until",
-        choices=("pages", "vacuum", "rollout"),
+        choices=("pages", "vacuum", "decisions", "rollout"),
         default="rollout",
-        help="pages: stop after the first overview and list figures; vacuum: after those once autovacuum ran",
+        help="pages: stop after the first overview and list figures; vacuum: after those once autovacuum ran; "
+        "decisions: after the decision records",
     )
     ap.add_argument(
         "--enroll",

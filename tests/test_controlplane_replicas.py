@@ -112,6 +112,33 @@ def test_sessions_and_rate_limits_are_shared_through_the_database(pg):
         e2.dispose()
 
 
+def test_two_rate_buckets_taken_in_one_statement_keep_their_order(pg):
+    """A device's post takes its address's bucket, then the device's (DbLimiter.take_all, one statement): a
+    refused address takes nothing from the device; a refused device has spent the address's token (as two takes
+    one after the other would), and the wait is the refused bucket's own."""
+    from agent.controlplane import db
+    from agent.controlplane.ratelimit import DbLimiter
+
+    engine = _engine(pg)
+    try:
+        lim, clock = DbLimiter(db.sessions(engine)), [1000.0]
+        lim.clock = lambda: clock[0]
+        assert lim.take_all([("addr:a", 60.0, 1), ("key:d", 60.0, 5)]) == (-1, 0.0)
+        i, wait = lim.take_all([("addr:a", 60.0, 1), ("key:d", 60.0, 5)])
+        assert i == 0 and wait == pytest.approx(1.0)  # the address's burst of 1 is spent: 1 s to its next token
+        assert [lim.take("key:d", 60.0, 5) for _ in range(5)][:4] == [0.0] * 4  # 4 left: the refusal took none
+        assert lim.take("key:d", 60.0, 5) > 0.0
+        assert lim.take_all([("addr:b", 60.0, 10), ("key:e", 6.0, 1)]) == (-1, 0.0)
+        i, wait = lim.take_all([("addr:b", 60.0, 10), ("key:e", 6.0, 1)])
+        assert i == 1 and wait == pytest.approx(10.0)  # the device's bucket: one token per 10 s
+        assert [lim.take("addr:b", 60.0, 10) for _ in range(9)] == [0.0] * 8 + [pytest.approx(1.0)]  # 2 spent
+        clock[0] += 10.0  # the device's token is back (and the address refilled)
+        assert lim.take_all([("addr:b", 60.0, 10), ("key:e", 6.0, 1)]) == (-1, 0.0)
+        lim.close()
+    finally:
+        engine.dispose()
+
+
 def test_replicas_starting_at_once_migrate_once_and_make_one_admin_token(pg, tmp_path):
     from agent.controlplane.service import ControlPlane
     from agent.controlplane.settings import parse

@@ -232,6 +232,7 @@ async def _signed_doc(request: Request, response: Response, device_id: str, kind
 
 
 _SQLITE_WRITER = threading.Lock()
+_SIGNER_ONLY = [defer(Device.status), defer(Device.hardware)]  # a document's device: its key and state, built once
 
 
 def _store_signed(ctx, device_id: str, kind: str, doc: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
@@ -241,7 +242,7 @@ def _store_signed(ctx, device_id: str, kind: str, doc: dict[str, Any]) -> tuple[
 
     one_writer = _SQLITE_WRITER if ctx.engine.dialect.name == "sqlite" else contextlib.nullcontext()
     with one_writer, write(ctx.factory) as s:  # SQLite: one writer at a time (no lock upgrade deadlock)
-        row = s.get(Device, device_id, options=[defer(Device.status), defer(Device.hardware)])
+        row = s.get(Device, device_id, options=_SIGNER_ONLY)
         if row is None or row.state != "accepted":  # one answer: unknown and pending are not told apart
             raise HTTPException(403, f"device_id: {device_id} is not an accepted device")
         key = parse_public_key(row.public_key, where=f"key of {device_id}")

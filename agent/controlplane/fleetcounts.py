@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any, cast
 
-from sqlalchemy import Table, delete, event, func, inspect, select
+from sqlalchemy import Table, bindparam, delete, event, func, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
@@ -39,22 +39,42 @@ def _touched(session: Session) -> set[str]:
     return {i for i in ids if i is not None}
 
 
-def _read(conn: Connection, ids: list[str], lock: bool) -> dict[str, tuple]:
-    t = Device.__table__
-    out: dict[str, tuple] = {}
-    for i in range(0, len(ids), CHUNK):
-        stmt = select(t.c.device_id, *(t.c[k] for k in KEY)).where(t.c.device_id.in_(ids[i : i + CHUNK]))
+_READS: dict[bool, Any] = {}  # lock -> the columns' select, built once (device ids bound as a list)
+
+
+def _reader(lock: bool) -> Any:
+    if lock not in _READS:
+        t = Device.__table__
+        stmt = select(t.c.device_id, *(t.c[k] for k in KEY)).where(t.c.device_id.in_(bindparam("ids", expanding=True)))
         if lock:  # nobody else changes these rows until this transaction ends (PostgreSQL; SQLite has one writer)
             stmt = stmt.order_by(t.c.device_id).with_for_update()
-        out.update({r[0]: tuple(r[1:-1]) + (bool(r[-1]),) for r in conn.execute(stmt)})
+        _READS[lock] = stmt
+    return _READS[lock]
+
+
+def _read(conn: Connection, ids: list[str], lock: bool) -> dict[str, tuple]:
+    out: dict[str, tuple] = {}
+    for i in range(0, len(ids), CHUNK):
+        got = conn.execute(_reader(lock), {"ids": ids[i : i + CHUNK]})
+        out.update({r[0]: tuple(r[1:-1]) + (bool(r[-1]),) for r in got})
     return out
+
+
+def _created(session: Session) -> set[str]:
+    """Devices this flush inserts that had no row (pending, and no row of the same id deleted in this flush)."""
+    gone = {o.device_id for o in session.deleted if isinstance(o, Device)}
+    new = {o.device_id for o in session.new if isinstance(o, Device)}
+    return {i for i in new if i is not None and i not in gone}
 
 
 def before_flush(session: Session) -> None:
     """Devices this flush changes that the transaction had not changed yet: their columns as they are now,
-    row-locked (one query per 500, whatever the number of flushes; an intake batch flushes once)."""
+    row-locked (one query per 500, whatever the number of flushes; an intake batch flushes once). A device this
+    flush inserts had none (nothing to read: an enrollment's insert costs no query here)."""
     ids = _touched(session)
     before: dict[str, tuple | None] = session.info.setdefault(_BEFORE, {})
+    created = _created(session) - before.keys()
+    before.update(dict.fromkeys(created))
     fresh = sorted(ids - before.keys())
     if fresh:
         got = _read(session.connection(), fresh, lock=True)
@@ -84,15 +104,26 @@ def forget(session: Session) -> None:
     session.info.pop(_BEFORE, None)
 
 
+_UPSERTS: dict[str, Any] = {}  # dialect name -> the count's upsert, built once (bound by name)
+
+
+def _upsert(dialect: str) -> Any:
+    if dialect not in _UPSERTS:
+        t = cast(Table, FleetCount.__table__)
+        ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(t)
+        _UPSERTS[dialect] = ins.on_conflict_do_update(
+            index_elements=[t.c.key], set_={"devices": t.c.devices + ins.excluded.devices}
+        )
+    return _UPSERTS[dialect]
+
+
 def add(conn: Connection, delta: dict[tuple, int]) -> None:
     """Add `delta` ({combination: devices}) to fleet_counts, in key order (two writers lock rows in one order);
     a combination no device has any more is removed."""
     t = cast(Table, FleetCount.__table__)
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     keyed = sorted((key_hash(k), k, n) for k, n in delta.items())
     for h, k, n in keyed:
-        stmt = insert(t).values(key=h, devices=n, **dict(zip(KEY, k)))
-        conn.execute(stmt.on_conflict_do_update(index_elements=[t.c.key], set_={"devices": t.c.devices + n}))
+        conn.execute(_upsert(conn.dialect.name), {"key": h, "devices": n, **dict(zip(KEY, k))})
     if any(n < 0 for _, _, n in keyed):
         gone = [h for h, _, n in keyed if n < 0]
         conn.execute(delete(t).where(t.c.key.in_(gone), t.c.devices <= 0))

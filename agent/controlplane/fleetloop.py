@@ -129,7 +129,7 @@ class FleetLoop:
         if statuses:
             alerts_cfg = self.settings.alerts
             statusintake.ingest(
-                self.factory, self.settings.limits, statuses, lambda s, dev, st: _device_alerts(s, dev, st, alerts_cfg)
+                self.factory, self.settings.limits, statuses, lambda s, kept: _device_alerts(s, kept, alerts_cfg)
             )
 
     # -- rollouts ------------------------------------------------------------------------------------------
@@ -243,12 +243,20 @@ class FleetLoop:
         self._engine(row).republish()
 
 
-def _device_alerts(s: Session, dev: str, status: dict, cfg) -> None:
-    """A stored status raises or clears the device's rolled-back and not-judged alerts (never stops ingestion)."""
+def _device_alerts(s: Session, kept: dict[str, dict], cfg) -> None:
+    """Stored statuses raise or clear their devices' rolled-back and not-judged alerts (never stops ingestion);
+    the batch's active alerts read in one query."""
     try:
-        alerts.on_status(s, dev, status, time.time(), cfg)
+        active = alerts.active_device_alerts(s, sorted(kept))
     except Exception:  # noqa: BLE001 - an alert is never worth a device's status
-        log.exception("fleet loop: alerts of %s not updated", dev)
+        log.exception("fleet loop: alerts of %d devices not updated", len(kept))
+        return
+    now = time.time()
+    for dev, status in kept.items():
+        try:
+            alerts.on_status(s, dev, status, now, cfg, active.get(dev, []))
+        except Exception:  # noqa: BLE001 - an alert is never worth a device's status
+            log.exception("fleet loop: alerts of %s not updated", dev)
 
 
 def _reason(request: str) -> str:

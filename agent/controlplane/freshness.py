@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from agent.controlplane.models import Device, DeviceDocument, DocumentMark
+from agent.controlplane.models import Device, DocumentMark
 from agent.controlplane.repo import Conflict
 from agent.errors import EdgeAgentError
 
@@ -44,14 +44,6 @@ def digest(doc: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def duplicate(session: Session, device_id: str, kind: str, sha: str) -> DeviceDocument | None:
-    """The row stored from exactly this document, when there is one."""
-    stmt = select(DeviceDocument).where(
-        DeviceDocument.device_id == device_id, DeviceDocument.kind == kind, DeviceDocument.digest == sha
-    )
-    return session.scalars(stmt.limit(1)).first()
-
-
 def stamp(doc: dict[str, Any], now: float) -> tuple[int | None, float | None]:
     """The document's (seq, ts), checked: BadStamp names the field."""
     seq, ts = doc.get("seq"), doc.get("ts")
@@ -68,16 +60,17 @@ def stamp(doc: dict[str, Any], now: float) -> tuple[int | None, float | None]:
     return seq, (float(ts) if ts is not None else None)
 
 
-def _mark(session: Session, device: Device, kind: str) -> DocumentMark | None:
-    """The device's mark for `kind`, locked for this transaction (PostgreSQL: FOR UPDATE; SQLite: one writer)."""
+def lock(session: Session, device: Device, kind: str) -> DocumentMark | None:
+    """The device's mark for `kind`, locked for this transaction (PostgreSQL: FOR UPDATE; SQLite: one writer):
+    taken before the device's stored documents are read, so two posts of one device are judged one after the
+    other."""
     stmt = select(DocumentMark).where(DocumentMark.device_id == device.device_id, DocumentMark.kind == kind)
     return session.scalars(stmt.with_for_update()).first()
 
 
-def check(session: Session, device: Device, kind: str, seq: int | None) -> None:
-    """Stale unless `seq` is above the device's mark for `kind` (see the module's rules). Duplicates are found
-    before this (`duplicate`)."""
-    mark = _mark(session, device, kind)
+def check(device: Device, kind: str, seq: int | None, mark: DocumentMark | None) -> None:
+    """Stale unless `seq` is above the device's mark for `kind` (`lock`'s; see the module's rules). A duplicate is
+    answered before this (agent.controlplane.documents)."""
     live = mark if mark is not None and mark.key_id == device.key_id else None
     if live is None:
         return
@@ -90,11 +83,13 @@ def check(session: Session, device: Device, kind: str, seq: int | None) -> None:
         raise Stale(f"seq: {seq} was already signed for another of {who} (highest seen {live.seq}): refused")
 
 
-def advance(session: Session, device: Device, kind: str, seq: int | None, sha: str, ts: float | None, now: float):
-    """Raise the mark to `seq` (after check(): it is above the mark or the mark is of an older key)."""
+def advance(session: Session, device: Device, kind: str, doc: tuple[int | None, str, float | None], now: float,
+            mark: DocumentMark | None) -> None:  # fmt: skip
+    """Raise the mark to the document's (seq, digest, ts): `mark` is lock()'s, passed by check() (the seq is above
+    it, or it is of an older key; None: the device has none yet, a row is added)."""
+    seq, sha, ts = doc
     if seq is None:
         return
-    mark = session.get(DocumentMark, (device.device_id, kind))
     if mark is None:
         session.add(
             DocumentMark(

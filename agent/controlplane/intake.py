@@ -20,9 +20,11 @@ async def read_document(request: Request, kind: str) -> dict[str, Any]:
     cp = request.app.state.cp
     lim = cp.settings.limits
     try:
-        cp.guard.address(request.client.host if request.client else None)
-        if "device_id" in request.path_params:
-            cp.guard.key(f"device:{request.path_params['device_id']}", f"device {request.path_params['device_id']}")
+        address = request.client.host if request.client else None
+        if "device_id" in request.path_params:  # the address's bucket, then the device's, in one take
+            cp.guard.device_post(address, request.path_params["device_id"])
+        else:
+            cp.guard.address(address)
         doc = limits.loads(await request.body(), lim)
         docschema.check(kind, doc, lim.hardware_bytes)
         if kind == "enroll" and isinstance(doc.get("public_key"), str):

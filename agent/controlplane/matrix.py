@@ -6,9 +6,10 @@ records themselves."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Integer, case, func, select
+from sqlalchemy import Integer, Table, case, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from agent.controlplane.models import ACCEPTED, Device, DeviceDocument
@@ -63,23 +64,33 @@ def figures(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_KEY = ("device_id", "model", "version")
+_UPSERTS: dict[str, Any] = {}  # dialect name -> the evidence row's upsert, built once (bound by name)
+
+
+def _upsert(dialect: str) -> Any:
+    if dialect not in _UPSERTS:
+        t = cast(Table, EvidenceRow.__table__)
+        ins = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(t)
+        _UPSERTS[dialect] = ins.on_conflict_do_update(
+            index_elements=[t.c[k] for k in _KEY],
+            set_={c.name: ins.excluded[c.name] for c in t.c if c.name not in _KEY},
+            where=t.c.ts <= ins.excluded.ts,  # a newer record kept already stays
+        ).returning(t.c.doc_id)
+    return _UPSERTS[dialect]
+
+
 def record(s: Session, row: DeviceDocument) -> bool:
     """Keep the evidence row of a stored decision record (the newest record of a device's version wins); False
-    when the record says nothing the matrix keeps (not an object) or a newer one is kept already."""
+    when the record says nothing the matrix keeps (not an object) or a newer one is kept already. One upsert (the
+    record's own row flushed first for its id), never a read of the evidence row: this runs for every record."""
     if row.kind != "decision" or not row.model or not row.version or not isinstance(row.doc, dict):
         return False
     if row.id is None:
         s.flush()
-    found = s.get(EvidenceRow, (row.device_id, row.model, row.version))
-    if found is not None and found.ts > row.ts:
-        return False
-    if found is None:
-        found = EvidenceRow(device_id=row.device_id, model=row.model, version=row.version)
-        s.add(found)
-    found.doc_id, found.ts = row.id, row.ts
-    for k, v in figures(row.doc).items():
-        setattr(found, k, v)
-    return True
+    values = {"device_id": row.device_id, "model": row.model, "version": row.version, "doc_id": row.id,
+              "ts": row.ts, **figures(row.doc)}  # fmt: skip
+    return s.execute(_upsert(s.get_bind().dialect.name), values).first() is not None
 
 
 def backfill(s: Session, limit: int = 500) -> int:

@@ -188,24 +188,6 @@ def documents(session: Session, device_id: str, kind: str, limit: int = 20) -> l
     return rows
 
 
-def replace_document(
-    session: Session, device_id: str, kind: str, model: str | None, version: str | None, deployment_id: Any
-) -> None:
-    """A device posts a deployment's decision record again when it grew (shadow, probation figures, the trial's
-    attestation): the newer copy replaces the one of the same deployment, so each deployment has one record."""
-    if not isinstance(deployment_id, str):
-        return
-    same = select(DeviceDocument).where(
-        DeviceDocument.device_id == device_id,
-        DeviceDocument.kind == kind,
-        DeviceDocument.model == model,
-        DeviceDocument.version == version,
-    )
-    for old in session.scalars(same).all():
-        if isinstance(old.doc, dict) and old.doc.get("deployment_id") == deployment_id:
-            session.delete(old)
-
-
 def device_dict(row: Device, full: bool = False) -> dict[str, Any]:
     """A device as listed and shown; what it supplied (hardware, status) is checked again as read, a bad field
     blanked and named under "invalid" (docschema)."""

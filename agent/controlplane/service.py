@@ -94,6 +94,8 @@ class ControlPlane:
         self.alerts.stop()
         if self.role is not None:
             self.role.stop()
+        if (close := getattr(self.guard.limiter, "close", None)) is not None:
+            close()  # the database limiter's own connection
         self.engine.dispose()
 
     def registry_changed(self, *device_ids: str) -> None:

@@ -37,7 +37,8 @@ def unfit(doc: dict, limits) -> str | None:
 
 def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict], on_kept=None) -> int:
     """Keep each verified status of an accepted device (one write transaction); returns how many were kept.
-    `on_kept(session, device_id, status)` runs in the same transaction for each status kept (alerts)."""
+    `on_kept(session, {device_id: status})` runs in the same transaction for each batch of statuses kept
+    (alerts: one read of the batch's alerts, not one per status)."""
     verified = {d: doc for d, doc in statuses.items() if doc.get("trust") == "verified"}
     if not verified:
         return 0  # only verified reports change anything
@@ -46,11 +47,11 @@ def ingest(factory: sessionmaker[Session], limits, statuses: dict[str, dict], on
     with write(factory) as s, s.no_autoflush:  # one flush per batch, not one per device's alert lookup
         for i in range(0, len(ids), BATCH):
             stmt = select(Device).where(Device.device_id.in_(ids[i : i + BATCH]), Device.state == ACCEPTED)
-            for row in s.scalars(stmt.options(defer(Device.status), defer(Device.public_key))).all():
-                if _keep(row, verified[row.device_id], limits):
-                    kept += 1
-                    if on_kept is not None:
-                        on_kept(s, row.device_id, row.status)
+            rows = s.scalars(stmt.options(defer(Device.status), defer(Device.public_key))).all()
+            batch = {row.device_id: row.status for row in rows if _keep(row, verified[row.device_id], limits)}
+            kept += len(batch)
+            if on_kept is not None and batch:
+                on_kept(s, batch)
             s.flush()
     return kept
 
