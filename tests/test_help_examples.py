@@ -1,7 +1,9 @@
 """Every `--help` example runs as printed (issue 37, 5): each example line of every command's help, pasted into
 the directory scripts/quickstart.sh leaves (keys/, cp-store/ with the device registered, agent.yaml of device
 quickstart-device in group quickstart, pkg/ holding sample-tiny 1) plus pkg-2/ (sample-tiny 2) and cp.yaml for
-the control plane, exits 0.
+the control plane, exits 0, each example in a directory and HOME of its own. A conformance example's HOME has
+onnx's node cases in its cache, as after any earlier conformance run (they depend only on the installed onnx,
+numpy, ml_dtypes and Python: generating them again per example only repeated the same 10-20 s).
 Examples that talk to a broker or a service run against ones this test starts (`mqtt://broker:1883` and
 `http://cp:8470` are the test's own); long-running ones (run, fleet serve, fleet simulate, control-plane) must
 still run after a while and stop cleanly on SIGTERM; the fleet examples run in an operator's order against a
@@ -136,6 +138,44 @@ def _workspace(dest: Path, broker_url: str) -> Path:
     return dest
 
 
+@pytest.fixture(scope="module")
+def node_cases(tmp_path_factory) -> Path:
+    """onnx's node-case cache file, made once: this user's own when an earlier run kept it (the core lane's
+    tests/test_conformance.py does), else generated here into a private directory."""
+    from agent.conformance import nodecache
+
+    root = tmp_path_factory.mktemp("node-cases")
+    root.chmod(0o700)
+    kept = nodecache.cache_file()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EDGE_AGENT_CACHE_DIR", str(root))
+        name = nodecache.cache_file()
+        assert name is not None
+        if kept is not None and kept.is_file():
+            shutil.copy2(kept, name)
+        else:
+            gen = "from agent.conformance.node import load_cases; load_cases()"
+            subprocess.run([sys.executable, "-c", gen], env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert name.is_file(), name
+    return name
+
+
+def _seed(work: Path, cases: Path) -> None:
+    """Put the node-case cache where an example run in `work` looks for it (its HOME, unless the environment
+    names another cache directory), private as agent.conformance.nodecache requires."""
+    env = _env(work)
+    root = Path(
+        env.get("EDGE_AGENT_CACHE_DIR")
+        or Path(env.get("XDG_CACHE_HOME") or Path(env["HOME"]) / ".cache") / "edge-agent"
+    )
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not (root / cases.name).exists():
+        try:
+            os.link(cases, root / cases.name)
+        except OSError:
+            shutil.copy2(cases, root / cases.name)
+
+
 def _env(work: Path, probation_s: str = "1") -> dict[str, str]:
     return {
         **os.environ,
@@ -188,8 +228,10 @@ def test_every_example_is_collected_and_classified():
 
 
 @pytest.mark.parametrize("line", [e for e in examples() if _kind(e) == "offline"])
-def test_offline_example_runs_as_printed(line, tmp_path, broker):
+def test_offline_example_runs_as_printed(line, tmp_path, broker, request):
     work = _workspace(tmp_path / "qs", broker.url)
+    if line.startswith("edge-agent conformance "):
+        _seed(work, request.getfixturevalue("node_cases"))
     r = _shell(line, work, {})
     assert r.returncode == 0, (line, r.stdout[-3000:], r.stderr[-3000:])
 
