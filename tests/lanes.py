@@ -43,7 +43,7 @@ SYSTEM = frozenset(
         "test_controlplane_observe",
         "test_controlplane_operator",  # issue 37 done-when: 20 simulated devices run from the browser
         "test_rollout_recall",
-        "test_help_examples",  # every --help example against a live daemon, broker and service (6 min)
+        "test_help_examples",  # every --help example against a live daemon, broker and service (8-11 min serial)
         "test_evidence_sim",
         "test_fleet_outcome",
         "test_fleet_push",
