@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.generative.rowstats import pct, peak_rss, prompt_of
+from agent.generative.rowstats import measured_row, pct, prompt_of
 
 HINTS: dict[str, dict[str, str]] = {
     "fp32": {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"},
@@ -153,18 +153,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     pipeline_next = [_next_tokens(ov, pipe, seq, len(p)) for seq, p in zip(held, prompts, strict=True)]
     max_length = int(spec["max_length"])
     full = _greedy(ov, pipe, seed[:1], max_length - 1, ignore_eos=True)  # the KV cache at max_length
-    peak, peak_source = peak_rss()
     return {
-        "status": "measured",
-        "load_s": load_s,
-        "ttft_ms": ttft,
-        "tpot_ms": tpot,
-        "prompts": prompts,
-        "greedy": greedy,
-        "held": held,
-        "peak_rss_bytes": peak,
-        "peak_rss_source": peak_source,
-        "kv_tokens_at_peak": 1 + len(full),
+        **measured_row(load_s, ttft, tpot, prompts, greedy, held, 1 + len(full)),
         "compiled_with": _compiled_with(compiled),
         "fidelity_measure": MEASURE,
         "pipeline_next": pipeline_next,

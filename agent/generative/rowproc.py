@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.generative.rowstats import pct, peak_rss, prompt_of
+from agent.generative.rowstats import measured_row, pct, prompt_of
 
 
 def _model(og: Any, model_dir: str, provider: str) -> Any:
@@ -118,18 +118,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     for k, seq in enumerate(held):
         np.save(out_dir / f"held_{k}.npy", _teacher_forced(og, model, seq, max_length))
     full = _greedy(og, model, seed[:1], max_length, max_length, max_length)  # no early stop: the KV cache at max
-    peak, peak_source = peak_rss()
     return {
-        "status": "measured",
-        "load_s": load_s,
-        "ttft_ms": ttft,
-        "tpot_ms": tpot,
-        "prompts": prompts,
-        "greedy": greedy,
-        "held": held,
-        "peak_rss_bytes": peak,
-        "peak_rss_source": peak_source,
-        "kv_tokens_at_peak": 1 + len(full),
+        **measured_row(load_s, ttft, tpot, prompts, greedy, held, 1 + len(full)),
         "versions": {"onnxruntime-genai": str(og.__version__)},
     }
 

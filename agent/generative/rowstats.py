@@ -22,6 +22,26 @@ def peak_rss() -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "ru_maxrss"
 
 
+def measured_row(
+    load_s: float, ttft: Any, tpot: Any, prompts: list[list[int]], greedy: list[list[int]], held: Any, kv_tokens: int
+) -> dict[str, Any]:
+    """What every runtime's row process reports once it measured (its peak RSS read now, after the generation to
+    max_length), before its own keys."""
+    peak, peak_source = peak_rss()
+    return {
+        "status": "measured",
+        "load_s": load_s,
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "prompts": prompts,
+        "greedy": greedy,
+        "held": held,
+        "peak_rss_bytes": peak,
+        "peak_rss_source": peak_source,
+        "kv_tokens_at_peak": kv_tokens,
+    }
+
+
 def prompt_of(seed: list[int], n: int) -> list[int]:
     reps = -(-n // max(1, len(seed)))
     return (seed * reps)[:n]
