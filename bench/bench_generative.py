@@ -6,7 +6,11 @@ the package's fp32 row is served).
       first generate_next_token) and
   (2) time per further token: a greedy request for --tokens tokens (EOS suppressed neither side), served through
       POST /v1/completions, direct through og.Generator: (median T(tokens) - median T(1)) / (tokens generated - 1),
-      the request's fixed cost (HTTP, prefill) left out,
+      the request's fixed cost (HTTP, prefill) left out; served twice: the whole answer, and streamed
+      (`"stream": true`, SSE events read until [DONE]); direct twice: run whole, and with the runtime's own
+      streaming of text (onnxruntime-genai: a TokenizerStream's decode a token; OpenVINO GenAI: a Python
+      callable streamer, each token's text decoded by its TextStreamer). Streamed is shown against both,
+      ("... streamed": against the runtime run whole; "... vs streamed": against its own streaming),
 each from --rounds rounds, served and direct alternating (ABBA) in the same run; the served/direct ratio (the
 agent's overhead per token; issue 39's goal: under 1.05x), tokens/s, and the load average while it ran.
 
@@ -65,7 +69,23 @@ def _served(port: int, prompt: str, tokens: int) -> tuple[float, int]:
     return elapsed, int(doc["usage"]["completion_tokens"])
 
 
-def _direct(og, model, ids: list[int], tokens: int) -> tuple[float, int]:
+def _streamed(port: int, prompt: str, tokens: int) -> tuple[float, int]:
+    """The same request streamed (`"stream": true`): until `data: [DONE]`; the count of text events."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = json.dumps({"model": "lm", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True})
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp, events = conn.getresponse(), 0
+    for line in resp:
+        if line.startswith(b"data: [DONE]"):
+            break
+        events += line.startswith(b"data: ")
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed, events
+
+
+def _direct(og, model, ids: list[int], tokens: int, stream=None) -> tuple[float, int]:
     t0 = time.perf_counter()
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + tokens, do_sample=False)
@@ -74,7 +94,9 @@ def _direct(og, model, ids: list[int], tokens: int) -> tuple[float, int]:
     n = 0
     while not gen.is_done() and n < tokens:
         gen.generate_next_token()
-        gen.get_next_tokens()
+        token = gen.get_next_tokens()[0]
+        if stream is not None:  # the runtime's own streaming idiom: a TokenizerStream's text a token
+            stream.decode(token)
         n += 1
     return time.perf_counter() - t0, n
 
@@ -86,7 +108,7 @@ class OVDirect:
         import openvino as ov
         import openvino_genai as ovg
 
-        self.ov = ov
+        self.ov, self.ovg = ov, ovg
         self.pipe = ovg.LLMPipeline(pkg, "CPU", INFERENCE_PRECISION_HINT="f32", KV_CACHE_PRECISION="f32")
         self.eos = self.pipe.get_generation_config().eos_token_id
 
@@ -96,11 +118,17 @@ class OVDirect:
     def decode(self, ids: list[int]) -> str:
         return str(self.pipe.get_tokenizer().decode(ids))
 
-    def run(self, ids: list[int], tokens: int) -> tuple[float, int]:
+    def run(self, ids: list[int], tokens: int, streamed: bool = False) -> tuple[float, int]:
+        """Streamed: LLMPipeline's own text streaming (a Python callable gets each token's text, decoded by the
+        pipeline's TextStreamer), the runtime's API for what a streamed request serves."""
         import numpy as np
 
+        running = self.ovg.StreamingStatus.RUNNING
+        extra = {"streamer": lambda _text: running} if streamed else {}
         t0 = time.perf_counter()
-        res = self.pipe.generate(self.ov.Tensor(np.asarray([ids], np.int64)), max_new_tokens=tokens, do_sample=False)
+        res = self.pipe.generate(
+            self.ov.Tensor(np.asarray([ids], np.int64)), max_new_tokens=tokens, do_sample=False, **extra
+        )
         elapsed = time.perf_counter() - t0
         out = [int(t) for t in res.tokens[0]]
         return elapsed, len(out[: out.index(self.eos)] if self.eos in out else out)
@@ -121,8 +149,8 @@ class OrtDirect:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids))
 
-    def run(self, ids: list[int], tokens: int) -> tuple[float, int]:
-        return _direct(self.og, self.model, ids, tokens)
+    def run(self, ids: list[int], tokens: int, streamed: bool = False) -> tuple[float, int]:
+        return _direct(self.og, self.model, ids, tokens, self.tokenizer.create_stream() if streamed else None)
 
 
 def _pair(direct, port, prompt, ids, tokens, rounds) -> dict:
@@ -131,18 +159,28 @@ def _pair(direct, port, prompt, ids, tokens, rounds) -> dict:
     (HTTP, prefill) is not spread over the tokens and only what each further token costs is compared."""
     times: dict[tuple[str, int], list[float]] = {}
     count: dict[str, int] = {}
+    run = {
+        "s": lambda n: _served(port, prompt, n),
+        "t": lambda n: _streamed(port, prompt, n),
+        "d": lambda n: direct.run(ids, n),
+        "u": lambda n: direct.run(ids, n, streamed=True),
+    }
     for r in range(rounds):
-        order = ("s", "d") if r % 2 == 0 else ("d", "s")
+        order = ("s", "t", "d", "u") if r % 2 == 0 else ("u", "d", "t", "s")
         for n in (1, tokens):
             for side in order:
-                t, got = _served(port, prompt, n) if side == "s" else direct.run(ids, n)
+                t, got = run[side](n)
                 times.setdefault((side, n), []).append(t)
                 if n == tokens:
                     count[side] = got
+    count["t"] = count["s"]  # the same greedy tokens (a streamed event may carry more than one)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {"ttft": {"served_ms": med["s", 1] * 1000, "direct_ms": med["d", 1] * 1000}}
-    per = {side: (med[side, tokens] - med[side, 1]) / max(1, count[side] - 1) for side in ("s", "d")}
+    per = {side: (med[side, tokens] - med[side, 1]) / max(1, count[side] - 1) for side in run}
     out["per_token"] = {"served_ms": per["s"] * 1000, "direct_ms": per["d"] * 1000, "tokens": count}
+    # a streamed request against the runtime run whole (the strict one) and against the runtime's own streaming
+    out["per_token_streamed"] = {"served_ms": per["t"] * 1000, "direct_ms": per["d"] * 1000}
+    out["per_token_streamed_vs_streamed"] = {"served_ms": per["t"] * 1000, "direct_ms": per["u"] * 1000}
     for v in out.values():
         v["ratio"] = v["served_ms"] / v["direct_ms"]
     return out
@@ -207,7 +245,12 @@ def main() -> int:
             f"{out['runtime']}: model {out['model']}, prompt {out['prompt_tokens']} tokens, {a.tokens} greedy tokens, "
             f"medians of {a.rounds} rounds (ABBA)"
         )
-        for key, label in (("ttft", "TTFT (1 token)"), ("per_token", "per further token")):
+        for key, label in (
+            ("ttft", "TTFT (1 token)"),
+            ("per_token", "per further token"),
+            ("per_token_streamed", "  ... streamed"),
+            ("per_token_streamed_vs_streamed", "  ... vs streamed"),
+        ):
             r = out[key]
             print(
                 f"  {label:16s} served {r['served_ms']:.3f} ms  direct {r['direct_ms']:.3f} ms  "

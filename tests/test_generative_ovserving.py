@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,10 +45,13 @@ def pipeline_greedy(pkg: Path, text: str, tokens: int) -> tuple[list[int], str]:
     return out, str(tok.decode(out))
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("ovserve")
-    pkg = write_openvino_package(root / "tiny-ov", variants=())
+def pipeline_decode(pkg: Path, ids: list[int]) -> str:
+    import openvino_genai as ovg
+
+    return str(ovg.Tokenizer(str(pkg)).decode(ids))
+
+
+def _start(root: Path, pkg: Path, **generative) -> tuple:
     (root / "token").write_text(TOKEN)
     cfg = parse_config(
         {
@@ -55,13 +59,21 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                 "port": 0,
                 "grpc_port": None,
                 "token_file": str(root / "token"),
-                "generative": {"models": {"tiny-ov": {"package": str(pkg)}}},
+                "generative": {"models": {"tiny-ov": {"package": str(pkg)}}, **generative},
             }
         },
         base_dir=root,
     )
     reg = ModelRegistry()
     srv, _ = start_fronts(reg, cfg.serving)
+    return srv, reg
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("ovserve")
+    pkg = write_openvino_package(root / "tiny-ov", variants=())
+    srv, reg = _start(root, pkg)
     try:
         yield srv, pkg
     finally:
@@ -105,12 +117,42 @@ def test_completions_streamed_and_not_are_llmpipelines_own_greedy_output(served)
     events = _events(_post(srv.port, "/v1/completions", {**doc, "stream": True}))
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == want
-    assert len(events) > 3  # streamed as it came, not in one piece
+    texts = [e["choices"][0]["text"] for e in events[:-1] if e["choices"][0]["text"]]
+    assert 2 <= len(texts) < 24  # the first piece at once, the rest paced (stream_interval_ms, 20 ms by default)
     chat = _events(_post(srv.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                              "max_tokens": 8, "temperature": 0, "stream": True}))  # fmt: skip
     assert chat[0]["choices"][0]["delta"]["role"] == "assistant" and chat[-1] == "[DONE]"
     _, chat_want = pipeline_greedy(pkg, "user: hi\nassistant:", 8)
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in chat[:-1]) == chat_want
+
+
+def test_a_fast_models_stream_is_paced_by_stream_interval_ms(served, tmp_path) -> None:
+    """serving.generative.stream_interval_ms (default 20): the tiny model makes its tokens far faster than one per
+    20 ms here, so its stream goes out in a first piece at once and then a piece at most every 20 ms, the text
+    unchanged; at 0, a piece a token (each a detokenizer call and a hop on the request's thread)."""
+    srv, pkg = served
+    doc = {"model": "tiny-ov", "prompt": "Hello, edge", "max_tokens": 100, "temperature": 0}
+    whole = json.loads(_post(srv.port, "/v1/completions", doc).read())
+    want, made = whole["choices"][0]["text"], whole["usage"]["completion_tokens"]
+    assert made >= 60, whole  # enough tokens for the two to differ
+
+    def pieces(port: int) -> tuple[list[str], float]:
+        t0 = time.monotonic()
+        events = _events(_post(port, "/v1/completions", {**doc, "stream": True}))
+        took = time.monotonic() - t0
+        texts = [e["choices"][0]["text"] for e in events[:-1] if e["choices"][0]["text"]]
+        assert "".join(texts) == want
+        return texts, took
+
+    paced, took = pieces(srv.port)
+    assert 2 <= len(paced) <= 2 + took / 0.02, (len(paced), took)
+    each_srv, reg = _start(tmp_path, pkg, stream_interval_ms=0)
+    try:
+        each, _ = pieces(each_srv.port)
+    finally:
+        assert each_srv.shutdown(10)
+        reg.close()
+    assert len(each) >= made // 4 and len(each) > 3 * len(paced), (len(each), len(paced), made)
 
 
 def test_triton_generate_stream_and_a_stop_string(served) -> None:
@@ -127,6 +169,12 @@ def test_triton_generate_stream_and_a_stop_string(served) -> None:
     streamed = _events(_post(srv.port, "/v1/completions", again))
     assert "".join(e["choices"][0]["text"] for e in streamed[:-1]) == cut["text_output"]
     assert streamed[-2]["choices"][0]["finish_reason"] == "stop"
+    # decoded off the generation thread, the stop still ends the generation early: counted from where its text
+    # holds the stop string (a piece goes out once it decodes to whole characters), not to max_tokens
+    want_ids, _ = pipeline_greedy(pkg, "Hello, edge", 30)
+    upto = next(n for n in range(1, 31) if stop in pipeline_decode(pkg, want_ids[:n]))
+    counted = json.loads(_post(srv.port, "/v1/completions", {**again, "stream": False}).read())
+    assert upto <= counted["usage"]["completion_tokens"] < 30 and counted["choices"][0]["text"] == cut["text_output"]
     sampled = _post(srv.port, "/v1/completions", {"prompt": "abc", "max_tokens": 5, "temperature": 0.8, "top_p": 0.9})
     assert sampled.status == 200
     got = json.loads(sampled.read())
@@ -160,7 +208,6 @@ def test_a_client_that_hangs_up_mid_stream_ends_its_generation_and_frees_the_bud
     has no EOS in them (LLMPipeline's own): a client that hangs up mid-stream ends the generation, frees its KV
     budget and the pipeline (the next request runs), and is counted as cancelled."""
     import socket
-    import time
 
     pkg = write_openvino_package(tmp_path / "slow", variants=(), max_length=4096, layers=4, hidden=256, heads=4)
     eos_free, _ = pipeline_greedy(pkg, "Hello", 4000)

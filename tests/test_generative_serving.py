@@ -265,3 +265,15 @@ def test_a_request_waits_in_line_for_kv_room_when_queue_s_allows() -> None:
         short.lease(800, "two")
     second.release()
     assert budget.held == 0 and budget.waiting == 0
+
+
+def test_stream_interval_ms_is_read_with_its_bounds() -> None:
+    from agent.errors import ConfigError
+
+    def read(**g):
+        return parse_config({"serving": {"port": 0, "generative": g}}).serving.generative.stream_interval_ms
+
+    assert read() == 20.0 and read(stream_interval_ms=0) == 0.0 and read(stream_interval_ms=5.5) == 5.5
+    for bad in (-1, 1001, "often"):
+        with pytest.raises(ConfigError, match=r"serving\.generative\.stream_interval_ms"):
+            read(stream_interval_ms=bad)

@@ -3,6 +3,7 @@
 serving:
   generative:
     kv_budget: 256M                  KV cache all streams in flight may hold together (a request over it: 503)
+    stream_interval_ms: 20           a streamed response sends text at most this often (the first piece at once)
     models:
       tiny-lm: {package: /srv/tiny-lm, variant: int8, provider: cpu}    variant and provider optional
 """
@@ -34,13 +35,16 @@ class GenerativeServing:
     kv_budget: int = DEFAULT_KV_BUDGET
     max_streams: int = 8  # at most half the HTTP front's 16 worker threads, so inference requests keep theirs
     queue_s: float = 0.0  # a request that does not fit waits this long for room (0: refused at once)
+    stream_interval_ms: float = 20.0  # a stream's text goes out at most this often (0: a piece a token)
 
 
 def read_generative(v: Validator, raw: Any) -> GenerativeServing:
     from agent.util.sizes import parse_size
 
     key = "serving.generative"
-    g = v.mapping(raw if raw is not None else {}, key, ("models", "kv_budget", "max_streams", "queue_s"))
+    g = v.mapping(
+        raw if raw is not None else {}, key, ("models", "kv_budget", "max_streams", "queue_s", "stream_interval_ms")
+    )
     budget = DEFAULT_KV_BUDGET
     if g.get("kv_budget") is not None:
         try:
@@ -64,7 +68,8 @@ def read_generative(v: Validator, raw: Any) -> GenerativeServing:
         )
     streams = v.integer(g.get("max_streams", 8), f"{key}.max_streams", 1, 12)  # the HTTP front has 16 workers
     queue_s = v.number(g.get("queue_s", 0.0), f"{key}.queue_s", 0.0, 600.0)
-    return GenerativeServing(tuple(models), budget, streams, queue_s)
+    interval = v.number(g.get("stream_interval_ms", 20.0), f"{key}.stream_interval_ms", 0.0, 1000.0)
+    return GenerativeServing(tuple(models), budget, streams, queue_s, interval)
 
 
 def _items(g: dict[str, Any], key: str) -> list[tuple[str, Any]]:

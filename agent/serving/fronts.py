@@ -61,6 +61,9 @@ class GenerativeSettings(Protocol):
     @property
     def queue_s(self) -> float: ...
 
+    @property
+    def stream_interval_ms(self) -> float: ...
+
 
 def start_fronts(
     registry: Any, s: FrontSettings, extend: Callable[[DataPlane], None] | None = None, memory_max: int | None = None
@@ -89,7 +92,7 @@ def start_fronts(
         from agent.serving.generative.install import install
 
         g = s.generative
-        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s, host)
+        install(server.plane, g.models, g.kv_budget, g.max_streams, g.queue_s, host, g.stream_interval_ms / 1000)
     if s.grpc_port is None:
         return server, None
     from agent.serving.grpc.front import GRPCServer

@@ -10,7 +10,13 @@ import threading
 from pathlib import Path
 
 from agent.serving.errors import InvalidInput
-from agent.serving.generative.engine import ORT_GENAI, OV_GENAI, EngineSpec, GenerativeModel
+from agent.serving.generative.engine import (
+    DEFAULT_STREAM_INTERVAL_S,
+    ORT_GENAI,
+    OV_GENAI,
+    EngineSpec,
+    GenerativeModel,
+)
 from agent.serving.generative.kvbudget import KVBudget
 
 DEFAULT_KV_BUDGET = 256 * 2**20
@@ -21,13 +27,22 @@ class GenerativeHost:
         self.budget = KVBudget(DEFAULT_KV_BUDGET)
         self.models: dict[str, GenerativeModel] = {}  # what new requests get; the routes read this dict
         self.referees: dict[str, GenerativeModel] = {}  # the incumbent kept through a probation
+        self.stream_interval_s = DEFAULT_STREAM_INTERVAL_S
         self._lock = threading.Lock()
 
-    def configure(self, kv_budget: int, max_streams: int = 8, queue_s: float = 0.0) -> None:
-        """serving.generative's budget, for every model served now and later (set at start, before requests)."""
+    def configure(
+        self,
+        kv_budget: int,
+        max_streams: int = 8,
+        queue_s: float = 0.0,
+        stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S,
+    ) -> None:
+        """serving.generative's budget and stream pace, for every model served now and later (set at start,
+        before requests)."""
         self.budget = KVBudget(kv_budget, max_streams, queue_s)
+        self.stream_interval_s = stream_interval_s
         for m in (*self.models.values(), *self.referees.values()):
-            m.budget = self.budget
+            m.budget, m.stream_interval_s = self.budget, stream_interval_s
 
     def load(
         self, name: str, version: str, model_dir: Path, provider: str, spec: EngineSpec | None = None
@@ -38,6 +53,7 @@ class GenerativeHost:
 
         before = rungate.native_tids()
         model = load_engine(name, model_dir, provider, self.budget, str(version), spec or EngineSpec())
+        model.stream_interval_s = self.stream_interval_s
         rungate.claim(model, before)  # the runtime threads its load started are its own (CPU time of pairs)
         return model
 

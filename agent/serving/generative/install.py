@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel
+from agent.serving.generative.engine import DEFAULT_STREAM_INTERVAL_S, OV_GENAI, EngineSpec, GenerativeModel
 from agent.serving.generative.genmetrics import families
 from agent.serving.generative.host import GenerativeHost
 from agent.serving.generative.openai import OpenAIRoutes
@@ -67,6 +67,7 @@ def install(
     max_streams: int = 8,
     queue_s: float = 0.0,
     host: GenerativeHost | None = None,
+    stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S,
 ) -> GenerationRoutes | None:
     """Load each configured model into `host` (a failure raises: the daemon refuses a config it cannot serve) and
     route to what the host serves (the models of serving.generative, and those deployed through the lifecycle:
@@ -74,7 +75,7 @@ def install(
     if not models and host is None:
         return None
     host = host if host is not None else GenerativeHost()
-    host.configure(kv_budget, max_streams, queue_s)
+    host.configure(kv_budget, max_streams, queue_s, stream_interval_s)
     for m in models:
         from agent.generative.package import load_generative
 

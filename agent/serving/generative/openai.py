@@ -73,7 +73,7 @@ class OpenAIRoutes:
         prompt = model.encode(text)
         lease = model.reserve(prompt, sampling)  # 503 with the reason when the KV budget cannot hold it
         usage = Usage()
-        pieces = model.generate(prompt, sampling, usage, lease)
+        pieces = model.generate(prompt, sampling, usage, lease, streamed=bool(doc.get("stream")))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         head = {"id": rid, "created": int(time.time()), "model": name}
         if doc.get("stream"):

@@ -56,7 +56,11 @@ class OrtGenaiModel(GenerativeModel):
         gen.append_tokens(prompt)
         return gen
 
-    def generate(self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease) -> Generator[str, None, None]:
+    def generate(
+        self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease, streamed: bool = True
+    ) -> Generator[str, None, None]:
+        """Generated on the request's own thread, a piece a token (streamed or not: stream_interval_ms is for
+        engines that generate on a thread of their own, where each piece costs a hop: ovgenai)."""
         usage.prompt_tokens = len(prompt)
         self.recent.add(prompt)
         try:

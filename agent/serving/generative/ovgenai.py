@@ -1,8 +1,9 @@
 """A generative model served by OpenVINO GenAI's LLMPipeline (docs/generative.md, "Serving"), the engine interface
 of agent.serving.generative.engine. LLMPipeline.generate blocks until the generation ends and hands tokens to a
-streamer callback (on a thread of its own), so a generation runs on a thread of ours: the streamer stamps each token,
-cuts stop strings and queues the text; the request's iterator reads the queue. Closing the iterator (a client that
-hung up) sets a flag the streamer answers with StreamingStatus.STOP at the next token; the lease is released once
+streamer callback (on a thread of its own), so a generation runs on a thread of ours: the streamer only stamps each
+token and queues its id; the request's iterator reads the queue, decodes the text and cuts stop strings (the
+detokenizer kept off the generation's path: _Run). Closing the iterator (a client that hung up) or a stop string
+sets a flag the streamer answers with StreamingStatus.STOP at the next token; the lease is released once
 the generation has returned. One LLMPipeline runs one generate at a time (a second at once fails:
 `!has_non_finished_requests()`, openvino.genai#2480) and each further copy costs about twice the weights here, so
 a model serves one generation at a time: the others, admitted by the KV budget, wait in line for it (sending SSE
@@ -18,6 +19,7 @@ import queue
 import threading
 import time
 import xml.etree.ElementTree as ET  # the package's own IR, checked (and verified, when deployed) before it loads
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from agent.serving.errors import ModelUnavailable
-from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel, Sampling, StopScanner, Usage
+from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel, Pacer, Sampling, StopScanner, Usage
 from agent.serving.generative.kvbudget import KVBudget, KVShape, Lease
 from agent.serving.generative.params import KEEPALIVE_S
 
@@ -53,34 +55,46 @@ def ov_kv_shape(model_dir: Path, max_length: int, dtype_bytes: int = 4) -> KVSha
 
 
 class _Pipelines:
-    """The model's LLMPipeline, lent to one generation at a time."""
+    """The model's LLMPipeline, lent to one generation at a time, first come first served: a live request waits
+    behind those before it, never behind a trial's runs that came after it (the pair thread borrows it again
+    right after each run, and a polled condition let it win every time: a client's request waited out a whole
+    probation)."""
 
     def __init__(self, pipe: Any) -> None:
         self._idle = [pipe]
+        self._line: deque[object] = deque()
         self._cv = threading.Condition()
 
     @contextmanager
     def borrow(self, cancel: threading.Event | None = None) -> Iterator[Any]:
-        """The pipeline once free; None when `cancel` was set while waiting."""
+        """The pipeline once free and this borrower first in line; None when `cancel` was set while waiting."""
+        me = object()
         with self._cv:
-            while not self._idle and not (cancel is not None and cancel.is_set()):
-                self._cv.wait(0.05)
-            pipe = self._idle.pop() if self._idle and not (cancel is not None and cancel.is_set()) else None
+            self._line.append(me)
+            try:
+                while not (self._idle and self._line[0] is me) and not (cancel is not None and cancel.is_set()):
+                    self._cv.wait(0.05)
+                gone = cancel is not None and cancel.is_set()
+                pipe = self._idle.pop() if self._idle and self._line[0] is me and not gone else None
+            finally:
+                self._line.remove(me)
+                self._cv.notify_all()
         try:
             yield pipe
         finally:
             if pipe is not None:
                 with self._cv:
                     self._idle.append(pipe)
-                    self._cv.notify()
+                    self._cv.notify_all()
 
 
 class _Text:
     """Text of a token stream as it grows: a piece goes out once it decodes to whole characters (a byte-level
     token that ends inside a character gives "" until the character is whole). Each piece is the decode of the
     tokens since the last piece, read after the tokens of that piece (context for tokenizers that drop a word's
-    leading space at the start); one detokenizer call a token (about 0.1 ms here): what the last piece was is taken
-    as the decode of its own tokens, and decoded for real only where the next decode does not start with it."""
+    leading space at the start); one detokenizer call for each add (about 0.1 ms here, however many tokens it
+    adds): what the last piece was is taken as the decode of its own tokens, and decoded for real only where the
+    next decode does not start with it."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
         self.decode, self.start, self.read = decode, 0, 0
@@ -93,8 +107,8 @@ class _Text:
             self.before, self.exact = self.decode(self.ids[self.start : self.read]), True
         return after
 
-    def add(self, token: int) -> str:
-        self.ids.append(token)
+    def add(self, tokens: list[int]) -> str:
+        self.ids.extend(tokens)
         after = self._window()
         if after.endswith("\ufffd") or len(after) <= len(self.before) or not after.startswith(self.before):
             return ""
@@ -110,17 +124,26 @@ class _Text:
 
 
 class _Run:
-    """One generation on a thread of its own; its text pieces come through `q` (an exception, then _DONE, when the
-    pipeline failed)."""
+    """One generation on a thread of its own. The generation thread's streamer only stamps each token and queues
+    its id (an exception, then _DONE, when the pipeline failed); the request's thread decodes and scans for stop
+    strings, off the generation's path: a stream at most every stream_interval (engine.Pacer: the tokens that
+    came meanwhile decoded at once; token by token where a stop string must be found at its token); a generation
+    read only at its end (not streamed, no stop string) runs with no streamer and is decoded once. `cancel` (its
+    client went away, or its text reached a stop string) stops the generation at its next token."""
 
-    def __init__(self, model: OVGenaiModel, prompt: list[int], sampling: Sampling, usage: Usage) -> None:
+    def __init__(
+        self, model: OVGenaiModel, prompt: list[int], sampling: Sampling, usage: Usage, streamed: bool
+    ) -> None:
         self.model, self.prompt, self.sampling, self.usage = model, prompt, sampling, usage
         self.q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.cancel = threading.Event()
         self.text = _Text(model.decode)
         self.scan = StopScanner(sampling.stop)
+        self.whole = not streamed and not self.scan.stop
+        self.pace = Pacer(model.stream_interval_s if streamed else 0.0)
         self.t0 = self.last = 0.0
-        self.stop_hit = False
+        self.eos = False  # the model ended the text (set by the generation thread before _DONE)
+        self.finished = threading.Event()  # the generation returned: a paced stream's last piece goes out at once
         self.thread = threading.Thread(target=self._produce, name=f"ovgenai-{model.name}", daemon=True)
 
     def _config(self, pipe: Any) -> Any:
@@ -139,26 +162,35 @@ class _Run:
                 if pipe is None:
                     return  # its client went away while it waited for the pipeline
                 self.t0 = self.last = time.perf_counter()  # TTFT counts the prefill too
-                pipe.generate(self.model.ids(self.prompt), self._config(pipe), self.model.streamer(self))
-            if not self.cancel.is_set() and not self.stop_hit:
-                self._flush()
+                if self.whole:
+                    self._generate_whole(pipe)
+                else:
+                    pipe.generate(self.model.ids(self.prompt), self._config(pipe), self.model.streamer(self))
         except BaseException as exc:  # noqa: BLE001 - the request's own thread raises it
             self.q.put(exc)
         finally:
             self.q.put(_DONE)
+            self.finished.set()
 
-    def _flush(self) -> None:
-        """The generation ran out (max_tokens, max_length) or reached EOS: what the text and the stop scan held."""
-        out, stopped = self.scan.feed(self.text.rest())
-        self.stop_hit = stopped
-        out += "" if stopped else self.scan.rest()
-        self.usage.finish_reason = "stop" if stopped else self.usage.finish_reason or "length"
-        if out:
-            self.q.put(out)
+    def _generate_whole(self, pipe: Any) -> None:
+        """A generation read only at its end: no streamer (nothing runs in Python between its tokens); its token
+        times are the pipeline's own (perf_metrics.raw_metrics, microseconds: the time to the first token and
+        each later token's, EOS's included) and its tokens go to the request's thread at once."""
+        res = pipe.generate(self.model.ids(self.prompt), self._config(pipe))
+        tokens = [int(t) for t in res.tokens[0]]
+        raw, usage = res.perf_metrics.raw_metrics, self.usage
+        first = list(raw.m_times_to_first_token)
+        usage.ttft_s = first[0] / 1e6 if first else None
+        usage.pieces.extend(d / 1e6 for d in raw.m_durations)
+        if tokens and tokens[-1] in self.model.eos:
+            tokens, self.eos = tokens[:-1], True
+        for token in tokens:
+            self.q.put(token)
 
     def token(self, token: int) -> bool:
-        """The streamer's: one token came; False stops the generation (EOS, a stop string, a client gone)."""
-        if self.cancel.is_set() or self.usage.finish_reason is not None:
+        """The streamer's, on the generation thread: one token came; False stops the generation (EOS, a stop
+        string, a client gone)."""
+        if self.cancel.is_set():
             return False
         now, usage = time.perf_counter(), self.usage
         if usage.ttft_s is None:
@@ -167,34 +199,84 @@ class _Run:
             usage.pieces.append(now - self.last)
         self.last = now
         if token in self.model.eos:
-            usage.finish_reason = "stop"
+            self.eos = True
             return False
-        usage.completion_tokens += 1
-        out, stopped = self.scan.feed(self.text.add(token))
-        self.q.put(out)  # "" when the token ends no character yet
-        if stopped:
-            usage.finish_reason, self.stop_hit = "stop", True
-            return False
+        self.q.put(token)
         return True
+
+    def _next(self) -> Any:
+        """The next item of the queue: a token id, _DONE, an exception, or None after KEEPALIVE_S of nothing."""
+        try:
+            return self.q.get(timeout=KEEPALIVE_S)
+        except queue.Empty:
+            return None
+
+    def _more(self, first: int) -> tuple[list[int], Any]:
+        """`first` and the token ids queued behind it; the item that ended them (_DONE, an exception) or None."""
+        ids = [first]
+        while True:
+            try:
+                item = self.q.get_nowait()
+            except queue.Empty:
+                return ids, None
+            if not isinstance(item, int):
+                return ids, item
+            ids.append(item)
 
     def pieces(self) -> Generator[str, None, None]:
         self.thread.start()
+        usage, held, pace = self.usage, None, self.pace
         while True:
-            try:
-                item = self.q.get(timeout=KEEPALIVE_S)
-            except queue.Empty:
+            item, held = (held, None) if held is not None else (self._next(), None)
+            if item is None:
                 yield ""  # waiting for the pipeline or a token: the stream still checks its client
                 continue
             if item is _DONE:
-                return
+                break
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            if self.whole:
+                self.text.ids.append(item)
+                usage.completion_tokens += 1
+                continue
+            wait = pace.left()
+            if wait > 0:  # the generation goes on: what it makes meanwhile goes out in this piece
+                self.finished.wait(wait)
+            ids, held = self._more(item)
+            out, stopped = self._read(ids)
+            yield pace.take(out)  # "" when the tokens end no character yet
+            if stopped:
+                self.cancel.set()
+                usage.finish_reason = "stop"
+                yield pace.rest()
+                return
+        out, stopped = self.scan.feed(self.text.rest())  # it ran out (max_tokens, max_length) or reached EOS
+        usage.finish_reason = "stop" if stopped or self.eos else "length"
+        out = pace.rest() + out + ("" if stopped else self.scan.rest())
+        if out:
+            yield out
+
+    def _read(self, ids: list[int]) -> tuple[str, bool]:
+        """The text of `ids` with stop strings cut, whether one was reached; the tokens read counted (with a stop
+        string, token by token up to the one that reached it)."""
+        if not self.scan.stop:
+            self.usage.completion_tokens += len(ids)
+            return self.scan.feed(self.text.add(ids))
+        out = ""
+        for token in ids:
+            self.usage.completion_tokens += 1
+            piece, stopped = self.scan.feed(self.text.add([token]))
+            out += piece
+            if stopped:
+                return out, True
+        return out, False
 
     def close(self) -> None:
         self.cancel.set()
         if self.thread.is_alive():
             self.thread.join()
+        keep = self.usage.completion_tokens - (0 if self.eos else 1)  # a stamp a later token, EOS's included
+        del self.usage.pieces[max(0, keep) :]  # none for tokens made after a stop string or a hang-up
 
 
 class OVGenaiModel(GenerativeModel):
@@ -223,6 +305,7 @@ class OVGenaiModel(GenerativeModel):
         self.kv = ov_kv_shape(model_dir, spec.max_length or _package_max_length(model_dir))
         self._compiled: Any = None  # the IR compiled by openvino.Core for teacher-forced logits (the shadow's)
         self._compile_lock = threading.Lock()
+        self._streamer: Any = None  # the StreamerBase subclass each generation's streamer is made of
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer.encode(text).input_ids.data[0]]
@@ -234,24 +317,33 @@ class OVGenaiModel(GenerativeModel):
         return self.ov.Tensor(np.asarray([seq], dtype=np.int64))
 
     def streamer(self, run: _Run) -> Any:
-        ovg = self.ovg
+        if self._streamer is None:  # one class a model (a class made a request cost its TTFT about 0.1 ms)
+            ovg = self.ovg
+            stop, running = ovg.StreamingStatus.STOP, ovg.StreamingStatus.RUNNING
 
-        class Streamer(ovg.StreamerBase):  # type: ignore[name-defined]
-            def write(self, token: Any) -> Any:
-                for t in token if isinstance(token, list) else [token]:
-                    if not run.token(int(t)):
-                        return ovg.StreamingStatus.STOP
-                return ovg.StreamingStatus.RUNNING
+            class Streamer(ovg.StreamerBase):  # type: ignore[name-defined]
+                def __init__(self, run: _Run) -> None:
+                    super().__init__()
+                    self.run = run
 
-            def end(self) -> None:
-                return None
+                def write(self, token: Any) -> Any:
+                    for t in token if isinstance(token, list) else [token]:
+                        if not self.run.token(int(t)):
+                            return stop
+                    return running
 
-        return Streamer()
+                def end(self) -> None:
+                    return None
 
-    def generate(self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease) -> Generator[str, None, None]:
+            self._streamer = Streamer
+        return self._streamer(run)
+
+    def generate(
+        self, prompt: list[int], sampling: Sampling, usage: Usage, lease: Lease, streamed: bool = True
+    ) -> Generator[str, None, None]:
         usage.prompt_tokens = len(prompt)
         self.recent.add(prompt)
-        run = _Run(self, prompt, sampling, usage)
+        run = _Run(self, prompt, sampling, usage, streamed)
         try:
             yield from run.pieces()
         finally:

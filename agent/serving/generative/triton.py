@@ -42,7 +42,7 @@ def generate(models: dict[str, GenerativeModel], method: str, path: str, body: b
     prompt = model.encode(doc["text_input"])
     lease = model.reserve(prompt, sampling)
     usage = Usage()
-    pieces = model.generate(prompt, sampling, usage, lease)
+    pieces = model.generate(prompt, sampling, usage, lease, streamed=m["kind"] == "generate_stream")
     head = {"model_name": name, "model_version": unquote(m["v"]) if m["v"] else model.version}
     if m["kind"] == "generate_stream":
         stream = GenerationStream(_events(pieces, usage, head), pieces, lease)
