@@ -26,13 +26,14 @@ PY_TAG=3.11              # bookworm's python3
 PLATFORMS=(manylinux2014_aarch64 manylinux_2_17_aarch64 manylinux_2_28_aarch64 manylinux_2_31_aarch64
   manylinux_2_34_aarch64 manylinux_2_35_aarch64 manylinux_2_36_aarch64)
 # Runtime wheels for the Pi (install.sh's cpu runtime) plus OpenVINO's Arm CPU plugin, and the editable build's
-# backend, and onnxruntime-genai (its 0.18 has cp311 manylinux_2_28_aarch64 wheels: generative packages qualify on the
-# emulated Pi). Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
+# backend, and both generative runtimes: onnxruntime-genai (its 0.18 has cp311 manylinux_2_28_aarch64 wheels) and
+# OpenVINO GenAI with its tokenizers (2026.4.1: cp311 manylinux_2_31_aarch64): generative packages of either
+# qualify on the emulated Pi. Versions follow the host's venv when it has them, so Arm and x86 runs compare the same releases.
 # ml_dtypes is onnx's dependency, pinned as well: left to float, 0.7's module init took ~12 s under qemu-user
 # (0.5: 0.4 s), paid by every process that imports onnx (each package check and qualification worker).
 # pip is the venv's own (installed from the host like the rest, so install.sh's `pip install --upgrade pip` from
 # the wheelhouse finds it current).
-PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime onnxruntime-genai paho-mqtt cryptography openvino grpcio grpcio-health-checking protobuf pysimdjson setuptools wheel pip)
+PKGS=(click pyyaml psutil numpy onnx ml_dtypes onnxruntime onnxruntime-genai paho-mqtt cryptography openvino openvino-genai openvino-tokenizers grpcio grpcio-health-checking protobuf pysimdjson setuptools wheel pip)
 
 say() { echo "[emulated-device] $*" >&2; }
 die() { echo "emulated-device.sh: error: $*" >&2; exit 1; }

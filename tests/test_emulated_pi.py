@@ -189,8 +189,8 @@ def test_qualify_on_pi5_by_its_target_alone_measures_openvino(boards, tmp_path):
 
 def test_qualify_on_pi5_runs_a_generative_package_through_onnxruntime_genai(boards, tmp_path):
     """Issue 39: onnxruntime-genai 0.18 has Linux aarch64 wheels (CPython 3.11-3.14, manylinux_2_28; bookworm has
-    3.11 and glibc 2.36), so on the emulated Pi 5 its rows are measured and judged; OpenVINO GenAI, not installed
-    there, says so and how to fix it."""
+    3.11 and glibc 2.36), so on the emulated Pi 5 its rows are measured and judged; OpenVINO GenAI (installed there
+    too: the next test) says why it has no row of this package: its model is onnxruntime-genai's layout."""
     from agent.generative.samples import write_generative_package
 
     pkg = write_generative_package(tmp_path / "tiny-lm", variants=("perturbed",), max_length=128)
@@ -208,9 +208,35 @@ def test_qualify_on_pi5_runs_a_generative_package_through_onnxruntime_genai(boar
     assert ref["tpot_ms"]["p50_ms"] > 0 and ref["peak_rss_bytes"] > 0
     assert bad["status"] == "failed" and bad["fidelity"]["top1"] < doc["gates"]["min_top1"], bad
     ov = rows["openvino-genai/-"]
-    assert ov["status"] == "unavailable" and ov["reason"] and ov["fix"], ov
+    assert ov["status"] == "unavailable" and "holds a model for onnxruntime-genai" in ov["reason"] and ov["fix"], ov
     assert doc["selected"] == "onnxruntime-genai/cpu:fp32"
     assert doc["emulated"].startswith("qemu-user:pi5")  # its times are the emulator's: labelled in the record
+
+
+def test_qualify_on_pi5_runs_a_generative_package_through_openvino_genai(boards, tmp_path):
+    """Issue 39: OpenVINO GenAI 2026.4.1 has Linux aarch64 wheels (cp311 manylinux_2_31, with openvino-tokenizers)
+    and the emulated Pi 5 has them: the same decoder in LLMPipeline's layout is measured through OpenVINO's Arm
+    CPU plugin, the perturbed variant refused, GPU and NPU unavailable with why."""
+    from agent.generative.samples import write_openvino_package
+
+    timing = {"prompt_lengths": [16, 64], "tpot_tokens": 32, "repeats": 3, "greedy_tokens": 32}  # qemu: ~20x slower
+    pkg = write_openvino_package(tmp_path / "tiny-ov", variants=("perturbed",), max_length=128, timing=timing)
+    out = tmp_path / "pi5-ov-generative.json"
+    r = emu("pi5", "edge-agent", "qualify", str(pkg), "--save", str(out), cwd=tmp_path, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    rows = {row["key"]: row for row in doc["results"]}
+    ref, bad = rows["openvino-genai/CPU:fp32"], rows["openvino-genai/CPU:perturbed"]
+    assert ref["status"] == "passed" and ref["fidelity"]["top1"] == 1.0, ref
+    assert ref["tpot_ms"]["p50_ms"] > 0 and ref["peak_rss_bytes"] > 0 and ref["load_s"] > 0
+    assert bad["status"] == "failed" and bad["fidelity"]["top1"] < doc["gates"]["min_top1"], bad
+    for dev in ("GPU", "NPU"):
+        row = rows[f"openvino-genai/{dev}:fp32"]
+        assert row["status"] == "unavailable" and row["reason"] and row["fix"], row
+    other = rows["onnxruntime-genai/-"]
+    assert other["status"] == "unavailable" and "openvino-genai" in other["reason"], other
+    assert doc["selected"].startswith("openvino-genai/CPU:") and rows[doc["selected"]]["status"] == "passed"
+    assert doc["emulated"].startswith("qemu-user:pi5")
 
 
 def _push(tmp_path: Path, broker, keyfile: Path, version: str) -> dict:
