@@ -114,6 +114,24 @@ def test_models_suite_qualifies_light_models_and_samples(tmp_path):
     assert "Latency per model and provider" in html and "Accuracy drift" in html
 
 
+def test_models_suite_runs_on_every_available_provider_of_this_host(tmp_path):
+    """The models suite on every provider and precision variant the installed runtimes offer here (what
+    `edge-agent conformance` runs by default; its --help example runs the node suite only, in seconds): each has
+    a row per model, cpu passes, and a row that did not pass says why."""
+    report = run_conformance("models", None, light=["light_squeezenet"], budget_s=0.1)
+    keys = set(report.variants)
+    assert "cpu" in keys, keys
+    by_model: dict[str, dict[str, dict]] = {}
+    for c in report.cases:
+        by_model.setdefault(c["case"], {})[c["provider"]] = c
+    for model in ("light_squeezenet", "sample-cnn"):
+        rows = by_model[model]
+        assert set(rows) == keys, (model, set(rows), keys)
+        assert rows["cpu"]["status"] == "passed", rows["cpu"]
+        for key, row in rows.items():
+            assert row["status"] == "passed" or row.get("reason"), (model, key, row)
+
+
 def test_conformance_cli(tmp_path):
     out = tmp_path / "rep"
     p = subprocess.run(

@@ -26,7 +26,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cancel": ("edge-agent cancel sample-tiny --config agent.yaml",),
     "config device-id": ("edge-agent config device-id --json",),
     "conformance": (
-        "edge-agent conformance -k 'test_conv*' --out report/",
+        "edge-agent conformance --suite onnx-node -k 'test_conv*' --out report/",
         "edge-agent conformance --provider cpu --out report/ --json",
     ),
     "fleet push": (
