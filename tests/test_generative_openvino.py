@@ -139,3 +139,32 @@ def test_serving_loads_the_row_qualification_names(ov_pkg: Path) -> None:
     model = GenerativeHost().load("lm", "1", where, "CPU", spec)
     assert model.hints == {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
     assert model.kv.max_length == 256  # a variant's folder has no model.yaml: the package's, one up
+
+
+def test_package_writes_an_openvino_genai_package_from_an_export_directory(tmp_path: Path) -> None:
+    """`edge-agent package --generative DIR` on OpenVINO GenAI's layout (what optimum-cli export openvino leaves:
+    the IRs, no model.yaml): runtime openvino-genai, max_length from config.json or --max-length."""
+    from agent.generative.package import load_generative
+    from agent.generative.tinyov import write_tiny_openvino
+
+    built = write_tiny_openvino(tmp_path / "export", max_length=128)
+    out = tmp_path / "pkg"
+    args = ["package", "--generative", str(built), "--prompt", "Once upon a time", "--out", str(out)]
+    res = CliRunner().invoke(cli, args)  # the IRs declare no max_length: it must be given
+    assert res.exit_code != 0 and "give --max-length" in str(res.exception or res.output), res.output
+    assert not out.exists()
+    res = CliRunner().invoke(cli, [*args, "--max-length", "128"])
+    assert res.exit_code == 0, res.output
+    pkg = load_generative(out)
+    assert (pkg.runtime, pkg.max_length, pkg.prompts) == ("openvino-genai", 128, ["Once upon a time"])
+    assert check_generative(out) == []
+    assert "ok (edge-agent qualify measures it" in CliRunner().invoke(cli, ["package", "--check", str(out)]).output
+    (built / "config.json").write_text(json.dumps({"max_position_embeddings": 96}))  # as optimum-cli writes it
+    again = tmp_path / "pkg2"
+    assert CliRunner().invoke(cli, [*args[:-1], str(again)]).exit_code == 0
+    assert load_generative(again).max_length == 96
+    res = CliRunner().invoke(cli, [*args[:-1], str(tmp_path / "pkg3"), "--max-length", "200"])
+    assert res.exit_code != 0 and "exceeds the 96 tokens" in str(res.exception or res.output), res.output
+    (built / "openvino_detokenizer.xml").unlink()
+    res = CliRunner().invoke(cli, [*args[:-1], str(tmp_path / "pkg4"), "--max-length", "64"])
+    assert res.exit_code != 0 and "openvino_detokenizer.xml" in str(res.exception or res.output), res.output

@@ -67,11 +67,19 @@ Examples:
 @click.option(
     "--generative",
     type=click.Path(exists=True, file_okay=False),
-    help="Write a generative package (docs/generative.md) from DIR in onnxruntime-genai's layout.",
+    help="Write a generative package (docs/generative.md) from DIR in onnxruntime-genai's layout (genai_config.json) "
+    "or OpenVINO GenAI's (openvino_model.xml and its tokenizer IRs, as optimum-cli export openvino writes them).",
 )
 @click.option("--prompt", "prompts", multiple=True, help="A judge prompt of a --generative package (repeatable).")
+@click.option(
+    "--max-length",
+    type=click.IntRange(min=2),
+    help="A --generative package's longest sequence (default: what DIR declares; required where it declares none).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def package(model, inputs, out, name, version, task, force, check_dir, max_input_bytes, generative, prompts, as_json):
+def package(
+    model, inputs, out, name, version, task, force, check_dir, max_input_bytes, generative, prompts, max_length, as_json
+):
     """Write a package the daemon accepts: model.onnx, model.yaml with the input shapes read off your inputs,
     and golden data (your inputs, and the outputs of onnxruntime's CPU provider on the model as given).
     With --check DIR, validate a hand-made package instead."""
@@ -95,7 +103,7 @@ def package(model, inputs, out, name, version, task, force, check_dir, max_input
                 click.echo(f"  {f.where}: {f.problem}\n    fix: {f.fix}")
         sys.exit(0 if not found else 1)
     if generative:
-        return _generative(Path(generative), out, name, version, list(prompts), force, as_json)
+        return _generative(Path(generative), out, name, version, list(prompts), force, max_length, as_json)
     if not model or not out:
         raise click.UsageError("give MODEL and --out DIR (or --check DIR)")
     if not inputs:
@@ -129,14 +137,16 @@ def _accepts(path) -> str:
     return "the daemon will accept and qualify it"
 
 
-def _generative(src, out, name, version, prompts, force, as_json) -> None:
+def _generative(src, out, name, version, prompts, force, max_length, as_json) -> None:
     from pathlib import Path
 
     from agent.generative.package import check_generative, write_from_builder
 
     if not out or not prompts:
         raise click.UsageError("give --out DIR and at least one --prompt TEXT (the judge prompts) with --generative")
-    written = write_from_builder(src, Path(out), name=name, version=version, prompts=prompts, force=force)
+    written = write_from_builder(
+        src, Path(out), name=name, version=version, prompts=prompts, force=force, max_length=max_length
+    )
     found = check_generative(written)
     if as_json:
         click.echo(json.dumps({"package": str(written), "ok": not found, "fixes": [list(f) for f in found]}, indent=2))

@@ -212,35 +212,71 @@ def apply_target_gates(pkg: GenerativePackage, target: Any) -> dict[str, str]:
 
 
 def write_from_builder(
-    src: Path, out: Path, *, name: str | None, version: str, prompts: list[str], force: bool = False
+    src: Path,
+    out: Path,
+    *,
+    name: str | None,
+    version: str,
+    prompts: list[str],
+    force: bool = False,
+    max_length: int | None = None,
 ) -> Path:
-    """A generative package from a directory in onnxruntime-genai's layout (its model builder's output): the files
-    copied to `out` and a model.yaml (max_length from genai_config.json's search.max_length or context_length)."""
+    """A generative package from a directory its runtime's own builder wrote, the files copied to `out` and a
+    model.yaml: onnxruntime-genai's layout (genai_config.json; max_length from its search.max_length or
+    context_length) or OpenVINO GenAI's (openvino_model.xml with its tokenizer and detokenizer IRs, as
+    `optimum-cli export openvino` writes them; max_length from its config.json max_position_embeddings or
+    generation_config.json max_length). `max_length` given: that, checked against what the directory declares."""
     import shutil
 
-    found = layout_problems(src, "onnxruntime-genai", None)
+    ov = not (src / "genai_config.json").is_file() and (src / OV_FILES[0]).is_file()
+    runtime = "openvino-genai" if ov else "onnxruntime-genai"
+    found = layout_problems(src, runtime, max_length)
     if found:
         raise ModelError("; ".join(f"{w}: {p} ({f})" for w, p, f in found))
     if out.exists() and any(out.iterdir()) and not force:
         raise ModelError(f"{out}: not empty (give --force to overwrite)")
-    cfg = json.loads((src / "genai_config.json").read_text(encoding="utf-8"))
-    max_length = (cfg.get("search") or {}).get("max_length") or cfg["model"].get("context_length")
-    if not isinstance(max_length, int):
-        raise ModelError(f"{src / 'genai_config.json'}: neither search.max_length nor model.context_length is set")
+    declared = _builder_max_length(src, runtime)
+    if max_length is not None and declared is not None and max_length > declared:
+        raise ModelError(f"--max-length {max_length} exceeds the {declared} tokens {src} declares")
+    length = max_length or declared
+    if length is None:
+        where = (
+            "config.json max_position_embeddings, generation_config.json max_length"
+            if ov
+            else "genai_config.json search.max_length, model.context_length"
+        )
+        raise ModelError(f"{src}: no max_length is declared (neither {where}): give --max-length N")
     shutil.copytree(src, out, dirs_exist_ok=True)
     lines = [
         f"name: {json.dumps(name or src.resolve().name)}",
         f"version: {json.dumps(version)}",
         "kind: generative",
-        "runtime: onnxruntime-genai",
-        f"max_length: {max_length}",
+        f"runtime: {runtime}",
+        f"max_length: {length}",
         "prompts:",
     ]
     lines += [f"  - {json.dumps(p)}" for p in prompts]
-    if _timing_problems(None, max_length):  # the default timed prompts do not fit a short context: scale them
-        tpot = max(1, min(64, max_length // 4))
-        lines.append(
-            f"timing: {{prompt_lengths: [{max(1, max_length // 8)}, {max(1, max_length // 2)}], tpot_tokens: {tpot}}}"
-        )
+    if _timing_problems(None, length):  # the default timed prompts do not fit a short context: scale them
+        tpot = max(1, min(64, length // 4))
+        lines.append(f"timing: {{prompt_lengths: [{max(1, length // 8)}, {max(1, length // 2)}], tpot_tokens: {tpot}}}")
     (out / "model.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
+
+
+def _builder_max_length(src: Path, runtime: str) -> int | None:
+    """The longest sequence the builder's files declare, or None."""
+    sources = (
+        [("genai_config.json", ("search", "max_length")), ("genai_config.json", ("model", "context_length"))]
+        if runtime == "onnxruntime-genai"
+        else [("config.json", ("max_position_embeddings",)), ("generation_config.json", ("max_length",))]
+    )
+    for file, keys in sources:
+        try:
+            value: Any = json.loads((src / file).read_text(encoding="utf-8"))
+            for k in keys:
+                value = value.get(k) if isinstance(value, dict) else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
