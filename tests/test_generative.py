@@ -234,3 +234,25 @@ def test_live_prompts_are_copies_kept_within_their_cap() -> None:
     ring = LivePrompts(count=3, tokens=4)
     ring.add(prompt)
     assert ring.recent() == [[4, 5, 6, 7]]  # the tail
+
+
+def test_an_int4_variant_is_measured_and_judged_like_the_others(tmp_path: Path) -> None:
+    """int4 (MatMulNBits, onnxruntime's own quantizer) beside fp32: its TPOT and RSS measured, its fidelity against
+    the fp32 reference read; on this decoder (2 layers of 64, random weights) 4 bits move the logits past the floor."""
+    import onnx
+
+    timing = {"prompt_lengths": [16, 64], "tpot_tokens": 32, "repeats": 3, "greedy_tokens": 32}
+    pkg = write_generative_package(tmp_path / "lm", variants=("int4",), layers=2, hidden=64, heads=2, timing=timing)
+    ops = {n.op_type for n in onnx.load(str(pkg / "int4" / "model.onnx")).graph.node}
+    assert "MatMulNBits" in ops, ops
+    assert check_generative(pkg) == []
+    save = tmp_path / "d.json"
+    res = CliRunner().invoke(cli, ["qualify", str(pkg), "--provider", "cpu", "--save", str(save)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(save.read_text())
+    rows = {r["key"]: r for r in doc["results"]}
+    ref, int4 = rows["onnxruntime-genai/cpu:fp32"], rows["onnxruntime-genai/cpu:int4"]
+    assert ref["status"] == "passed" and int4["tpot_ms"]["p50_ms"] > 0 and int4["peak_rss_bytes"] > 0
+    assert 0 < int4["fidelity"]["top1"] < doc["gates"]["min_top1"], int4["fidelity"]
+    assert int4["status"] == "failed" and "under the floor" in int4["reason"], int4
+    assert doc["selected"] == "onnxruntime-genai/cpu:fp32"

@@ -32,6 +32,23 @@ def _int8(src: Path, dst: Path) -> None:
         shutil.copyfile(src / name, dst / name)
 
 
+def _int4(src: Path, dst: Path, block_size: int = 32) -> None:
+    """The decoder's constant-weight MatMuls as MatMulNBits (4 bits, symmetric, `block_size` weights a scale):
+    onnxruntime's own MatMulNBitsQuantizer, what its model builder's int4 models run."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(src / "model.onnx")), block_size=block_size, is_symmetric=True)
+    quantizer.process()
+    dst.mkdir(parents=True, exist_ok=True)
+    quantizer.model.save_model_to_file(str(dst / "model.onnx"))
+    for name in SIDE_FILES:
+        shutil.copyfile(src / name, dst / name)
+
+
 def _yaml(name: str, version: str, max_length: int, variants: dict[str, str], runtime: str) -> str:
     lines = [
         f"name: {name}",
@@ -59,7 +76,7 @@ def write_generative_package(
     timing: dict[str, Any] | None = None,
     **shape: int,
 ) -> Path:
-    """Write the package into `directory`; variants from ("int8", "perturbed", "gqa"); `shape`: the decoder's
+    """Write the package into `directory`; variants from ("int8", "int4", "perturbed", "gqa"); `shape`: the decoder's
     layers, hidden, heads, seed (agent.generative.tinymodel.Tiny; default 2 layers of 32, seed 0); `timing`: model.yaml's."""
     directory = Path(directory)
     write_tiny_genai(directory, max_length=max_length, **shape)
@@ -67,12 +84,14 @@ def write_generative_package(
     for v in variants:
         if v == "int8":
             _int8(directory, directory / "int8")
+        elif v == "int4":
+            _int4(directory, directory / "int4")
         elif v == "perturbed":
             write_tiny_genai(directory / "perturbed", max_length=max_length, perturb=perturb, **shape)
         elif v == "gqa":
             write_tiny_genai(directory / "gqa", max_length=max_length, gqa=True, **shape)
         else:
-            raise ValueError(f"unknown variant {v!r} (int8, perturbed, gqa)")
+            raise ValueError(f"unknown variant {v!r} (int8, int4, perturbed, gqa)")
         written[v] = v
     text = _yaml(name, version, max_length, written, "onnxruntime-genai") + (
         f"timing: {json.dumps(timing)}\n" if timing else ""
