@@ -34,6 +34,7 @@ NAME = "lm"
 SHAPE = {"layers": 3, "hidden": 192, "heads": 4}  # about 0.15 ms a token here: compute, not call overhead
 TIMING = {"prompt_lengths": [16, 32], "tpot_tokens": 16, "repeats": 2, "greedy_tokens": 16}  # a short qualification
 KEYS = {"ratio", "ci", "pairs", "aa", "conditions", "verdict", "reason"}
+LINE = 1.25  # serving.probation.ratio for these tests (the daemon fixture says why)
 
 
 def push(a: Any, version: str, **shape: Any) -> Any:
@@ -107,8 +108,11 @@ class Streams:
 @pytest.fixture
 def daemon(tmp_path):
     """A daemon serving version 1, committed (probation 2 s, watched on up to 10 windows while the pairs are not
-    judged; paired_share 0.5: enough pairs within that on a shared host, the default is 0.1)."""
-    probation = ProbationConfig(extend=10.0, paired_share=0.5)
+    judged; paired_share 0.5: enough pairs within that on a shared host, the default is 0.1; the line at 1.25x,
+    LINE: this decoder's twice-the-compute v2 reads about 1.65x, not 2x, as the embedding, the LM head and the
+    runtime's own cost a token do not double: at the default 1.5x its interval crossed the line, [1.48, 1.72], in
+    a CI run on 5 December 2026)."""
+    probation = ProbationConfig(extend=10.0, paired_share=0.5, ratio=LINE)
     a = make_agent(tmp_path, probation_s=2.0, probation=probation, start=True)
     try:
         dep = push(a, "1")
@@ -197,7 +201,7 @@ def test_twice_the_per_token_compute_is_rolled_back_naming_the_paired_tpot_ratio
     paired = _paired(a, dep)
     assert dep.state.value == "rolled_back", (dep.state, dep.reason)
     assert paired["verdict"] == "slower" and "paired TPOT ratio" in dep.reason, dep.reason
-    assert paired["ci"][0] > 1.5 and paired["ci"][0] > paired["aa"]["ci"][1], paired
+    assert paired["ci"][0] > LINE and paired["ci"][0] > paired["aa"]["ci"][1], paired
     assert _served_version(a) == "1"  # the referee serves again, without a load
 
 
