@@ -50,7 +50,10 @@ def test_a_real_daemon_takes_a_release_from_the_control_plane_and_keeps_it(tmp_p
                 "inbox": str(dev.state / "inbox"),  # the model arrives by the inbox (with mqtt: only when named)
             }
             dev.conf = write_config(tmp_path / "etc", mqtt={"url": broker.url}, extra=extra)
-            dev.start_guard()
+            # a good release only: limits a loaded host's slow start cannot fail (10 s to READY and 3 s to the
+            # broker are test_self_update's, for its faulty releases; beside the CI system lane's other worker
+            # this rollout halted once with them)
+            dev.start_guard(ready_s=60, broker_s=30)
             try:
                 drop(dev.state, "1")
                 assert dev.serves("1").endswith(N)

@@ -97,7 +97,9 @@ class Device:
                 "--base-venv", str(Path(sys.executable).parents[1]), "--json")  # fmt: skip
         return json.loads(r.stdout)
 
-    def start_guard(self, crash_at: str | None = None, max_tries: int = 2) -> None:
+    def start_guard(
+        self, crash_at: str | None = None, max_tries: int = 2, ready_s: float = 10, broker_s: float = 3
+    ) -> None:
         env = {**os.environ, **FAST_ENV}
         env.pop("EDGE_AGENT_GUARD_CRASH_AT", None)
         if crash_at:
@@ -105,8 +107,8 @@ class Device:
         # short limits (the agent is READY about 1 s after its start here): the hung release costs 10 s, not 120,
         # and a release ignoring SIGTERM is killed after 3 s
         args = ["supervise", "--root", str(self.root), "--config", str(self.conf), "--state-dir", str(self.state),
-                "--ready-timeout", "10", "--stability", "3", "--deadline", "60", "--max-tries", str(max_tries),
-                "--broker-timeout", "3",
+                "--ready-timeout", str(ready_s), "--stability", "3", "--deadline", "60", "--max-tries", str(max_tries),
+                "--broker-timeout", str(broker_s),
                 "--stop-timeout", "30", "--failed-stop-timeout", "3", "--restart-delay", "1"]  # fmt: skip
         log = open(self.root / "guard.log", "ab")  # noqa: SIM115
         self.guard = subprocess.Popen(
