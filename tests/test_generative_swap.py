@@ -34,7 +34,7 @@ NAME = "lm"
 SHAPE = {"layers": 3, "hidden": 192, "heads": 4}  # about 0.15 ms a token here: compute, not call overhead
 TIMING = {"prompt_lengths": [16, 32], "tpot_tokens": 16, "repeats": 2, "greedy_tokens": 16}  # a short qualification
 KEYS = {"ratio", "ci", "pairs", "aa", "conditions", "verdict", "reason"}
-LINE = 1.25  # serving.probation.ratio for these tests (the daemon fixture says why)
+LINE = 1.5  # serving.probation.ratio, the default (the daemon fixture says why it is set)
 
 
 def push(a: Any, version: str, **shape: Any) -> Any:
@@ -108,10 +108,10 @@ class Streams:
 @pytest.fixture
 def daemon(tmp_path):
     """A daemon serving version 1, committed (probation 2 s, watched on up to 10 windows while the pairs are not
-    judged; paired_share 0.5: enough pairs within that on a shared host, the default is 0.1; the line at 1.25x,
-    LINE: this decoder's twice-the-compute v2 reads about 1.65x, not 2x, as the embedding, the LM head and the
-    runtime's own cost a token do not double: at the default 1.5x its interval crossed the line, [1.48, 1.72], in
-    a CI run on 5 December 2026)."""
+    judged; paired_share 0.5: enough pairs within that on a shared host, the default is 0.1; the line LINE is the
+    default 1.5x, set here so the assertions read it: with the serving side timed on a twin, this decoder's
+    twice-the-compute v2 read 1.80-1.87x, [1.66, 2.00] at the widest, on this project's Xeon quiet and beside two
+    busy loops; on the serving version itself it read 1.65x, [1.48, 1.72] once, and equal compute 0.87x)."""
     probation = ProbationConfig(extend=10.0, paired_share=0.5, ratio=LINE)
     a = make_agent(tmp_path, probation_s=2.0, probation=probation, start=True)
     try:
@@ -141,6 +141,8 @@ def _swap(a: Any, **shape: Any) -> tuple[Any, Streams]:
 def _paired(a: Any, dep: Any) -> dict[str, Any]:
     paired = dep.data["probation"]["paired"]
     assert set(paired) == KEYS and paired["pairs"] >= 16, paired
+    twin = dep.data["probation"]["paired_runs"]["twin"]  # v2, serving, timed on a copy its clients never ran
+    assert twin["side"] == "candidate" and twin["built"] and twin["error"] is None, twin
     decision = json.loads((a.state_dir / "decisions" / f"{dep.id}.json").read_bytes())
     assert decision["kind"] == "generative" and decision["probation"]["paired"]["verdict"] == paired["verdict"]
     shown = a.status()["deployments"][NAME]

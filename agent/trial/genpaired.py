@@ -6,8 +6,10 @@ against incumbent: the noise floor), the CPU share the mirrored generations may 
 paired machinery's own (paired.Pairing, pairjudge.judge): this module only says how a generation is timed.
 
 Time per token is CPU time (rungate.CpuMark: the calling thread and the model's runtime threads) where the model
-runs on the host CPU, else wall time. A mirrored generation holds its KV cache in the serving budget like any
-request (one that does not fit is not run: the pair is dropped)."""
+runs on the host CPU, else wall time; a generation whose runtime threads waited for the cores runs again (as an
+ordinary pair's half does). The served side is timed on a twin where serving.probation.paired_twin is on (the
+candidate's model loaded again, genprobation.py; trial/twin.py says why). A mirrored generation holds its KV cache
+in the serving budget like any request (one that does not fit is not run: the pair is dropped)."""
 
 from __future__ import annotations
 
@@ -57,12 +59,16 @@ class TokenPairing(Pairing):
         self._ready.set()
 
     def _timed(self, session: Any, feeds: dict[str, Any]) -> float | None:
-        """One greedy generation on `session` (a GenerativeModel): its seconds per token, None when not measured
-        (never run again: `_contended` stays False, a generation costs too much to retry)."""
+        """One greedy generation on `session` (a GenerativeModel): its seconds per token, None when not measured.
+        A generation whose runtime threads waited for the cores (the runtime returned no figure) sets `_contended`:
+        paired.Pairing._clean runs that half again while the mirrored CPU stays within its share; one refused by
+        the KV budget or failing is not run again."""
         self.runs += 1
+        self._contended = False
         spent, cost = None, 0.0
         try:
             spent, cost = tpot(session, feeds["prompt"], self.tokens, self.cpu)
+            self._contended = spent is None
         except ServerBusy:
             pass  # the KV budget is full of client streams: the pair is dropped, no client waits for it
         except Exception:  # noqa: BLE001 - a failing mirrored generation is counted, not raised

@@ -15,18 +15,24 @@ from agent.trial.genpaired import TokenPairing
 from agent.trial.paired import rule_of
 from agent.trial.probation import PASSED, SUPERSEDED, WATCHING, Verdict, paired_verdict
 from agent.trial.settings import ProbationConfig
+from agent.trial.twin import CANDIDATE, Twin
 
 COUNTED = ("requests_total", "cancelled_total", "refused_total", "prompt_tokens_total", "completion_tokens_total")
 
 
-def start_pairing(host: Any, name: str, config: ProbationConfig, cpu: bool) -> TokenPairing | None:
+def start_pairing(
+    host: Any, name: str, config: ProbationConfig, cpu: bool, twin_build: Callable[[], Any] | None = None
+) -> TokenPairing | None:
     """Paired TPOT of the serving version against the referee (the incumbent kept through the swap), observing
-    the serving version's live generations; None when serving.probation.paired is off or there is no referee."""
+    the serving version's live generations, the serving side timed on a twin that `twin_build` loads (where given
+    and serving.probation.paired_twin is on); None when serving.probation.paired is off or there is no referee."""
     ref, serving = host.referee(name), host.models.get(name)
     if not config.paired or ref is None or serving is None:
         return None
     pairing = TokenPairing(ref, serving, share=config.paired_share, aa_share=config.paired_aa_share, cpu=cpu)
     pairing.needs = (config.paired_min_pairs, config.paired_min_aa)
+    if config.paired_twin and twin_build is not None:
+        pairing.twin = Twin(CANDIDATE, twin_build)  # built on the pair thread before its first pair
     serving.observers.append(pairing)
     pairing.start()
     return pairing

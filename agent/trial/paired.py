@@ -211,7 +211,7 @@ class Pairing:
                 return spent
             if self.mirrored_s + halves_left * (self.mirrored_s - before) > self.share * self.serving_s():
                 return None
-            wait = self.gate.pace_s()
+            wait = self.gate.pace_s() if self.gate is not None else 0.0  # TokenPairing: no gate
             if wait > RETRY_WAIT_S or self._stop.wait(wait):
                 return None
             self.retried += 1

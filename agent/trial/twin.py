@@ -4,7 +4,8 @@ A session that several client threads run on both cores runs faster alone afterw
 pair thread runs: measured in the pairs on this project's Intel Xeon, an equal-compute copy served by four
 clients read x0.72 against its incumbent, the incumbent served x1.22, a third session served x1.00 (docs/serving.md,
 "A version the clients serve"). So the served side of a pair is timed on a twin the clients never run: the
-serving version's model opened again, as its slot entry says. It is built on the pair thread before the first
+serving version's model opened again, as its slot entry says (a generative version: loaded again by its runtime,
+genprobation.py). It is built on the pair thread before the first
 pair (the run gate measures nothing meanwhile: a build's CPU would count in the runs it overlaps), costs one more
 copy of the model in memory for the trial, and is closed when the pairs stop. A twin that cannot be built leaves
 the serving session in the pairs and says why."""
@@ -21,7 +22,9 @@ INCUMBENT, CANDIDATE = "incumbent", "candidate"
 class Twin:
     """Builds, holds and closes the twin of one side of a pairing (`side`: INCUMBENT or CANDIDATE)."""
 
-    def __init__(self, side: str, build: Callable[[], Any], gate: Any) -> None:
+    def __init__(self, side: str, build: Callable[[], Any], gate: Any = None) -> None:
+        """gate: the run gate told to measure nothing while the twin builds (None: a pairing that times its runs
+        on its own, genpaired.TokenPairing)."""
         if side not in (INCUMBENT, CANDIDATE):
             raise ValueError(f"twin side must be {INCUMBENT!r} or {CANDIDATE!r}, got {side!r}")
         self.side, self._build, self._gate = side, build, gate
@@ -32,13 +35,15 @@ class Twin:
     def open(self) -> Any:
         """The twin session, built now (None when the build failed: `error` says why)."""
         t0 = time.perf_counter()
-        self._gate.busy(True)
+        if self._gate is not None:
+            self._gate.busy(True)
         try:
             self.session = self._build()
         except Exception as exc:  # noqa: BLE001 - the pairs go on with the serving session, saying why
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            self._gate.busy(False)
+            if self._gate is not None:
+                self._gate.busy(False)
             self.build_s = round(time.perf_counter() - t0, 4)
         return self.session
 

@@ -151,6 +151,13 @@ class GenerativeModel:
             for observer in self.observers:
                 observer.offer_prompt(prompt, sampling.max_tokens)
 
+    def close(self) -> None:
+        """A copy nobody serves from (a pairing's twin): its runtime threads are no longer claimed; the runtime's
+        objects go with the last reference."""
+        from agent.serving import rungate
+
+        rungate.disown(self)
+
     # what each runtime implements
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError

@@ -124,6 +124,4 @@ def _let_go(model: GenerativeModel | None) -> None:
     """A version nobody serves any more: its runtime threads are no longer claimed. Generations in flight hold
     the object, so it is freed when the last of them ends."""
     if model is not None:
-        from agent.serving import rungate
-
-        rungate.disown(model)
+        model.close()
