@@ -127,9 +127,9 @@ def test_completions_streamed_and_not_are_llmpipelines_own_greedy_output(served)
 
 
 def test_a_fast_models_stream_is_paced_by_stream_interval_ms(served, tmp_path) -> None:
-    """serving.generative.stream_interval_ms (default 20): the tiny model makes its tokens far faster than one per
-    20 ms here, so its stream goes out in a first piece at once and then a piece at most every 20 ms, the text
-    unchanged; at 0, a piece a token (each a detokenizer call and a hop on the request's thread)."""
+    """serving.generative.stream_interval_ms (default 20): a stream goes out in a first piece at once and then a
+    piece at most every 20 ms, the text unchanged (the tiny model makes its tokens far faster than that here, so
+    fewer pieces than tokens); at 0, a piece a token (each a detokenizer call and a hop on the request's thread)."""
     srv, pkg = served
     doc = {"model": "tiny-ov", "prompt": "Hello, edge", "max_tokens": 100, "temperature": 0}
     whole = json.loads(_post(srv.port, "/v1/completions", doc).read())
@@ -152,7 +152,9 @@ def test_a_fast_models_stream_is_paced_by_stream_interval_ms(served, tmp_path) -
     finally:
         assert each_srv.shutdown(10)
         reg.close()
-    assert len(each) >= made // 4 and len(each) > 3 * len(paced), (len(each), len(paced), made)
+    # a piece a token at 0 (some tokens end no character); paced, fewer wherever the tokens came faster than 20 ms
+    assert len(each) >= made // 4, (len(each), made)
+    assert len(each) > len(paced) or 2 + took / 0.02 >= made // 4, (len(each), len(paced), made, took)
 
 
 def test_triton_generate_stream_and_a_stop_string(served) -> None:

@@ -9,6 +9,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from agent.config.load import parse_config
 from agent.generative.samples import write_generative_package
 from agent.serving.fronts import start_fronts
 from agent.serving.generative.engine import Sampling, Usage
+from agent.serving.generative.pacing import DEFAULT_STREAM_INTERVAL_S
 from agent.serving.generative.stream import GenerationStream
 from agent.serving.http.wire import send_stream
 from agent.serving.registry import ModelRegistry
@@ -157,6 +159,33 @@ def test_a_client_that_hangs_up_ends_its_generation(server) -> None:
     pieces = model.generate([104, 105], Sampling(max_tokens=60), Usage(), lease)
     GenerationStream((p.encode() for p in pieces), pieces, lease).close()
     assert model.budget.held == 0 and model.budget.streams == 0
+
+
+def test_a_stream_is_paced_by_stream_interval_ms(server) -> None:
+    """serving.generative.stream_interval_ms for onnxruntime-genai (which generates on the request's thread): a
+    stream's text goes out in a first piece at once, then at most every interval (the text made meanwhile held
+    for the next piece); at 0 a piece a token; the text is the same, and a request read whole is not paced."""
+    model = server.plane.generation.models["tiny-lm"]
+    prompt, sampling = [104, 105], Sampling(max_tokens=60, temperature=0)
+
+    def texts(interval: float, streamed: bool = True) -> tuple[list[str], float, int]:
+        model.stream_interval_s = interval
+        usage, lease = Usage(), model.reserve(prompt, sampling)
+        t0 = time.monotonic()
+        out = [p for p in model.generate(prompt, sampling, usage, lease, streamed=streamed) if p]
+        return out, time.monotonic() - t0, usage.completion_tokens
+
+    try:
+        each, _, made = texts(0.0)
+        paced, took, _ = texts(0.02)
+        whole, _, _ = texts(0.02, streamed=False)
+    finally:
+        model.stream_interval_s = DEFAULT_STREAM_INTERVAL_S
+    assert made >= 20 and "".join(paced) == "".join(each) == "".join(whole), (made, paced, each)
+    assert len(each) >= made // 4 and len(whole) >= made // 4, (len(each), len(whole), made)  # not paced
+    assert 1 <= len(paced) <= 2 + took / 0.02, (len(paced), took)
+    assert len(paced) < len(each) or 2 + took / 0.02 >= made // 4, (len(paced), len(each), made, took)
+    assert model.budget.held == 0
 
 
 def test_metrics_count_tokens_and_cancellations(server) -> None:

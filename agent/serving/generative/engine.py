@@ -7,7 +7,6 @@ host.load_engine picks one by the package's model.yaml runtime."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -19,10 +18,10 @@ import numpy as np
 from agent.serving.errors import InvalidInput, ServerBusy
 from agent.serving.generative.genmetrics import GenStats
 from agent.serving.generative.kvbudget import KVBudget, KVShape, Lease
+from agent.serving.generative.pacing import DEFAULT_STREAM_INTERVAL_S
 from agent.serving.generative.recent import LivePrompts
 
 ORT_GENAI, OV_GENAI = "onnxruntime-genai", "openvino-genai"
-DEFAULT_STREAM_INTERVAL_S = 0.02  # serving.generative.stream_interval_ms
 
 
 @dataclass(frozen=True)
@@ -79,33 +78,6 @@ class StopScanner:
         return out
 
 
-class Pacer:
-    """serving.generative.stream_interval_ms, for an engine that generates on a thread of its own (ovgenai): a
-    stream's text goes out at most every `interval` seconds, the first piece at once; text made in between is held
-    and goes out with the next piece (the whole text is the same). A model slower than the interval streams a
-    piece a token; a faster one sends fewer, longer pieces, and the request's thread decodes, writes and takes the
-    interpreter from the generation's callback that much less often (docs/generative.md, "Bench")."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval, self.held, self.last = interval, "", -math.inf
-
-    def left(self) -> float:
-        """Seconds until the next piece may go out (<= 0: now)."""
-        return self.last + self.interval - time.monotonic()
-
-    def take(self, piece: str) -> str:
-        """What goes out now: `piece` and what was held, or "" while the interval runs."""
-        self.held += piece
-        if not self.held or self.left() > 0:
-            return ""
-        out, self.held, self.last = self.held, "", time.monotonic()
-        return out
-
-    def rest(self) -> str:
-        out, self.held = self.held, ""
-        return out
-
-
 class GenerativeModel:
     """What the routes, the host and the trial see of a served generative model; a runtime's engine subclasses it
     and sets `kv` (the KV cost of a token) and `eos` in its __init__."""
@@ -113,7 +85,9 @@ class GenerativeModel:
     runtime = ""
     kv: KVShape
     eos: set[int]
-    stream_interval_s = DEFAULT_STREAM_INTERVAL_S  # set by the host from serving.generative.stream_interval_ms
+    stream_interval_s = (
+        DEFAULT_STREAM_INTERVAL_S  # set by the host from serving.generative.stream_interval_ms (pacing.py)
+    )
 
     def __init__(self, name: str, model_dir: Path, provider: str, budget: KVBudget, version: str = "1") -> None:
         self.name, self.model_dir, self.provider, self.budget = name, model_dir, provider, budget

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from agent.serving.errors import InvalidInput
 from agent.serving.generative.engine import (
-    DEFAULT_STREAM_INTERVAL_S,
     ORT_GENAI,
     OV_GENAI,
     EngineSpec,
     GenerativeModel,
 )
 from agent.serving.generative.kvbudget import KVBudget
+from agent.serving.generative.pacing import DEFAULT_STREAM_INTERVAL_S
 
 DEFAULT_KV_BUDGET = 256 * 2**20
 

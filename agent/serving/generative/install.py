@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from agent.serving.generative.engine import DEFAULT_STREAM_INTERVAL_S, OV_GENAI, EngineSpec, GenerativeModel
+from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel
 from agent.serving.generative.genmetrics import families
 from agent.serving.generative.host import GenerativeHost
 from agent.serving.generative.openai import OpenAIRoutes
 from agent.serving.generative.ovgenai import DEVICE_DEFAULT
+from agent.serving.generative.pacing import DEFAULT_STREAM_INTERVAL_S
 from agent.serving.generative.triton import generate
 from agent.serving.http.handlers import Response
 

@@ -15,6 +15,7 @@ import numpy as np
 from agent.serving.errors import ModelUnavailable
 from agent.serving.generative.engine import ORT_GENAI, GenerativeModel, Sampling, StopScanner, Usage
 from agent.serving.generative.kvbudget import KVBudget, Lease, kv_shape
+from agent.serving.generative.pacing import Pacer
 
 
 class OrtGenaiModel(GenerativeModel):
@@ -68,6 +69,7 @@ class OrtGenaiModel(GenerativeModel):
             gen = self._generator(prompt, sampling)
             stream = self.tokenizer.create_stream()
             scan = StopScanner(sampling.stop)
+            pace = Pacer(self.stream_interval_s if streamed else 0.0)
             while not gen.is_done() and usage.completion_tokens < sampling.max_tokens:
                 gen.generate_next_token()
                 token = int(gen.get_next_tokens()[0])
@@ -82,12 +84,13 @@ class OrtGenaiModel(GenerativeModel):
                     break
                 usage.completion_tokens += 1
                 out, stopped = scan.feed(stream.decode(token))
-                yield out  # "" when the token ends no character yet (the stream still checks its client)
+                yield pace.take(out)  # "" when the token ends no character yet or the interval runs
                 if stopped:
                     usage.finish_reason = "stop"
+                    yield pace.rest()
                     return
             usage.finish_reason = usage.finish_reason or "length"
-            tail = scan.rest()
+            tail = pace.rest() + scan.rest()
             if tail:
                 yield tail
         finally:

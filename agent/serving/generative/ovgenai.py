@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from agent.serving.errors import ModelUnavailable
-from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel, Pacer, Sampling, StopScanner, Usage
+from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel, Sampling, StopScanner, Usage
 from agent.serving.generative.kvbudget import KVBudget, KVShape, Lease
+from agent.serving.generative.pacing import Pacer
 from agent.serving.generative.params import KEEPALIVE_S
 
 DEVICE_DEFAULT = "device-default"  # agent.generative.qualify's row of the device's own hints
@@ -126,7 +127,7 @@ class _Text:
 class _Run:
     """One generation on a thread of its own. The generation thread's streamer only stamps each token and queues
     its id (an exception, then _DONE, when the pipeline failed); the request's thread decodes and scans for stop
-    strings, off the generation's path: a stream at most every stream_interval (engine.Pacer: the tokens that
+    strings, off the generation's path: a stream at most every stream_interval (pacing.Pacer: the tokens that
     came meanwhile decoded at once; token by token where a stop string must be found at its token); a generation
     read only at its end (not streamed, no stop string) runs with no streamer and is decoded once. `cancel` (its
     client went away, or its text reached a stop string) stops the generation at its next token."""
@@ -184,8 +185,7 @@ class _Run:
         usage.pieces.extend(d / 1e6 for d in raw.m_durations)
         if tokens and tokens[-1] in self.model.eos:
             tokens, self.eos = tokens[:-1], True
-        for token in tokens:
-            self.q.put(token)
+        self.q.put(tokens)  # the whole list, once
 
     def token(self, token: int) -> bool:
         """The streamer's, on the generation thread: one token came; False stops the generation (EOS, a stop
@@ -235,9 +235,9 @@ class _Run:
                 break
             if isinstance(item, BaseException):
                 raise item
-            if self.whole:
-                self.text.ids.append(item)
-                usage.completion_tokens += 1
+            if isinstance(item, list):  # a generation read whole: its tokens at once (_generate_whole)
+                self.text.ids.extend(item)
+                usage.completion_tokens += len(item)
                 continue
             wait = pace.left()
             if wait > 0:  # the generation goes on: what it makes meanwhile goes out in this piece
