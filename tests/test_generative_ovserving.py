@@ -129,7 +129,7 @@ def test_completions_streamed_and_not_are_llmpipelines_own_greedy_output(served)
 def test_a_fast_models_stream_is_paced_by_stream_interval_ms(served, tmp_path) -> None:
     """serving.generative.stream_interval_ms (default 20): a stream goes out in a first piece at once and then a
     piece at most every 20 ms, the text unchanged (the tiny model makes its tokens far faster than that here, so
-    fewer pieces than tokens); at 0, a piece a token (each a detokenizer call and a hop on the request's thread)."""
+    fewer pieces than tokens); at 0, a piece whenever the request's thread reads tokens (each a detokenizer call)."""
     srv, pkg = served
     doc = {"model": "tiny-ov", "prompt": "Hello, edge", "max_tokens": 100, "temperature": 0}
     whole = json.loads(_post(srv.port, "/v1/completions", doc).read())
@@ -152,9 +152,9 @@ def test_a_fast_models_stream_is_paced_by_stream_interval_ms(served, tmp_path) -
     finally:
         assert each_srv.shutdown(10)
         reg.close()
-    # a piece a token at 0 (some tokens end no character); paced, fewer wherever the tokens came faster than 20 ms
-    assert len(each) >= made // 4, (len(each), made)
-    assert len(each) > len(paced) or 2 + took / 0.02 >= made // 4, (len(each), len(paced), made, took)
+    # at 0 the request's thread sends what came since its last piece as soon as it reads it: as many pieces as it
+    # keeps up with (a piece a token on an idle host, fewer on a loaded one), more than the first and the last
+    assert len(each) >= 4, (len(each), made)
 
 
 def test_triton_generate_stream_and_a_stop_string(served) -> None:
@@ -241,11 +241,16 @@ def test_a_client_that_hangs_up_mid_stream_ends_its_generation_and_frees_the_bud
         reg.close()
 
 
-def push(a: Any, version: str, **shape: Any) -> Any:
-    """Drop an openvino-genai package into the daemon's inbox; the deployment once terminal."""
-    drop(a.state_dir, version, name=NAME,
-         writer=lambda d: write_openvino_package(d, name=NAME, version=version, variants=(), max_length=128,
-                                                 timing=TIMING, **shape))  # fmt: skip
+def push(a: Any, version: str, yaml: str = "", **shape: Any) -> Any:
+    """Drop an openvino-genai package into the daemon's inbox (`yaml`: more model.yaml lines); the deployment
+    once terminal."""
+
+    def writer(d: Path) -> None:
+        write_openvino_package(d, name=NAME, version=version, variants=(), max_length=128, timing=TIMING, **shape)
+        with (d / "model.yaml").open("a", encoding="utf-8") as f:
+            f.write(yaml)
+
+    drop(a.state_dir, version, name=NAME, writer=writer)
 
     def ended():
         done = [d for d in a.orchestrator.journal.all() if d.version == version and d.terminal]
@@ -307,9 +312,9 @@ def test_an_openvino_genai_package_is_deployed_into_a_running_daemon_and_served(
 def test_a_v2_of_the_same_weights_passes_the_shadow_swaps_and_is_paired_on_tpot(tmp_path) -> None:
     """A v2 of v1's weights pushed while a client sends requests: the shadow through this engine agrees (1.0, no
     logit moves at the same precision), it swaps in with 0 failed requests, and its probation runs live prompts
-    again on both versions
-    for CPU time per token (LLMPipeline's: the difference of two greedy runs, ovgenai.paired_tpot); the verdict
-    is the paired machinery's (a rollback, when it is "not judged" here, reinstates v1 without a load)."""
+    again on pair copies of both versions for CPU time per token (LLMPipeline's: the difference of two greedy
+    runs, ovgenai.paired_tpot); the verdict is the paired machinery's (a rollback, when it is "not judged" here,
+    reinstates v1 without a load)."""
     import threading
 
     from agent.trial.settings import ProbationConfig
@@ -344,12 +349,62 @@ def test_a_v2_of_the_same_weights_passes_the_shadow_swaps_and_is_paired_on_tpot(
         assert runs["runs"] >= 2 and runs["failed"] == 0 and runs["offered"] >= 1, runs
         paired = probation["paired"]
         assert set(paired) >= {"ratio", "pairs", "aa", "verdict", "reason"}, paired
-        # on a quiet host the pairs judge it; on a loaded one (this project's 2 shared cores) OpenVINO's worker
-        # threads wait for the cores in every run, the pairs are dropped and serving.unjudged decides
-        assert dep.state.value == ("committed" if paired["verdict"] == "not slower" else dep.state.value), dep.reason
-        assert dep.state.value in ("committed", "rolled_back"), dep.reason
+        # both versions timed on pair copies (one inference thread: the calling thread's clock; ovgenai.paired_tpot)
+        for twin, side in ((runs["twin"], "candidate"), (runs["referee_twin"], "incumbent")):
+            assert twin["side"] == side and twin["built"] and twin["error"] is None, runs
+        # equal compute is never "slower"; "not slower" commits; too few pairs in the window (a busy host) is
+        # "not judged", and serving.unjudged decides (the test's: rollback, to v1 without a load)
+        assert paired["verdict"] in ("not slower", "not judged"), paired
+        assert dep.state.value == ("committed" if paired["verdict"] == "not slower" else "rolled_back"), dep.reason
         if paired["verdict"] == "not judged":
-            assert "contended" in paired["reason"] or "too few pairs" in paired["reason"], paired
+            assert "too few pairs" in paired["reason"], paired
+    finally:
+        stop.set()
+        a.stop()
+
+
+@pytest.mark.alone
+def test_twice_the_per_token_compute_through_openvino_genai_is_rolled_back_naming_the_paired_tpot_ratio(
+    tmp_path,
+) -> None:
+    """test_generative_swap's slow v2 through this engine: v1 a 3x384 decoder, v2 the same with 3 idle layers
+    (zero output projections: the same text, twice the compute a token), pushed while a client sends
+    requests. Each version's gates (model.yaml `max_logit_diff` 0.0001) pass only rows that compute in f32, so
+    both serve at the same precision on any CPU (the device-default row is bf16 where the CPU has it). The pairs
+    run on copies of both versions with one inference thread, timed by the calling thread's clock, so OpenVINO's
+    shared thread pool, busy with the live requests, is not in them; v2 is rolled back naming the ratio."""
+    import threading
+
+    from agent.trial.settings import ProbationConfig
+
+    shape = {"layers": 3, "hidden": 384, "heads": 6}  # 1.0 and 2.0 ms a token on one thread here: 1.99x
+    strict = "gates: {max_logit_diff: 0.0001}\n"
+    a = make_agent(tmp_path, probation_s=2.0, probation=ProbationConfig(extend=10.0, paired_share=0.5), start=True)
+    stop, errors, versions = threading.Event(), [], set()
+
+    def client() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                versions.add(_generate(a, f"request {n}: once upon a time", 24)["model_version"])
+            except (AssertionError, OSError) as exc:
+                errors.append(str(exc))
+
+    try:
+        assert push(a, "1", yaml=strict, **shape).state.value == "committed"
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        wait_for(lambda: versions, 60, "a first answer")
+        dep = push(a, "2", yaml=strict, idle=3, **shape)
+        stop.set()
+        thread.join(60)
+        assert errors == [] and versions >= {"1", "2"}, (errors, versions)
+        assert dep.data["shadow"]["verdict"] == "pass", dep.data["shadow"]
+        paired = dep.data["probation"]["paired"]
+        assert dep.state.value == "rolled_back" and paired["verdict"] == "slower", (dep.state, paired)
+        assert "paired TPOT ratio" in dep.reason and paired["ci"][0] > 1.5, (dep.reason, paired)
+        assert _generate(a, "Hello, edge", 4)["model_version"] == "1"  # the referee serves again
     finally:
         stop.set()
         a.stop()

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.serving.errors import ServerBusy
 from agent.trial.paired import Pairing
+from agent.trial.twin import Twin
 
 PAIR_TOKENS = 16  # tokens each side generates per pair, timed ...
 WARM_TOKENS = 4  # ... after the prefill's token and these (the version's weights back in the caches)
@@ -46,6 +47,23 @@ class TokenPairing(Pairing):
     def __init__(self, incumbent: Any, candidate: Any, *, tokens: int = PAIR_TOKENS, **kw: Any) -> None:
         super().__init__(incumbent, candidate, gate=None, **kw)  # type: ignore[arg-type]  # no run gate: _timed
         self.tokens = int(tokens)
+        self.referee_twin: Twin | None = None  # the incumbent's pair copy too (a runtime with a shared pool)
+
+    def _use_twin(self) -> None:
+        super()._use_twin()
+        if self.referee_twin is not None and not self._stop.is_set():
+            session = self.referee_twin.open()
+            if session is not None:
+                self.incumbent = session
+
+    def stop(self) -> None:
+        super().stop()
+        if self.referee_twin is not None and (self._thread is None or not self._thread.is_alive()):
+            self.referee_twin.close()
+
+    def counts(self) -> dict[str, Any]:
+        """paired.Pairing's, and `referee_twin` (the incumbent's pair copy: said as `twin` is, or null)."""
+        return {**super().counts(), "referee_twin": self.referee_twin.said() if self.referee_twin else None}
 
     def offer_prompt(self, prompt: list[int], max_tokens: int) -> None:
         """A live generation ended: keep its prompt for a pair when one is wanted and the budget allows."""

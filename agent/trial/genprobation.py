@@ -9,30 +9,32 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from agent.trial.genpaired import TokenPairing
 from agent.trial.paired import rule_of
 from agent.trial.probation import PASSED, SUPERSEDED, WATCHING, Verdict, paired_verdict
 from agent.trial.settings import ProbationConfig
-from agent.trial.twin import CANDIDATE, Twin
+from agent.trial.twin import CANDIDATE, INCUMBENT, Twin
 
 COUNTED = ("requests_total", "cancelled_total", "refused_total", "prompt_tokens_total", "completion_tokens_total")
 
 
-def start_pairing(
-    host: Any, name: str, config: ProbationConfig, cpu: bool, twin_build: Callable[[], Any] | None = None
-) -> TokenPairing | None:
+def start_pairing(host: Any, name: str, config: ProbationConfig, cpu: bool) -> TokenPairing | None:
     """Paired TPOT of the serving version against the referee (the incumbent kept through the swap), observing
-    the serving version's live generations, the serving side timed on a twin that `twin_build` loads (where given
-    and serving.probation.paired_twin is on); None when serving.probation.paired is off or there is no referee."""
+    the serving version's live generations; with serving.probation.paired_twin on, the serving side is timed on a
+    pair copy of it (GenerativeHost.copy, trial/twin.py), and so is the referee where the runtime's pipelines share
+    a thread pool (openvino-genai); None when serving.probation.paired is off or there is no referee."""
     ref, serving = host.referee(name), host.models.get(name)
     if not config.paired or ref is None or serving is None:
         return None
     pairing = TokenPairing(ref, serving, share=config.paired_share, aa_share=config.paired_aa_share, cpu=cpu)
     pairing.needs = (config.paired_min_pairs, config.paired_min_aa)
-    if config.paired_twin and twin_build is not None:
-        pairing.twin = Twin(CANDIDATE, twin_build)  # built on the pair thread before its first pair
+    if config.paired_twin:  # built on the pair thread before its first pair
+        pairing.twin = Twin(CANDIDATE, partial(host.copy, serving))
+        if serving.shared_pool:
+            pairing.referee_twin = Twin(INCUMBENT, partial(host.copy, ref))
     serving.observers.append(pairing)
     pairing.start()
     return pairing

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agent.errors import LifecycleError
 from agent.lifecycle.cleanup import collect_garbage
 from agent.lifecycle.context import StepContext
-from agent.lifecycle.genserve import engine_spec, serve_generative
+from agent.lifecycle.genserve import serve_generative
 from agent.lifecycle.journal import Deployment
 from agent.lifecycle.parts import Parts
 from agent.lifecycle.record import Activated, Qualified, Record, Trial
@@ -132,12 +130,6 @@ def _shadow(parts: Parts, dep: Deployment, ctx: StepContext, candidate: Any, out
         raise ShadowFailed(out)
 
 
-def _twin_build(parts: Parts, dep: Deployment) -> Callable[[], Any]:
-    """Loads the serving version's model again, for the pairs only (trial/twin.py; closed when they stop)."""
-    entry, host = parts.entry(dep), parts.registry.generative
-    return partial(host.load, dep.model, entry.version, Path(str(entry.model_path)), entry.provider, engine_spec(entry))
-
-
 def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event, Trial]:
     from agent.trial import genprobation
 
@@ -145,7 +137,7 @@ def on_probation(parts: Parts, dep: Deployment, ctx: StepContext) -> tuple[Event
     sel = dep.data.get("selected") or {}
     cpu = compute_measure(sel.get("provider")) == "cpu"
     earlier = host.referee(dep.model) is not None
-    pairing = genprobation.start_pairing(host, dep.model, config, cpu, twin_build=_twin_build(parts, dep))
+    pairing = genprobation.start_pairing(host, dep.model, config, cpu)
     try:
         v = genprobation.watch(host, dep.model, dep.version, pairing, parts.config.window_s, config, ctx.check)
     finally:

@@ -28,11 +28,13 @@ ORT_GENAI, OV_GENAI = "onnxruntime-genai", "openvino-genai"
 class EngineSpec:
     """How a model directory is served: its package's runtime, the row's precision (openvino-genai: `device-default`
     compiles with the device's own hints, anything else with f32 ones) and the package's max_length (openvino-genai:
-    the longest sequence a request may reach; onnxruntime-genai reads it from genai_config.json)."""
+    the longest sequence a request may reach; onnxruntime-genai reads it from genai_config.json). `pair_copy`: a
+    copy for a trial's paired TPOT only (GenerativeHost.copy), never served (openvino-genai: one inference thread)."""
 
     runtime: str = ORT_GENAI
     precision: str | None = None
     max_length: int | None = None
+    pair_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ class GenerativeModel:
     and sets `kv` (the KV cost of a token) and `eos` in its __init__."""
 
     runtime = ""
+    spec = EngineSpec()  # how it was loaded (ovgenai sets its own)
+    # the runtime's pipelines of one process share a CPU thread pool (openvino-genai): a trial times both
+    # versions on pair copies (GenerativeHost.copy), not only the serving one
+    shared_pool = False
     kv: KVShape
     eos: set[int]
     stream_interval_s = (

@@ -7,6 +7,7 @@ on the version it started on. The swapped-out version is kept as the referee whi
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from agent.serving.errors import InvalidInput
@@ -56,6 +57,13 @@ class GenerativeHost:
         model.stream_interval_s = self.stream_interval_s
         rungate.claim(model, before)  # the runtime threads its load started are its own (CPU time of pairs)
         return model
+
+    def copy(self, model: GenerativeModel) -> GenerativeModel:
+        """`model` loaded again for a trial's paired TPOT only (EngineSpec.pair_copy; trial/twin.py): never served,
+        let go with close()."""
+        return self.load(
+            model.name, model.version, model.model_dir, model.provider, replace(model.spec, pair_copy=True)
+        )
 
     def swap(self, name: str, model: GenerativeModel, keep_previous: bool = False) -> GenerativeModel | None:
         """New requests get `model` from now on; the one it replaces is kept as the referee when asked."""

@@ -19,9 +19,7 @@ import queue
 import threading
 import time
 import xml.etree.ElementTree as ET  # the package's own IR, checked (and verified, when deployed) before it loads
-from collections import deque
-from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import numpy as np
 from agent.serving.errors import ModelUnavailable
 from agent.serving.generative.engine import OV_GENAI, EngineSpec, GenerativeModel, Sampling, StopScanner, Usage
 from agent.serving.generative.kvbudget import KVBudget, KVShape, Lease
+from agent.serving.generative.ovlending import Pipelines
 from agent.serving.generative.pacing import Pacer
 from agent.serving.generative.params import KEEPALIVE_S
 
@@ -53,40 +52,6 @@ def ov_kv_shape(model_dir: Path, max_length: int, dtype_bytes: int = 4) -> KVSha
         raise ModelUnavailable(f"{model_dir}: the IR has no KV state (ReadValue [batch, heads, seq, head_size])")
     heads, size = max(h for h, _ in shapes), max(s for _, s in shapes)
     return KVShape((len(shapes) + 1) // 2, heads, size, dtype_bytes, int(max_length), False)
-
-
-class _Pipelines:
-    """The model's LLMPipeline, lent to one generation at a time, first come first served: a live request waits
-    behind those before it, never behind a trial's runs that came after it (the pair thread borrows it again
-    right after each run, and a polled condition let it win every time: a client's request waited out a whole
-    probation)."""
-
-    def __init__(self, pipe: Any) -> None:
-        self._idle = [pipe]
-        self._line: deque[object] = deque()
-        self._cv = threading.Condition()
-
-    @contextmanager
-    def borrow(self, cancel: threading.Event | None = None) -> Iterator[Any]:
-        """The pipeline once free and this borrower first in line; None when `cancel` was set while waiting."""
-        me = object()
-        with self._cv:
-            self._line.append(me)
-            try:
-                while not (self._idle and self._line[0] is me) and not (cancel is not None and cancel.is_set()):
-                    self._cv.wait(0.05)
-                gone = cancel is not None and cancel.is_set()
-                pipe = self._idle.pop() if self._idle and self._line[0] is me and not gone else None
-            finally:
-                self._line.remove(me)
-                self._cv.notify_all()
-        try:
-            yield pipe
-        finally:
-            if pipe is not None:
-                with self._cv:
-                    self._idle.append(pipe)
-                    self._cv.notify_all()
 
 
 class _Text:
@@ -281,6 +246,7 @@ class _Run:
 
 class OVGenaiModel(GenerativeModel):
     runtime = OV_GENAI
+    shared_pool = True  # its pipelines in one process share OpenVINO's CPU thread pool
 
     def __init__(
         self, name: str, model_dir: Path, provider: str, budget: KVBudget, version: str, spec: EngineSpec
@@ -297,9 +263,10 @@ class OVGenaiModel(GenerativeModel):
         super().__init__(name, model_dir, provider, budget, version)
         self.ov, self.ovg = ov, ovg
         self.device = provider.upper()  # OpenVINO's device names: CPU, GPU, GPU.1, NPU
-        self.hints = HINTS["default" if spec.precision == DEVICE_DEFAULT else "fp32"]
-        pipe = ovg.LLMPipeline(str(model_dir), self.device, **self.hints)
-        self.pipelines = _Pipelines(pipe)
+        self.spec, self.hints = spec, HINTS["default" if spec.precision == DEVICE_DEFAULT else "fp32"]
+        one = {"INFERENCE_NUM_THREADS": 1} if spec.pair_copy else {}  # a pairs' copy runs on the calling thread
+        pipe = ovg.LLMPipeline(str(model_dir), self.device, **self.hints, **one)
+        self.pipelines = Pipelines(pipe)
         self.tokenizer = pipe.get_tokenizer()
         self.eos = {int(pipe.get_generation_config().eos_token_id), int(self.tokenizer.get_eos_token_id())}
         self.kv = ov_kv_shape(model_dir, spec.max_length or _package_max_length(model_dir))
@@ -373,7 +340,9 @@ class OVGenaiModel(GenerativeModel):
 
     def paired_tpot(self, prompt: list[int], warm: int, tokens: int, cpu: bool) -> float | None:
         """LLMPipeline.generate has no step of its own: (cost of 1 + warm + tokens greedy tokens - cost of
-        1 + warm) / tokens, both on the calling thread (no streamer), back to back on the same pipeline."""
+        1 + warm) / tokens, both on the calling thread (no streamer), back to back on the same pipeline. A pairs'
+        copy (spec.pair_copy: one inference thread, which is the calling one) is timed by that thread's own clock:
+        the process's OpenVINO pipelines share one CPU thread pool, whose clocks the live generations move too."""
         with self.pipelines.borrow() as pipe:
             short = self._timed(pipe, prompt, 1 + warm, cpu)
             whole = self._timed(pipe, prompt, 1 + warm + tokens, cpu)
@@ -384,9 +353,12 @@ class OVGenaiModel(GenerativeModel):
     def _timed(self, pipe: Any, prompt: list[int], tokens: int, cpu: bool) -> float | None:
         from agent.serving.rungate import CpuMark
 
-        mark = CpuMark(self) if cpu else None
-        t0 = time.perf_counter()
+        own = cpu and self.spec.pair_copy
+        mark = CpuMark(self) if cpu and not own else None
+        t0, c0 = time.perf_counter(), time.thread_time()
         self._greedy(pipe, prompt, tokens)
+        if own:  # a thread's clock stops while it waits for a core: never contended
+            return time.thread_time() - c0
         spent = mark.spent() if mark is not None else time.perf_counter() - t0
         return None if mark is not None and mark.contended else spent
 
