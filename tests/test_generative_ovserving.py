@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -187,8 +188,6 @@ def test_triton_generate_stream_and_a_stop_string(served) -> None:
 def test_concurrent_streams_take_turns_on_the_pipeline_and_all_finish(served) -> None:
     """LLMPipeline runs one generate at a time (a second at once raises): 4 streams admitted together by the KV
     budget all finish, each with LLMPipeline's greedy text."""
-    import threading
-
     srv, pkg = served
     _, want = pipeline_greedy(pkg, "Hello, edge", 20)
     texts: list[str] = []
@@ -309,37 +308,50 @@ def test_an_openvino_genai_package_is_deployed_into_a_running_daemon_and_served(
         again.stop()
 
 
+class Client:
+    """A thread sending generate requests back to back until stopped: the versions that answered, failures."""
+
+    def __init__(self, a: Any) -> None:
+        self.a, self.stopped = a, threading.Event()
+        self.errors: list[str] = []
+        self.versions: set[str] = set()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        n = 0
+        while not self.stopped.is_set():
+            n += 1
+            try:
+                self.versions.add(_generate(self.a, f"request {n}: once upon a time", 24)["model_version"])
+            except (AssertionError, OSError) as exc:
+                self.errors.append(str(exc))
+
+    def start(self) -> None:
+        self.thread.start()
+        wait_for(lambda: self.versions, 60, "a first answer")
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(60)
+
+
 def test_a_v2_of_the_same_weights_passes_the_shadow_swaps_and_is_paired_on_tpot(tmp_path) -> None:
     """A v2 of v1's weights pushed while a client sends requests: the shadow through this engine agrees (1.0, no
     logit moves at the same precision), it swaps in with 0 failed requests, and its probation runs live prompts
     again on pair copies of both versions for CPU time per token (LLMPipeline's: the difference of two greedy
     runs, ovgenai.paired_tpot); the verdict is the paired machinery's (a rollback, when it is "not judged" here,
     reinstates v1 without a load)."""
-    import threading
-
     from agent.trial.settings import ProbationConfig
 
     a = make_agent(tmp_path, probation_s=2.0, probation=ProbationConfig(extend=3.0, paired_share=0.5), start=True)
-    stop, errors, versions = threading.Event(), [], set()
-
-    def client() -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            try:
-                versions.add(_generate(a, f"request {n}: once upon a time", 24)["model_version"])
-            except (AssertionError, OSError) as exc:
-                errors.append(str(exc))
-
+    client = Client(a)
     try:
         assert push(a, "1").state.value == "committed"
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
-        wait_for(lambda: versions, 60, "a first answer")
+        client.start()
         dep = push(a, "2")
-        stop.set()
-        thread.join(60)
-        assert errors == [] and versions == {"1", "2"}, (errors, versions)
+        client.stop()
+        assert client.errors == [] and client.versions == {"1", "2"}, (client.errors, client.versions)
         shadow = dep.data["shadow"]
         # each version's own selected row: fp32 or device-default (bf16 here) by its TPOT, so not always bit-equal
         assert shadow["verdict"] == "pass" and shadow["agreement"] >= 0.98 and shadow["requests"] >= 1, shadow
@@ -359,7 +371,7 @@ def test_a_v2_of_the_same_weights_passes_the_shadow_swaps_and_is_paired_on_tpot(
         if paired["verdict"] == "not judged":
             assert "too few pairs" in paired["reason"], paired
     finally:
-        stop.set()
+        client.stop()
         a.stop()
 
 
@@ -373,38 +385,23 @@ def test_twice_the_per_token_compute_through_openvino_genai_is_rolled_back_namin
     both serve at the same precision on any CPU (the device-default row is bf16 where the CPU has it). The pairs
     run on copies of both versions with one inference thread, timed by the calling thread's clock, so OpenVINO's
     shared thread pool, busy with the live requests, is not in them; v2 is rolled back naming the ratio."""
-    import threading
-
     from agent.trial.settings import ProbationConfig
 
     shape = {"layers": 3, "hidden": 384, "heads": 6}  # 1.0 and 2.0 ms a token on one thread here: 1.99x
     strict = "gates: {max_logit_diff: 0.0001}\n"
     a = make_agent(tmp_path, probation_s=2.0, probation=ProbationConfig(extend=10.0, paired_share=0.5), start=True)
-    stop, errors, versions = threading.Event(), [], set()
-
-    def client() -> None:
-        n = 0
-        while not stop.is_set():
-            n += 1
-            try:
-                versions.add(_generate(a, f"request {n}: once upon a time", 24)["model_version"])
-            except (AssertionError, OSError) as exc:
-                errors.append(str(exc))
-
+    client = Client(a)
     try:
         assert push(a, "1", yaml=strict, **shape).state.value == "committed"
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
-        wait_for(lambda: versions, 60, "a first answer")
+        client.start()
         dep = push(a, "2", yaml=strict, idle=3, **shape)
-        stop.set()
-        thread.join(60)
-        assert errors == [] and versions >= {"1", "2"}, (errors, versions)
+        client.stop()
+        assert client.errors == [] and client.versions >= {"1", "2"}, (client.errors, client.versions)
         assert dep.data["shadow"]["verdict"] == "pass", dep.data["shadow"]
         paired = dep.data["probation"]["paired"]
         assert dep.state.value == "rolled_back" and paired["verdict"] == "slower", (dep.state, paired)
         assert "paired TPOT ratio" in dep.reason and paired["ci"][0] > 1.5, (dep.reason, paired)
         assert _generate(a, "Hello, edge", 4)["model_version"] == "1"  # the referee serves again
     finally:
-        stop.set()
+        client.stop()
         a.stop()
