@@ -212,3 +212,37 @@ def test_a_run_whose_pool_thread_waited_for_the_core_is_dropped_as_contended(tmp
     # ran on one thread and is kept.
     assert dropped >= runs // 5, (kept, dropped)
     assert registry.gate.figures()["contended"] == dropped
+
+
+def test_own_only_counts_the_sessions_own_pool_and_no_unowned_runtime_thread(tmp_path):
+    """CpuMark(session, own_only=True), onnxruntime-genai's paired TPOT: the threads the session's build started
+    count, the unowned ones do not (a released OpenVINO session's TBB workers made every pair of the next test's
+    tiny decoder contended: 86 of 175 runs ran again, 14 pairs dropped, 49 s to a verdict in place of 8 s)."""
+    from agent.serving import rungate
+
+    path = tmp_path / "chain.onnx"
+    onnx.save(chain_model(depth=16), str(path))
+    x = {"x": np.ones((1, WIDTH), np.float32)}
+    before = rungate.native_tids()
+    stray = get("cpu").open_session(path, options={"intra_op_num_threads": 2})  # its pool, claimed by nobody
+    stray.run(x)
+    unowned = rungate.native_tids() - before
+    assert unowned  # the stray session's pool thread(s)
+    before = rungate.native_tids()
+    mine = get("cpu").open_session(path, options={"intra_op_num_threads": 2})
+    rungate.claim(mine, before)
+    own = rungate.native_tids() - before
+    try:
+        assert own and not own & unowned
+        assert set(rungate._native_clocks(id(mine))) >= own | unowned  # the default: its own and the unowned
+        assert set(rungate._native_clocks(id(mine), own_only=True)) == own
+        # the unowned pool works while the mark runs: none of it is this session's (the default counts it)
+        own_mark, any_mark, t0 = CpuMark(mine, own_only=True), CpuMark(mine), time.thread_time()
+        for _ in range(50):
+            stray.run(x)
+        caller = time.thread_time() - t0
+        own_spent, any_spent = own_mark.spent(), any_mark.spent()
+        assert own_spent <= caller * 1.05 + 1e-4, (own_spent, caller)
+        assert any_spent > own_spent, (any_spent, own_spent)
+    finally:
+        rungate.disown(mine)

@@ -196,14 +196,15 @@ def disown(session: object) -> None:
             del _OWNER[tid]
 
 
-def _native_clocks(owner: int | None) -> dict[int, float]:
+def _native_clocks(owner: int | None, own_only: bool = False) -> dict[int, float]:
     """CPU clocks of the runtime threads a run of session `owner` may use: the process's threads that Python did
     not start (the runtimes' pools: ORT intra-op threads, OpenVINO stream and TBB workers), less those another
-    session's build started. Python's own threads (request handlers, the broker link, timers) are left out."""
+    session's build started (`own_only`: only those its own build started). Python's own threads (request
+    handlers, the broker link, timers) are left out."""
     owners = _OWNER
     out = {}
     for tid in native_tids():
-        if owners.get(tid, owner) == owner:
+        if owners.get(tid, None if own_only else owner) == owner:
             try:
                 out[tid] = _thread_clock(tid)
             except OSError:  # it ended meanwhile
@@ -223,6 +224,7 @@ class CpuMark:
     __slots__ = (
         "_own",
         "_native",
+        "_own_only",
         "_process",
         "_owner",
         "_tids",
@@ -233,12 +235,15 @@ class CpuMark:
         "contended",
     )
 
-    def __init__(self, session: object = None) -> None:
-        """session: the one about to run (its own threads count, other sessions' do not)."""
+    def __init__(self, session: object = None, own_only: bool = False) -> None:
+        """session: the one about to run (its own threads count, other sessions' do not); own_only: the unowned
+        threads do not count either (a runtime whose pool is the session's own and claimed at its build:
+        onnxruntime-genai; a released OpenVINO session's TBB workers are unowned and made its pairs contended)."""
         t0 = time.thread_time()  # the readings' own CPU time: being preempted meanwhile costs the others nothing
         self._owner = None if session is None else id(session)
         self._process = not _PROC
-        self._native = {} if self._process else _native_clocks(self._owner)
+        self._native = {} if self._process else _native_clocks(self._owner, own_only)
+        self._own_only = own_only
         self._tids = (threading.get_native_id(), *self._native) if schedstat.AVAILABLE else ()
         self._delay = schedstat.run_delay(self._tids)
         self.waited_s, self.contended = 0.0, False
@@ -252,7 +257,7 @@ class CpuMark:
         if self._process:
             total = time.process_time() - self._own
         else:
-            clocks = _native_clocks(self._owner)
+            clocks = _native_clocks(self._owner, self._own_only)
             pooled = [c - self._native.get(tid, 0.0) for tid, c in clocks.items()]
             total = t0 - self._own + sum(pooled)
             # A run on the calling thread alone spins on nobody: its waits do not add to its CPU time.

@@ -48,6 +48,7 @@ class TokenPairing(Pairing):
         super().__init__(incumbent, candidate, gate=None, **kw)  # type: ignore[arg-type]  # no run gate: _timed
         self.tokens = int(tokens)
         self.referee_twin: Twin | None = None  # the incumbent's pair copy too (a runtime with a shared pool)
+        self.observed: Any = candidate  # the serving model whose generations offer prompts (genprobation.py)
 
     def _use_twin(self) -> None:
         super()._use_twin()

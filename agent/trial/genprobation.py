@@ -36,6 +36,7 @@ def start_pairing(host: Any, name: str, config: ProbationConfig, cpu: bool) -> T
         if serving.shared_pool:
             pairing.referee_twin = Twin(INCUMBENT, partial(host.copy, ref))
     serving.observers.append(pairing)
+    pairing.observed = serving  # its live generations offer the prompts (pairing.candidate may become a twin)
     pairing.start()
     return pairing
 
@@ -45,7 +46,7 @@ def stop_pairing(host: Any, name: str, pairing: TokenPairing | None) -> None:
     if pairing is None:
         return
     try:
-        pairing.candidate.observers.remove(pairing)
+        pairing.observed.observers.remove(pairing)
     except ValueError:
         pass
     pairing.stop()

@@ -125,7 +125,7 @@ class OrtGenaiModel(GenerativeModel):
         gen.append_tokens(prompt)
         for _ in range(1 + warm):  # prefill and the first token (TTFT, not TPOT), then the warm tokens
             gen.generate_next_token()
-        mark = CpuMark(self) if cpu else None
+        mark = CpuMark(self, own_only=True) if cpu else None  # its intra-op pool is claimed at load
         t1, steps = time.perf_counter(), 0
         while not gen.is_done():
             gen.generate_next_token()
