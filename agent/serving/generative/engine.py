@@ -91,9 +91,7 @@ class GenerativeModel:
     shared_pool = False
     kv: KVShape
     eos: set[int]
-    stream_interval_s = (
-        DEFAULT_STREAM_INTERVAL_S  # set by the host from serving.generative.stream_interval_ms (pacing.py)
-    )
+    stream_interval_s = DEFAULT_STREAM_INTERVAL_S  # the host sets serving.generative.stream_interval_ms
 
     def __init__(self, name: str, model_dir: Path, provider: str, budget: KVBudget, version: str = "1") -> None:
         self.name, self.model_dir, self.provider, self.budget = name, model_dir, provider, budget
