@@ -66,12 +66,17 @@ def watch(
     base = {k: model.stats.counts[k] for k in COUNTED}
     started = time.monotonic()
     rule = replace(rule_of(config), what="TPOT")
+    measure = "TPOT: " + ("cpu" if pairing is None or pairing.cpu else "wall")
+    if (
+        pairing is not None and pairing.referee_twin is not None
+    ):  # openvino-genai: both versions on pair copies with one inference thread, not the served row's
+        measure += ", one inference thread (pair copies of both versions)"
     while True:
         check()
         time.sleep(min(0.2, window / 10))
         elapsed = time.monotonic() - started
         f = {k.removesuffix("_total"): model.stats.counts[k] - v for k, v in base.items()}
-        f.update(measure="TPOT: " + ("cpu" if pairing is None or pairing.cpu else "wall"), elapsed_s=round(elapsed, 3))
+        f.update(measure=measure, elapsed_s=round(elapsed, 3))
         if host.version(name) != version:
             return Verdict(SUPERSEDED, f"{name} is no longer serving version {version}", f)
         if elapsed < window:
